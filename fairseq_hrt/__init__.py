@@ -1,0 +1,20 @@
+"""fairseq-hrt: Hybrid-Regressive Translation, Mask-Predict and deep-encoder/shallow-decoder
+AT models as a fairseq plugin.
+
+Load with ``--user-dir fairseq_hrt`` (path from the repository root) or with the installed
+package's path (``--user-dir $(python -c 'import fairseq_hrt,os;print(os.path.dirname(fairseq_hrt.__file__))')``).
+Importing is idempotent: fairseq imports user dirs several times and in every worker, and
+each component registers under a fixed name only once.
+"""
+import sys
+
+from fairseq_hrt import compat
+
+compat.apply()
+
+# fairseq imports a --user-dir under its directory name; when that happens before (or
+# after) a regular ``import fairseq_hrt``, both names must refer to one module so that
+# fairseq's registries see each component exactly once.
+sys.modules.setdefault("fairseq_hrt", sys.modules[__name__])
+
+__version__ = "0.1.0"

@@ -1,0 +1,19 @@
+from setuptools import find_packages, setup
+
+# fairseq is deliberately NOT in install_requires: the distribution that works on
+# Python 3.11 (ve-fairseq) declares torchaudio, which would pull a CUDA torch.
+# See README.md, "Install".
+setup(
+    name="fairseq-hrt",
+    version="0.1.0",
+    description="Hybrid-Regressive Translation, Mask-Predict and deep-encoder/shallow-decoder "
+    "AT models as a fairseq plugin",
+    packages=find_packages(include=["fairseq_hrt", "fairseq_hrt.*"]),
+    python_requires=">=3.9",
+    install_requires=["sacrebleu>=2.3", "sentencepiece"],
+    entry_points={
+        "console_scripts": [
+            "fairseq-hrt-comet=fairseq_hrt.scoring.comet:cli_main",
+        ]
+    },
+)
