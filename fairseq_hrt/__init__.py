@@ -18,3 +18,6 @@ compat.apply()
 sys.modules.setdefault("fairseq_hrt", sys.modules[__name__])
 
 __version__ = "0.1.0"
+
+# components register themselves with fairseq's registries on import
+from fairseq_hrt import criterions, models, tasks  # noqa: E402,F401

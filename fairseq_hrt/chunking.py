@@ -1,0 +1,251 @@
+"""Pure tensor functions for HRT's training samples and decoding inputs (SPEC sections 2-3).
+
+Conventions (shared by every function here and by the decoder):
+
+* A target row is ``y_1 ... y_N </s>`` right-padded with ``<pad>`` (fairseq's ``target``).
+* The *original position* of ``y_j`` is ``j`` (1-based); the start symbol has position 0.
+  AT inputs are ``<start> y_1 .. y_N`` at positions ``0..N``; NAT inputs are the target slots
+  at positions ``1..``. Skip-AT keeps original positions (``0, k, 2k, ...``), so the relative
+  distances in the decoder's self-attention are those of the full sentence.
+* The AT start symbol is fairseq's: ``</s>`` (``SequenceGenerator`` starts from eos), so that
+  the AT mode of an HRT model, fairseq's transformer and fairseq's beam search agree.
+* Positions of padding slots are 0; the decoder gives padding the padding embedding anyway.
+
+Every function accepts a per-row chunk size (``k`` an int or a ``(B,)`` tensor) so one batch
+can mix chunk sizes.
+"""
+from typing import NamedTuple, Optional, Union
+
+import torch
+from torch import Tensor
+
+IntOrTensor = Union[int, Tensor]
+
+
+class DecoderSample(NamedTuple):
+    """One decoder-side training sample: input tokens, their original positions, targets.
+
+    ``target`` holds ``pad`` where no loss is taken ([P] in the SPEC table).
+    """
+
+    tokens: Tensor
+    positions: Tensor
+    target: Tensor
+
+
+def curriculum_p_k(num_updates: int, total_updates: int, curriculum_lambda: float = 1.0) -> float:
+    """Share of a batch trained with chunk size k: ``p_k = (t / T) ** lambda``, clipped to [0, 1]."""
+    if total_updates <= 0:
+        raise ValueError("the chunk curriculum needs the total number of updates (--max-update > 0)")
+    if curriculum_lambda <= 0:
+        raise ValueError(f"--curriculum-lambda must be > 0, got {curriculum_lambda}")
+    ratio = min(max(num_updates / total_updates, 0.0), 1.0)
+    return ratio**curriculum_lambda
+
+
+def num_chunked(batch_size: int, p_k: float) -> int:
+    """The first ``round(n * p_k)`` pairs of a batch give chunked samples (Algorithm 1)."""
+    return int(round(batch_size * p_k))
+
+
+def target_lengths(target: Tensor, pad: int) -> Tensor:
+    """Length of every row including its ``</s>`` (``N + 1``)."""
+    return target.ne(pad).long().sum(dim=1)
+
+
+def _row_chunk_sizes(k: IntOrTensor, batch_size: int, device) -> Tensor:
+    if isinstance(k, Tensor):
+        k = k.to(device=device, dtype=torch.long)
+        if k.dim() != 1 or k.numel() != batch_size:
+            raise ValueError(f"per-row chunk sizes must have shape ({batch_size},), got {tuple(k.shape)}")
+    else:
+        k = torch.full((batch_size,), int(k), dtype=torch.long, device=device)
+    if batch_size and k.min().item() < 1:
+        raise ValueError(f"chunk size must be >= 1, got {k.min().item()}")
+    return k
+
+
+def pad_to_chunk_multiple(target: Tensor, k: IntOrTensor, pad: int, eos: int) -> Tensor:
+    """Pad every row with extra ``</s>`` up to a length that is a multiple of its chunk size.
+
+    ``y_1 .. y_N </s>`` becomes ``y_1 .. y_N </s> .. </s>`` of length ``ceil((N+1)/k) * k``;
+    the result is right-padded with ``pad`` to the longest row.
+    """
+    bsz = target.size(0)
+    k = _row_chunk_sizes(k, bsz, target.device)
+    lengths = target_lengths(target, pad)
+    padded_lengths = (lengths + k - 1) // k * k
+    width = int(padded_lengths.max().item()) if bsz else 0
+    out = target.new_full((bsz, width), pad)
+    copy = min(width, target.size(1))
+    out[:, :copy] = target[:, :copy]
+    slot = torch.arange(width, device=target.device).unsqueeze(0)
+    extra_eos = (slot >= lengths.unsqueeze(1)) & (slot < padded_lengths.unsqueeze(1))
+    out[extra_eos] = eos
+    return out
+
+
+def at_sample(target: Tensor, pad: int, eos: int, start: Optional[int] = None) -> DecoderSample:
+    """AT: input ``<start> y_1 .. y_N`` at positions ``0..N``, targets ``y_1 .. y_N </s>``."""
+    start = eos if start is None else start
+    lengths = target_lengths(target, pad)
+    tokens = target.new_full(target.shape, pad)
+    tokens[:, 0] = start
+    tokens[:, 1:] = target[:, :-1]
+    slot = torch.arange(target.size(1), device=target.device).unsqueeze(0)
+    valid = slot < lengths.unsqueeze(1)
+    tokens = tokens.masked_fill(~valid, pad)
+    positions = slot.expand_as(target).masked_fill(~valid, 0)
+    return DecoderSample(tokens, positions, target.clone())
+
+
+def skip_at_sample(
+    target: Tensor, k: IntOrTensor, pad: int, eos: int, start_symbols: Tensor
+) -> DecoderSample:
+    """Skip-AT: input ``<s_k> y_k y_2k ..`` at positions ``0, k, 2k, ..``, targets ``y_k y_2k .. y_M``.
+
+    ``start_symbols`` is a ``(B,)`` tensor with each row's ``<s_k>`` index. ``M`` is the
+    length padded to a multiple of k, so the last target is ``</s>`` (SPEC table).
+    """
+    bsz = target.size(0)
+    k = _row_chunk_sizes(k, bsz, target.device)
+    padded = pad_to_chunk_multiple(target, k, pad, eos)
+    steps = padded.ne(pad).long().sum(dim=1) // k  # M / k per row
+    width = int(steps.max().item()) if bsz else 0
+    i = torch.arange(width, device=target.device).unsqueeze(0)  # step index
+    valid = i < steps.unsqueeze(1)
+    # target of step i is y_{(i+1)k}, i.e. slot (i+1)k - 1 of the padded row
+    target_slot = ((i + 1) * k.unsqueeze(1) - 1).clamp(max=max(padded.size(1) - 1, 0))
+    skip_target = padded.gather(1, target_slot).masked_fill(~valid, pad)
+    # input of step i is the previous step's target (y_{ik}), step 0 reads <s_k>
+    tokens = torch.cat([start_symbols.view(-1, 1).to(target), skip_target[:, :-1]], dim=1)
+    tokens = tokens.masked_fill(~valid, pad)
+    positions = (i * k.unsqueeze(1)).masked_fill(~valid, 0)
+    return DecoderSample(tokens, positions, skip_target)
+
+
+def chunk_final_mask(width: int, k: IntOrTensor, batch_size: int, device) -> Tensor:
+    """``(B, width)`` bool: True at the slots that end a chunk (positions k, 2k, ...)."""
+    k = _row_chunk_sizes(k, batch_size, device)
+    positions = torch.arange(1, width + 1, device=device).unsqueeze(0)
+    return positions % k.unsqueeze(1) == 0
+
+
+def skip_cmlm_sample(target: Tensor, k: IntOrTensor, pad: int, eos: int, mask: int) -> DecoderSample:
+    """Skip-CMLM: the padded target with every non-final token of each chunk masked.
+
+    Input ``<m> y_2 <m> y_4 <m> </s>`` (k = 2) at positions ``1..M``; targets are the masked
+    tokens only (``y_1 [P] y_3 [P] </s> [P]``). Deterministic: no randomness.
+    """
+    bsz = target.size(0)
+    padded = pad_to_chunk_multiple(target, k, pad, eos)
+    real = padded.ne(pad)
+    keep = chunk_final_mask(padded.size(1), k, bsz, target.device) & real
+    masked = real & ~keep
+    tokens = padded.masked_fill(masked, mask)
+    skip_target = padded.masked_fill(~masked, pad)
+    positions = nat_positions(real)
+    return DecoderSample(tokens, positions, skip_target)
+
+
+def nat_positions(real: Tensor) -> Tensor:
+    """Positions ``1..M`` for the real slots of a NAT input, 0 for padding."""
+    slot = torch.arange(1, real.size(1) + 1, device=real.device).unsqueeze(0)
+    return slot.expand_as(real).masked_fill(~real, 0)
+
+
+def cmlm_sample(
+    target: Tensor, pad: int, eos: int, mask: int, generator: Optional[torch.Generator] = None
+) -> DecoderSample:
+    """CMLM (Mask-Predict's uniform masking): mask ``n ~ U{1..N}`` random tokens of ``y_1..y_N``.
+
+    ``</s>`` stays visible (it tells the model the length, as the length predictor's output
+    does at inference). Targets are the masked tokens only. A row with no token (N = 0) has
+    nothing to mask and contributes no loss.
+    """
+    real = target.ne(pad)
+    maskable = real & target.ne(eos)
+    n_tokens = maskable.long().sum(dim=1)
+    scores = torch.rand(target.shape, device=target.device, generator=generator)
+    scores = scores.masked_fill(~maskable, 2.0)  # never chosen
+    # n ~ U{1..N} per row
+    n_mask = (torch.rand(n_tokens.shape, device=target.device, generator=generator) * n_tokens.float()).long() + 1
+    n_mask = torch.minimum(n_mask, n_tokens)
+    ranks = scores.argsort(dim=1).argsort(dim=1)
+    masked = ranks < n_mask.unsqueeze(1)
+    tokens = target.masked_fill(masked, mask)
+    cmlm_target = target.masked_fill(~masked, pad)
+    return DecoderSample(tokens, nat_positions(real), cmlm_target)
+
+
+def merge_rows(first: DecoderSample, second: DecoderSample, pad: int) -> DecoderSample:
+    """Stack the rows of two samples (chunked rows first), padding to the wider one."""
+    width = max(first.tokens.size(1), second.tokens.size(1))
+
+    def widen(t: Tensor, value: int) -> Tensor:
+        if t.size(1) == width:
+            return t
+        return torch.cat([t, t.new_full((t.size(0), width - t.size(1)), value)], dim=1)
+
+    return DecoderSample(
+        torch.cat([widen(first.tokens, pad), widen(second.tokens, pad)]),
+        torch.cat([widen(first.positions, 0), widen(second.positions, 0)]),
+        torch.cat([widen(first.target, pad), widen(second.target, pad)]),
+    )
+
+
+def mix_targets(raw: Tensor, distilled: Tensor, p_raw: float, pad: int, generator=None):
+    """MixDistill: each row takes its raw target with probability ``p_raw``, else the distilled one.
+
+    Returns ``(targets, use_raw)``. ``p_raw = 1`` gives exactly the raw targets, ``p_raw = 0``
+    exactly the distilled ones.
+    """
+    if not 0.0 <= p_raw <= 1.0:
+        raise ValueError(f"--p-raw must be in [0, 1], got {p_raw}")
+    if raw.size(0) != distilled.size(0):
+        raise ValueError("raw and distilled targets have different batch sizes")
+    use_raw = torch.rand(raw.size(0), device=raw.device, generator=generator) < p_raw
+    width = max(raw.size(1), distilled.size(1))
+
+    def widen(t):
+        return torch.cat([t, t.new_full((t.size(0), width - t.size(1)), pad)], dim=1) if t.size(1) < width else t
+
+    mixed = torch.where(use_raw.unsqueeze(1), widen(raw), widen(distilled))
+    # drop columns that are padding in every row
+    keep = int(mixed.ne(pad).long().sum(dim=1).max().item()) if mixed.numel() else 0
+    return mixed[:, :keep], use_raw
+
+
+# ---------------------------------------------------------------------------------------
+# decoding (SPEC section 3)
+# ---------------------------------------------------------------------------------------
+
+
+def stage2_input(skeleton: Tensor, k: IntOrTensor, pad: int, mask: int) -> DecoderSample:
+    """Stage II input: ``k - 1`` masks before every stage-I token ``z_i`` (``z`` right-padded).
+
+    Returns tokens/positions ``1..m*k`` for the bidirectional pass; ``target`` is the
+    skeleton spread onto its slots (pad elsewhere) so callers can check it is kept.
+    """
+    bsz, m = skeleton.shape
+    k = _row_chunk_sizes(k, bsz, skeleton.device)
+    steps = skeleton.ne(pad).long().sum(dim=1)
+    width = int((steps * k).max().item()) if bsz else 0
+    slot = torch.arange(width, device=skeleton.device).unsqueeze(0)
+    real = slot < (steps * k).unsqueeze(1)
+    final = ((slot + 1) % k.unsqueeze(1) == 0) & real
+    source_index = ((slot + 1) // k.unsqueeze(1) - 1).clamp(min=0, max=max(m - 1, 0))
+    spread = skeleton.gather(1, source_index) if m else skeleton.new_full((bsz, width), pad)
+    tokens = torch.where(final, spread, torch.full_like(spread, mask)).masked_fill(~real, pad)
+    return DecoderSample(tokens, nat_positions(real), spread.masked_fill(~final, pad))
+
+
+def truncate_at_first_eos(tokens: Tensor, eos: int, pad: int) -> Tensor:
+    """Keep everything up to and including the first ``</s>`` of each row; pad the rest.
+
+    A row without ``</s>`` is kept whole.
+    """
+    is_eos = tokens.eq(eos)
+    # number of eos strictly before each slot
+    before = is_eos.long().cumsum(dim=1) - is_eos.long()
+    return tokens.masked_fill(before > 0, pad)

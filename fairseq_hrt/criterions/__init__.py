@@ -1,0 +1,1 @@
+from fairseq_hrt.criterions import hrt_loss  # noqa: F401

@@ -1,0 +1,128 @@
+"""``--criterion hrt_loss``: label-smoothed cross-entropy of HRT's four sample kinds, summed.
+
+The task attaches ``sample['hrt']`` (see ``HRTTranslationTask.build_decoder_samples``): one
+causal pass (Skip-AT rows first, then AT rows) and one bidirectional pass (Skip-CMLM rows, then
+CMLM rows) over a shared encoder output. Every kind's loss and token count is logged
+separately, with ``p_k``, so training curves show the curriculum.
+"""
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from fairseq import metrics, utils
+from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.dataclass import FairseqDataclass
+
+from fairseq_hrt.models.hrt_transformer import HRTDecoder
+
+KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
+
+
+@dataclass
+class HRTLossConfig(FairseqDataclass):
+    label_smoothing: float = field(
+        default=0.1, metadata={"help": "epsilon for label smoothing, 0 means no label smoothing"}
+    )
+
+
+def label_smoothed_token_loss(lprobs, target, epsilon: float, ignore_index: int):
+    """Per-token label-smoothed NLL (fairseq's formula), 0 at ``ignore_index``.
+
+    Returns ``(loss, nll)``, both shaped like ``target``.
+    """
+    nll = -lprobs.gather(dim=-1, index=target.unsqueeze(-1)).squeeze(-1)
+    smooth = -lprobs.sum(dim=-1)
+    eps_i = epsilon / (lprobs.size(-1) - 1)
+    loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
+    pad = target.eq(ignore_index)
+    return loss.masked_fill(pad, 0.0), nll.masked_fill(pad, 0.0)
+
+
+def run_decoder(model, decoder_sample, encoder_out, causal: bool):
+    """Decoder logits for one pass; plain fairseq decoders take the default (AT) positions."""
+    if isinstance(model.decoder, HRTDecoder):
+        return model.decoder(
+            decoder_sample.tokens,
+            encoder_out=encoder_out,
+            positions=decoder_sample.positions,
+            causal=causal,
+        )[0]
+    if not causal:
+        raise ValueError(
+            f"--arch {getattr(model, 'args', None) and model.args.arch}: a plain fairseq "
+            "decoder cannot run CMLM/HRT samples; use an hrt_* (or cmlm_*) architecture"
+        )
+    return model.decoder(decoder_sample.tokens, encoder_out=encoder_out)[0]
+
+
+@register_criterion("hrt_loss", dataclass=HRTLossConfig)
+class HRTLossCriterion(FairseqCriterion):
+    def __init__(self, task, label_smoothing):
+        super().__init__(task)
+        self.eps = label_smoothing
+
+    def forward(self, model, sample, reduce=True):
+        if "hrt" not in sample:
+            raise ValueError("--criterion hrt_loss needs --task hrt_translation")
+        hrt = sample["hrt"]
+        net_input = sample["net_input"]
+        encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+        n_chunked = hrt["n_chunked"]
+        logging_output = {"nsentences": sample["target"].size(0)}
+        if hrt["p_k"] >= 0:  # validation gives every pair all kinds: no p_k
+            logging_output.update(p_k_sum=hrt["p_k"], p_k_count=1)
+        total_loss = total_nll = 0.0
+        sample_size = 0
+        for pass_name, causal, kinds in (("ar", True, ("skip_at", "at")), ("nar", False, ("skip_cmlm", "cmlm"))):
+            ds = hrt[pass_name]
+            if ds is None:
+                continue
+            rows = hrt[f"{pass_name}_rows"]
+            enc = encoder_out
+            if rows.numel() != sample["target"].size(0) or not torch.equal(
+                rows, torch.arange(rows.numel(), device=rows.device)
+            ):
+                enc = model.encoder.reorder_encoder_out(encoder_out, rows)
+            logits = run_decoder(model, ds, enc, causal)
+            lprobs = F.log_softmax(logits.float(), dim=-1)
+            loss, nll = label_smoothed_token_loss(lprobs, ds.target, self.eps, self.padding_idx)
+            ntok = ds.target.ne(self.padding_idx).long().sum(dim=1)
+            row_loss, row_nll = loss.sum(dim=1), nll.sum(dim=1)
+            for kind, sl in ((kinds[0], slice(0, n_chunked)), (kinds[1], slice(n_chunked, None))):
+                logging_output[f"{kind}_loss"] = utils.item(row_loss[sl].sum().data)
+                logging_output[f"{kind}_nll_loss"] = utils.item(row_nll[sl].sum().data)
+                logging_output[f"{kind}_ntokens"] = utils.item(ntok[sl].sum().data)
+            total_loss = total_loss + row_loss.sum()
+            total_nll = total_nll + row_nll.sum()
+            sample_size += int(ntok.sum().item())
+        logging_output.update(
+            loss=utils.item(total_loss.data),
+            nll_loss=utils.item(total_nll.data),
+            ntokens=sample_size,
+            sample_size=sample_size,
+        )
+        return total_loss, sample_size, logging_output
+
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        def total(key):
+            return sum(log.get(key, 0) for log in logging_outputs)
+
+        sample_size = total("sample_size")
+        ntokens = total("ntokens")
+        metrics.log_scalar("loss", total("loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        metrics.log_scalar("nll_loss", total("nll_loss") / max(ntokens, 1) / math.log(2), ntokens, round=3)
+        metrics.log_derived("ppl", lambda meters: utils.get_perplexity(meters["nll_loss"].avg))
+        for kind in KINDS:
+            ntok = total(f"{kind}_ntokens")
+            if ntok > 0:
+                metrics.log_scalar(f"{kind}_loss", total(f"{kind}_loss") / ntok / math.log(2), ntok, round=3)
+                metrics.log_scalar(f"{kind}_ntokens", ntok, priority=900, round=0)
+        count = total("p_k_count")
+        if count:
+            metrics.log_scalar("p_k", total("p_k_sum") / count, count, round=3)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

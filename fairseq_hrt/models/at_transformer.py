@@ -1,0 +1,53 @@
+"""Deep-encoder / shallow-decoder AT baselines (SPEC section 5) as archs of fairseq's own
+``transformer`` model, so fairseq's beam search, hub interface and outside converters
+(CTranslate2) treat them as the stock Transformer they are. Pre-norm throughout.
+
+Train them with ``--task hrt_translation --hrt-mode at`` so their vocabulary matches HRT's
+and an HRT model can fine-tune from them.
+"""
+from fairseq.models import register_model_architecture
+from fairseq.models.transformer import base_architecture
+
+
+def _pre_norm(args):
+    args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
+    args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
+    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", True)
+
+
+def _deep_shallow(encoder_layers):
+    def arch(args):
+        args.encoder_layers = getattr(args, "encoder_layers", encoder_layers)
+        args.decoder_layers = getattr(args, "decoder_layers", 1)
+        _pre_norm(args)
+        base_architecture(args)
+
+    return arch
+
+
+for _layers in (6, 12, 20):
+    register_model_architecture("transformer", f"at_e{_layers}d1")(_deep_shallow(_layers))
+
+
+@register_model_architecture("transformer", "at_small")
+def at_small(args):
+    """CPU-sized shape, the same as ``hrt_small``."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    _deep_shallow(6)(args)
+
+
+@register_model_architecture("transformer", "at_tiny")
+def at_tiny(args):
+    """Test-sized shape, the same as ``hrt_tiny``."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 32)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 64)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 2)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 32)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 64)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 2)
+    _deep_shallow(2)(args)

@@ -1,0 +1,421 @@
+"""The HRT model: a Transformer whose one decoder runs causally (AT / Skip-AT) or
+bidirectionally (CMLM / Skip-CMLM), with key-only relative positions in its self-attention.
+
+SPEC section 1. The encoder is fairseq's own :class:`TransformerEncoderBase` and every decoder
+parameter keeps the name it has in fairseq's transformer, so an AT checkpoint of the same shape
+(fairseq's ``transformer`` / this plugin's ``at_*`` archs) initialises an HRT model; only the
+relative-position embeddings are new (fine-tuning, SPEC section 2).
+"""
+import logging
+from typing import Dict, List, Optional
+
+import torch
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    DEFAULT_MAX_SOURCE_POSITIONS,
+    DEFAULT_MAX_TARGET_POSITIONS,
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+)
+from fairseq.models.transformer import base_architecture as transformer_base_architecture
+from fairseq.models.transformer.transformer_base import Embedding
+from fairseq.modules import LearnedPositionalEmbedding
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+from torch import Tensor
+
+from fairseq_hrt.modules.relative_attention import RelativeSelfAttention
+from fairseq_hrt.symbols import MAX_CHUNK_SIZE, chunk_start_symbol
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RPR_WINDOW = 16
+
+
+class HRTDecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's decoder layer with the self-attention replaced by :class:`RelativeSelfAttention`."""
+
+    def __init__(self, cfg, rpr_window: int, no_encoder_attn=False):
+        self._rpr_window = rpr_window
+        super().__init__(cfg, no_encoder_attn=no_encoder_attn)
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        return RelativeSelfAttention(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            window=self._rpr_window,
+            dropout=cfg.attention_dropout,
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        positions: Tensor,
+        causal: bool,
+        encoder_out: Optional[Tensor],
+        encoder_padding_mask: Optional[Tensor],
+        incremental_state=None,
+        self_attn_padding_mask: Optional[Tensor] = None,
+        need_attn: bool = False,
+    ):
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x = self.self_attn(
+            x,
+            positions,
+            key_padding_mask=self_attn_padding_mask,
+            causal=causal,
+            incremental_state=incremental_state,
+        )
+        x = self.residual_connection(self.dropout_module(x), residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+
+        attn = None
+        if self.encoder_attn is not None and encoder_out is not None:
+            residual = x
+            if self.normalize_before:
+                x = self.encoder_attn_layer_norm(x)
+            x, attn = self.encoder_attn(
+                query=x,
+                key=encoder_out,
+                value=encoder_out,
+                key_padding_mask=encoder_padding_mask,
+                incremental_state=incremental_state,
+                static_kv=True,
+                need_weights=need_attn,
+            )
+            x = self.residual_connection(self.dropout_module(x), residual)
+            if not self.normalize_before:
+                x = self.encoder_attn_layer_norm(x)
+
+        residual = x
+        if self.normalize_before:
+            x = self.final_layer_norm(x)
+        x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
+        x = self.dropout_module(self.fc2(x))
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.final_layer_norm(x)
+        return x, attn
+
+
+class HRTDecoder(TransformerDecoderBase):
+    """One decoder, two modes that share every parameter (SPEC section 1).
+
+    ``forward(tokens, encoder_out, positions=None, causal=True)``:
+
+    * ``causal=True``: AT / Skip-AT. Without explicit ``positions`` they follow from the
+      start symbol: ``</s>`` (fairseq's AT start) gives ``0, 1, 2, ..``, ``<s_k>`` gives
+      ``0, k, 2k, ..``. This is what makes fairseq's ``SequenceGenerator`` (which feeds the
+      whole prefix at every step) run Skip-AT unchanged.
+    * ``causal=False``: CMLM / Skip-CMLM, positions ``1..T`` unless given.
+    """
+
+    def __init__(self, cfg, dictionary, embed_tokens, rpr_window: int, no_encoder_attn=False):
+        self._rpr_window = rpr_window
+        if cfg.cross_self_attention:
+            raise ValueError("hrt_transformer does not support --cross-self-attention")
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        if cfg.adaptive_softmax_cutoff is not None:
+            raise ValueError("hrt_transformer does not support an adaptive softmax")
+        # start symbol -> stride of the default positions (1 for everything but <s_k>)
+        stride = torch.ones(len(dictionary), dtype=torch.long)
+        for k in range(2, MAX_CHUNK_SIZE + 1):
+            idx = dictionary.indices.get(chunk_start_symbol(k))
+            if idx is not None:
+                stride[idx] = k
+        self.register_buffer("start_stride", stride, persistent=False)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return HRTDecoderLayer(cfg, self._rpr_window, no_encoder_attn=no_encoder_attn)
+
+    def default_positions(self, tokens: Tensor, causal: bool) -> Tensor:
+        steps = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0)
+        if causal:
+            return steps * self.start_stride[tokens[:, :1]]
+        return steps + 1
+
+    def embed_target_positions(self, tokens: Tensor, positions: Tensor) -> Optional[Tensor]:
+        """Embedding of original positions; fairseq's index of position p is ``p + pad + 1``,
+        so AT positions get exactly the embeddings fairseq's transformer gives them."""
+        if self.embed_positions is None:
+            return None
+        index = (positions + self.padding_idx + 1).masked_fill(tokens.eq(self.padding_idx), self.padding_idx)
+        if isinstance(self.embed_positions, LearnedPositionalEmbedding):
+            return self.embed_positions(tokens, positions=index)
+        weights = self.embed_positions.weights
+        needed = int(index.max().item()) + 1
+        if needed > weights.size(0):
+            weights = self.embed_positions.get_embedding(
+                needed, self.embed_positions.embedding_dim, self.padding_idx
+            ).to(weights)
+            self.embed_positions.weights = weights
+        return weights.to(device=tokens.device).index_select(0, index.reshape(-1)).view(
+            *index.shape, -1
+        )
+
+    def forward(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: Optional[Dict[str, List[Tensor]]] = None,
+        incremental_state=None,
+        features_only: bool = False,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+        src_lengths=None,
+        return_all_hiddens: bool = False,
+        positions: Optional[Tensor] = None,
+        causal: bool = True,
+    ):
+        x, extra = self.extract_features(
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            incremental_state=incremental_state,
+            alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
+            positions=positions,
+            causal=causal,
+        )
+        if not features_only:
+            x = self.output_layer(x)
+        return x, extra
+
+    def extract_features(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out=None,
+        incremental_state=None,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+        positions: Optional[Tensor] = None,
+        causal: bool = True,
+    ):
+        if incremental_state is not None and not causal:
+            raise ValueError("incremental decoding is causal only")
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
+        enc = padding_mask = None
+        if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+            enc = encoder_out["encoder_out"][0]
+        if encoder_out is not None and len(encoder_out["encoder_padding_mask"]) > 0:
+            padding_mask = encoder_out["encoder_padding_mask"][0]
+
+        if positions is None:
+            positions = self.default_positions(prev_output_tokens, causal)
+        tokens = prev_output_tokens
+        if incremental_state is not None:
+            # fairseq passes the whole prefix at every step: only the last token is new
+            tokens, positions = tokens[:, -1:], positions[:, -1:]
+        tokens = tokens.contiguous()
+
+        x = self.embed_scale * self.embed_tokens(tokens)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        pos_emb = self.embed_target_positions(tokens, positions)
+        if pos_emb is not None:
+            x = x + pos_emb.to(x)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x)
+        x = x.transpose(0, 1)  # B x T x C -> T x B x C
+
+        self_attn_padding_mask = tokens.eq(self.padding_idx)
+        if not self_attn_padding_mask.any():
+            self_attn_padding_mask = None
+
+        attn: Optional[Tensor] = None
+        inner_states: List[Optional[Tensor]] = [x]
+        for idx, layer in enumerate(self.layers):
+            x, layer_attn = layer(
+                x,
+                positions,
+                causal,
+                enc,
+                padding_mask,
+                incremental_state=incremental_state,
+                self_attn_padding_mask=self_attn_padding_mask,
+                need_attn=idx == alignment_layer,
+            )
+            inner_states.append(x)
+            if layer_attn is not None and idx == alignment_layer:
+                attn = layer_attn.float().to(x)
+        if attn is not None:
+            if alignment_heads is not None:
+                attn = attn[:alignment_heads]
+            attn = attn.mean(dim=0) if attn.dim() == 4 else attn
+
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [attn], "inner_states": inner_states}
+
+
+@register_model("hrt_transformer")
+class HRTTransformerModel(TransformerModel):
+    """Hybrid-Regressive Translation model (``--arch hrt_*``)."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument(
+            "--decoder-rpr-window",
+            type=int,
+            metavar="W",
+            help="clip window of the decoder self-attention's relative key positions "
+            f"(HRT paper: {DEFAULT_RPR_WINDOW}); 0 turns relative positions off",
+        )
+
+    @classmethod
+    def build_model(cls, args, task):
+        hrt_base_architecture(args)
+        if getattr(args, "max_source_positions", None) is None:
+            args.max_source_positions = DEFAULT_MAX_SOURCE_POSITIONS
+        if getattr(args, "max_target_positions", None) is None:
+            args.max_target_positions = DEFAULT_MAX_TARGET_POSITIONS
+        if args.decoder_rpr_window < 0:
+            raise ValueError(f"--decoder-rpr-window must be >= 0, got {args.decoder_rpr_window}")
+        cfg = TransformerConfig.from_namespace(args)
+        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+        if cfg.share_all_embeddings:
+            if src_dict != tgt_dict:
+                raise ValueError("--share-all-embeddings requires a joined dictionary")
+            if cfg.encoder.embed_dim != cfg.decoder.embed_dim:
+                raise ValueError("--share-all-embeddings requires equal encoder/decoder embed dims")
+            encoder_embed = Embedding(len(src_dict), cfg.encoder.embed_dim, src_dict.pad())
+            decoder_embed = encoder_embed
+            cfg.share_decoder_input_output_embed = True
+        else:
+            encoder_embed = Embedding(len(src_dict), cfg.encoder.embed_dim, src_dict.pad())
+            decoder_embed = Embedding(len(tgt_dict), cfg.decoder.embed_dim, tgt_dict.pad())
+        encoder = TransformerEncoderBase(cfg, src_dict, encoder_embed)
+        decoder = HRTDecoder(cfg, tgt_dict, decoder_embed, rpr_window=args.decoder_rpr_window)
+        return cls(args, encoder, decoder)
+
+    def forward(
+        self,
+        src_tokens,
+        src_lengths,
+        prev_output_tokens,
+        positions: Optional[Tensor] = None,
+        causal: bool = True,
+        return_all_hiddens: bool = False,
+        features_only: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+    ):
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
+        return self.decoder(
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            features_only=features_only,
+            alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
+            positions=positions,
+            causal=causal,
+        )
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        check_dictionary_compatible(self, state_dict)
+        new_keys = fill_missing_relative_keys(self, state_dict)
+        if new_keys:
+            logger.warning(
+                "initialising from a checkpoint without relative position weights (an AT "
+                "checkpoint): %d new parameter tensor(s), freshly initialised: %s",
+                len(new_keys),
+                ", ".join(new_keys),
+            )
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+def check_dictionary_compatible(model, state_dict):
+    """Fail with a clear message when a checkpoint was trained with another dictionary."""
+    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        if name not in state_dict:
+            continue
+        expected = model.state_dict()[name]
+        got = state_dict[name].size(0)
+        if got != expected.size(0):
+            raise ValueError(
+                f"checkpoint was trained with another dictionary: its {name} has {got} "
+                f"entries, the task's dictionary has {expected.size(0)}. Binarize with the "
+                "same dict.txt and train every model (AT, CMLM, HRT) with --task "
+                "hrt_translation, which adds <mask> and <s2>..<s8> identically."
+            )
+
+
+def fill_missing_relative_keys(model, state_dict) -> List[str]:
+    """Accept an AT checkpoint: parameters it lacks that only HRT has keep their fresh init.
+
+    Only the relative-position embeddings qualify, and only when the checkpoint has none of
+    them (a real AT checkpoint); a partly missing HRT checkpoint still fails strict loading.
+    """
+    own = model.state_dict()
+    rel = [k for k in own if k.endswith("self_attn.relative_keys.weight")]
+    if not rel or any(k in state_dict for k in rel):
+        return []
+    for key in rel:
+        state_dict[key] = own[key].detach().clone()
+    return rel
+
+
+@register_model_architecture("hrt_transformer", "hrt_transformer")
+def hrt_base_architecture(args):
+    """6-6 Transformer-base, pre-norm (SPEC sections 1, 5)."""
+    args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
+    args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
+    args.decoder_rpr_window = getattr(args, "decoder_rpr_window", DEFAULT_RPR_WINDOW)
+    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", True)
+    transformer_base_architecture(args)
+
+
+@register_model_architecture("hrt_transformer", "hrt_base")
+def hrt_base(args):
+    hrt_base_architecture(args)
+
+
+def _deep_shallow(encoder_layers):
+    def arch(args):
+        args.encoder_layers = getattr(args, "encoder_layers", encoder_layers)
+        args.decoder_layers = getattr(args, "decoder_layers", 1)
+        hrt_base_architecture(args)
+
+    return arch
+
+
+for _layers in (6, 12, 20):
+    register_model_architecture("hrt_transformer", f"hrt_e{_layers}d1")(_deep_shallow(_layers))
+
+
+@register_model_architecture("hrt_transformer", "hrt_small")
+def hrt_small(args):
+    """CPU-sized deep-encoder/shallow-decoder shape for benchmarks on 2 cores."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.encoder_layers = getattr(args, "encoder_layers", 6)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    args.decoder_layers = getattr(args, "decoder_layers", 1)
+    hrt_base_architecture(args)
+
+
+@register_model_architecture("hrt_transformer", "hrt_tiny")
+def hrt_tiny(args):
+    """Test-sized shape."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 32)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 64)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 2)
+    args.encoder_layers = getattr(args, "encoder_layers", 2)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 32)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 64)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 2)
+    args.decoder_layers = getattr(args, "decoder_layers", 1)
+    hrt_base_architecture(args)

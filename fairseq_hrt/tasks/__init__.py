@@ -1,0 +1,1 @@
+from fairseq_hrt.tasks import hrt_translation  # noqa: F401

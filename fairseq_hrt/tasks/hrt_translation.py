@@ -1,0 +1,270 @@
+"""``--task hrt_translation``: translation with HRT's chunk-aware samples (SPEC section 2).
+
+* Dictionaries get ``<mask>`` and ``<s2>``..``<s8>`` at load time, identically for training
+  and inference, so AT, CMLM and HRT models on the same binarized data share a vocabulary.
+* ``train_step`` builds, per batch, one autoregressive and one non-autoregressive sample per
+  pair: the first ``round(n * p_k)`` pairs give {Skip-AT, Skip-CMLM}, the others {AT, CMLM},
+  with ``p_k = (t / T) ** lambda`` from the trainer's update count (so resuming continues the
+  curriculum). ``--hrt-mode at`` / ``cmlm`` train the baselines with the same task.
+* MixDistill: with ``--distill-data``, each pair's target is the raw reference with
+  probability ``--p-raw``, else the aligned distilled one.
+"""
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+import torch
+from fairseq import utils
+from fairseq.data import BaseWrapperDataset, data_utils
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from omegaconf import II
+
+from fairseq_hrt import chunking
+from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
+
+logger = logging.getLogger(__name__)
+
+HRT_MODES = ChoiceEnum(["hrt", "at", "cmlm"])
+
+
+def parse_chunk_sizes(text: str) -> List[int]:
+    """``"2"`` or ``"2,3,4"`` -> ``[2]`` / ``[2, 3, 4]``; every size must be in 2..8."""
+    try:
+        sizes = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--chunk-sizes must be comma-separated integers, got {text!r}")
+    if not sizes:
+        raise ValueError("--chunk-sizes is empty")
+    bad = [k for k in sizes if not 2 <= k <= MAX_CHUNK_SIZE]
+    if bad:
+        raise ValueError(
+            f"--chunk-sizes {text!r}: chunked training needs every k in 2..{MAX_CHUNK_SIZE} "
+            f"(got {bad}); k = 1 is plain AT, which HRT training already includes"
+        )
+    return sizes
+
+
+@dataclass
+class HRTTranslationConfig(TranslationConfig):
+    hrt_mode: HRT_MODES = field(
+        default="hrt",
+        metadata={
+            "help": "training samples: 'hrt' = {AT, CMLM} -> {Skip-AT, Skip-CMLM} with the "
+            "curriculum; 'at' = AT samples only (AT baselines, e.g. --arch at_e6d1); "
+            "'cmlm' = CMLM samples only (Mask-Predict baselines)"
+        },
+    )
+    chunk_sizes: str = field(
+        default="2",
+        metadata={
+            "help": "chunk size k of Skip-AT/Skip-CMLM training (2..8); a comma-separated "
+            "list trains several, assigned to the chunked pairs of a batch in turn"
+        },
+    )
+    curriculum_lambda: float = field(
+        default=1.0, metadata={"help": "curriculum exponent: p_k = (t / T) ** lambda"}
+    )
+    curriculum_updates: int = field(
+        default=0,
+        metadata={"help": "T of the curriculum; 0 = --max-update (the whole training run)"},
+    )
+    distill_data: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "directory of a binarized distilled (sequence-level KD) copy of the "
+            "training set, made with the same dictionaries and split names; enables MixDistill"
+        },
+    )
+    p_raw: float = field(
+        default=0.5,
+        metadata={
+            "help": "MixDistill: probability that a pair uses its raw target rather than the "
+            "distilled one (1 = raw data only, 0 = distilled only); needs --distill-data"
+        },
+    )
+    # decoding (fairseq-generate / fairseq-interactive)
+    decode_chunk_size: str = field(
+        default="auto-trained",
+        metadata={
+            "help": "HRT decoding chunk size: an integer k the model was trained for, 1 = AT "
+            "mode (the HRT model decodes causally from </s>, like an AT model), "
+            "'auto-trained' = the smallest k the model was trained for, "
+            "'by-length' = chosen per sentence from the source length (see README)"
+        },
+    )
+    b_nat: int = field(
+        default=1,
+        metadata={"help": "HRT: number of Skip-AT hypotheses (of --beam = b_at) filled by stage II"},
+    )
+    max_update: int = II("optimization.max_update")
+    seed: int = II("common.seed")
+
+
+class DistilledTargetDataset(BaseWrapperDataset):
+    """A :class:`LanguagePairDataset` whose samples also carry the aligned distilled target.
+
+    The collated batch gets ``distilled_target`` (padded like ``target``, in the batch's order).
+    """
+
+    def __init__(self, pair_dataset, distilled):
+        super().__init__(pair_dataset)
+        self.distilled = distilled
+
+    def __getitem__(self, index):
+        item = self.dataset[index]
+        item["distilled"] = self.distilled[index]
+        return item
+
+    def collater(self, samples):
+        batch = self.dataset.collater(samples)
+        if len(samples) == 0 or "id" not in batch:
+            return batch
+        by_id = {s["id"]: s["distilled"] for s in samples}
+        tokens = [by_id[int(i)] for i in batch["id"]]
+        batch["distilled_target"] = data_utils.collate_tokens(
+            tokens, self.dataset.tgt_dict.pad(), self.dataset.tgt_dict.eos(), left_pad=False
+        )
+        return batch
+
+
+@register_task("hrt_translation", dataclass=HRTTranslationConfig)
+class HRTTranslationTask(TranslationTask):
+    cfg: HRTTranslationConfig
+
+    def __init__(self, cfg: HRTTranslationConfig, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self.chunk_sizes = parse_chunk_sizes(cfg.chunk_sizes)
+        if not 0.0 <= cfg.p_raw <= 1.0:
+            raise ValueError(f"--p-raw must be in [0, 1], got {cfg.p_raw}")
+        if cfg.curriculum_lambda <= 0:
+            raise ValueError(f"--curriculum-lambda must be > 0, got {cfg.curriculum_lambda}")
+        self.mask_idx = tgt_dict.index(MASK_SYMBOL)
+        self.chunk_start_idx = {k: tgt_dict.index(chunk_start_symbol(k)) for k in range(2, MAX_CHUNK_SIZE + 1)}
+
+    @classmethod
+    def load_dictionary(cls, filename):
+        return add_hrt_symbols(super().load_dictionary(filename))
+
+    # ------------------------------------------------------------------ data
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        if self.cfg.distill_data and split == self.cfg.train_subset:
+            self.datasets[split] = self._with_distilled_targets(split, self.datasets[split])
+
+    def _with_distilled_targets(self, split, pair_dataset):
+        src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        candidates = [
+            os.path.join(self.cfg.distill_data, f"{split}.{src}-{tgt}.{tgt}"),
+            os.path.join(self.cfg.distill_data, f"{split}.{tgt}-{src}.{tgt}"),
+        ]
+        distilled = None
+        for prefix in candidates:
+            distilled = data_utils.load_indexed_dataset(prefix, self.tgt_dict, self.cfg.dataset_impl)
+            if distilled is not None:
+                break
+        if distilled is None:
+            raise FileNotFoundError(
+                f"--distill-data {self.cfg.distill_data}: no binarized distilled target "
+                f"found at {candidates[0]}.{{bin,idx}} (binarize the distilled corpus with "
+                "fairseq-preprocess --srcdict/--tgtdict of the raw data)"
+            )
+        if len(distilled) != len(pair_dataset):
+            raise ValueError(
+                f"distilled set not aligned with raw: {prefix} has {len(distilled)} sentences, "
+                f"the raw {split} set has {len(pair_dataset)}. The distilled corpus must be a "
+                "line-by-line translation of the same source file."
+            )
+        logger.info("MixDistill: %s (p_raw = %s)", prefix, self.cfg.p_raw)
+        # batch by the longer of the two targets so that either fits --max-tokens
+        pair_dataset.tgt_sizes = np.maximum(pair_dataset.tgt_sizes, distilled.sizes)
+        pair_dataset.sizes = np.vstack((pair_dataset.src_sizes, pair_dataset.tgt_sizes)).T
+        return DistilledTargetDataset(pair_dataset, distilled)
+
+    # ------------------------------------------------------------ training
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        return model
+
+    def curriculum_p_k(self, num_updates: int) -> float:
+        total = self.cfg.curriculum_updates or self.cfg.max_update
+        if total <= 0:
+            raise ValueError(
+                "HRT's chunk curriculum needs the total number of updates: set --max-update "
+                "(or --curriculum-updates)"
+            )
+        return chunking.curriculum_p_k(num_updates, total, self.cfg.curriculum_lambda)
+
+    def build_decoder_samples(self, sample, p_k: Optional[float], generator=None):
+        """Attach ``sample['hrt']``: the decoder samples of SPEC section 2 for this batch.
+
+        ``p_k=None`` (validation) gives every pair all four kinds, so validation loss
+        measures both decoding modes whatever the curriculum stage.
+        """
+        pad, eos = self.tgt_dict.pad(), self.tgt_dict.eos()
+        target = sample["target"]
+        if "distilled_target" in sample and sample["distilled_target"] is not None:
+            target, _ = chunking.mix_targets(
+                target, sample["distilled_target"].to(target), self.cfg.p_raw, pad, generator
+            )
+            sample["target"] = target
+        n = target.size(0)
+        rows = torch.arange(n, device=target.device)
+        mode = self.cfg.hrt_mode
+        ar = nar = None
+        ar_rows = nar_rows = rows
+        n_chunked = 0
+        if mode == "at":
+            ar = chunking.at_sample(target, pad, eos)
+        elif mode == "cmlm":
+            nar = chunking.cmlm_sample(target, pad, eos, self.mask_idx, generator)
+        else:
+            if p_k is None:  # validation: all rows chunked and all rows plain
+                chunked_rows, plain_rows = rows, rows
+            else:
+                n_chunked_ = chunking.num_chunked(n, p_k)
+                chunked_rows, plain_rows = rows[:n_chunked_], rows[n_chunked_:]
+            n_chunked = chunked_rows.numel()
+            ks = torch.tensor(
+                [self.chunk_sizes[i % len(self.chunk_sizes)] for i in range(n_chunked)],
+                dtype=torch.long,
+                device=target.device,
+            )
+            starts = torch.tensor(
+                [self.chunk_start_idx[int(k)] for k in ks.tolist()], dtype=torch.long, device=target.device
+            )
+            chunked, plain = target[chunked_rows], target[plain_rows]
+            ar = chunking.merge_rows(
+                chunking.skip_at_sample(chunked, ks, pad, eos, starts),
+                chunking.at_sample(plain, pad, eos),
+                pad,
+            )
+            nar = chunking.merge_rows(
+                chunking.skip_cmlm_sample(chunked, ks, pad, eos, self.mask_idx),
+                chunking.cmlm_sample(plain, pad, eos, self.mask_idx, generator),
+                pad,
+            )
+            ar_rows = nar_rows = torch.cat([chunked_rows, plain_rows])
+        sample["hrt"] = {
+            "ar": ar,
+            "nar": nar,
+            "ar_rows": ar_rows,
+            "nar_rows": nar_rows,
+            "n_chunked": n_chunked,
+            "p_k": p_k if p_k is not None else -1.0,
+        }
+        return sample
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        p_k = self.curriculum_p_k(update_num) if self.cfg.hrt_mode == "hrt" else 0.0
+        sample = self.build_decoder_samples(sample, p_k)
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
+    def valid_step(self, sample, model, criterion):
+        sample = self.build_decoder_samples(sample, None if self.cfg.hrt_mode == "hrt" else 0.0)
+        return super().valid_step(sample, model, criterion)
