@@ -298,6 +298,19 @@ class HRTTransformerModel(TransformerModel):
         decoder = HRTDecoder(cfg, tgt_dict, decoder_embed, rpr_window=args.decoder_rpr_window)
         return cls(args, encoder, decoder)
 
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        # which chunk sizes k this model was trained for (flag per k); saved with the
+        # weights so fairseq-generate can refuse a k the model never learnt
+        self.register_buffer("trained_chunk_sizes", torch.zeros(MAX_CHUNK_SIZE + 1, dtype=torch.long))
+
+    def mark_trained_chunk_sizes(self, chunk_sizes):
+        for k in chunk_sizes:
+            self.trained_chunk_sizes[k] = 1
+
+    def get_trained_chunk_sizes(self) -> List[int]:
+        return [k for k in range(2, MAX_CHUNK_SIZE + 1) if int(self.trained_chunk_sizes[k]) > 0]
+
     def forward(
         self,
         src_tokens,
@@ -323,7 +336,7 @@ class HRTTransformerModel(TransformerModel):
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         check_dictionary_compatible(self, state_dict)
-        new_keys = fill_missing_relative_keys(self, state_dict)
+        new_keys = fill_missing_hrt_keys(self, state_dict)
         if new_keys:
             logger.warning(
                 "initialising from a checkpoint without relative position weights (an AT "
@@ -350,19 +363,23 @@ def check_dictionary_compatible(model, state_dict):
             )
 
 
-def fill_missing_relative_keys(model, state_dict) -> List[str]:
-    """Accept an AT checkpoint: parameters it lacks that only HRT has keep their fresh init.
+def fill_missing_hrt_keys(model, state_dict) -> List[str]:
+    """Accept an AT checkpoint: tensors it lacks that only HRT has keep their fresh values.
 
-    Only the relative-position embeddings qualify, and only when the checkpoint has none of
-    them (a real AT checkpoint); a partly missing HRT checkpoint still fails strict loading.
+    Only the relative-position embeddings (and the trained-chunk-size flags) qualify, and the
+    embeddings only when the checkpoint has none of them (a real AT checkpoint); a partly
+    missing HRT checkpoint still fails strict loading.
     """
     own = model.state_dict()
+    new = []
+    if "trained_chunk_sizes" in own and "trained_chunk_sizes" not in state_dict:
+        state_dict["trained_chunk_sizes"] = own["trained_chunk_sizes"].clone()
     rel = [k for k in own if k.endswith("self_attn.relative_keys.weight")]
-    if not rel or any(k in state_dict for k in rel):
-        return []
-    for key in rel:
-        state_dict[key] = own[key].detach().clone()
-    return rel
+    if rel and not any(k in state_dict for k in rel):
+        for key in rel:
+            state_dict[key] = own[key].detach().clone()
+        new = rel
+    return new
 
 
 @register_model_architecture("hrt_transformer", "hrt_transformer")

@@ -189,6 +189,8 @@ class HRTTranslationTask(TranslationTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
+        if not from_checkpoint and self.cfg.hrt_mode == "hrt" and hasattr(model, "mark_trained_chunk_sizes"):
+            model.mark_trained_chunk_sizes(self.chunk_sizes)
         return model
 
     def curriculum_p_k(self, num_updates: int) -> float:
@@ -260,6 +262,13 @@ class HRTTranslationTask(TranslationTask):
         }
         return sample
 
+    def begin_epoch(self, epoch, model):
+        super().begin_epoch(epoch, model)
+        # after --restore-file / --finetune-from-model the flags come from the checkpoint:
+        # add the chunk sizes this run trains
+        if self.cfg.hrt_mode == "hrt" and hasattr(model, "mark_trained_chunk_sizes"):
+            model.mark_trained_chunk_sizes(self.chunk_sizes)
+
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         p_k = self.curriculum_p_k(update_num) if self.cfg.hrt_mode == "hrt" else 0.0
         sample = self.build_decoder_samples(sample, p_k)
@@ -268,3 +277,124 @@ class HRTTranslationTask(TranslationTask):
     def valid_step(self, sample, model, criterion):
         sample = self.build_decoder_samples(sample, None if self.cfg.hrt_mode == "hrt" else 0.0)
         return super().valid_step(sample, model, criterion)
+
+    # ------------------------------------------------------------ inference
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        """fairseq-interactive: truncate over-long sources at --max-source-positions (as the
+        papers do, with L = 200) instead of failing on them."""
+        limit = self.cfg.max_source_positions
+        eos = self.source_dictionary.eos()
+        truncated = 0
+        for i, tokens in enumerate(src_tokens):
+            if tokens.numel() > limit:
+                src_tokens[i] = torch.cat([tokens[: limit - 1], tokens.new_tensor([eos])])
+                src_lengths[i] = limit
+                truncated += 1
+        if truncated:
+            logger.warning(
+                "%d input sentence(s) longer than --max-source-positions %d tokens were truncated",
+                truncated,
+                limit,
+            )
+        return super().build_dataset_for_inference(src_tokens, src_lengths, constraints=constraints)
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+        from fairseq_hrt.generation.hrt_generator import HRTGenerator
+
+        model = models[0]
+        if not hasattr(model, "get_trained_chunk_sizes"):
+            # AT baselines (fairseq's transformer): fairseq's own beam search
+            return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, **kwargs)
+        if getattr(args, "beam", 5) < 1:
+            raise ValueError("--beam (b_at) must be >= 1")
+        chunk_size = resolve_decode_chunk_size(self.cfg.decode_chunk_size, model.get_trained_chunk_sizes())
+        stage1 = super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, **kwargs)
+        if chunk_size == 1 and self.cfg.b_nat == 1:
+            logger.info("HRT decoding in AT mode (chunk size 1): fairseq's SequenceGenerator from </s>")
+        else:
+            logger.info("HRT decoding: chunk size %s, b_at %d, b_nat %d", chunk_size, stage1.beam_size, self.cfg.b_nat)
+        return HRTGenerator(
+            stage1,
+            self.target_dictionary,
+            chunk_start=self.chunk_start_idx,
+            mask=self.mask_idx,
+            chunk_size=chunk_size,
+            b_nat=self.cfg.b_nat,
+            print_steps=getattr(args, "print_step", False),
+        )
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        """Empty source sentences (only </s>) get an empty translation without decoding."""
+        src = sample["net_input"]["src_tokens"]
+        empty = src.ne(self.source_dictionary.pad()).long().sum(dim=1) <= 1
+        if not empty.any():
+            return super().inference_step(generator, models, sample, prefix_tokens, constraints)
+        from fairseq_hrt.generation.hrt_generator import _select_rows
+
+        results = [None] * src.size(0)
+        eos = self.target_dictionary.eos()
+        for i in empty.nonzero().view(-1).tolist():
+            results[i] = [
+                {
+                    "tokens": src.new_tensor([eos]),
+                    "score": torch.tensor(0.0),
+                    "positional_scores": torch.zeros(1),
+                    "attention": None,
+                    "alignment": None,
+                }
+            ]
+        rest = (~empty).nonzero().view(-1).tolist()
+        if rest:
+            sub = _select_rows(sample, rest)
+            sub_prefix = prefix_tokens[rest] if prefix_tokens is not None else None
+            sub_constraints = constraints[rest] if constraints is not None else None
+            for i, hypos in zip(rest, super().inference_step(generator, models, sub, sub_prefix, sub_constraints)):
+                results[i] = hypos
+        return results
+
+
+def resolve_decode_chunk_size(option: str, trained: List[int]):
+    """``--decode-chunk-size``: an int (1 = AT mode), 'auto-trained', or 'by-length'."""
+    option = str(option).strip()
+    if option == "auto-trained":
+        if not trained:
+            raise ValueError(
+                "this checkpoint was not trained with chunked samples (--hrt-mode hrt); "
+                "decode it with --decode-chunk-size 1 (AT mode)"
+            )
+        return min(trained)
+    if option == "by-length":
+        if not trained:
+            raise ValueError("--decode-chunk-size by-length needs a model trained with chunk sizes")
+        return ChunkSizeByLength(trained)
+    try:
+        k = int(option)
+    except ValueError:
+        raise ValueError(
+            f"--decode-chunk-size must be an integer, 'auto-trained' or 'by-length', got {option!r}"
+        )
+    if k < 1:
+        raise ValueError(f"--decode-chunk-size must be >= 1, got {k}")
+    if k > 1 and k not in trained:
+        raise ValueError(
+            f"--decode-chunk-size {k}: this model was trained for chunk sizes {trained or 'none'}; "
+            "use one of them, or 1 for AT mode"
+        )
+    return k
+
+
+class ChunkSizeByLength:
+    """Per-sentence chunk size from the source length (beyond the papers).
+
+    Rule: sources of fewer than ``short`` tokens decode in AT mode (k = 1): their Skip-AT
+    skeleton would be a couple of tokens, the saving is small and the bidirectional pass has
+    little context; longer sources use the smallest trained k. See README for measurements.
+    """
+
+    def __init__(self, trained: List[int], short: int = 8):
+        self.k = min(trained)
+        self.short = short
+
+    def __call__(self, src_lengths):
+        return torch.where(src_lengths < self.short, torch.ones_like(src_lengths), torch.full_like(src_lengths, self.k))
