@@ -94,9 +94,12 @@ class HRTGenerator:
         self.b_nat = b_nat
         self.print_steps = print_steps
         self.max_len_a, self.max_len_b = stage1.max_len_a, stage1.max_len_b
-        # symbols stage II may never produce
-        banned = [self.pad, self.mask, tgt_dict.bos()] + list(chunk_start.values())
-        self.banned = torch.tensor(sorted(set(banned)), dtype=torch.long)
+        # symbols no stage may produce: <mask>, the start symbols <s>, <s_k> (and <pad>)
+        banned = [self.mask, tgt_dict.bos()] + list(chunk_start.values())
+        if stage1.token_indices_to_suppress is not None:
+            banned += stage1.token_indices_to_suppress.tolist()
+        stage1.token_indices_to_suppress = torch.tensor(sorted(set(banned)), dtype=torch.long)
+        self.banned = torch.tensor(sorted(set(banned + [self.pad])), dtype=torch.long)
 
     def cuda(self):
         self.stage1.cuda()

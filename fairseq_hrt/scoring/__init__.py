@@ -1,7 +1,25 @@
 """Scoring: sacreBLEU (with signature), source-word counts for speed, and COMET from a
-local checkpoint only. Importing this package is cheap: sacreBLEU and unbabel-comet are
-imported inside the functions that need them."""
-from fairseq_hrt.scoring.comet import CometUnavailable, comet_score, resolve_comet_model
-from fairseq_hrt.scoring.metrics import sacrebleu_score, source_words
+local checkpoint only (:mod:`fairseq_hrt.scoring.comet`).
 
-__all__ = ["CometUnavailable", "comet_score", "resolve_comet_model", "sacrebleu_score", "source_words"]
+Importing this package is cheap: its names are resolved on first use (PEP 562), so that
+``python -m fairseq_hrt.scoring.comet`` runs without the submodule being pre-imported, and
+unbabel-comet itself is only imported when a COMET model is loaded.
+"""
+import importlib
+
+_EXPORTS = {
+    "sacrebleu_score": "metrics",
+    "source_words": "metrics",
+    "CometUnavailable": "comet",
+    "comet_score": "comet",
+    "resolve_comet_model": "comet",
+    "load_comet_model": "comet",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
