@@ -1,0 +1,93 @@
+"""End-to-end: the plugin through fairseq's own command lines, in the style of fairseq's
+tests/test_binaries.py: fairseq-train -> fairseq-generate -> fairseq-interactive on tiny data."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.tiny_data import REPO, USER_DIR, make_tiny_data, run_cli, train_args
+
+GEN = ["--user-dir", USER_DIR, "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    data = make_tiny_data(root, n_train=300, n_valid=40)
+    save = root / "ckpt"
+    run_cli(train_args(data.bin_dir, save, "--chunk-sizes", "2,3", max_update=40))
+    return data, save / "checkpoint_last.pt"
+
+
+def hyp_lines(output):
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^H-(\d+)\t\S+\t?(.*)$", output, re.M)}
+
+
+def test_plugin_loads_from_repo_path_and_installed_path():
+    import fairseq_hrt
+
+    installed = os.path.dirname(fairseq_hrt.__file__)
+    for user_dir in (os.path.join(REPO, "fairseq_hrt"), installed, "fairseq_hrt"):
+        out = subprocess.run(
+            [sys.executable, "-m", "fairseq_cli.train", "--user-dir", user_dir, "--task", "hrt_translation", "--help"],
+            cwd=REPO, capture_output=True, text=True, check=True,
+        ).stdout
+        assert "hrt_loss" in out  # fairseq's --help lists registered criterions only
+
+
+def test_importing_twice_registers_once():
+    code = (
+        "import importlib, fairseq_hrt; from fairseq.utils import import_user_module; "
+        "from argparse import Namespace; import_user_module(Namespace(user_dir='fairseq_hrt')); "
+        "import_user_module(Namespace(user_dir='fairseq_hrt')); importlib.import_module('fairseq_hrt.tasks'); "
+        "from fairseq.tasks import TASK_REGISTRY; from fairseq.models import ARCH_MODEL_REGISTRY as A; "
+        "print('hrt_translation' in TASK_REGISTRY and {'hrt_e6d1', 'hrt_e12d1', 'hrt_e20d1', 'at_e12d1'} <= set(A))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("True")
+
+
+@pytest.mark.parametrize("decode", [["--decode-chunk-size", "2"], ["--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2"], ["--decode-chunk-size", "1"]])
+def test_generate(trained, decode):
+    data, ckpt = trained
+    out = run_cli(
+        ["generate", data.bin_dir, "--path", ckpt, "--gen-subset", "valid", "--batch-size", "16",
+         "--beam", "1", "--scoring", "sacrebleu", *GEN, *decode]
+    ).stdout
+    hyps = hyp_lines(out)
+    assert sorted(hyps) == list(range(40))  # one H line per sentence
+    assert len(re.findall(r"^D-\d+\t", out, re.M)) == 40
+    assert len(re.findall(r"^P-\d+\t", out, re.M)) == 40
+    assert "<mask>" not in out and "<s2>" not in out
+    assert re.search(r"Generate valid with beam=\d+: BLEU = ", out)  # sacrebleu scorer line
+
+
+def test_interactive_empty_long_and_unknown_input(trained):
+    data, ckpt = trained
+    long_line = " ".join(["the"] * 300)
+    lines = ["a man rides a horse .", "", long_line, "zzzunknownword qqqq", "", "two dogs play ."]
+    proc = subprocess.run(
+        [sys.executable, "-m", "fairseq_cli.interactive", str(data.bin_dir), "--path", str(ckpt),
+         "--buffer-size", "4", "--batch-size", "4", "--beam", "2", "--max-source-positions", "64",
+         "--decode-chunk-size", "2", *GEN],
+        input="\n".join(lines) + "\n", capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    hyps = hyp_lines(proc.stdout)
+    assert sorted(hyps) == list(range(len(lines)))  # every input line gets an output line, in order
+    assert hyps[1] == "" and hyps[4] == ""  # empty input -> empty translation
+    assert "truncated" in proc.stderr  # the 300-token line was cut at --max-source-positions
+    assert "<unk>" in proc.stdout  # unknown words map to <unk> in the source echo
+
+
+def test_checkpoint_from_another_dictionary_is_refused(trained, tmp_path):
+    data, ckpt = trained
+    other = make_tiny_data(tmp_path / "other", n_train=60, n_valid=10, prefer="synthetic", seed=7)
+    proc = run_cli(
+        ["generate", other.bin_dir, "--path", ckpt, "--gen-subset", "valid", *GEN], check=False
+    )
+    assert proc.returncode != 0
+    assert "another dictionary" in proc.stdout
