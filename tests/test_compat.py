@@ -1,0 +1,77 @@
+"""The compatibility layer: fairseq checkpoints load under PyTorch >= 2.6 without settings."""
+import argparse
+import pickle
+
+import pytest
+import torch
+
+import fairseq_hrt  # noqa: F401  (applies compat)
+from fairseq import checkpoint_utils
+from fairseq_hrt import compat
+
+
+def _fairseq_like_checkpoint(path):
+    # what every fairseq checkpoint holds next to its weights: a pickled configuration
+    state = {"args": argparse.Namespace(arch="hrt_tiny"), "model": {"w": torch.ones(2)}, "cfg": None}
+    torch.save(state, path)
+    return state
+
+
+def test_fairseq_loader_reads_pickled_config(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    _fairseq_like_checkpoint(path)
+    state = checkpoint_utils.torch.load(str(path), map_location="cpu")
+    assert torch.equal(state["model"]["w"], torch.ones(2))
+
+
+def test_real_checkpoint_loads_through_load_model_ensemble(tmp_path):
+    """A checkpoint as fairseq-train writes it (argparse config pickled inside) loads into
+    a model through fairseq's Python API, the path generate and interactive take."""
+    from fairseq import options
+    from tests.hrt_fixtures import build_task_and_model
+
+    task, model = build_task_and_model(str(tmp_path))
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [str(tmp_path), "--user-dir", "fairseq_hrt", "--task", "hrt_translation", "--source-lang", "src",
+         "--target-lang", "tgt", "--arch", "hrt_tiny", "--share-all-embeddings", "--chunk-sizes", "2,3"],
+    )
+    state = {
+        "args": args,
+        "model": model.state_dict(),
+        "optimizer_history": [
+            {"criterion_name": "HRTLossCriterion", "optimizer_name": "Adam", "lr_scheduler_state": {"best": None}, "num_updates": 7}
+        ],
+        "extra_state": {"train_iterator": {"epoch": 1}},
+        "last_optimizer_state": None,
+    }
+    path = tmp_path / "checkpoint_last.pt"
+    checkpoint_utils.torch_persistent_save(state, str(path))
+    models, _ = checkpoint_utils.load_model_ensemble([str(path)], task=task)
+    loaded = models[0].state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
+    assert models[0].get_trained_chunk_sizes() == [2, 3]
+
+
+def test_global_torch_load_keeps_its_safe_default(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    _fairseq_like_checkpoint(path)
+    if torch.__version__ >= "2.6":
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(path)
+
+
+def test_explicit_weights_only_is_respected(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    _fairseq_like_checkpoint(path)
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint_utils.torch.load(path, weights_only=True)
+
+
+def test_apply_is_idempotent():
+    before = checkpoint_utils.torch
+    compat.apply()
+    compat._APPLIED = False
+    compat.apply()  # a second application must not wrap the wrapper
+    assert checkpoint_utils.torch is before
+    assert checkpoint_utils.torch.nn is torch.nn  # everything else is torch's own
