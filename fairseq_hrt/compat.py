@@ -34,17 +34,19 @@ def _load_trusting_fairseq_pickles(torch_load):
     return load
 
 
-class _TorchWithTrustedLoad(types.ModuleType):
-    """A stand-in for the ``torch`` module inside fairseq modules that load checkpoints.
+class _TorchProxy(types.ModuleType):
+    """A stand-in for the ``torch`` module inside one fairseq module.
 
-    Only ``torch.load`` differs; every other attribute is torch's own. Patching the global
-    ``torch.load`` instead would silently lower the safety default for unrelated code in the
-    same process, so the fix is confined to fairseq's loaders.
+    Only the attributes given as overrides differ; every other attribute is torch's own.
+    Patching torch itself instead would change behaviour for unrelated code in the same
+    process (e.g. silently lower ``torch.load``'s safety default), so each fix is confined
+    to the fairseq module that needs it.
     """
 
-    def __init__(self):
+    def __init__(self, **overrides):
         super().__init__("torch")
-        self.load = _load_trusting_fairseq_pickles(torch.load)
+        for name, value in overrides.items():
+            setattr(self, name, value)
 
     def __getattr__(self, name):
         return getattr(torch, name)
@@ -58,11 +60,38 @@ def _patch_checkpoint_loading():
     # torch_persistent_save's verification; distributed.utils: broadcast_object, used to
     # share the restored trainer state between ranks.
     for module in (checkpoint_utils, distributed_utils):
-        if not getattr(getattr(module, "torch", None), "load", None) or getattr(
-            module.torch.load, "__fairseq_hrt_compat__", False
-        ):
+        if getattr(getattr(module.torch, "load", None), "__fairseq_hrt_compat__", False):
             continue
-        module.torch = _TorchWithTrustedLoad()
+        module.torch = _TorchProxy(load=_load_trusting_fairseq_pickles(torch.load))
+
+
+class _CudaOptionalTensor(torch.Tensor):
+    """A tensor whose ``.cuda()`` is a no-op (returning a plain tensor) without CUDA."""
+
+    def cuda(self, *args, **kwargs):
+        plain = self.as_subclass(torch.Tensor)
+        return plain.cuda(*args, **kwargs) if torch.cuda.is_available() else plain
+
+
+def _tensor_with_optional_cuda(*args, **kwargs):
+    t = torch.tensor(*args, **kwargs)
+    return t if torch.cuda.is_available() else t.as_subclass(_CudaOptionalTensor)
+
+
+_tensor_with_optional_cuda.__fairseq_hrt_compat__ = True
+
+
+def _patch_fp16_overflow_on_cpu():
+    """fairseq 0.12's Trainer handles a gradient overflow (routine with ``--fp16``: the
+    dynamic loss scaler skips the update and lowers the scale) with
+    ``grad_norm = torch.tensor(0.0).cuda()``, which crashes without CUDA ("Torch not compiled
+    with CUDA enabled"), so fp16 training on CPU died at its first overflow. That is the only
+    ``torch.tensor`` call in fairseq/trainer.py; on CPU it now stays on the CPU."""
+    import fairseq.trainer as trainer
+
+    if getattr(getattr(trainer.torch, "tensor", None), "__fairseq_hrt_compat__", False):
+        return
+    trainer.torch = _TorchProxy(tensor=_tensor_with_optional_cuda)
 
 
 def apply():
@@ -71,5 +100,6 @@ def apply():
     if _APPLIED:
         return
     _patch_checkpoint_loading()
+    _patch_fp16_overflow_on_cpu()
     _APPLIED = True
     logger.debug("fairseq_hrt compatibility fixes applied")

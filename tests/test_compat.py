@@ -75,3 +75,19 @@ def test_apply_is_idempotent():
     compat.apply()  # a second application must not wrap the wrapper
     assert checkpoint_utils.torch is before
     assert checkpoint_utils.torch.nn is torch.nn  # everything else is torch's own
+
+
+def test_trainer_overflow_handler_tensor_works_without_cuda():
+    """fairseq.trainer's overflow handler runs ``torch.tensor(0.0).cuda()``; on a machine
+    without CUDA that must give a CPU tensor, not an AssertionError (the end-to-end check
+    is tests/test_training.py::test_fp16_on_cpu_survives_gradient_overflow)."""
+    import fairseq.trainer as trainer
+
+    if torch.cuda.is_available():
+        pytest.skip("only meaningful without CUDA")
+    grad_norm = trainer.torch.tensor(0.0).cuda()
+    assert type(grad_norm) is torch.Tensor and grad_norm.device.type == "cpu"
+    assert float(grad_norm) == 0.0
+    # every other attribute is torch's own, and torch itself is untouched
+    assert trainer.torch.zeros_like is torch.zeros_like
+    assert not hasattr(torch.tensor, "__fairseq_hrt_compat__")

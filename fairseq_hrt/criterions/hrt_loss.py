@@ -4,6 +4,12 @@ The task attaches ``sample['hrt']`` (see ``HRTTranslationTask.build_decoder_samp
 causal pass (Skip-AT rows first, then AT rows) and one bidirectional pass (Skip-CMLM rows, then
 CMLM rows) over a shared encoder output. Every kind's loss and token count is logged
 separately, with ``p_k``, so training curves show the curriculum.
+
+Mask-Predict models (``cmlm_*`` archs, which have ``forward_length``) also get the
+target-length loss: the NLL of every sentence's true length N (target tokens without
+``</s>``, clamped to the predictor's classes), weighted as fairseq's ``nat_loss`` does:
+``--length-loss-factor`` times the per-sentence mean, relative to the per-token loss. It is
+logged as ``length_loss`` (bits per sentence).
 """
 import math
 from dataclasses import dataclass, field
@@ -39,6 +45,29 @@ def label_smoothed_token_loss(lprobs, target, epsilon: float, ignore_index: int)
     return loss.masked_fill(pad, 0.0), nll.masked_fill(pad, 0.0)
 
 
+def check_mode_matches_model(hrt_mode: str, model):
+    """``--hrt-mode cmlm`` trains Mask-Predict and needs a length predictor; a Mask-Predict
+    model (``cmlm_*``) trains with ``--hrt-mode cmlm`` only."""
+    has_length = hasattr(model, "forward_length")
+    if hrt_mode == "cmlm" and not has_length:
+        raise ValueError(
+            "--hrt-mode cmlm trains a Mask-Predict baseline, which needs a target-length "
+            "predictor: use a cmlm_* architecture (e.g. --arch cmlm_base / cmlm_small)"
+        )
+    if hrt_mode != "cmlm" and has_length:
+        raise ValueError(
+            f"--hrt-mode {hrt_mode} with a Mask-Predict architecture (cmlm_*): train cmlm_* "
+            "archs with --hrt-mode cmlm, HRT with an hrt_* arch, AT baselines with an at_* arch"
+        )
+
+
+def length_loss(model, encoder_out, target, pad: int, eos: int):
+    """Per-sentence NLL of the true target length N (tokens without ``</s>``), ``(B,)``."""
+    length_lprobs = model.forward_length(encoder_out)
+    n = (target.ne(pad) & target.ne(eos)).long().sum(dim=1).clamp(max=length_lprobs.size(-1) - 1)
+    return -length_lprobs.gather(1, n.unsqueeze(1)).squeeze(1)
+
+
 def run_decoder(model, decoder_sample, encoder_out, causal: bool):
     """Decoder logits for one pass; plain fairseq decoders take the default (AT) positions."""
     if isinstance(model.decoder, HRTDecoder):
@@ -65,6 +94,7 @@ class HRTLossCriterion(FairseqCriterion):
     def forward(self, model, sample, reduce=True):
         if "hrt" not in sample:
             raise ValueError("--criterion hrt_loss needs --task hrt_translation")
+        check_mode_matches_model(self.task.cfg.hrt_mode, model)
         hrt = sample["hrt"]
         net_input = sample["net_input"]
         encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
@@ -96,6 +126,14 @@ class HRTLossCriterion(FairseqCriterion):
             total_loss = total_loss + row_loss.sum()
             total_nll = total_nll + row_nll.sum()
             sample_size += int(ntok.sum().item())
+        if hasattr(model, "forward_length"):
+            target = sample["target"]
+            length_nll = length_loss(model, encoder_out, target, self.padding_idx, self.task.target_dictionary.eos())
+            # fairseq's weighting: factor x mean over sentences, next to a per-token loss; the
+            # trainer divides by sample_size, so scale the sentence mean by it
+            total_loss = total_loss + model.length_loss_factor * length_nll.mean() * sample_size
+            logging_output["length_loss"] = utils.item(length_nll.sum().data)
+            logging_output["length_nsentences"] = target.size(0)
         logging_output.update(
             loss=utils.item(total_loss.data),
             nll_loss=utils.item(total_nll.data),
@@ -115,10 +153,16 @@ class HRTLossCriterion(FairseqCriterion):
         metrics.log_scalar("nll_loss", total("nll_loss") / max(ntokens, 1) / math.log(2), ntokens, round=3)
         metrics.log_derived("ppl", lambda meters: utils.get_perplexity(meters["nll_loss"].avg))
         for kind in KINDS:
+            if not any(f"{kind}_ntokens" in log for log in logging_outputs):
+                continue  # a kind this run never trains (--hrt-mode at / cmlm)
             ntok = total(f"{kind}_ntokens")
+            # token counts are logged even when 0, so curves show a kind fading out
+            metrics.log_scalar(f"{kind}_ntokens", ntok, priority=900, round=0)
             if ntok > 0:
                 metrics.log_scalar(f"{kind}_loss", total(f"{kind}_loss") / ntok / math.log(2), ntok, round=3)
-                metrics.log_scalar(f"{kind}_ntokens", ntok, priority=900, round=0)
+        if any("length_loss" in log for log in logging_outputs):
+            nsent = total("length_nsentences")
+            metrics.log_scalar("length_loss", total("length_loss") / max(nsent, 1) / math.log(2), nsent, round=3)
         count = total("p_k_count")
         if count:
             metrics.log_scalar("p_k", total("p_k_sum") / count, count, round=3)

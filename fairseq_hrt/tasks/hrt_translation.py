@@ -270,7 +270,9 @@ class HRTTranslationTask(TranslationTask):
             model.mark_trained_chunk_sizes(self.chunk_sizes)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        p_k = self.curriculum_p_k(update_num) if self.cfg.hrt_mode == "hrt" else 0.0
+        # fairseq passes the number of updates already done; Algorithm 1 counts t = 1..T, so
+        # the last update of the run trains with p_k = 1 (every pair chunked)
+        p_k = self.curriculum_p_k(update_num + 1) if self.cfg.hrt_mode == "hrt" else 0.0
         sample = self.build_decoder_samples(sample, p_k)
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
@@ -301,8 +303,22 @@ class HRTTranslationTask(TranslationTask):
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         from fairseq_hrt.generation.hrt_generator import HRTGenerator
+        from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
 
         model = models[0]
+        if hasattr(model, "forward_length"):
+            # Mask-Predict baselines (cmlm_* archs) use fairseq's iterative-refinement options
+            if (
+                self.cfg.decode_chunk_size != HRTTranslationConfig.decode_chunk_size
+                or self.cfg.b_nat != HRTTranslationConfig.b_nat
+            ):
+                raise ValueError(
+                    "--decode-chunk-size and --b-nat are HRT decoding options; a Mask-Predict "
+                    "(cmlm_*) model decodes with --iter-decode-max-iter I and --iter-decode-with-beam l"
+                )
+            return MaskPredictGenerator.from_generation_args(
+                models, self.target_dictionary, args, mask=self.mask_idx, banned=self.chunk_start_idx.values()
+            )
         if not hasattr(model, "get_trained_chunk_sizes"):
             # AT baselines (fairseq's transformer): fairseq's own beam search
             return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, **kwargs)

@@ -1,0 +1,470 @@
+#!/usr/bin/env python
+"""Multi30k En->De benchmark recipe: teacher -> distillation -> AT / HRT / MP students -> benchmark.
+
+Steps (each one is skipped when its marker ``OUT/markers/<step>.done`` exists; an interrupted
+training resumes from its ``checkpoint_last.pt``; every step logs to ``OUT/logs/<step>.log``):
+
+1. ``prepare``      examples/multi30k/prepare.sh: SentencePiece + fairseq-preprocess (joined dict)
+2. ``teacher``      AT teacher (deeper decoder than the students), raw data
+3. ``distill``      sequence-level KD of the training set with the teacher
+                    (``python -m fairseq_hrt.distill``; n-best selection by sentence-BLEU)
+4. ``distill_bin``  binarize the distilled targets with the raw data's dictionary
+5. ``at``           AT student: deep encoder, 1 decoder layer, MixDistill
+6. ``hrt``          HRT fine-tuned from the AT student, MixDistill, chunk sizes 2,3,4
+7. ``mp``           Mask-Predict (CMLM) fine-tuned from the AT student, MixDistill
+8. ``benchmark``    benchmarks/benchmark.py: BLEU, COMET (if a local model is given),
+                    words/s at batch 1, 8, 32, 128, ratios to AT greedy, Pareto plot
+
+The three students get the same training budget (``--max-update`` and ``--stop-time-hours``)
+and the same data (MixDistill with ``--p-raw 0.5``); HRT and MP start from the AT student, as
+the HRT paper fine-tunes from AT (SPEC section 2). Profiles: ``quick`` (a smoke run, minutes)
+and ``full`` (CPU-sized shapes, about 2 hours on 2 cores); see examples/multi30k/README.md.
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+SCRIPT_DIR = Path(__file__).resolve().parent
+REPO = SCRIPT_DIR.parents[1]
+USER_DIR = REPO / "fairseq_hrt"
+
+
+@dataclass
+class Budget:
+    max_update: int
+    stop_time_hours: float
+    lr: float
+    warmup: int
+
+
+@dataclass
+class Profile:
+    """Everything that differs between ``quick`` and ``full``."""
+
+    vocab_size: int
+    subset: Optional[int]  # training pairs kept by prepare.sh (None = all 29k)
+    max_tokens: int
+    teacher_arch: str
+    teacher_args: List[str]  # makes the teacher bigger than the students
+    teacher: Budget
+    at_arch: str
+    hrt_arch: str
+    mp_arch: str
+    student: Budget  # budget shared by the AT, HRT and MP students
+    distill_beam: int
+    distill_nbest: int
+    validate: bool  # quick skips validation: its epochs are a few updates long
+    log_interval: int
+    bench_sentences: int  # test sentences benchmarked (0 = all 1000)
+    bench_bs1_sentences: int
+    bench_batch_sizes: str = "1,8,32,128"
+    extra_train_args: List[str] = field(default_factory=list)
+
+
+PROFILES: Dict[str, Profile] = {
+    # Smoke run: tiny shapes on a 2000-pair subset; the numbers mean nothing, the report's
+    # structure is what tests/test_benchmark_smoke.py checks.
+    "quick": Profile(
+        vocab_size=1000,
+        subset=2000,
+        max_tokens=2048,
+        teacher_arch="at_tiny",
+        teacher_args=["--decoder-layers", "2"],
+        teacher=Budget(max_update=150, stop_time_hours=0.02, lr=3e-3, warmup=50),
+        at_arch="at_tiny",
+        hrt_arch="hrt_tiny",
+        mp_arch="cmlm_tiny",
+        student=Budget(max_update=100, stop_time_hours=0.015, lr=3e-3, warmup=30),
+        distill_beam=2,
+        distill_nbest=2,
+        validate=False,
+        log_interval=10,
+        bench_sentences=100,
+        bench_bs1_sentences=20,
+    ),
+    # CPU-sized: d = 256 students (6 encoder layers, 1 decoder layer), a 6-3 teacher of the
+    # same width; budgets chosen so that the whole recipe takes about 2 hours on 2 cores.
+    "full": Profile(
+        vocab_size=8000,
+        subset=None,
+        max_tokens=4096,
+        teacher_arch="at_small",
+        teacher_args=["--decoder-layers", "3"],
+        teacher=Budget(max_update=3000, stop_time_hours=0.5, lr=1e-3, warmup=500),
+        at_arch="at_small",
+        hrt_arch="hrt_small",
+        mp_arch="cmlm_small",
+        student=Budget(max_update=2000, stop_time_hours=0.35, lr=1e-3, warmup=400),
+        distill_beam=5,
+        distill_nbest=5,
+        validate=True,
+        log_interval=50,
+        bench_sentences=0,
+        bench_bs1_sentences=100,
+    ),
+}
+
+STEPS = ["prepare", "teacher", "distill", "distill_bin", "at", "hrt", "mp", "benchmark"]
+
+
+def log(msg: str):
+    print(f"[recipe] {msg}", file=sys.stderr, flush=True)
+
+
+class StepError(RuntimeError):
+    pass
+
+
+class Recipe:
+    def __init__(self, args):
+        self.args = args
+        self.profile = PROFILES[args.profile]
+        self.out = Path(args.out).resolve()
+        self.data = self.out / "data"
+        self.data_bin = self.data / "data-bin"
+        self.markers = self.out / "markers"
+        self.logs = self.out / "logs"
+        self.threads = args.threads or idle_cores()
+        self.cpu = not cuda_available()
+        self.env = dict(os.environ)
+        self.env.update(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
+        # prepare.sh calls `python` and fairseq's console scripts: those of this interpreter
+        self.env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), self.env.get("PATH", "")))
+        # the plugin importable from the children, wherever they start
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), self.env.get("PYTHONPATH", "")) if p)
+
+    # ------------------------------------------------------------------ helpers
+
+    def checkpoint(self, name: str) -> Path:
+        # The model at the end of the budget: the students are compared after the same
+        # amount of training (best-by-valid-loss would compare different amounts, and for HRT
+        # pick a model from earlier in the chunk curriculum).
+        return self.out / name / "checkpoint_last.pt"
+
+    def run_step(self, index: int, name: str, cmd: List[str], outputs: List[Path], train_max_update: int = 0,
+                 redo_if_changed: bool = False):
+        """Run ``cmd`` unless the step's marker says it is done with this very command.
+
+        A marker of another command is an error (outputs of different settings must not be
+        mixed), except for steps with ``redo_if_changed``, which only read other steps'
+        outputs (the benchmark: e.g. MP became available after a first run without it).
+        """
+        tag = f"step {index}/{len(STEPS)} {name}"
+        marker = self.markers / f"{name}.done"
+        cmd_file = self.markers / f"{name}.cmd"
+        cmd_str = shlex.join(str(c) for c in cmd)
+        if marker.exists() and redo_if_changed and marker.read_text().strip() != cmd_str:
+            log(f"{tag}: its command changed since it was done, running it again")
+            marker.unlink()
+            cmd_file.unlink(missing_ok=True)
+        if marker.exists():
+            if marker.read_text().strip() != cmd_str:
+                raise StepError(
+                    f"{tag}: {marker} was made by another command than this run's (another profile "
+                    f"or version of the recipe?). Delete {self.out} or use another --out.\n"
+                    f"  done:  {marker.read_text().strip()}\n  now:   {cmd_str}"
+                )
+            log(f"{tag}: skipped, done earlier ({marker})")
+            return
+        self.markers.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        if cmd_file.exists() and cmd_file.read_text().strip() != cmd_str:
+            raise StepError(
+                f"{tag}: an interrupted run of another command is in {self.out} (see {cmd_file}). "
+                f"Delete {self.out} or use another --out."
+            )
+        cmd_file.write_text(cmd_str + "\n")
+        log_path = self.logs / f"{name}.log"
+        resumed = train_max_update and (self.out / name / "checkpoint_last.pt").exists()
+        log(f"{tag}: {'resuming' if resumed else 'running'}, log in {log_path}")
+        start = time.time()
+        with open(log_path, "a") as log_file:
+            log_file.write(f"$ {cmd_str}\n")
+            log_file.flush()
+            if train_max_update:
+                rc = run_with_update_bar(cmd, self.env, log_file, log_path, train_max_update, name)
+            else:
+                # distill and benchmark draw their own progress bars on stderr and log to files
+                proc = subprocess.run(cmd, env=self.env, stdout=log_file if name == "prepare" else None,
+                                      stderr=log_file if name == "prepare" else None)
+                rc = proc.returncode
+        if rc != 0:
+            raise StepError(f"{tag}: failed (exit {rc}); see {log_path}:\n{tail(log_path)}")
+        missing = [str(p) for p in outputs if not p.exists()]
+        if missing:
+            raise StepError(f"{tag}: finished but did not produce {', '.join(missing)}; see {log_path}")
+        note = ""
+        if train_max_update:
+            done = last_num_updates(log_path)
+            if done is not None and done < train_max_update:
+                note = f" (stopped by the time cap after {done} of {train_max_update} updates)"
+        marker.write_text(cmd_str + "\n")
+        log(f"{tag}: done in {time.time() - start:.0f}s{note} -> {', '.join(str(p) for p in outputs)}")
+
+    def train_cmd(self, name: str, arch: str, budget: Budget, extra: List[str]) -> List[str]:
+        p = self.profile
+        cmd = [
+            sys.executable, "-m", "fairseq_cli.train", str(self.data_bin),
+            "--user-dir", str(USER_DIR),
+            "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de",
+            "--arch", arch, "--share-all-embeddings",
+            "--criterion", "hrt_loss", "--label-smoothing", "0.1",
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
+            "--lr", str(budget.lr), "--lr-scheduler", "inverse_sqrt",
+            "--warmup-updates", str(budget.warmup), "--warmup-init-lr", "1e-07",
+            "--max-tokens", str(p.max_tokens),
+            "--max-update", str(budget.max_update), "--stop-time-hours", str(budget.stop_time_hours),
+            "--save-dir", str(self.out / name), "--no-epoch-checkpoints",
+            "--log-format", "json", "--log-interval", str(p.log_interval),
+            "--seed", str(self.args.seed), "--num-workers", "0",
+        ]
+        if not p.validate:
+            cmd.append("--disable-validation")
+        if self.cpu:
+            cmd.append("--cpu")
+        return cmd + p.extra_train_args + extra
+
+    # ------------------------------------------------------------------ steps
+
+    def step_prepare(self, i):
+        p = self.profile
+        cmd = ["bash", str(SCRIPT_DIR / "prepare.sh"), "--out", str(self.data), "--vocab-size", str(p.vocab_size)]
+        if p.subset:
+            cmd += ["--subset", str(p.subset)]
+        if self.args.raw_dir:
+            cmd += ["--raw-dir", str(Path(self.args.raw_dir).resolve())]
+        self.run_step(i, "prepare", cmd, [self.data_bin / "dict.en.txt", self.data / "spm" / "spm.model"])
+
+    def step_teacher(self, i):
+        p = self.profile
+        cmd = self.train_cmd("teacher", p.teacher_arch, p.teacher, ["--hrt-mode", "at", *p.teacher_args])
+        self.run_step(i, "teacher", cmd, [self.checkpoint("teacher")], train_max_update=p.teacher.max_update)
+
+    def step_distill(self, i):
+        p = self.profile
+        out = self.out / "distill" / "train.de"
+        cmd = [
+            sys.executable, "-m", "fairseq_hrt.distill",
+            "--data", str(self.data_bin), "--path", str(self.checkpoint("teacher")),
+            "--src", str(self.data / "spm" / "train.en"), "--out", str(out),
+            "--beam", str(p.distill_beam), "--nbest", str(p.distill_nbest),
+            "--select-by-bleu", str(self.data / "raw" / "train.de"), "--post-process", "sentencepiece",
+            # an under-trained teacher can loop until the 200-token limit: cap the length
+            # well above any real Multi30k translation (target/source piece ratio ~1.1)
+            "--max-len-a", "1.5", "--max-len-b", "10",
+            "--threads", str(self.threads), "--log-file", str(self.logs / "distill.log"),
+        ]
+        if self.cpu:
+            cmd.append("--cpu")
+        self.run_step(i, "distill", cmd, [out])
+
+    def step_distill_bin(self, i):
+        # fairseq-preprocess needs the source side next to the distilled target
+        distill = self.out / "distill"
+        src = distill / "train.en"
+        if not src.exists():
+            src.symlink_to(self.data / "spm" / "train.en")
+        dict_path = self.data_bin / "dict.en.txt"
+        dest = self.out / "distill-bin"
+        cmd = [
+            sys.executable, "-m", "fairseq_cli.preprocess",
+            "--source-lang", "en", "--target-lang", "de",
+            "--trainpref", str(distill / "train"),
+            "--srcdict", str(dict_path), "--tgtdict", str(dict_path),
+            "--destdir", str(dest), "--workers", str(self.threads),
+        ]
+        self.run_step(i, "distill_bin", cmd, [dest / "train.en-de.de.bin", dest / "train.en-de.de.idx"])
+
+    def _student_args(self) -> List[str]:
+        return ["--distill-data", str(self.out / "distill-bin"), "--p-raw", str(self.args.p_raw)]
+
+    def step_at(self, i):
+        p = self.profile
+        cmd = self.train_cmd("at", p.at_arch, p.student, ["--hrt-mode", "at", *self._student_args()])
+        self.run_step(i, "at", cmd, [self.checkpoint("at")], train_max_update=p.student.max_update)
+
+    def step_hrt(self, i):
+        p = self.profile
+        cmd = self.train_cmd(
+            "hrt", p.hrt_arch, p.student,
+            ["--chunk-sizes", "2,3,4", "--finetune-from-model", str(self.checkpoint("at")), *self._student_args()],
+        )
+        self.run_step(i, "hrt", cmd, [self.checkpoint("hrt")], train_max_update=p.student.max_update)
+
+    def step_mp(self, i):
+        p = self.profile
+        if not arch_registered(p.mp_arch, self.env):
+            log(
+                f"step {i}/{len(STEPS)} mp: SKIPPED: --arch {p.mp_arch} is not registered by this version of "
+                "fairseq_hrt (Mask-Predict baseline not available); the benchmark runs without MP"
+            )
+            return
+        cmd = self.train_cmd(
+            "mp", p.mp_arch, p.student,
+            ["--hrt-mode", "cmlm", "--finetune-from-model", str(self.checkpoint("at")), *self._student_args()],
+        )
+        self.run_step(i, "mp", cmd, [self.checkpoint("mp")], train_max_update=p.student.max_update)
+
+    def step_benchmark(self, i):
+        p = self.profile
+        bench = self.out / "benchmark"
+        cmd = [
+            sys.executable, str(REPO / "benchmarks" / "benchmark.py"),
+            "--data", str(self.data_bin), "--spm", str(self.data / "spm" / "spm.model"),
+            "--src", str(self.data / "spm" / "test.en"),
+            "--raw-src", str(self.data / "raw" / "test.en"), "--raw-ref", str(self.data / "raw" / "test.de"),
+            "--at", str(self.checkpoint("at")), "--hrt", str(self.checkpoint("hrt")),
+            "--batch-sizes", p.bench_batch_sizes, "--bs1-sentences", str(p.bench_bs1_sentences),
+            "--max-sentences", str(p.bench_sentences), "--threads", str(self.threads),
+            "--out-dir", str(bench), "--log-file", str(self.logs / "benchmark.log"),
+        ]
+        if self.checkpoint("mp").exists() and (self.markers / "mp.done").exists():
+            cmd += ["--mp", str(self.checkpoint("mp"))]
+        if self.args.comet_model:
+            cmd += ["--comet-model", str(Path(self.args.comet_model).resolve())]
+        if self.cpu:
+            cmd.append("--cpu")
+        self.run_step(
+            i, "benchmark", cmd, [bench / "report.json", bench / "report.md", bench / "pareto.png"], redo_if_changed=True
+        )
+
+    def run(self):
+        self.out.mkdir(parents=True, exist_ok=True)
+        settings = self.out / "recipe.json"
+        mine = {"profile": self.args.profile, "seed": self.args.seed, "p_raw": self.args.p_raw}
+        if settings.exists() and json.loads(settings.read_text()) != mine:
+            raise StepError(
+                f"{self.out} holds a run with settings {settings.read_text().strip()}, now asked for {mine}. "
+                "Use another --out or delete it."
+            )
+        settings.write_text(json.dumps(mine) + "\n")
+        log(f"profile {self.args.profile}, output {self.out}, {self.threads} CPU thread(s), "
+            f"{'CPU' if self.cpu else 'GPU'}")
+        start = time.time()
+        for i, name in enumerate(STEPS, 1):
+            if self.args.until and STEPS.index(name) > STEPS.index(self.args.until):
+                break
+            getattr(self, f"step_{name}")(i)
+        log(f"all steps done in {time.time() - start:.0f}s")
+        report = self.out / "benchmark" / "report.md"
+        if report.exists() and not self.args.until:
+            print(report.read_text())
+
+
+# --------------------------------------------------------------------------- utilities
+
+
+def idle_cores() -> int:
+    """Cores idle at start (1-minute load average), at least 1: on a busy 2-core machine two
+    OpenMP threads wait on each other and run slower than one (see examples/multi30k/README.md)."""
+    n = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return max(1, min(n, int(n - load + 0.5)))
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def arch_registered(arch: str, env) -> bool:
+    """Whether the plugin registers ``--arch arch`` (asked in a child: importing fairseq here
+    would set up its logging in the driver)."""
+    code = (
+        "import sys, fairseq_hrt; from fairseq.models import ARCH_MODEL_REGISTRY; "
+        f"sys.exit(0 if {arch!r} in ARCH_MODEL_REGISTRY else 3)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if proc.returncode not in (0, 3):
+        raise StepError(f"could not import fairseq_hrt to look up --arch {arch}:\n{proc.stderr.decode()[-3000:]}")
+    return proc.returncode == 0
+
+
+_NUM_UPDATES = re.compile(r'"num_updates":\s*"?(\d+)')
+
+
+def last_num_updates(log_path: Path) -> Optional[int]:
+    found = None
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            m = _NUM_UPDATES.search(line)
+            if m:
+                found = int(m.group(1))
+    return found
+
+
+def run_with_update_bar(cmd, env, log_file, log_path: Path, max_update: int, desc: str) -> int:
+    """Run a fairseq-train command with its output in ``log_file`` and a progress bar of its
+    updates (read back from the json log lines) on the terminal."""
+    from tqdm import tqdm
+
+    proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    bar = tqdm(total=max_update, desc=desc, unit="upd", disable=None)
+    stop = threading.Event()
+
+    def follow():
+        while not stop.wait(2.0):
+            done = last_num_updates(log_path)
+            if done is not None and done > bar.n:
+                bar.update(done - bar.n)
+
+    watcher = threading.Thread(target=follow, daemon=True)
+    watcher.start()
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait()
+        raise
+    finally:
+        stop.set()
+        watcher.join()
+        bar.close()
+    return rc
+
+
+def tail(path: Path, n: int = 30) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-n:])
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
+    p.add_argument("--out", help="output directory (default: work/recipe-<profile> under the repository root)")
+    p.add_argument("--raw-dir", help="raw Multi30k directory (default: prepare.sh's search order)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for every step (default: idle cores at start)")
+    p.add_argument("--p-raw", type=float, default=0.5, help="MixDistill: probability of the raw target (students)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--comet-model", help="local COMET model for the benchmark (default: $COMET_MODEL, else none)")
+    p.add_argument("--until", choices=STEPS, help="stop after this step")
+    args = p.parse_args(argv)
+    if not args.out:
+        args.out = str(REPO / "work" / f"recipe-{args.profile}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        Recipe(args).run()
+    except StepError as e:
+        log(f"ERROR: {e}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
