@@ -79,11 +79,11 @@ PROFILES: Dict[str, Profile] = {
         max_tokens=2048,
         teacher_arch="at_tiny",
         teacher_args=["--decoder-layers", "2"],
-        teacher=Budget(max_update=150, stop_time_hours=0.02, lr=3e-3, warmup=50),
+        teacher=Budget(max_update=800, stop_time_hours=0.03, lr=3e-3, warmup=100),
         at_arch="at_tiny",
         hrt_arch="hrt_tiny",
         mp_arch="cmlm_tiny",
-        student=Budget(max_update=100, stop_time_hours=0.015, lr=3e-3, warmup=30),
+        student=Budget(max_update=500, stop_time_hours=0.02, lr=3e-3, warmup=100),
         distill_beam=2,
         distill_nbest=2,
         validate=False,
@@ -151,7 +151,7 @@ class Recipe:
         return self.out / name / "checkpoint_last.pt"
 
     def run_step(self, index: int, name: str, cmd: List[str], outputs: List[Path], train_max_update: int = 0,
-                 redo_if_changed: bool = False):
+                 own_log: bool = False, redo_if_changed: bool = False):
         """Run ``cmd`` unless the step's marker says it is done with this very command.
 
         A marker of another command is an error (outputs of different settings must not be
@@ -192,11 +192,12 @@ class Recipe:
             log_file.flush()
             if train_max_update:
                 rc = run_with_update_bar(cmd, self.env, log_file, log_path, train_max_update, name)
+            elif own_log:
+                # the command logs to the file itself (--log-file) and draws its progress bar
+                # on the terminal (stderr); what it prints (the benchmark's table) is logged too
+                rc = subprocess.run(cmd, env=self.env, stdout=log_file).returncode
             else:
-                # distill and benchmark draw their own progress bars on stderr and log to files
-                proc = subprocess.run(cmd, env=self.env, stdout=log_file if name == "prepare" else None,
-                                      stderr=log_file if name == "prepare" else None)
-                rc = proc.returncode
+                rc = subprocess.run(cmd, env=self.env, stdout=log_file, stderr=subprocess.STDOUT).returncode
         if rc != 0:
             raise StepError(f"{tag}: failed (exit {rc}); see {log_path}:\n{tail(log_path)}")
         missing = [str(p) for p in outputs if not p.exists()]
@@ -265,7 +266,7 @@ class Recipe:
         ]
         if self.cpu:
             cmd.append("--cpu")
-        self.run_step(i, "distill", cmd, [out])
+        self.run_step(i, "distill", cmd, [out], own_log=True)
 
     def step_distill_bin(self, i):
         # fairseq-preprocess needs the source side next to the distilled target
@@ -334,7 +335,8 @@ class Recipe:
         if self.cpu:
             cmd.append("--cpu")
         self.run_step(
-            i, "benchmark", cmd, [bench / "report.json", bench / "report.md", bench / "pareto.png"], redo_if_changed=True
+            i, "benchmark", cmd, [bench / "report.json", bench / "report.md", bench / "pareto.png"],
+            own_log=True, redo_if_changed=True,
         )
 
     def run(self):
@@ -393,7 +395,7 @@ def arch_registered(arch: str, env) -> bool:
     return proc.returncode == 0
 
 
-_NUM_UPDATES = re.compile(r'"num_updates":\s*"?(\d+)')
+_NUM_UPDATES = re.compile(r'"(?:train_)?num_updates":\s*"?(\d+)')
 
 
 def last_num_updates(log_path: Path) -> Optional[int]:

@@ -1,0 +1,490 @@
+#!/usr/bin/env python
+"""Quality and speed of AT, HRT and Mask-Predict on one test set: JSON, markdown, Pareto plot.
+
+Systems (each family only when its checkpoint is given):
+
+* ``--at``  AT (deep encoder, shallow decoder), fairseq's ``SequenceGenerator``: greedy and
+  beam 5 (``--at-beams``). **AT greedy is the baseline of every speed ratio.**
+* ``--hrt`` HRT: chunk sizes k = 2, 3, 4 (``--hrt-chunk-sizes``) with b_at/b_nat = 1/1 and 5/1
+  (``--hrt-beams``), and the same model in AT mode (C_d = 1) with beam b_at.
+* ``--mp``  Mask-Predict with I = 1, 4, 10 iterations (``--mp-iterations``), length beam l.
+
+Quality: detokenised sacreBLEU (with its signature) against the raw references; COMET when a
+local COMET model is given (``--comet-model`` or ``$COMET_MODEL``), otherwise the report says
+"not available" and why -- never a number.
+
+Speed: source words per second (whitespace words of the raw source), model time only (no
+text reading or detokenisation), at every ``--batch-sizes``. Batch 1 is the mean of ``--runs``
+passes over the first ``--bs1-sentences`` sentences (the WMT efficiency task's metric); larger
+batches decode every sentence (``--runs-large`` passes) with fairseq's length-sorted batching.
+Each system is warmed up on one batch first, and the passes go round-robin over the systems
+(pass r of every system, then pass r + 1), so that a slow patch of a shared machine hits all
+systems alike. Every speed is also given as a ratio to AT greedy measured in this process.
+
+Output (``--out-dir``): ``report.json``, ``report.md`` (also printed), ``pareto.png`` (BLEU vs
+words/s per batch size, Pareto front marked) and ``hyps/<system>.txt``.
+
+Example (after examples/multi30k/recipe.py)::
+
+    python benchmarks/benchmark.py --data D/data-bin --spm D/spm/spm.model --src D/spm/test.en \\
+        --raw-src D/raw/test.en --raw-ref D/raw/test.de \\
+        --at R/at/checkpoint_last.pt --hrt R/hrt/checkpoint_last.pt --mp R/mp/checkpoint_last.pt \\
+        --threads 2 --out-dir R/benchmark
+"""
+import argparse
+import datetime
+import json
+import logging
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # decode_speed
+sys.path.insert(0, os.path.dirname(HERE))  # fairseq_hrt
+
+logger = logging.getLogger("benchmark")
+
+BASELINE = "AT greedy"
+
+
+@dataclass
+class System:
+    name: str
+    family: str  # "AT", "HRT" or "MP"
+    checkpoint: str
+    decoding: Dict[str, object]  # what build_generator needs, also written to the report
+    bleu: Optional[float] = None
+    comet: Optional[float] = None
+    speed: Dict[str, dict] = field(default_factory=dict)  # batch size -> measurements
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def systems_from_args(args) -> (List[System], List[dict]):
+    """The systems to measure and the families skipped (no checkpoint given)."""
+    systems, skipped = [], []
+    if args.at:
+        for beam in parse_ints(args.at_beams):
+            name = BASELINE if beam == 1 else f"AT beam {beam}"
+            systems.append(System(name, "AT", args.at, {"beam": beam}))
+    else:
+        skipped.append({"family": "AT", "reason": "no --at checkpoint given (speed ratios need AT greedy)"})
+    if args.hrt:
+        beams = parse_beam_pairs(args.hrt_beams)
+        for b_at in sorted({b for b, _ in beams}):
+            systems.append(System(f"HRT AT-mode b={b_at}", "HRT", args.hrt, {"chunk_size": 1, "beam": b_at, "b_nat": 1}))
+        for k in parse_ints(args.hrt_chunk_sizes):
+            for b_at, b_nat in beams:
+                systems.append(
+                    System(f"HRT k={k} b_at={b_at} b_nat={b_nat}", "HRT", args.hrt,
+                           {"chunk_size": k, "beam": b_at, "b_nat": b_nat})
+                )
+    else:
+        skipped.append({"family": "HRT", "reason": "no --hrt checkpoint given"})
+    if args.mp:
+        for it in parse_ints(args.mp_iterations):
+            systems.append(
+                System(f"MP I={it} l={args.mp_length_beam}", "MP", args.mp,
+                       {"iterations": it, "length_beam": args.mp_length_beam})
+            )
+    else:
+        skipped.append({"family": "MP", "reason": "no --mp checkpoint given"})
+    return systems, skipped
+
+
+def parse_ints(text: str) -> List[int]:
+    return [int(x) for x in str(text).split(",") if x.strip()]
+
+
+def parse_beam_pairs(text: str) -> List[tuple]:
+    """``"1/1,5/1"`` -> ``[(1, 1), (5, 1)]`` (b_at/b_nat)."""
+    pairs = []
+    for item in str(text).split(","):
+        b_at, _, b_nat = item.strip().partition("/")
+        pair = (int(b_at), int(b_nat or 1))
+        if not 1 <= pair[1] <= pair[0]:
+            raise ValueError(f"--hrt-beams {item!r}: need 1 <= b_nat <= b_at")
+        pairs.append(pair)
+    return pairs
+
+
+def speed_ratios(words_per_second: Dict[str, Dict[str, float]], baseline: str) -> Dict[str, Dict[str, Optional[float]]]:
+    """``{system: {batch size: words/s}}`` -> the same with ratios to ``baseline`` at the same
+    batch size (None where the baseline was not measured)."""
+    base = words_per_second.get(baseline, {})
+    return {
+        name: {bs: (wps / base[bs] if base.get(bs) else None) for bs, wps in speeds.items()}
+        for name, speeds in words_per_second.items()
+    }
+
+
+def pareto_front(points: Sequence[tuple]) -> List[int]:
+    """Indices of the (speed, quality) points that no other point dominates (at least as
+    fast and as good, better in one), ordered by increasing speed. Points with a missing
+    coordinate are never on the front."""
+    valid = [i for i, (s, q) in enumerate(points) if s is not None and q is not None]
+    front = []
+    for i in valid:
+        si, qi = points[i]
+        dominated = any(
+            points[j][0] >= si and points[j][1] >= qi and (points[j][0] > si or points[j][1] > qi)
+            for j in valid if j != i
+        )
+        if not dominated:
+            front.append(i)
+    return sorted(front, key=lambda i: (points[i][0], points[i][1]))
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9=._-]+", "_", name).strip("_")
+
+
+def short_reason(reason: str) -> str:
+    """The first sentence of an unavailability message (the report's JSON keeps all of it)."""
+    return reason.split(". ")[0].rstrip(".")
+
+
+def markdown_report(report: dict) -> str:
+    meta, bss = report["meta"], [str(b) for b in report["meta"]["batch_sizes"]]
+    test = meta["test"]
+    comet = report["comet"]
+    lines = [
+        "## Benchmark: BLEU, COMET and source words/second",
+        "",
+        f"- test set: `{test['raw_src']}`, {test['sentences']} sentences, {test['words']} source words; "
+        f"batch 1: first {test['bs1_sentences']} sentences ({test['bs1_words']} words), mean of "
+        f"{meta['runs_bs1']} runs; larger batches: all sentences, {meta['runs_large']} run(s); "
+        "each after a warm-up",
+        f"- device: {meta['device']}, {meta['threads']} torch thread(s); torch {meta['torch']}, "
+        f"fairseq {meta['fairseq']}, Python {meta['python']}; {meta['date']}",
+        f"- BLEU: sacreBLEU on detokenised output, signature `{report['bleu_signature']}`",
+        "- COMET: " + (f"{comet['model']}" if comet["available"] else f"not available ({short_reason(comet['reason'])})"),
+        f"- speed: source words/s; in brackets the ratio to {meta['baseline'] or 'AT greedy (not measured)'} "
+        "measured in this run",
+        "",
+        "| system | BLEU | COMET | " + " | ".join(f"bs={b} words/s" for b in bss) + " |",
+        "|---|---:|---:|" + "---:|" * len(bss),
+    ]
+    for s in report["systems"]:
+        cells = []
+        for b in bss:
+            sp = s["speed"][b]
+            ratio = f" ({sp['ratio_vs_baseline']:.2f}x)" if sp["ratio_vs_baseline"] is not None else ""
+            cells.append(f"{sp['words_per_second']:.1f}{ratio}")
+        comet_cell = f"{s['comet']:.4f}" if s["comet"] is not None else "n/a"
+        lines.append(f"| {s['name']} | {s['bleu']:.2f} | {comet_cell} | " + " | ".join(cells) + " |")
+    for sk in report["skipped"]:
+        lines.append(f"| {sk['family']}: skipped | - | - | " + " | ".join("-" for _ in bss) + f" |")
+    lines.append("")
+    for b in bss:
+        lines.append(f"Pareto front (BLEU vs words/s), batch {b}: " + ", ".join(report["pareto"][b]))
+    if report["skipped"]:
+        lines += [""] + [f"Skipped {sk['family']}: {sk['reason']}" for sk in report["skipped"]]
+    return "\n".join(lines) + "\n"
+
+
+def pareto_plot(report: dict, path: str):
+    """BLEU vs words/s, one panel per batch size, Pareto front as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bss = [str(b) for b in report["meta"]["batch_sizes"]]
+    ncols = min(2, len(bss))
+    nrows = (len(bss) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 5 * nrows), squeeze=False)
+    colors = {"AT": "tab:blue", "HRT": "tab:red", "MP": "tab:green"}
+    systems = report["systems"]
+    for ax, b in zip(axes.flat, bss):
+        xs = [s["speed"][b]["words_per_second"] for s in systems]
+        ys = [s["bleu"] for s in systems]
+        for s, x, y in zip(systems, xs, ys):
+            ax.scatter(x, y, color=colors[s["family"]], s=30, zorder=3)
+            ax.annotate(s["name"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        front = [systems.index(next(s for s in systems if s["name"] == n)) for n in report["pareto"][b]]
+        ax.plot([xs[i] for i in front], [ys[i] for i in front], "k--", lw=1, zorder=2, label="Pareto front")
+        if xs and max(xs) > 10 * min(xs):
+            ax.set_xscale("log")
+        ax.set_title(f"batch size {b}")
+        ax.set_xlabel("source words / second")
+        ax.set_ylabel("BLEU")
+        ax.grid(alpha=0.3)
+        for fam, c in colors.items():
+            if any(s["family"] == fam for s in systems):
+                ax.scatter([], [], color=c, label=fam)
+        ax.legend(fontsize=8, loc="lower left")
+    for ax in list(axes.flat)[len(bss):]:
+        ax.axis("off")
+    meta = report["meta"]
+    fig.suptitle(f"BLEU vs speed ({meta['device']}, {meta['threads']} thread(s))", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def build_generator(task, model, system: System, max_len_b: int, lenpen: float):
+    from fairseq.dataclass.configs import GenerationConfig
+
+    d = system.decoding
+    if system.family == "MP":
+        cfg = GenerationConfig(
+            iter_decode_max_iter=d["iterations"], iter_decode_with_beam=d["length_beam"], max_len_b=max_len_b
+        )
+        return task.build_generator([model], cfg)
+    if system.family == "HRT":
+        # the task reads these when it builds the generator (each generator keeps its own)
+        task.cfg.decode_chunk_size = str(d["chunk_size"])
+        task.cfg.b_nat = d["b_nat"]
+    return task.build_generator([model], GenerationConfig(beam=d["beam"], max_len_b=max_len_b, lenpen=lenpen))
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def comet_for(systems: List[System], raw_src, refs, hyps, args) -> dict:
+    """Score every system with a local COMET model, or say why COMET is not available."""
+    from fairseq_hrt.scoring.comet import CometUnavailable, comet_score, resolve_comet_model
+
+    try:
+        model = resolve_comet_model(args.comet_model)
+        for s in systems:
+            s.comet = comet_score(raw_src, hyps[s.name], refs, model_path=model, encoder_path=args.comet_encoder)["score"]
+    except CometUnavailable as e:
+        for s in systems:
+            s.comet = None
+        logger.warning("COMET: not available (%s)", e)
+        return {"available": False, "reason": str(e), "model": None}
+    return {"available": True, "reason": None, "model": model}
+
+
+def run(args) -> dict:
+    import torch
+    from tqdm import tqdm
+
+    import fairseq
+    import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
+    from decode_speed import decode, detok, load, make_batches, read_lines
+    from fairseq_hrt.scoring.metrics import sacrebleu_score, source_words
+
+    torch.set_num_threads(args.threads)
+    use_cuda = torch.cuda.is_available() and not args.cpu
+    if args.fp16 and not use_cuda:
+        raise SystemExit("--fp16 needs a GPU (half-precision matmuls on CPU are not a speed-up)")
+    systems, skipped = systems_from_args(args)
+    if not systems:
+        raise SystemExit("no system to measure: give at least one of --at, --hrt, --mp")
+    batch_sizes = parse_ints(args.batch_sizes)
+
+    src = read_lines(args.src, args.max_sentences)
+    raw_src = read_lines(args.raw_src, args.max_sentences)
+    refs = read_lines(args.raw_ref, args.max_sentences)
+    if not len(src) == len(raw_src) == len(refs):
+        raise SystemExit(f"--src, --raw-src, --raw-ref have {len(src)}, {len(raw_src)}, {len(refs)} lines; they must be aligned")
+    n_bs1 = min(args.bs1_sentences, len(src)) if args.bs1_sentences else len(src)
+
+    loaded = {}  # checkpoint -> (model, task): one copy of each model, shared by its systems
+    for s in systems:
+        if s.checkpoint not in loaded:
+            logger.info("loading %s", s.checkpoint)
+            loaded[s.checkpoint] = load(s.checkpoint, args.data, use_cuda, args.fp16)
+    generators = {}
+    for s in systems:
+        model, task = loaded[s.checkpoint]
+        generators[s.name] = build_generator(task, model, s, args.max_len_b, args.lenpen)
+
+    hyps_tokens = {}  # system -> {sentence id: tokens}, from a pass over every sentence
+    total_passes = sum((args.runs if bs == 1 else args.runs_large) * len(systems) for bs in batch_sizes)
+    bar = tqdm(total=total_passes, desc="benchmark", unit="pass", disable=None)
+    for bs in batch_sizes:
+        lines = src[:n_bs1] if bs == 1 else src
+        words = source_words(raw_src[: len(lines)])
+        batches = {}
+        for ckpt, (model, task) in loaded.items():
+            batches[ckpt] = make_batches(task, model, lines, bs, use_cuda)
+        for s in systems:  # warm-up: first calls allocate memory and pick kernels
+            model, task = loaded[s.checkpoint]
+            decode(task, model, generators[s.name], batches[s.checkpoint][:1], use_cuda)
+        runs = args.runs if bs == 1 else args.runs_large
+        times = {s.name: [] for s in systems}
+        for r in range(runs):
+            for s in systems:
+                model, task = loaded[s.checkpoint]
+                bar.set_postfix_str(f"bs={bs} {s.name}")
+                hyps, seconds = decode(task, model, generators[s.name], batches[s.checkpoint], use_cuda)
+                times[s.name].append(seconds)
+                if len(lines) == len(src) and s.name not in hyps_tokens:
+                    hyps_tokens[s.name] = hyps
+                bar.update(1)
+        for s in systems:
+            mean = statistics.mean(times[s.name])
+            s.speed[str(bs)] = {
+                "words_per_second": words / mean,
+                "seconds": mean,
+                "run_seconds": times[s.name],
+                "stdev_seconds": statistics.stdev(times[s.name]) if runs > 1 else 0.0,
+                "sentences": len(lines),
+                "words": words,
+            }
+            logger.info("%-28s batch %4d: %9.1f words/s (%d run(s), %.3fs)", s.name, bs, words / mean, runs, mean)
+    bar.close()
+
+    for s in systems:  # quality needs every sentence: decode it once, untimed, if no pass did
+        if s.name not in hyps_tokens:
+            model, task = loaded[s.checkpoint]
+            batches = make_batches(task, model, src, max(batch_sizes), use_cuda)
+            hyps_tokens[s.name] = decode(task, model, generators[s.name], batches, use_cuda)[0]
+
+    hyps, signature = {}, None
+    os.makedirs(os.path.join(args.out_dir, "hyps"), exist_ok=True)
+    for s in systems:
+        _, task = loaded[s.checkpoint]
+        hyps[s.name] = detok(task, hyps_tokens[s.name], args.spm, len(src))
+        bleu = sacrebleu_score(hyps[s.name], refs)
+        s.bleu, signature = bleu["score"], bleu["signature"]
+        with open(os.path.join(args.out_dir, "hyps", slug(s.name) + ".txt"), "w", encoding="utf-8") as f:
+            f.write("".join(h + "\n" for h in hyps[s.name]))
+    comet = comet_for(systems, raw_src, refs, hyps, args)
+
+    have_baseline = any(s.name == BASELINE for s in systems)
+    ratios = speed_ratios({s.name: {b: v["words_per_second"] for b, v in s.speed.items()} for s in systems}, BASELINE)
+    for s in systems:
+        for b, v in s.speed.items():
+            v["ratio_vs_baseline"] = ratios[s.name][b]
+    pareto = {}
+    for b in map(str, batch_sizes):
+        front = pareto_front([(s.speed[b]["words_per_second"], s.bleu) for s in systems])
+        pareto[b] = [systems[i].name for i in front]
+
+    device = torch.cuda.get_device_name() if use_cuda else f"CPU ({cpu_name()})"
+    report = {
+        "meta": {
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "device": device + (" fp16" if args.fp16 else ""),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "fairseq": fairseq.__version__,
+            "python": platform.python_version(),
+            "batch_sizes": batch_sizes,
+            "runs_bs1": args.runs,
+            "runs_large": args.runs_large,
+            "baseline": BASELINE if have_baseline else None,
+            "max_len_b": args.max_len_b,
+            "lenpen": args.lenpen,
+            "test": {
+                "src": args.src,
+                "raw_src": args.raw_src,
+                "raw_ref": args.raw_ref,
+                "sentences": len(src),
+                "words": source_words(raw_src),
+                "bs1_sentences": n_bs1,
+                "bs1_words": source_words(raw_src[:n_bs1]),
+            },
+        },
+        "bleu_signature": signature,
+        "comet": comet,
+        "systems": [asdict(s) for s in systems],
+        "skipped": skipped,
+        "pareto": pareto,
+    }
+    return report
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("data")
+    g.add_argument("--data", required=True, help="binarized data dir (the models' dictionaries)")
+    g.add_argument("--src", required=True, help="test source as the models read it (SentencePiece pieces)")
+    g.add_argument("--raw-src", required=True, help="raw test source (words counted here; COMET input)")
+    g.add_argument("--raw-ref", required=True, help="raw test reference (sacreBLEU, COMET)")
+    g.add_argument("--spm", required=True, help="SentencePiece model, to detokenise hypotheses")
+    g.add_argument("--max-sentences", type=int, default=0, help="use the first N test sentences (0 = all)")
+    g = p.add_argument_group("systems (a family is skipped when its checkpoint is not given)")
+    g.add_argument("--at", help="AT checkpoint (fairseq transformer / at_* arch)")
+    g.add_argument("--at-beams", default="1,5", help="AT beam sizes; beam 1 = AT greedy, the speed baseline")
+    g.add_argument("--hrt", help="HRT checkpoint")
+    g.add_argument("--hrt-chunk-sizes", default="2,3,4", help="chunk sizes k (trained by the model)")
+    g.add_argument("--hrt-beams", default="1/1,5/1", help="b_at/b_nat pairs; AT mode is run with each b_at")
+    g.add_argument("--mp", help="Mask-Predict (CMLM) checkpoint")
+    g.add_argument("--mp-iterations", default="1,4,10", help="Mask-Predict iterations I")
+    g.add_argument("--mp-length-beam", type=int, default=5, help="Mask-Predict length candidates l")
+    g.add_argument("--max-len-b", type=int, default=200, help="L, the maximum target length")
+    g.add_argument("--lenpen", type=float, default=1.0, help="length penalty of the beam searches")
+    g = p.add_argument_group("measuring")
+    g.add_argument("--batch-sizes", default="1,8,32,128")
+    g.add_argument("--runs", type=int, default=5, help="passes averaged at batch size 1")
+    g.add_argument("--runs-large", type=int, default=1, help="passes averaged at larger batch sizes")
+    g.add_argument("--bs1-sentences", type=int, default=100, help="sentences decoded at batch size 1 (0 = all)")
+    g.add_argument("--threads", type=int, default=1, help="torch CPU threads (recorded in the report)")
+    g.add_argument("--cpu", action="store_true", help="decode on CPU even if a GPU is present")
+    g.add_argument("--fp16", action="store_true", help="half precision (GPU only)")
+    g.add_argument("--comet-model", help="local COMET model dir or .ckpt (default: $COMET_MODEL; nothing is downloaded)")
+    g.add_argument("--comet-encoder", help="local files of the COMET model's encoder (see fairseq-hrt-comet --help)")
+    g = p.add_argument_group("output")
+    g.add_argument("--out-dir", required=True, help="report.json, report.md, pareto.png and hyps/ go here")
+    g.add_argument("--log-file", help="write the log to this file instead of stderr")
+    args = p.parse_args(argv)
+    if args.runs < 1 or args.runs_large < 1 or args.threads < 1:
+        p.error("--runs, --runs-large and --threads must be >= 1")
+    try:
+        parse_beam_pairs(args.hrt_beams)
+        if not parse_ints(args.batch_sizes) or min(parse_ints(args.batch_sizes)) < 1:
+            raise ValueError("--batch-sizes must list positive integers")
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def setup_logging(log_file: Optional[str]):
+    if log_file:
+        os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
+        handler = logging.FileHandler(log_file)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", handlers=[handler], force=True
+    )
+    logging.captureWarnings(True)  # library warnings (e.g. DataLoader pin_memory) into the log
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    setup_logging(args.log_file)
+    os.makedirs(args.out_dir, exist_ok=True)
+    start = time.time()
+    report = run(args)
+    report["meta"]["benchmark_seconds"] = round(time.time() - start, 1)
+    md = markdown_report(report)
+    for name, text in (("report.json", json.dumps(report, indent=2) + "\n"), ("report.md", md)):
+        with open(os.path.join(args.out_dir, name + ".part"), "w", encoding="utf-8") as f:
+            f.write(text)
+    pareto_plot(report, os.path.join(args.out_dir, "pareto.part.png"))
+    # written last and renamed together: report.json exists only for a complete run
+    os.replace(os.path.join(args.out_dir, "pareto.part.png"), os.path.join(args.out_dir, "pareto.png"))
+    os.replace(os.path.join(args.out_dir, "report.md.part"), os.path.join(args.out_dir, "report.md"))
+    os.replace(os.path.join(args.out_dir, "report.json.part"), os.path.join(args.out_dir, "report.json"))
+    print(md)
+    logger.info("wrote %s in %.0fs", os.path.join(args.out_dir, "report.{json,md}, pareto.png"), time.time() - start)
+    return report
+
+
+if __name__ == "__main__":
+    main()
