@@ -5,7 +5,9 @@ Every configuration decodes the same sentences in the same process, so the ratio
 like with like. The AT baseline is the HRT model's AT mode, which *is* fairseq's
 ``SequenceGenerator`` from ``</s>`` (the fastest AT decoder in fairseq; stage I of HRT uses the
 same code). ``--at-path`` adds a separately trained AT checkpoint decoded by fairseq's
-``SequenceGenerator`` (e.g. an ``at_e6d1`` baseline); ``--mp-path`` adds Mask-Predict.
+``SequenceGenerator`` (e.g. an ``at_e6d1`` baseline); ``--mp-path`` adds a Mask-Predict
+(``cmlm_*``) checkpoint, one row MP(I) per ``--mp-iterations`` value, with length beam
+``--length-beam``.
 
 Speed: batch 1 is the mean of ``--runs`` (default 5) passes over the first ``--bs1-sentences``
 sentences (the WMT efficiency task's metric); larger batches decode the whole set once after
@@ -47,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--data", required=True, help="binarized data dir (dictionaries)")
     p.add_argument("--path", required=True, help="HRT checkpoint")
     p.add_argument("--at-path", help="optional AT checkpoint (fairseq transformer / at_* arch)")
+    p.add_argument("--mp-path", help="optional Mask-Predict checkpoint (cmlm_* arch)")
+    p.add_argument("--mp-iterations", default="1,4,10", help="Mask-Predict iteration counts I to measure")
+    p.add_argument("--length-beam", type=int, default=1, help="Mask-Predict length beam l")
     p.add_argument("--src", required=True, help="source file as the model reads it (SentencePiece pieces)")
     p.add_argument("--raw-src", required=True, help="raw source (for counting words)")
     p.add_argument("--raw-ref", help="raw reference: adds detokenised sacreBLEU per configuration")
@@ -101,7 +106,12 @@ def make_batches(task, model, lines: List[str], batch_size: int, use_cuda: bool)
     return batches
 
 
-def build_generator(task, model, chunk_size, beam, b_nat, max_len_b, lenpen):
+def build_generator(task, model, chunk_size, beam, b_nat, max_len_b, lenpen, mp_iterations=None, length_beam=1):
+    if mp_iterations is not None:  # Mask-Predict: the task picks MaskPredictGenerator
+        gen_cfg = GenerationConfig(
+            iter_decode_max_iter=mp_iterations, iter_decode_with_beam=length_beam, max_len_b=max_len_b
+        )
+        return task.build_generator([model], gen_cfg)
     gen_cfg = GenerationConfig(beam=beam, max_len_b=max_len_b, lenpen=lenpen)
     if hasattr(task.cfg, "decode_chunk_size"):
         task.cfg.decode_chunk_size = str(chunk_size)
@@ -155,23 +165,32 @@ def main(argv=None):
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     chunk_sizes = [int(k) for k in args.chunk_sizes.split(",") if k]
 
-    systems = []  # (name, model, task, chunk_size)
+    systems = []  # (name, model, task, chunk_size, Mask-Predict iterations)
     model, task = load(args.path, args.data, use_cuda, args.fp16)
-    systems.append((f"HRT AT-mode (C_d=1) b={args.beam}", model, task, 1))
+    systems.append((f"HRT AT-mode (C_d=1) b={args.beam}", model, task, 1, None))
     for k in chunk_sizes:
-        systems.append((f"HRT k={k} b_at={args.beam} b_nat={args.b_nat}", model, task, k))
+        systems.append((f"HRT k={k} b_at={args.beam} b_nat={args.b_nat}", model, task, k, None))
     if args.at_path:
         at_model, at_task = load(args.at_path, args.data, use_cuda, args.fp16)
-        systems.insert(0, (f"AT checkpoint, fairseq SequenceGenerator b={args.beam}", at_model, at_task, None))
+        systems.insert(0, (f"AT checkpoint, fairseq SequenceGenerator b={args.beam}", at_model, at_task, None, None))
+    if args.mp_path:
+        mp_model, mp_task = load(args.mp_path, args.data, use_cuda, args.fp16)
+        for iterations in [int(i) for i in args.mp_iterations.split(",") if i]:
+            systems.append((f"MP I={iterations} l={args.length_beam}", mp_model, mp_task, None, iterations))
     device = torch.cuda.get_device_name() if use_cuda else f"CPU ({torch.get_num_threads()} threads)"
     results = {"device": device, "fp16": args.fp16, "torch": torch.__version__, "systems": []}
 
     n_words_all = source_words(raw_src)
     bs1_n = min(args.bs1_sentences, len(src)) if args.bs1_sentences else len(src)
     n_words_bs1 = source_words(raw_src[:bs1_n])
-    for name, m, t, k in systems:
-        gen = build_generator(t, m, k if k is not None else 1, args.beam, args.b_nat, args.max_len_b, args.lenpen)
+    for name, m, t, k, mp_iterations in systems:
+        gen = build_generator(
+            t, m, k if k is not None else 1, args.beam, args.b_nat, args.max_len_b, args.lenpen,
+            mp_iterations, args.length_beam,
+        )
         row = {"system": name, "chunk_size": k, "speed": {}}
+        if mp_iterations is not None:
+            row.update(mp_iterations=mp_iterations, length_beam=args.length_beam)
         for bs in batch_sizes:
             lines = src[:bs1_n] if bs == 1 else src
             words = n_words_bs1 if bs == 1 else n_words_all
@@ -198,7 +217,11 @@ def main(argv=None):
 
     base = next(r for r in results["systems"] if "AT-mode" in r["system"])
     fastest_at = {
-        bs: max(r["speed"][bs]["words_per_second"] for r in results["systems"] if r["chunk_size"] in (None, 1))
+        bs: max(
+            r["speed"][bs]["words_per_second"]
+            for r in results["systems"]
+            if r["chunk_size"] in (None, 1) and "mp_iterations" not in r
+        )
         for bs in map(str, batch_sizes)
     }
     for r in results["systems"]:
