@@ -220,7 +220,7 @@ def pareto_plot(report: dict, path: str):
         for fam, c in colors.items():
             if any(s["family"] == fam for s in systems):
                 ax.scatter([], [], color=c, label=fam)
-        ax.legend(fontsize=8, loc="lower left")
+        ax.legend(fontsize=8, loc="best")
     for ax in list(axes.flat)[len(bss):]:
         ax.axis("off")
     meta = report["meta"]

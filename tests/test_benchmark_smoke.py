@@ -1,0 +1,191 @@
+"""The Multi30k benchmark recipe end to end (quick profile) and the pure parts of the
+benchmark and of sequence-level distillation.
+
+The smoke test checks the report's *structure* (every system, every batch size, ratios,
+signature, COMET marked absent, a PNG), not its numbers: the quick profile trains tiny models
+for a few hundred updates.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fairseq_hrt.distill import select_by_sentence_bleu, sentence_bleu_scores
+from tests.tiny_data import REPO, SHARED_MULTI30K, corpus_source, default_prefer, write_lines, write_raw_corpus
+
+BATCH_SIZES = ["1", "8", "32", "128"]
+EXPECTED_SYSTEMS = [
+    "AT greedy", "AT beam 5",
+    "HRT AT-mode b=1", "HRT AT-mode b=5",
+    *[f"HRT k={k} b_at={b} b_nat=1" for k in (2, 3, 4) for b in (1, 5)],
+    "MP I=1 l=5", "MP I=4 l=5", "MP I=10 l=5",
+]
+
+
+def _load_benchmark():
+    spec = importlib.util.spec_from_file_location("hrt_benchmark", REPO / "benchmarks" / "benchmark.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+benchmark = _load_benchmark()
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_select_by_sentence_bleu_keeps_the_closest_hypothesis():
+    ref = "A man in a blue shirt is standing on a ladder."
+    nbest = ["A man is on a ladder.", "A man in a blue shirt stands on a ladder.", "Someone is outside."]
+    assert select_by_sentence_bleu(nbest, ref) == 1
+    scores = sentence_bleu_scores(nbest, ref)
+    assert scores[1] == max(scores) and all(0 <= s <= 100 for s in scores)
+
+
+def test_select_by_sentence_bleu_tie_goes_to_the_better_model_score():
+    assert select_by_sentence_bleu(["a b c", "a b c"], "x y z") == 0
+    assert select_by_sentence_bleu(["only one"], "anything") == 0
+    with pytest.raises(ValueError):
+        select_by_sentence_bleu([], "ref")
+
+
+def test_pareto_front():
+    points = [(100, 30.0), (200, 29.0), (150, 28.0), (300, 20.0), (50, 31.0), (300, 19.0), (None, 40.0)]
+    # (150, 28) is dominated by (200, 29); (300, 19) by (300, 20); a point without a speed is never on it
+    assert benchmark.pareto_front(points) == [4, 0, 1, 3]
+    assert benchmark.pareto_front([(1, 1), (1, 1)]) == [0, 1]  # equal points do not dominate each other
+    assert benchmark.pareto_front([]) == []
+
+
+def test_speed_ratios_are_relative_to_the_baseline_at_the_same_batch_size():
+    wps = {"AT greedy": {"1": 100.0, "8": 400.0}, "HRT k=2": {"1": 150.0, "8": 500.0}}
+    ratios = benchmark.speed_ratios(wps, "AT greedy")
+    assert ratios["AT greedy"] == {"1": 1.0, "8": 1.0}
+    assert ratios["HRT k=2"] == {"1": 1.5, "8": 1.25}
+    assert benchmark.speed_ratios({"HRT k=2": {"1": 150.0}}, "AT greedy") == {"HRT k=2": {"1": None}}
+
+
+def test_systems_and_skipped_families():
+    args = SimpleNamespace(
+        at="at.pt", at_beams="1,5", hrt=None, hrt_chunk_sizes="2,3,4", hrt_beams="1/1,5/1",
+        mp="mp.pt", mp_iterations="1,4,10", mp_length_beam=5,
+    )
+    systems, skipped = benchmark.systems_from_args(args)
+    assert [s.name for s in systems] == ["AT greedy", "AT beam 5", "MP I=1 l=5", "MP I=4 l=5", "MP I=10 l=5"]
+    assert [s["family"] for s in skipped] == ["HRT"]
+    args.hrt = "hrt.pt"
+    names = [s.name for s in benchmark.systems_from_args(args)[0]]
+    assert names == EXPECTED_SYSTEMS
+    with pytest.raises(ValueError):
+        benchmark.parse_beam_pairs("1/5")  # b_nat > b_at
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def _raw_dir(root: Path):
+    """None (the recipe finds ../shared/data/multi30k-en-de) or a synthetic corpus with the
+    recipe's six files, when the shared data is absent or HRT_TEST_DATA=synthetic."""
+    if corpus_source(default_prefer()) == "multi30k" and (SHARED_MULTI30K / "test.en").is_file():
+        return None
+    raw = root / "raw"
+    write_raw_corpus(raw, n_train=2000, n_valid=100, prefer="synthetic", seed=1)
+    held_out = write_raw_corpus(root / "held-out", n_train=1, n_valid=100, prefer="synthetic", seed=7)
+    for lang in ("en", "de"):
+        write_lines(raw / f"test.{lang}", Path(f"{held_out['valid']}.{lang}").read_text().splitlines())
+    return raw
+
+
+def _recipe(out: Path, raw):
+    cmd = [sys.executable, str(REPO / "examples" / "multi30k" / "recipe.py"), "--profile", "quick",
+           "--out", str(out), "--threads", "1"]
+    if raw is not None:
+        cmd += ["--raw-dir", str(raw)]
+    env = {k: v for k, v in os.environ.items() if k not in ("COMET_MODEL", "COMET_ENCODER")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("recipe")
+    raw = _raw_dir(root)
+    out = root / "recipe-quick"
+    first = _recipe(out, raw)
+    return out, raw, first
+
+
+def test_quick_recipe_report_structure(quick_run):
+    out, raw, output = quick_run
+    bench = out / "benchmark"
+    report = json.loads((bench / "report.json").read_text())
+
+    names = [s["name"] for s in report["systems"]]
+    assert names == EXPECTED_SYSTEMS
+    assert report["skipped"] == []
+    assert report["meta"]["batch_sizes"] == [int(b) for b in BATCH_SIZES]
+    assert report["meta"]["threads"] == 1 and report["meta"]["torch"] and report["meta"]["device"]
+    assert report["meta"]["runs_bs1"] == 5 and report["meta"]["baseline"] == "AT greedy"
+    for s in report["systems"]:
+        assert isinstance(s["bleu"], float)
+        assert s["comet"] is None
+        assert sorted(s["speed"]) == sorted(BATCH_SIZES)
+        for b in BATCH_SIZES:
+            sp = s["speed"][b]
+            assert sp["words_per_second"] > 0 and sp["ratio_vs_baseline"] > 0
+            assert len(sp["run_seconds"]) == (5 if b == "1" else 1)
+    at_greedy = report["systems"][0]
+    assert all(at_greedy["speed"][b]["ratio_vs_baseline"] == 1.0 for b in BATCH_SIZES)
+    assert report["bleu_signature"].startswith("nrefs:1|") and "version:" in report["bleu_signature"]
+    assert report["comet"]["available"] is False and report["comet"]["reason"]
+    assert set(report["pareto"]) == set(BATCH_SIZES) and all(report["pareto"][b] for b in BATCH_SIZES)
+
+    md = (bench / "report.md").read_text()
+    assert "COMET: not available (" in md and report["bleu_signature"] in md
+    for name in EXPECTED_SYSTEMS:
+        assert f"| {name} |" in md
+    assert md.strip() in output  # the recipe prints the table at the end
+    assert (bench / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    n_test = report["meta"]["test"]["sentences"]
+    assert n_test == 100
+    for name in EXPECTED_SYSTEMS:
+        assert len((bench / "hyps" / f"{benchmark.slug(name)}.txt").read_text().splitlines()) == n_test
+
+    # every step ran once and left its marker; the distilled corpus is line-aligned
+    for step in ("prepare", "teacher", "distill", "distill_bin", "at", "hrt", "mp", "benchmark"):
+        assert (out / "markers" / f"{step}.done").is_file(), step
+    n_train = len((out / "data" / "spm" / "train.en").read_text().splitlines())
+    assert len((out / "distill" / "train.de").read_text().splitlines()) == n_train == 2000
+
+
+def test_quick_recipe_rerun_skips_every_step(quick_run):
+    out, raw, _ = quick_run
+    again = _recipe(out, raw)
+    assert again.count("skipped, done earlier") == 8, again
+
+
+def test_distill_keeps_empty_lines_aligned(quick_run, tmp_path):
+    out, _, _ = quick_run
+    src = write_lines(tmp_path / "src.en", ["▁A ▁man", "", "▁A ▁dog ▁runs ▁.", ""])
+    ref = write_lines(tmp_path / "ref.de", ["Ein Mann", "", "Ein Hund rennt.", ""])
+    hyp = tmp_path / "out" / "distilled.de"
+    subprocess.run(
+        [sys.executable, "-m", "fairseq_hrt.distill", "--data", str(out / "data" / "data-bin"),
+         "--path", str(out / "teacher" / "checkpoint_last.pt"), "--src", str(src), "--out", str(hyp),
+         "--beam", "2", "--nbest", "2", "--select-by-bleu", str(ref), "--cpu", "--threads", "1",
+         "--no-progress-bar"],
+        cwd=REPO, check=True, capture_output=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+    )
+    lines = hyp.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 5 and lines[-1] == ""  # 4 lines, each ending in a newline
+    assert lines[1] == "" and lines[3] == ""
+    assert not (tmp_path / "out" / "distilled.de.part").exists()
