@@ -188,3 +188,20 @@ def test_empty_source_gives_empty_translation(setup):
     hypos = task.inference_step(gen, [model], sample)
     assert hypos[1][0]["tokens"].tolist() == [d.eos()]
     assert len(hypos[0][0]["tokens"]) > 1 or hypos[0][0]["tokens"].tolist() == [d.eos()]
+
+
+@pytest.mark.parametrize("flags", [("--decode-chunk-size", "1", "--beam", "1"), ("--decode-chunk-size", "2", "--beam", "3", "--b-nat", "2")])
+def test_half_precision_model(setup, flags):
+    """What --fp16 does at generation time (model.half()): both stages run in half
+    precision, scores are accumulated in float32, and the output is the fp32 one."""
+    data_dir, task, model = setup
+    sample = make_sample(task, SENTENCES)
+    ref = generate(task, model, data_dir, sample, *flags)
+    try:
+        model.half()
+        out = generate(task, model, data_dir, sample, *flags)
+    finally:
+        model.float()
+    for r, o in zip(ref, out):
+        assert o[0]["tokens"].tolist() == r[0]["tokens"].tolist()
+        assert float(o[0]["score"]) == pytest.approx(float(r[0]["score"]), abs=2e-2)
