@@ -23,7 +23,7 @@ Environment variables (defaults in brackets):
   CRITERION [hrt_loss]   LABEL_SMOOTHING [0.1]
   TASK_TRAIN_ARGS [--chunk-sizes 2 --curriculum-updates 3/4 of MAX_UPDATE, for hrt_translation]
   TASK_GEN_ARGS [--decode-chunk-size 2 --b-nat 1, for hrt_translation]
-  LR [2e-3]  WARMUP [300]  MAX_TOKENS [4096]  MAX_UPDATE [800]  MAX_TIME [0.1 hours]  SEED [1]
+  LR [4e-3]  WARMUP [150]  MAX_TOKENS [4096]  MAX_UPDATE [600]  MAX_TIME [0.2 hours]  SEED [1]
   EXTRA_TRAIN_ARGS []    EXTRA_GEN_ARGS []     BEAM [5]            CHECKPOINT [checkpoint_best.pt]
   USER_DIR [fairseq_hrt] DEVICE_ARGS [--cpu when no GPU]  THREADS [idle cores at start, >= 1]
   RUN_DIR [$DATA_DIR/runs/$TASK-$ARCH]         FRESH [0; 1 deletes RUN_DIR and retrains]
@@ -67,11 +67,11 @@ else
     CRITERION="${CRITERION:-label_smoothed_cross_entropy}"
 fi
 LABEL_SMOOTHING="${LABEL_SMOOTHING:-0.1}"
-LR="${LR:-2e-3}"
-WARMUP="${WARMUP:-300}"
+LR="${LR:-4e-3}"
+WARMUP="${WARMUP:-150}"
 MAX_TOKENS="${MAX_TOKENS:-4096}"
-MAX_UPDATE="${MAX_UPDATE:-800}"
-MAX_TIME="${MAX_TIME:-0.1}"  # hours of training wall time (fairseq --stop-time-hours)
+MAX_UPDATE="${MAX_UPDATE:-600}"
+MAX_TIME="${MAX_TIME:-0.2}"  # hours of training wall time (fairseq --stop-time-hours)
 SEED="${SEED:-1}"
 BEAM="${BEAM:-5}"
 CHECKPOINT="${CHECKPOINT:-checkpoint_best.pt}"
