@@ -227,16 +227,16 @@ def test_initial_input_matches_cmlm_training_layout(setup):
     _, task, _ = setup
     d = task.target_dictionary
     lengths = torch.tensor([3, 1, 5])
-    dec = initial_input(lengths, task.mask_idx, d.eos(), d.pad())
+    tokens, positions = initial_input(lengths, task.mask_idx, d.eos(), d.pad())
     # a fully masked CMLM training sample of the same lengths has the same tokens/positions
     target = torch.full((3, 6), d.pad())
     for i, n in enumerate(lengths.tolist()):
         target[i, : n + 1] = torch.tensor([d.index("w7")] * n + [d.eos()])
     train = chunking.cmlm_sample(target, d.pad(), d.eos(), task.mask_idx)
     full_mask = target.masked_fill(target.ne(d.pad()) & target.ne(d.eos()), task.mask_idx)
-    assert torch.equal(dec.tokens, full_mask)
-    assert torch.equal(dec.positions, train.positions)
-    assert dec.positions[2].tolist() == [1, 2, 3, 4, 5, 6]
+    assert torch.equal(tokens, full_mask)
+    assert torch.equal(positions, train.positions)
+    assert positions[2].tolist() == [1, 2, 3, 4, 5, 6]
 
 
 # -------------------------------------------------------------------------- decoding
@@ -342,9 +342,8 @@ def test_special_symbols_are_never_predicted(tmp_path_factory, seed):
     d = task.target_dictionary
     sample = make_sample(task, SENTENCES)
     enc = model.encoder(**sample["net_input"])
-    dec = initial_input(torch.tensor([4] * len(SENTENCES)), task.mask_idx, d.eos(), d.pad())
-    enc = model.encoder.reorder_encoder_out(enc, torch.arange(len(SENTENCES)))
-    raw = model.decoder(dec.tokens, encoder_out=enc, positions=dec.positions, causal=False)[0].argmax(-1)
+    tokens, positions = initial_input(torch.tensor([4] * len(SENTENCES)), task.mask_idx, d.eos(), d.pad())
+    raw = model.decoder(tokens, encoder_out=enc, positions=positions, causal=False)[0].argmax(-1)
     assert set(raw.view(-1).tolist()) <= set(specials)  # unrestricted, only specials would win
     for iterations, beam, max_len_b in ((1, 1, 3), (3, 4, 12), (10, 2, 30)):
         for hs in mp_decode(task, model, sample, iterations, beam, max_len_b):

@@ -22,7 +22,7 @@ The tricky parts are pure functions (:func:`remask_counts`, :func:`lowest_confid
 """
 import logging
 import math
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -59,7 +59,7 @@ def length_candidates(length_lprobs: Tensor, beam: int, max_lengths: Tensor):
     """The ``beam`` most probable target lengths per sentence within ``1..max_lengths[b]``.
 
     ``length_lprobs``: ``(B, C)`` log-probabilities of lengths ``0..C-1``. Lengths outside the
-    allowed range are never candidates (so two candidates never coincide after clamping); a
+    allowed range are never candidates (clamping them would duplicate a candidate); a
     sentence with fewer than ``beam`` allowed lengths repeats its best one. Returns
     ``(lengths, lprobs)``, both ``(B, beam)``, best first.
     """
@@ -75,17 +75,15 @@ def length_candidates(length_lprobs: Tensor, beam: int, max_lengths: Tensor):
     return top_lengths, top_lprobs
 
 
-def initial_input(lengths: Tensor, mask: int, eos: int, pad: int) -> chunking.DecoderSample:
-    """``<mask> x N </s>`` per row at positions ``1..N+1``, right-padded.
-
-    ``target`` is unused by decoding and holds ``pad``.
-    """
+def initial_input(lengths: Tensor, mask: int, eos: int, pad: int) -> Tuple[Tensor, Tensor]:
+    """``(tokens, positions)``: ``<mask> x N </s>`` per row at positions ``1..N+1``, right-padded
+    (positions 0 on padding)."""
     width = int(lengths.max().item()) + 1 if lengths.numel() else 0
     slot = torch.arange(width, device=lengths.device).unsqueeze(0)
     n = lengths.unsqueeze(1)
     tokens = torch.full((lengths.numel(), width), pad, dtype=torch.long, device=lengths.device)
     tokens = tokens.masked_fill(slot < n, mask).masked_fill(slot == n, eos)
-    return chunking.DecoderSample(tokens, chunking.nat_positions(slot <= n), torch.full_like(tokens, pad))
+    return tokens, chunking.nat_positions(slot <= n)
 
 
 # ----------------------------------------------------------------------------- generator
@@ -174,7 +172,8 @@ class MaskPredictGenerator:
         cap = min(classes - 1, self.model.max_decoder_positions() - 1)
         return limit.clamp(min=1, max=cap)
 
-    # fairseq's generate loop calls generator.generate(models, sample, prefix_tokens=..., ...)
+    # fairseq's generate loop calls generator.generate(models, sample, prefix_tokens=..., ...);
+    # like fairseq's SequenceGenerator it decodes with the model it was built with
     @torch.no_grad()
     def generate(self, models, sample: Dict[str, Dict[str, Tensor]], **kwargs) -> List[List[Dict[str, Tensor]]]:
         if kwargs.get("prefix_tokens") is not None:
@@ -192,8 +191,7 @@ class MaskPredictGenerator:
         sentence_of_row = torch.arange(bsz, device=src_tokens.device).repeat_interleave(beam)
         encoder_out = model.encoder.reorder_encoder_out(encoder_out, sentence_of_row)
 
-        dec = initial_input(lengths, self.mask, self.eos, self.pad)
-        tokens, positions = dec.tokens, dec.positions
+        tokens, positions = initial_input(lengths, self.mask, self.eos, self.pad)
         slots = tokens.eq(self.mask)  # the N target slots of every row
         scores = torch.zeros(tokens.shape, dtype=torch.float, device=tokens.device)
         for t in range(self.iterations):

@@ -55,7 +55,7 @@ class HRTTranslationConfig(TranslationConfig):
         metadata={
             "help": "training samples: 'hrt' = {AT, CMLM} -> {Skip-AT, Skip-CMLM} with the "
             "curriculum; 'at' = AT samples only (AT baselines, e.g. --arch at_e6d1); "
-            "'cmlm' = CMLM samples only (Mask-Predict baselines)"
+            "'cmlm' = CMLM samples only (Mask-Predict baselines, --arch cmlm_*)"
         },
     )
     chunk_sizes: str = field(
