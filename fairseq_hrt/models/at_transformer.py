@@ -8,6 +8,8 @@ and an HRT model can fine-tune from them.
 from fairseq.models import register_model_architecture
 from fairseq.models.transformer import base_architecture
 
+from fairseq_hrt.models.shapes import set_shape_defaults
+
 
 def _pre_norm(args):
     args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
@@ -31,23 +33,13 @@ for _layers in (6, 12, 20):
 
 @register_model_architecture("transformer", "at_small")
 def at_small(args):
-    """CPU-sized shape, the same as ``hrt_small``."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    """CPU-sized shape, the same as ``hrt_small`` (d = 256, 6-1)."""
+    set_shape_defaults(args, "small")
     _deep_shallow(6)(args)
 
 
 @register_model_architecture("transformer", "at_tiny")
 def at_tiny(args):
-    """Test-sized shape, the same as ``hrt_tiny``."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 32)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 64)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 2)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 32)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 64)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 2)
+    """Test-sized shape, the same as ``hrt_tiny`` (d = 32, 2-1)."""
+    set_shape_defaults(args, "tiny")
     _deep_shallow(2)(args)

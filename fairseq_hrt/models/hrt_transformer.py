@@ -25,6 +25,7 @@ from fairseq.modules import LearnedPositionalEmbedding
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
+from fairseq_hrt.models.shapes import set_shape_defaults
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention
 from fairseq_hrt.symbols import MAX_CHUNK_SIZE, chunk_start_symbol
 
@@ -412,27 +413,13 @@ for _layers in (6, 12, 20):
 
 @register_model_architecture("hrt_transformer", "hrt_small")
 def hrt_small(args):
-    """CPU-sized deep-encoder/shallow-decoder shape for benchmarks on 2 cores."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.encoder_layers = getattr(args, "encoder_layers", 6)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
-    args.decoder_layers = getattr(args, "decoder_layers", 1)
+    """CPU-sized deep-encoder/shallow-decoder shape for benchmarks on 2 cores (d = 256, 6-1)."""
+    set_shape_defaults(args, "small")
     hrt_base_architecture(args)
 
 
 @register_model_architecture("hrt_transformer", "hrt_tiny")
 def hrt_tiny(args):
-    """Test-sized shape."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 32)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 64)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 2)
-    args.encoder_layers = getattr(args, "encoder_layers", 2)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 32)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 64)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 2)
-    args.decoder_layers = getattr(args, "decoder_layers", 1)
+    """Test-sized shape (d = 32, 2-1)."""
+    set_shape_defaults(args, "tiny")
     hrt_base_architecture(args)
