@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -67,7 +67,6 @@ class Profile:
     bench_sentences: int  # test sentences benchmarked (0 = all 1000)
     bench_bs1_sentences: int
     bench_batch_sizes: str = "1,8,32,128"
-    extra_train_args: List[str] = field(default_factory=list)
 
 
 PROFILES: Dict[str, Profile] = {
@@ -91,23 +90,29 @@ PROFILES: Dict[str, Profile] = {
         bench_sentences=100,
         bench_bs1_sentences=20,
     ),
-    # CPU-sized: d = 256 students (6 encoder layers, 1 decoder layer), a 6-3 teacher of the
-    # same width; budgets chosen so that the whole recipe takes about 2 hours on 2 cores.
+    # CPU-sized: d = 256 students (6 encoder layers, 1 decoder layer) and a 6-3 teacher of the
+    # same width, vocabulary 8000, all 29k pairs. Budgets from short speed probes with 2
+    # threads on 2 cores (--max-tokens 4096, about 106 updates per epoch; the fastest intervals
+    # of a machine shared with other jobs): 6-3 teacher ~0.6 updates/s,
+    # AT and MP students ~0.8/s, HRT ~0.5/s (two decoder samples per pair). So the teacher
+    # takes ~33 min, the students ~17 + 27 + 17 min, distillation (beam 5) ~10 min and the
+    # benchmark ~15 min: about 2 hours. The updates are the budget (HRT's curriculum is
+    # scheduled over --max-update); the time caps only stop a run on a much slower machine.
     "full": Profile(
         vocab_size=8000,
         subset=None,
         max_tokens=4096,
         teacher_arch="at_small",
         teacher_args=["--decoder-layers", "3"],
-        teacher=Budget(max_update=3000, stop_time_hours=0.5, lr=1e-3, warmup=500),
+        teacher=Budget(max_update=1200, stop_time_hours=0.6, lr=2e-3, warmup=300),
         at_arch="at_small",
         hrt_arch="hrt_small",
         mp_arch="cmlm_small",
-        student=Budget(max_update=2000, stop_time_hours=0.35, lr=1e-3, warmup=400),
+        student=Budget(max_update=800, stop_time_hours=0.5, lr=2e-3, warmup=300),
         distill_beam=5,
         distill_nbest=5,
         validate=True,
-        log_interval=50,
+        log_interval=20,
         bench_sentences=0,
         bench_bs1_sentences=100,
     ),
@@ -232,7 +237,7 @@ class Recipe:
             cmd.append("--disable-validation")
         if self.cpu:
             cmd.append("--cpu")
-        return cmd + p.extra_train_args + extra
+        return cmd + extra
 
     # ------------------------------------------------------------------ steps
 
@@ -445,7 +450,10 @@ def tail(path: Path, n: int = 30) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
+    p.add_argument(
+        "--profile", choices=sorted(PROFILES), default="quick",
+        help="quick: tiny models on 2000 pairs, minutes (a smoke run); full: CPU-sized models, about 2 h on 2 cores",
+    )
     p.add_argument("--out", help="output directory (default: work/recipe-<profile> under the repository root)")
     p.add_argument("--raw-dir", help="raw Multi30k directory (default: prepare.sh's search order)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for every step (default: idle cores at start)")
