@@ -189,3 +189,30 @@ def test_distill_keeps_empty_lines_aligned(quick_run, tmp_path):
     assert len(lines) == 5 and lines[-1] == ""  # 4 lines, each ending in a newline
     assert lines[1] == "" and lines[3] == ""
     assert not (tmp_path / "out" / "distilled.de.part").exists()
+
+
+def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(quick_run, tmp_path):
+    """COMET's real plumbing (a tiny random COMET model built offline, tests/comet_tiny.py):
+    with a local model every system gets a score; families without a checkpoint are listed."""
+    pytest.importorskip("comet")
+    from tests.comet_tiny import build_tiny_comet
+
+    out, _, _ = quick_run
+    ckpt = build_tiny_comet(tmp_path / "comet")
+    data = out / "data"
+    bench = tmp_path / "bench"
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "benchmark.py"), "--data", str(data / "data-bin"),
+         "--spm", str(data / "spm" / "spm.model"), "--src", str(data / "spm" / "test.en"),
+         "--raw-src", str(data / "raw" / "test.en"), "--raw-ref", str(data / "raw" / "test.de"),
+         "--at", str(out / "at" / "checkpoint_last.pt"), "--max-sentences", "6", "--bs1-sentences", "2",
+         "--batch-sizes", "1,4", "--runs", "2", "--cpu", "--comet-model", str(ckpt), "--out-dir", str(bench)],
+        cwd=REPO, check=True, capture_output=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+    )
+    report = json.loads((bench / "report.json").read_text())
+    assert report["comet"]["available"] is True and report["comet"]["model"] == str(Path(ckpt).resolve())
+    assert [s["name"] for s in report["systems"]] == ["AT greedy", "AT beam 5"]
+    assert all(isinstance(s["comet"], float) for s in report["systems"])
+    assert [s["family"] for s in report["skipped"]] == ["HRT", "MP"]
+    md = (bench / "report.md").read_text()
+    assert "not available" not in md and "| HRT: skipped |" in md and "| MP: skipped |" in md
