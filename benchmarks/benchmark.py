@@ -42,7 +42,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # decode_speed
@@ -67,7 +67,7 @@ class System:
 # --------------------------------------------------------------------------- pure parts
 
 
-def systems_from_args(args) -> (List[System], List[dict]):
+def systems_from_args(args) -> Tuple[List[System], List[dict]]:
     """The systems to measure and the families skipped (no checkpoint given)."""
     systems, skipped = [], []
     if args.at:
@@ -103,7 +103,7 @@ def parse_ints(text: str) -> List[int]:
     return [int(x) for x in str(text).split(",") if x.strip()]
 
 
-def parse_beam_pairs(text: str) -> List[tuple]:
+def parse_beam_pairs(text: str) -> List[Tuple[int, int]]:
     """``"1/1,5/1"`` -> ``[(1, 1), (5, 1)]`` (b_at/b_nat)."""
     pairs = []
     for item in str(text).split(","):
@@ -234,19 +234,15 @@ def pareto_plot(report: dict, path: str):
 
 
 def build_generator(task, model, system: System, max_len_b: int, lenpen: float):
-    from fairseq.dataclass.configs import GenerationConfig
+    """decode_speed's generator for one system. Each generator keeps the HRT chunk size and
+    b_nat that the task held when it was built, so one task serves all HRT systems."""
+    from decode_speed import build_generator as build
 
     d = system.decoding
     if system.family == "MP":
-        cfg = GenerationConfig(
-            iter_decode_max_iter=d["iterations"], iter_decode_with_beam=d["length_beam"], max_len_b=max_len_b
-        )
-        return task.build_generator([model], cfg)
-    if system.family == "HRT":
-        # the task reads these when it builds the generator (each generator keeps its own)
-        task.cfg.decode_chunk_size = str(d["chunk_size"])
-        task.cfg.b_nat = d["b_nat"]
-    return task.build_generator([model], GenerationConfig(beam=d["beam"], max_len_b=max_len_b, lenpen=lenpen))
+        return build(task, model, None, None, None, max_len_b, lenpen,
+                     mp_iterations=d["iterations"], length_beam=d["length_beam"])
+    return build(task, model, d.get("chunk_size", 1), d["beam"], d.get("b_nat", 1), max_len_b, lenpen)
 
 
 def cpu_name() -> str:

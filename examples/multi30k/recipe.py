@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -167,12 +168,12 @@ class Recipe:
         marker = self.markers / f"{name}.done"
         cmd_file = self.markers / f"{name}.cmd"
         cmd_str = shlex.join(str(c) for c in cmd)
-        if marker.exists() and redo_if_changed and marker.read_text().strip() != cmd_str:
+        if marker.exists() and redo_if_changed and not same_command(marker.read_text(), cmd_str):
             log(f"{tag}: its command changed since it was done, running it again")
             marker.unlink()
             cmd_file.unlink(missing_ok=True)
         if marker.exists():
-            if marker.read_text().strip() != cmd_str:
+            if not same_command(marker.read_text(), cmd_str):
                 raise StepError(
                     f"{tag}: {marker} was made by another command than this run's (another profile "
                     f"or version of the recipe?). Delete {self.out} or use another --out.\n"
@@ -182,7 +183,7 @@ class Recipe:
             return
         self.markers.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
-        if cmd_file.exists() and cmd_file.read_text().strip() != cmd_str:
+        if cmd_file.exists() and not same_command(cmd_file.read_text(), cmd_str):
             raise StepError(
                 f"{tag}: an interrupted run of another command is in {self.out} (see {cmd_file}). "
                 f"Delete {self.out} or use another --out."
@@ -370,6 +371,17 @@ class Recipe:
 # --------------------------------------------------------------------------- utilities
 
 
+def same_command(a: str, b: str) -> bool:
+    """Whether two step commands make the same outputs: equal but for ``--threads N``, which
+    the default (idle cores at start) may change from one run of the recipe to the next."""
+
+    def key(cmd: str) -> List[str]:
+        words = shlex.split(cmd)
+        return [w for i, w in enumerate(words) if w != "--threads" and (i == 0 or words[i - 1] != "--threads")]
+
+    return key(a) == key(b)
+
+
 def idle_cores() -> int:
     """Cores idle at start (1-minute load average), at least 1: on a busy 2-core machine two
     OpenMP threads wait on each other and run slower than one (see examples/multi30k/README.md)."""
@@ -432,7 +444,7 @@ def run_with_update_bar(cmd, env, log_file, log_path: Path, max_update: int, des
     watcher.start()
     try:
         rc = proc.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (see main): stop the training too
         proc.terminate()
         proc.wait()
         raise
@@ -467,13 +479,22 @@ def parse_args(argv=None):
     return args
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv=None):
     args = parse_args(argv)
+    # SIGTERM like Ctrl-C, so that the running step's child process is stopped as well
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         Recipe(args).run()
     except StepError as e:
         log(f"ERROR: {e}")
         sys.exit(1)
+    except KeyboardInterrupt:
+        log("interrupted; run the same command again to resume")
+        sys.exit(130)
 
 
 if __name__ == "__main__":
