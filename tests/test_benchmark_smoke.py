@@ -87,8 +87,9 @@ def test_systems_and_skipped_families():
         benchmark.parse_beam_pairs("1/5")  # b_nat > b_at
 
 
-def test_recipe_markers_compare_commands_but_threads():
+def test_recipe_markers_compare_commands_but_parallelism():
     assert recipe.same_command("train d --threads 1 --lr 1", "train d --threads 2 --lr 1")
+    assert recipe.same_command("preprocess --workers 1 --destdir x", "preprocess --workers 2 --destdir x")
     assert recipe.same_command("train d --threads 1 --lr 1", "train d --lr 1\n")
     assert not recipe.same_command("train d --lr 1", "train d --lr 2")
     assert not recipe.same_command("train d --lr 1", "train d --lr 1 --cpu")

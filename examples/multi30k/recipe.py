@@ -371,13 +371,20 @@ class Recipe:
 # --------------------------------------------------------------------------- utilities
 
 
+# options that only set parallelism, from --threads, whose default (idle cores at start) may
+# change from one run of the recipe to the next
+_PARALLELISM_OPTIONS = ("--threads", "--workers")
+
+
 def same_command(a: str, b: str) -> bool:
-    """Whether two step commands make the same outputs: equal but for ``--threads N``, which
-    the default (idle cores at start) may change from one run of the recipe to the next."""
+    """Whether two step commands make the same outputs: equal but for parallelism options."""
 
     def key(cmd: str) -> List[str]:
         words = shlex.split(cmd)
-        return [w for i, w in enumerate(words) if w != "--threads" and (i == 0 or words[i - 1] != "--threads")]
+        return [
+            w for i, w in enumerate(words)
+            if w not in _PARALLELISM_OPTIONS and (i == 0 or words[i - 1] not in _PARALLELISM_OPTIONS)
+        ]
 
     return key(a) == key(b)
 
