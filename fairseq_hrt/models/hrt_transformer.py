@@ -206,12 +206,17 @@ class HRTDecoder(TransformerDecoderBase):
         if encoder_out is not None and len(encoder_out["encoder_padding_mask"]) > 0:
             padding_mask = encoder_out["encoder_padding_mask"][0]
 
-        if positions is None:
-            positions = self.default_positions(prev_output_tokens, causal)
         tokens = prev_output_tokens
         if incremental_state is not None:
-            # fairseq passes the whole prefix at every step: only the last token is new
-            tokens, positions = tokens[:, -1:], positions[:, -1:]
+            # fairseq passes the whole prefix at every step: only the last token is new, and
+            # only its position is computed (this runs at every decoding step)
+            if positions is None:
+                positions = (tokens.size(1) - 1) * self.start_stride[tokens[:, :1]]
+            else:
+                positions = positions[:, -1:]
+            tokens = tokens[:, -1:]
+        elif positions is None:
+            positions = self.default_positions(tokens, causal)
         tokens = tokens.contiguous()
 
         x = self.embed_scale * self.embed_tokens(tokens)

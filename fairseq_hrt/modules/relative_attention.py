@@ -64,18 +64,29 @@ class RelativeSelfAttention(MultiheadAttention):
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
             # cache the padding mask with the keys: a step may feed <pad> (e.g. parallel
-            # decoders that start from pads) and later queries must still ignore it
-            new_pad = key_padding_mask if key_padding_mask is not None else x.new_zeros(bsz, tgt_len, dtype=torch.bool)
+            # decoders that start from pads) and later queries must still ignore it. Without
+            # any padding so far (ordinary beam search) no mask is kept: nothing to mask.
+            prev_pad = None
             if saved is not None and "prev_key" in saved:
                 past_len = saved["prev_key"].size(2)
                 k = torch.cat([saved["prev_key"], k], dim=2)
                 v = torch.cat([saved["prev_value"], v], dim=2)
                 key_positions = torch.cat([saved["prev_positions"], positions], dim=1)
-                new_pad = torch.cat([saved["prev_key_padding_mask"], new_pad], dim=1)
-            key_padding_mask = new_pad
+                prev_pad = saved.get("prev_key_padding_mask")
+            if prev_pad is not None or key_padding_mask is not None:
+                if prev_pad is None:
+                    prev_pad = x.new_zeros(bsz, past_len, dtype=torch.bool)
+                if key_padding_mask is None:
+                    key_padding_mask = x.new_zeros(bsz, tgt_len, dtype=torch.bool)
+                key_padding_mask = torch.cat([prev_pad, key_padding_mask], dim=1)
             self._set_input_buffer(
                 incremental_state,
-                {"prev_key": k, "prev_value": v, "prev_positions": key_positions, "prev_key_padding_mask": new_pad},
+                {
+                    "prev_key": k,
+                    "prev_value": v,
+                    "prev_positions": key_positions,
+                    "prev_key_padding_mask": key_padding_mask,
+                },
             )
 
         scores = torch.matmul(q, k.transpose(2, 3))  # (B, H, T, S)
