@@ -4,12 +4,9 @@ Applied once, when :mod:`fairseq_hrt` is imported (``--user-dir`` or ``import fa
 Every fix states the breakage it works around; each has a test in ``tests/test_compat.py``.
 """
 import functools
-import logging
 import types
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 _APPLIED = False
 
@@ -102,4 +99,3 @@ def apply():
     _patch_checkpoint_loading()
     _patch_fp16_overflow_on_cpu()
     _APPLIED = True
-    logger.debug("fairseq_hrt compatibility fixes applied")
