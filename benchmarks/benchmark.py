@@ -48,6 +48,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # decode_speed
 sys.path.insert(0, os.path.dirname(HERE))  # fairseq_hrt
 
+from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
+
 logger = logging.getLogger("benchmark")
 
 BASELINE = "AT greedy"
@@ -447,18 +449,6 @@ def parse_args(argv=None):
     except ValueError as e:
         p.error(str(e))
     return args
-
-
-def setup_logging(log_file: Optional[str]):
-    if log_file:
-        os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
-        handler = logging.FileHandler(log_file)
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", handlers=[handler], force=True
-    )
-    logging.captureWarnings(True)  # library warnings (e.g. DataLoader pin_memory) into the log
 
 
 def main(argv=None):

@@ -29,6 +29,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from fairseq_hrt.cli_logging import setup_logging
+
 logger = logging.getLogger("fairseq_hrt.distill")
 
 
@@ -173,18 +175,6 @@ def parse_args(argv=None):
     if args.nbest > 1 and not args.select_by_bleu:
         p.error("--nbest > 1 only makes sense with --select-by-bleu REF (otherwise the top hypothesis is kept)")
     return args
-
-
-def setup_logging(log_file: Optional[str]):
-    if log_file:
-        os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
-        handler = logging.FileHandler(log_file)
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", handlers=[handler], force=True
-    )
-    logging.captureWarnings(True)  # library warnings (e.g. DataLoader pin_memory) into the log
 
 
 def main(argv=None):
