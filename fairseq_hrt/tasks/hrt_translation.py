@@ -206,7 +206,8 @@ class HRTTranslationTask(TranslationTask):
         """Attach ``sample['hrt']``: the decoder samples of SPEC section 2 for this batch.
 
         ``p_k=None`` (validation) gives every pair all four kinds, so validation loss
-        measures both decoding modes whatever the curriculum stage.
+        measures both decoding modes whatever the curriculum stage; ``--hrt-mode at`` /
+        ``cmlm`` ignore ``p_k``.
         """
         pad, eos = self.tgt_dict.pad(), self.tgt_dict.eos()
         target = sample["target"]
@@ -272,12 +273,13 @@ class HRTTranslationTask(TranslationTask):
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         # fairseq passes the number of updates already done; Algorithm 1 counts t = 1..T, so
         # the last update of the run trains with p_k = 1 (every pair chunked)
-        p_k = self.curriculum_p_k(update_num + 1) if self.cfg.hrt_mode == "hrt" else 0.0
+        # AT-only / CMLM-only runs have no curriculum: p_k=None there, so none is logged
+        p_k = self.curriculum_p_k(update_num + 1) if self.cfg.hrt_mode == "hrt" else None
         sample = self.build_decoder_samples(sample, p_k)
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
     def valid_step(self, sample, model, criterion):
-        sample = self.build_decoder_samples(sample, None if self.cfg.hrt_mode == "hrt" else 0.0)
+        sample = self.build_decoder_samples(sample, None)
         return super().valid_step(sample, model, criterion)
 
     # ------------------------------------------------------------ inference
