@@ -1,4 +1,5 @@
-"""Compatibility fixes for running fairseq 0.12 on Python 3.11 / PyTorch 2.x / NumPy.
+"""Compatibility fixes for running fairseq 0.12 on Python 3.11 / PyTorch 2.x / NumPy, and
+workarounds for fairseq 0.12 bugs met on the HRT, CMLM and AT paths.
 
 Applied once, when :mod:`fairseq_hrt` is imported (``--user-dir`` or ``import fairseq_hrt``).
 Every fix states the breakage it works around; each has a test in ``tests/test_compat.py``.
@@ -6,6 +7,7 @@ Every fix states the breakage it works around; each has a test in ``tests/test_c
 import functools
 import types
 
+import numpy as np
 import torch
 
 _APPLIED = False
@@ -91,6 +93,41 @@ def _patch_fp16_overflow_on_cpu():
     trainer.torch = _TorchProxy(tensor=_tensor_with_optional_cuda)
 
 
+def _batch_by_size_keeping_remainder(batch_by_size):
+    """Wrap fairseq's ``data_utils.batch_by_size`` so that no sentence is ever dropped.
+
+    Why: fairseq 0.12 ends ``batch_by_size`` with ``if bsz_mult > 1 and len(b[-1]) % bsz_mult
+    != 0: b = b[:-1]``, i.e. it silently drops the last batch whenever its size is not a
+    multiple of ``--required-batch-size-multiple`` (default 8). ``fairseq-generate
+    --batch-size 1`` (the WMT efficiency setting) then translates 999 of 1000 test sentences,
+    and other batch sizes lose up to 7 sentences of a test set without a word. The batches
+    are consecutive slices of ``indices``, so the dropped ones are exactly the tail: it is
+    appended as a last (smaller) batch.
+    """
+
+    @functools.wraps(batch_by_size)
+    def wrapper(indices, *args, **kwargs):
+        if kwargs.get("fixed_shapes") is not None or len(args) >= 6 and args[5] is not None:
+            return batch_by_size(indices, *args, **kwargs)
+        if not isinstance(indices, np.ndarray):
+            indices = np.fromiter(indices, dtype=np.int64, count=-1)
+        batches = batch_by_size(indices, *args, **kwargs)
+        covered = sum(len(b) for b in batches)
+        if covered < len(indices):
+            batches = list(batches) + [indices[covered:]]
+        return batches
+
+    wrapper.__fairseq_hrt_compat__ = True
+    return wrapper
+
+
+def _patch_batch_remainder():
+    from fairseq.data import data_utils
+
+    if not getattr(data_utils.batch_by_size, "__fairseq_hrt_compat__", False):
+        data_utils.batch_by_size = _batch_by_size_keeping_remainder(data_utils.batch_by_size)
+
+
 def apply():
     """Apply every fix once; safe to call repeatedly (fairseq imports user dirs many times)."""
     global _APPLIED
@@ -98,4 +135,5 @@ def apply():
         return
     _patch_checkpoint_loading()
     _patch_fp16_overflow_on_cpu()
+    _patch_batch_remainder()
     _APPLIED = True

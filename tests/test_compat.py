@@ -2,6 +2,7 @@
 import argparse
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
@@ -91,3 +92,23 @@ def test_trainer_overflow_handler_tensor_works_without_cuda():
     # every other attribute is torch's own, and torch itself is untouched
     assert trainer.torch.zeros_like is torch.zeros_like
     assert not hasattr(torch.tensor, "__fairseq_hrt_compat__")
+
+
+@pytest.mark.parametrize("max_sentences", [1, 3, 8, 128])
+@pytest.mark.parametrize("n", [1, 10, 1000, 1014])
+def test_batch_by_size_never_drops_sentences(n, max_sentences):
+    """fairseq 0.12 drops the last batch when its size is not a multiple of
+    --required-batch-size-multiple (8 by default): fairseq-generate --batch-size 1 translated
+    999 of 1000 sentences. Every index must be batched exactly once, in order, and every
+    batch but the last keeps fairseq's sizes."""
+    from fairseq.data import data_utils
+
+    indices = np.arange(n, dtype=np.int64)
+    batches = data_utils.batch_by_size(
+        indices, lambda i: 5, max_sentences=max_sentences, required_batch_size_multiple=8
+    )
+    assert np.concatenate(batches).tolist() == list(range(n))
+    assert all(len(b) <= max(max_sentences, 1) for b in batches)
+    # an iterator (not an array) of indices works too
+    again = data_utils.batch_by_size(iter(range(n)), lambda i: 5, max_sentences=max_sentences, required_batch_size_multiple=8)
+    assert [b.tolist() for b in again] == [b.tolist() for b in batches]
