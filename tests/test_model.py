@@ -494,3 +494,34 @@ def test_state_dict_with_another_dictionary_raises(data_dir, other_data_dir):
     _, at_big = build(other_data_dir, "at_tiny", "--decoder-layers", "2")
     with pytest.raises(ValueError, match="another dictionary"):
         hrt.load_state_dict(_copy_state(at_big), strict=True)
+
+
+# (arch, encoder layers, decoder layers) of the named Transformer-base shapes (SPEC section 5)
+NAMED_SHAPES = [
+    ("at_e6d1", 6, 1), ("at_e12d1", 12, 1), ("at_e20d1", 20, 1),
+    ("hrt_e6d1", 6, 1), ("hrt_e12d1", 12, 1), ("hrt_e20d1", 20, 1), ("hrt_base", 6, 6),
+    ("cmlm_base", 6, 6),
+]
+
+
+@pytest.mark.parametrize("arch,enc,dec", NAMED_SHAPES)
+def test_named_archs_have_the_stated_shape_and_pre_norm(data_dir, arch, enc, dec):
+    """d = 512, FFN 2048, 8 heads, pre-norm on both sides, the stated layer counts; a flag
+    given on the command line still wins over the arch default."""
+    args = _args(data_dir, arch)
+    assert (args.encoder_layers, args.decoder_layers) == (enc, dec)
+    for side in ("encoder", "decoder"):
+        assert getattr(args, f"{side}_embed_dim") == 512
+        assert getattr(args, f"{side}_ffn_embed_dim") == 2048
+        assert getattr(args, f"{side}_attention_heads") == 8
+        assert getattr(args, f"{side}_normalize_before") is True
+    assert _args(data_dir, arch, "--encoder-layers", "3").encoder_layers == 3
+
+
+def test_small_shapes_match_across_families(data_dir):
+    """at_small / hrt_small / cmlm_small (and the tiny ones) share one shape, so an AT
+    checkpoint of a size initialises the HRT and Mask-Predict models of that size."""
+    keys = [f"{side}_{opt}" for side in ("encoder", "decoder") for opt in ("embed_dim", "ffn_embed_dim", "attention_heads", "layers")]
+    for size in ("small", "tiny"):
+        shapes = {fam: tuple(getattr(_args(data_dir, f"{fam}_{size}"), k) for k in keys) for fam in ("at", "hrt", "cmlm")}
+        assert len(set(shapes.values())) == 1, shapes
