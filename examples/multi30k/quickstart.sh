@@ -113,12 +113,25 @@ fi
 # CPU threads for PyTorch. With 2 threads on 2 cores, every other busy process makes
 # OpenMP's threads wait on each other: we measured 2 threads 2-4x SLOWER than 1 thread on a
 # busy 2-core machine, and 2x faster than 1 thread on an idle one. So by default use the
-# cores that are idle at start (1-minute load average), at least 1; THREADS=N overrides.
+# cores that are idle at start, at least 1; THREADS=N overrides. "Idle" is measured over one
+# second from /proc/stat, not with the 1-minute load average, which right after
+# `pip install` still counts the finished install and would halve the threads for nothing.
+busy_cores() {  # NCPU: cores kept busy by other processes during one second
+    local a b
+    read -r -a a < /proc/stat || return 1
+    sleep 1
+    read -r -a b < /proc/stat || return 1
+    # cpu user nice system idle iowait irq softirq steal
+    awk -v n="$1" \
+        -v busy="$(( (b[1]+b[2]+b[3]+b[6]+b[7]+b[8]) - (a[1]+a[2]+a[3]+a[6]+a[7]+a[8]) ))" \
+        -v total="$(( (b[1]+b[2]+b[3]+b[4]+b[5]+b[6]+b[7]+b[8]) - (a[1]+a[2]+a[3]+a[4]+a[5]+a[6]+a[7]+a[8]) ))" \
+        'BEGIN { printf "%.1f\n", (total > 0 ? n * busy / total : 0) }'
+}
 if [[ -z "${THREADS:-}" ]]; then
     NCPU=$(nproc 2>/dev/null || echo 1)
-    LOAD=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)
-    THREADS=$(awk -v n="$NCPU" -v l="$LOAD" 'BEGIN { t = int(n - l + 0.5); if (t < 1) t = 1; if (t > n) t = n; print t }')
-    THREADS_WHY="$NCPU cores, load average $LOAD"
+    BUSY=$(busy_cores "$NCPU" 2>/dev/null || echo 0)
+    THREADS=$(awk -v n="$NCPU" -v b="$BUSY" 'BEGIN { t = int(n - b + 0.5); if (t < 1) t = 1; if (t > n) t = n; print t }')
+    THREADS_WHY="$NCPU cores, $BUSY busy with other processes"
 else
     THREADS_WHY="THREADS"
 fi

@@ -389,15 +389,27 @@ def same_command(a: str, b: str) -> bool:
     return key(a) == key(b)
 
 
+def _cpu_times() -> List[int]:
+    with open("/proc/stat") as f:  # cpu user nice system idle iowait irq softirq steal
+        return [int(x) for x in f.readline().split()[1:9]]
+
+
 def idle_cores() -> int:
-    """Cores idle at start (1-minute load average), at least 1: on a busy 2-core machine two
-    OpenMP threads wait on each other and run slower than one (see examples/multi30k/README.md)."""
+    """Cores idle at start, at least 1: on a busy 2-core machine two OpenMP threads wait on
+    each other and run slower than one (see examples/multi30k/README.md). Measured over one
+    second from /proc/stat, not with the 1-minute load average, which right after
+    ``pip install`` still counts the finished install."""
     n = os.cpu_count() or 1
     try:
-        load = os.getloadavg()[0]
-    except OSError:
-        load = 0.0
-    return max(1, min(n, int(n - load + 0.5)))
+        before = _cpu_times()
+        time.sleep(1.0)
+        after = _cpu_times()
+    except (OSError, ValueError):
+        return n
+    delta = [b - a for a, b in zip(before, after)]
+    total = sum(delta)
+    busy = n * (total - delta[3] - delta[4]) / total if total > 0 else 0.0
+    return max(1, min(n, int(n - busy + 0.5)))
 
 
 def cuda_available() -> bool:
