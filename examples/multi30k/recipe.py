@@ -141,6 +141,9 @@ class Recipe:
         self.logs = self.out / "logs"
         self.threads = args.threads or idle_cores()
         self.cpu = not cuda_available()
+        if args.fp16 and self.cpu:
+            raise StepError("--fp16 needs a GPU: half-precision matmuls on CPU are slower, not faster")
+        self.fp16 = ["--fp16"] if args.fp16 else []
         self.env = dict(os.environ)
         self.env.update(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
         # prepare.sh calls `python` and fairseq's console scripts: those of this interpreter
@@ -238,7 +241,7 @@ class Recipe:
             cmd.append("--disable-validation")
         if self.cpu:
             cmd.append("--cpu")
-        return cmd + extra
+        return cmd + self.fp16 + extra
 
     # ------------------------------------------------------------------ steps
 
@@ -272,7 +275,7 @@ class Recipe:
         ]
         if self.cpu:
             cmd.append("--cpu")
-        self.run_step(i, "distill", cmd, [out], own_log=True)
+        self.run_step(i, "distill", cmd + self.fp16, [out], own_log=True)
 
     def step_distill_bin(self, i):
         # fairseq-preprocess needs the source side next to the distilled target
@@ -341,7 +344,7 @@ class Recipe:
         if self.cpu:
             cmd.append("--cpu")
         self.run_step(
-            i, "benchmark", cmd, [bench / "report.json", bench / "report.md", bench / "pareto.png"],
+            i, "benchmark", cmd + self.fp16, [bench / "report.json", bench / "report.md", bench / "pareto.png"],
             own_log=True, redo_if_changed=True,
         )
 
@@ -349,6 +352,8 @@ class Recipe:
         self.out.mkdir(parents=True, exist_ok=True)
         settings = self.out / "recipe.json"
         mine = {"profile": self.args.profile, "seed": self.args.seed, "p_raw": self.args.p_raw}
+        if self.args.fp16:  # only when set, so that runs made before the option still match
+            mine["fp16"] = True
         if settings.exists() and json.loads(settings.read_text()) != mine:
             raise StepError(
                 f"{self.out} holds a run with settings {settings.read_text().strip()}, now asked for {mine}. "
@@ -356,7 +361,7 @@ class Recipe:
             )
         settings.write_text(json.dumps(mine) + "\n")
         log(f"profile {self.args.profile}, output {self.out}, {self.threads} CPU thread(s), "
-            f"{'CPU' if self.cpu else 'GPU'}")
+            f"{'CPU' if self.cpu else 'GPU'}{' fp16' if self.args.fp16 else ''}")
         start = time.time()
         for i, name in enumerate(STEPS, 1):
             if self.args.until and STEPS.index(name) > STEPS.index(self.args.until):
@@ -490,6 +495,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="CPU threads for every step (default: idle cores at start)")
     p.add_argument("--p-raw", type=float, default=0.5, help="MixDistill: probability of the raw target (students)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--fp16", action="store_true",
+                   help="GPU only: train, distill and benchmark in half precision (fairseq's --fp16)")
     p.add_argument("--comet-model", help="local COMET model for the benchmark (default: $COMET_MODEL, else none)")
     p.add_argument("--until", choices=STEPS, help="stop after this step")
     args = p.parse_args(argv)
