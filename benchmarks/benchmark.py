@@ -5,6 +5,9 @@ Systems (each family only when its checkpoint is given):
 
 * ``--at``  AT (deep encoder, shallow decoder), fairseq's ``SequenceGenerator``: greedy and
   beam 5 (``--at-beams``). **AT greedy is the baseline of every speed ratio.**
+  The same checkpoint is also converted to CTranslate2 and decoded with its C++ engine
+  (``--ctranslate2``, on when the ``ctranslate2`` package is installed): the outside reference
+  for AT speed.
 * ``--hrt`` HRT: chunk sizes k = 2, 3, 4 (``--hrt-chunk-sizes``) with b_at/b_nat = 1/1 and 5/1
   (``--hrt-beams``), and the same model in AT mode (C_d = 1) with beam b_at.
 * ``--mp``  Mask-Predict with I = 1, 4, 10 iterations (``--mp-iterations``), length beam l.
@@ -48,17 +51,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # decode_speed
 sys.path.insert(0, os.path.dirname(HERE))  # fairseq_hrt
 
+import ct2_reference  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
 
 logger = logging.getLogger("benchmark")
 
 BASELINE = "AT greedy"
+CT2_FAMILY = "CT2"
 
 
 @dataclass
 class System:
     name: str
-    family: str  # "AT", "HRT" or "MP"
+    family: str  # "AT", "CT2" (the AT checkpoint in CTranslate2), "HRT" or "MP"
     checkpoint: str
     decoding: Dict[str, object]  # what build_generator needs, also written to the report
     bleu: Optional[float] = None
@@ -76,6 +81,10 @@ def systems_from_args(args) -> Tuple[List[System], List[dict]]:
         for beam in parse_ints(args.at_beams):
             name = BASELINE if beam == 1 else f"AT beam {beam}"
             systems.append(System(name, "AT", args.at, {"beam": beam}))
+        if getattr(args, "ctranslate2", "auto") != "no":
+            for beam in parse_ints(args.at_beams):
+                name = "CTranslate2 AT " + ("greedy" if beam == 1 else f"beam {beam}")
+                systems.append(System(name, CT2_FAMILY, args.at, {"beam": beam}))
     else:
         skipped.append({"family": "AT", "reason": "no --at checkpoint given (speed ratios need AT greedy)"})
     if args.hrt:
@@ -203,7 +212,7 @@ def pareto_plot(report: dict, path: str):
     ncols = min(2, len(bss))
     nrows = (len(bss) + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 5 * nrows), squeeze=False)
-    colors = {"AT": "tab:blue", "HRT": "tab:red", "MP": "tab:green"}
+    colors = {"AT": "tab:blue", CT2_FAMILY: "tab:purple", "HRT": "tab:red", "MP": "tab:green"}
     systems = report["systems"]
     for ax, b in zip(axes.flat, bss):
         xs = [s["speed"][b]["words_per_second"] for s in systems]
@@ -245,6 +254,13 @@ def build_generator(task, model, system: System, max_len_b: int, lenpen: float):
         return build(task, model, None, None, None, max_len_b, lenpen,
                      mp_iterations=d["iterations"], length_beam=d["length_beam"])
     return build(task, model, d.get("chunk_size", 1), d["beam"], d.get("b_nat", 1), max_len_b, lenpen)
+
+
+def detok_pieces(hyps: Dict[int, List[str]], spm_model: str, n: int) -> List[str]:
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=spm_model)
+    return [sp.decode(hyps[i]) for i in range(n)]
 
 
 def cpu_name() -> str:
@@ -290,6 +306,14 @@ def run(args) -> dict:
     systems, skipped = systems_from_args(args)
     if not systems:
         raise SystemExit("no system to measure: give at least one of --at, --hrt, --mp")
+    if any(s.family == CT2_FAMILY for s in systems):
+        reason = ct2_reference.unavailable_reason()
+        if reason and args.ctranslate2 == "yes":
+            raise SystemExit(f"--ctranslate2 yes: {reason}")
+        if reason:
+            logger.warning("CTranslate2 rows skipped: %s", reason)
+            systems = [s for s in systems if s.family != CT2_FAMILY]
+            skipped.append({"family": "CTranslate2", "reason": reason})
     batch_sizes = parse_ints(args.batch_sizes)
 
     src = read_lines(args.src, args.max_sentences)
@@ -304,10 +328,31 @@ def run(args) -> dict:
         if s.checkpoint not in loaded:
             logger.info("loading %s", s.checkpoint)
             loaded[s.checkpoint] = load(s.checkpoint, args.data, use_cuda, args.fp16)
-    generators = {}
+    generators, translators = {}, {}  # fairseq generators; CTranslate2 translators by checkpoint
     for s in systems:
         model, task = loaded[s.checkpoint]
-        generators[s.name] = build_generator(task, model, s, args.max_len_b, args.lenpen)
+        if s.family != CT2_FAMILY:
+            generators[s.name] = build_generator(task, model, s, args.max_len_b, args.lenpen)
+        elif s.checkpoint not in translators:
+            model_dir = ct2_reference.convert(
+                s.checkpoint, args.data, args.out_dir, task.cfg.source_lang, task.cfg.target_lang
+            )
+            logger.info("CTranslate2 model of %s: %s", s.checkpoint, model_dir)
+            translators[s.checkpoint] = ct2_reference.load(model_dir, use_cuda, args.fp16, args.threads)
+    suppress = {ck: ct2_reference.suppressed(loaded[ck][1].target_dictionary.symbols) for ck in translators}
+    pieces = [line.split() for line in src]
+
+    def decode_system(s, batches, n_lines, bs, warm_up=False):
+        """(hyps, seconds): fairseq systems decode their prepared batches; CTranslate2 decodes
+        the same sentences, ``bs`` at a time, from pieces."""
+        if s.family == CT2_FAMILY:
+            n = min(bs, n_lines) if warm_up else n_lines
+            return ct2_reference.translate(
+                translators[s.checkpoint], pieces[:n], bs, s.decoding["beam"], args.max_len_b, suppress[s.checkpoint]
+            )
+        model, task = loaded[s.checkpoint]
+        return decode(task, model, generators[s.name], batches[s.checkpoint][:1] if warm_up else batches[s.checkpoint],
+                      use_cuda)
 
     hyps_tokens = {}  # system -> {sentence id: tokens}, from a pass over every sentence
     total_passes = sum((args.runs if bs == 1 else args.runs_large) * len(systems) for bs in batch_sizes)
@@ -319,15 +364,13 @@ def run(args) -> dict:
         for ckpt, (model, task) in loaded.items():
             batches[ckpt] = make_batches(task, model, lines, bs, use_cuda)
         for s in systems:  # warm-up: first calls allocate memory and pick kernels
-            model, task = loaded[s.checkpoint]
-            decode(task, model, generators[s.name], batches[s.checkpoint][:1], use_cuda)
+            decode_system(s, batches, len(lines), bs, warm_up=True)
         runs = args.runs if bs == 1 else args.runs_large
         times = {s.name: [] for s in systems}
         for r in range(runs):
             for s in systems:
-                model, task = loaded[s.checkpoint]
                 bar.set_postfix_str(f"bs={bs} {s.name}")
-                hyps, seconds = decode(task, model, generators[s.name], batches[s.checkpoint], use_cuda)
+                hyps, seconds = decode_system(s, batches, len(lines), bs)
                 times[s.name].append(seconds)
                 if len(lines) == len(src) and s.name not in hyps_tokens:
                     hyps_tokens[s.name] = hyps
@@ -348,14 +391,17 @@ def run(args) -> dict:
     for s in systems:  # quality needs every sentence: decode it once, untimed, if no pass did
         if s.name not in hyps_tokens:
             model, task = loaded[s.checkpoint]
-            batches = make_batches(task, model, src, max(batch_sizes), use_cuda)
-            hyps_tokens[s.name] = decode(task, model, generators[s.name], batches, use_cuda)[0]
+            batches = {s.checkpoint: make_batches(task, model, src, max(batch_sizes), use_cuda)}
+            hyps_tokens[s.name] = decode_system(s, batches, len(src), max(batch_sizes))[0]
 
     hyps, signature = {}, None
     os.makedirs(os.path.join(args.out_dir, "hyps"), exist_ok=True)
     for s in systems:
         _, task = loaded[s.checkpoint]
-        hyps[s.name] = detok(task, hyps_tokens[s.name], args.spm, len(src))
+        if s.family == CT2_FAMILY:
+            hyps[s.name] = detok_pieces(hyps_tokens[s.name], args.spm, len(src))
+        else:
+            hyps[s.name] = detok(task, hyps_tokens[s.name], args.spm, len(src))
         bleu = sacrebleu_score(hyps[s.name], refs)
         s.bleu, signature = bleu["score"], bleu["signature"]
         with open(os.path.join(args.out_dir, "hyps", slug(s.name) + ".txt"), "w", encoding="utf-8") as f:
@@ -421,6 +467,11 @@ def parse_args(argv=None):
     g.add_argument("--hrt", help="HRT checkpoint")
     g.add_argument("--hrt-chunk-sizes", default="2,3,4", help="chunk sizes k (trained by the model)")
     g.add_argument("--hrt-beams", default="1/1,5/1", help="b_at/b_nat pairs; AT mode is run with each b_at")
+    g.add_argument(
+        "--ctranslate2", choices=("auto", "yes", "no"), default="auto",
+        help="also decode the --at checkpoint with CTranslate2 (the outside AT speed reference): auto = when "
+             "the ctranslate2 package is installed (else the report says why not), yes = required, no = never",
+    )
     g.add_argument("--mp", help="Mask-Predict (CMLM) checkpoint")
     g.add_argument("--mp-iterations", default="1,4,10", help="Mask-Predict iterations I")
     g.add_argument("--mp-length-beam", type=int, default=5, help="Mask-Predict length candidates l")

@@ -19,12 +19,15 @@ from fairseq_hrt.distill import select_by_sentence_bleu, sentence_bleu_scores
 from tests.tiny_data import REPO, SHARED_MULTI30K, corpus_source, default_prefer, write_lines, write_raw_corpus
 
 BATCH_SIZES = ["1", "8", "32", "128"]
-EXPECTED_SYSTEMS = [
-    "AT greedy", "AT beam 5",
+HAVE_CT2 = importlib.util.find_spec("ctranslate2") is not None
+AT_SYSTEMS = ["AT greedy", "AT beam 5"]
+CT2_SYSTEMS = ["CTranslate2 AT greedy", "CTranslate2 AT beam 5"]
+HRT_MP_SYSTEMS = [
     "HRT AT-mode b=1", "HRT AT-mode b=5",
     *[f"HRT k={k} b_at={b} b_nat=1" for k in (2, 3, 4) for b in (1, 5)],
     "MP I=1 l=5", "MP I=4 l=5", "MP I=10 l=5",
 ]
+EXPECTED_SYSTEMS = AT_SYSTEMS + (CT2_SYSTEMS if HAVE_CT2 else []) + HRT_MP_SYSTEMS
 
 
 def _load_module(name, path):
@@ -75,14 +78,17 @@ def test_speed_ratios_are_relative_to_the_baseline_at_the_same_batch_size():
 def test_systems_and_skipped_families():
     args = SimpleNamespace(
         at="at.pt", at_beams="1,5", hrt=None, hrt_chunk_sizes="2,3,4", hrt_beams="1/1,5/1",
-        mp="mp.pt", mp_iterations="1,4,10", mp_length_beam=5,
+        mp="mp.pt", mp_iterations="1,4,10", mp_length_beam=5, ctranslate2="no",
     )
     systems, skipped = benchmark.systems_from_args(args)
     assert [s.name for s in systems] == ["AT greedy", "AT beam 5", "MP I=1 l=5", "MP I=4 l=5", "MP I=10 l=5"]
     assert [s["family"] for s in skipped] == ["HRT"]
     args.hrt = "hrt.pt"
-    names = [s.name for s in benchmark.systems_from_args(args)[0]]
-    assert names == EXPECTED_SYSTEMS
+    args.ctranslate2 = "auto"
+    systems = benchmark.systems_from_args(args)[0]
+    assert [s.name for s in systems] == AT_SYSTEMS + CT2_SYSTEMS + HRT_MP_SYSTEMS
+    # the CTranslate2 rows decode the AT checkpoint
+    assert {s.checkpoint for s in systems if s.family == "CT2"} == {"at.pt"}
     with pytest.raises(ValueError):
         benchmark.parse_beam_pairs("1/5")  # b_nat > b_at
 
@@ -140,7 +146,7 @@ def test_quick_recipe_report_structure(quick_run):
 
     names = [s["name"] for s in report["systems"]]
     assert names == EXPECTED_SYSTEMS
-    assert report["skipped"] == []
+    assert report["skipped"] == ([] if HAVE_CT2 else [{"family": "CTranslate2", "reason": report["skipped"][0]["reason"]}])
     assert report["meta"]["batch_sizes"] == [int(b) for b in BATCH_SIZES]
     assert report["meta"]["threads"] == 1 and report["meta"]["torch"] and report["meta"]["device"]
     assert report["meta"]["runs_bs1"] == 5 and report["meta"]["baseline"] == "AT greedy"
@@ -168,6 +174,15 @@ def test_quick_recipe_report_structure(quick_run):
     assert n_test == 100
     for name in EXPECTED_SYSTEMS:
         assert len((bench / "hyps" / f"{benchmark.slug(name)}.txt").read_text().splitlines()) == n_test
+    if HAVE_CT2:
+        # the CTranslate2 conversion is the same model: fp32 greedy and beam search give
+        # fairseq's translations (a rounding difference may flip a rare near-tie)
+        for fairseq_name, ct2_name in zip(["AT greedy", "AT beam 5"], CT2_SYSTEMS):
+            ours = (bench / "hyps" / f"{benchmark.slug(fairseq_name)}.txt").read_text().splitlines()
+            theirs = (bench / "hyps" / f"{benchmark.slug(ct2_name)}.txt").read_text().splitlines()
+            assert sum(a == b for a, b in zip(ours, theirs)) >= 0.98 * n_test, ct2_name
+    else:
+        assert [sk["family"] for sk in report["skipped"]] == ["CTranslate2"]
 
     # every step ran once and left its marker; the distilled corpus is line-aligned
     for step in ("prepare", "teacher", "distill", "distill_bin", "at", "hrt", "mp", "benchmark"):
@@ -215,7 +230,8 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(qu
          "--spm", str(data / "spm" / "spm.model"), "--src", str(data / "spm" / "test.en"),
          "--raw-src", str(data / "raw" / "test.en"), "--raw-ref", str(data / "raw" / "test.de"),
          "--at", str(out / "at" / "checkpoint_last.pt"), "--max-sentences", "6", "--bs1-sentences", "2",
-         "--batch-sizes", "1,4", "--runs", "2", "--cpu", "--comet-model", str(ckpt), "--out-dir", str(bench)],
+         "--batch-sizes", "1,4", "--runs", "2", "--cpu", "--comet-model", str(ckpt), "--out-dir", str(bench),
+         "--ctranslate2", "no"],
         cwd=REPO, check=True, capture_output=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
     )
     report = json.loads((bench / "report.json").read_text())

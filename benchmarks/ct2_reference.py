@@ -1,0 +1,88 @@
+"""CTranslate2 as the outside reference for AT decoding speed.
+
+fairseq's SequenceGenerator is the fastest AT decoder inside fairseq, but it is Python-driven;
+CTranslate2 (C++, ``pip install ctranslate2``) converts the same fairseq AT checkpoint and
+decodes it with an optimised engine. Its rows in the benchmark show how much of HRT's
+speed-up over fairseq's AT would survive against a production AT decoder.
+
+The AT archs of this plugin (``at_*``) are archs of fairseq's own ``transformer`` model, so
+CTranslate2's fairseq converter takes them as they are. HRT and CMLM models are not
+Transformer checkpoints CTranslate2 knows: they have no CTranslate2 rows.
+"""
+import os
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+USER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_hrt")
+
+# symbols of the hrt_translation dictionary that fairseq's decoders never output (the
+# plugin's SequenceGenerator suppresses them too)
+SPECIAL_SYMBOLS = ("<mask>",) + tuple(f"<s{k}>" for k in range(2, 9))
+
+
+def unavailable_reason() -> Optional[str]:
+    """None when CTranslate2 can be used, else why not."""
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError as e:
+        return f"the ctranslate2 package is not installed ({e}); pip install ctranslate2==4.8.5"
+    return None
+
+
+def _stamp(checkpoint: str) -> str:
+    st = os.stat(checkpoint)
+    return f"{os.path.abspath(checkpoint)} {st.st_size} {st.st_mtime_ns}\n"
+
+
+def convert(checkpoint: str, data_dir: str, out_dir: str, source_lang: str, target_lang: str) -> str:
+    """Convert a fairseq AT checkpoint to a CTranslate2 model directory under ``out_dir``
+    (done once: the conversion is kept and reused while the checkpoint is unchanged)."""
+    from ctranslate2.converters import FairseqConverter
+
+    target = os.path.join(out_dir, "ctranslate2-" + os.path.basename(os.path.dirname(os.path.abspath(checkpoint))))
+    stamp_file = os.path.join(target, "converted_from.txt")
+    if os.path.exists(stamp_file) and open(stamp_file).read() == _stamp(checkpoint):
+        return target
+    FairseqConverter(
+        checkpoint, data_dir, source_lang=source_lang, target_lang=target_lang, user_dir=USER_DIR,
+        unsafe_deserialization=True,  # fairseq checkpoints pickle their configs (as compat.py allows)
+    ).convert(target, force=True)
+    with open(stamp_file, "w") as f:
+        f.write(_stamp(checkpoint))
+    return target
+
+
+def load(model_dir: str, use_cuda: bool, fp16: bool, threads: int):
+    import ctranslate2
+
+    return ctranslate2.Translator(
+        model_dir,
+        device="cuda" if use_cuda else "cpu",
+        # the same precision as the fairseq models it is compared with
+        compute_type="float16" if fp16 else "float32",
+        inter_threads=1,
+        intra_threads=threads,
+    )
+
+
+def suppressed(vocabulary: Sequence[str]) -> List[List[str]]:
+    present = set(vocabulary)
+    return [[s] for s in SPECIAL_SYMBOLS if s in present]
+
+
+def translate(translator, sources: List[List[str]], batch_size: int, beam: int, max_len: int,
+              suppress: List[List[str]]) -> Tuple[Dict[int, List[str]], float]:
+    """Translate pieces, ``batch_size`` sentences at a time (CTranslate2 sorts the inputs by
+    length before splitting them into batches, as fairseq's batching does). Returns
+    ``({sentence index: output pieces}, seconds)``."""
+    start = time.perf_counter()
+    results = translator.translate_batch(
+        sources,
+        max_batch_size=batch_size,
+        batch_type="examples",
+        beam_size=beam,
+        max_decoding_length=max_len,
+        suppress_sequences=suppress or None,
+    )
+    seconds = time.perf_counter() - start
+    return {i: r.hypotheses[0] for i, r in enumerate(results)}, seconds
