@@ -307,7 +307,7 @@ def run(args) -> dict:
     if not systems:
         raise SystemExit("no system to measure: give at least one of --at, --hrt, --mp")
     if any(s.family == CT2_FAMILY for s in systems):
-        reason = ct2_reference.unavailable_reason()
+        reason = ct2_reference.unavailable_reason(use_cuda)
         if reason and args.ctranslate2 == "yes":
             raise SystemExit(f"--ctranslate2 yes: {reason}")
         if reason:

@@ -20,12 +20,16 @@ USER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 SPECIAL_SYMBOLS = ("<mask>",) + tuple(f"<s{k}>" for k in range(2, 9))
 
 
-def unavailable_reason() -> Optional[str]:
-    """None when CTranslate2 can be used, else why not."""
+def unavailable_reason(use_cuda: bool = False) -> Optional[str]:
+    """None when CTranslate2 can be used (on the GPU when ``use_cuda``), else why not."""
     try:
-        import ctranslate2  # noqa: F401
+        import ctranslate2
     except ImportError as e:
         return f"the ctranslate2 package is not installed ({e}); pip install ctranslate2==4.8.5"
+    if use_cuda and ctranslate2.get_cuda_device_count() == 0:
+        # the PyPI wheel is built for one CUDA major version; it sees no GPU with another
+        return (f"ctranslate2 {ctranslate2.__version__} sees no CUDA device (its wheel needs the CUDA "
+                "libraries it was built for); run the benchmark with --ctranslate2 no, or install a matching build")
     return None
 
 
