@@ -2,9 +2,11 @@
 workarounds for fairseq 0.12 bugs met on the HRT, CMLM and AT paths.
 
 Applied once, when :mod:`fairseq_hrt` is imported (``--user-dir`` or ``import fairseq_hrt``).
-Every fix states the breakage it works around; each has a test in ``tests/test_compat.py``.
+Every fix states the breakage it works around; each has a test in ``tests/test_compat.py``
+(the training-clock fix in ``tests/test_training.py``).
 """
 import functools
+import time
 import types
 
 import numpy as np
@@ -128,6 +130,39 @@ def _patch_batch_remainder():
         data_utils.batch_by_size = _batch_by_size_keeping_remainder(data_utils.batch_by_size)
 
 
+def _load_checkpoint_restarting_the_clock(load_checkpoint):
+    """Wrap ``Trainer.load_checkpoint`` so that a run that resets its meters also restarts its
+    training clock.
+
+    Why: fairseq 0.12 restores ``previous_training_time`` from any checkpoint it loads, also
+    for ``--finetune-from-model`` (which resets optimizer, scheduler, meters and data
+    loader). A fine-tuned model therefore starts with its parent's training time, and
+    ``--stop-time-hours`` stopped HRT fine-tuned from a 17-minute AT run after 370 of 800
+    updates with a 30-minute cap. With ``reset_meters`` (set by ``--finetune-from-model`` and
+    ``--reset-meters``) the clock starts at 0, like the other meters; a plain resume keeps it.
+    """
+
+    @functools.wraps(load_checkpoint)
+    def wrapper(self, filename, reset_optimizer=False, reset_lr_scheduler=False, optimizer_overrides=None,
+                reset_meters=False):
+        extra_state = load_checkpoint(self, filename, reset_optimizer, reset_lr_scheduler, optimizer_overrides,
+                                      reset_meters)
+        if reset_meters:
+            self._previous_training_time = 0
+            self._start_time = time.time()
+        return extra_state
+
+    wrapper.__fairseq_hrt_compat__ = True
+    return wrapper
+
+
+def _patch_finetune_training_time():
+    from fairseq.trainer import Trainer
+
+    if not getattr(Trainer.load_checkpoint, "__fairseq_hrt_compat__", False):
+        Trainer.load_checkpoint = _load_checkpoint_restarting_the_clock(Trainer.load_checkpoint)
+
+
 def apply():
     """Apply every fix once; safe to call repeatedly (fairseq imports user dirs many times)."""
     global _APPLIED
@@ -136,4 +171,5 @@ def apply():
     _patch_checkpoint_loading()
     _patch_fp16_overflow_on_cpu()
     _patch_batch_remainder()
+    _patch_finetune_training_time()
     _APPLIED = True

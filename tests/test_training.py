@@ -341,6 +341,33 @@ def test_finetune_hrt_from_at_checkpoint(data, work):
     assert len(shared) >= len(at_state) - 2
 
 
+def test_finetune_restarts_the_training_clock_and_resume_keeps_it(data, work):
+    """fairseq 0.12 restores ``previous_training_time`` from any checkpoint it loads, so
+    ``--stop-time-hours`` cut a model fine-tuned from a long AT run short (compat.py). With
+    ``--finetune-from-model`` the clock now starts at 0; a plain resume still keeps it."""
+    at_dir = work / "clock_at"
+    run_cli(train_args(data.bin_dir, at_dir, "--hrt-mode", "at", arch="at_tiny", max_update=2))
+    at_ckpt = at_dir / "checkpoint_last.pt"
+    state = _load(at_ckpt)
+    state["extra_state"]["previous_training_time"] = 10 * 3600.0  # as if the AT run took 10 hours
+    torch.save(state, at_ckpt)
+
+    ft_dir = work / "clock_ft"
+    out = run_cli(
+        train_args(data.bin_dir, ft_dir, "--chunk-sizes", "2", "--finetune-from-model", at_ckpt,
+                   "--stop-time-hours", 1, max_update=3)
+    ).stdout
+    assert "Stopping training due to cumulative_training_time" not in out
+    assert max(_by_update(parse_logs(out))) == 3
+    assert _load(ft_dir / "checkpoint_last.pt")["extra_state"]["previous_training_time"] < 3600
+
+    out = run_cli(
+        train_args(data.bin_dir, at_dir, "--hrt-mode", "at", "--stop-time-hours", 1, arch="at_tiny", max_update=6)
+    ).stdout
+    assert "Stopping training due to cumulative_training_time" in out
+    assert max(_by_update(parse_logs(out)), default=2) < 6
+
+
 # --------------------------------------------------------------- precision / update-freq
 
 # A low initial loss scale keeps the fp16 runs free of gradient overflows on any data (see
