@@ -119,15 +119,24 @@ def _batch_by_size_keeping_remainder(batch_by_size):
             batches = list(batches) + [indices[covered:]]
         return batches
 
-    wrapper.__fairseq_hrt_compat__ = True
     return wrapper
+
+
+def _wrap_once(owner, name, make_wrapper):
+    """Replace ``owner.name`` by ``make_wrapper(owner.name)``, unless it is already wrapped
+    (fairseq imports a user dir several times per process)."""
+    current = getattr(owner, name)
+    if getattr(current, "__fairseq_hrt_compat__", False):
+        return
+    wrapper = make_wrapper(current)
+    wrapper.__fairseq_hrt_compat__ = True
+    setattr(owner, name, wrapper)
 
 
 def _patch_batch_remainder():
     from fairseq.data import data_utils
 
-    if not getattr(data_utils.batch_by_size, "__fairseq_hrt_compat__", False):
-        data_utils.batch_by_size = _batch_by_size_keeping_remainder(data_utils.batch_by_size)
+    _wrap_once(data_utils, "batch_by_size", _batch_by_size_keeping_remainder)
 
 
 def _load_checkpoint_restarting_the_clock(load_checkpoint):
@@ -152,15 +161,13 @@ def _load_checkpoint_restarting_the_clock(load_checkpoint):
             self._start_time = time.time()
         return extra_state
 
-    wrapper.__fairseq_hrt_compat__ = True
     return wrapper
 
 
 def _patch_finetune_training_time():
     from fairseq.trainer import Trainer
 
-    if not getattr(Trainer.load_checkpoint, "__fairseq_hrt_compat__", False):
-        Trainer.load_checkpoint = _load_checkpoint_restarting_the_clock(Trainer.load_checkpoint)
+    _wrap_once(Trainer, "load_checkpoint", _load_checkpoint_restarting_the_clock)
 
 
 def apply():
