@@ -391,7 +391,10 @@ def run(args) -> dict:
     for s in systems:  # quality needs every sentence: decode it once, untimed, if no pass did
         if s.name not in hyps_tokens:
             model, task = loaded[s.checkpoint]
-            batches = {s.checkpoint: make_batches(task, model, src, max(batch_sizes), use_cuda)}
+            # CTranslate2 reads the pieces, not fairseq's batches
+            batches = {}
+            if s.family != CT2_FAMILY:
+                batches[s.checkpoint] = make_batches(task, model, src, max(batch_sizes), use_cuda)
             hyps_tokens[s.name] = decode_system(s, batches, len(src), max(batch_sizes))[0]
 
     hyps, signature = {}, None

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.tiny_data import REPO, USER_DIR, make_tiny_data, run_cli, train_args
+from tests.tiny_data import REPO, USER_DIR, hyp_lines, make_tiny_data, run_cli, train_args
 
 GEN = ["--user-dir", USER_DIR, "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
 
@@ -19,10 +19,6 @@ def trained(tmp_path_factory):
     save = root / "ckpt"
     run_cli(train_args(data.bin_dir, save, "--chunk-sizes", "2,3", max_update=40))
     return data, save / "checkpoint_last.pt"
-
-
-def hyp_lines(output):
-    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^H-(\d+)\t\S+\t?(.*)$", output, re.M)}
 
 
 def test_plugin_loads_from_repo_path_and_installed_path():

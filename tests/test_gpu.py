@@ -7,17 +7,17 @@ test_training.py (fp16 on CPU) and test_generator.py (half-precision model).
 """
 import math
 import os
-import re
 import subprocess
 import sys
 
 import pytest
 import torch
+from fairseq import utils
 from fairseq.sequence_generator import SequenceGenerator
 
-from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
-from tests.test_generator import SENTENCES, SPECIALS
-from tests.tiny_data import REPO, SRC, TGT, USER_DIR, make_tiny_data, parse_logs, run_cli, train_args
+from tests.hrt_fixtures import build_task_and_model, make_sample
+from tests.test_generator import SENTENCES, SPECIALS, generate
+from tests.tiny_data import REPO, SRC, TGT, USER_DIR, hyp_lines, make_tiny_data, parse_logs, run_cli, train_args
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -30,10 +30,6 @@ UPDATES = 80
 
 def on_gpu(args):
     return [a for a in args if a != "--cpu"]
-
-
-def hyp_lines(output):
-    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^H-(\d+)\t\S+\t?(.*)$", output, re.M)}
 
 
 @pytest.fixture(scope="module")
@@ -130,19 +126,13 @@ def cuda_half_model(tmp_path_factory):
     return data_dir, task, model
 
 
-def _generate_in_process(data_dir, model, sample, *flags):
-    task, gen = build_generator(data_dir, model, "--max-len-b", "24", *flags)
-    return gen.generate([model], sample)
-
-
 def test_at_mode_equals_sequence_generator_in_half_on_cuda(cuda_half_model):
     data_dir, task, model = cuda_half_model
-    sample = make_sample(task, SENTENCES)
-    cuda_sample = {"id": sample["id"], "net_input": {k: v.cuda() for k, v in sample["net_input"].items()}}
+    cuda_sample = utils.move_to_cuda(make_sample(task, SENTENCES))
     model.cuda().half()
     try:
         for beam in (1, 5):
-            ours = _generate_in_process(data_dir, model, cuda_sample, "--decode-chunk-size", "1", "--beam", str(beam))
+            ours = generate(task, model, data_dir, cuda_sample, "--decode-chunk-size", "1", "--beam", str(beam))
             ref = SequenceGenerator(
                 [model], task.target_dictionary, beam_size=beam, max_len_b=24, tokens_to_suppress=SPECIALS
             ).generate([model], cuda_sample)
@@ -156,11 +146,10 @@ def test_at_mode_equals_sequence_generator_in_half_on_cuda(cuda_half_model):
 def test_hrt_in_half_on_cuda_gives_the_fp32_cpu_output(cuda_half_model, flags):
     data_dir, task, model = cuda_half_model
     sample = make_sample(task, SENTENCES)
-    ref = _generate_in_process(data_dir, model, sample, *flags)
-    cuda_sample = {"id": sample["id"], "net_input": {k: v.cuda() for k, v in sample["net_input"].items()}}
+    ref = generate(task, model, data_dir, sample, *flags)
     model.cuda().half()
     try:
-        out = _generate_in_process(data_dir, model, cuda_sample, *flags)
+        out = generate(task, model, data_dir, utils.move_to_cuda(sample), *flags)
     finally:
         model.float().cpu()
     for r, o in zip(ref, out):

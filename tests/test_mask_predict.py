@@ -23,7 +23,7 @@ from fairseq.dataclass.configs import GenerationConfig
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hrt_fixtures import build_generator, build_task_and_model, make_sample  # noqa: E402
-from tiny_data import SRC, TGT, USER_DIR, make_tiny_data, parse_logs, run_cli, run_cli_many, train_args  # noqa: E402
+from tiny_data import SRC, TGT, USER_DIR, hyp_lines, make_tiny_data, parse_logs, run_cli, run_cli_many, train_args  # noqa: E402
 
 from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, length_loss  # noqa: E402
@@ -451,20 +451,16 @@ def test_finetune_from_at_checkpoint_and_length_loss_logged(e2e):
         assert torch.allclose(mp_state[name].float(), at_state[name].float(), atol=1e-3), name
 
 
-def _hyps(output):
-    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^H-(\d+)\t\S+\t?(.*)$", output, re.M)}
-
-
 def test_generate_and_interactive(e2e):
     gen = e2e["generate"]
-    assert sorted(_hyps(gen)) == list(range(N_VALID)), gen[-3000:]
+    assert sorted(hyp_lines(gen)) == list(range(N_VALID)), gen[-3000:]
     steps = re.findall(r"^I-\d+\t(\d+)$", gen, re.M)  # --print-step: passes per sentence
     assert len(steps) == N_VALID and set(steps) == {"10"}
     assert "Mask-Predict decoding: I = 10 iterations, length beam l = 3" in gen
     assert "Mask-Predict iteration 10/10" in gen  # --print-step logs the iterations
-    assert not any("<mask>" in h or "<s2>" in h for h in _hyps(gen).values())
+    assert not any("<mask>" in h or "<s2>" in h for h in hyp_lines(gen).values())
     inter = e2e["interactive"]
-    hyps = _hyps(inter)
+    hyps = hyp_lines(inter)
     assert sorted(hyps) == list(range(len(e2e["lines"]))), inter[-3000:]
     assert hyps[1] == ""  # empty input -> empty translation
     assert hyps[0] and hyps[2] and "<mask>" not in inter

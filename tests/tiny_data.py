@@ -191,6 +191,11 @@ def _number(value):
     return int(f) if re.fullmatch(r"-?\d+", str(value).strip()) else f
 
 
+def hyp_lines(output: str) -> Dict[int, str]:
+    """``{sentence id: hypothesis}`` from the ``H-`` lines of fairseq-generate / interactive."""
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^H-(\d+)\t\S+\t?(.*)$", output, re.M)}
+
+
 def parse_logs(output: str, tag: str = "train_inner") -> List[Dict[str, object]]:
     """Metric records that fairseq logged under ``tag`` (``train_inner``, ``train``, ``valid``).
 

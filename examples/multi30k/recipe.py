@@ -143,7 +143,8 @@ class Recipe:
         self.cpu = not cuda_available()
         if args.fp16 and self.cpu:
             raise StepError("--fp16 needs a GPU: half-precision matmuls on CPU are slower, not faster")
-        self.fp16 = ["--fp16"] if args.fp16 else []
+        # the device flags of every fairseq command (--fp16 implies a GPU, checked above)
+        self.device_args = ["--cpu"] if self.cpu else (["--fp16"] if args.fp16 else [])
         self.env = dict(os.environ)
         self.env.update(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
         # prepare.sh calls `python` and fairseq's console scripts: those of this interpreter
@@ -239,9 +240,7 @@ class Recipe:
         ]
         if not p.validate:
             cmd.append("--disable-validation")
-        if self.cpu:
-            cmd.append("--cpu")
-        return cmd + self.fp16 + extra
+        return cmd + self.device_args + extra
 
     # ------------------------------------------------------------------ steps
 
@@ -273,9 +272,7 @@ class Recipe:
             "--max-len-a", "1.5", "--max-len-b", "10",
             "--threads", str(self.threads), "--log-file", str(self.logs / "distill.log"),
         ]
-        if self.cpu:
-            cmd.append("--cpu")
-        self.run_step(i, "distill", cmd + self.fp16, [out], own_log=True)
+        self.run_step(i, "distill", cmd + self.device_args, [out], own_log=True)
 
     def step_distill_bin(self, i):
         # fairseq-preprocess needs the source side next to the distilled target
@@ -341,10 +338,8 @@ class Recipe:
             cmd += ["--mp", str(self.checkpoint("mp"))]
         if self.args.comet_model:
             cmd += ["--comet-model", str(Path(self.args.comet_model).resolve())]
-        if self.cpu:
-            cmd.append("--cpu")
         self.run_step(
-            i, "benchmark", cmd + self.fp16, [bench / "report.json", bench / "report.md", bench / "pareto.png"],
+            i, "benchmark", cmd + self.device_args, [bench / "report.json", bench / "report.md", bench / "pareto.png"],
             own_log=True, redo_if_changed=True,
         )
 
