@@ -3,7 +3,7 @@
 * Dictionaries get ``<mask>`` and ``<s2>``..``<s8>`` at load time, identically for training
   and inference, so AT, CMLM and HRT models on the same binarized data share a vocabulary.
 * ``train_step`` builds, per batch, one autoregressive and one non-autoregressive sample per
-  pair: the first ``round(n * p_k)`` pairs give {Skip-AT, Skip-CMLM}, the others {AT, CMLM},
+  pair: ``round(n * p_k)`` pairs, drawn at random, give {Skip-AT, Skip-CMLM}, the others {AT, CMLM},
   with ``p_k = (t / T) ** lambda`` from the trainer's update count (so resuming continues the
   curriculum). ``--hrt-mode at`` / ``cmlm`` train the baselines with the same task.
 * MixDistill: with ``--distill-data``, each pair's target is the raw reference with
@@ -230,8 +230,7 @@ class HRTTranslationTask(TranslationTask):
             if p_k is None:  # validation: all rows chunked and all rows plain
                 chunked_rows, plain_rows = rows, rows
             else:
-                n_chunked_ = chunking.num_chunked(n, p_k)
-                chunked_rows, plain_rows = rows[:n_chunked_], rows[n_chunked_:]
+                chunked_rows, plain_rows = chunking.choose_chunked_rows(n, p_k, generator, target.device)
             n_chunked = chunked_rows.numel()
             ks = torch.tensor(
                 [self.chunk_sizes[i % len(self.chunk_sizes)] for i in range(n_chunked)],
