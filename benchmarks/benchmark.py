@@ -8,7 +8,8 @@ Systems (each family only when its checkpoint is given):
   The same checkpoint is also converted to CTranslate2 and decoded with its C++ engine
   (``--ctranslate2``, on when the ``ctranslate2`` package is installed): the outside reference
   for AT speed.
-* ``--hrt`` HRT: chunk sizes k = 2, 3, 4 (``--hrt-chunk-sizes``) with b_at/b_nat = 1/1 and 5/1
+* ``--hrt`` HRT: chunk size k = 2 (``--hrt-chunk-sizes``, e.g. ``2,3,4`` for a model trained
+  for those) with b_at/b_nat = 1/1 and 5/1
   (``--hrt-beams``), and the same model in AT mode (C_d = 1) with beam b_at.
 * ``--mp``  Mask-Predict with I = 1, 4, 10 iterations (``--mp-iterations``), length beam l.
 
@@ -468,7 +469,7 @@ def parse_args(argv=None):
     g.add_argument("--at", help="AT checkpoint (fairseq transformer / at_* arch)")
     g.add_argument("--at-beams", default="1,5", help="AT beam sizes; beam 1 = AT greedy, the speed baseline")
     g.add_argument("--hrt", help="HRT checkpoint")
-    g.add_argument("--hrt-chunk-sizes", default="2,3,4", help="chunk sizes k (trained by the model)")
+    g.add_argument("--hrt-chunk-sizes", default="2", help="chunk sizes k (each trained by the model)")
     g.add_argument("--hrt-beams", default="1/1,5/1", help="b_at/b_nat pairs; AT mode is run with each b_at")
     g.add_argument(
         "--ctranslate2", choices=("auto", "yes", "no"), default="auto",

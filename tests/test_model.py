@@ -552,6 +552,6 @@ def test_small_shapes_match_across_families(data_dir):
     """at_small / hrt_small / cmlm_small (and the tiny ones) share one shape, so an AT
     checkpoint of a size initialises the HRT and Mask-Predict models of that size."""
     keys = [f"{side}_{opt}" for side in ("encoder", "decoder") for opt in ("embed_dim", "ffn_embed_dim", "attention_heads", "layers")]
-    for size in ("small", "tiny"):
+    for size in ("small", "mini", "tiny"):
         shapes = {fam: tuple(getattr(_args(data_dir, f"{fam}_{size}"), k) for k in keys) for fam in ("at", "hrt", "cmlm")}
         assert len(set(shapes.values())) == 1, shapes

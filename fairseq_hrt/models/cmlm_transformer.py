@@ -36,6 +36,7 @@ from fairseq_hrt.models.hrt_transformer import (
     check_dictionary_compatible,
     fill_missing_hrt_keys,
     hrt_base_architecture,
+    hrt_mini,
     hrt_small,
     hrt_tiny,
 )
@@ -141,6 +142,13 @@ def cmlm_small_d6(args):
     ``at_small`` trained with ``--decoder-layers 6``."""
     args.decoder_layers = getattr(args, "decoder_layers", 6)
     cmlm_small(args)
+
+
+@register_model_architecture("cmlm_transformer_hrt", "cmlm_mini")
+def cmlm_mini(args):
+    """The shape of ``hrt_mini`` / ``at_mini`` (d = 128, 3-1)."""
+    _cmlm_defaults(args)
+    hrt_mini(args)
 
 
 @register_model_architecture("cmlm_transformer_hrt", "cmlm_tiny")

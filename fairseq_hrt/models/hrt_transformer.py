@@ -432,6 +432,13 @@ def hrt_small(args):
     hrt_base_architecture(args)
 
 
+@register_model_architecture("hrt_transformer", "hrt_mini")
+def hrt_mini(args):
+    """The quickstart's shape (d = 128, FFN 256, 2 heads, 3-1), for convergence studies on CPU."""
+    set_shape_defaults(args, "mini")
+    hrt_base_architecture(args)
+
+
 @register_model_architecture("hrt_transformer", "hrt_tiny")
 def hrt_tiny(args):
     """Test-sized shape (d = 32, 2-1)."""
