@@ -28,6 +28,7 @@ Example (2 CPU cores, the quickstart's shape, about 1.5 hours)::
 """
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -119,8 +120,23 @@ class Study(Recipe):
                              **json.loads(out_json.read_text()), "valid_losses": valid_losses(m["log"])}
         return results
 
+    def run_only(self, names: List[str]):
+        """Run the named training steps only (``at``, ``hrt_c2_x1``, ...): separate processes
+        can train independent models at once, each with its own markers."""
+        steps = {"at": lambda: self.step_at(5)}
+        for scale in self.scales:
+            for cs in self.sets:
+                steps[f"hrt_{set_tag(cs)}_x{scale}"] = (lambda cs=cs, scale=scale: self.step_hrt(6, cs, scale))
+        unknown = [n for n in names if n not in steps]
+        if unknown:
+            raise StepError(f"--only {' '.join(unknown)}: not a training step of this study ({', '.join(steps)})")
+        for name in names:
+            steps[name]()
+
     def run(self):
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.args.only:
+            return self.run_only(self.args.only)
         log(f"study: profile {self.args.profile}, base budget {self.base} updates, scales {self.scales}, "
             f"chunk-size sets {self.sets}, output {self.out}, {self.threads} thread(s)")
         start = time.time()
@@ -261,6 +277,9 @@ def parse_args(argv=None):
     p.add_argument("--p-raw", type=float, default=0.5, help="MixDistill (profiles with a teacher)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--fp16", action="store_true", help="GPU only: fairseq's --fp16 everywhere")
+    p.add_argument("--only", nargs="+", metavar="STEP",
+                   help="run only these training steps (at, hrt_c2_x1, ...; needs prepare done), e.g. to train "
+                        "independent models in parallel processes; a run without --only finishes the study")
     args = p.parse_args(argv)
     if not args.out:
         args.out = str(REPO / "work" / f"study-{args.profile}")
@@ -270,6 +289,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    # SIGTERM like Ctrl-C, so that the running step's child process is stopped as well
+    signal.signal(signal.SIGTERM, recipe._interrupt)
     try:
         Study(args).run()
     except StepError as e:
