@@ -422,6 +422,9 @@ def run(args) -> dict:
         front = pareto_front([(s.speed[b]["words_per_second"], s.bleu) for s in systems])
         pareto[b] = [systems[i].name for i in front]
 
+    def rel(path):  # the report is read on other machines: paths relative to its folder
+        return os.path.relpath(os.path.abspath(path), os.path.abspath(args.out_dir))
+
     device = torch.cuda.get_device_name() if use_cuda else f"CPU ({cpu_name()})"
     report = {
         "meta": {
@@ -438,9 +441,9 @@ def run(args) -> dict:
             "max_len_b": args.max_len_b,
             "lenpen": args.lenpen,
             "test": {
-                "src": args.src,
-                "raw_src": args.raw_src,
-                "raw_ref": args.raw_ref,
+                "src": rel(args.src),
+                "raw_src": rel(args.raw_src),
+                "raw_ref": rel(args.raw_ref),
                 "sentences": len(src),
                 "words": source_words(raw_src),
                 "bs1_sentences": n_bs1,
@@ -449,7 +452,7 @@ def run(args) -> dict:
         },
         "bleu_signature": signature,
         "comet": comet,
-        "systems": [asdict(s) for s in systems],
+        "systems": [dict(asdict(s), checkpoint=rel(s.checkpoint)) for s in systems],
         "skipped": skipped,
         "pareto": pareto,
     }

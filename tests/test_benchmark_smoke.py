@@ -184,7 +184,11 @@ def test_quick_recipe_report_structure(quick_run):
     assert report["comet"]["available"] is False and report["comet"]["reason"]
     assert set(report["pareto"]) == set(BATCH_SIZES) and all(report["pareto"][b] for b in BATCH_SIZES)
 
+    # paths relative to the report's folder, never this machine's absolute ones
+    assert str(out) not in (bench / "report.json").read_text()
+    assert all(s["checkpoint"].startswith("../") for s in report["systems"])
     md = (bench / "report.md").read_text()
+    assert str(out) not in md
     assert "COMET: not available (" in md and report["bleu_signature"] in md
     for name in EXPECTED_SYSTEMS:
         assert f"| {name} |" in md
@@ -264,5 +268,9 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(qu
     assert [s["name"] for s in report["systems"]] == ["AT greedy", "AT beam 5"]
     assert all(isinstance(s["comet"], float) for s in report["systems"])
     assert [s["family"] for s in report["skipped"]] == ["HRT", "MP"]
+    # paths relative to the report's folder, never this machine's absolute ones
+    assert str(out) not in (bench / "report.json").read_text()
+    assert all(s["checkpoint"].startswith("../") for s in report["systems"])
     md = (bench / "report.md").read_text()
+    assert str(out) not in md
     assert "not available" not in md and "| HRT: skipped |" in md and "| MP: skipped |" in md
