@@ -116,8 +116,9 @@ class Study(Recipe):
                 cmd += ["--chunk-size", "2"]
             self.run_step(i, f"quality_{name}", cmd, [out_json])
             # report paths relative to the output folder: the report is read on other machines
-            results[name] = {**{k: (str(v.relative_to(self.out)) if isinstance(v, Path) else v) for k, v in m.items()},
-                             **json.loads(out_json.read_text()), "valid_losses": valid_losses(m["log"])}
+            results[name] = {**json.loads(out_json.read_text()),
+                             **{k: (str(v.relative_to(self.out)) if isinstance(v, Path) else v) for k, v in m.items()},
+                             "valid_losses": valid_losses(m["log"])}
         return results
 
     def run_only(self, names: List[str]):
