@@ -8,7 +8,8 @@ Systems (each family only when its checkpoint is given):
   The same checkpoint is also converted to CTranslate2 and decoded with its C++ engine
   (``--ctranslate2``, on when the ``ctranslate2`` package is installed): the outside reference
   for AT speed.
-* ``--hrt`` HRT: chunk sizes k = 2, 3, 4 (``--hrt-chunk-sizes``) with b_at/b_nat = 1/1 and 5/1
+* ``--hrt`` HRT: chunk size k = 2 (``--hrt-chunk-sizes``, e.g. ``2,3,4`` for a model trained
+  for those) with b_at/b_nat = 1/1 and 5/1
   (``--hrt-beams``), and the same model in AT mode (C_d = 1) with beam b_at.
 * ``--mp``  Mask-Predict with I = 1, 4, 10 iterations (``--mp-iterations``), length beam l.
 
@@ -421,6 +422,9 @@ def run(args) -> dict:
         front = pareto_front([(s.speed[b]["words_per_second"], s.bleu) for s in systems])
         pareto[b] = [systems[i].name for i in front]
 
+    def rel(path):  # the report is read on other machines: paths relative to its folder
+        return os.path.relpath(os.path.abspath(path), os.path.abspath(args.out_dir))
+
     device = torch.cuda.get_device_name() if use_cuda else f"CPU ({cpu_name()})"
     report = {
         "meta": {
@@ -437,9 +441,9 @@ def run(args) -> dict:
             "max_len_b": args.max_len_b,
             "lenpen": args.lenpen,
             "test": {
-                "src": args.src,
-                "raw_src": args.raw_src,
-                "raw_ref": args.raw_ref,
+                "src": rel(args.src),
+                "raw_src": rel(args.raw_src),
+                "raw_ref": rel(args.raw_ref),
                 "sentences": len(src),
                 "words": source_words(raw_src),
                 "bs1_sentences": n_bs1,
@@ -448,7 +452,7 @@ def run(args) -> dict:
         },
         "bleu_signature": signature,
         "comet": comet,
-        "systems": [asdict(s) for s in systems],
+        "systems": [dict(asdict(s), checkpoint=rel(s.checkpoint)) for s in systems],
         "skipped": skipped,
         "pareto": pareto,
     }
@@ -468,7 +472,7 @@ def parse_args(argv=None):
     g.add_argument("--at", help="AT checkpoint (fairseq transformer / at_* arch)")
     g.add_argument("--at-beams", default="1,5", help="AT beam sizes; beam 1 = AT greedy, the speed baseline")
     g.add_argument("--hrt", help="HRT checkpoint")
-    g.add_argument("--hrt-chunk-sizes", default="2,3,4", help="chunk sizes k (trained by the model)")
+    g.add_argument("--hrt-chunk-sizes", default="2", help="chunk sizes k (each trained by the model)")
     g.add_argument("--hrt-beams", default="1/1,5/1", help="b_at/b_nat pairs; AT mode is run with each b_at")
     g.add_argument(
         "--ctranslate2", choices=("auto", "yes", "no"), default="auto",

@@ -44,8 +44,26 @@ def curriculum_p_k(num_updates: int, total_updates: int, curriculum_lambda: floa
 
 
 def num_chunked(batch_size: int, p_k: float) -> int:
-    """The first ``round(n * p_k)`` pairs of a batch give chunked samples (Algorithm 1)."""
+    """``round(n * p_k)`` pairs of a batch give chunked samples (Algorithm 1)."""
     return int(round(batch_size * p_k))
+
+
+def choose_chunked_rows(batch_size: int, p_k: float, generator=None, device=None):
+    """Which ``round(n * p_k)`` rows of a batch are chunked: a uniformly random subset.
+
+    Algorithm 1 takes "the first" pairs of a batch, but fairseq's batches are sorted by
+    length, so the first rows are always the longest sentences: short sentences would never
+    be chunked until ``p_k`` is large. A random subset gives every length the same share.
+    Reproducible: the draw comes from ``generator`` (the global RNG by default, which
+    fairseq's trainer reseeds from ``--seed`` and the update count before every update, so a
+    resumed run draws the same rows). Returns ``(chunked_rows, plain_rows)``, each sorted.
+    """
+    n_chunked = num_chunked(batch_size, p_k)
+    if n_chunked in (0, batch_size):  # nothing to choose: draw nothing from the RNG
+        rows = torch.arange(batch_size, device=device)
+        return (rows, rows[:0]) if n_chunked else (rows[:0], rows)
+    order = torch.randperm(batch_size, generator=generator).to(device)
+    return order[:n_chunked].sort().values, order[n_chunked:].sort().values
 
 
 def target_lengths(target: Tensor, pad: int) -> Tensor:

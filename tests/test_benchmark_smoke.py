@@ -22,12 +22,18 @@ BATCH_SIZES = ["1", "8", "32", "128"]
 HAVE_CT2 = importlib.util.find_spec("ctranslate2") is not None
 AT_SYSTEMS = ["AT greedy", "AT beam 5"]
 CT2_SYSTEMS = ["CTranslate2 AT greedy", "CTranslate2 AT beam 5"]
-HRT_MP_SYSTEMS = [
-    "HRT AT-mode b=1", "HRT AT-mode b=5",
-    *[f"HRT k={k} b_at={b} b_nat=1" for k in (2, 3, 4) for b in (1, 5)],
-    "MP I=1 l=5", "MP I=4 l=5", "MP I=10 l=5",
-]
-EXPECTED_SYSTEMS = AT_SYSTEMS + (CT2_SYSTEMS if HAVE_CT2 else []) + HRT_MP_SYSTEMS
+
+
+def hrt_mp_systems(chunk_sizes):
+    return [
+        "HRT AT-mode b=1", "HRT AT-mode b=5",
+        *[f"HRT k={k} b_at={b} b_nat=1" for k in chunk_sizes for b in (1, 5)],
+        "MP I=1 l=5", "MP I=4 l=5", "MP I=10 l=5",
+    ]
+
+
+# the recipe trains HRT for k = 2 only (one model per k, as the papers) and benchmarks it
+EXPECTED_SYSTEMS = AT_SYSTEMS + (CT2_SYSTEMS if HAVE_CT2 else []) + hrt_mp_systems([2])
 
 
 def _load_module(name, path):
@@ -86,11 +92,25 @@ def test_systems_and_skipped_families():
     args.hrt = "hrt.pt"
     args.ctranslate2 = "auto"
     systems = benchmark.systems_from_args(args)[0]
-    assert [s.name for s in systems] == AT_SYSTEMS + CT2_SYSTEMS + HRT_MP_SYSTEMS
+    assert [s.name for s in systems] == AT_SYSTEMS + CT2_SYSTEMS + hrt_mp_systems([2, 3, 4])
     # the CTranslate2 rows decode the AT checkpoint
     assert {s.checkpoint for s in systems if s.family == "CT2"} == {"at.pt"}
     with pytest.raises(ValueError):
         benchmark.parse_beam_pairs("1/5")  # b_nat > b_at
+
+
+def test_recipe_trains_one_chunk_size_by_default_and_several_on_request(tmp_path):
+    """k = 2 alone by default (the benchmark decodes what was trained); a list stays
+    available; profiles without a teacher train the students on raw data."""
+    args = recipe.parse_args(["--out", str(tmp_path)])
+    assert args.hrt_chunk_sizes == "2"
+    r = recipe.Recipe(args)
+    assert r.hrt_args("2", tmp_path / "at.pt")[:4] == ["--chunk-sizes", "2", "--finetune-from-model", str(tmp_path / "at.pt")]
+    assert "--distill-data" in r.hrt_args("2", tmp_path / "at.pt")
+    many = recipe.Recipe(recipe.parse_args(["--out", str(tmp_path), "--hrt-chunk-sizes", "2,3,4", "--profile", "mini"]))
+    assert many.hrt_args(many.args.hrt_chunk_sizes, tmp_path / "at.pt") == [
+        "--chunk-sizes", "2,3,4", "--finetune-from-model", str(tmp_path / "at.pt")]
+    assert not many.profile.distill
 
 
 def test_recipe_markers_compare_commands_but_parallelism():
@@ -164,7 +184,11 @@ def test_quick_recipe_report_structure(quick_run):
     assert report["comet"]["available"] is False and report["comet"]["reason"]
     assert set(report["pareto"]) == set(BATCH_SIZES) and all(report["pareto"][b] for b in BATCH_SIZES)
 
+    # paths relative to the report's folder, never this machine's absolute ones
+    assert str(out) not in (bench / "report.json").read_text()
+    assert all(s["checkpoint"].startswith("../") for s in report["systems"])
     md = (bench / "report.md").read_text()
+    assert str(out) not in md
     assert "COMET: not available (" in md and report["bleu_signature"] in md
     for name in EXPECTED_SYSTEMS:
         assert f"| {name} |" in md
@@ -187,6 +211,11 @@ def test_quick_recipe_report_structure(quick_run):
     # every step ran once and left its marker; the distilled corpus is line-aligned
     for step in ("prepare", "teacher", "distill", "distill_bin", "at", "hrt", "mp", "benchmark"):
         assert (out / "markers" / f"{step}.done").is_file(), step
+    # HRT trains one chunk size, k = 2, fine-tuned from the AT student
+    hrt_cmd = (out / "markers" / "hrt.done").read_text().split()
+    assert hrt_cmd[hrt_cmd.index("--chunk-sizes") + 1] == "2"
+    assert hrt_cmd[hrt_cmd.index("--finetune-from-model") + 1] == str(out / "at" / "checkpoint_last.pt")
+    assert "--curriculum-updates" not in hrt_cmd  # p_k = 1 at the last update
     n_train = len((out / "data" / "spm" / "train.en").read_text().splitlines())
     assert len((out / "distill" / "train.de").read_text().splitlines()) == n_train == 2000
 
@@ -239,5 +268,9 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(qu
     assert [s["name"] for s in report["systems"]] == ["AT greedy", "AT beam 5"]
     assert all(isinstance(s["comet"], float) for s in report["systems"])
     assert [s["family"] for s in report["skipped"]] == ["HRT", "MP"]
+    # paths relative to the report's folder, never this machine's absolute ones
+    assert str(out) not in (bench / "report.json").read_text()
+    assert all(s["checkpoint"].startswith("../") for s in report["systems"])
     md = (bench / "report.md").read_text()
+    assert str(out) not in md
     assert "not available" not in md and "| HRT: skipped |" in md and "| MP: skipped |" in md

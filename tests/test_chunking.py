@@ -17,6 +17,7 @@ from fairseq_hrt.chunking import (
     curriculum_p_k,
     merge_rows,
     mix_targets,
+    choose_chunked_rows,
     num_chunked,
     pad_to_chunk_multiple,
     skip_at_sample,
@@ -452,6 +453,40 @@ def test_curriculum_needs_total_updates(total):
 def test_curriculum_bad_lambda(lam):
     with pytest.raises(ValueError, match="curriculum-lambda"):
         curriculum_p_k(1, 10, lam)
+
+
+def test_chunked_rows_are_a_random_subset_not_the_longest_rows():
+    """round(n * p_k) rows, disjoint from the plain rows; drawn at random, so in a
+    length-sorted batch short sentences are chunked as often as long ones (Algorithm 1's
+    "first rows" of a sorted batch would always be the longest)."""
+    n, p_k = 10, 0.3
+    counts = torch.zeros(n)
+    first_rows_every_time = True
+    for seed in range(200):
+        chunked, plain = choose_chunked_rows(n, p_k, torch.Generator().manual_seed(seed))
+        assert chunked.numel() == num_chunked(n, p_k) == 3
+        assert sorted(chunked.tolist() + plain.tolist()) == list(range(n))
+        assert chunked.tolist() == sorted(chunked.tolist()) and plain.tolist() == sorted(plain.tolist())
+        counts[chunked] += 1
+        first_rows_every_time &= chunked.tolist() == [0, 1, 2]
+    assert not first_rows_every_time
+    assert counts.min() > 200 * 0.3 * 0.5  # every row chunked about 30% of the time
+
+
+def test_chunked_rows_are_reproducible_from_the_seed():
+    """The same seed (fairseq reseeds the global RNG from --seed and the update count
+    before every update, so a resumed run too) draws the same rows; p_k = 0 or 1 draw
+    nothing from the RNG."""
+    torch.manual_seed(5)
+    a = choose_chunked_rows(16, 0.5)
+    torch.manual_seed(5)
+    b = choose_chunked_rows(16, 0.5)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    assert choose_chunked_rows(16, 0.0)[0].numel() == 0
+    assert choose_chunked_rows(16, 1.0)[1].numel() == 0
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_num_chunked_rounding():

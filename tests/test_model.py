@@ -451,13 +451,43 @@ def test_load_at_state_dict(data_dir, caplog):
     assert set(after) - set(at_state) == rel | {"trained_chunk_sizes"}
     for key, value in at_state.items():
         assert torch.equal(after[key], value), key
-    for key in rel:  # the only new weights keep their fresh initialisation
-        assert torch.equal(after[key], hrt_before[key])
-    # and the models differ: the relative keys act on the decoder (w = 16, default)
+    for key in rel:  # the only new weights start at zero (fresh ones are random)
+        assert not torch.equal(hrt_before[key], torch.zeros_like(hrt_before[key]))
+        assert torch.equal(after[key], torch.zeros_like(after[key]))
     _, _, enc_h = encode(task, hrt, [[1, 2, 3]])
     _, _, enc_a = encode(task, at, [[1, 2, 3]])
     for a, b in zip(enc_h["encoder_out"], enc_a["encoder_out"]):
         assert torch.allclose(a, b, atol=1e-6)  # identical encoders
+
+
+def test_hrt_loaded_from_at_starts_as_the_at_model(data_dir):
+    """Fine-tuning from AT starts from the AT model: with the default relative-position
+    window (w = 16), the HRT model loaded from an AT checkpoint gives the AT model's
+    decoder outputs (teacher-forced, ragged batch) and its greedy translations."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    _, hrt = build(data_dir, "hrt_tiny", "--decoder-layers", "2", seed=11)
+    task, at = build(data_dir, "at_tiny", "--decoder-layers", "2", seed=12)
+    hrt.load_state_dict(_copy_state(at), strict=True)
+    src, lengths, _ = encode(task, at, [[1, 2, 3, 4, 7, 8], [5, 6], [9, 3, 1]])
+    d = task.target_dictionary
+    rows = [words(task, 1, 2, 3, 4, 5), words(task, 4, 5), words(task, 6, 7, 8)]
+    width = 1 + max(len(r) for r in rows)
+    prev = torch.full((len(rows), width), d.pad(), dtype=torch.long)
+    for i, r in enumerate(rows):
+        prev[i, : 1 + len(r)] = torch.tensor([d.eos()] + r)
+    ours, _ = hrt(src, lengths, prev)
+    theirs, _ = at(src, lengths, prev)
+    real = prev.ne(d.pad())
+    assert torch.allclose(ours[real], theirs[real], atol=1e-5)
+
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+    hyps = [
+        SequenceGenerator([m], d, beam_size=1, max_len_b=12).generate([m], sample)
+        for m in (hrt, at)
+    ]
+    for h, a in zip(*hyps):
+        assert torch.equal(h[0]["tokens"], a[0]["tokens"])
 
 
 def test_hrt_without_rpr_loaded_from_at_equals_at(data_dir):
@@ -522,6 +552,6 @@ def test_small_shapes_match_across_families(data_dir):
     """at_small / hrt_small / cmlm_small (and the tiny ones) share one shape, so an AT
     checkpoint of a size initialises the HRT and Mask-Predict models of that size."""
     keys = [f"{side}_{opt}" for side in ("encoder", "decoder") for opt in ("embed_dim", "ffn_embed_dim", "attention_heads", "layers")]
-    for size in ("small", "tiny"):
+    for size in ("small", "mini", "tiny"):
         shapes = {fam: tuple(getattr(_args(data_dir, f"{fam}_{size}"), k) for k in keys) for fam in ("at", "hrt", "cmlm")}
         assert len(set(shapes.values())) == 1, shapes

@@ -219,6 +219,31 @@ def _strip(row, pad):
     return [t for t in row.tolist() if t != pad]
 
 
+def test_task_chunks_random_rows_of_a_length_sorted_batch(data):
+    """The task draws the chunked pairs at random: in a batch sorted by length the chunked
+    rows are not always the first (longest) ones, and the Skip-AT rows hold exactly the
+    chosen pairs' targets."""
+    task = _setup_task(data.bin_dir)
+    ds = task.dataset("train")
+    pad = task.target_dictionary.pad()
+    order = sorted(range(32), key=lambda i: -ds.tgt_sizes[i])
+    batch = ds.collater([ds[i] for i in order])
+    chosen = set()
+    for seed in range(10):
+        torch.manual_seed(seed)
+        sample = task.build_decoder_samples(dict(batch), p_k=0.25)
+        n_chunked = sample["hrt"]["n_chunked"]
+        assert n_chunked == 8
+        rows = sample["hrt"]["ar_rows"][:n_chunked].tolist()
+        chosen.add(tuple(rows))
+        # Skip-AT targets are every 2nd token of the chosen rows' targets
+        for skip_target, i in zip(sample["hrt"]["ar"].target[:n_chunked], rows):
+            tgt = _strip(batch["target"][i], pad)
+            padded = tgt + [tgt[-1]] * (len(tgt) % 2)  # extra </s> up to a multiple of k
+            assert _strip(skip_target, pad) == padded[1::2]
+    assert len(chosen) > 1
+
+
 def test_mixdistill_targets_python_level(data, aux):
     """build_decoder_samples on a collated training batch: p_raw = 1 gives exactly the raw
     targets, p_raw = 0 exactly the distilled ones (aligned by sentence id), 0.5 a mix."""
@@ -243,8 +268,9 @@ def test_mixdistill_targets_python_level(data, aux):
         # the decoder samples are built from the chosen targets
         n_chunked = sample["hrt"]["n_chunked"]
         at_target = sample["hrt"]["ar"].target[n_chunked:]
-        for row, tgt in zip(at_target, got[n_chunked:]):
-            assert _strip(row, pad) == tgt
+        plain_rows = sample["hrt"]["ar_rows"][n_chunked:].tolist()
+        for row, i in zip(at_target, plain_rows):
+            assert _strip(row, pad) == got[i]
 
     got, raw_rows, dist_rows = batches[1.0]
     assert got == raw_rows

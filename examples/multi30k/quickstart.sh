@@ -21,12 +21,13 @@ Environment variables (defaults in brackets):
   VOCAB_SIZE [4000]      SUBSET [all]          PREPARE_ARGS []    DATA_DIR [work/multi30k-sp$VOCAB_SIZE]
   ARCH [hrt_transformer] TASK [hrt_translation] MODEL_ARGS [tiny dims for the default archs]
   CRITERION [hrt_loss]   LABEL_SMOOTHING [0.1]
-  TASK_TRAIN_ARGS [--chunk-sizes 2 --curriculum-updates 3/4 of MAX_UPDATE, for hrt_translation]
+  TASK_TRAIN_ARGS [--chunk-sizes 2, for hrt_translation]
   TASK_GEN_ARGS [--decode-chunk-size 2 --b-nat 1, for hrt_translation]
   LR [4e-3]  WARMUP [150]  MAX_TOKENS [4096]  MAX_UPDATE [600]  MAX_TIME [0.2 hours]  SEED [1]
   EXTRA_TRAIN_ARGS []    EXTRA_GEN_ARGS []     BEAM [5]            CHECKPOINT [checkpoint_best.pt]
   USER_DIR [fairseq_hrt] DEVICE_ARGS [--cpu when no GPU]  THREADS [idle cores at start, >= 1]
   RUN_DIR [$DATA_DIR/runs/$TASK-$ARCH]         FRESH [0; 1 deletes RUN_DIR and retrains]
+  DRY_RUN [0; 1 prints the training and generation commands and exits]
 EOF
     exit 0
 fi
@@ -77,10 +78,10 @@ BEAM="${BEAM:-5}"
 CHECKPOINT="${CHECKPOINT:-checkpoint_best.pt}"
 if [[ -z "${TASK_TRAIN_ARGS+set}" ]]; then
     if [[ "$TASK" == hrt_translation ]]; then
-        # HRT's curriculum (p_k = t / T) reaches 1 at 3/4 of the run, so the last quarter
-        # trains chunked samples only: the model learns Skip-AT/Skip-CMLM well enough for
-        # k = 2 decoding even when the wall-clock cap stops training before MAX_UPDATE.
-        TASK_TRAIN_ARGS="--chunk-sizes 2 --curriculum-updates $(( MAX_UPDATE * 3 / 4 ))"
+        # One chunk size (the papers train one model per k) and the papers' curriculum:
+        # p_k = t / T reaches 1 at the last update (T = --max-update), so AT samples are
+        # trained until the end and the model's AT mode stays usable.
+        TASK_TRAIN_ARGS="--chunk-sizes 2"
     else
         TASK_TRAIN_ARGS=""
     fi
@@ -145,20 +146,8 @@ split_args EXTRA_GEN_ARGV "$EXTRA_GEN_ARGS"
 split_args DEVICE_ARGV "$DEVICE_ARGS"
 split_args PREPARE_ARGV "$PREPARE_ARGS"
 
-T_START=$(now)
-log "using $THREADS CPU thread(s) for PyTorch ($THREADS_WHY)"
-
-# ---------------------------------------------------------------------------------------
-# 1. Data
-log "1/3 prepare: $DATA_DIR"
-T0=$(now)
-"$SCRIPT_DIR/prepare.sh" --out "$DATA_DIR" --vocab-size "$VOCAB_SIZE" ${SUBSET:+--subset "$SUBSET"} "${PREPARE_ARGV[@]}"
-T_PREPARE=$(( $(now) - T0 ))
 DATA_BIN="$DATA_DIR/data-bin"
 REF="$DATA_DIR/raw/test.de"
-
-# ---------------------------------------------------------------------------------------
-# 2. Train
 SAVE_DIR="$RUN_DIR/checkpoints"
 TRAIN_CMD=(
     fairseq-train "$DATA_BIN"
@@ -176,6 +165,39 @@ TRAIN_CMD=(
     "${EXTRA_TRAIN_ARGV[@]}"
 )
 TRAIN_CMD_STR="$(printf '%q ' "${TRAIN_CMD[@]}")"
+GEN_DIR="$RUN_DIR/gen-test"
+GEN_OUT="$GEN_DIR/generate-test.txt"
+HYP="$GEN_DIR/hyp.detok.de"
+GEN_CMD=(
+    fairseq-generate "$DATA_BIN"
+    --user-dir "$USER_DIR"
+    --task "$TASK" --source-lang en --target-lang de
+    --gen-subset test --path "$SAVE_DIR/$CHECKPOINT"
+    "${TASK_GEN_ARGV[@]}"
+    --beam "$BEAM" --batch-size 128
+    --scoring sacrebleu --post-process sentencepiece
+    --results-path "$GEN_DIR"
+    "${DEVICE_ARGV[@]}"
+    "${EXTRA_GEN_ARGV[@]}"
+)
+GEN_CMD_STR="$(printf '%q ' "${GEN_CMD[@]}")"
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+    printf 'train: %s\ngenerate: %s\n' "$TRAIN_CMD_STR" "$GEN_CMD_STR"
+    exit 0
+fi
+
+T_START=$(now)
+log "using $THREADS CPU thread(s) for PyTorch ($THREADS_WHY)"
+
+# ---------------------------------------------------------------------------------------
+# 1. Data
+log "1/3 prepare: $DATA_DIR"
+T0=$(now)
+"$SCRIPT_DIR/prepare.sh" --out "$DATA_DIR" --vocab-size "$VOCAB_SIZE" ${SUBSET:+--subset "$SUBSET"} "${PREPARE_ARGV[@]}"
+T_PREPARE=$(( $(now) - T0 ))
+
+# ---------------------------------------------------------------------------------------
+# 2. Train
 
 if [[ "$FRESH" == 1 && -d "$RUN_DIR" ]]; then
     log "FRESH=1: deleting $RUN_DIR"
@@ -207,22 +229,6 @@ T_TRAIN=$(( $(now) - T0 ))
 
 # ---------------------------------------------------------------------------------------
 # 3. Generate the test set and score it
-GEN_DIR="$RUN_DIR/gen-test"
-GEN_OUT="$GEN_DIR/generate-test.txt"
-HYP="$GEN_DIR/hyp.detok.de"
-GEN_CMD=(
-    fairseq-generate "$DATA_BIN"
-    --user-dir "$USER_DIR"
-    --task "$TASK" --source-lang en --target-lang de
-    --gen-subset test --path "$SAVE_DIR/$CHECKPOINT"
-    "${TASK_GEN_ARGV[@]}"
-    --beam "$BEAM" --batch-size 128
-    --scoring sacrebleu --post-process sentencepiece
-    --results-path "$GEN_DIR"
-    "${DEVICE_ARGV[@]}"
-    "${EXTRA_GEN_ARGV[@]}"
-)
-GEN_CMD_STR="$(printf '%q ' "${GEN_CMD[@]}")"
 
 T0=$(now)
 if [[ -s "$HYP" && "$HYP" -nt "$SAVE_DIR/$CHECKPOINT" && -f "$GEN_DIR/generate.cmd" \

@@ -10,7 +10,7 @@ training resumes from its ``checkpoint_last.pt``; every step logs to ``OUT/logs/
                     (``python -m fairseq_hrt.distill``; n-best selection by sentence-BLEU)
 4. ``distill_bin``  binarize the distilled targets with the raw data's dictionary
 5. ``at``           AT student: deep encoder, 1 decoder layer, MixDistill
-6. ``hrt``          HRT fine-tuned from the AT student, MixDistill, chunk sizes 2,3,4
+6. ``hrt``          HRT fine-tuned from the AT student, MixDistill, chunk size 2 (``--hrt-chunk-sizes``)
 7. ``mp``           Mask-Predict (CMLM) fine-tuned from the AT student, MixDistill
 8. ``benchmark``    benchmarks/benchmark.py: BLEU, COMET (if a local model is given),
                     words/s at batch 1, 8, 32, 128, ratios to AT greedy, Pareto plot
@@ -54,9 +54,9 @@ class Profile:
     vocab_size: int
     subset: Optional[int]  # training pairs kept by prepare.sh (None = all 29k)
     max_tokens: int
-    teacher_arch: str
+    teacher_arch: Optional[str]  # None: no teacher, no distillation (students train on raw data)
     teacher_args: List[str]  # makes the teacher bigger than the students
-    teacher: Budget
+    teacher: Optional[Budget]
     at_arch: str
     hrt_arch: str
     mp_arch: str
@@ -68,6 +68,10 @@ class Profile:
     bench_sentences: int  # test sentences benchmarked (0 = all 1000)
     bench_bs1_sentences: int
     bench_batch_sizes: str = "1,8,32,128"
+
+    @property
+    def distill(self) -> bool:
+        return self.teacher_arch is not None
 
 
 PROFILES: Dict[str, Profile] = {
@@ -117,9 +121,55 @@ PROFILES: Dict[str, Profile] = {
         bench_sentences=0,
         bench_bs1_sentences=100,
     ),
+    # GPU-sized (--fp16, one H100-class device): the `full` shapes with 4x larger batches and
+    # budgets meant to converge on Multi30k (~25 updates per epoch at 16k tokens: teacher ~120
+    # epochs, students ~100). Estimated from the `full --fp16` run on an H100 (AT 800 updates
+    # in 105 s at 4k tokens; small models are latency-bound there, so 4x tokens cost far less
+    # than 4x time): teacher ~6 min, distill ~2, AT ~5, HRT ~6, MP ~5, benchmark ~5: about
+    # 30 minutes, resumable across commands (markers, checkpoint_last.pt).
+    "gpu": Profile(
+        vocab_size=8000,
+        subset=None,
+        max_tokens=16384,
+        teacher_arch="at_small",
+        teacher_args=["--decoder-layers", "3"],
+        teacher=Budget(max_update=3000, stop_time_hours=0.25, lr=2e-3, warmup=500),
+        at_arch="at_small",
+        hrt_arch="hrt_small",
+        mp_arch="cmlm_small",
+        student=Budget(max_update=2500, stop_time_hours=0.2, lr=2e-3, warmup=500),
+        distill_beam=5,
+        distill_nbest=5,
+        validate=True,
+        log_interval=50,
+        bench_sentences=0,
+        bench_bs1_sentences=100,
+    ),
+    # The quickstart's shape (at_mini / hrt_mini: d = 128, 3-1, vocabulary 4000) on raw
+    # data, no teacher: the base budget of the convergence study on 2 CPU cores
+    # (examples/multi30k/study.py), about 0.35 s per AT and 0.55 s per HRT update.
+    "mini": Profile(
+        vocab_size=4000,
+        subset=None,
+        max_tokens=4096,
+        teacher_arch=None,
+        teacher_args=[],
+        teacher=None,
+        at_arch="at_mini",
+        hrt_arch="hrt_mini",
+        mp_arch="cmlm_mini",
+        student=Budget(max_update=300, stop_time_hours=0.5, lr=4e-3, warmup=150),
+        distill_beam=0,
+        distill_nbest=0,
+        validate=True,
+        log_interval=20,
+        bench_sentences=0,
+        bench_bs1_sentences=100,
+    ),
 }
 
 STEPS = ["prepare", "teacher", "distill", "distill_bin", "at", "hrt", "mp", "benchmark"]
+DISTILL_STEPS = ("teacher", "distill", "distill_bin")
 
 
 def log(msg: str):
@@ -292,7 +342,14 @@ class Recipe:
         self.run_step(i, "distill_bin", cmd, [dest / "train.en-de.de.bin", dest / "train.en-de.de.idx"])
 
     def _student_args(self) -> List[str]:
+        if not self.profile.distill:
+            return []
         return ["--distill-data", str(self.out / "distill-bin"), "--p-raw", str(self.args.p_raw)]
+
+    def hrt_args(self, chunk_sizes: str, at_checkpoint: Path) -> List[str]:
+        """HRT fine-tuned from an AT student with the papers' curriculum (p_k = 1 at the last
+        update). Several chunk sizes share the chunked pairs of a batch (see --hrt-chunk-sizes)."""
+        return ["--chunk-sizes", chunk_sizes, "--finetune-from-model", str(at_checkpoint), *self._student_args()]
 
     def step_at(self, i):
         p = self.profile
@@ -301,10 +358,7 @@ class Recipe:
 
     def step_hrt(self, i):
         p = self.profile
-        cmd = self.train_cmd(
-            "hrt", p.hrt_arch, p.student,
-            ["--chunk-sizes", "2,3,4", "--finetune-from-model", str(self.checkpoint("at")), *self._student_args()],
-        )
+        cmd = self.train_cmd("hrt", p.hrt_arch, p.student, self.hrt_args(self.args.hrt_chunk_sizes, self.checkpoint("at")))
         self.run_step(i, "hrt", cmd, [self.checkpoint("hrt")], train_max_update=p.student.max_update)
 
     def step_mp(self, i):
@@ -330,6 +384,7 @@ class Recipe:
             "--src", str(self.data / "spm" / "test.en"),
             "--raw-src", str(self.data / "raw" / "test.en"), "--raw-ref", str(self.data / "raw" / "test.de"),
             "--at", str(self.checkpoint("at")), "--hrt", str(self.checkpoint("hrt")),
+            "--hrt-chunk-sizes", self.args.hrt_chunk_sizes,
             "--batch-sizes", p.bench_batch_sizes, "--bs1-sentences", str(p.bench_bs1_sentences),
             "--max-sentences", str(p.bench_sentences), "--threads", str(self.threads),
             "--out-dir", str(bench), "--log-file", str(self.logs / "benchmark.log"),
@@ -347,6 +402,8 @@ class Recipe:
         self.out.mkdir(parents=True, exist_ok=True)
         settings = self.out / "recipe.json"
         mine = {"profile": self.args.profile, "seed": self.args.seed, "p_raw": self.args.p_raw}
+        if self.args.hrt_chunk_sizes != "2,3,4":  # runs made before single-k training still match
+            mine["hrt_chunk_sizes"] = self.args.hrt_chunk_sizes
         if self.args.fp16:  # only when set, so that runs made before the option still match
             mine["fp16"] = True
         if settings.exists() and json.loads(settings.read_text()) != mine:
@@ -361,6 +418,9 @@ class Recipe:
         for i, name in enumerate(STEPS, 1):
             if self.args.until and STEPS.index(name) > STEPS.index(self.args.until):
                 break
+            if name in DISTILL_STEPS and not self.profile.distill:
+                log(f"step {i}/{len(STEPS)} {name}: not in profile {self.args.profile} (students train on raw data)")
+                continue
             getattr(self, f"step_{name}")(i)
         log(f"all steps done in {time.time() - start:.0f}s")
         report = self.out / "benchmark" / "report.md"
@@ -483,12 +543,21 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--profile", choices=sorted(PROFILES), default="quick",
-        help="quick: tiny models on 2000 pairs, minutes (a smoke run); full: CPU-sized models, about 2 h on 2 cores",
+        help="quick: tiny models on 2000 pairs, minutes (a smoke run); full: CPU-sized models, about 2 h on 2 cores; "
+             "gpu: the full shapes with converging budgets, --fp16 on one GPU, about 30 min; mini: the quickstart's "
+             "shape on raw data (no teacher), the base budget of examples/multi30k/study.py",
     )
     p.add_argument("--out", help="output directory (default: work/recipe-<profile> under the repository root)")
     p.add_argument("--raw-dir", help="raw Multi30k directory (default: prepare.sh's search order)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for every step (default: idle cores at start)")
     p.add_argument("--p-raw", type=float, default=0.5, help="MixDistill: probability of the raw target (students)")
+    p.add_argument(
+        "--hrt-chunk-sizes", default="2",
+        help="chunk sizes k the HRT student trains (and the benchmark decodes). Default 2, as the papers "
+             "(one model per k). A list such as 2,3,4 trains one model for several k, at a cost: the chunked "
+             "pairs of a batch are shared among the k, so each k sees 1/len of them (measured on the "
+             "quickstart shape: 2,3,4 scored 4.7 BLEU below k=2 alone at k=2 greedy; see README)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--fp16", action="store_true",
                    help="GPU only: train, distill and benchmark in half precision (fairseq's --fp16)")

@@ -38,6 +38,13 @@ def at_small(args):
     _deep_shallow(6)(args)
 
 
+@register_model_architecture("transformer", "at_mini")
+def at_mini(args):
+    """The quickstart's shape, the same as ``hrt_mini`` (d = 128, 3-1)."""
+    set_shape_defaults(args, "mini")
+    _deep_shallow(3)(args)
+
+
 @register_model_architecture("transformer", "at_tiny")
 def at_tiny(args):
     """Test-sized shape, the same as ``hrt_tiny`` (d = 32, 2-1)."""

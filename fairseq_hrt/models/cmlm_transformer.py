@@ -36,6 +36,7 @@ from fairseq_hrt.models.hrt_transformer import (
     check_dictionary_compatible,
     fill_missing_hrt_keys,
     hrt_base_architecture,
+    hrt_mini,
     hrt_small,
     hrt_tiny,
 )
@@ -90,9 +91,9 @@ class CMLMTransformerModel(HRTTransformerModel):
         return F.log_softmax(logits, dim=-1) if normalize else logits
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        """Accept AT (and HRT) checkpoints of the same shape: the length predictor and, with
-        ``--decoder-rpr-window > 0``, the relative keys they lack keep their fresh values and
-        are listed in one warning."""
+        """Accept AT (and HRT) checkpoints of the same shape: the length predictor they lack
+        keeps its fresh values and, with ``--decoder-rpr-window > 0``, the relative keys start
+        at zero (see :func:`fill_missing_hrt_keys`); the new tensors are listed in one warning."""
         check_dictionary_compatible(self, state_dict)
         new_keys = fill_missing_hrt_keys(self, state_dict)
         if "embed_length.weight" not in state_dict:
@@ -101,7 +102,8 @@ class CMLMTransformerModel(HRTTransformerModel):
         if new_keys:
             logger.warning(
                 "initialising a Mask-Predict model from a checkpoint without a length predictor "
-                "(an AT or HRT checkpoint): %d new parameter tensor(s), freshly initialised: %s",
+                "(an AT or HRT checkpoint): %d new parameter tensor(s) (the length predictor freshly "
+                "initialised, relative keys at zero): %s",
                 len(new_keys),
                 ", ".join(new_keys),
             )
@@ -140,6 +142,13 @@ def cmlm_small_d6(args):
     ``at_small`` trained with ``--decoder-layers 6``."""
     args.decoder_layers = getattr(args, "decoder_layers", 6)
     cmlm_small(args)
+
+
+@register_model_architecture("cmlm_transformer_hrt", "cmlm_mini")
+def cmlm_mini(args):
+    """The shape of ``hrt_mini`` / ``at_mini`` (d = 128, 3-1)."""
+    _cmlm_defaults(args)
+    hrt_mini(args)
 
 
 @register_model_architecture("cmlm_transformer_hrt", "cmlm_tiny")

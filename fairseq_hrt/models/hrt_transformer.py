@@ -346,7 +346,8 @@ class HRTTransformerModel(TransformerModel):
         if new_keys:
             logger.warning(
                 "initialising from a checkpoint without relative position weights (an AT "
-                "checkpoint): %d new parameter tensor(s), freshly initialised: %s",
+                "checkpoint): %d new parameter tensor(s), set to zero so that the model "
+                "starts as the AT model it is loaded from: %s",
                 len(new_keys),
                 ", ".join(new_keys),
             )
@@ -370,11 +371,19 @@ def check_dictionary_compatible(model, state_dict):
 
 
 def fill_missing_hrt_keys(model, state_dict) -> List[str]:
-    """Accept an AT checkpoint: tensors it lacks that only HRT has keep their fresh values.
+    """Accept an AT checkpoint: the tensors it lacks that only HRT has are added.
 
     Only the relative-position embeddings (and the trained-chunk-size flags) qualify, and the
     embeddings only when the checkpoint has none of them (a real AT checkpoint); a partly
     missing HRT checkpoint still fails strict loading.
+
+    The relative keys start at **zero**: ``q . R = 0`` adds nothing to any attention score,
+    so the HRT model at step 0 of fine-tuning computes exactly the AT model it was loaded
+    from (AT mode keeps fairseq's absolute positions ``0, 1, 2, ..``), as the paper's
+    fine-tuning intends. A random table (the initialisation of a model trained from
+    scratch) would perturb every self-attention score before the first update. Zero is no
+    saddle point: the gradient of a score w.r.t. its relative key is the query, so the table
+    trains from the first update.
     """
     own = model.state_dict()
     new = []
@@ -383,7 +392,7 @@ def fill_missing_hrt_keys(model, state_dict) -> List[str]:
     rel = [k for k in own if k.endswith("self_attn.relative_keys.weight")]
     if rel and not any(k in state_dict for k in rel):
         for key in rel:
-            state_dict[key] = own[key].detach().clone()
+            state_dict[key] = torch.zeros_like(own[key])
         new = rel
     return new
 
@@ -420,6 +429,13 @@ for _layers in (6, 12, 20):
 def hrt_small(args):
     """CPU-sized deep-encoder/shallow-decoder shape for benchmarks on 2 cores (d = 256, 6-1)."""
     set_shape_defaults(args, "small")
+    hrt_base_architecture(args)
+
+
+@register_model_architecture("hrt_transformer", "hrt_mini")
+def hrt_mini(args):
+    """The quickstart's shape (d = 128, FFN 256, 2 heads, 3-1), for convergence studies on CPU."""
+    set_shape_defaults(args, "mini")
     hrt_base_architecture(args)
 
 

@@ -9,6 +9,9 @@ Values already on ``args`` (command-line flags) win, as in every fairseq archite
 SHAPES = {
     # CPU-sized deep-encoder/shallow-decoder shape for benchmarks on 2 cores
     "small": (256, 1024, 4, 6, 1),
+    # the quickstart's shape (about 1.3M parameters with a 4k vocabulary): convergence
+    # studies on 2 CPU cores (examples/multi30k/study.py)
+    "mini": (128, 256, 2, 3, 1),
     # test-sized
     "tiny": (32, 64, 2, 2, 1),
 }

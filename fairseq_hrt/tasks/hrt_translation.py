@@ -3,7 +3,7 @@
 * Dictionaries get ``<mask>`` and ``<s2>``..``<s8>`` at load time, identically for training
   and inference, so AT, CMLM and HRT models on the same binarized data share a vocabulary.
 * ``train_step`` builds, per batch, one autoregressive and one non-autoregressive sample per
-  pair: the first ``round(n * p_k)`` pairs give {Skip-AT, Skip-CMLM}, the others {AT, CMLM},
+  pair: ``round(n * p_k)`` pairs, drawn at random, give {Skip-AT, Skip-CMLM}, the others {AT, CMLM},
   with ``p_k = (t / T) ** lambda`` from the trainer's update count (so resuming continues the
   curriculum). ``--hrt-mode at`` / ``cmlm`` train the baselines with the same task.
 * MixDistill: with ``--distill-data``, each pair's target is the raw reference with
@@ -65,8 +65,10 @@ class HRTTranslationConfig(TranslationConfig):
     chunk_sizes: str = field(
         default="2",
         metadata={
-            "help": "chunk size k of Skip-AT/Skip-CMLM training (2..8); a comma-separated "
-            "list trains several, assigned to the chunked pairs of a batch in turn"
+            "help": "chunk size k of Skip-AT/Skip-CMLM training (2..8), one model per k as in the "
+            "papers; a comma-separated list trains one model for several k, assigned to the "
+            "chunked pairs of a batch in turn, so each k gets a share of the chunked samples "
+            "(costs quality at every k, see README)"
         },
     )
     curriculum_lambda: float = field(
@@ -163,6 +165,14 @@ class HRTTranslationTask(TranslationTask):
     def __init__(self, cfg: HRTTranslationConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
         self.chunk_sizes = parse_chunk_sizes(cfg.chunk_sizes)
+        if len(self.chunk_sizes) > 1 and cfg.hrt_mode == "hrt":
+            logger.warning(
+                "--chunk-sizes %s: one model for %d chunk sizes. The chunked pairs of every batch "
+                "are shared among them, so each k gets 1/%d of the Skip-AT/Skip-CMLM samples that "
+                "a model trained for it alone gets; on the quickstart shape this cost 4.7 BLEU at "
+                "k = 2 (README, 'One k or several'). The papers train one model per k.",
+                cfg.chunk_sizes, len(self.chunk_sizes), len(self.chunk_sizes),
+            )
         if not 0.0 <= cfg.p_raw <= 1.0:
             raise ValueError(f"--p-raw must be in [0, 1], got {cfg.p_raw}")
         if cfg.curriculum_lambda <= 0:
@@ -255,8 +265,7 @@ class HRTTranslationTask(TranslationTask):
             if p_k is None:  # validation: all rows chunked and all rows plain
                 chunked_rows, plain_rows = rows, rows
             else:
-                n_chunked_ = chunking.num_chunked(n, p_k)
-                chunked_rows, plain_rows = rows[:n_chunked_], rows[n_chunked_:]
+                chunked_rows, plain_rows = chunking.choose_chunked_rows(n, p_k, generator, target.device)
             n_chunked = chunked_rows.numel()
             ks = torch.tensor(
                 [self.chunk_sizes[i % len(self.chunk_sizes)] for i in range(n_chunked)],

@@ -1,0 +1,217 @@
+#!/usr/bin/env python
+"""Where an HRT model loses quality: AT mode vs HRT decoding on the same model, by stage.
+
+For an HRT checkpoint (``--chunk-size k``, default 2):
+
+* BLEU of AT mode (C_d = 1) and of HRT at k with b_at = 1 and 5 (b_nat = 1), and the gap
+  ``D = BLEU(AT mode) - BLEU(k)`` at the same beam;
+* per system: outputs that ran to the length limit, BLEU by source length in words
+  (< 10, 10-20, > 20);
+* two stage-II oracles, each one bidirectional pass of the model's own stage II over a given
+  skeleton (every k-th token, ``</s>``-padded as in training):
+  - ``reference``: the reference's skeleton, the ceiling of the non-autoregressive stage;
+  - ``at_mode``: the skeleton of AT mode's own greedy output. Its BLEU against AT mode's
+    says what stage II costs; AT mode minus BLEU(k) beyond that is stage I's (Skip-AT's) loss.
+
+For an AT checkpoint (fairseq ``transformer`` / ``at_*``) only greedy and beam 5 are
+decoded. Prints a JSON report (and writes it with ``--json``).
+
+Example::
+
+    python benchmarks/hrt_quality.py --data D/data-bin --spm D/spm/spm.model \\
+        --src D/spm/test.en --ref-pieces D/spm/test.de --raw-src D/raw/test.en \\
+        --raw-ref D/raw/test.de --path R/hrt/checkpoint_last.pt --json out.json
+"""
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Dict, List
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # decode_speed
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fairseq_hrt
+
+from decode_speed import build_generator, decode, detok, load, make_batches, read_lines  # noqa: E402
+
+from fairseq_hrt import chunking  # noqa: E402
+from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
+from fairseq_hrt.generation.hrt_generator import stage2_fill  # noqa: E402
+from fairseq_hrt.scoring.metrics import sacrebleu_score  # noqa: E402
+
+logger = logging.getLogger("hrt_quality")
+
+LENGTH_BUCKETS = (("<10", 0, 9), ("10-20", 10, 20), (">20", 21, 10**9))
+
+
+def length_buckets(raw_src: List[str]) -> Dict[str, List[int]]:
+    """Sentence indices by source length in whitespace words."""
+    out = {name: [] for name, _, _ in LENGTH_BUCKETS}
+    for i, line in enumerate(raw_src):
+        n = len(line.split())
+        for name, lo, hi in LENGTH_BUCKETS:
+            if lo <= n <= hi:
+                out[name].append(i)
+    return out
+
+
+def limit_hits(hyps: Dict[int, torch.Tensor], max_len: int, k: int) -> int:
+    """Outputs that ran to the length limit: stage I stops after ``max_len // k`` steps, so
+    a runaway output has at least ``max_len - k + 1`` tokens (``</s>`` included)."""
+    return sum(int(t.numel() >= max_len - k + 1) for t in hyps.values())
+
+
+def reference_skeletons(ref_tokens: List[torch.Tensor], k: int, pad: int, eos: int) -> List[torch.Tensor]:
+    """Every k-th token of each reference (``</s>``-padded to a multiple of k), ending in
+    ``</s>``: exactly the Skip-AT target of training (SPEC section 2)."""
+    out = []
+    for tokens in ref_tokens:
+        padded = chunking.pad_to_chunk_multiple(tokens.unsqueeze(0), k, pad, eos)[0]
+        out.append(padded[k - 1 :: k])
+    return out
+
+
+@torch.no_grad()
+def fill_skeletons(model, task, sample, skeletons: List[torch.Tensor], k: int) -> List[torch.Tensor]:
+    """Stage II over given skeletons (one per row of ``sample``): the model's own
+    bidirectional pass, argmax in the masks, truncated at the first ``</s>``."""
+    d = task.target_dictionary
+    pad, eos, mask = d.pad(), d.eos(), d.index("<mask>")
+    net_input = sample["net_input"]
+    device = net_input["src_tokens"].device
+    width = max(s.numel() for s in skeletons)
+    skel = torch.full((len(skeletons), width), pad, dtype=torch.long, device=device)
+    for i, s in enumerate(skeletons):
+        skel[i, : s.numel()] = s
+    stage2 = chunking.stage2_input(skel, k, pad, mask)
+    enc = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+    features, _ = model.decoder(stage2.tokens, encoder_out=enc, positions=stage2.positions, causal=False,
+                                features_only=True)
+    is_mask = stage2.tokens.eq(mask)
+    lprobs = F.log_softmax(model.decoder.output_layer(features[is_mask]).float(), dim=-1)
+    banned = [mask, d.bos(), pad] + [d.index(f"<s{j}>") for j in range(2, 9) if f"<s{j}>" in d.indices]
+    lprobs[:, banned] = float("-inf")
+    mask_lprobs, mask_tokens = lprobs.max(dim=-1)
+    tokens, _, lengths = stage2_fill(mask_tokens, mask_lprobs, stage2, torch.zeros(stage2.tokens.shape, device=device),
+                                     mask, eos, pad)
+    return [tokens[i, : int(lengths[i])] for i in range(tokens.size(0))]
+
+
+def score(task, hyps, spm, refs, raw_src, buckets, max_len, k) -> dict:
+    text = detok(task, hyps, spm, len(refs))
+    bleu = sacrebleu_score(text, refs)
+    return {
+        "bleu": bleu["score"],
+        "signature": bleu["signature"],
+        "limit_hits": limit_hits(hyps, max_len, k),
+        "bleu_by_length": {
+            name: (sacrebleu_score([text[i] for i in idx], [refs[i] for i in idx])["score"] if idx else None)
+            for name, idx in buckets.items()
+        },
+        "bucket_sizes": {name: len(idx) for name, idx in buckets.items()},
+    }
+
+
+def run(args) -> dict:
+    torch.set_num_threads(args.threads)
+    use_cuda = torch.cuda.is_available() and not args.cpu
+    model, task = load(args.path, args.data, use_cuda, args.fp16)
+    src = read_lines(args.src, args.max_sentences)
+    refs = read_lines(args.raw_ref, args.max_sentences)
+    raw_src = read_lines(args.raw_src, args.max_sentences)
+    if not len(src) == len(refs) == len(raw_src):
+        raise SystemExit(f"--src, --raw-ref, --raw-src have {len(src)}, {len(refs)}, {len(raw_src)} lines; they must be aligned")
+    buckets = length_buckets(raw_src)
+    batches = make_batches(task, model, src, args.batch_size, use_cuda)
+    is_hrt = hasattr(model, "get_trained_chunk_sizes")
+    k = args.chunk_size
+    report = {"checkpoint": os.path.basename(args.path), "sentences": len(src), "systems": {}}
+
+    def run_system(name, chunk_size, beam):
+        gen = build_generator(task, model, chunk_size, beam, 1, args.max_len_b, 1.0)
+        hyps, seconds = decode(task, model, gen, batches, use_cuda)
+        report["systems"][name] = score(task, hyps, args.spm, refs, raw_src, buckets, args.max_len_b, chunk_size)
+        report["systems"][name]["seconds"] = round(seconds, 2)
+        logger.info("%-12s BLEU %.2f, %d at the length limit", name, report["systems"][name]["bleu"],
+                    report["systems"][name]["limit_hits"])
+        return hyps
+
+    if not is_hrt:
+        run_system("greedy", 1, 1)
+        run_system("beam5", 1, 5)
+        return report
+    if k not in model.get_trained_chunk_sizes():
+        raise SystemExit(f"--chunk-size {k}: the model was trained for {model.get_trained_chunk_sizes()}")
+    report["chunk_size"] = k
+    at_hyps = run_system("at_mode_b1", 1, 1)
+    run_system(f"k{k}_b1", k, 1)
+    run_system("at_mode_b5", 1, 5)
+    run_system(f"k{k}_b5", k, 5)
+    s = report["systems"]
+    report["gap"] = {b: s[f"at_mode_{b}"]["bleu"] - s[f"k{k}_{b}"]["bleu"] for b in ("b1", "b5")}
+
+    d = task.target_dictionary
+    ref_pieces = read_lines(args.ref_pieces, args.max_sentences)
+    ref_tokens = [d.encode_line(line, add_if_not_exist=False).long() for line in ref_pieces]
+    oracles = {}
+    for name, source in (("reference", ref_tokens), ("at_mode", [at_hyps[i].cpu() for i in range(len(src))])):
+        skeletons = reference_skeletons(source, k, d.pad(), d.eos())
+        hyps = {}
+        for sample in batches:
+            ids = sample["id"].tolist()
+            filled = fill_skeletons(model, task, sample, [skeletons[i].to(sample["id"].device) for i in ids], k)
+            hyps.update(zip(ids, filled))
+        oracles[name] = score(task, hyps, args.spm, refs, raw_src, buckets, args.max_len_b, k)
+        logger.info("oracle %-9s BLEU %.2f", name, oracles[name]["bleu"])
+    report["oracles"] = oracles
+    # the stage-II oracle on AT mode's skeleton vs AT mode itself: what stage II costs; the
+    # rest of D is stage I's
+    report["stage_losses_b1"] = {
+        "stage2": s["at_mode_b1"]["bleu"] - oracles["at_mode"]["bleu"],
+        "stage1": oracles["at_mode"]["bleu"] - s[f"k{k}_b1"]["bleu"],
+    }
+    return report
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="binarized data dir (the model's dictionaries)")
+    p.add_argument("--path", required=True, help="HRT (or AT) checkpoint")
+    p.add_argument("--src", required=True, help="test source as the model reads it (SentencePiece pieces)")
+    p.add_argument("--ref-pieces", required=True, help="test reference as SentencePiece pieces (stage-II oracle)")
+    p.add_argument("--raw-src", required=True, help="raw test source (length buckets)")
+    p.add_argument("--raw-ref", required=True, help="raw test reference (sacreBLEU)")
+    p.add_argument("--spm", required=True, help="SentencePiece model, to detokenise hypotheses")
+    p.add_argument("--chunk-size", type=int, default=2, help="HRT chunk size k (trained by the model)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--max-sentences", type=int, default=0, help="use the first N sentences (0 = all)")
+    p.add_argument("--max-len-b", type=int, default=200, help="L, the maximum target length")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--cpu", action="store_true")
+    p.add_argument("--fp16", action="store_true")
+    p.add_argument("--json", help="write the report here")
+    p.add_argument("--log-file")
+    args = p.parse_args(argv)
+    if args.chunk_size < 2:
+        p.error("--chunk-size must be >= 2 (1 is AT mode, which is always measured)")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    setup_logging(args.log_file)
+    report = run(args)
+    text = json.dumps(report, indent=2)
+    if args.json:
+        with open(args.json + ".part", "w") as f:
+            f.write(text + "\n")
+        os.replace(args.json + ".part", args.json)
+    print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+#!/usr/bin/env python
+"""Convergence study of HRT against AT: chunk-size sets x training budgets, same data.
+
+For every budget ``s x B`` (``--scales``, ``B`` = the profile's student ``--max-update``) and
+every chunk-size set (``--chunk-size-sets``, e.g. ``2`` and ``2,3,4``):
+
+* ``at``            one AT student trained for ``max(scales) x B`` updates, saved every
+                    ``B`` updates: the AT model of budget ``s x B`` is its checkpoint at
+                    update ``s x B``. This is exactly the model a separate run of ``s x B``
+                    updates gives: the inverse-sqrt schedule does not depend on
+                    ``--max-update`` and the data order depends on the seed only.
+* ``hrt_c<set>_x<s>`` HRT fine-tuned from the AT model of the same budget for ``s x B``
+                    updates, with the papers' curriculum over those updates (p_k = 1 at the
+                    last one).
+* ``quality``       ``benchmarks/hrt_quality.py`` on every model: BLEU of AT greedy, of HRT in
+                    AT mode (C_d = 1) and at k = 2 with b_at = 1 and 5, the gap
+                    D = BLEU(C_d = 1) - BLEU(k = 2) on the same model, outputs that hit the
+                    length limit, BLEU by source length (< 10, 10-20, > 20 words) and the two
+                    stage-II oracles (skeleton from the reference / from AT mode's greedy output).
+* ``losses.png``    per-kind validation losses (AT, CMLM, Skip-AT, Skip-CMLM) over training.
+
+Steps reuse recipe.py's (markers, logs, resuming), so an interrupted study resumes when run
+again with the same command. Output: ``OUT/study/report.{json,md}``, ``OUT/study/losses.png``.
+
+Example (2 CPU cores, the quickstart's shape, about 1.5 hours)::
+
+    python examples/multi30k/study.py --profile mini --scales 1,8 --chunk-size-sets 2 2,3,4
+"""
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+SCRIPT_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(SCRIPT_DIR))
+
+import recipe  # noqa: E402
+from recipe import REPO, Budget, Recipe, StepError, log  # noqa: E402
+
+KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
+
+
+def parse_scales(text: str) -> List[int]:
+    scales = sorted({int(x) for x in text.split(",") if x.strip()})
+    if not scales or scales[0] < 1:
+        raise ValueError(f"--scales must list positive integers, got {text!r}")
+    return scales
+
+
+def set_tag(chunk_sizes: str) -> str:
+    return "c" + chunk_sizes.replace(",", "")
+
+
+class Study(Recipe):
+    def __init__(self, args):
+        super().__init__(args)
+        self.scales = parse_scales(args.scales)
+        self.sets = args.chunk_size_sets
+        self.base = self.profile.student.max_update
+        self.study_dir = self.out / "study"
+
+    def budget(self, scale: int) -> Budget:
+        b = self.profile.student
+        return Budget(max_update=scale * self.base, stop_time_hours=b.stop_time_hours * scale, lr=b.lr, warmup=b.warmup)
+
+    def at_checkpoint(self, scale: int) -> Path:
+        if scale == self.scales[-1]:
+            return self.checkpoint("at")
+        found = sorted((self.out / "at").glob(f"checkpoint_*_{scale * self.base}.pt"))
+        if not found:
+            raise StepError(f"no AT checkpoint at update {scale * self.base} in {self.out / 'at'}")
+        return found[0]
+
+    def step_at(self, i):
+        p = self.profile
+        longest = self.budget(self.scales[-1])
+        extra = ["--hrt-mode", "at", *self._student_args(),
+                 "--save-interval-updates", str(self.base), "--keep-interval-updates", "-1"]
+        cmd = self.train_cmd("at", p.at_arch, longest, extra)
+        self.run_step(i, "at", cmd, [self.checkpoint("at")], train_max_update=longest.max_update)
+
+    def step_hrt(self, i, chunk_sizes: str, scale: int):
+        name = f"hrt_{set_tag(chunk_sizes)}_x{scale}"
+        budget = self.budget(scale)
+        cmd = self.train_cmd(name, self.profile.hrt_arch, budget, self.hrt_args(chunk_sizes, self.at_checkpoint(scale)))
+        self.run_step(i, name, cmd, [self.checkpoint(name)], train_max_update=budget.max_update)
+
+    def models(self) -> Dict[str, dict]:
+        out = {}
+        for scale in self.scales:
+            out[f"at_x{scale}"] = {"kind": "AT", "scale": scale, "updates": scale * self.base,
+                                   "checkpoint": self.at_checkpoint(scale), "log": self.logs / "at.log"}
+            for cs in self.sets:
+                name = f"hrt_{set_tag(cs)}_x{scale}"
+                out[name] = {"kind": "HRT", "scale": scale, "updates": scale * self.base, "chunk_sizes": cs,
+                             "checkpoint": self.checkpoint(name), "log": self.logs / f"{name}.log"}
+        return out
+
+    def step_quality(self, i):
+        d = self.data
+        self.study_dir.mkdir(parents=True, exist_ok=True)
+        results = {}
+        for name, m in self.models().items():
+            out_json = self.study_dir / f"{name}.json"
+            cmd = [
+                sys.executable, str(REPO / "benchmarks" / "hrt_quality.py"),
+                "--data", str(self.data_bin), "--spm", str(d / "spm" / "spm.model"),
+                "--src", str(d / "spm" / "test.en"), "--ref-pieces", str(d / "spm" / "test.de"),
+                "--raw-src", str(d / "raw" / "test.en"), "--raw-ref", str(d / "raw" / "test.de"),
+                "--path", str(m["checkpoint"]), "--threads", str(self.threads), "--json", str(out_json),
+            ] + (["--cpu"] if self.cpu else []) + (["--fp16"] if self.args.fp16 else [])
+            if m["kind"] == "HRT":
+                cmd += ["--chunk-size", "2"]
+            self.run_step(i, f"quality_{name}", cmd, [out_json])
+            # report paths relative to the output folder: the report is read on other machines
+            results[name] = {**{k: (str(v.relative_to(self.out)) if isinstance(v, Path) else v) for k, v in m.items()},
+                             **json.loads(out_json.read_text()), "valid_losses": valid_losses(m["log"])}
+        return results
+
+    def run_only(self, names: List[str]):
+        """Run the named training steps only (``at``, ``hrt_c2_x1``, ...): separate processes
+        can train independent models at once, each with its own markers."""
+        steps = {"at": lambda: self.step_at(5)}
+        for scale in self.scales:
+            for cs in self.sets:
+                steps[f"hrt_{set_tag(cs)}_x{scale}"] = (lambda cs=cs, scale=scale: self.step_hrt(6, cs, scale))
+        unknown = [n for n in names if n not in steps]
+        if unknown:
+            raise StepError(f"--only {' '.join(unknown)}: not a training step of this study ({', '.join(steps)})")
+        for name in names:
+            steps[name]()
+
+    def run(self):
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.args.only:
+            return self.run_only(self.args.only)
+        log(f"study: profile {self.args.profile}, base budget {self.base} updates, scales {self.scales}, "
+            f"chunk-size sets {self.sets}, output {self.out}, {self.threads} thread(s)")
+        start = time.time()
+        self.step_prepare(1)
+        if self.profile.distill:
+            self.step_teacher(2)
+            self.step_distill(3)
+            self.step_distill_bin(4)
+        self.step_at(5)
+        for scale in self.scales:
+            for cs in self.sets:
+                self.step_hrt(6, cs, scale)
+        results = self.step_quality(7)
+        report = {
+            "profile": self.args.profile,
+            "base_updates": self.base,
+            "scales": self.scales,
+            "chunk_size_sets": self.sets,
+            "device": "GPU" + (" fp16" if self.args.fp16 else "") if not self.cpu else f"CPU, {self.threads} thread(s)",
+            "models": results,
+            "study_seconds": round(time.time() - start, 1),
+        }
+        (self.study_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        md = markdown_report(report)
+        (self.study_dir / "report.md").write_text(md)
+        losses_plot(self.models(), self.study_dir / "losses.png")
+        print(md)
+        log(f"study done in {time.time() - start:.0f}s: {self.study_dir / 'report.md'}, {self.study_dir / 'losses.png'}")
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def _f(x, digits=2):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def markdown_report(report: dict) -> str:
+    models = report["models"]
+    at = {m["scale"]: m for m in models.values() if m["kind"] == "AT"}
+    lines = [
+        f"## HRT convergence study ({report['profile']} profile, {report['device']})",
+        "",
+        f"Base budget B = {report['base_updates']} updates; HRT fine-tuned from the AT model of the same budget. "
+        "BLEU: sacreBLEU on test2016. D = BLEU(AT mode) - BLEU(k=2) on the same model, at the same beam "
+        "(b = b_at). Oracles: stage II filling every 2nd token of the reference / of AT mode's greedy output. "
+        "`limit`: outputs that ran to the length limit (greedy).",
+        "",
+        "| model | updates | AT greedy | AT mode b=1 | k=2 b_at=1 | D b=1 | AT mode b=5 | k=2 b_at=5 | D b=5 "
+        "| k=2 - AT greedy | limit (AT mode / k=2) | oracle ref | oracle AT-mode | <10 / 10-20 / >20 words (k=2 b=1) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for scale, a in sorted(at.items()):
+        ag = a["systems"]["greedy"]
+        lines.append(
+            f"| AT x{scale} | {a['updates']} | {_f(ag['bleu'])} | | | | | | | | {ag['limit_hits']} | | | "
+            + " / ".join(_f(ag["bleu_by_length"][b]) for b in ag["bleu_by_length"]) + " |"
+        )
+        for name, m in sorted(models.items()):
+            if m["kind"] != "HRT" or m["scale"] != scale:
+                continue
+            s = m["systems"]
+            row = [
+                f"HRT k={m['chunk_sizes']} x{scale}", str(m["updates"]), "",
+                _f(s["at_mode_b1"]["bleu"]), _f(s["k2_b1"]["bleu"]), _f(m["gap"]["b1"]),
+                _f(s["at_mode_b5"]["bleu"]), _f(s["k2_b5"]["bleu"]), _f(m["gap"]["b5"]),
+                _f(s["k2_b1"]["bleu"] - ag["bleu"]),
+                f"{s['at_mode_b1']['limit_hits']} / {s['k2_b1']['limit_hits']}",
+                _f(m["oracles"]["reference"]["bleu"]), _f(m["oracles"]["at_mode"]["bleu"]),
+                " / ".join(_f(s["k2_b1"]["bleu_by_length"][b]) for b in s["k2_b1"]["bleu_by_length"]),
+            ]
+            lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Validation losses by kind (bits per token, label-smoothed) at the end of training:", "",
+              "| model | " + " | ".join(KINDS) + " |", "|---|" + "---:|" * len(KINDS)]
+    for name, m in sorted(models.items()):
+        if m["kind"] == "HRT" and m.get("valid_losses"):
+            last = m["valid_losses"][-1]
+            lines.append(f"| {name} | " + " | ".join(_f(last.get(k)) for k in KINDS) + " |")
+    lines += ["", f"Study wall time: {report['study_seconds']:.0f} s (steps done in earlier runs not counted)."]
+    return "\n".join(lines) + "\n"
+
+
+def valid_losses(log_path: Path) -> List[dict]:
+    """Per-kind validation losses over training from a fairseq json log."""
+    out = []
+    if not log_path.exists():
+        return out
+    for line in log_path.read_text(errors="replace").splitlines():
+        start = line.find("{")
+        if start < 0 or '"valid_' not in line:
+            continue
+        try:
+            rec = json.loads(line[start:])
+        except ValueError:
+            continue
+        if "valid_num_updates" not in rec:
+            continue
+        row = {"updates": int(rec["valid_num_updates"])}
+        for k in KINDS:
+            if f"valid_{k}_loss" in rec:
+                row[k] = float(rec[f"valid_{k}_loss"])
+        out.append(row)
+    return out
+
+
+def losses_plot(models: Dict[str, dict], path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hrt = [(n, m) for n, m in sorted(models.items()) if m["kind"] == "HRT"]
+    fig, axes = plt.subplots(1, len(hrt), figsize=(5 * len(hrt), 4), squeeze=False)
+    for ax, (name, m) in zip(axes.flat, hrt):
+        rows = valid_losses(m["log"])
+        for k in KINDS:
+            pts = [(r["updates"], r[k]) for r in rows if k in r]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=k)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("updates")
+        ax.set_ylabel("valid loss (bits/token)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", choices=sorted(recipe.PROFILES), default="mini")
+    p.add_argument("--out", help="output directory (default: work/study-<profile>)")
+    p.add_argument("--scales", default="1,8", help="budgets as multiples of the profile's student --max-update")
+    p.add_argument("--chunk-size-sets", nargs="+", default=["2", "2,3,4"], help="HRT --chunk-sizes values to compare")
+    p.add_argument("--raw-dir", help="raw Multi30k directory (default: prepare.sh's search order)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for every step (default: idle cores at start)")
+    p.add_argument("--p-raw", type=float, default=0.5, help="MixDistill (profiles with a teacher)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--fp16", action="store_true", help="GPU only: fairseq's --fp16 everywhere")
+    p.add_argument("--only", nargs="+", metavar="STEP",
+                   help="run only these training steps (at, hrt_c2_x1, ...; needs prepare done), e.g. to train "
+                        "independent models in parallel processes; a run without --only finishes the study")
+    args = p.parse_args(argv)
+    if not args.out:
+        args.out = str(REPO / "work" / f"study-{args.profile}")
+    args.comet_model, args.until, args.hrt_chunk_sizes = None, None, args.chunk_size_sets[0]
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # SIGTERM like Ctrl-C, so that the running step's child process is stopped as well
+    signal.signal(signal.SIGTERM, recipe._interrupt)
+    try:
+        Study(args).run()
+    except StepError as e:
+        log(f"ERROR: {e}")
+        sys.exit(1)
+    except KeyboardInterrupt:
+        log("interrupted; run the same command again to resume")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""examples/multi30k/study.py: its pure parts (budgets, checkpoints per budget, logs, report)."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples" / "multi30k"))
+_spec = importlib.util.spec_from_file_location("hrt_study", REPO / "examples" / "multi30k" / "study.py")
+study = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(study)
+
+
+def _study(tmp_path, *extra):
+    return study.Study(study.parse_args(["--out", str(tmp_path), "--threads", "1", *extra]))
+
+
+def test_budgets_and_the_at_checkpoint_of_each_budget(tmp_path):
+    s = _study(tmp_path, "--scales", "8,1", "--chunk-size-sets", "2", "2,3,4")
+    assert s.scales == [1, 8] and s.base == 300  # the mini profile's student budget
+    assert s.budget(8).max_update == 2400
+    (tmp_path / "at").mkdir()
+    (tmp_path / "at" / "checkpoint_2_300.pt").write_bytes(b"")
+    assert s.at_checkpoint(1) == tmp_path / "at" / "checkpoint_2_300.pt"
+    assert s.at_checkpoint(8) == tmp_path / "at" / "checkpoint_last.pt"  # the longest run's end
+    assert sorted(s.models()) == ["at_x1", "at_x8", "hrt_c234_x1", "hrt_c234_x8", "hrt_c2_x1", "hrt_c2_x8"]
+    with pytest.raises(study.StepError, match="not a training step"):
+        s.run_only(["hrt_c3_x1"])
+    with pytest.raises(ValueError):
+        study.parse_scales("0,1")
+
+
+def test_valid_losses_by_kind_from_a_fairseq_json_log(tmp_path):
+    log = tmp_path / "hrt.log"
+    rows = [
+        {"epoch": 1, "valid_loss": "6.1", "valid_at_loss": "5.0", "valid_cmlm_loss": "6.5",
+         "valid_skip_at_loss": "6.0", "valid_skip_cmlm_loss": "5.5", "valid_num_updates": "150"},
+        {"epoch": 2, "valid_loss": "5.1", "valid_at_loss": "4.5", "valid_skip_at_loss": "5.2", "valid_num_updates": "300"},
+    ]
+    lines = ["2026-11-23 | INFO | train_inner | {\"loss\": \"7\", \"num_updates\": \"20\"}"]
+    lines += [f"2026-11-23 | INFO | valid | {json.dumps(r)}" for r in rows]
+    log.write_text("\n".join(lines) + "\nnot json {\n")
+    got = study.valid_losses(log)
+    assert got == [
+        {"updates": 150, "at": 5.0, "cmlm": 6.5, "skip_at": 6.0, "skip_cmlm": 5.5},
+        {"updates": 300, "at": 4.5, "skip_at": 5.2},
+    ]
+    assert study.valid_losses(tmp_path / "missing.log") == []
+
+
+def _system(bleu, hits=0):
+    return {"bleu": bleu, "limit_hits": hits, "bleu_by_length": {"<10": bleu + 1, "10-20": bleu, ">20": bleu - 1}}
+
+
+def test_report_states_the_gap_and_the_distance_to_at_greedy():
+    report = {
+        "profile": "mini", "device": "CPU", "base_updates": 300, "scales": [1], "chunk_size_sets": ["2"],
+        "study_seconds": 10.0,
+        "models": {
+            "at_x1": {"kind": "AT", "scale": 1, "updates": 300, "systems": {"greedy": _system(20.0, 3)}},
+            "hrt_c2_x1": {
+                "kind": "HRT", "scale": 1, "updates": 300, "chunk_sizes": "2",
+                "systems": {"at_mode_b1": _system(21.0), "k2_b1": _system(19.5, 1),
+                            "at_mode_b5": _system(22.0), "k2_b5": _system(20.0)},
+                "gap": {"b1": 1.5, "b5": 2.0},
+                "oracles": {"reference": {"bleu": 40.0}, "at_mode": {"bleu": 20.5}},
+                "valid_losses": [{"updates": 300, "at": 4.0, "cmlm": 4.5, "skip_at": 5.0, "skip_cmlm": 4.2}],
+            },
+        },
+    }
+    md = study.markdown_report(report)
+    row = next(line for line in md.splitlines() if line.startswith("| HRT k=2 x1"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3:10] == ["21.00", "19.50", "1.50", "22.00", "20.00", "2.00", "-0.50"]
+    assert cells[10] == "0 / 1" and cells[11:13] == ["40.00", "20.50"]
+    assert "| hrt_c2_x1 | 4.00 | 4.50 | 5.00 | 4.20 |" in md
