@@ -106,7 +106,12 @@ def make_batches(task, model, lines: List[str], batch_size: int, use_cuda: bool)
     return batches
 
 
-def build_generator(task, model, chunk_size, beam, b_nat, max_len_b, lenpen, mp_iterations=None, length_beam=1):
+def build_generator(task, model, chunk_size, beam, b_nat, max_len_b, lenpen, mp_iterations=None, length_beam=1,
+                    engine="lean", quantize="none"):
+    """The task's generator for one configuration; ``engine`` / ``quantize`` are the task's
+    ``--decoder-engine`` / ``--quantize`` (int8 quantizes ``model`` in place)."""
+    task.cfg.decoder_engine = engine
+    task.cfg.quantize = quantize
     if mp_iterations is not None:  # Mask-Predict: the task picks MaskPredictGenerator
         gen_cfg = GenerationConfig(
             iter_decode_max_iter=mp_iterations, iter_decode_with_beam=length_beam, max_len_b=max_len_b
