@@ -35,6 +35,16 @@ def test_auto_and_named_strategies(models, arch, decoding, expected):
     assert isinstance(gen, expected)
 
 
+def test_lean_is_the_default_engine(models):
+    data_dir, by_arch = models
+    from fairseq_hrt.generation.lean import LeanSequenceGenerator
+
+    _, gen = build_generator(data_dir, by_arch["at_tiny"])
+    assert isinstance(gen, LeanSequenceGenerator)
+    _, gen = build_generator(data_dir, by_arch["hrt_tiny"], "--decode-chunk-size", "2")
+    assert isinstance(gen.stage1(2), LeanSequenceGenerator)
+
+
 def test_beam_on_hrt_model_is_at_mode(models):
     data_dir, by_arch = models
     _, gen = build_generator(data_dir, by_arch["hrt_tiny"], "--decoding", "beam")
@@ -51,6 +61,7 @@ def test_beam_on_hrt_model_is_at_mode(models):
         ("hrt_tiny", ("--decoding", "beam", "--decode-chunk-size", "2"), "AT mode"),
         ("at_tiny", ("--decoder-engine", "lean", "--no-repeat-ngram-size", "2"), "does not support --no-repeat-ngram-size"),
         ("hrt_tiny", ("--decoder-engine", "lean", "--sampling"), "does not support --sampling"),
+        ("at_tiny", ("--print-alignment",), "does not support --print-alignment"),
     ],
 )
 def test_mismatches_are_refused(models, arch, flags, message):

@@ -115,7 +115,7 @@ class HRTTranslationConfig(TranslationConfig):
         },
     )
     decoder_engine: DECODER_ENGINES = field(
-        default="fairseq",
+        default="lean",
         metadata={
             "help": "engine of left-to-right search (AT beam/greedy, HRT stage I and AT mode): "
             "'lean' = this plugin's step loop (preallocated caches, finished sentences leave "
