@@ -27,7 +27,8 @@ import math
 from typing import Dict, List, Optional, Sequence
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from fairseq_hrt.generation.strategies import SearchOptions, hypothesis, reject_unsupported_inputs
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention, relative_bucket
@@ -95,6 +96,7 @@ class DecoderStep:
         self.relative = isinstance(first.self_attn, RelativeSelfAttention) and first.self_attn.relative_keys is not None
         self.window = first.self_attn.window if self.relative else 0
         self.start_stride = getattr(decoder, "start_stride", None)
+        self._plan, self._plan_key = None, None
 
     @staticmethod
     def _unsupported(decoder) -> Dict[str, bool]:
@@ -146,6 +148,7 @@ class DecoderStep:
             self_v.append(torch.empty(rows, self.heads, steps, self.head_dim, dtype=dtype, device=device))
         stride = self.stride_of(start_token)
         return StepState(
+            plan=self.plan(),
             self_k=self_k,
             self_v=self_v,
             enc_k=enc_k,
@@ -155,74 +158,152 @@ class DecoderStep:
             buckets=relative_buckets(steps, stride, self.window).to(device) if self.relative else None,
         )
 
+    def plan(self) -> "StepPlan":
+        """The decoder's modules as plain functions; rebuilt only when a parameter changed
+        (moved, cast, updated in place)."""
+        key = tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in self.decoder.parameters())
+        if self._plan is None or self._plan_key != key:
+            self._plan, self._plan_key = StepPlan(self.decoder), key
+        return self._plan
+
     def __call__(self, state: "StepState", tokens: Tensor, step: int) -> Tensor:
         """Logits ``(N, V)`` of the next token after ``tokens`` ``(N,)`` at ``step``."""
-        decoder = self.decoder
-        x = decoder.embed_scale * decoder.embed_tokens(tokens)
-        if decoder.project_in_dim is not None:
-            x = decoder.project_in_dim(x)
+        plan = state.plan
+        x = plan.embed(tokens)
         if state.positions is not None:
             x = x + state.positions[step]
-        if decoder.layernorm_embedding is not None:
-            x = decoder.layernorm_embedding(x)
-        for i, layer in enumerate(decoder.layers):
+        if plan.layernorm_embedding is not None:
+            x = plan.layernorm_embedding(x)
+        for i, layer in enumerate(plan.layers):
             x = self._layer(layer, i, state, x, step)
-        if decoder.layer_norm is not None:
-            x = decoder.layer_norm(x)
-        if decoder.project_out_dim is not None:
-            x = decoder.project_out_dim(x)
-        return decoder.output_layer(x)
+        return plan.output(x)
 
-    def _layer(self, layer, i: int, state: "StepState", x: Tensor, step: int) -> Tensor:
-        pre_norm = layer.normalize_before
+    def _layer(self, layer: "LayerPlan", i: int, state: "StepState", x: Tensor, step: int) -> Tensor:
+        pre_norm = layer.pre_norm
         residual = x
-        h = layer.self_attn_layer_norm(x) if pre_norm else x
-        x = residual + self._self_attention(layer.self_attn, i, state, h, step)
+        h = layer.self_attn_norm(x) if pre_norm else x
+        x = residual + self._self_attention(layer, i, state, h, step)
         if not pre_norm:
-            x = layer.self_attn_layer_norm(x)
+            x = layer.self_attn_norm(x)
         residual = x
-        h = layer.encoder_attn_layer_norm(x) if pre_norm else x
-        x = residual + self._encoder_attention(layer.encoder_attn, i, state, h)
+        h = layer.encoder_attn_norm(x) if pre_norm else x
+        x = residual + self._encoder_attention(layer, i, state, h)
         if not pre_norm:
-            x = layer.encoder_attn_layer_norm(x)
+            x = layer.encoder_attn_norm(x)
         residual = x
-        h = layer.final_layer_norm(x) if pre_norm else x
-        x = residual + layer.fc2(layer.activation_fn(layer.fc1(h)))
+        h = layer.final_norm(x) if pre_norm else x
+        x = residual + layer.fc2(layer.activation(layer.fc1(h)))
         if not pre_norm:
-            x = layer.final_layer_norm(x)
+            x = layer.final_norm(x)
         return x
 
-    def _self_attention(self, attn, i: int, state: "StepState", x: Tensor, step: int) -> Tensor:
+    def _self_attention(self, layer: "LayerPlan", i: int, state: "StepState", x: Tensor, step: int) -> Tensor:
         n = x.size(0)
-        q = split_heads(attn.q_proj(x) * attn.scaling, self.heads).unsqueeze(2)  # (N, H, 1, d)
+        q, k, v = layer.qkv(x)
+        q = split_heads(q * layer.scaling, self.heads).unsqueeze(2)  # (N, H, 1, d)
         keys, values = state.self_k[i][:n], state.self_v[i][:n]
-        keys[:, :, step] = split_heads(attn.k_proj(x), self.heads)
-        values[:, :, step] = split_heads(attn.v_proj(x), self.heads)
+        keys[:, :, step] = split_heads(k, self.heads)
+        values[:, :, step] = split_heads(v, self.heads)
         keys, values = keys[:, :, : step + 1], values[:, :, : step + 1]
         scores = torch.matmul(q, keys.transpose(2, 3))  # (N, H, 1, t+1)
-        if self.relative:
-            q_rel = torch.matmul(q, attn.relative_keys.weight.t())  # (N, H, 1, 2w+1)
+        if layer.relative_keys is not None:
+            q_rel = torch.matmul(q, layer.relative_keys)  # (N, H, 1, 2w+1)
             scores = scores + q_rel.index_select(3, state.buckets[step, : step + 1])
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).type_as(scores)
         out = torch.matmul(probs, values)  # (N, H, 1, d)
-        return attn.out_proj(out.reshape(n, -1))
+        return layer.self_out(out.reshape(n, -1))
 
-    def _encoder_attention(self, attn, i: int, state: "StepState", x: Tensor) -> Tensor:
+    def _encoder_attention(self, layer: "LayerPlan", i: int, state: "StepState", x: Tensor) -> Tensor:
         n = x.size(0)
         sentences = state.enc_k[i].size(0)
         # the rows of a sentence (its beam) are queries of one attention over its source
-        q = (attn.q_proj(x) * attn.scaling).view(sentences, n // sentences, self.heads, self.head_dim).transpose(1, 2)
+        q = (layer.encoder_q(x) * layer.scaling).view(sentences, n // sentences, self.heads, self.head_dim).transpose(1, 2)
         scores = torch.matmul(q, state.enc_k[i].transpose(2, 3))  # (B, H, beam, S)
         probs = torch.softmax(scores.float() + state.enc_bias, dim=-1).type_as(scores)
         out = torch.matmul(probs, state.enc_v[i]).transpose(1, 2)  # (B, beam, H, d)
-        return attn.out_proj(out.reshape(n, -1))
+        return layer.encoder_out(out.reshape(n, -1))
+
+
+def as_function(module):
+    """A plain ``nn.Linear`` / ``nn.LayerNorm`` as a function of its tensors: the same
+    arithmetic without the per-call cost of ``Module.__call__``, which at batch 1 is a good
+    part of a step. Other modules (int8-quantized linears) are returned as they are."""
+    if module is None:
+        return None
+    if type(module) is nn.Linear:
+        weight, bias = module.weight, module.bias
+        return lambda x: F.linear(x, weight, bias)
+    if type(module) is nn.LayerNorm:
+        shape, weight, bias, eps = module.normalized_shape, module.weight, module.bias, module.eps
+        return lambda x: F.layer_norm(x, shape, weight, bias, eps)
+    return module
+
+
+def fused_projections(*modules):
+    """``x -> (m(x) for m in modules)``: one matrix product over the concatenated weights when
+    every module is a plain ``nn.Linear``."""
+    if all(type(m) is nn.Linear for m in modules) and all(m.bias is not None for m in modules):
+        weight = torch.cat([m.weight for m in modules])
+        bias = torch.cat([m.bias for m in modules])
+        sizes = [m.out_features for m in modules]
+        return lambda x: F.linear(x, weight, bias).split(sizes, dim=-1)
+    functions = [as_function(m) for m in modules]
+    return lambda x: tuple(f(x) for f in functions)
+
+
+class LayerPlan:
+    """One decoder layer's modules as functions (:func:`as_function`)."""
+
+    def __init__(self, layer):
+        self_attn, encoder_attn = layer.self_attn, layer.encoder_attn
+        self.pre_norm = layer.normalize_before
+        self.scaling = self_attn.scaling
+        self.qkv = fused_projections(self_attn.q_proj, self_attn.k_proj, self_attn.v_proj)
+        keys = getattr(self_attn, "relative_keys", None)
+        self.relative_keys = keys.weight.t() if keys is not None else None
+        self.self_out = as_function(self_attn.out_proj)
+        self.self_attn_norm = as_function(layer.self_attn_layer_norm)
+        self.encoder_q = as_function(encoder_attn.q_proj)
+        self.encoder_out = as_function(encoder_attn.out_proj)
+        self.encoder_attn_norm = as_function(layer.encoder_attn_layer_norm)
+        self.final_norm = as_function(layer.final_layer_norm)
+        self.fc1, self.fc2 = as_function(layer.fc1), as_function(layer.fc2)
+        self.activation = layer.activation_fn
+
+
+class StepPlan:
+    """The decoder's embedding, layers and output as functions."""
+
+    def __init__(self, decoder):
+        scale, embed = decoder.embed_scale, decoder.embed_tokens
+        project_in = as_function(decoder.project_in_dim)
+
+        def embed_tokens(tokens):
+            x = scale * embed(tokens)
+            return project_in(x) if project_in is not None else x
+
+        self.embed = embed_tokens
+        self.layernorm_embedding = as_function(decoder.layernorm_embedding)
+        self.layers = [LayerPlan(layer) for layer in decoder.layers]
+        final_norm, project_out = as_function(decoder.layer_norm), as_function(decoder.project_out_dim)
+        projection = as_function(decoder.output_projection)
+
+        def output(x):
+            if final_norm is not None:
+                x = final_norm(x)
+            if project_out is not None:
+                x = project_out(x)
+            return projection(x)
+
+        self.output = output
 
 
 class StepState:
     """Caches of one batch: self-attention keys/values ``(rows, H, steps, d)`` per layer,
     written in place; encoder keys/values and padding bias per sentence."""
 
-    def __init__(self, self_k, self_v, enc_k, enc_v, enc_bias, positions, buckets):
+    def __init__(self, plan, self_k, self_v, enc_k, enc_v, enc_bias, positions, buckets):
+        self.plan = plan
         self.self_k, self.self_v = self_k, self_v
         self.enc_k, self.enc_v, self.enc_bias = enc_k, enc_v, enc_bias
         self.positions, self.buckets = positions, buckets
