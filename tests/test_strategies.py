@@ -1,5 +1,6 @@
 """--decoding: the strategy registry picks the model's default and refuses mismatches."""
 import pytest
+import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hrt.generation.hrt_generator import HRTGenerator, length_buckets
@@ -88,3 +89,43 @@ def test_select_rows_keeps_per_row_entries(models):
     sub = select_rows(sample, [2, 0])
     assert sub["id"].tolist() == [2, 0]
     assert sub["net_input"]["src_tokens"].equal(sample["net_input"]["src_tokens"][[2, 0]])
+
+
+class FixedSkeletons:
+    """A stage I that returns given skeletons (of very different lengths)."""
+
+    def __init__(self, model, skeletons):
+        self.model, self.skeletons = model, skeletons
+        self.last_encoder_out = None
+
+    def generate(self, models, sample, bos_token=None):
+        self.last_encoder_out = self.model.encoder(**sample["net_input"])
+        return self.skeletons
+
+
+def test_stage2_length_buckets_give_the_one_pass_output(models):
+    """Stage II in groups of similar length = stage II over the whole padded batch."""
+    data_dir, by_arch = models
+    model = by_arch["hrt_tiny"]
+    task, _ = build_generator(data_dir, model)
+    d = task.target_dictionary
+    torch.manual_seed(0)
+    lengths = [[3, 2], [40, 38], [5, 4], [12, 3], [41, 1]]
+    skeletons = [
+        [{"tokens": torch.cat([torch.randint(4, 40, (n - 1,)), torch.tensor([d.eos()])]), "positional_scores": -torch.rand(n)} for n in pair]
+        for pair in lengths
+    ]
+    stage1 = FixedSkeletons(model, skeletons)
+    sample = make_sample(task, [[1, 2, 3]] * len(lengths))
+
+    def decode(bucket_padding):
+        gen = HRTGenerator(lambda k: stage1, model, d, task.chunk_start_idx, task.mask_idx, chunk_size=2,
+                           b_at=2, len_penalty=1.0, b_nat=2, bucket_padding=bucket_padding)
+        return gen.generate([model], sample)
+
+    one_pass, grouped = decode(float("inf")), decode(0.0)
+    assert len(length_buckets([h["tokens"].numel() for hs in skeletons for h in hs], 0.0)) == 6
+    for a, b in zip(one_pass, grouped):
+        assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b]
+        for x, y in zip(a, b):
+            assert float(x["score"]) == pytest.approx(float(y["score"]), abs=1e-5)
