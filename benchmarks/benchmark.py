@@ -3,8 +3,9 @@
 
 Systems (each family only when its checkpoint is given):
 
-* ``--at``  AT (deep encoder, shallow decoder), fairseq's ``SequenceGenerator``: greedy and
-  beam 5 (``--at-beams``). **AT greedy is the baseline of every speed ratio.**
+* ``--at``  AT (deep encoder, shallow decoder): greedy and beam 5 (``--at-beams``).
+  **The fastest AT greedy row of the run (per batch size, whichever engine) is the baseline
+  of every speed ratio.**
   The same checkpoint is also converted to CTranslate2 and decoded with its C++ engine
   (``--ctranslate2``, on when the ``ctranslate2`` package is installed): the outside reference
   for AT speed.
@@ -12,6 +13,11 @@ Systems (each family only when its checkpoint is given):
   for those) with b_at/b_nat = 1/1 and 5/1
   (``--hrt-beams``), and the same model in AT mode (C_d = 1) with beam b_at.
 * ``--mp``  Mask-Predict with I = 1, 4, 10 iterations (``--mp-iterations``), length beam l.
+
+Every AT and HRT system is measured with each engine of ``--engines`` (default both: the lean
+engine's rows keep the plain name, fairseq's ``SequenceGenerator`` rows say "(fairseq
+engine)"), and on CPU also with ``--quantize int8`` (an "int8" row per system, lean engine;
+``--int8``).
 
 Quality: detokenised sacreBLEU (with its signature) against the raw references; COMET when a
 local COMET model is given (``--comet-model`` or ``$COMET_MODEL``), otherwise the report says
@@ -23,7 +29,8 @@ passes over the first ``--bs1-sentences`` sentences (the WMT efficiency task's m
 batches decode every sentence (``--runs-large`` passes) with fairseq's length-sorted batching.
 Each system is warmed up on one batch first, and the passes go round-robin over the systems
 (pass r of every system, then pass r + 1), so that a slow patch of a shared machine hits all
-systems alike. Every speed is also given as a ratio to AT greedy measured in this process.
+systems alike. Every speed is also given as a ratio to the fastest AT greedy measured in this
+process.
 
 Output (``--out-dir``): ``report.json``, ``report.md`` (also printed), ``pareto.png`` (BLEU vs
 words/s per batch size, Pareto front marked) and ``hyps/<system>.txt``.
