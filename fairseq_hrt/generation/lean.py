@@ -78,6 +78,25 @@ def candidates_per_sentence(row_scores: Tensor, row_tokens: Tensor, rows_per_sen
     return scores, tokens, torch.div(index, c, rounding_mode="floor")
 
 
+def greedy_choice(logits: Tensor, banned: Tensor):
+    """``(log-probability, token)`` of the best allowed token of every row of ``logits``.
+
+    One pass finds the row maximum, which serves both as the argmax and as the shift of the
+    log-sum-exp; only rows whose maximum is a ``banned`` (``(V,)`` bool) symbol -- rare --
+    are searched again with the banned symbols masked.
+    """
+    row_max, token = logits.max(dim=1)
+    log_norm = row_max + (logits - row_max.unsqueeze(1)).exp_().sum(dim=1).log_()
+    best = row_max
+    redo = banned[token]
+    if bool(redo.any()):
+        rows = redo.nonzero().view(-1)
+        masked = logits.index_select(0, rows).masked_fill_(banned, -math.inf)
+        best_redo, token_redo = masked.max(dim=1)
+        best, token = best.index_copy(0, rows, best_redo), token.index_copy(0, rows, token_redo)
+    return best - log_norm, token
+
+
 # ------------------------------------------------------------------------ step function
 
 
@@ -343,6 +362,7 @@ class LeanSequenceGenerator:
         self.banned_with_eos = torch.tensor(sorted(set(banned) | {self.pad, self.eos}), dtype=torch.long)
         self.max_len_cap = model.max_decoder_positions() - 1
         self.last_encoder_out = None
+        self._tables = {}
 
     def max_len(self, src_tokens: Tensor) -> int:
         max_len = min(int(self.options.max_len_a * src_tokens.size(1) + self.options.max_len_b), self.max_len_cap)
@@ -382,6 +402,15 @@ class LeanSequenceGenerator:
             masked[:, self.unk] -= self.options.unk_penalty
         return masked
 
+    def _banned_table(self, step: int, device) -> Tensor:
+        """``(V,)`` bool: the symbols banned at ``step`` (``</s>`` too before --min-len)."""
+        key = (step < self.options.min_len, device)
+        if key not in self._tables:
+            table = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
+            table[(self.banned_with_eos if key[0] else self.banned).to(device)] = True
+            self._tables[key] = table
+        return self._tables[key]
+
     def _normalised(self, cumulative: Tensor, length: int) -> Tensor:
         if self.options.normalize_scores:
             return cumulative / length**self.options.len_penalty
@@ -397,8 +426,11 @@ class LeanSequenceGenerator:
         finalized: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
         for step in range(max_len + 1):
             logits = self._logits(state, prev, step)
-            best, token = self._masked(logits, step, max_len).max(dim=1)
-            score = best - torch.logsumexp(logits, dim=1)
+            if step < max_len and not self.options.unk_penalty:
+                score, token = greedy_choice(logits, self._banned_table(step, logits.device))
+            else:  # rare options and the forced </s>: mask, then normalise
+                best, token = self._masked(logits, step, max_len).max(dim=1)
+                score = best - torch.logsumexp(logits, dim=1)
             tokens[:, step] = token
             cumulative[:, step] = score if step == 0 else cumulative[:, step - 1] + score
             done = token.eq(self.eos)
