@@ -326,6 +326,7 @@ class BeamDecoding(DecodingStrategy):
             if str(ctx.task.cfg.decode_chunk_size) not in ("auto-trained", "1"):
                 raise ValueError("--decoding beam decodes an HRT model in AT mode; drop --decode-chunk-size or use --decoding hrt")
             return build_hrt_generator(ctx, 1)
+        logger.info("left-to-right decoding (beam %s), %s engine", getattr(ctx.args, "beam", 5), ctx.engine)
         if ctx.engine == "fairseq":
             return ctx.fairseq_generator(ctx.models, ctx.args)
         return left_to_right_generators(ctx, banned=[])(1)
