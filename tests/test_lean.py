@@ -197,3 +197,26 @@ def test_greedy_choice_skips_banned_maxima():
     score, token = lean.greedy_choice(logits, banned)
     assert token.tolist() == [3, 0, 2]  # row 0's maximum (token 1) is banned
     assert torch.allclose(score, lprobs.gather(1, token.unsqueeze(1)).squeeze(1), atol=1e-6)
+
+
+TINY_TRANSFORMER = ("--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+                    "--decoder-ffn-embed-dim", "64", "--encoder-layers", "1", "--decoder-layers", "2",
+                    "--encoder-attention-heads", "4", "--decoder-attention-heads", "2", "--hrt-mode", "at")
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        ("--decoder-normalize-before",),  # pre-norm
+        (),  # post-norm
+        ("--decoder-learned-pos", "--no-scale-embedding", "--layernorm-embedding"),
+    ],
+)
+def test_lean_on_fairseq_transformer_variants(tmp_path, variant):
+    task, model = build_task_and_model(str(tmp_path), arch="transformer", extra=TINY_TRANSFORMER + variant, seed=5)
+    d = task.target_dictionary
+    sample = make_sample(task, RAGGED)
+    for beam in (1, 3):
+        ref = SequenceGenerator([model], d, beam_size=beam, max_len_b=7).generate([model], sample)
+        ours = LeanSequenceGenerator(model, d, SearchOptions(beam=beam, max_len_b=7)).generate([model], sample)
+        assert_same_hypotheses(ref, ours)
