@@ -88,8 +88,8 @@ class HRTGenerator:
         chunk_start: ``{k: index of <s_k>}``
         b_nat: skeletons per sentence filled by stage II (``<= b_at``)
         chunk_size: ``k`` for every sentence, or a function ``src_lengths -> (B,) chunk sizes``
-        bucket_padding: stage II groups skeletons so that padding adds at most this fraction
-            to a group's longest skeleton's shortest neighbour (see :func:`length_buckets`)
+        bucket_padding: stage II runs on groups of skeletons in which no skeleton is padded
+            by more than this fraction of its length plus one token (:func:`length_buckets`)
     """
 
     def __init__(
