@@ -220,3 +220,21 @@ def test_lean_on_fairseq_transformer_variants(tmp_path, variant):
         ref = SequenceGenerator([model], d, beam_size=beam, max_len_b=7).generate([model], sample)
         ours = LeanSequenceGenerator(model, d, SearchOptions(beam=beam, max_len_b=7)).generate([model], sample)
         assert_same_hypotheses(ref, ours)
+
+
+def test_lean_sees_weights_loaded_after_it_was_built(random_models):
+    """The fused projections are rebuilt when the model's weights change in place."""
+    data_dir, task, hrt, at = random_models
+    d = task.target_dictionary
+    sample = make_sample(task, RAGGED[:6])
+    gen = LeanSequenceGenerator(at, d, SearchOptions(beam=1, max_len_b=6))
+    gen.generate([at], sample)
+    original = {k: v.clone() for k, v in at.state_dict().items()}
+    try:
+        with torch.no_grad():
+            for p in at.decoder.parameters():
+                p.mul_(1.5)
+        ref = SequenceGenerator([at], d, beam_size=1, max_len_b=6).generate([at], sample)
+        assert_same_hypotheses(ref, gen.generate([at], sample))
+    finally:
+        at.load_state_dict(original)

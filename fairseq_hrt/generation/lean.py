@@ -180,6 +180,9 @@ class DecoderStep:
     def plan(self) -> "StepPlan":
         """The decoder's modules as plain functions; rebuilt only when a parameter changed
         (moved, cast, updated in place)."""
+        # the fused q/k/v weights are copies: a parameter moved, cast or overwritten in place
+        # (load_state_dict copies into the same storage, which only the version counter shows)
+        # must rebuild them
         key = tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in self.decoder.parameters())
         if self._plan is None or self._plan_key != key:
             self._plan, self._plan_key = StepPlan(self.decoder), key
