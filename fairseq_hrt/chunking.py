@@ -54,9 +54,10 @@ def choose_chunked_rows(batch_size: int, p_k: float, generator=None, device=None
     Algorithm 1 takes "the first" pairs of a batch, but fairseq's batches are sorted by
     length, so the first rows are always the longest sentences: short sentences would never
     be chunked until ``p_k`` is large. A random subset gives every length the same share.
-    Reproducible: the draw comes from ``generator`` (the global RNG by default, which
-    fairseq's trainer reseeds from ``--seed`` and the update count before every update, so a
-    resumed run draws the same rows). Returns ``(chunked_rows, plain_rows)``, each sorted.
+    Reproducible: the draw comes from ``generator`` (the global RNG by default; training
+    passes one seeded by the seed, the update and the batch, see
+    ``HRTTranslationTask.chunked_rows_generator``). Returns ``(chunked_rows, plain_rows)``,
+    each sorted.
     """
     n_chunked = num_chunked(batch_size, p_k)
     if n_chunked in (0, batch_size):  # nothing to choose: draw nothing from the RNG

@@ -244,6 +244,24 @@ def test_task_chunks_random_rows_of_a_length_sorted_batch(data):
     assert len(chosen) > 1
 
 
+def test_chunked_rows_depend_on_seed_update_and_batch_only(data):
+    """Training's draw: the same batch at the same update gets the same chunked pairs
+    whatever the global RNG did before (dropout, other micro-batches, other ranks); another
+    update draws anew."""
+    task = _setup_task(data.bin_dir)
+    ds = task.dataset("train")
+    batch = ds.collater([ds[i] for i in range(32)])
+
+    def rows(update, global_seed):
+        torch.manual_seed(global_seed)
+        gen = task.chunked_rows_generator(batch, update)
+        sample = task.build_decoder_samples(dict(batch), p_k=0.5, rows_generator=gen)
+        return sample["hrt"]["ar_rows"][: sample["hrt"]["n_chunked"]].tolist()
+
+    assert rows(7, 0) == rows(7, 123)
+    assert len({tuple(rows(u, 0)) for u in range(5)}) > 1
+
+
 def test_mixdistill_targets_python_level(data, aux):
     """build_decoder_samples on a collated training batch: p_raw = 1 gives exactly the raw
     targets, p_raw = 0 exactly the distilled ones (aligned by sentence id), 0.5 a mix."""

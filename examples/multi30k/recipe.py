@@ -122,22 +122,23 @@ PROFILES: Dict[str, Profile] = {
         bench_bs1_sentences=100,
     ),
     # GPU-sized (--fp16, one H100-class device): the `full` shapes with 4x larger batches and
-    # budgets meant to converge on Multi30k (~25 updates per epoch at 16k tokens: teacher ~120
-    # epochs, students ~100). Estimated from the `full --fp16` run on an H100 (AT 800 updates
-    # in 105 s at 4k tokens; small models are latency-bound there, so 4x tokens cost far less
-    # than 4x time): teacher ~6 min, distill ~2, AT ~5, HRT ~6, MP ~5, benchmark ~5: about
-    # 30 minutes, resumable across commands (markers, checkpoint_last.pt).
+    # budgets meant to converge on Multi30k (~23 updates per epoch at 16k tokens: teacher ~85
+    # epochs, students ~65, i.e. 2.5x the tokens the `mini` AT needed to reach 33 BLEU).
+    # Estimated from the `full --fp16` run on an H100 (AT 800 updates in 105 s at 4k tokens;
+    # small models are latency-bound there, so 4x tokens cost well under 4x time): teacher
+    # ~6 min, distill ~2, AT, HRT and MP ~4-5 each, benchmark ~7: about 30 minutes, resumable
+    # across 10-minute commands (markers, checkpoint_last.pt).
     "gpu": Profile(
         vocab_size=8000,
         subset=None,
         max_tokens=16384,
         teacher_arch="at_small",
         teacher_args=["--decoder-layers", "3"],
-        teacher=Budget(max_update=3000, stop_time_hours=0.25, lr=2e-3, warmup=500),
+        teacher=Budget(max_update=2000, stop_time_hours=0.2, lr=2e-3, warmup=500),
         at_arch="at_small",
         hrt_arch="hrt_small",
         mp_arch="cmlm_small",
-        student=Budget(max_update=2500, stop_time_hours=0.2, lr=2e-3, warmup=500),
+        student=Budget(max_update=1500, stop_time_hours=0.15, lr=2e-3, warmup=500),
         distill_beam=5,
         distill_nbest=5,
         validate=True,

@@ -11,6 +11,7 @@
 """
 import logging
 import os
+import zlib
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -237,7 +238,17 @@ class HRTTranslationTask(TranslationTask):
             )
         return chunking.curriculum_p_k(num_updates, total, self.cfg.curriculum_lambda)
 
-    def build_decoder_samples(self, sample, p_k: Optional[float], generator=None):
+    def chunked_rows_generator(self, sample, num_updates: int) -> torch.Generator:
+        """The RNG that picks a batch's chunked pairs, seeded by ``--seed``, the update and the
+        batch's sentence ids. The same batch at the same update gets the same pairs whatever
+        drew random numbers before it (dropout, earlier micro-batches of ``--update-freq``,
+        another rank), so a resumed run, a run over several ranks and one with
+        ``--update-freq`` choose alike."""
+        ids = zlib.crc32(sample["id"].cpu().numpy().astype(np.int64).tobytes())
+        seed = (self.cfg.seed * 1_000_003 + num_updates) * 2_654_435_761 + ids
+        return torch.Generator().manual_seed(seed % (2**63 - 1))
+
+    def build_decoder_samples(self, sample, p_k: Optional[float], generator=None, rows_generator=None):
         """Attach ``sample['hrt']``: the decoder samples of SPEC section 2 for this batch.
 
         ``p_k=None`` (validation) gives every pair all four kinds, so validation loss
@@ -265,7 +276,9 @@ class HRTTranslationTask(TranslationTask):
             if p_k is None:  # validation: all rows chunked and all rows plain
                 chunked_rows, plain_rows = rows, rows
             else:
-                chunked_rows, plain_rows = chunking.choose_chunked_rows(n, p_k, generator, target.device)
+                chunked_rows, plain_rows = chunking.choose_chunked_rows(
+                    n, p_k, rows_generator if rows_generator is not None else generator, target.device
+                )
             n_chunked = chunked_rows.numel()
             ks = torch.tensor(
                 [self.chunk_sizes[i % len(self.chunk_sizes)] for i in range(n_chunked)],
@@ -309,7 +322,8 @@ class HRTTranslationTask(TranslationTask):
         # the last update of the run trains with p_k = 1 (every pair chunked)
         # AT-only / CMLM-only runs have no curriculum: p_k=None there, so none is logged
         p_k = self.curriculum_p_k(update_num + 1) if self.cfg.hrt_mode == "hrt" else None
-        sample = self.build_decoder_samples(sample, p_k)
+        rows_generator = self.chunked_rows_generator(sample, update_num) if p_k is not None else None
+        sample = self.build_decoder_samples(sample, p_k, rows_generator=rows_generator)
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
     def valid_step(self, sample, model, criterion):
