@@ -3,8 +3,9 @@
 
 Systems (each family only when its checkpoint is given):
 
-* ``--at``  AT (deep encoder, shallow decoder), fairseq's ``SequenceGenerator``: greedy and
-  beam 5 (``--at-beams``). **AT greedy is the baseline of every speed ratio.**
+* ``--at``  AT (deep encoder, shallow decoder): greedy and beam 5 (``--at-beams``).
+  **The fastest AT greedy row of the run (per batch size, whichever engine) is the baseline
+  of every speed ratio.**
   The same checkpoint is also converted to CTranslate2 and decoded with its C++ engine
   (``--ctranslate2``, on when the ``ctranslate2`` package is installed): the outside reference
   for AT speed.
@@ -12,6 +13,11 @@ Systems (each family only when its checkpoint is given):
   for those) with b_at/b_nat = 1/1 and 5/1
   (``--hrt-beams``), and the same model in AT mode (C_d = 1) with beam b_at.
 * ``--mp``  Mask-Predict with I = 1, 4, 10 iterations (``--mp-iterations``), length beam l.
+
+Every AT and HRT system is measured with each engine of ``--engines`` (default both: the lean
+engine's rows keep the plain name, fairseq's ``SequenceGenerator`` rows say "(fairseq
+engine)"), and on CPU also with ``--quantize int8`` (an "int8" row per system, lean engine;
+``--int8``).
 
 Quality: detokenised sacreBLEU (with its signature) against the raw references; COMET when a
 local COMET model is given (``--comet-model`` or ``$COMET_MODEL``), otherwise the report says
@@ -23,7 +29,8 @@ passes over the first ``--bs1-sentences`` sentences (the WMT efficiency task's m
 batches decode every sentence (``--runs-large`` passes) with fairseq's length-sorted batching.
 Each system is warmed up on one batch first, and the passes go round-robin over the systems
 (pass r of every system, then pass r + 1), so that a slow patch of a shared machine hits all
-systems alike. Every speed is also given as a ratio to AT greedy measured in this process.
+systems alike. Every speed is also given as a ratio to the fastest AT greedy measured in this
+process.
 
 Output (``--out-dir``): ``report.json``, ``report.md`` (also printed), ``pareto.png`` (BLEU vs
 words/s per batch size, Pareto front marked) and ``hyps/<system>.txt``.
@@ -58,6 +65,8 @@ from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
 logger = logging.getLogger("benchmark")
 
 BASELINE = "AT greedy"
+# row-name suffix of each --engines value (the lean engine, fairseq-hrt's default, has none)
+ENGINE_SUFFIX = {"lean": "", "fairseq": " (fairseq engine)"}
 CT2_FAMILY = "CT2"
 
 
@@ -78,10 +87,23 @@ class System:
 def systems_from_args(args) -> Tuple[List[System], List[dict]]:
     """The systems to measure and the families skipped (no checkpoint given)."""
     systems, skipped = [], []
+    engines = parse_engines(getattr(args, "engines", "lean"))
+    int8 = getattr(args, "int8", "no") == "yes"
+
+    def rows(name, family, checkpoint, decoding, engine_rows=True):
+        """One row per engine (the lean engine's keeps the plain name), and an int8 row."""
+        out = []
+        for engine in engines if engine_rows else engines[:1]:
+            suffix = ENGINE_SUFFIX[engine] if engine_rows else ""
+            out.append(System(name + suffix, family, checkpoint, dict(decoding, engine=engine)))
+        if int8:
+            out.append(System(name + " int8", family, checkpoint, dict(decoding, engine=engines[0], quantize="int8")))
+        return out
+
     if args.at:
         for beam in parse_ints(args.at_beams):
             name = BASELINE if beam == 1 else f"AT beam {beam}"
-            systems.append(System(name, "AT", args.at, {"beam": beam}))
+            systems += rows(name, "AT", args.at, {"beam": beam})
         if getattr(args, "ctranslate2", "auto") != "no":
             for beam in parse_ints(args.at_beams):
                 name = "CTranslate2 AT " + ("greedy" if beam == 1 else f"beam {beam}")
@@ -91,24 +113,40 @@ def systems_from_args(args) -> Tuple[List[System], List[dict]]:
     if args.hrt:
         beams = parse_beam_pairs(args.hrt_beams)
         for b_at in sorted({b for b, _ in beams}):
-            systems.append(System(f"HRT AT-mode b={b_at}", "HRT", args.hrt, {"chunk_size": 1, "beam": b_at, "b_nat": 1}))
+            systems += rows(f"HRT AT-mode b={b_at}", "HRT", args.hrt, {"chunk_size": 1, "beam": b_at, "b_nat": 1})
         for k in parse_ints(args.hrt_chunk_sizes):
             for b_at, b_nat in beams:
-                systems.append(
-                    System(f"HRT k={k} b_at={b_at} b_nat={b_nat}", "HRT", args.hrt,
-                           {"chunk_size": k, "beam": b_at, "b_nat": b_nat})
-                )
+                systems += rows(f"HRT k={k} b_at={b_at} b_nat={b_nat}", "HRT", args.hrt,
+                                {"chunk_size": k, "beam": b_at, "b_nat": b_nat})
     else:
         skipped.append({"family": "HRT", "reason": "no --hrt checkpoint given"})
     if args.mp:
         for it in parse_ints(args.mp_iterations):
-            systems.append(
-                System(f"MP I={it} l={args.mp_length_beam}", "MP", args.mp,
-                       {"iterations": it, "length_beam": args.mp_length_beam})
-            )
+            # Mask-Predict has no left-to-right search: no engine rows
+            systems += rows(f"MP I={it} l={args.mp_length_beam}", "MP", args.mp,
+                            {"iterations": it, "length_beam": args.mp_length_beam}, engine_rows=False)
     else:
         skipped.append({"family": "MP", "reason": "no --mp checkpoint given"})
     return systems, skipped
+
+
+def parse_engines(text: str) -> List[str]:
+    engines = [e.strip() for e in str(text).split(",") if e.strip()]
+    bad = [e for e in engines if e not in ENGINE_SUFFIX]
+    if bad or not engines:
+        raise ValueError(f"--engines {text!r}: a comma-separated list of {', '.join(ENGINE_SUFFIX)}")
+    return engines
+
+
+def fastest_baseline(systems: Sequence[System], batch_sizes: Sequence[str]) -> Dict[str, str]:
+    """Per batch size, the fastest float AT greedy row of the run (whichever engine)."""
+    candidates = [s for s in systems if s.name.startswith(BASELINE) and s.family == "AT" and "quantize" not in s.decoding]
+    out = {}
+    for b in batch_sizes:
+        measured = [s for s in candidates if b in s.speed]
+        if measured:
+            out[b] = max(measured, key=lambda s: s.speed[b]["words_per_second"]).name
+    return out
 
 
 def parse_ints(text: str) -> List[int]:
@@ -127,10 +165,13 @@ def parse_beam_pairs(text: str) -> List[Tuple[int, int]]:
     return pairs
 
 
-def speed_ratios(words_per_second: Dict[str, Dict[str, float]], baseline: str) -> Dict[str, Dict[str, Optional[float]]]:
-    """``{system: {batch size: words/s}}`` -> the same with ratios to ``baseline`` at the same
-    batch size (None where the baseline was not measured)."""
-    base = words_per_second.get(baseline, {})
+def speed_ratios(words_per_second: Dict[str, Dict[str, float]], baseline) -> Dict[str, Dict[str, Optional[float]]]:
+    """``{system: {batch size: words/s}}`` -> the same with ratios to ``baseline`` (a system,
+    or ``{batch size: system}``) at the same batch size (None where it was not measured)."""
+    if isinstance(baseline, str):
+        base = words_per_second.get(baseline, {})
+    else:
+        base = {b: words_per_second.get(name, {}).get(b) for b, name in baseline.items()}
     return {
         name: {bs: (wps / base[bs] if base.get(bs) else None) for bs, wps in speeds.items()}
         for name, speeds in words_per_second.items()
@@ -178,8 +219,11 @@ def markdown_report(report: dict) -> str:
         f"fairseq {meta['fairseq']}, Python {meta['python']}; {meta['date']}",
         f"- BLEU: sacreBLEU on detokenised output, signature `{report['bleu_signature']}`",
         "- COMET: " + (f"{comet['model']}" if comet["available"] else f"not available ({short_reason(comet['reason'])})"),
-        f"- speed: source words/s; in brackets the ratio to {meta['baseline'] or 'AT greedy (not measured)'} "
-        "measured in this run",
+        f"- speed: source words/s; in brackets the ratio to {meta['baseline'] or 'AT greedy (not measured)'}"
+        + (" (" + ", ".join(f"bs={b}: {n}" for b, n in meta.get("baseline_per_batch_size", {}).items()) + ")"
+           if meta.get("baseline_per_batch_size") else ""),
+        "- engines: rows without a suffix use the lean engine (`--decoder-engine lean`); '(fairseq engine)' "
+        "rows use fairseq's SequenceGenerator; 'int8' rows add `--quantize int8`",
         "",
         "| system | BLEU | COMET | " + " | ".join(f"bs={b} words/s" for b in bss) + " |",
         "|---|---:|---:|" + "---:|" * len(bss),
@@ -253,8 +297,9 @@ def build_generator(task, model, system: System, max_len_b: int, lenpen: float):
     d = system.decoding
     if system.family == "MP":
         return build(task, model, None, None, None, max_len_b, lenpen,
-                     mp_iterations=d["iterations"], length_beam=d["length_beam"])
-    return build(task, model, d.get("chunk_size", 1), d["beam"], d.get("b_nat", 1), max_len_b, lenpen)
+                     mp_iterations=d["iterations"], length_beam=d["length_beam"], quantize=d.get("quantize", "none"))
+    return build(task, model, d.get("chunk_size", 1), d["beam"], d.get("b_nat", 1), max_len_b, lenpen,
+                 engine=d.get("engine", "lean"), quantize=d.get("quantize", "none"))
 
 
 def detok_pieces(hyps: Dict[int, List[str]], spm_model: str, n: int) -> List[str]:
@@ -304,6 +349,8 @@ def run(args) -> dict:
     use_cuda = torch.cuda.is_available() and not args.cpu
     if args.fp16 and not use_cuda:
         raise SystemExit("--fp16 needs a GPU (half-precision matmuls on CPU are not a speed-up)")
+    int8_rows = args.int8 == "yes" or (args.int8 == "auto" and not use_cuda)
+    args.int8 = "yes" if int8_rows else "no"
     systems, skipped = systems_from_args(args)
     if not systems:
         raise SystemExit("no system to measure: give at least one of --at, --hrt, --mp")
@@ -324,14 +371,20 @@ def run(args) -> dict:
         raise SystemExit(f"--src, --raw-src, --raw-ref have {len(src)}, {len(raw_src)}, {len(refs)} lines; they must be aligned")
     n_bs1 = min(args.bs1_sentences, len(src)) if args.bs1_sentences else len(src)
 
-    loaded = {}  # checkpoint -> (model, task): one copy of each model, shared by its systems
+    if int8_rows and use_cuda:
+        raise SystemExit("--int8 yes: dynamic int8 quantization is for CPU decoding (add --cpu)")
+
+    def copy_of(s):  # int8 rows decode their own, quantized copy of the checkpoint
+        return (s.checkpoint, s.decoding.get("quantize", "none"))
+
+    loaded = {}  # (checkpoint, quantize) -> (model, task): one copy, shared by its systems
     for s in systems:
-        if s.checkpoint not in loaded:
+        if copy_of(s) not in loaded:
             logger.info("loading %s", s.checkpoint)
-            loaded[s.checkpoint] = load(s.checkpoint, args.data, use_cuda, args.fp16)
+            loaded[copy_of(s)] = load(s.checkpoint, args.data, use_cuda, args.fp16)
     generators, translators = {}, {}  # fairseq generators; CTranslate2 translators by checkpoint
     for s in systems:
-        model, task = loaded[s.checkpoint]
+        model, task = loaded[copy_of(s)]
         if s.family != CT2_FAMILY:
             generators[s.name] = build_generator(task, model, s, args.max_len_b, args.lenpen)
         elif s.checkpoint not in translators:
@@ -340,7 +393,7 @@ def run(args) -> dict:
             )
             logger.info("CTranslate2 model of %s: %s", s.checkpoint, model_dir)
             translators[s.checkpoint] = ct2_reference.load(model_dir, use_cuda, args.fp16, args.threads)
-    suppress = {ck: ct2_reference.suppressed(loaded[ck][1].target_dictionary.symbols) for ck in translators}
+    suppress = {ck: ct2_reference.suppressed(loaded[(ck, "none")][1].target_dictionary.symbols) for ck in translators}
     pieces = [line.split() for line in src]
 
     def decode_system(s, batches, n_lines, bs, warm_up=False):
@@ -351,7 +404,7 @@ def run(args) -> dict:
             return ct2_reference.translate(
                 translators[s.checkpoint], pieces[:n], bs, s.decoding["beam"], args.max_len_b, suppress[s.checkpoint]
             )
-        model, task = loaded[s.checkpoint]
+        model, task = loaded[copy_of(s)]
         return decode(task, model, generators[s.name], batches[s.checkpoint][:1] if warm_up else batches[s.checkpoint],
                       use_cuda)
 
@@ -362,7 +415,7 @@ def run(args) -> dict:
         lines = src[:n_bs1] if bs == 1 else src
         words = source_words(raw_src[: len(lines)])
         batches = {}
-        for ckpt, (model, task) in loaded.items():
+        for (ckpt, _), (model, task) in loaded.items():
             batches[ckpt] = make_batches(task, model, lines, bs, use_cuda)
         for s in systems:  # warm-up: first calls allocate memory and pick kernels
             decode_system(s, batches, len(lines), bs, warm_up=True)
@@ -391,7 +444,7 @@ def run(args) -> dict:
 
     for s in systems:  # quality needs every sentence: decode it once, untimed, if no pass did
         if s.name not in hyps_tokens:
-            model, task = loaded[s.checkpoint]
+            model, task = loaded[copy_of(s)]
             # CTranslate2 reads the pieces, not fairseq's batches
             batches = {}
             if s.family != CT2_FAMILY:
@@ -401,7 +454,7 @@ def run(args) -> dict:
     hyps, signature = {}, None
     os.makedirs(os.path.join(args.out_dir, "hyps"), exist_ok=True)
     for s in systems:
-        _, task = loaded[s.checkpoint]
+        _, task = loaded[copy_of(s)]
         if s.family == CT2_FAMILY:
             hyps[s.name] = detok_pieces(hyps_tokens[s.name], args.spm, len(src))
         else:
@@ -412,8 +465,9 @@ def run(args) -> dict:
             f.write("".join(h + "\n" for h in hyps[s.name]))
     comet = comet_for(systems, raw_src, refs, hyps, args)
 
-    have_baseline = any(s.name == BASELINE for s in systems)
-    ratios = speed_ratios({s.name: {b: v["words_per_second"] for b, v in s.speed.items()} for s in systems}, BASELINE)
+    baselines = fastest_baseline(systems, [str(b) for b in batch_sizes])
+    have_baseline = bool(baselines)
+    ratios = speed_ratios({s.name: {b: v["words_per_second"] for b, v in s.speed.items()} for s in systems}, baselines)
     for s in systems:
         for b, v in s.speed.items():
             v["ratio_vs_baseline"] = ratios[s.name][b]
@@ -437,7 +491,9 @@ def run(args) -> dict:
             "batch_sizes": batch_sizes,
             "runs_bs1": args.runs,
             "runs_large": args.runs_large,
-            "baseline": BASELINE if have_baseline else None,
+            "baseline": "the fastest AT greedy of this run" if have_baseline else None,
+            "baseline_per_batch_size": baselines,
+            "engines": parse_engines(args.engines),
             "max_len_b": args.max_len_b,
             "lenpen": args.lenpen,
             "test": {
@@ -482,6 +538,10 @@ def parse_args(argv=None):
     g.add_argument("--mp", help="Mask-Predict (CMLM) checkpoint")
     g.add_argument("--mp-iterations", default="1,4,10", help="Mask-Predict iterations I")
     g.add_argument("--mp-length-beam", type=int, default=5, help="Mask-Predict length candidates l")
+    g.add_argument("--engines", default="lean,fairseq",
+                   help="decoder engines of the AT and HRT rows (--decoder-engine), comma-separated")
+    g.add_argument("--int8", choices=("auto", "yes", "no"), default="auto",
+                   help="add an int8 (--quantize int8, lean engine) row per system: auto = on CPU")
     g.add_argument("--max-len-b", type=int, default=200, help="L, the maximum target length")
     g.add_argument("--lenpen", type=float, default=1.0, help="length penalty of the beam searches")
     g = p.add_argument_group("measuring")

@@ -2,10 +2,9 @@
 """Decoding speed (source words/second) and quality of HRT vs AT on one checkpoint.
 
 Every configuration decodes the same sentences in the same process, so the ratios compare
-like with like. The AT baseline is the HRT model's AT mode, which *is* fairseq's
-``SequenceGenerator`` from ``</s>`` (the fastest AT decoder in fairseq; stage I of HRT uses the
-same code). ``--at-path`` adds a separately trained AT checkpoint decoded by fairseq's
-``SequenceGenerator`` (e.g. an ``at_e6d1`` baseline); ``--mp-path`` adds a Mask-Predict
+like with like. The AT baseline is the HRT model's AT mode: left-to-right search from ``</s>``
+with the engine of ``--engine`` (stage I of HRT uses the same engine). ``--at-path`` adds a separately trained AT checkpoint decoded by fairseq's
+left-to-right search (e.g. an ``at_e6d1`` baseline); ``--mp-path`` adds a Mask-Predict
 (``cmlm_*``) checkpoint, one row MP(I) per ``--mp-iterations`` value, with length beam
 ``--length-beam``.
 
@@ -65,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--max-sentences", type=int, default=0, help="use only the first N sentences (0 = all)")
     p.add_argument("--max-len-b", type=int, default=200, help="L, the max target length")
     p.add_argument("--lenpen", type=float, default=1.0)
+    p.add_argument("--engine", choices=("lean", "fairseq"), default="lean", help="--decoder-engine of every row")
+    p.add_argument("--quantize", choices=("none", "int8"), default="none", help="--quantize of every model (CPU)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     p.add_argument("--cpu", action="store_true", help="decode on CPU even if a GPU is present")
     p.add_argument("--fp16", action="store_true", help="half precision (GPU)")
@@ -106,7 +107,12 @@ def make_batches(task, model, lines: List[str], batch_size: int, use_cuda: bool)
     return batches
 
 
-def build_generator(task, model, chunk_size, beam, b_nat, max_len_b, lenpen, mp_iterations=None, length_beam=1):
+def build_generator(task, model, chunk_size, beam, b_nat, max_len_b, lenpen, mp_iterations=None, length_beam=1,
+                    engine="lean", quantize="none"):
+    """The task's generator for one configuration; ``engine`` / ``quantize`` are the task's
+    ``--decoder-engine`` / ``--quantize`` (int8 quantizes ``model`` in place)."""
+    task.cfg.decoder_engine = engine
+    task.cfg.quantize = quantize
     if mp_iterations is not None:  # Mask-Predict: the task picks MaskPredictGenerator
         gen_cfg = GenerationConfig(
             iter_decode_max_iter=mp_iterations, iter_decode_with_beam=length_beam, max_len_b=max_len_b
@@ -172,7 +178,7 @@ def main(argv=None):
         systems.append((f"HRT k={k} b_at={args.beam} b_nat={args.b_nat}", model, task, k, None))
     if args.at_path:
         at_model, at_task = load(args.at_path, args.data, use_cuda, args.fp16)
-        systems.insert(0, (f"AT checkpoint, fairseq SequenceGenerator b={args.beam}", at_model, at_task, None, None))
+        systems.insert(0, (f"AT checkpoint ({args.engine} engine) b={args.beam}", at_model, at_task, None, None))
     if args.mp_path:
         mp_model, mp_task = load(args.mp_path, args.data, use_cuda, args.fp16)
         for iterations in [int(i) for i in args.mp_iterations.split(",") if i]:
@@ -186,7 +192,7 @@ def main(argv=None):
     for name, m, t, k, mp_iterations in systems:
         gen = build_generator(
             t, m, k if k is not None else 1, args.beam, args.b_nat, args.max_len_b, args.lenpen,
-            mp_iterations, args.length_beam,
+            mp_iterations, args.length_beam, engine=args.engine, quantize=args.quantize,
         )
         row = {"system": name, "chunk_size": k, "speed": {}}
         if mp_iterations is not None:

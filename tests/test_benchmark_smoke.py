@@ -32,8 +32,17 @@ def hrt_mp_systems(chunk_sizes):
     ]
 
 
+def with_engine_rows(names):
+    """benchmark.py's default rows: lean engine, fairseq engine and int8 (on CPU) per system;
+    Mask-Predict has no engine rows."""
+    out = []
+    for name in names:
+        out += [name] + ([] if name.startswith("MP") else [name + " (fairseq engine)"]) + [name + " int8"]
+    return out
+
+
 # the recipe trains HRT for k = 2 only (one model per k, as the papers) and benchmarks it
-EXPECTED_SYSTEMS = AT_SYSTEMS + (CT2_SYSTEMS if HAVE_CT2 else []) + hrt_mp_systems([2])
+EXPECTED_SYSTEMS = with_engine_rows(AT_SYSTEMS) + (CT2_SYSTEMS if HAVE_CT2 else []) + with_engine_rows(hrt_mp_systems([2]))
 
 
 def _load_module(name, path):
@@ -97,6 +106,27 @@ def test_systems_and_skipped_families():
     assert {s.checkpoint for s in systems if s.family == "CT2"} == {"at.pt"}
     with pytest.raises(ValueError):
         benchmark.parse_beam_pairs("1/5")  # b_nat > b_at
+
+
+def test_engine_and_int8_rows_and_the_fastest_baseline():
+    args = SimpleNamespace(
+        at="at.pt", at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1",
+        mp="mp.pt", mp_iterations="1", mp_length_beam=5, ctranslate2="no", engines="lean,fairseq", int8="yes",
+    )
+    systems = benchmark.systems_from_args(args)[0]
+    assert [s.name for s in systems] == with_engine_rows(["AT greedy", "HRT AT-mode b=1", "HRT k=2 b_at=1 b_nat=1", "MP I=1 l=5"])
+    assert [s.decoding.get("engine") for s in systems[:3]] == ["lean", "fairseq", "lean"]
+    assert systems[2].decoding["quantize"] == "int8"
+    speeds = {"AT greedy": {"1": 300.0, "8": 900.0}, "AT greedy (fairseq engine)": {"1": 100.0, "8": 1000.0},
+              "AT greedy int8": {"1": 5000.0, "8": 5000.0}}
+    for s in systems:
+        s.speed = {b: {"words_per_second": w} for b, w in speeds.get(s.name, {}).items()}
+    # int8 is not a baseline candidate: the fastest float AT greedy of each batch size is
+    assert benchmark.fastest_baseline(systems, ["1", "8"]) == {"1": "AT greedy", "8": "AT greedy (fairseq engine)"}
+    ratios = benchmark.speed_ratios(speeds, {"1": "AT greedy", "8": "AT greedy (fairseq engine)"})
+    assert ratios["AT greedy"] == {"1": 1.0, "8": 0.9}
+    with pytest.raises(ValueError):
+        benchmark.parse_engines("lean,fast")
 
 
 def test_recipe_trains_one_chunk_size_by_default_and_several_on_request(tmp_path):
@@ -169,7 +199,10 @@ def test_quick_recipe_report_structure(quick_run):
     assert report["skipped"] == ([] if HAVE_CT2 else [{"family": "CTranslate2", "reason": report["skipped"][0]["reason"]}])
     assert report["meta"]["batch_sizes"] == [int(b) for b in BATCH_SIZES]
     assert report["meta"]["threads"] == 1 and report["meta"]["torch"] and report["meta"]["device"]
-    assert report["meta"]["runs_bs1"] == 5 and report["meta"]["baseline"] == "AT greedy"
+    assert report["meta"]["runs_bs1"] == 5 and report["meta"]["baseline"] == "the fastest AT greedy of this run"
+    baselines = report["meta"]["baseline_per_batch_size"]
+    assert sorted(baselines) == sorted(BATCH_SIZES)
+    assert set(baselines.values()) <= {"AT greedy", "AT greedy (fairseq engine)"}
     for s in report["systems"]:
         assert isinstance(s["bleu"], float)
         assert s["comet"] is None
@@ -178,8 +211,10 @@ def test_quick_recipe_report_structure(quick_run):
             sp = s["speed"][b]
             assert sp["words_per_second"] > 0 and sp["ratio_vs_baseline"] > 0
             assert len(sp["run_seconds"]) == (5 if b == "1" else 1)
-    at_greedy = report["systems"][0]
-    assert all(at_greedy["speed"][b]["ratio_vs_baseline"] == 1.0 for b in BATCH_SIZES)
+    by_name = {s["name"]: s for s in report["systems"]}
+    for b in BATCH_SIZES:
+        assert by_name[baselines[b]]["speed"][b]["ratio_vs_baseline"] == 1.0
+        assert all(by_name[n]["speed"][b]["ratio_vs_baseline"] <= 1.0 for n in ("AT greedy", "AT greedy (fairseq engine)"))
     assert report["bleu_signature"].startswith("nrefs:1|") and "version:" in report["bleu_signature"]
     assert report["comet"]["available"] is False and report["comet"]["reason"]
     assert set(report["pareto"]) == set(BATCH_SIZES) and all(report["pareto"][b] for b in BATCH_SIZES)
@@ -265,7 +300,7 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(qu
     )
     report = json.loads((bench / "report.json").read_text())
     assert report["comet"]["available"] is True and report["comet"]["model"] == str(Path(ckpt).resolve())
-    assert [s["name"] for s in report["systems"]] == ["AT greedy", "AT beam 5"]
+    assert [s["name"] for s in report["systems"]] == with_engine_rows(AT_SYSTEMS)
     assert all(isinstance(s["comet"], float) for s in report["systems"])
     assert [s["family"] for s in report["skipped"]] == ["HRT", "MP"]
     # paths relative to the report's folder, never this machine's absolute ones

@@ -1,0 +1,2 @@
+# importing the strategies registers them (--decoding)
+from fairseq_hrt.generation import hrt_generator, mask_predict  # noqa: F401

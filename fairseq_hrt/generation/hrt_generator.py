@@ -1,14 +1,18 @@
-"""Two-stage HRT decoding (SPEC section 3).
+"""Two-stage HRT decoding (SPEC section 3) and the left-to-right strategies ``beam`` / ``hrt``.
 
-Stage I (Skip-AT) is fairseq's own :class:`SequenceGenerator` started from ``<s_k>``: the HRT
-decoder derives positions ``0, k, 2k, ..`` from that start symbol, so beam search, length
-penalty, incremental state and the removal of finished sentences from the active batch are
-exactly fairseq's (and exactly what the AT baseline it is compared with uses). Stage II is one
-bidirectional pass over the top ``b_nat`` skeletons with ``k - 1`` masks before every ``z_i``.
+Stage I (Skip-AT) is a left-to-right search started from ``<s_k>``: the HRT decoder derives
+positions ``0, k, 2k, ..`` from that start symbol. Its engine is ``--decoder-engine``: the
+lean engine (:mod:`fairseq_hrt.generation.lean`) or fairseq's own ``SequenceGenerator``; both
+give the same hypotheses, with fairseq's beam search, length penalty and removal of finished
+sentences from the active batch (exactly what the AT baseline it is compared with uses).
+Stage II is one bidirectional pass over the top ``b_nat`` skeletons with ``k - 1`` masks
+before every ``z_i``, run on groups of skeletons of similar length (:func:`length_buckets`)
+so that one long skeleton does not make the whole batch pay for its padding.
 """
+import dataclasses
 import logging
 import math
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +20,17 @@ from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor
 
 from fairseq_hrt import chunking
+from fairseq_hrt.generation.strategies import (
+    DecodingContext,
+    DecodingStrategy,
+    SearchOptions,
+    check_lean_options,
+    hypothesis,
+    register_decoding,
+    reject_unsupported_inputs,
+    select_rows,
+    with_options,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +46,17 @@ class _EncoderCachingEnsemble(EnsembleModel):
     def forward_encoder(self, net_input: Dict[str, Tensor]):
         self.last_encoder_outs = super().forward_encoder(net_input)
         return self.last_encoder_outs
+
+
+class EncoderKeepingSequenceGenerator(SequenceGenerator):
+    """fairseq's ``SequenceGenerator`` that keeps the encoder output of its last batch."""
+
+    def __init__(self, models, tgt_dict, **kwargs):
+        super().__init__(_EncoderCachingEnsemble(models), tgt_dict, **kwargs)
+
+    @property
+    def last_encoder_out(self):
+        return self.model.last_encoder_outs[0]
 
 
 def stage2_fill(
@@ -56,23 +82,30 @@ class HRTGenerator:
     """Hybrid-regressive decoding with chunk size ``k`` (``k = 1``: plain AT decoding).
 
     Args:
-        stage1: fairseq ``SequenceGenerator`` with ``beam_size = b_at`` and fairseq's options
+        stage1: ``k -> `` left-to-right generator for chunk size ``k`` (``generate(models,
+            sample, bos_token=...)`` and ``last_encoder_out``), with beam ``b_at`` and at most
+            ``L / k`` steps
         chunk_start: ``{k: index of <s_k>}``
         b_nat: skeletons per sentence filled by stage II (``<= b_at``)
         chunk_size: ``k`` for every sentence, or a function ``src_lengths -> (B,) chunk sizes``
+        bucket_padding: stage II runs on groups of skeletons in which no skeleton is padded
+            by more than this fraction of its length plus one token (:func:`length_buckets`)
     """
 
     def __init__(
         self,
-        stage1: SequenceGenerator,
+        stage1: Callable[[int], object],
+        model,
         tgt_dict,
         chunk_start: Dict[int, int],
         mask: int,
         chunk_size,
+        b_at: int,
+        len_penalty: float,
         b_nat: int = 1,
         print_steps: bool = False,
+        bucket_padding: float = 0.25,
     ):
-        b_at = stage1.beam_size
         if b_nat < 1:
             raise ValueError(f"--b-nat must be >= 1, got {b_nat}")
         if b_nat > b_at:
@@ -80,38 +113,23 @@ class HRTGenerator:
                 f"HRT decoding needs b_at >= b_nat, got --beam {b_at} < --b-nat {b_nat}: "
                 "stage II fills the top b_nat Skip-AT hypotheses"
             )
-        if len(stage1.model.models) != 1:
-            raise ValueError("HRT decoding supports a single model (no ensembles)")
         self.stage1 = stage1
-        # keep the encoder output of stage I for stage II (never run the encoder twice)
-        self.stage1.model = _EncoderCachingEnsemble(stage1.model.models)
-        self.model = self.stage1.model.models[0]
+        self.model = model
         self.tgt_dict = tgt_dict
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
         self.mask = mask
         self.chunk_start = chunk_start
         self.chunk_size = chunk_size
         self.b_nat = b_nat
+        self.len_penalty = len_penalty
         self.print_steps = print_steps
-        self.max_len_a, self.max_len_b = stage1.max_len_a, stage1.max_len_b
-        # symbols no stage may produce: <mask>, the start symbols <s>, <s_k> (and <pad>)
-        banned = [self.mask, tgt_dict.bos()] + list(chunk_start.values())
-        if stage1.token_indices_to_suppress is not None:
-            banned += stage1.token_indices_to_suppress.tolist()
-        stage1.token_indices_to_suppress = torch.tensor(sorted(set(banned)), dtype=torch.long)
-        self.banned = torch.tensor(sorted(set(banned + [self.pad])), dtype=torch.long)
-
-    def cuda(self):
-        self.stage1.cuda()
-        return self
+        self.bucket_padding = bucket_padding
+        self.banned = torch.tensor(sorted(set(hrt_banned_symbols(tgt_dict, mask, chunk_start) + [self.pad])))
 
     # fairseq's generate loop calls generator.generate(models, sample, prefix_tokens=..., ...)
     @torch.no_grad()
     def generate(self, models, sample: Dict[str, Dict[str, Tensor]], **kwargs) -> List[List[Dict[str, Tensor]]]:
-        if kwargs.get("prefix_tokens") is not None:
-            raise ValueError("HRT decoding does not support --prefix-size")
-        if kwargs.get("constraints") is not None:
-            raise ValueError("HRT decoding does not support lexical constraints")
+        reject_unsupported_inputs("HRT decoding", **kwargs)
         net_input = sample["net_input"]
         src_lengths = net_input["src_tokens"].ne(self.pad).long().sum(dim=1)
         if callable(self.chunk_size):
@@ -121,30 +139,37 @@ class HRTGenerator:
         results: List[Optional[List[Dict[str, Tensor]]]] = [None] * len(per_row)
         for k in sorted(set(per_row)):
             rows = [i for i, kk in enumerate(per_row) if kk == k]
-            sub = sample if len(rows) == len(per_row) else _select_rows(sample, rows)
+            sub = sample if len(rows) == len(per_row) else select_rows(sample, rows)
             for i, hypos in zip(rows, self._generate_k(sub, k)):
                 results[i] = hypos
         return results
 
     def _generate_k(self, sample, k: int):
-        seq_gen = self.stage1
-        # stage I makes at most L / k steps (L = max_len_a * src_len + max_len_b)
-        seq_gen.max_len_a, seq_gen.max_len_b = self.max_len_a / k, int(self.max_len_b // k)
-        try:
-            skeletons = seq_gen._generate(sample, bos_token=None if k == 1 else self.chunk_start[k])
-        finally:
-            seq_gen.max_len_a, seq_gen.max_len_b = self.max_len_a, self.max_len_b
+        stage1 = self.stage1(k)
+        skeletons = stage1.generate([self.model], sample, bos_token=None if k == 1 else self.chunk_start[k])
         if k == 1:
             return skeletons  # AT mode: no stage II
-        return self._stage2(skeletons, k, seq_gen.model.last_encoder_outs[0])
+        return self._stage2(skeletons, k, stage1.last_encoder_out)
 
     def _stage2(self, skeletons, k: int, encoder_out):
-        device = encoder_out["encoder_out"][0].device
         rows, sentence_of_row = [], []
         for sent, hypos in enumerate(skeletons):
             for hypo in hypos[: self.b_nat]:
                 rows.append(hypo)
                 sentence_of_row.append(sent)
+        out: List[List[Dict[str, Tensor]]] = [[] for _ in skeletons]
+        lengths = [int(h["tokens"].numel()) for h in rows]
+        for bucket in length_buckets(lengths, self.bucket_padding):
+            filled = self._fill([rows[r] for r in bucket], [sentence_of_row[r] for r in bucket], k, encoder_out)
+            for r, hypo in zip(bucket, filled):
+                out[sentence_of_row[r]].append(hypo)
+        for hypos in out:
+            hypos.sort(key=lambda h: float(h["score"]), reverse=True)
+        return out
+
+    def _fill(self, rows, sentence_of_row: List[int], k: int, encoder_out):
+        """Stage II on one group of skeletons: their hypotheses, in the order given."""
+        device = encoder_out["encoder_out"][0].device
         skeleton = _pad_stack([h["tokens"] for h in rows], self.pad).to(device)
         skeleton_scores = _pad_stack([h["positional_scores"].float() for h in rows], 0.0).to(device)
         stage2 = chunking.stage2_input(skeleton, k, self.pad, self.mask)
@@ -168,21 +193,12 @@ class HRTGenerator:
         tokens, pos_scores, lengths = stage2_fill(
             mask_tokens, mask_lprobs, stage2, spread_scores, self.mask, self.eos, self.pad
         )
-        lenpen = self.stage1.len_penalty
-        final_scores = pos_scores.sum(dim=1) / lengths.float().pow(lenpen)
+        final_scores = pos_scores.sum(dim=1) / lengths.float().pow(self.len_penalty)
 
-        out: List[List[Dict[str, Tensor]]] = [[] for _ in skeletons]
-        for r, sent in enumerate(sentence_of_row):
+        filled = []
+        for r in range(len(rows)):
             n = int(lengths[r])
-            hypo = {
-                "tokens": tokens[r, :n],
-                "score": final_scores[r],
-                "positional_scores": pos_scores[r, :n],
-                "attention": None,
-                "alignment": None,
-                "steps": int(rows[r]["tokens"].numel()),
-            }
-            out[sent].append(hypo)
+            filled.append(hypothesis(tokens[r, :n], final_scores[r], pos_scores[r, :n], steps=int(rows[r]["tokens"].numel())))
             if self.print_steps:
                 logger.info(
                     "HRT k=%d stage I: %s | stage II: %s",
@@ -190,9 +206,27 @@ class HRTGenerator:
                     self.tgt_dict.string(stage2.tokens[r][stage2.tokens[r].ne(self.pad)]),
                     self.tgt_dict.string(tokens[r, :n]),
                 )
-        for hypos in out:
-            hypos.sort(key=lambda h: float(h["score"]), reverse=True)
-        return out
+        return filled
+
+
+def length_buckets(lengths: List[int], max_padding: float) -> List[List[int]]:
+    """Group row indices by length so that no row is padded by more than ``max_padding``
+    times its own length (plus one token): sorted by length, a group closes when the next
+    row is longer than ``(1 + max_padding) * shortest + 1``. Rows keep no order across
+    groups; every row is in exactly one group."""
+    order = sorted(range(len(lengths)), key=lambda r: lengths[r])
+    buckets: List[List[int]] = []
+    for r in order:
+        if buckets and lengths[r] <= (1 + max_padding) * lengths[buckets[-1][0]] + 1:
+            buckets[-1].append(r)
+        else:
+            buckets.append([r])
+    return buckets
+
+
+def hrt_banned_symbols(tgt_dict, mask: int, chunk_start: Dict[int, int]) -> List[int]:
+    """Symbols no HRT stage may produce: ``<mask>`` and the start symbols ``<s>``, ``<s_k>``."""
+    return sorted({mask, tgt_dict.bos(), *chunk_start.values()})
 
 
 def _pad_stack(tensors: List[Tensor], value) -> Tensor:
@@ -203,16 +237,119 @@ def _pad_stack(tensors: List[Tensor], value) -> Tensor:
     return out
 
 
-def _select_rows(sample, rows: List[int]):
-    """The sub-batch of ``sample`` with the given rows (net_input and per-row entries)."""
-    index = torch.tensor(rows, dtype=torch.long, device=sample["net_input"]["src_tokens"].device)
-    bsz = sample["net_input"]["src_tokens"].size(0)
 
-    def select(value):
-        if isinstance(value, Tensor) and value.dim() > 0 and value.size(0) == bsz:
-            return value.index_select(0, index)
-        if isinstance(value, dict):
-            return {k: select(v) for k, v in value.items()}
-        return value
 
-    return {k: select(v) for k, v in sample.items()}
+# ------------------------------------------------------------------------ strategies
+
+
+def _is_hrt_model(model) -> bool:
+    return hasattr(model, "get_trained_chunk_sizes") and not hasattr(model, "forward_length")
+
+
+def left_to_right_generators(ctx: DecodingContext, banned: List[int]) -> Callable[[int], object]:
+    """``k -> `` the left-to-right generator of ``--decoder-engine`` for at most ``L / k`` steps
+    (``L = max_len_a * src_len + max_len_b``), never producing ``banned``; built once per k."""
+    options = SearchOptions.from_args(ctx.args)
+    model, tgt_dict = ctx.models[0], ctx.task.target_dictionary
+    if ctx.engine == "lean":
+        check_lean_options(ctx.args)
+        if len(ctx.models) != 1:
+            raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
+    built: Dict[int, object] = {}
+
+    def generator(k: int):
+        if k not in built:
+            max_len_a, max_len_b = options.max_len_a / k, int(options.max_len_b // k)
+            if ctx.engine == "lean":
+                from fairseq_hrt.generation.lean import LeanSequenceGenerator
+
+                built[k] = LeanSequenceGenerator(
+                    model, tgt_dict, dataclasses.replace(options, max_len_a=max_len_a, max_len_b=max_len_b), banned
+                )
+            else:
+                built[k] = ctx.fairseq_generator(
+                    ctx.models,
+                    with_options(ctx.args, max_len_a=max_len_a, max_len_b=max_len_b),
+                    seq_gen_cls=EncoderKeepingSequenceGenerator,
+                    extra_gen_cls_kwargs={"tokens_to_suppress": [tgt_dict[i] for i in banned]} if banned else None,
+                )
+        return built[k]
+
+    return generator
+
+
+def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
+    task, model = ctx.task, ctx.models[0]
+    b_at = getattr(ctx.args, "beam", 5)
+    if b_at < 1:
+        raise ValueError("--beam (b_at) must be >= 1")
+    if len(ctx.models) != 1:
+        raise ValueError("HRT decoding supports a single model (no ensembles)")
+    banned = hrt_banned_symbols(task.target_dictionary, task.mask_idx, task.chunk_start_idx)
+    generator = HRTGenerator(
+        left_to_right_generators(ctx, banned),
+        model,
+        task.target_dictionary,
+        chunk_start=task.chunk_start_idx,
+        mask=task.mask_idx,
+        chunk_size=chunk_size,
+        b_at=b_at,
+        len_penalty=getattr(ctx.args, "lenpen", 1),
+        b_nat=task.cfg.b_nat,
+        print_steps=getattr(ctx.args, "print_step", False),
+    )
+    if chunk_size == 1 and task.cfg.b_nat == 1:
+        logger.info("HRT decoding in AT mode (chunk size 1) from </s>, %s engine", ctx.engine)
+    else:
+        logger.info("HRT decoding: chunk size %s, b_at %d, b_nat %d, %s engine", chunk_size, b_at, task.cfg.b_nat, ctx.engine)
+    return generator
+
+
+@register_decoding("beam")
+class BeamDecoding(DecodingStrategy):
+    """Left-to-right beam search (greedy at --beam 1) from ``</s>``: the default of AT models;
+    an HRT model decodes so in its AT mode (chunk size 1)."""
+
+    @classmethod
+    def supports(cls, model):
+        if hasattr(model, "forward_length"):
+            return "a Mask-Predict (cmlm_*) model has no left-to-right decoder; use --decoding mask-predict"
+        return None
+
+    @classmethod
+    def is_default_for(cls, model):
+        return not hasattr(model, "forward_length") and not hasattr(model, "get_trained_chunk_sizes")
+
+    @classmethod
+    def build(cls, ctx: DecodingContext):
+        if _is_hrt_model(ctx.models[0]):
+            if str(ctx.task.cfg.decode_chunk_size) not in ("auto-trained", "1"):
+                raise ValueError("--decoding beam decodes an HRT model in AT mode; drop --decode-chunk-size or use --decoding hrt")
+            return build_hrt_generator(ctx, 1)
+        logger.info("left-to-right decoding (beam %s), %s engine", getattr(ctx.args, "beam", 5), ctx.engine)
+        if ctx.engine == "fairseq":
+            return ctx.fairseq_generator(ctx.models, ctx.args)
+        return left_to_right_generators(ctx, banned=[])(1)
+
+
+@register_decoding("hrt")
+class HRTDecoding(DecodingStrategy):
+    """Two-stage hybrid-regressive decoding (``--decode-chunk-size``, ``--b-nat``)."""
+
+    @classmethod
+    def supports(cls, model):
+        if not _is_hrt_model(model):
+            return f"HRT decoding needs an HRT model (--arch hrt_*), not a {type(model).__name__}"
+        return None
+
+    @classmethod
+    def is_default_for(cls, model):
+        return _is_hrt_model(model)
+
+    @classmethod
+    def build(cls, ctx: DecodingContext):
+        from fairseq_hrt.tasks.hrt_translation import resolve_decode_chunk_size
+
+        model = ctx.models[0]
+        chunk_size = resolve_decode_chunk_size(ctx.task.cfg.decode_chunk_size, model.get_trained_chunk_sizes())
+        return build_hrt_generator(ctx, chunk_size)

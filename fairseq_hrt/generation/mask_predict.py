@@ -29,6 +29,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_hrt import chunking
+from fairseq_hrt.generation.strategies import (
+    DecodingContext,
+    DecodingStrategy,
+    hypothesis,
+    register_decoding,
+    reject_unsupported_inputs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -176,10 +183,7 @@ class MaskPredictGenerator:
     # like fairseq's SequenceGenerator it decodes with the model it was built with
     @torch.no_grad()
     def generate(self, models, sample: Dict[str, Dict[str, Tensor]], **kwargs) -> List[List[Dict[str, Tensor]]]:
-        if kwargs.get("prefix_tokens") is not None:
-            raise ValueError("Mask-Predict decoding does not support --prefix-size")
-        if kwargs.get("constraints") is not None:
-            raise ValueError("Mask-Predict decoding does not support lexical constraints")
+        reject_unsupported_inputs("Mask-Predict decoding", **kwargs)
         model = self.model
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
@@ -216,17 +220,8 @@ class MaskPredictGenerator:
             for j in order[b].tolist():
                 r = b * beam + j
                 n = int(lengths[r]) + 1  # with </s>
-                hypos.append(
-                    {
-                        "tokens": tokens[r, :n],
-                        "score": average[r],
-                        # </s> is given, not predicted: positional score 0
-                        "positional_scores": scores[r, :n],
-                        "attention": None,
-                        "alignment": None,
-                        "steps": self.iterations,
-                    }
-                )
+                # </s> is given, not predicted: positional score 0
+                hypos.append(hypothesis(tokens[r, :n], average[r], scores[r, :n], steps=self.iterations))
             finalized.append(hypos)
         return finalized
 
@@ -238,4 +233,33 @@ class MaskPredictGenerator:
             self.iterations,
             self.tgt_dict.string(before[keep]),
             self.tgt_dict.string(after[keep]),
+        )
+
+
+@register_decoding("mask-predict")
+class MaskPredictDecoding(DecodingStrategy):
+    """Mask-Predict for ``cmlm_*`` models (fairseq's iterative-refinement options)."""
+
+    @classmethod
+    def supports(cls, model):
+        if not hasattr(model, "forward_length"):
+            return "Mask-Predict needs a model with a length predictor (--arch cmlm_*)"
+        return None
+
+    @classmethod
+    def is_default_for(cls, model):
+        return hasattr(model, "forward_length")
+
+    @classmethod
+    def build(cls, ctx: DecodingContext):
+        from fairseq_hrt.tasks.hrt_translation import HRTTranslationConfig as defaults
+
+        cfg = ctx.task.cfg
+        if cfg.decode_chunk_size != defaults.decode_chunk_size or cfg.b_nat != defaults.b_nat:
+            raise ValueError(
+                "--decode-chunk-size and --b-nat are HRT decoding options; a Mask-Predict "
+                "(cmlm_*) model decodes with --iter-decode-max-iter I and --iter-decode-with-beam l"
+            )
+        return MaskPredictGenerator.from_generation_args(
+            ctx.models, ctx.task.target_dictionary, ctx.args, mask=ctx.task.mask_idx, banned=ctx.task.chunk_start_idx.values()
         )

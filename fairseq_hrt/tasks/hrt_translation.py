@@ -25,11 +25,15 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from fairseq_hrt import chunking
+from fairseq_hrt.generation import strategies
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
 
 logger = logging.getLogger(__name__)
 
 HRT_MODES = ChoiceEnum(["hrt", "at", "cmlm"])
+DECODINGS = ChoiceEnum(strategies.DECODING_CHOICES)
+DECODER_ENGINES = ChoiceEnum(strategies.ENGINE_CHOICES)
+QUANTIZATIONS = ChoiceEnum(strategies.QUANTIZE_CHOICES)
 
 
 def parse_chunk_sizes(text: str) -> List[int]:
@@ -102,6 +106,27 @@ class HRTTranslationConfig(TranslationConfig):
     b_nat: int = field(
         default=1,
         metadata={"help": "HRT: number of Skip-AT hypotheses (of --beam = b_at) filled by stage II"},
+    )
+    decoding: DECODINGS = field(
+        default="auto",
+        metadata={
+            "help": "decoding strategy: 'auto' = the model's default (AT models: beam, HRT "
+            "models: hrt, cmlm_* models: mask-predict); 'beam' = left-to-right beam search "
+            "(an HRT model in its AT mode); 'hrt' = two-stage HRT; 'mask-predict'"
+        },
+    )
+    decoder_engine: DECODER_ENGINES = field(
+        default="lean",
+        metadata={
+            "help": "engine of left-to-right search (AT beam/greedy, HRT stage I and AT mode): "
+            "'lean' = this plugin's step loop (preallocated caches, finished sentences leave "
+            "the batch, top-k on the logits), same hypotheses as 'fairseq' = fairseq's "
+            "SequenceGenerator (needed for --prefix-size, constraints, sampling, alignments)"
+        },
+    )
+    quantize: QUANTIZATIONS = field(
+        default="none",
+        metadata={"help": "'int8' = dynamic int8 quantization of the linear layers for CPU decoding"},
     )
     max_update: int = II("optimization.max_update")
     seed: int = II("common.seed")
@@ -327,42 +352,20 @@ class HRTTranslationTask(TranslationTask):
         return super().build_dataset_for_inference(src_tokens, src_lengths, constraints=constraints)
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
-        from fairseq_hrt.generation.hrt_generator import HRTGenerator
-        from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
+        """The generator of ``--decoding`` / ``--decoder-engine`` / ``--quantize``
+        (:mod:`fairseq_hrt.generation.strategies`)."""
 
-        model = models[0]
-        if hasattr(model, "forward_length"):
-            # Mask-Predict baselines (cmlm_* archs) use fairseq's iterative-refinement options
-            if (
-                self.cfg.decode_chunk_size != HRTTranslationConfig.decode_chunk_size
-                or self.cfg.b_nat != HRTTranslationConfig.b_nat
-            ):
-                raise ValueError(
-                    "--decode-chunk-size and --b-nat are HRT decoding options; a Mask-Predict "
-                    "(cmlm_*) model decodes with --iter-decode-max-iter I and --iter-decode-with-beam l"
-                )
-            return MaskPredictGenerator.from_generation_args(
-                models, self.target_dictionary, args, mask=self.mask_idx, banned=self.chunk_start_idx.values()
-            )
-        if not hasattr(model, "get_trained_chunk_sizes"):
-            # AT baselines (fairseq's transformer): fairseq's own beam search
-            return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, **kwargs)
-        if getattr(args, "beam", 5) < 1:
-            raise ValueError("--beam (b_at) must be >= 1")
-        chunk_size = resolve_decode_chunk_size(self.cfg.decode_chunk_size, model.get_trained_chunk_sizes())
-        stage1 = super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, **kwargs)
-        if chunk_size == 1 and self.cfg.b_nat == 1:
-            logger.info("HRT decoding in AT mode (chunk size 1): fairseq's SequenceGenerator from </s>")
-        else:
-            logger.info("HRT decoding: chunk size %s, b_at %d, b_nat %d", chunk_size, stage1.beam_size, self.cfg.b_nat)
-        return HRTGenerator(
-            stage1,
-            self.target_dictionary,
-            chunk_start=self.chunk_start_idx,
-            mask=self.mask_idx,
-            chunk_size=chunk_size,
-            b_nat=self.cfg.b_nat,
-            print_steps=getattr(args, "print_step", False),
+        def fairseq_generator(models_, args_, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs):
+            return super(HRTTranslationTask, self).build_generator(models_, args_, seq_gen_cls, extra_gen_cls_kwargs, **kwargs)
+
+        return strategies.build_decoding(
+            self,
+            models,
+            args,
+            decoding=str(self.cfg.decoding),
+            engine=str(self.cfg.decoder_engine),
+            quantize=str(self.cfg.quantize),
+            fairseq_generator=fairseq_generator,
         )
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
@@ -371,23 +374,13 @@ class HRTTranslationTask(TranslationTask):
         empty = src.ne(self.source_dictionary.pad()).long().sum(dim=1) <= 1
         if not empty.any():
             return super().inference_step(generator, models, sample, prefix_tokens, constraints)
-        from fairseq_hrt.generation.hrt_generator import _select_rows
-
         results = [None] * src.size(0)
         eos = self.target_dictionary.eos()
         for i in empty.nonzero().view(-1).tolist():
-            results[i] = [
-                {
-                    "tokens": src.new_tensor([eos]),
-                    "score": torch.tensor(0.0),
-                    "positional_scores": torch.zeros(1),
-                    "attention": None,
-                    "alignment": None,
-                }
-            ]
+            results[i] = [strategies.hypothesis(src.new_tensor([eos]), torch.tensor(0.0), torch.zeros(1))]
         rest = (~empty).nonzero().view(-1).tolist()
         if rest:
-            sub = _select_rows(sample, rest)
+            sub = strategies.select_rows(sample, rest)
             sub_prefix = prefix_tokens[rest] if prefix_tokens is not None else None
             sub_constraints = constraints[rest] if constraints is not None else None
             for i, hypos in zip(rest, super().inference_step(generator, models, sub, sub_prefix, sub_constraints)):
