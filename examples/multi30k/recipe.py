@@ -574,18 +574,24 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def run_resumable(make_runner):
+    """Build a recipe-like object and ``run()`` it as a command: step errors and
+    interruptions end it with a message and an exit code; the same command resumes it."""
     # SIGTERM like Ctrl-C, so that the running step's child process is stopped as well
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        Recipe(args).run()
+        make_runner().run()
     except StepError as e:
         log(f"ERROR: {e}")
         sys.exit(1)
     except KeyboardInterrupt:
         log("interrupted; run the same command again to resume")
         sys.exit(130)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    run_resumable(lambda: Recipe(args))
 
 
 if __name__ == "__main__":

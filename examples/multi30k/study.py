@@ -28,7 +28,6 @@ Example (2 CPU cores, the quickstart's shape, about 1.5 hours)::
 """
 import argparse
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -290,16 +289,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    # SIGTERM like Ctrl-C, so that the running step's child process is stopped as well
-    signal.signal(signal.SIGTERM, recipe._interrupt)
-    try:
-        Study(args).run()
-    except StepError as e:
-        log(f"ERROR: {e}")
-        sys.exit(1)
-    except KeyboardInterrupt:
-        log("interrupted; run the same command again to resume")
-        sys.exit(130)
+    recipe.run_resumable(lambda: Study(args))
 
 
 if __name__ == "__main__":
