@@ -30,16 +30,17 @@ import sys
 from typing import Dict, List
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # decode_speed
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fairseq_hrt
 
 from decode_speed import build_generator, decode, detok, load, make_batches, read_lines  # noqa: E402
 
+from fairseq.data import data_utils  # noqa: E402
+
 from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
-from fairseq_hrt.generation.hrt_generator import stage2_fill  # noqa: E402
+from fairseq_hrt.generation.hrt_generator import fill_skeletons, hrt_banned_symbols  # noqa: E402
 from fairseq_hrt.scoring.metrics import sacrebleu_score  # noqa: E402
 
 logger = logging.getLogger("hrt_quality")
@@ -75,28 +76,18 @@ def reference_skeletons(ref_tokens: List[torch.Tensor], k: int, pad: int, eos: i
 
 
 @torch.no_grad()
-def fill_skeletons(model, task, sample, skeletons: List[torch.Tensor], k: int) -> List[torch.Tensor]:
-    """Stage II over given skeletons (one per row of ``sample``): the model's own
-    bidirectional pass, argmax in the masks, truncated at the first ``</s>``."""
+def oracle_fill(model, task, sample, skeletons: List[torch.Tensor], k: int) -> List[torch.Tensor]:
+    """Stage II over given skeletons (one per row of ``sample``): the HRT generator's own
+    stage II (:func:`fill_skeletons`), with no stage-I scores."""
     d = task.target_dictionary
-    pad, eos, mask = d.pad(), d.eos(), d.index("<mask>")
     net_input = sample["net_input"]
-    device = net_input["src_tokens"].device
-    width = max(s.numel() for s in skeletons)
-    skel = torch.full((len(skeletons), width), pad, dtype=torch.long, device=device)
-    for i, s in enumerate(skeletons):
-        skel[i, : s.numel()] = s
-    stage2 = chunking.stage2_input(skel, k, pad, mask)
+    skeleton = data_utils.collate_tokens(skeletons, d.pad()).to(net_input["src_tokens"].device)
     enc = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
-    features, _ = model.decoder(stage2.tokens, encoder_out=enc, positions=stage2.positions, causal=False,
-                                features_only=True)
-    is_mask = stage2.tokens.eq(mask)
-    lprobs = F.log_softmax(model.decoder.output_layer(features[is_mask]).float(), dim=-1)
-    banned = [mask, d.bos(), pad] + [d.index(f"<s{j}>") for j in range(2, 9) if f"<s{j}>" in d.indices]
-    lprobs[:, banned] = float("-inf")
-    mask_lprobs, mask_tokens = lprobs.max(dim=-1)
-    tokens, _, lengths = stage2_fill(mask_tokens, mask_lprobs, stage2, torch.zeros(stage2.tokens.shape, device=device),
-                                     mask, eos, pad)
+    banned = torch.tensor(hrt_banned_symbols(d, task.mask_idx, task.chunk_start_idx) + [d.pad()])
+    _, tokens, _, lengths = fill_skeletons(
+        model, skeleton, torch.zeros(skeleton.shape, device=skeleton.device), k, enc, banned,
+        task.mask_idx, d.eos(), d.pad(),
+    )
     return [tokens[i, : int(lengths[i])] for i in range(tokens.size(0))]
 
 
@@ -162,7 +153,7 @@ def run(args) -> dict:
         hyps = {}
         for sample in batches:
             ids = sample["id"].tolist()
-            filled = fill_skeletons(model, task, sample, [skeletons[i].to(sample["id"].device) for i in ids], k)
+            filled = oracle_fill(model, task, sample, [skeletons[i] for i in ids], k)
             hyps.update(zip(ids, filled))
         oracles[name] = score(task, hyps, args.spm, refs, raw_src, buckets, args.max_len_b, k)
         logger.info("oracle %-9s BLEU %.2f", name, oracles[name]["bleu"])

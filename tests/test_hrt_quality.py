@@ -53,7 +53,7 @@ def test_oracle_on_the_models_own_skeleton_reproduces_hrt_decoding(setup):
     stage1 = SequenceGenerator([model], d, beam_size=1, max_len_b=12, tokens_to_suppress=SPECIALS).generate(
         [model], sample, bos_token=d.index("<s2>")
     )
-    filled = hrt_quality.fill_skeletons(model, task, sample, [h[0]["tokens"] for h in stage1], 2)
+    filled = hrt_quality.oracle_fill(model, task, sample, [h[0]["tokens"] for h in stage1], 2)
     for ours, theirs in zip(filled, hrt):
         assert torch.equal(ours, theirs[0]["tokens"])
     # stage II only fills the masks: the kept skeleton tokens are the given ones

@@ -172,26 +172,11 @@ class HRTGenerator:
         device = encoder_out["encoder_out"][0].device
         skeleton = _pad_stack([h["tokens"] for h in rows], self.pad).to(device)
         skeleton_scores = _pad_stack([h["positional_scores"].float() for h in rows], 0.0).to(device)
-        stage2 = chunking.stage2_input(skeleton, k, self.pad, self.mask)
-        spread_scores = skeleton_scores.new_zeros(stage2.tokens.shape)
-        final = stage2.target.ne(self.pad)
-        spread_scores[final] = skeleton_scores[skeleton.ne(self.pad)]
-
         enc = self.model.encoder.reorder_encoder_out(
             encoder_out, torch.tensor(sentence_of_row, dtype=torch.long, device=device)
         )
-        features, _ = self.model.decoder(
-            stage2.tokens, encoder_out=enc, positions=stage2.positions, causal=False, features_only=True
-        )
-        # only the k - 1 masks of every chunk are predicted: projecting just them onto the
-        # vocabulary keeps stage II's output layer at (k - 1) / k of a full pass, so stage I
-        # plus stage II cost no more output-layer work than AT decoding does
-        logits = self.model.decoder.output_layer(features[stage2.tokens.eq(self.mask)])
-        lprobs = F.log_softmax(logits.float(), dim=-1)
-        lprobs[:, self.banned.to(device)] = -math.inf
-        mask_lprobs, mask_tokens = lprobs.max(dim=-1)
-        tokens, pos_scores, lengths = stage2_fill(
-            mask_tokens, mask_lprobs, stage2, spread_scores, self.mask, self.eos, self.pad
+        stage2, tokens, pos_scores, lengths = fill_skeletons(
+            self.model, skeleton, skeleton_scores, k, enc, self.banned, self.mask, self.eos, self.pad
         )
         final_scores = pos_scores.sum(dim=1) / lengths.float().pow(self.len_penalty)
 
@@ -207,6 +192,33 @@ class HRTGenerator:
                     self.tgt_dict.string(tokens[r, :n]),
                 )
         return filled
+
+
+def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, encoder_out, banned: Tensor,
+                   mask: int, eos: int, pad: int):
+    """Stage II proper: one bidirectional pass over right-padded skeletons ``(B, M)`` (each
+    ending in ``</s>``) with ``k - 1`` masks before every token, argmax in the masks.
+
+    ``skeleton_scores`` are the stage-I log-probabilities of the skeleton tokens (zeros when
+    a skeleton does not come from stage I, e.g. an oracle's); ``encoder_out`` has one row per
+    skeleton. Returns ``(stage2 input, tokens, positional_scores, lengths)`` as
+    :func:`stage2_fill`.
+    """
+    stage2 = chunking.stage2_input(skeleton, k, pad, mask)
+    spread_scores = skeleton_scores.new_zeros(stage2.tokens.shape)
+    spread_scores[stage2.target.ne(pad)] = skeleton_scores[skeleton.ne(pad)]
+    features, _ = model.decoder(
+        stage2.tokens, encoder_out=encoder_out, positions=stage2.positions, causal=False, features_only=True
+    )
+    # only the k - 1 masks of every chunk are predicted: projecting just them onto the
+    # vocabulary keeps stage II's output layer at (k - 1) / k of a full pass, so stage I
+    # plus stage II cost no more output-layer work than AT decoding does
+    logits = model.decoder.output_layer(features[stage2.tokens.eq(mask)])
+    lprobs = F.log_softmax(logits.float(), dim=-1)
+    lprobs[:, banned.to(lprobs.device)] = -math.inf
+    mask_lprobs, mask_tokens = lprobs.max(dim=-1)
+    tokens, pos_scores, lengths = stage2_fill(mask_tokens, mask_lprobs, stage2, spread_scores, mask, eos, pad)
+    return stage2, tokens, pos_scores, lengths
 
 
 def length_buckets(lengths: List[int], max_padding: float) -> List[List[int]]:
