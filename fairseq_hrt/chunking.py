@@ -143,6 +143,23 @@ def skip_at_sample(
     return DecoderSample(tokens, positions, skip_target)
 
 
+def skip_at_teacher_slots(skip_target: Tensor, k: IntOrTensor, target_lengths_: Tensor, pad: int):
+    """Where AT mode's teacher-forced predictions match Skip-AT's targets (self-distillation).
+
+    Skip-AT step ``i`` predicts ``y_{(i+1)k}``; AT mode predicts the same token at output slot
+    ``(i+1)k - 1`` of the AT sample over the same target, from the full prefix. Returns
+    ``(slots, valid)``, both ``(B, W)`` like ``skip_target``: ``valid`` is False at padding and
+    at the extra ``</s>`` that pad a target to a multiple of k, which AT mode never predicts
+    (``target_lengths_`` counts ``y_1 .. y_N </s>``, see :func:`target_lengths`).
+    """
+    bsz, width = skip_target.shape
+    k = _row_chunk_sizes(k, bsz, skip_target.device)
+    i = torch.arange(width, device=skip_target.device).unsqueeze(0)
+    slots = (i + 1) * k.unsqueeze(1) - 1
+    valid = skip_target.ne(pad) & (slots < target_lengths_.to(slots.device).unsqueeze(1))
+    return slots.masked_fill(~valid, 0), valid
+
+
 def chunk_final_mask(width: int, k: IntOrTensor, batch_size: int, device) -> Tensor:
     """``(B, width)`` bool: True at the slots that end a chunk (positions k, 2k, ...)."""
     k = _row_chunk_sizes(k, batch_size, device)
@@ -213,17 +230,21 @@ def merge_rows(first: DecoderSample, second: DecoderSample, pad: int) -> Decoder
     )
 
 
-def mix_targets(raw: Tensor, distilled: Tensor, p_raw: float, pad: int, generator=None):
+def mix_targets(raw: Tensor, distilled: Tensor, p_raw: Union[float, Tensor], pad: int, generator=None):
     """MixDistill: each row takes its raw target with probability ``p_raw``, else the distilled one.
 
-    Returns ``(targets, use_raw)``. ``p_raw = 1`` gives exactly the raw targets, ``p_raw = 0``
-    exactly the distilled ones.
+    ``p_raw`` is one probability or a ``(B,)`` tensor of per-row probabilities (chunked pairs
+    may use another share, ``--p-raw-chunked``). Returns ``(targets, use_raw)``. ``p_raw = 1``
+    gives exactly the raw targets, ``p_raw = 0`` exactly the distilled ones.
     """
-    if not 0.0 <= p_raw <= 1.0:
+    p = torch.as_tensor(p_raw, dtype=torch.float, device=raw.device)
+    if p.numel() and not bool(((p >= 0) & (p <= 1)).all()):
         raise ValueError(f"--p-raw must be in [0, 1], got {p_raw}")
+    if p.dim() > 0 and p.shape != (raw.size(0),):
+        raise ValueError(f"per-row p_raw must have shape ({raw.size(0)},), got {tuple(p.shape)}")
     if raw.size(0) != distilled.size(0):
         raise ValueError("raw and distilled targets have different batch sizes")
-    use_raw = torch.rand(raw.size(0), device=raw.device, generator=generator) < p_raw
+    use_raw = torch.rand(raw.size(0), device=raw.device, generator=generator) < p
     width = max(raw.size(1), distilled.size(1))
 
     def widen(t):

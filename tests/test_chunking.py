@@ -558,6 +558,19 @@ def test_mix_targets_bad_p_raw(p_raw):
         mix_targets(raw, distilled, p_raw, P)
 
 
+def test_mix_targets_per_row_p_raw():
+    """``--p-raw-chunked``: each row its own probability; 1 and 0 are exact whatever the draw."""
+    raw, distilled = _raw_and_distilled()
+    for seed in range(10):
+        mixed, use_raw = mix_targets(raw, distilled, T([1, 0, 1]).float(), P, torch.Generator().manual_seed(seed))
+        assert use_raw.tolist() == [True, False, True]
+        assert mixed[0].tolist()[:4] == raw[0].tolist() and mixed[1].tolist() == distilled[1].tolist()
+    with pytest.raises(ValueError, match="shape"):
+        mix_targets(raw, distilled, torch.tensor([0.5, 0.5]), P)
+    with pytest.raises(ValueError, match="p-raw"):
+        mix_targets(raw, distilled, torch.tensor([0.5, 1.5, 0.0]), P)
+
+
 def test_mix_targets_batch_size_mismatch():
     raw, distilled = _raw_and_distilled()
     with pytest.raises(ValueError, match="batch sizes"):
@@ -661,3 +674,33 @@ def test_empty_row_selection_early_and_late_in_the_curriculum():
     merged = merge_rows(chunked, at_sample(none, P, E), P)
     for a, b in zip(merged, chunked):
         assert torch.equal(a[:, : b.size(1)], b)
+
+
+# ---------------------------------------------------------------- Skip-AT self-distillation
+
+
+def test_skip_at_teacher_slots_table():
+    """SPEC table, N = 4, k = 2: Skip-AT targets ``y2 y4 </s>`` are AT slots 1 and 3; the
+    last ``</s>`` pads to a multiple of k and has no AT prediction. N = 3: ``y2 </s>`` at 1, 3."""
+    tgt = batch(4, 3)
+    skip = skip_at_sample(tgt, 2, P, E, starts(2, 2)).target
+    slots, valid = chunking.skip_at_teacher_slots(skip, 2, chunking.target_lengths(tgt, P), P)
+    assert valid.tolist() == [[True, True, False], [True, True, False]]
+    assert slots.tolist() == [[1, 3, 0], [1, 3, 0]]
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_skip_at_teacher_slots_point_at_the_same_tokens(k):
+    """Wherever valid, the AT sample's target at the slot is the Skip-AT target, for ragged
+    batches and per-row chunk sizes; every AT-predictable Skip-AT target is valid."""
+    tgt = batch(1, 2, 5, 7, 8, 11)
+    ks = T([k, 2, k, 3, k, 4])
+    skip = skip_at_sample(tgt, ks, P, E, starts(ks, 6)).target
+    at = chunking.at_sample(tgt, P, E).target
+    lengths = chunking.target_lengths(tgt, P)
+    slots, valid = chunking.skip_at_teacher_slots(skip, ks, lengths, P)
+    assert torch.equal(at.gather(1, slots)[valid], skip[valid])
+    for r in range(6):
+        n_valid = int(valid[r].sum())
+        # y_k, y_2k, .. within y_1 .. y_N </s>: floor((N + 1) / k) of them
+        assert n_valid == int(lengths[r]) // int(ks[r])

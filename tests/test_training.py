@@ -323,6 +323,123 @@ def test_mixdistill_p_raw_extremes_in_fairseq_train(data, aux, work):
     assert abs(dist[-1] - none[-1]) > 1e-3
 
 
+def test_p_raw_chunked_gives_chunked_pairs_their_own_share(data, aux):
+    """--p-raw 1 --p-raw-chunked 0: the chunked pairs (Skip-AT / Skip-CMLM samples) get the
+    distilled targets, the plain pairs (AT / CMLM) the raw ones."""
+    task = _setup_task(data.bin_dir, "--distill-data", aux["distill"], "--p-raw", 1, "--p-raw-chunked", 0)
+    ds = task.dataset("train")
+    pad = task.target_dictionary.pad()
+    batch = ds.collater([ds[i] for i in range(0, 64, 2)])
+    raw_rows = [_strip(r, pad) for r in batch["target"]]
+    dist_rows = [_strip(r, pad) for r in batch["distilled_target"]]
+    sample = task.build_decoder_samples(dict(batch), p_k=0.5, generator=torch.Generator().manual_seed(0))
+    hrt = sample["hrt"]
+    chunked = set(hrt["ar_rows"][: hrt["n_chunked"]].tolist())
+    assert 0 < len(chunked) < len(raw_rows)
+    got = [_strip(r, pad) for r in sample["target"]]
+    assert [got[i] == (dist_rows[i] if i in chunked else raw_rows[i]) for i in range(len(got))] == [True] * len(got)
+    # and the Skip-AT samples are built from them
+    for skip_target, i in zip(hrt["ar"].target[: hrt["n_chunked"]], hrt["ar_rows"][: hrt["n_chunked"]].tolist()):
+        tgt = dist_rows[i]
+        padded = tgt + [tgt[-1]] * (len(tgt) % 2)
+        assert _strip(skip_target, pad) == padded[1::2]
+
+
+def _task_model(data_dir, *extra):
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [str(data_dir), "--user-dir", USER_DIR, "--task", "hrt_translation", "--arch", "hrt_tiny",
+         "--criterion", "hrt_loss", "--max-update", "10", "--dropout", "0", *[str(e) for e in extra]],
+    )
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset("train")
+    torch.manual_seed(0)
+    return task, task.build_model(cfg.model)
+
+
+def test_skip_at_self_distillation_loss(data):
+    """--skip-at-self-distill a: at every Skip-AT target y_ik of a chunked pair, the trained
+    loss is (1 - a) x the label-smoothed loss + a x the cross-entropy to the model's own AT-mode
+    distribution at AT slot ik - 1, teacher-forced on the full target. Recomputed here row by
+    row from the model's two modes; the logged per-kind losses stay the label-smoothed ones;
+    validation trains nothing and is unchanged."""
+    import torch.nn.functional as F
+
+    from fairseq_hrt import chunking
+    from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, label_smoothed_token_loss
+
+    task, model = _task_model(data.bin_dir)
+    ds = task.dataset("train")
+    pad, eos = task.target_dictionary.pad(), task.target_dictionary.eos()
+    batch = ds.collater([ds[i] for i in range(24)])
+    sample = task.build_decoder_samples(dict(batch), p_k=0.5, rows_generator=torch.Generator().manual_seed(3))
+    hrt = sample["hrt"]
+    n_chunked = hrt["n_chunked"]
+    assert n_chunked == 12
+    a = 0.3
+    plain, distilled = HRTLossCriterion(task, 0.1), HRTLossCriterion(task, 0.1, skip_at_self_distill=a)
+    model.train()
+    loss0, size0, log0 = plain(model, sample)
+    loss_a, size_a, log_a = distilled(model, sample)
+    assert size0 == size_a
+    assert log_a["skip_at_loss"] == pytest.approx(log0["skip_at_loss"], rel=1e-6)
+    assert "skip_at_distill_loss" not in log0 and log_a["skip_at_distill_ntokens"] > 0
+
+    # the expected difference, one chunked row at a time
+    encoder_out = model.encoder(sample["net_input"]["src_tokens"], src_lengths=sample["net_input"]["src_lengths"])
+    expected, n_valid = 0.0, 0
+    with torch.no_grad():
+        for j, row in enumerate(hrt["ar_rows"][:n_chunked].tolist()):
+            k = int(hrt["chunk_sizes"][j])
+            tgt = torch.tensor([_strip(sample["target"][row], pad)])
+            enc = model.encoder.reorder_encoder_out(encoder_out, torch.tensor([row]))
+            model.decoder.eval()
+            at = chunking.at_sample(tgt, pad, eos)
+            teacher = F.softmax(model.decoder(at.tokens, encoder_out=enc, positions=at.positions, causal=True)[0], -1)
+            model.decoder.train()
+            skip = chunking.skip_at_sample(tgt, k, pad, eos, torch.tensor([task.chunk_start_idx[k]]))
+            student = F.log_softmax(
+                model.decoder(skip.tokens, encoder_out=enc, positions=skip.positions, causal=True)[0], -1
+            )
+            hard, _ = label_smoothed_token_loss(student, skip.target, 0.1, pad)
+            n = tgt.size(1)  # y_1 .. y_N </s>
+            for i in range(skip.target.size(1)):
+                slot = (i + 1) * k - 1
+                if slot >= n:
+                    continue  # an extra </s>: no AT prediction
+                assert int(at.target[0, slot]) == int(skip.target[0, i])
+                soft = -(teacher[0, slot] * student[0, i]).sum()
+                expected += a * float(soft - hard[0, i])
+                n_valid += 1
+    assert log_a["skip_at_distill_ntokens"] == n_valid
+    assert float(loss_a - loss0) == pytest.approx(expected, rel=1e-3, abs=1e-3)
+    loss_a.backward()  # the teacher pass is outside the graph
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+
+    model.eval()
+    valid = task.build_decoder_samples(dict(batch), None)
+    assert float(distilled(model, valid)[0]) == pytest.approx(float(plain(model, valid)[0]))
+
+
+def test_self_distillation_and_chunked_share_option_checks(data, aux):
+    from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion
+
+    task = _setup_task(data.bin_dir)
+    with pytest.raises(ValueError, match="skip-at-self-distill"):
+        HRTLossCriterion(task, 0.1, skip_at_self_distill=1.5)
+    at_task = _setup_task(data.bin_dir, "--hrt-mode", "at")
+    with pytest.raises(ValueError, match="--hrt-mode at"):
+        HRTLossCriterion(at_task, 0.1, skip_at_self_distill=0.5)
+    with pytest.raises(ValueError, match="needs --distill-data"):
+        _setup_task(data.bin_dir, "--p-raw-chunked", 0)
+    with pytest.raises(ValueError, match=r"p-raw-chunked must be in \[0, 1\]"):
+        _setup_task(data.bin_dir, "--distill-data", aux["distill"], "--p-raw-chunked", 2)
+
+
 # ------------------------------------------------------------------------ bad input
 
 

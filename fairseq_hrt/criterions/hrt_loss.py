@@ -20,6 +20,7 @@ from fairseq import metrics, utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 
+from fairseq_hrt import chunking
 from fairseq_hrt.models.hrt_transformer import HRTDecoder
 
 KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
@@ -29,6 +30,16 @@ KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
 class HRTLossConfig(FairseqDataclass):
     label_smoothing: float = field(
         default=0.1, metadata={"help": "epsilon for label smoothing, 0 means no label smoothing"}
+    )
+    skip_at_self_distill: float = field(
+        default=0.0,
+        metadata={
+            "help": "weight a of self-distillation for Skip-AT: on chunked pairs, the loss at "
+            "every Skip-AT target y_ik is (1 - a) x the label-smoothed loss + a x the cross-entropy "
+            "to the same model's AT-mode distribution for y_ik, teacher-forced on the full "
+            "prefix (no gradient through the teacher); 0 = off. Costs one causal decoder pass "
+            "without gradient over the chunked pairs"
+        },
     )
 
 
@@ -87,9 +98,17 @@ def run_decoder(model, decoder_sample, encoder_out, causal: bool):
 
 @register_criterion("hrt_loss", dataclass=HRTLossConfig)
 class HRTLossCriterion(FairseqCriterion):
-    def __init__(self, task, label_smoothing):
+    def __init__(self, task, label_smoothing, skip_at_self_distill=0.0):
         super().__init__(task)
         self.eps = label_smoothing
+        if not 0.0 <= skip_at_self_distill <= 1.0:
+            raise ValueError(f"--skip-at-self-distill must be in [0, 1], got {skip_at_self_distill}")
+        if skip_at_self_distill > 0 and getattr(task.cfg, "hrt_mode", "hrt") != "hrt":
+            raise ValueError(
+                f"--skip-at-self-distill distils AT mode into Skip-AT, which --hrt-mode "
+                f"{task.cfg.hrt_mode} does not train"
+            )
+        self.self_distill = skip_at_self_distill
 
     def forward(self, model, sample, reduce=True):
         if "hrt" not in sample:
@@ -119,11 +138,14 @@ class HRTLossCriterion(FairseqCriterion):
             loss, nll = label_smoothed_token_loss(lprobs, ds.target, self.eps, self.padding_idx)
             ntok = ds.target.ne(self.padding_idx).long().sum(dim=1)
             row_loss, row_nll = loss.sum(dim=1), nll.sum(dim=1)
+            trained = loss  # the per-kind losses logged stay the label-smoothed ones, comparable across runs
+            if pass_name == "ar" and self.self_distill > 0 and n_chunked > 0 and model.training:
+                trained = self._self_distilled(model, sample, encoder_out, lprobs, loss, ds, logging_output)
             for kind, sl in ((kinds[0], slice(0, n_chunked)), (kinds[1], slice(n_chunked, None))):
                 logging_output[f"{kind}_loss"] = utils.item(row_loss[sl].sum().data)
                 logging_output[f"{kind}_nll_loss"] = utils.item(row_nll[sl].sum().data)
                 logging_output[f"{kind}_ntokens"] = utils.item(ntok[sl].sum().data)
-            total_loss = total_loss + row_loss.sum()
+            total_loss = total_loss + trained.sum()
             total_nll = total_nll + row_nll.sum()
             sample_size += int(ntok.sum().item())
         if hasattr(model, "forward_length"):
@@ -141,6 +163,44 @@ class HRTLossCriterion(FairseqCriterion):
             sample_size=sample_size,
         )
         return total_loss, sample_size, logging_output
+
+    def _self_distilled(self, model, sample, encoder_out, lprobs, loss, ds, logging_output):
+        """Skip-AT's per-token loss mixed with the cross-entropy to AT mode's teacher-forced
+        distribution of the same tokens (``--skip-at-self-distill``).
+
+        The teacher is the same decoder in AT mode, without dropout and without gradient, on
+        the chunked pairs' full targets: it sees ``y_1 .. y_{ik-1}`` where Skip-AT sees only
+        ``y_k, y_2k, ..``, so its distribution tells Skip-AT which of its choices are
+        plausible continuations of the whole sentence instead of one-hot references.
+        """
+        hrt = sample["hrt"]
+        n_chunked = hrt["n_chunked"]
+        pad, eos = self.padding_idx, self.task.target_dictionary.eos()
+        chunked_rows = hrt["ar_rows"][:n_chunked]
+        target = sample["target"].index_select(0, chunked_rows)
+        skip_target = ds.target[:n_chunked]
+        slots, valid = chunking.skip_at_teacher_slots(
+            skip_target, hrt["chunk_sizes"], chunking.target_lengths(target, pad), pad
+        )
+        at = chunking.at_sample(target, pad, eos)
+        enc = model.encoder.reorder_encoder_out(encoder_out, chunked_rows)
+        was_training = model.decoder.training
+        model.decoder.eval()
+        try:
+            with torch.no_grad():
+                teacher = F.softmax(run_decoder(model, at, enc, causal=True).float(), dim=-1)
+        finally:
+            model.decoder.train(was_training)
+        vocab = teacher.size(-1)
+        teacher = teacher.gather(1, slots.unsqueeze(-1).expand(-1, -1, vocab))
+        soft = -(teacher * lprobs[:n_chunked, : slots.size(1)]).sum(dim=-1).masked_fill(~valid, 0.0)
+        a = self.self_distill
+        mixed = torch.where(valid, (1.0 - a) * loss[:n_chunked, : slots.size(1)] + a * soft, loss[:n_chunked, : slots.size(1)])
+        loss = loss.clone()
+        loss[:n_chunked, : slots.size(1)] = mixed
+        logging_output["skip_at_distill_loss"] = utils.item(soft.sum().data)
+        logging_output["skip_at_distill_ntokens"] = utils.item(valid.long().sum().data)
+        return loss
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
@@ -160,6 +220,12 @@ class HRTLossCriterion(FairseqCriterion):
             metrics.log_scalar(f"{kind}_ntokens", ntok, priority=900, round=0)
             if ntok > 0:
                 metrics.log_scalar(f"{kind}_loss", total(f"{kind}_loss") / ntok / math.log(2), ntok, round=3)
+        if any("skip_at_distill_ntokens" in log for log in logging_outputs):
+            ntok = total("skip_at_distill_ntokens")
+            if ntok > 0:
+                metrics.log_scalar(
+                    "skip_at_distill_loss", total("skip_at_distill_loss") / ntok / math.log(2), ntok, round=3
+                )
         if any("length_loss" in log for log in logging_outputs):
             nsent = total("length_nsentences")
             metrics.log_scalar("length_loss", total("length_loss") / max(nsent, 1) / math.log(2), nsent, round=3)

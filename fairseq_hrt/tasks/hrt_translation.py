@@ -93,6 +93,14 @@ class HRTTranslationConfig(TranslationConfig):
             "distilled one (1 = raw data only, 0 = distilled only); needs --distill-data"
         },
     )
+    p_raw_chunked: Optional[float] = field(
+        default=None,
+        metadata={
+            "help": "MixDistill for the chunked pairs (Skip-AT and Skip-CMLM samples): probability "
+            "of the raw target; default: --p-raw. 0 gives Skip-AT only distilled targets, which "
+            "are easier to predict without the tokens in between; needs --distill-data"
+        },
+    )
     # decoding (fairseq-generate / fairseq-interactive)
     decode_chunk_size: str = field(
         default="auto-trained",
@@ -176,6 +184,13 @@ class HRTTranslationTask(TranslationTask):
             )
         if not 0.0 <= cfg.p_raw <= 1.0:
             raise ValueError(f"--p-raw must be in [0, 1], got {cfg.p_raw}")
+        if cfg.p_raw_chunked is not None:
+            if not 0.0 <= cfg.p_raw_chunked <= 1.0:
+                raise ValueError(f"--p-raw-chunked must be in [0, 1], got {cfg.p_raw_chunked}")
+            if not cfg.distill_data:
+                raise ValueError("--p-raw-chunked mixes distilled targets: it needs --distill-data")
+            if cfg.hrt_mode != "hrt":
+                raise ValueError(f"--p-raw-chunked applies to chunked pairs, which --hrt-mode {cfg.hrt_mode} has none of")
         if cfg.curriculum_lambda <= 0:
             raise ValueError(f"--curriculum-lambda must be > 0, got {cfg.curriculum_lambda}")
         self.mask_idx = tgt_dict.index(MASK_SYMBOL)
@@ -215,7 +230,12 @@ class HRTTranslationTask(TranslationTask):
                 f"the raw {split} set has {len(pair_dataset)}. The distilled corpus must be a "
                 "line-by-line translation of the same source file."
             )
-        logger.info("MixDistill: %s (p_raw = %s)", prefix, self.cfg.p_raw)
+        if self.cfg.p_raw_chunked is None:
+            logger.info("MixDistill: %s (p_raw = %s)", prefix, self.cfg.p_raw)
+        else:
+            logger.info(
+                "MixDistill: %s (p_raw = %s, chunked pairs: %s)", prefix, self.cfg.p_raw, self.cfg.p_raw_chunked
+            )
         # batch by the longer of the two targets so that either fits --max-tokens
         pair_dataset.tgt_sizes = np.maximum(pair_dataset.tgt_sizes, distilled.sizes)
         pair_dataset.sizes = np.vstack((pair_dataset.src_sizes, pair_dataset.tgt_sizes)).T
@@ -257,28 +277,33 @@ class HRTTranslationTask(TranslationTask):
         """
         pad, eos = self.tgt_dict.pad(), self.tgt_dict.eos()
         target = sample["target"]
-        if "distilled_target" in sample and sample["distilled_target"] is not None:
-            target, _ = chunking.mix_targets(
-                target, sample["distilled_target"].to(target), self.cfg.p_raw, pad, generator
-            )
-            sample["target"] = target
         n = target.size(0)
         rows = torch.arange(n, device=target.device)
         mode = self.cfg.hrt_mode
-        ar = nar = None
-        ar_rows = nar_rows = rows
-        n_chunked = 0
-        if mode == "at":
-            ar = chunking.at_sample(target, pad, eos)
-        elif mode == "cmlm":
-            nar = chunking.cmlm_sample(target, pad, eos, self.mask_idx, generator)
-        else:
+        chunked_rows = plain_rows = None
+        if mode == "hrt":
             if p_k is None:  # validation: all rows chunked and all rows plain
                 chunked_rows, plain_rows = rows, rows
             else:
                 chunked_rows, plain_rows = chunking.choose_chunked_rows(
                     n, p_k, rows_generator if rows_generator is not None else generator, target.device
                 )
+        if "distilled_target" in sample and sample["distilled_target"] is not None:
+            p_raw = self.cfg.p_raw
+            if self.cfg.p_raw_chunked is not None and p_k is not None and chunked_rows is not None:
+                p_raw = torch.full((n,), self.cfg.p_raw, device=target.device)
+                p_raw[chunked_rows] = self.cfg.p_raw_chunked
+            target, _ = chunking.mix_targets(target, sample["distilled_target"].to(target), p_raw, pad, generator)
+            sample["target"] = target
+        ar = nar = None
+        ar_rows = nar_rows = rows
+        n_chunked = 0
+        ks = target.new_zeros(0)
+        if mode == "at":
+            ar = chunking.at_sample(target, pad, eos)
+        elif mode == "cmlm":
+            nar = chunking.cmlm_sample(target, pad, eos, self.mask_idx, generator)
+        else:
             n_chunked = chunked_rows.numel()
             ks = torch.tensor(
                 [self.chunk_sizes[i % len(self.chunk_sizes)] for i in range(n_chunked)],
@@ -306,6 +331,7 @@ class HRTTranslationTask(TranslationTask):
             "ar_rows": ar_rows,
             "nar_rows": nar_rows,
             "n_chunked": n_chunked,
+            "chunk_sizes": ks,  # k of each chunked row (the first n_chunked rows of ar / nar)
             "p_k": p_k if p_k is not None else -1.0,
         }
         return sample
