@@ -76,3 +76,36 @@ def test_report_states_the_gap_and_the_distance_to_at_greedy():
     assert cells[3:10] == ["21.00", "19.50", "1.50", "22.00", "20.00", "2.00", "-0.50"]
     assert cells[10] == "0 / 1" and cells[11:13] == ["40.00", "20.50"]
     assert "| hrt_c2_x1 | 4.00 | 4.50 | 5.00 | 4.20 |" in md
+
+
+def test_variants_train_the_first_set_at_the_largest_budget_with_extra_options(tmp_path):
+    s = _study(tmp_path, "--scales", "1,8", "--chunk-size-sets", "2", "2,3,4",
+               "--variants", "sd5=--skip-at-self-distill 0.5", "kd_c0={kd} --p-raw 0.5 --p-raw-chunked 0")
+    assert s.variant_name("sd5") == "hrt_c2_x8_sd5"
+    assert s.variant_args("sd5") == ["--skip-at-self-distill", "0.5"]
+    assert s.variant_args("kd_c0") == ["--distill-data", str(tmp_path / "kd" / "distill-bin"), "--p-raw", "0.5",
+                                       "--p-raw-chunked", "0"]
+    assert s.needs_kd()
+    (tmp_path / "at").mkdir()
+    (tmp_path / "at" / "checkpoint_2_300.pt").write_bytes(b"")
+    models = s.models()
+    assert models["hrt_c2_x8_kd_c0"]["variant"] == "kd_c0" and models["hrt_c2_x8_kd_c0"]["updates"] == 2400
+    assert not _study(tmp_path, "--variants", "sd5=--skip-at-self-distill 0.5").needs_kd()
+    # the training command: the plain run's, plus the variant's options, in its own folder
+    ran = {}
+    s.run_step = lambda i, name, cmd, outputs, **kw: ran.setdefault(name, [str(c) for c in cmd])
+    s.step_hrt(6, "2", 8)
+    s.step_variant(7, "kd_c0")
+    plain, variant = ran["hrt_c2_x8"], ran["hrt_c2_x8_kd_c0"]
+    assert variant[variant.index("--save-dir") + 1] == str(tmp_path / "hrt_c2_x8_kd_c0")
+    assert variant[-6:] == s.variant_args("kd_c0")
+    assert [w for w in variant[:-6] if "hrt_c2_x8" not in w] == [w for w in plain if "hrt_c2_x8" not in w]
+    # its KD set: the AT model of the largest budget translates the training set, beam 5
+    s.step_kd(7)
+    kd = ran["kd_distill"]
+    assert kd[kd.index("--path") + 1] == str(tmp_path / "at" / "checkpoint_last.pt")
+    assert kd[kd.index("--beam") + 1] == "5" and kd[kd.index("--out") + 1] == str(tmp_path / "kd" / "distill" / "train.de")
+    assert ran["kd_bin"][ran["kd_bin"].index("--destdir") + 1] == str(tmp_path / "kd" / "distill-bin")
+    for bad in (["x"], ["Bad=--a"], ["a="], ["a=--x", "a=--y"]):
+        with pytest.raises(ValueError, match="--variants"):
+            study.parse_variants(bad)

@@ -310,37 +310,47 @@ class Recipe:
         self.run_step(i, "teacher", cmd, [self.checkpoint("teacher")], train_max_update=p.teacher.max_update)
 
     def step_distill(self, i):
-        p = self.profile
         out = self.out / "distill" / "train.de"
+        self.run_step(i, "distill", self.distill_cmd(self.checkpoint("teacher"), out, self.logs / "distill.log"),
+                      [out], own_log=True)
+
+    def distill_cmd(self, teacher: Path, out: Path, log_file: Path, beam: int = 0, nbest: int = 0) -> List[str]:
+        """Sequence-level KD of the training set by ``teacher`` into ``out`` (pieces); beam and
+        n-best default to the profile's."""
+        p = self.profile
         cmd = [
             sys.executable, "-m", "fairseq_hrt.distill",
-            "--data", str(self.data_bin), "--path", str(self.checkpoint("teacher")),
+            "--data", str(self.data_bin), "--path", str(teacher),
             "--src", str(self.data / "spm" / "train.en"), "--out", str(out),
-            "--beam", str(p.distill_beam), "--nbest", str(p.distill_nbest),
+            "--beam", str(beam or p.distill_beam), "--nbest", str(nbest or p.distill_nbest),
             "--select-by-bleu", str(self.data / "raw" / "train.de"), "--post-process", "sentencepiece",
             # an under-trained teacher can loop until the 200-token limit: cap the length
             # well above any real Multi30k translation (target/source piece ratio ~1.1)
             "--max-len-a", "1.5", "--max-len-b", "10",
-            "--threads", str(self.threads), "--log-file", str(self.logs / "distill.log"),
+            "--threads", str(self.threads), "--log-file", str(log_file),
         ]
-        self.run_step(i, "distill", cmd + self.device_args, [out], own_log=True)
+        return cmd + self.device_args
 
     def step_distill_bin(self, i):
+        dest = self.out / "distill-bin"
+        cmd = self.distill_bin_cmd(self.out / "distill", dest)
+        self.run_step(i, "distill_bin", cmd, [dest / "train.en-de.de.bin", dest / "train.en-de.de.idx"])
+
+    def distill_bin_cmd(self, distill: Path, dest: Path) -> List[str]:
+        """fairseq-preprocess of a distilled training set with the data's dictionary."""
         # fairseq-preprocess needs the source side next to the distilled target
-        distill = self.out / "distill"
         src = distill / "train.en"
-        if not src.exists():
+        if not src.exists() and not src.is_symlink():
+            src.parent.mkdir(parents=True, exist_ok=True)
             src.symlink_to(self.data / "spm" / "train.en")
         dict_path = self.data_bin / "dict.en.txt"
-        dest = self.out / "distill-bin"
-        cmd = [
+        return [
             sys.executable, "-m", "fairseq_cli.preprocess",
             "--source-lang", "en", "--target-lang", "de",
             "--trainpref", str(distill / "train"),
             "--srcdict", str(dict_path), "--tgtdict", str(dict_path),
             "--destdir", str(dest), "--workers", str(self.threads),
         ]
-        self.run_step(i, "distill_bin", cmd, [dest / "train.en-de.de.bin", dest / "train.en-de.de.idx"])
 
     def _student_args(self) -> List[str]:
         if not self.profile.distill:

@@ -18,6 +18,12 @@ every chunk-size set (``--chunk-size-sets``, e.g. ``2`` and ``2,3,4``):
                     length limit, BLEU by source length (< 10, 10-20, > 20 words) and the two
                     stage-II oracles (skeleton from the reference / from AT mode's greedy output).
 * ``losses.png``    per-kind validation losses (AT, CMLM, Skip-AT, Skip-CMLM) over training.
+* ``hrt_c<set>_x<s>_<name>`` (``--variants NAME=ARGS``): HRT of the first chunk-size set at the
+                    largest budget, trained with extra fairseq-train options (e.g.
+                    ``sd5="--skip-at-self-distill 0.5"``), measured like the others. ``{kd}`` in
+                    ARGS stands for ``--distill-data`` of the study's own sequence-level KD: the
+                    training set translated by the AT model of the largest budget (steps
+                    ``kd_distill`` and ``kd_bin``, made once when a variant asks for it).
 
 Steps reuse recipe.py's (markers, logs, resuming), so an interrupted study resumes when run
 again with the same command. Output: ``OUT/study/report.{json,md}``, ``OUT/study/losses.png``.
@@ -28,6 +34,8 @@ Example (2 CPU cores, the quickstart's shape, about 1.5 hours)::
 """
 import argparse
 import json
+import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -40,6 +48,7 @@ import recipe  # noqa: E402
 from recipe import REPO, Budget, Recipe, StepError, log  # noqa: E402
 
 KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
+KD_BEAM = 5  # beam and n-best of the study's own KD (--variants with {kd})
 
 
 def parse_scales(text: str) -> List[int]:
@@ -53,6 +62,20 @@ def set_tag(chunk_sizes: str) -> str:
     return "c" + chunk_sizes.replace(",", "")
 
 
+def parse_variants(items: List[str]) -> Dict[str, str]:
+    """``NAME=ARGS`` pairs, in order: NAME in [a-z0-9_], ARGS extra fairseq-train options."""
+    out = {}
+    for item in items or []:
+        name, sep, extra = item.partition("=")
+        if not sep or not re.fullmatch(r"[a-z0-9_]+", name) or not extra.strip():
+            raise ValueError(f"--variants {item!r}: expected NAME=ARGS, NAME of a-z, 0-9 and _, e.g. "
+                             "sd5='--skip-at-self-distill 0.5'")
+        if name in out:
+            raise ValueError(f"--variants: {name} given twice")
+        out[name] = extra.strip()
+    return out
+
+
 class Study(Recipe):
     def __init__(self, args):
         super().__init__(args)
@@ -60,6 +83,8 @@ class Study(Recipe):
         self.sets = args.chunk_size_sets
         self.base = self.profile.student.max_update
         self.study_dir = self.out / "study"
+        self.variants = parse_variants(args.variants)
+        self.kd_dir = self.out / "kd"
 
     def budget(self, scale: int) -> Budget:
         b = self.profile.student
@@ -87,6 +112,34 @@ class Study(Recipe):
         cmd = self.train_cmd(name, self.profile.hrt_arch, budget, self.hrt_args(chunk_sizes, self.at_checkpoint(scale)))
         self.run_step(i, name, cmd, [self.checkpoint(name)], train_max_update=budget.max_update)
 
+    def variant_name(self, variant: str) -> str:
+        return f"hrt_{set_tag(self.sets[0])}_x{self.scales[-1]}_{variant}"
+
+    def variant_args(self, variant: str) -> List[str]:
+        kd = f"--distill-data {shlex.quote(str(self.kd_dir / 'distill-bin'))}"
+        return shlex.split(self.variants[variant].replace("{kd}", kd))
+
+    def needs_kd(self) -> bool:
+        return any("{kd}" in extra for extra in self.variants.values())
+
+    def step_kd(self, i):
+        """The study's own sequence-level KD (no teacher in the profile): the AT model of the
+        largest budget translates the training set (beam, n-best picked by sentence-BLEU)."""
+        out = self.kd_dir / "distill" / "train.de"
+        cmd = self.distill_cmd(self.at_checkpoint(self.scales[-1]), out, self.logs / "kd_distill.log",
+                               beam=KD_BEAM, nbest=KD_BEAM)
+        self.run_step(i, "kd_distill", cmd, [out], own_log=True)
+        dest = self.kd_dir / "distill-bin"
+        self.run_step(i, "kd_bin", self.distill_bin_cmd(self.kd_dir / "distill", dest),
+                      [dest / "train.en-de.de.bin", dest / "train.en-de.de.idx"])
+
+    def step_variant(self, i, variant: str):
+        name, scale = self.variant_name(variant), self.scales[-1]
+        budget = self.budget(scale)
+        extra = self.hrt_args(self.sets[0], self.at_checkpoint(scale)) + self.variant_args(variant)
+        cmd = self.train_cmd(name, self.profile.hrt_arch, budget, extra)
+        self.run_step(i, name, cmd, [self.checkpoint(name)], train_max_update=budget.max_update)
+
     def models(self) -> Dict[str, dict]:
         out = {}
         for scale in self.scales:
@@ -96,6 +149,12 @@ class Study(Recipe):
                 name = f"hrt_{set_tag(cs)}_x{scale}"
                 out[name] = {"kind": "HRT", "scale": scale, "updates": scale * self.base, "chunk_sizes": cs,
                              "checkpoint": self.checkpoint(name), "log": self.logs / f"{name}.log"}
+        scale = self.scales[-1]
+        for variant, extra in self.variants.items():
+            name = self.variant_name(variant)
+            out[name] = {"kind": "HRT", "scale": scale, "updates": scale * self.base, "chunk_sizes": self.sets[0],
+                         "variant": variant, "variant_args": extra,
+                         "checkpoint": self.checkpoint(name), "log": self.logs / f"{name}.log"}
         return out
 
     def step_quality(self, i):
@@ -123,10 +182,12 @@ class Study(Recipe):
     def run_only(self, names: List[str]):
         """Run the named training steps only (``at``, ``hrt_c2_x1``, ...): separate processes
         can train independent models at once, each with its own markers."""
-        steps = {"at": lambda: self.step_at(5)}
+        steps = {"at": lambda: self.step_at(5), "kd": lambda: self.step_kd(6)}
         for scale in self.scales:
             for cs in self.sets:
                 steps[f"hrt_{set_tag(cs)}_x{scale}"] = (lambda cs=cs, scale=scale: self.step_hrt(6, cs, scale))
+        for variant in self.variants:
+            steps[self.variant_name(variant)] = (lambda v=variant: self.step_variant(7, v))
         unknown = [n for n in names if n not in steps]
         if unknown:
             raise StepError(f"--only {' '.join(unknown)}: not a training step of this study ({', '.join(steps)})")
@@ -149,12 +210,17 @@ class Study(Recipe):
         for scale in self.scales:
             for cs in self.sets:
                 self.step_hrt(6, cs, scale)
-        results = self.step_quality(7)
+        if self.needs_kd():
+            self.step_kd(7)
+        for variant in self.variants:
+            self.step_variant(7, variant)
+        results = self.step_quality(8)
         report = {
             "profile": self.args.profile,
             "base_updates": self.base,
             "scales": self.scales,
             "chunk_size_sets": self.sets,
+            "variants": self.variants,
             "device": "GPU" + (" fp16" if self.args.fp16 else "") if not self.cpu else f"CPU, {self.threads} thread(s)",
             "models": results,
             "study_seconds": round(time.time() - start, 1),
@@ -199,8 +265,9 @@ def markdown_report(report: dict) -> str:
             if m["kind"] != "HRT" or m["scale"] != scale:
                 continue
             s = m["systems"]
+            label = f"HRT k={m['chunk_sizes']} x{scale}" + (f" {m['variant']}" if m.get("variant") else "")
             row = [
-                f"HRT k={m['chunk_sizes']} x{scale}", str(m["updates"]), "",
+                label, str(m["updates"]), "",
                 _f(s["at_mode_b1"]["bleu"]), _f(s["k2_b1"]["bleu"]), _f(m["gap"]["b1"]),
                 _f(s["at_mode_b5"]["bleu"]), _f(s["k2_b5"]["bleu"]), _f(m["gap"]["b5"]),
                 _f(s["k2_b1"]["bleu"] - ag["bleu"]),
@@ -209,6 +276,10 @@ def markdown_report(report: dict) -> str:
                 " / ".join(_f(s["k2_b1"]["bleu_by_length"][b]) for b in s["k2_b1"]["bleu_by_length"]),
             ]
             lines.append("| " + " | ".join(row) + " |")
+    if report.get("variants"):
+        lines += ["", "Variants (extra fairseq-train options; `{kd}`: the study's sequence-level KD of the "
+                  "training set by the AT model of the largest budget):", ""]
+        lines += [f"- `{name}`: `{extra}`" for name, extra in report["variants"].items()]
     lines += ["", "Validation losses by kind (bits per token, label-smoothed) at the end of training:", "",
               "| model | " + " | ".join(KINDS) + " |", "|---|" + "---:|" * len(KINDS)]
     for name, m in sorted(models.items()):
@@ -277,6 +348,10 @@ def parse_args(argv=None):
     p.add_argument("--p-raw", type=float, default=0.5, help="MixDistill (profiles with a teacher)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--fp16", action="store_true", help="GPU only: fairseq's --fp16 everywhere")
+    p.add_argument("--variants", nargs="+", metavar="NAME=ARGS", default=[],
+                   help="extra HRT runs (first chunk-size set, largest budget) with extra fairseq-train "
+                        "options, e.g. sd5='--skip-at-self-distill 0.5' kd='{kd} --p-raw 0.5'; {kd} = "
+                        "--distill-data of the study's own KD set")
     p.add_argument("--only", nargs="+", metavar="STEP",
                    help="run only these training steps (at, hrt_c2_x1, ...; needs prepare done), e.g. to train "
                         "independent models in parallel processes; a run without --only finishes the study")
