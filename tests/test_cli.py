@@ -89,3 +89,65 @@ def test_checkpoint_from_another_dictionary_is_refused(trained, tmp_path):
     )
     assert proc.returncode != 0
     assert "another dictionary" in proc.stdout
+
+
+# ------------------------------------------------------------------ Python API (hub)
+
+
+def _interactive(data, ckpt, lines, *decode):
+    proc = subprocess.run(
+        [sys.executable, "-m", "fairseq_cli.interactive", str(data.bin_dir), "--path", str(ckpt),
+         "--buffer-size", "8", "--batch-size", "8", *GEN, *decode],
+        input="\n".join(lines) + "\n", capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("D-"):
+            i, _, text = line[2:].split("\t", 2)
+            out[int(i)] = text
+    return [out[i] for i in range(len(lines))]
+
+
+def test_python_api_translates_as_fairseq_interactive(trained):
+    """``fairseq_hrt.from_pretrained(...).translate(...)`` gives fairseq-interactive's
+    translations for the same options, empty and over-long lines included, and leaves the
+    loaded options as they were after each call."""
+    import fairseq_hrt
+
+    data, ckpt = trained
+    lines = ["a man rides a horse .", "", " ".join(["the"] * 300), "two dogs play in the snow .",
+             "zzzunknownword qqqq", "a woman sings ."]
+    hub = fairseq_hrt.from_pretrained(str(ckpt.parent), checkpoint_file=ckpt.name, data_name_or_path=str(data.bin_dir),
+                                      max_source_positions=64)
+    for kwargs, flags in (
+        ({"chunk_size": 2, "beam": 1}, ["--decode-chunk-size", "2", "--beam", "1"]),
+        ({"chunk_size": 3, "beam": 3, "b_nat": 2, "batch_size": 2}, ["--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2"]),
+        ({"chunk_size": 1, "beam": 2}, ["--decode-chunk-size", "1", "--beam", "2"]),
+    ):
+        got = hub.translate(lines, **kwargs)
+        assert got == _interactive(data, ckpt, lines, "--max-source-positions", "64", *flags), kwargs
+        assert got[1] == "" and len(got) == len(lines)
+        assert hub.task.cfg.decode_chunk_size == "auto-trained" and hub.task.cfg.b_nat == 1
+        assert hub.cfg.dataset.batch_size is None
+    assert hub.translate(lines[0], chunk_size=2) == hub.translate(lines, chunk_size=2)[0]  # one string in, one out
+    with pytest.raises(ValueError, match="trained for chunk sizes"):
+        hub.translate(lines, chunk_size=4)
+    with pytest.raises(ValueError, match="batch_size"):
+        hub.translate(lines, batch_size=0)
+    with pytest.raises(FileNotFoundError, match="data_name_or_path"):
+        fairseq_hrt.from_pretrained(str(ckpt.parent), checkpoint_file=ckpt.name)
+
+
+def test_sentencepiece_model_found_beside_the_data(tmp_path):
+    from fairseq_hrt.hub import find_sentencepiece_model
+
+    (tmp_path / "data-bin").mkdir()
+    (tmp_path / "ckpt").mkdir()
+    assert find_sentencepiece_model(str(tmp_path / "data-bin"), str(tmp_path / "ckpt")) is None
+    (tmp_path / "spm").mkdir()
+    (tmp_path / "spm" / "spm.model").write_bytes(b"x")  # prepare.sh's layout: DATA/data-bin, DATA/spm
+    assert find_sentencepiece_model(str(tmp_path / "data-bin"), str(tmp_path / "ckpt")) == str(tmp_path / "spm" / "spm.model")
+    (tmp_path / "ckpt" / "sentencepiece.bpe.model").write_bytes(b"x")
+    assert find_sentencepiece_model(str(tmp_path / "ckpt")) == str(tmp_path / "ckpt" / "sentencepiece.bpe.model")

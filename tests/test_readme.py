@@ -28,3 +28,24 @@ def test_setup_installs_fairseq_without_its_dependencies():
     assert "torchaudio" not in reqs and "torchvision" not in reqs
     fairseq_reqs = (REPO / "requirements-fairseq.txt").read_text()
     assert re.search(r"^ve-fairseq==0\.12\.3$", fairseq_reqs, re.M)
+
+
+def test_readme_python_example_runs_on_the_quickstart_model():
+    """The README's Python example, verbatim, on the model the set-up command trains (CI runs
+    the set-up command before the tests; skipped where the quickstart has not run)."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    text = (REPO / "README.md").read_text()
+    code = re.search(r"### From Python\n.*?```python\n(.*?)\n```", text, re.S).group(1)
+    ckpt = REPO / "work/multi30k-sp4000/runs/hrt_translation-hrt_transformer/checkpoints/checkpoint_best.pt"
+    if not ckpt.exists():
+        pytest.skip("the quickstart (README set-up command) has not run in this checkout")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, second = out.stdout.strip().splitlines()[-2:]
+    translations = eval(first)  # a printed list of three strings
+    assert len(translations) == 3 and translations[1] == "" and translations[0] and translations[2]
+    assert second.strip()

@@ -1,0 +1,148 @@
+"""Python API: fairseq's hub interface for this plugin's models.
+
+fairseq users translate from Python with ``from_pretrained(...).translate(...)``
+(:mod:`fairseq.hub_utils`). The same works here, with the plugin's decoding options as
+arguments::
+
+    from fairseq_hrt import from_pretrained
+
+    hrt = from_pretrained("work/quickstart/checkpoints",
+                          data_name_or_path="work/multi30k-sp4000/data-bin",
+                          sentencepiece_model="work/multi30k-sp4000/spm/spm.model")
+    hrt.translate(["A man is riding a bike."], chunk_size=2, beam=1)   # HRT k = 2
+    hrt.translate("Two dogs play in the snow.", chunk_size=1, beam=5)  # AT mode, beam 5
+
+Raw text in, raw text out: SentencePiece encodes the input and decodes the output. Empty
+strings give empty translations and over-long inputs are truncated at
+``--max-source-positions`` with a warning, as in ``fairseq-interactive`` (both done by the task,
+so the API and the command line cannot differ).
+"""
+import contextlib
+import logging
+import os
+from typing import Dict, List, Optional, Union
+
+from fairseq import hub_utils
+from omegaconf import open_dict
+
+logger = logging.getLogger(__name__)
+
+USER_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# translate()'s argument -> the hrt_translation task option it sets for that call
+TASK_OPTIONS = {
+    "chunk_size": "decode_chunk_size",
+    "b_nat": "b_nat",
+    "decoding": "decoding",
+    "engine": "decoder_engine",
+}
+SENTENCEPIECE_NAMES = ("spm.model", "sentencepiece.bpe.model", "sentencepiece.model")
+
+
+def find_sentencepiece_model(*folders: Optional[str]) -> Optional[str]:
+    """The first SentencePiece model in the given folders or a ``spm/`` folder beside them
+    (the layout of ``examples/multi30k/prepare.sh``: ``DATA/data-bin`` and ``DATA/spm``)."""
+    for folder in folders:
+        if not folder:
+            continue
+        for place in (folder, os.path.join(folder, "spm"), os.path.join(os.path.dirname(os.path.abspath(folder)), "spm")):
+            for name in SENTENCEPIECE_NAMES:
+                path = os.path.join(place, name)
+                if os.path.isfile(path):
+                    return path
+    return None
+
+
+def _dictionary_folder(model_dir: str, data_name_or_path: Optional[str]) -> str:
+    """The folder with the dictionaries: ``data_name_or_path`` as given (or relative to
+    ``model_dir``, as fairseq's hub reads it), else ``model_dir``."""
+    wanted = data_name_or_path or model_dir
+    for folder in (wanted, os.path.join(model_dir, wanted)):
+        if os.path.isdir(folder) and any(n.startswith("dict.") and n.endswith(".txt") for n in os.listdir(folder)):
+            return os.path.abspath(folder)
+    raise FileNotFoundError(
+        f"no dictionary (dict.<lang>.txt) in {wanted}: pass data_name_or_path= the "
+        "data-bin folder the model was trained on (fairseq-train saves checkpoints only)"
+    )
+
+
+def from_pretrained(
+    model_dir: str,
+    checkpoint_file: str = "checkpoint_last.pt",
+    data_name_or_path: Optional[str] = None,
+    sentencepiece_model: Optional[str] = None,
+    **overrides,
+) -> "HRTHubInterface":
+    """Load a checkpoint of this plugin (HRT, AT or Mask-Predict) for translation.
+
+    ``model_dir``: the folder of the checkpoint (fairseq-train's ``--save-dir``);
+    ``data_name_or_path``: the data-bin folder with the dictionaries (default: ``model_dir``);
+    ``sentencepiece_model``: the SentencePiece model of the data (default: found beside the
+    data, see :func:`find_sentencepiece_model`; without one, input and output are pieces as
+    in the data-bin, e.g. for pre-tokenised data). Further keywords override the checkpoint's
+    options as in fairseq (e.g. ``max_source_positions=64``).
+    """
+    data = _dictionary_folder(model_dir, data_name_or_path)
+    spm = sentencepiece_model or find_sentencepiece_model(data, model_dir)
+    if sentencepiece_model and not os.path.isfile(sentencepiece_model):
+        raise FileNotFoundError(f"sentencepiece_model {sentencepiece_model}: no such file")
+    if spm:
+        overrides.update(bpe="sentencepiece", sentencepiece_model=os.path.abspath(spm))
+    else:
+        logger.info("no SentencePiece model found beside %s: input and output are taken as pieces", data)
+    loaded = hub_utils.from_pretrained(
+        model_dir, checkpoint_file=checkpoint_file, data_name_or_path=data, user_dir=USER_DIR, **overrides
+    )
+    if loaded["task"].__class__.__name__ != "HRTTranslationTask":
+        raise ValueError(f"{checkpoint_file} was not trained with --task hrt_translation")
+    return HRTHubInterface(loaded["args"], loaded["task"], loaded["models"])
+
+
+class HRTHubInterface(hub_utils.GeneratorHubInterface):
+    """fairseq's ``GeneratorHubInterface`` with the plugin's decoding options per call."""
+
+    def translate(
+        self,
+        sentences: Union[str, List[str]],
+        chunk_size: Optional[Union[int, str]] = None,
+        beam: int = 1,
+        batch_size: Optional[int] = None,
+        b_nat: Optional[int] = None,
+        decoding: Optional[str] = None,
+        engine: Optional[str] = None,
+        verbose: bool = False,
+        **generation_options,
+    ) -> Union[str, List[str]]:
+        """Translate raw sentences (one string or a list) and return detokenised strings.
+
+        ``chunk_size``: HRT's k (1 = AT mode, ``'auto-trained'`` / ``'by-length'`` as
+        ``--decode-chunk-size``; default: the checkpoint's setting); ``beam`` (= b_at for HRT),
+        ``b_nat``, ``decoding`` (``--decoding``: auto, beam, hrt, mask-predict, ...),
+        ``engine`` (``--decoder-engine``: lean or fairseq), ``batch_size`` (sentences per
+        batch). Other keywords are fairseq generation options (``max_len_a``, ``iter_decode_max_iter``, ...).
+        """
+        task_options = {
+            TASK_OPTIONS[name]: value
+            for name, value in (("chunk_size", chunk_size), ("b_nat", b_nat), ("decoding", decoding), ("engine", engine))
+            if value is not None
+        }
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        with self._options(self.task.cfg, {k: str(v) if k == "decode_chunk_size" else v for k, v in task_options.items()}):
+            with self._options(self.cfg.dataset, {"batch_size": batch_size} if batch_size else {}):
+                return self.sample(sentences, beam=beam, verbose=verbose, **generation_options)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _options(cfg, values: Dict[str, object]):
+        """Set config values for one call and restore them after it."""
+        old = {name: getattr(cfg, name) for name in values}
+        with open_dict(cfg):
+            for name, value in values.items():
+                setattr(cfg, name, value)
+        try:
+            yield
+        finally:
+            with open_dict(cfg):
+                for name, value in old.items():
+                    setattr(cfg, name, value)
