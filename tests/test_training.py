@@ -425,6 +425,22 @@ def test_skip_at_self_distillation_loss(data):
     assert float(distilled(model, valid)[0]) == pytest.approx(float(plain(model, valid)[0]))
 
 
+@pytest.mark.parametrize("mode,arch,kinds", [("at", "hrt_tiny", {"at"}), ("cmlm", "cmlm_tiny", {"cmlm"}),
+                                              ("hrt", "hrt_tiny", {"at", "cmlm", "skip_at", "skip_cmlm"})])
+def test_logged_kinds_are_the_trained_ones(data, mode, arch, kinds):
+    """--hrt-mode at / cmlm log their one kind, no Skip-AT/Skip-CMLM zeros; HRT logs all four,
+    zeros included (p_k = 0 at the first update: the curve shows the kind fading in)."""
+    from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion
+
+    task, model = _task_model(data.bin_dir, "--hrt-mode", mode, "--arch", arch)
+    ds = task.dataset("train")
+    sample = task.build_decoder_samples(ds.collater([ds[i] for i in range(8)]), p_k=0.0 if mode == "hrt" else None)
+    _, _, log = HRTLossCriterion(task, 0.1)(model, sample)
+    assert {key[: -len("_ntokens")] for key in log if key.endswith("_ntokens") and "length" not in key} == kinds
+    if mode == "hrt":
+        assert log["skip_at_ntokens"] == 0
+
+
 def test_self_distillation_and_chunked_share_option_checks(data, aux):
     from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion
 

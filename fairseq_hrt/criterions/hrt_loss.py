@@ -142,6 +142,8 @@ class HRTLossCriterion(FairseqCriterion):
             if pass_name == "ar" and self.self_distill > 0 and n_chunked > 0 and model.training:
                 trained = self._self_distilled(model, sample, encoder_out, lprobs, loss, ds, logging_output)
             for kind, sl in ((kinds[0], slice(0, n_chunked)), (kinds[1], slice(n_chunked, None))):
+                if kind.startswith("skip_") and self.task.cfg.hrt_mode != "hrt":
+                    continue  # --hrt-mode at / cmlm trains no chunked kinds: log none, not zeros
                 logging_output[f"{kind}_loss"] = utils.item(row_loss[sl].sum().data)
                 logging_output[f"{kind}_nll_loss"] = utils.item(row_nll[sl].sum().data)
                 logging_output[f"{kind}_ntokens"] = utils.item(ntok[sl].sum().data)
