@@ -555,3 +555,42 @@ def test_small_shapes_match_across_families(data_dir):
     for size in ("small", "mini", "tiny"):
         shapes = {fam: tuple(getattr(_args(data_dir, f"{fam}_{size}"), k) for k in keys) for fam in ("at", "hrt", "cmlm")}
         assert len(set(shapes.values())) == 1, shapes
+
+
+# ------------------------------------------------------- fairseq's model building, HRT decoder
+
+
+def test_unsupported_transformer_options_are_refused_together(data_dir):
+    from argparse import Namespace
+
+    from fairseq_hrt.models.hrt_transformer import refuse_unsupported_options
+
+    with pytest.raises(ValueError) as err:
+        build(data_dir, "hrt_tiny", "--cross-self-attention", "--adaptive-softmax-cutoff", "5,10")
+    assert "--cross-self-attention" in str(err.value) and "--adaptive-softmax-cutoff" in str(err.value)
+    with pytest.raises(ValueError, match="--scale-attn, --scale-fc"):
+        refuse_unsupported_options(Namespace(scale_attn=True, scale_fc=True, scale_heads=False))
+    refuse_unsupported_options(Namespace(cross_self_attention=False, adaptive_softmax_cutoff=None))
+
+
+@pytest.mark.parametrize("arch", ["hrt_tiny", "cmlm_tiny"])
+def test_fairseq_options_of_model_building_apply_to_hrt(data_dir, arch):
+    """The model is built by fairseq's TransformerModel with only the decoder overridden, so
+    fairseq's options work: --checkpoint-activations wraps the HRT decoder layers (same
+    outputs and gradients, recomputed in the backward pass) and shared embeddings stay one
+    tensor."""
+    outputs = {}
+    for extra in ((), ("--checkpoint-activations",)):
+        task, model = build(data_dir, arch, "--share-all-embeddings", "--dropout", "0", *extra, seed=3)
+        assert model.encoder.embed_tokens.weight is model.decoder.embed_tokens.weight
+        assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
+        wrapped = [getattr(layer, "precheckpoint_forward", None) is not None for layer in model.decoder.layers]
+        assert wrapped == [bool(extra)] * len(model.decoder.layers)
+        model.train()
+        src = torch.randint(4, 20, (3, 5))
+        prev = torch.randint(4, 20, (3, 4))
+        out = model(src, torch.full((3,), 5), prev, causal=False)[0]
+        out.float().pow(2).mean().backward()
+        outputs[extra] = (out.detach(), model.decoder.layers[0].fc1.weight.grad.clone())
+    (a, ga), (b, gb) = outputs.values()
+    assert torch.allclose(a, b, atol=1e-6) and torch.allclose(ga, gb, atol=1e-6)

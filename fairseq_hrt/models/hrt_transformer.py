@@ -11,17 +11,11 @@ from typing import Dict, List, Optional
 
 import torch
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import (
-    DEFAULT_MAX_SOURCE_POSITIONS,
-    DEFAULT_MAX_TARGET_POSITIONS,
-    TransformerConfig,
-    TransformerDecoderBase,
-    TransformerEncoderBase,
-    TransformerModel,
-)
+from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerModel
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
-from fairseq.models.transformer.transformer_base import Embedding
+from fairseq.distributed import fsdp_wrap
 from fairseq.modules import LearnedPositionalEmbedding
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
@@ -117,11 +111,8 @@ class HRTDecoder(TransformerDecoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, rpr_window: int, no_encoder_attn=False):
         self._rpr_window = rpr_window
-        if cfg.cross_self_attention:
-            raise ValueError("hrt_transformer does not support --cross-self-attention")
+        refuse_unsupported_options(cfg)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-        if cfg.adaptive_softmax_cutoff is not None:
-            raise ValueError("hrt_transformer does not support an adaptive softmax")
         # start symbol -> stride of the default positions (1 for everything but <s_k>)
         stride = torch.ones(len(dictionary), dtype=torch.long)
         for k in range(2, MAX_CHUNK_SIZE + 1):
@@ -131,7 +122,12 @@ class HRTDecoder(TransformerDecoderBase):
         self.register_buffer("start_stride", stride, persistent=False)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return HRTDecoderLayer(cfg, self._rpr_window, no_encoder_attn=no_encoder_attn)
+        # fairseq's own wrapping (TransformerDecoderBase.build_decoder_layer), so that
+        # --checkpoint-activations, --offload-activations and FSDP apply to HRT layers too
+        layer = HRTDecoderLayer(cfg, self._rpr_window, no_encoder_attn=no_encoder_attn)
+        if cfg.checkpoint_activations:
+            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
 
     def default_positions(self, tokens: Tensor, causal: bool) -> Tensor:
         steps = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0)
@@ -280,29 +276,20 @@ class HRTTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        # fairseq's TransformerModel builds embeddings (paths, sharing), the encoder and the
+        # model with every fairseq option; only the decoder is this plugin's (as fairseq's
+        # NAT models do it)
         hrt_base_architecture(args)
-        if getattr(args, "max_source_positions", None) is None:
-            args.max_source_positions = DEFAULT_MAX_SOURCE_POSITIONS
-        if getattr(args, "max_target_positions", None) is None:
-            args.max_target_positions = DEFAULT_MAX_TARGET_POSITIONS
         if args.decoder_rpr_window < 0:
             raise ValueError(f"--decoder-rpr-window must be >= 0, got {args.decoder_rpr_window}")
-        cfg = TransformerConfig.from_namespace(args)
-        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-        if cfg.share_all_embeddings:
-            if src_dict != tgt_dict:
-                raise ValueError("--share-all-embeddings requires a joined dictionary")
-            if cfg.encoder.embed_dim != cfg.decoder.embed_dim:
-                raise ValueError("--share-all-embeddings requires equal encoder/decoder embed dims")
-            encoder_embed = Embedding(len(src_dict), cfg.encoder.embed_dim, src_dict.pad())
-            decoder_embed = encoder_embed
-            cfg.share_decoder_input_output_embed = True
-        else:
-            encoder_embed = Embedding(len(src_dict), cfg.encoder.embed_dim, src_dict.pad())
-            decoder_embed = Embedding(len(tgt_dict), cfg.decoder.embed_dim, tgt_dict.pad())
-        encoder = TransformerEncoderBase(cfg, src_dict, encoder_embed)
-        decoder = HRTDecoder(cfg, tgt_dict, decoder_embed, rpr_window=args.decoder_rpr_window)
-        return cls(args, encoder, decoder)
+        refuse_unsupported_options(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(cfg)
+        window = getattr(cfg, "decoder_rpr_window", None)
+        return HRTDecoder(cfg, tgt_dict, embed_tokens, rpr_window=DEFAULT_RPR_WINDOW if window is None else window)
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)
@@ -352,6 +339,32 @@ class HRTTransformerModel(TransformerModel):
                 ", ".join(new_keys),
             )
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+# fairseq transformer options that HRT's decoder (its own layer forward and relative
+# self-attention) does not implement: refused together, instead of silently ignored
+UNSUPPORTED_OPTIONS = {
+    "cross_self_attention": "--cross-self-attention",
+    "adaptive_softmax_cutoff": "--adaptive-softmax-cutoff",
+    "scale_attn": "--scale-attn",
+    "scale_fc": "--scale-fc",
+    "scale_heads": "--scale-heads",
+    "scale_resids": "--scale-resids",
+    "adaptive_input": "--adaptive-input",
+    "char_inputs": "--char-inputs",
+}
+
+
+def refuse_unsupported_options(cfg):
+    """One error that names every option set in ``cfg`` (a namespace or TransformerConfig)
+    that the HRT decoder does not support."""
+    used = [flag for name, flag in UNSUPPORTED_OPTIONS.items() if getattr(cfg, name, None) not in (None, False)]
+    if used:
+        raise ValueError(
+            f"hrt_transformer / cmlm_transformer_hrt do not support {', '.join(used)}: the HRT decoder "
+            "layer has its own self-attention (relative positions, two modes); drop these options "
+            "or train an at_* (fairseq transformer) model"
+        )
 
 
 def check_dictionary_compatible(model, state_dict):
