@@ -6,14 +6,11 @@ Every fix states the breakage it works around; each has a test in ``tests/test_c
 (the training-clock fix in ``tests/test_training.py``).
 """
 import functools
+import inspect
 import time
 import types
 
-import numpy as np
 import torch
-
-_APPLIED = False
-
 
 def _load_trusting_fairseq_pickles(torch_load):
     """Wrap ``torch.load`` so that it defaults to ``weights_only=False``.
@@ -31,7 +28,6 @@ def _load_trusting_fairseq_pickles(torch_load):
         kwargs.setdefault("weights_only", False)
         return torch_load(*args, **kwargs)
 
-    load.__fairseq_hrt_compat__ = True
     return load
 
 
@@ -61,9 +57,7 @@ def _patch_checkpoint_loading():
     # torch_persistent_save's verification; distributed.utils: broadcast_object, used to
     # share the restored trainer state between ranks.
     for module in (checkpoint_utils, distributed_utils):
-        if getattr(getattr(module.torch, "load", None), "__fairseq_hrt_compat__", False):
-            continue
-        module.torch = _TorchProxy(load=_load_trusting_fairseq_pickles(torch.load))
+        _wrap_once(module, "torch", lambda _: _TorchProxy(load=_load_trusting_fairseq_pickles(torch.load)))
 
 
 class _CudaOptionalTensor(torch.Tensor):
@@ -79,8 +73,6 @@ def _tensor_with_optional_cuda(*args, **kwargs):
     return t if torch.cuda.is_available() else t.as_subclass(_CudaOptionalTensor)
 
 
-_tensor_with_optional_cuda.__fairseq_hrt_compat__ = True
-
 
 def _patch_fp16_overflow_on_cpu():
     """fairseq 0.12's Trainer handles a gradient overflow (routine with ``--fp16``: the
@@ -90,41 +82,16 @@ def _patch_fp16_overflow_on_cpu():
     ``torch.tensor`` call in fairseq/trainer.py; on CPU it now stays on the CPU."""
     import fairseq.trainer as trainer
 
-    if getattr(getattr(trainer.torch, "tensor", None), "__fairseq_hrt_compat__", False):
-        return
-    trainer.torch = _TorchProxy(tensor=_tensor_with_optional_cuda)
-
-
-def _batch_by_size_keeping_remainder(batch_by_size):
-    """Wrap fairseq's ``data_utils.batch_by_size`` so that no sentence is ever dropped.
-
-    Why: fairseq 0.12 ends ``batch_by_size`` with ``if bsz_mult > 1 and len(b[-1]) % bsz_mult
-    != 0: b = b[:-1]``, i.e. it silently drops the last batch whenever its size is not a
-    multiple of ``--required-batch-size-multiple`` (default 8). ``fairseq-generate
-    --batch-size 1`` (the WMT efficiency setting) then translates 999 of 1000 test sentences,
-    and other batch sizes lose up to 7 sentences of a test set without a word. The batches
-    are consecutive slices of ``indices``, so the dropped ones are exactly the tail: it is
-    appended as a last (smaller) batch.
-    """
-
-    @functools.wraps(batch_by_size)
-    def wrapper(indices, *args, **kwargs):
-        if kwargs.get("fixed_shapes") is not None or len(args) >= 6 and args[5] is not None:
-            return batch_by_size(indices, *args, **kwargs)
-        if not isinstance(indices, np.ndarray):
-            indices = np.fromiter(indices, dtype=np.int64, count=-1)
-        batches = batch_by_size(indices, *args, **kwargs)
-        covered = sum(len(b) for b in batches)
-        if covered < len(indices):
-            batches = list(batches) + [indices[covered:]]
-        return batches
-
-    return wrapper
+    _wrap_once(trainer, "torch", lambda _: _TorchProxy(tensor=_tensor_with_optional_cuda))
 
 
 def _wrap_once(owner, name, make_wrapper):
-    """Replace ``owner.name`` by ``make_wrapper(owner.name)``, unless it is already wrapped
-    (fairseq imports a user dir several times per process)."""
+    """Replace ``owner.name`` by ``make_wrapper(owner.name)``, unless it is already wrapped.
+
+    The one guard against applying a fix twice (fairseq imports a user dir several times
+    per process, and the plugin may also be imported by name): the replacement carries a
+    ``__fairseq_hrt_compat__`` mark.
+    """
     current = getattr(owner, name)
     if getattr(current, "__fairseq_hrt_compat__", False):
         return
@@ -133,10 +100,14 @@ def _wrap_once(owner, name, make_wrapper):
     setattr(owner, name, wrapper)
 
 
-def _patch_batch_remainder():
-    from fairseq.data import data_utils
-
-    _wrap_once(data_utils, "batch_by_size", _batch_by_size_keeping_remainder)
+def _expect_parameters(func, names, what: str):
+    """Fail loudly when fairseq changed a function that a fix wraps or relies on."""
+    found = list(inspect.signature(func).parameters)
+    if found[: len(names)] != list(names):
+        raise RuntimeError(
+            f"fairseq_hrt.compat: {what} has parameters {found}, the fix for it was written for "
+            f"{list(names)}; this fairseq version needs the fix reviewed (see fairseq_hrt/compat.py)"
+        )
 
 
 def _load_checkpoint_restarting_the_clock(load_checkpoint):
@@ -151,14 +122,17 @@ def _load_checkpoint_restarting_the_clock(load_checkpoint):
     ``--reset-meters``) the clock starts at 0, like the other meters; a plain resume keeps it.
     """
 
+    signature = inspect.signature(load_checkpoint)
+
     @functools.wraps(load_checkpoint)
-    def wrapper(self, filename, reset_optimizer=False, reset_lr_scheduler=False, optimizer_overrides=None,
-                reset_meters=False):
-        extra_state = load_checkpoint(self, filename, reset_optimizer, reset_lr_scheduler, optimizer_overrides,
-                                      reset_meters)
-        if reset_meters:
-            self._previous_training_time = 0
-            self._start_time = time.time()
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        extra_state = load_checkpoint(*args, **kwargs)
+        if bound.arguments["reset_meters"]:
+            trainer = bound.arguments["self"]
+            trainer._previous_training_time = 0
+            trainer._start_time = time.time()
         return extra_state
 
     return wrapper
@@ -167,16 +141,13 @@ def _load_checkpoint_restarting_the_clock(load_checkpoint):
 def _patch_finetune_training_time():
     from fairseq.trainer import Trainer
 
+    _expect_parameters(Trainer.load_checkpoint, ["self", "filename", "reset_optimizer", "reset_lr_scheduler",
+                                                 "optimizer_overrides", "reset_meters"], "Trainer.load_checkpoint")
     _wrap_once(Trainer, "load_checkpoint", _load_checkpoint_restarting_the_clock)
 
 
 def apply():
-    """Apply every fix once; safe to call repeatedly (fairseq imports user dirs many times)."""
-    global _APPLIED
-    if _APPLIED:
-        return
+    """Apply every fix; safe to call repeatedly (each one is applied once, see :func:`_wrap_once`)."""
     _patch_checkpoint_loading()
     _patch_fp16_overflow_on_cpu()
-    _patch_batch_remainder()
     _patch_finetune_training_time()
-    _APPLIED = True

@@ -70,12 +70,48 @@ def test_explicit_weights_only_is_respected(tmp_path):
 
 
 def test_apply_is_idempotent():
-    before = checkpoint_utils.torch
+    import fairseq.trainer as trainer
+    from fairseq.trainer import Trainer
+
+    before = (checkpoint_utils.torch, trainer.torch, Trainer.load_checkpoint)
     compat.apply()
-    compat._APPLIED = False
-    compat.apply()  # a second application must not wrap the wrapper
-    assert checkpoint_utils.torch is before
+    compat.apply()  # a second application must not wrap the wrappers
+    assert (checkpoint_utils.torch, trainer.torch, Trainer.load_checkpoint) == before
     assert checkpoint_utils.torch.nn is torch.nn  # everything else is torch's own
+
+
+def test_a_changed_fairseq_signature_fails_loudly():
+    def load_checkpoint(self, filename, reset_optimizer=False, reset_meters=False):
+        pass
+
+    with pytest.raises(RuntimeError, match="needs the fix reviewed"):
+        compat._expect_parameters(load_checkpoint, ["self", "filename", "reset_optimizer", "reset_lr_scheduler"],
+                                  "Trainer.load_checkpoint")
+
+
+@pytest.mark.parametrize("call", ["positional", "keyword", "default"])
+def test_clock_fix_binds_reset_meters_however_it_is_passed(call):
+    calls = []
+
+    class FakeTrainer:
+        _previous_training_time, _start_time = 100.0, 0.0
+
+        def load_checkpoint(self, filename, reset_optimizer=False, reset_lr_scheduler=False,
+                            optimizer_overrides=None, reset_meters=False):
+            calls.append(reset_meters)
+            return {"extra": 1}
+
+    wrapped = compat._load_checkpoint_restarting_the_clock(FakeTrainer.load_checkpoint)
+    t = FakeTrainer()
+    if call == "positional":
+        assert wrapped(t, "ck.pt", True, True, None, True) == {"extra": 1}
+    elif call == "keyword":
+        assert wrapped(t, "ck.pt", reset_meters=True) == {"extra": 1}
+    else:
+        assert wrapped(t, "ck.pt") == {"extra": 1}
+    reset = call != "default"
+    assert calls == [reset]
+    assert (t._previous_training_time == 0) == reset
 
 
 def test_trainer_overflow_handler_tensor_works_without_cuda():
@@ -94,21 +130,3 @@ def test_trainer_overflow_handler_tensor_works_without_cuda():
     assert not hasattr(torch.tensor, "__fairseq_hrt_compat__")
 
 
-@pytest.mark.parametrize("max_sentences", [1, 3, 8, 128])
-@pytest.mark.parametrize("n", [1, 10, 1000, 1014])
-def test_batch_by_size_never_drops_sentences(n, max_sentences):
-    """fairseq 0.12 drops the last batch when its size is not a multiple of
-    --required-batch-size-multiple (8 by default): fairseq-generate --batch-size 1 translated
-    999 of 1000 sentences. Every index must be batched exactly once, in order, and every
-    batch but the last keeps fairseq's sizes."""
-    from fairseq.data import data_utils
-
-    indices = np.arange(n, dtype=np.int64)
-    batches = data_utils.batch_by_size(
-        indices, lambda i: 5, max_sentences=max_sentences, required_batch_size_multiple=8
-    )
-    assert np.concatenate(batches).tolist() == list(range(n))
-    assert all(len(b) <= max(max_sentences, 1) for b in batches)
-    # an iterator (not an array) of indices works too
-    again = data_utils.batch_by_size(iter(range(n)), lambda i: 5, max_sentences=max_sentences, required_batch_size_multiple=8)
-    assert [b.tolist() for b in again] == [b.tolist() for b in batches]

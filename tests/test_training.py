@@ -345,6 +345,28 @@ def test_p_raw_chunked_gives_chunked_pairs_their_own_share(data, aux):
         assert _strip(skip_target, pad) == padded[1::2]
 
 
+@pytest.mark.parametrize("max_sentences", [1, 3, 8, 128])
+def test_no_sentence_is_dropped_outside_training(data, max_sentences):
+    """fairseq 0.12 drops the last batch when its size is not a multiple of
+    --required-batch-size-multiple (8): fairseq-generate --batch-size 1 translated 999 of 1000
+    sentences. The task batches every set but the training set with multiple 1; the training
+    set keeps fairseq's own batches."""
+    from fairseq.tasks import FairseqTask
+
+    task = _setup_task(data.bin_dir)
+    task.load_dataset("valid")
+
+    def batches(fn, split):
+        itr = fn(task, task.dataset(split), max_sentences=max_sentences, required_batch_size_multiple=8,
+                 disable_iterator_cache=True)
+        return [b.tolist() if hasattr(b, "tolist") else list(b) for b in itr.frozen_batches]
+
+    valid = batches(type(task).get_batch_iterator, "valid")
+    assert sorted(i for b in valid for i in b) == list(range(len(task.dataset("valid"))))
+    assert all(len(b) <= max_sentences for b in valid)
+    assert batches(type(task).get_batch_iterator, "train") == batches(FairseqTask.get_batch_iterator, "train")
+
+
 def _task_model(data_dir, *extra):
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
