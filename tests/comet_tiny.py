@@ -8,8 +8,9 @@ On-disk layout produced by :func:`build_tiny_comet` (the same layout as a downlo
 ``Unbabel/wmt22-comet-da`` snapshot, plus a local encoder directory)::
 
     <root>/encoder/                 config.json + tokenizer files (no weights needed)
-    <root>/model/hparams.yaml       class_identifier, pretrained_model, ...
+    <root>/model/hparams.yaml       class_identifier, pretrained_model (a hub name), ...
     <root>/model/checkpoints/model.ckpt   {"state_dict", "hyper_parameters", ...}
+    <root>/model/encoder/           a copy of <root>/encoder (``bundle_encoder=True``)
 
 Usage::
 
@@ -82,18 +83,20 @@ def build_tiny_encoder(out_dir, vocab_size=120, seed=0):
     return out_dir
 
 
-def build_tiny_comet(root, seed=0, hparams_pretrained_model=None, encoder_dir=None):
+def build_tiny_comet(root, seed=0, hparams_pretrained_model="tiny-xlmr-not-on-disk", encoder_dir=None,
+                     bundle_encoder=True):
     """Build a tiny COMET ``RegressionMetric`` under ``root``; return the checkpoint path.
 
     ``hparams_pretrained_model``: what to record as ``pretrained_model`` in the checkpoint
-    and hparams.yaml. Default: the absolute path of the local encoder directory (loads with
-    no further configuration). Pass a hub-style name (e.g. ``"tiny-xlmr-not-on-disk"``) to
-    mimic a real downloaded model such as wmt22-comet-da, whose hparams say
-    ``xlm-roberta-large``; such a model then needs the encoder directory given explicitly
-    (``encoder_path=`` / ``COMET_ENCODER``), which is ``root/encoder``.
+    and hparams.yaml: a hub-style name, as a real downloaded model such as wmt22-comet-da
+    records ``xlm-roberta-large``. ``bundle_encoder``: copy the encoder files to
+    ``<model dir>/encoder/`` (a self-contained model); without them the encoder directory
+    must be given (``encoder_path=`` / ``COMET_ENCODER``), which is ``root/encoder``.
     ``encoder_dir``: reuse an encoder directory built earlier by :func:`build_tiny_encoder`
     instead of building ``root/encoder``.
     """
+    import shutil
+
     import numpy as np
     import pytorch_lightning as pl
     import torch
@@ -120,8 +123,9 @@ def build_tiny_comet(root, seed=0, hparams_pretrained_model=None, encoder_dir=No
     )
     hparams = dict(model.hparams)
     hparams["class_identifier"] = "regression_metric"
-    if hparams_pretrained_model is not None:
-        hparams["pretrained_model"] = hparams_pretrained_model
+    hparams["pretrained_model"] = hparams_pretrained_model
+    if bundle_encoder:
+        shutil.copytree(enc_dir, model_dir / "encoder", dirs_exist_ok=True)
     # Real COMET checkpoints do not force these; the loader in fairseq_hrt sets them.
     hparams.pop("load_pretrained_weights", None)
     hparams.pop("local_files_only", None)

@@ -150,7 +150,7 @@ def test_comet_cli_exits_2_without_model(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def tiny_comet(tmp_path_factory):
-    """A tiny COMET model whose hparams point at its local encoder dir -> (root, ckpt)."""
+    """A tiny self-contained COMET model (encoder files in <model dir>/encoder) -> (root, ckpt)."""
     pytest.importorskip("comet")
     from comet_tiny import build_tiny_comet
 
@@ -168,7 +168,7 @@ def test_comet_score_tiny_model(tiny_comet):
     assert all(isinstance(s, float) and math.isfinite(s) for s in out["scores"])
     assert out["score"] == pytest.approx(sum(out["scores"]) / 3, abs=1e-12)
     assert out["model"] == str(Path(ckpt).resolve())
-    assert out["encoder"] == str((root / "encoder").resolve())
+    assert out["encoder"] == str((root / "model" / "encoder").resolve())
     # segment scores are in input order (COMET sorts by length internally): scoring one
     # segment alone gives the same value as its position in the batch
     single = comet_score(SRCS[1:2], HYPS[1:2], REFS[1:2], model_path=str(ckpt))
@@ -225,7 +225,7 @@ def test_comet_hub_named_encoder_needs_local_files(tiny_comet, tmp_path, monkeyp
 
     root, _ = tiny_comet
     enc = root / "encoder"
-    ckpt = build_tiny_comet(tmp_path / "hub", hparams_pretrained_model="tiny-xlmr-not-on-disk", encoder_dir=enc)
+    ckpt = build_tiny_comet(tmp_path / "hub", encoder_dir=enc, bundle_encoder=False)
     comet_mod._MODEL_CACHE.clear()
     with pytest.raises(CometUnavailable, match="encoder files missing.*tiny-xlmr-not-on-disk"):
         comet_score(SRCS, HYPS, REFS, model_path=str(ckpt))

@@ -15,14 +15,11 @@ and, because COMET builds its encoder *skeleton* and tokenizer from ``pretrained
 (``xlm-roberta-large`` for wmt22-comet-da) before loading the checkpoint into it, that
 model's ``config.json`` and tokenizer files (``tokenizer.json`` and/or
 ``sentencepiece.bpe.model``, ``tokenizer_config.json``) -- its 2 GB of weights are NOT
-needed. They are found, in this order:
+needed. They are found in one of two places:
 
 1. ``encoder_path=`` / ``--encoder DIR`` / env ``COMET_ENCODER``;
-2. ``pretrained_model`` in hparams.yaml, when it is already a local directory;
-3. ``<model dir>/encoder/`` (keeps a model self-contained: copy the xlm-roberta-large
-   config + tokenizer files there);
-4. the local Hugging Face cache (``~/.cache/huggingface`` or ``$HF_HOME``), offline,
-   under the name in hparams.yaml (works if that model was cached earlier).
+2. ``<model dir>/encoder/`` (keeps a model self-contained: copy the xlm-roberta-large
+   config + tokenizer files there).
 
 The model is found from ``model_path=`` / ``--model PATH`` or env ``COMET_MODEL``: a
 ``.ckpt`` file (with ``hparams.yaml`` in the folder above its ``checkpoints/`` folder, as
@@ -33,6 +30,7 @@ Run as ``python -m fairseq_hrt.scoring.comet --src F --hyp F --ref F [--model PA
 """
 import argparse
 import contextlib
+import inspect
 import json
 import logging
 import math
@@ -57,7 +55,7 @@ _HOW_TO = (
     "machine with internet (`huggingface-cli download Unbabel/wmt22-comet-da --local-dir "
     "wmt22-comet-da`). The config.json + tokenizer files of its encoder (xlm-roberta-large "
     f"for wmt22-comet-da, no weights needed) must be local too: --encoder DIR / {ENV_ENCODER}, "
-    "or <model dir>/encoder/, or the local Hugging Face cache."
+    "or <model dir>/encoder/."
 )
 
 
@@ -144,44 +142,21 @@ def _looks_like_hf_dir(path: Path) -> bool:
 
 
 def _resolve_encoder(ckpt: Path, hparams: dict, encoder_path: Optional[str]) -> str:
-    """Where COMET should read its encoder's config + tokenizer from (see module doc)."""
+    """Where COMET reads its encoder's config + tokenizer from (see module doc)."""
+    bundled = Path(ckpt).resolve().parents[1] / "encoder"
     if encoder_path or os.environ.get(ENV_ENCODER):
         source = "argument" if encoder_path else f"${ENV_ENCODER}"
         path = Path(os.path.expanduser(encoder_path or os.environ[ENV_ENCODER]))
-        if not _looks_like_hf_dir(path):
-            raise CometUnavailable(
-                f"encoder files missing: {path} (from {source}) is not a directory with "
-                "config.json and tokenizer files of the COMET encoder "
-                f"({hparams.get('pretrained_model', '?')}). " + _HOW_TO
-            )
-        return str(path.resolve())
-    name = str(hparams.get("pretrained_model", ""))
-    if name and _looks_like_hf_dir(Path(os.path.expanduser(name))):
-        return str(Path(os.path.expanduser(name)).resolve())
-    bundled = Path(ckpt).resolve().parents[1] / "encoder"
-    if _looks_like_hf_dir(bundled):
-        return str(bundled)
-    # A hub name: only the local Hugging Face cache is consulted (offline).
-    if not name or not _in_hf_cache(name):
+    else:
+        source, path = "the model directory", bundled
+    if not _looks_like_hf_dir(path):
         raise CometUnavailable(
             f"encoder files missing: COMET model {ckpt} builds its encoder from "
-            f"pretrained_model={name!r} (hparams.yaml), whose config.json + tokenizer files "
-            "are neither in a local directory (--encoder DIR / $COMET_ENCODER, "
-            f"{bundled}) nor in the local Hugging Face cache, and cannot be downloaded here. "
-            + _HOW_TO
+            f"pretrained_model={hparams.get('pretrained_model')!r} (hparams.yaml), and {path} (from "
+            f"{source}) is not a directory with its config.json and tokenizer files; nothing "
+            "is downloaded here. " + _HOW_TO
         )
-    return name
-
-
-def _in_hf_cache(name: str) -> bool:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:  # pragma: no cover - comes with transformers
-        return False
-    try:
-        return isinstance(try_to_load_from_cache(name, "config.json"), str)
-    except Exception:  # invalid repo id etc.
-        return False
+    return str(path.resolve())
 
 
 # --------------------------------------------------------------------------- loading
@@ -238,19 +213,18 @@ _MODEL_CACHE = {}  # (checkpoint, encoder) -> model; one entry (COMET models are
 def load_comet_model(model_path: Optional[str] = None, encoder_path: Optional[str] = None):
     """Load a COMET model from a local checkpoint, fully offline. Cached (one model).
 
-    Same as ``comet.load_from_checkpoint`` except that:
+    What ``comet.load_from_checkpoint`` does, in two plain steps:
 
-    * ``pretrained_model`` is pointed at local encoder files (see module doc) and
-      ``local_files_only=True`` / ``load_pretrained_weights=False`` are forced, so only the
-      encoder's config + tokenizer are read; all weights come from the checkpoint;
-    * ``weights_only=False`` is passed to the checkpoint load. Why: PyTorch >= 2.6 defaults
-      ``torch.load`` to ``weights_only=True``, which rejects the non-tensor objects a
-      Lightning checkpoint pickles next to the weights (callback/loop states, numpy
-      scalars, ...), and COMET 2.2.7 does not pass the flag. The checkpoint is a local file
-      the user chose, so it is trusted exactly as it was with PyTorch < 2.6. The flag is
-      given for this one load only; the global ``torch.load`` default is left alone.
-    * weights missing from the checkpoint are an error (COMET loads with strict=False and
-      would otherwise score with randomly initialised layers).
+    * the model class of ``class_identifier`` is built from hparams.yaml, with
+      ``pretrained_model`` pointed at the local encoder files and
+      ``load_pretrained_weights=False`` / ``local_files_only=True``, so only the encoder's
+      config + tokenizer are read;
+    * the checkpoint's ``state_dict`` is loaded into it. ``torch.load`` gets
+      ``weights_only=False`` for this one file: a Lightning checkpoint pickles non-tensor
+      objects next to the weights, which PyTorch >= 2.6's default refuses; the user chose
+      this local file, so it is trusted as it was with PyTorch < 2.6. Weights that the model
+      has and the checkpoint lacks are an error (scoring with random layers would give a
+      number that means nothing).
     """
     ckpt = Path(resolve_comet_model(model_path))
     hparams = _read_hparams(ckpt)
@@ -259,8 +233,8 @@ def load_comet_model(model_path: Optional[str] = None, encoder_path: Optional[st
     if key in _MODEL_CACHE:
         return _MODEL_CACHE[key]
 
-    with _offline_and_quiet(), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with _offline_and_quiet(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' and Lightning's advice while building
         import torch
         from comet.models import str2model  # slow (seconds): imported only here
 
@@ -270,56 +244,35 @@ def load_comet_model(model_path: Optional[str] = None, encoder_path: Optional[st
                 f"no local model: {ckpt}: hparams.yaml has class_identifier={identifier!r}, "
                 f"not one of this COMET version's models {sorted(str2model)}"
             )
-        kwargs = dict(
-            load_pretrained_weights=False,
-            local_files_only=True,
-            pretrained_model=encoder,
-        )
+        model_class = str2model[identifier]
+        accepted = inspect.signature(model_class.__init__).parameters
+        kwargs = {k: v for k, v in hparams.items() if k in accepted}
+        kwargs.update(load_pretrained_weights=False, local_files_only=True, pretrained_model=encoder)
         # Same workaround as comet.load_from_checkpoint (COMET issue #244).
-        if hparams.get("layer_transformation") == "sparsemax_patch":
+        if kwargs.get("layer_transformation") == "sparsemax_patch":
             kwargs["layer_transformation"] = "softmax"
         try:
-            model = str2model[identifier].load_from_checkpoint(
-                checkpoint_path=str(ckpt),
-                map_location=torch.device("cpu"),
-                strict=False,
-                weights_only=False,  # see docstring: trusted local checkpoint
-                **kwargs,
-            )
+            model = model_class(**kwargs)
         except OSError as e:  # transformers: config/tokenizer files not usable
             raise CometUnavailable(
                 f"encoder files missing: COMET model {ckpt} needs the config + tokenizer "
                 f"of its encoder {hparams.get('pretrained_model')!r}; loading them from "
                 f"{encoder!r} failed (offline, nothing is downloaded): {e}. " + _HOW_TO
             ) from e
-    for w in caught:
-        msg = str(w.message)
-        if "in the model state dict but not in the checkpoint" in msg:
-            missing = [
-                k for k in _parse_key_list(msg) if k.split(".")[-1] not in _HARMLESS_MISSING
-            ]
-            if missing:
-                raise RuntimeError(
-                    f"COMET checkpoint {ckpt} does not match its model: {len(missing)} weights "
-                    f"missing (e.g. {missing[:5]}); refusing to score with random weights. "
-                    "Is hparams.yaml from the same model?"
-                )
-        else:
-            logger.debug("while loading COMET: %s", msg)
+        state = torch.load(str(ckpt), map_location="cpu", weights_only=False)["state_dict"]
+        result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if k.split(".")[-1] not in _HARMLESS_MISSING]
+    if missing:
+        raise RuntimeError(
+            f"COMET checkpoint {ckpt} does not match its model: {len(missing)} weights "
+            f"missing (e.g. {missing[:5]}); refusing to score with random weights. "
+            "Is hparams.yaml from the same model?"
+        )
     model.eval()
     model._fairseq_hrt_paths = key  # (checkpoint, encoder), reported by comet_score
     _MODEL_CACHE.clear()
     _MODEL_CACHE[key] = model
     return model
-
-
-def _parse_key_list(msg: str) -> List[str]:
-    import ast
-
-    try:
-        return list(ast.literal_eval(msg[msg.index("[") : msg.rindex("]") + 1]))
-    except (ValueError, SyntaxError):
-        return ["<unparsed>"]
 
 
 # --------------------------------------------------------------------------- scoring
@@ -405,7 +358,7 @@ def cli_main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument(
         "--encoder",
         help=f"directory with the encoder's config.json + tokenizer files; default: ${ENV_ENCODER}, "
-        "then pretrained_model of hparams.yaml if local, <model dir>/encoder/, the HF cache",
+        "then <model dir>/encoder/",
     )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--gpus", type=int, default=0, choices=(0, 1))
