@@ -6,6 +6,8 @@ Every fix states the breakage it works around; each has a test in ``tests/test_c
 (the training-clock fix in ``tests/test_training.py``).
 """
 import functools
+import os
+import sys
 import time
 import types
 
@@ -170,6 +172,58 @@ def _patch_finetune_training_time():
     _wrap_once(Trainer, "load_checkpoint", _load_checkpoint_restarting_the_clock)
 
 
+def _buffered_read_repairing_bad_lines(buffered_read):
+    """Replace ``fairseq_cli.interactive.buffered_read`` by one that reads through
+    :mod:`fairseq_hrt.text_input`.
+
+    Why: fairseq 0.12 reads ``--input`` with ``fileinput`` (strict UTF-8) and stdin with
+    Python's own decoding (``surrogateescape`` in a C/C.UTF-8 locale), so one line holding
+    bytes that are not valid UTF-8 ended the whole session: ``UnicodeDecodeError`` while
+    reading, or ``TypeError: not a string`` from SentencePiece on the surrogates. Now such
+    bytes become U+FFFD with a warning naming the input and the line number, control
+    characters and NUL bytes are handled alike, and the session translates every later line.
+    Same interface and buffering as fairseq's (lines stripped, ``buffer_size`` per batch).
+    """
+
+    @functools.wraps(buffered_read)
+    def wrapper(input, buffer_size):
+        from fairseq_hrt import text_input
+
+        buffer = []
+        for line in text_input.iter_lines(input):
+            buffer.append(line.strip())
+            if len(buffer) >= buffer_size:
+                yield buffer
+                buffer = []
+        if buffer:
+            yield buffer
+
+    return wrapper
+
+
+def _is_fairseq_interactive(module) -> bool:
+    path = getattr(module, "__file__", None) or ""
+    return callable(getattr(module, "buffered_read", None)) and path.endswith(
+        os.path.join("fairseq_cli", "interactive.py")
+    )
+
+
+def patch_interactive_reading():
+    """Apply :func:`_buffered_read_repairing_bad_lines` to fairseq-interactive when it runs.
+
+    Only a module that is already loaded is patched (importing fairseq_cli.interactive here
+    would configure logging for every process that imports the plugin): the console script
+    loads it as ``fairseq_cli.interactive``, ``python -m fairseq_cli.interactive`` as
+    ``__main__``, both before they import the user dir. Called again when the task is set
+    up, which covers a program that imports the plugin before fairseq_cli.interactive.
+    Idempotent.
+    """
+    for name in ("fairseq_cli.interactive", "__main__"):
+        module = sys.modules.get(name)
+        if module is not None and _is_fairseq_interactive(module):
+            _wrap_once(module, "buffered_read", _buffered_read_repairing_bad_lines)
+
+
 def apply():
     """Apply every fix once; safe to call repeatedly (fairseq imports user dirs many times)."""
     global _APPLIED
@@ -179,4 +233,5 @@ def apply():
     _patch_fp16_overflow_on_cpu()
     _patch_batch_remainder()
     _patch_finetune_training_time()
+    patch_interactive_reading()
     _APPLIED = True

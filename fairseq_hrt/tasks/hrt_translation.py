@@ -24,7 +24,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from fairseq_hrt import chunking
+from fairseq_hrt import chunking, compat, text_input
 from fairseq_hrt.generation import strategies
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
 
@@ -180,6 +180,8 @@ class HRTTranslationTask(TranslationTask):
             raise ValueError(f"--curriculum-lambda must be > 0, got {cfg.curriculum_lambda}")
         self.mask_idx = tgt_dict.index(MASK_SYMBOL)
         self.chunk_start_idx = {k: tgt_dict.index(chunk_start_symbol(k)) for k in range(2, MAX_CHUNK_SIZE + 1)}
+        self.interactive_lines_seen = 0  # line numbers in fairseq-interactive's warnings
+        compat.patch_interactive_reading()
 
     @classmethod
     def load_dictionary(cls, filename):
@@ -331,6 +333,32 @@ class HRTTranslationTask(TranslationTask):
         return super().valid_step(sample, model, criterion)
 
     # ------------------------------------------------------------ inference
+
+    def get_interactive_tokens_and_lengths(self, lines, encode_fn):
+        """fairseq-interactive: one line that cannot be encoded never ends the session.
+
+        Every line is repaired as :mod:`fairseq_hrt.text_input` repairs input files (a caller
+        may hand over text that did not come through it, e.g. with lone surrogates); a line
+        that the tokenizer/BPE still refuses is logged with its number and translated as an
+        empty line, so the output keeps one translation per input line.
+        """
+        tokens = []
+        for i, line in enumerate(lines):
+            lineno = self.interactive_lines_seen + i + 1
+            text, problems = text_input.clean_text(line)
+            if problems:
+                logger.warning("input line %d: %s repaired", lineno, ", ".join(problems))
+            try:
+                encoded = encode_fn(text)
+            except Exception as e:  # noqa: BLE001 - any tokenizer failure: report it, go on
+                logger.warning(
+                    "input line %d could not be tokenized (%s: %s); it is translated as an empty line",
+                    lineno, type(e).__name__, e,
+                )
+                encoded = ""
+            tokens.append(self.source_dictionary.encode_line(encoded, add_if_not_exist=False).long())
+        self.interactive_lines_seen += len(lines)
+        return tokens, [t.numel() for t in tokens]
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         """fairseq-interactive: truncate over-long sources at --max-source-positions (as the
