@@ -550,9 +550,8 @@ def kill_recipe(work: Path) -> dict:
         lambda: distill_log.exists() and "distilling" in distill_log.read_text(errors="replace"), "distill")
     result["kill_in_distill"]["distilled_output_exists"] = (out / "distill" / "train.de").exists()
     at_log = out / "logs" / "at.log"
-    result["kill_in_training"] = run_until(
-        lambda: (out / "at" / "checkpoint_last.pt").exists() and at_log.exists()
-        and '"num_updates": "7"' in at_log.read_text(errors="replace"), "training")
+    # the first checkpoint is saved at the end of the first epoch (a few updates of 60)
+    result["kill_in_training"] = run_until(lambda: (out / "at" / "checkpoint_last.pt").exists(), "training")
     result["kill_in_training"]["checkpoint_updates"] = checkpoint_updates(out / "at" / "checkpoint_last.pt")
     final = subprocess.run(cmd, env=env, cwd=str(REPO), capture_output=True, text=True, timeout=900)
     result["rerun_returncode"] = final.returncode
@@ -724,16 +723,18 @@ def build_table(args) -> Table:
         table.add(
             "recipe SIGKILLed during distillation, then during a training step",
             "recipe.py --profile tiny: SIGKILL to the recipe process while distill decodes, re-run; SIGKILL while "
-            "the AT student trains (after update 7, one checkpoint saved), re-run to the end",
+            "the AT student trains (right after its first checkpoint), re-run to the end",
             f"step processes alive after each kill: {d['step_processes_alive_after_kill']}, "
             f"{t['step_processes_alive_after_kill']} (they die with the recipe); no distilled output after the first "
             f"kill ({'none' if not d['distilled_output_exists'] else 'PRESENT'}); the re-run skipped the done steps, "
             f"redid distillation ({r['distilled_lines']} lines for {r['train_lines']}), resumed the AT student at update "
-            f"{r['at_resumed_from']} and finished every step (exit {r['rerun_returncode']})",
+            f"{r['at_resumed_from'][-1] if r['at_resumed_from'] else None} of 60 (its checkpoint at the kill: "
+            f"{t['checkpoint_updates']}) and finished every step (exit {r['rerun_returncode']})",
             "the distillation in progress; the AT updates since its last checkpoint",
             r["rerun_returncode"] == 0 and d["step_processes_alive_after_kill"] == 0
             and t["step_processes_alive_after_kill"] == 0 and not d["distilled_output_exists"]
             and r["distilled_lines"] == r["train_lines"] and bool(r["at_resumed_from"])
+            and r["at_resumed_from"][-1] == t["checkpoint_updates"] < 60
             and "mp.done" in r["markers"], **r,
         )
     table.seconds = time.time() - t0

@@ -153,7 +153,7 @@ def test_recipe_killed_during_distillation_and_training_is_finished_by_a_rerun(t
     assert t["step_processes_alive_after_kill"] == 0 and t["checkpoint_updates"] is not None
     assert r["rerun_returncode"] == 0, r["rerun_log"]
     assert r["distilled_lines"] == r["train_lines"] > 0
-    assert r["at_resumed_from"] and r["at_resumed_from"][-1] == t["checkpoint_updates"]
+    assert r["at_resumed_from"] and r["at_resumed_from"][-1] == t["checkpoint_updates"] < 60  # mid-training
     assert {"prepare.done", "teacher.done", "distill.done", "distill_bin.done", "at.done", "hrt.done",
             "mp.done"} <= set(r["markers"])
     assert any("skipped, done earlier" in line for line in r["rerun_log"])

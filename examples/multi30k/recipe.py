@@ -159,7 +159,7 @@ PROFILES: Dict[str, Profile] = {
         at_arch="at_tiny",
         hrt_arch="hrt_tiny",
         mp_arch="cmlm_tiny",
-        student=Budget(max_update=20, stop_time_hours=0.05, lr=3e-3, warmup=10),
+        student=Budget(max_update=60, stop_time_hours=0.05, lr=3e-3, warmup=10),
         distill_beam=2,
         distill_nbest=2,
         validate=False,
