@@ -74,8 +74,11 @@ def parse_args(argv=None):
 
 
 def read_lines(path, limit=0) -> List[str]:
-    with open(path, encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for line in f]
+    """Input text as every entry point reads it (fairseq_hrt.text_input: bad bytes replaced
+    with a warning naming file and line, lines split at \\n only)."""
+    from fairseq_hrt import text_input
+
+    lines = text_input.read_lines(path)
     return lines[:limit] if limit else lines
 
 

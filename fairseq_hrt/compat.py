@@ -6,9 +6,15 @@ Every fix states the breakage it works around; each has a test in ``tests/test_c
 (the training-clock fix in ``tests/test_training.py``).
 """
 import functools
+import glob
 import inspect
+import os
+import pickle
+import shutil
+import sys
 import time
 import types
+import zipfile
 
 import torch
 
@@ -146,8 +152,248 @@ def _patch_finetune_training_time():
     _wrap_once(Trainer, "load_checkpoint", _load_checkpoint_restarting_the_clock)
 
 
+def _buffered_read_repairing_bad_lines(buffered_read):
+    """Replace ``fairseq_cli.interactive.buffered_read`` by one that reads through
+    :mod:`fairseq_hrt.text_input`.
+
+    Why: fairseq 0.12 reads ``--input`` with ``fileinput`` (strict UTF-8) and stdin with
+    Python's own decoding (``surrogateescape`` in a C/C.UTF-8 locale), so one line holding
+    bytes that are not valid UTF-8 ended the whole session: ``UnicodeDecodeError`` while
+    reading, or ``TypeError: not a string`` from SentencePiece on the surrogates. Now such
+    bytes become U+FFFD with a warning naming the input and the line number, control
+    characters and NUL bytes are handled alike, and the session translates every later line.
+    Same interface and buffering as fairseq's (lines stripped, ``buffer_size`` per batch).
+    """
+
+    @functools.wraps(buffered_read)
+    def wrapper(input, buffer_size):
+        from fairseq_hrt import text_input
+
+        buffer = []
+        for line in text_input.iter_lines(input):
+            buffer.append(line.strip())
+            if len(buffer) >= buffer_size:
+                yield buffer
+                buffer = []
+        if buffer:
+            yield buffer
+
+    return wrapper
+
+
+def _is_fairseq_interactive(module) -> bool:
+    path = getattr(module, "__file__", None) or ""
+    return callable(getattr(module, "buffered_read", None)) and path.endswith(
+        os.path.join("fairseq_cli", "interactive.py")
+    )
+
+
+def patch_interactive_reading():
+    """Apply :func:`_buffered_read_repairing_bad_lines` to fairseq-interactive when it runs.
+
+    Only a module that is already loaded is patched (importing fairseq_cli.interactive here
+    would configure logging for every process that imports the plugin): the console script
+    loads it as ``fairseq_cli.interactive``, ``python -m fairseq_cli.interactive`` as
+    ``__main__``, both before they import the user dir. Called again when the task is set
+    up, which covers a program that imports the plugin before fairseq_cli.interactive.
+    Idempotent.
+    """
+    for name in ("fairseq_cli.interactive", "__main__"):
+        module = sys.modules.get(name)
+        if module is not None and _is_fairseq_interactive(module):
+            _wrap_once(module, "buffered_read", _buffered_read_repairing_bad_lines)
+
+
+# ------------------------------------------------------------------ checkpoint files
+
+
+class CheckpointReadError(RuntimeError):
+    """A checkpoint file that cannot be read; the message says what to do."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint that could not be written (e.g. a full disk); the message says what is kept."""
+
+
+def readable_checkpoints(directory: str, exclude: str = "") -> list:
+    """The ``*.pt`` files of ``directory`` that are complete checkpoint archives, newest first.
+
+    A complete archive is a zip file with its central directory (PyTorch's format since 1.6),
+    which is what a truncated write lacks; checked without loading the weights.
+    """
+    found = []
+    for path in glob.glob(os.path.join(directory, "*.pt")):
+        if os.path.abspath(path) == os.path.abspath(exclude) or not os.path.isfile(path):
+            continue
+        if zipfile.is_zipfile(path):
+            found.append(path)
+    return sorted(found, key=os.path.getmtime, reverse=True)
+
+
+def _looks_corrupt(path: str, error: BaseException) -> bool:
+    if isinstance(error, (EOFError, pickle.UnpicklingError, zipfile.BadZipFile)):
+        return True
+    text = str(error).lower()
+    if "corrupt" in text or "zip archive" in text or "central directory" in text:
+        return True
+    try:
+        return os.path.isfile(path) and os.path.getsize(path) > 0 and not zipfile.is_zipfile(path) and isinstance(
+            error, RuntimeError
+        )
+    except OSError:
+        return False
+
+
+def corrupt_checkpoint_message(path: str, error: BaseException) -> str:
+    """What to tell the user about an unreadable checkpoint (pure but for listing its folder)."""
+    path = os.path.abspath(path)
+    directory = os.path.dirname(path)
+    others = readable_checkpoints(directory, exclude=path)
+    lines = [
+        f"cannot read the checkpoint {path}: it is truncated or corrupt ({type(error).__name__}: {error}).",
+        "This happens when a run is killed or the disk fills up while the file is being written; fairseq itself "
+        "writes a checkpoint to <name>.tmp and renames it when complete, and this plugin does the same for the "
+        "copies fairseq makes (checkpoint_last.pt, checkpoint_best.pt), so with the plugin loaded a kill leaves "
+        "the previous complete file in place.",
+    ]
+    if os.path.exists(path + ".tmp"):
+        lines.append(f"{path}.tmp is an unfinished write, not a usable checkpoint.")
+    if others:
+        lines.append(
+            f"Complete checkpoints in {directory} (newest first): " + ", ".join(os.path.basename(o) for o in others[:5])
+            + "."
+        )
+        lines.append(
+            f"What to do: resume training from one of them with --restore-file {others[0]} (fairseq-train), or "
+            f"decode with --path {others[0]}; or move {os.path.basename(path)} away and run the same command to "
+            "start training over."
+        )
+    else:
+        lines.append(
+            f"No other complete checkpoint is in {directory}. What to do: move {os.path.basename(path)} away and run "
+            "the same command to start training over (or --restore-file / --path a checkpoint from elsewhere)."
+        )
+    return "\n".join(lines)
+
+
+def _load_checkpoint_explaining_corruption(load_checkpoint_to_cpu):
+    """Wrap fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` (every load: fairseq-train
+    resuming, --restore-file, --finetune-from-model, generate, interactive, the Python API).
+
+    Why: a truncated ``checkpoint_last.pt`` stopped fairseq-train with a traceback ending in
+    PyTorch's "failed finding central directory ... checkpoint file is corrupted", which
+    says neither why nor what to do. The error now names the file, keeps PyTorch's text, and
+    lists the complete checkpoints next to it with the ``--restore-file`` to use.
+    """
+
+    @functools.wraps(load_checkpoint_to_cpu)
+    def wrapper(path, *args, **kwargs):
+        try:
+            return load_checkpoint_to_cpu(path, *args, **kwargs)
+        except CheckpointReadError:
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised unless the file is corrupt
+            if not _looks_corrupt(str(path), e):
+                raise
+            raise CheckpointReadError(corrupt_checkpoint_message(str(path), e)) from e
+
+    return wrapper
+
+
+def _copy_atomically(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+    """``PathManager.copy`` for local files through ``dst.tmp`` and a rename.
+
+    Why: fairseq 0.12 writes each checkpoint to ``<name>.tmp`` and renames it, but then
+    *copies* it to the other names it saves under (``checkpoint_last.pt`` after
+    ``checkpoint_3_10.pt`` with --save-interval-updates, after ``checkpoint_best.pt`` or an
+    epoch checkpoint) with ``shutil.copyfile`` straight onto the destination. A run killed
+    during that copy left a truncated ``checkpoint_last.pt``, and the next run could not
+    resume. Now the destination is replaced only by a complete copy; a failed copy (full disk)
+    removes its partial file and says what is kept.
+    """
+    if not overwrite and os.path.exists(dst_path):
+        return False
+    tmp = dst_path + ".tmp"
+    try:
+        shutil.copyfile(src_path, tmp)
+        os.replace(tmp, dst_path)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise CheckpointWriteError(e.errno, _write_failure_message(dst_path, e)) from e
+    return True
+
+
+class _PathManagerProxy:
+    """fairseq's ``PathManager`` inside ``checkpoint_utils`` with an atomic ``copy`` for local
+    paths (remote paths, handled by iopath, keep fairseq's own copy)."""
+
+    def __init__(self, path_manager):
+        self._path_manager = path_manager
+
+    def copy(self, src_path, dst_path, overwrite=False):
+        if self._path_manager.path_requires_pathmanager(dst_path):
+            return self._path_manager.copy(src_path, dst_path, overwrite=overwrite)
+        return _copy_atomically(src_path, dst_path, overwrite=overwrite)
+
+    def __getattr__(self, name):
+        return getattr(self._path_manager, name)
+
+
+def _remove_quietly(path: str):
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _write_failure_message(path: str, error: OSError) -> str:
+    path = os.path.abspath(path)
+    kept = os.path.join(os.path.dirname(path), "checkpoint_last.pt")
+    reason = os.strerror(error.errno) if error.errno else str(error)
+    return (
+        f"could not write the checkpoint {path}: {reason}. Its partial file was removed; "
+        + (f"{kept}, from the previous save, is complete and unchanged. " if os.path.exists(kept) else "")
+        + "Free space (or fix the error) and run the same command to resume from the last complete checkpoint; "
+        "the updates since that save are lost."
+    )
+
+
+def _save_checkpoint_cleaning_up_on_failure(save_checkpoint):
+    """Wrap ``Trainer.save_checkpoint``: when writing fails (a full disk), remove the partial
+    ``<name>.tmp`` fairseq leaves behind and fail with a message that says what is kept.
+
+    Why: on a full disk fairseq 0.12 stopped with a bare ``OSError: [Errno 28] No space left
+    on device`` and left the partial ``checkpoint_last.pt.tmp`` taking the space, so a re-run
+    after freeing some failed again at its first save.
+    """
+
+    @functools.wraps(save_checkpoint)
+    def wrapper(self, filename, extra_state):
+        try:
+            return save_checkpoint(self, filename, extra_state)
+        except OSError as e:
+            if isinstance(e, CheckpointWriteError):
+                raise
+            _remove_quietly(str(filename) + ".tmp")
+            raise CheckpointWriteError(e.errno, _write_failure_message(str(filename), e)) from e
+
+    return wrapper
+
+
+def _patch_checkpoint_files():
+    import fairseq.checkpoint_utils as checkpoint_utils
+    from fairseq.trainer import Trainer
+
+    _wrap_once(checkpoint_utils, "PathManager", _PathManagerProxy)
+    _wrap_once(checkpoint_utils, "load_checkpoint_to_cpu", _load_checkpoint_explaining_corruption)
+    _expect_parameters(Trainer.save_checkpoint, ["self", "filename", "extra_state"], "Trainer.save_checkpoint")
+    _wrap_once(Trainer, "save_checkpoint", _save_checkpoint_cleaning_up_on_failure)
+
+
 def apply():
     """Apply every fix; safe to call repeatedly (each one is applied once, see :func:`_wrap_once`)."""
     _patch_checkpoint_loading()
     _patch_fp16_overflow_on_cpu()
     _patch_finetune_training_time()
+    _patch_checkpoint_files()
+    patch_interactive_reading()

@@ -58,9 +58,14 @@ def select_by_sentence_bleu(candidates: Sequence[str], reference: str) -> int:
     return max(range(len(scores)), key=lambda i: (scores[i], -i))
 
 
-def read_lines(path: str) -> List[str]:
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n").rstrip("\r") for line in f]
+def read_lines(path: str, errors: str = "replace") -> List[str]:
+    """The lines of ``path`` as every entry point reads input (:mod:`fairseq_hrt.text_input`):
+    bytes that are not valid UTF-8 become U+FFFD (or stop the run, ``errors="strict"``) and
+    control characters are handled, with a warning naming the file and line; never a line
+    more or less, so the output stays aligned."""
+    from fairseq_hrt import text_input
+
+    return text_input.read_lines(path, errors=errors)
 
 
 def write_lines_atomic(path: str, lines: Sequence[str]) -> None:
@@ -159,6 +164,11 @@ def parse_args(argv=None):
         default="sentencepiece",
         help="fairseq's --post-process used to detokenise hypotheses for --select-by-bleu (default: sentencepiece)",
     )
+    p.add_argument(
+        "--input-errors", choices=("replace", "strict"), default="replace",
+        help="lines of --src / --select-by-bleu with bytes that are not valid UTF-8: 'replace' them by U+FFFD "
+             "with a warning naming file and line (default), or 'strict': stop at the first one with that message",
+    )
     p.add_argument("--max-tokens", type=int, default=6000, help="source tokens per batch")
     p.add_argument("--batch-size", type=int, default=None, help="sentences per batch (default: no limit)")
     p.add_argument("--max-len-a", type=float, default=0, help="max target length = a * source length + b")
@@ -189,8 +199,13 @@ def main(argv=None):
     use_cuda = torch.cuda.is_available() and not args.cpu
     if args.fp16 and not use_cuda:
         raise SystemExit("--fp16 needs a GPU")
-    src = read_lines(args.src)
-    refs = read_lines(args.select_by_bleu) if args.select_by_bleu else None
+    from fairseq_hrt.text_input import InputTextError
+
+    try:
+        src = read_lines(args.src, args.input_errors)
+        refs = read_lines(args.select_by_bleu, args.input_errors) if args.select_by_bleu else None
+    except InputTextError as e:
+        raise SystemExit(f"{e} (--input-errors strict; 'replace' translates such lines with U+FFFD instead)")
     if refs is not None and len(refs) != len(src):
         raise SystemExit(
             f"--select-by-bleu {args.select_by_bleu} has {len(refs)} lines but --src {args.src} has {len(src)}; "

@@ -408,3 +408,28 @@ def train_args(data_dir, save_dir, *extra, arch: str = "hrt_tiny", max_update: i
         "--no-epoch-checkpoints",
         *[str(e) for e in extra],
     ]
+
+
+def make_tiny_spm_data(root, n_train: int = 300, n_valid: int = 30, vocab_size: int = 160,
+                       prefer: Optional[str] = None) -> TinyData:
+    """:func:`make_tiny_data` through a joint SentencePiece model, as the quickstart prepares
+    Multi30k: ``root/spm/spm.model`` and the encoded splits, binarized into ``root/bin``
+    (for ``fairseq-interactive --bpe sentencepiece`` on raw text)."""
+    import sentencepiece as spm
+
+    root = Path(root)
+    raw = write_raw_corpus(root / "raw", n_train=n_train, n_valid=n_valid, prefer=prefer)
+    spm_dir = root / "spm"
+    spm_dir.mkdir(parents=True, exist_ok=True)
+    spm.SentencePieceTrainer.train(
+        input=f"{raw['train']}.{SRC},{raw['train']}.{TGT}", model_prefix=str(spm_dir / "spm"),
+        vocab_size=vocab_size, character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
+        num_threads=1,
+    )
+    sp = spm.SentencePieceProcessor(model_file=str(spm_dir / "spm.model"))
+    for split in ("train", "valid"):
+        for lang in (SRC, TGT):
+            lines = read_lines(root / "raw" / f"{split}.{lang}")
+            write_lines(spm_dir / f"{split}.{lang}", (" ".join(p) for p in sp.encode(lines, out_type=str)))
+    bin_dir = binarize(root / "bin", spm_dir / "train", spm_dir / "valid")
+    return TinyData(raw_dir=root / "raw", bin_dir=bin_dir, source=raw["source"])

@@ -146,6 +146,28 @@ PROFILES: Dict[str, Profile] = {
         bench_sentences=0,
         bench_bs1_sentences=100,
     ),
+    # The smallest run of every step (300 pairs, tens of updates, 10 test sentences): for
+    # tests of the recipe itself (killed at any step and re-run, benchmarks/fault_table.py);
+    # its numbers mean nothing.
+    "tiny": Profile(
+        vocab_size=200,
+        subset=300,
+        max_tokens=1024,
+        teacher_arch="at_tiny",
+        teacher_args=["--decoder-layers", "2"],
+        teacher=Budget(max_update=30, stop_time_hours=0.05, lr=3e-3, warmup=10),
+        at_arch="at_tiny",
+        hrt_arch="hrt_tiny",
+        mp_arch="cmlm_tiny",
+        student=Budget(max_update=60, stop_time_hours=0.05, lr=3e-3, warmup=10),
+        distill_beam=2,
+        distill_nbest=2,
+        validate=False,
+        log_interval=1,
+        bench_sentences=10,
+        bench_bs1_sentences=2,
+        bench_batch_sizes="1,8",
+    ),
     # The quickstart's shape (at_mini / hrt_mini: d = 128, 3-1, vocabulary 4000) on raw
     # data, no teacher: the base budget of the convergence study on 2 CPU cores
     # (examples/multi30k/study.py), about 0.35 s per AT and 0.55 s per HRT update.
@@ -243,7 +265,7 @@ class Recipe:
                 f"{tag}: an interrupted run of another command is in {self.out} (see {cmd_file}). "
                 f"Delete {self.out} or use another --out."
             )
-        cmd_file.write_text(cmd_str + "\n")
+        write_atomic(cmd_file, cmd_str + "\n")
         log_path = self.logs / f"{name}.log"
         resumed = train_max_update and (self.out / name / "checkpoint_last.pt").exists()
         log(f"{tag}: {'resuming' if resumed else 'running'}, log in {log_path}")
@@ -256,9 +278,11 @@ class Recipe:
             elif own_log:
                 # the command logs to the file itself (--log-file) and draws its progress bar
                 # on the terminal (stderr); what it prints (the benchmark's table) is logged too
-                rc = subprocess.run(cmd, env=self.env, stdout=log_file).returncode
+                rc = subprocess.run(cmd, env=self.env, stdout=log_file, preexec_fn=die_with_parent).returncode
             else:
-                rc = subprocess.run(cmd, env=self.env, stdout=log_file, stderr=subprocess.STDOUT).returncode
+                rc = subprocess.run(
+                    cmd, env=self.env, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+                ).returncode
         if rc != 0:
             raise StepError(f"{tag}: failed (exit {rc}); see {log_path}:\n{tail(log_path)}")
         missing = [str(p) for p in outputs if not p.exists()]
@@ -269,7 +293,7 @@ class Recipe:
             done = last_num_updates(log_path)
             if done is not None and done < train_max_update:
                 note = f" (stopped by the time cap after {done} of {train_max_update} updates)"
-        marker.write_text(cmd_str + "\n")
+        write_atomic(marker, cmd_str + "\n")
         log(f"{tag}: done in {time.time() - start:.0f}s{note} -> {', '.join(str(p) for p in outputs)}")
 
     def train_cmd(self, name: str, arch: str, budget: Budget, extra: List[str]) -> List[str]:
@@ -340,7 +364,8 @@ class Recipe:
         """fairseq-preprocess of a distilled training set with the data's dictionary."""
         # fairseq-preprocess needs the source side next to the distilled target
         src = distill / "train.en"
-        if not src.exists() and not src.is_symlink():
+        if not src.exists():
+            src.unlink(missing_ok=True)  # a dangling link left by a run killed between two steps
             src.parent.mkdir(parents=True, exist_ok=True)
             src.symlink_to(self.data / "spm" / "train.en")
         dict_path = self.data_bin / "dict.en.txt"
@@ -422,7 +447,7 @@ class Recipe:
                 f"{self.out} holds a run with settings {settings.read_text().strip()}, now asked for {mine}. "
                 "Use another --out or delete it."
             )
-        settings.write_text(json.dumps(mine) + "\n")
+        write_atomic(settings, json.dumps(mine) + "\n")
         log(f"profile {self.args.profile}, output {self.out}, {self.threads} CPU thread(s), "
             f"{'CPU' if self.cpu else 'GPU'}{' fp16' if self.args.fp16 else ''}")
         start = time.time()
@@ -458,6 +483,34 @@ def same_command(a: str, b: str) -> bool:
         ]
 
     return key(a) == key(b)
+
+
+def write_atomic(path: Path, text: str):
+    """Write through ``path.part`` and a rename: a marker or command file is complete or absent,
+    so a run killed while writing one is not mistaken, on re-run, for a run of another command."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
+def die_with_parent():
+    """In a step's child process (``preexec_fn``): be killed when the recipe dies.
+
+    Why: a recipe killed with SIGKILL (the OOM killer, ``kill -9``) cannot stop its running
+    step, which went on as an orphan, still writing checkpoints or the distilled corpus while
+    the re-run started the same step in the same folder. Linux's parent-death signal ends the
+    child with the recipe; elsewhere this does nothing.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the recipe died before prctl: do not start as an orphan
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
 
 
 def _cpu_times() -> List[int]:
@@ -520,7 +573,7 @@ def run_with_update_bar(cmd, env, log_file, log_path: Path, max_update: int, des
     updates (read back from the json log lines) on the terminal."""
     from tqdm import tqdm
 
-    proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     bar = tqdm(total=max_update, desc=desc, unit="upd", disable=None)
     stop = threading.Event()
 

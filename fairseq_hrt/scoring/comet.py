@@ -338,8 +338,9 @@ def comet_score(
 
 
 def _read_lines(path: str) -> List[str]:
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n").rstrip("\r") for line in f]
+    from fairseq_hrt import text_input
+
+    return text_input.read_lines(path)
 
 
 def cli_main(argv: Optional[List[str]] = None) -> int:

@@ -25,7 +25,7 @@ from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from fairseq_hrt import chunking
+from fairseq_hrt import chunking, compat, text_input
 from fairseq_hrt.generation import strategies
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
 
@@ -196,6 +196,8 @@ class HRTTranslationTask(TranslationTask):
             raise ValueError(f"--curriculum-lambda must be > 0, got {cfg.curriculum_lambda}")
         self.mask_idx = tgt_dict.index(MASK_SYMBOL)
         self.chunk_start_idx = {k: tgt_dict.index(chunk_start_symbol(k)) for k in range(2, MAX_CHUNK_SIZE + 1)}
+        self.interactive_lines_seen = 0  # line numbers in fairseq-interactive's warnings
+        compat.patch_interactive_reading()
 
     @classmethod
     def load_dictionary(cls, filename):
@@ -242,12 +244,58 @@ class HRTTranslationTask(TranslationTask):
         pair_dataset.sizes = np.vstack((pair_dataset.src_sizes, pair_dataset.tgt_sizes)).T
         return DistilledTargetDataset(pair_dataset, distilled)
 
+    # ------------------------------------------------------- checkpointed task state
+
+    def dictionary_fingerprint(self) -> str:
+        """CRC32 of the source and target symbols in order: two data directories binarized
+        with different dictionaries (even of the same size) differ here."""
+        crc = 0
+        for d in (self.source_dictionary, self.target_dictionary):
+            crc = zlib.crc32("\n".join(d.symbols).encode("utf-8", "surrogatepass"), crc)
+        return f"{crc:08x}"
+
+    def _schedule(self) -> dict:
+        return {
+            "hrt_mode": str(self.cfg.hrt_mode),
+            "chunk_sizes": list(self.chunk_sizes),
+            "curriculum_updates": int(self.cfg.curriculum_updates or self.cfg.max_update or 0),
+            "curriculum_lambda": float(self.cfg.curriculum_lambda),
+        }
+
+    def get_checkpoint_dict(self):
+        """Saved with every checkpoint (fairseq's task-state hook): the dictionary fingerprint
+        and the curriculum's schedule. The curriculum position itself is the trainer's update
+        count, which the checkpoint restores, so p_k continues where it was."""
+        return {type(self).__name__: {"dictionary": self.dictionary_fingerprint(), **self._schedule()}}
+
+    def set_checkpoint_dict(self, state):
+        """On resume: refuse data binarized with another dictionary, and warn when the
+        curriculum's schedule differs from the run that saved the checkpoint (e.g. another
+        --max-update moves p_k = (t / T) ** lambda for every later update)."""
+        saved = state.get("dictionary")
+        if saved is not None and saved != self.dictionary_fingerprint():
+            raise ValueError(
+                f"the checkpoint being resumed was trained on data binarized with another dictionary "
+                f"(fingerprint {saved}, this data directory {self.cfg.data}: {self.dictionary_fingerprint()}). "
+                "Resume with the data directory of the run that saved it, or start a new run in another "
+                "--save-dir."
+            )
+        now = self._schedule()
+        changed = {k: (state[k], now[k]) for k in now if k in state and state[k] != now[k]}
+        if changed:
+            logger.warning(
+                "resuming with another schedule than the run that saved the checkpoint: %s; p_k follows the "
+                "new settings from here on",
+                ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
+            )
+
     # ------------------------------------------------------------ training
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
         if not from_checkpoint and self.cfg.hrt_mode == "hrt" and hasattr(model, "mark_trained_chunk_sizes"):
             model.mark_trained_chunk_sizes(self.chunk_sizes)
+        _check_dictionary_when_loading(model)
         return model
 
     def curriculum_p_k(self, num_updates: int) -> float:
@@ -374,6 +422,32 @@ class HRTTranslationTask(TranslationTask):
             bound.arguments["required_batch_size_multiple"] = 1
         return super().get_batch_iterator(*bound.args[1:], **bound.kwargs)
 
+    def get_interactive_tokens_and_lengths(self, lines, encode_fn):
+        """fairseq-interactive: one line that cannot be encoded never ends the session.
+
+        Every line is repaired as :mod:`fairseq_hrt.text_input` repairs input files (a caller
+        may hand over text that did not come through it, e.g. with lone surrogates); a line
+        that the tokenizer/BPE still refuses is logged with its number and translated as an
+        empty line, so the output keeps one translation per input line.
+        """
+        tokens = []
+        for i, line in enumerate(lines):
+            lineno = self.interactive_lines_seen + i + 1
+            text, problems = text_input.clean_text(line)
+            if problems:
+                logger.warning("input line %d: %s repaired", lineno, ", ".join(problems))
+            try:
+                encoded = encode_fn(text)
+            except Exception as e:  # noqa: BLE001 - any tokenizer failure: report it, go on
+                logger.warning(
+                    "input line %d could not be tokenized (%s: %s); it is translated as an empty line",
+                    lineno, type(e).__name__, e,
+                )
+                encoded = ""
+            tokens.append(self.source_dictionary.encode_line(encoded, add_if_not_exist=False).long())
+        self.interactive_lines_seen += len(lines)
+        return tokens, [t.numel() for t in tokens]
+
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         """fairseq-interactive: truncate over-long sources at --max-source-positions (as the
         papers do, with L = 200) instead of failing on them."""
@@ -428,6 +502,25 @@ class HRTTranslationTask(TranslationTask):
             for i, hypos in zip(rest, super().inference_step(generator, models, sub, sub_prefix, sub_constraints)):
                 results[i] = hypos
         return results
+
+
+def _check_dictionary_when_loading(model):
+    """AT models are fairseq's own ``transformer``: loading a checkpoint of another dictionary
+    into one failed with "size mismatch for decoder.output_projection.weight ... please ensure
+    that the architectures match", which points at the architecture. Check the dictionary
+    first, as HRT and CMLM models do in their ``load_state_dict`` (one message for all)."""
+    from fairseq_hrt.models.hrt_transformer import HRTTransformerModel, check_dictionary_compatible
+
+    if isinstance(model, HRTTransformerModel) or getattr(model.load_state_dict, "__fairseq_hrt_dictionary_check__", False):
+        return
+    load_state_dict = model.load_state_dict
+
+    def checked(state_dict, *args, **kwargs):
+        check_dictionary_compatible(model, state_dict)
+        return load_state_dict(state_dict, *args, **kwargs)
+
+    checked.__fairseq_hrt_dictionary_check__ = True
+    model.load_state_dict = checked
 
 
 def resolve_decode_chunk_size(option: str, trained: List[int]):
