@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_hrt import chunking
-from fairseq_hrt.generation.lean import DecoderStep, positional_scores
+from fairseq_hrt.generation.lean import DecoderStep, greedy_choice, positional_scores
 from fairseq_hrt.generation.strategies import (
     LEAN_UNSUPPORTED,
     DecodingContext,
@@ -140,8 +140,8 @@ class BlockStep(DecoderStep):
             x = x + state.positions[positions]
         if plan.layernorm_embedding is not None:
             x = plan.layernorm_embedding(x)
-        future = torch.arange(keys, device=device).view(1, 1, keys) > positions.unsqueeze(2)  # (N, W, K)
-        bias = torch.zeros(n, 1, w, keys, dtype=torch.float32, device=device).masked_fill_(future.unsqueeze(1), -math.inf)
+        future = torch.arange(keys, device=device).view(1, 1, 1, keys) > positions.view(n, 1, w, 1)
+        bias = torch.zeros((), dtype=torch.float32, device=device).masked_fill(future, -math.inf)  # (N, 1, W, K)
         buckets = None
         if self.relative:
             buckets = state.buckets[positions][:, :, :keys].unsqueeze(1).expand(n, self.heads, w, keys)
@@ -280,6 +280,8 @@ class ParallelGreedyGenerator:
         self.drafter = drafter
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
         self.banned = torch.tensor(sorted(set(banned) | {self.pad}), dtype=torch.long)
+        self.vocab_size = len(tgt_dict)
+        self._banned_mask = None
         self.max_len_cap = model.max_decoder_positions() - 1
         self.trace: Optional[List[PassRecord]] = [] if trace else None
         self.stats = {"sentences": 0, "passes": 0, "draft_passes": 0, "tokens": 0}
@@ -305,8 +307,6 @@ class ParallelGreedyGenerator:
         self.stats["passes"] += passes
         self.stats["draft_passes"] += sum(int(h[0].get("draft_passes", 0)) for h in finalized)
         self.stats["tokens"] += sum(h[0]["tokens"].numel() for h in finalized)
-        logger.debug("--decoding %s: %d sentences, %.2f decoder passes per sentence", self.method, len(finalized),
-                     passes / max(1, len(finalized)))
         return finalized
 
     def passes_per_sentence(self) -> float:
@@ -319,19 +319,27 @@ class ParallelGreedyGenerator:
         if self.options.temperature != 1.0:
             logits = logits / self.options.temperature
         logits = logits.float()
+        early = steps < self.options.min_len
+        at_max = steps >= max_len
+        if not self.options.unk_penalty and not bool(early.any()) and not bool(at_max.any()):
+            return greedy_choice(logits, self._banned_table(logits.device))  # the common case: one pass
         masked = logits.index_fill(1, self.banned.to(logits.device), -math.inf)
         if self.options.unk_penalty:
             masked[:, self.unk] -= self.options.unk_penalty
-        early = steps < self.options.min_len
         if bool(early.any()):
             masked[early, self.eos] = -math.inf
-        at_max = steps >= max_len
         if bool(at_max.any()):
             eos_logit = logits[at_max, self.eos]
             masked[at_max] = -math.inf
             masked[at_max, self.eos] = eos_logit
         best, token = masked.max(dim=1)
         return best - torch.logsumexp(logits, dim=1), token
+
+    def _banned_table(self, device) -> Tensor:
+        if self._banned_mask is None or self._banned_mask.device != device:
+            self._banned_mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
+            self._banned_mask[self.banned.to(device)] = True
+        return self._banned_mask
 
     def _decode(self, encoder_out, src_tokens: Tensor, max_len: int):
         device = src_tokens.device
@@ -370,22 +378,27 @@ class ParallelGreedyGenerator:
             n = inputs.size(0)
             score, pred = self._choose(logits.view(n * w, -1), in_positions.view(-1), max_len)
             score, pred = score.view(n, w), pred.view(n, w)
-            real = slots[:w].unsqueeze(0) < widths.unsqueeze(1)
             accepted = accepted_lengths(inputs, pred, widths)
             # the Jacobi update: every real slot's prediction becomes the iterate there
             out_positions = in_positions + 1
-            tokens.scatter_(1, out_positions, torch.where(real, pred, tokens.gather(1, out_positions)))
-            scores.scatter_(1, out_positions, torch.where(real, score, scores.gather(1, out_positions)))
+            if int(widths.min()) < w:  # slots past a row's block keep what they held
+                real = slots[:w].unsqueeze(0) < widths.unsqueeze(1)
+                pred_kept = torch.where(real, pred, tokens.gather(1, out_positions))
+                score = torch.where(real, score, scores.gather(1, out_positions))
+            else:
+                pred_kept = pred
+            tokens.scatter_(1, out_positions, pred_kept)
+            scores.scatter_(1, out_positions, score)
             passes += 1
             if self.trace is not None:
                 self._record(sentence, final, in_positions, pred, score, widths, accepted)
-            new_final = slots[:w].unsqueeze(0) < accepted.unsqueeze(1)
-            eos_at = first_true(pred.eq(self.eos) & new_final)
-            done = eos_at < w
-            lengths = final + eos_at  # tokens up to and including the first final </s>
+            final_eos = pred.eq(self.eos) & (slots[:w].unsqueeze(0) < accepted.unsqueeze(1))
             final = final + accepted
+            done = final_eos.any(dim=1)
             if not bool(done.any()):
                 continue
+            # tokens up to and including the first final </s>
+            lengths = final - accepted + first_true(final_eos)
             rows = done.nonzero().view(-1)
             cumulative = scores[rows, 1:].cumsum(dim=1)
             for i, r in enumerate(rows.tolist()):
