@@ -307,10 +307,26 @@ class ParallelGreedyGenerator:
         self.stats["passes"] += passes
         self.stats["draft_passes"] += sum(int(h[0].get("draft_passes", 0)) for h in finalized)
         self.stats["tokens"] += sum(h[0]["tokens"].numel() for h in finalized)
+        self.stats["batches"] = self.stats.get("batches", 0) + 1
+        if self.stats["batches"] % self.LOG_EVERY_BATCHES == 1 or self.LOG_EVERY_BATCHES == 1:
+            logger.info("--decoding %s: %s", self.method, self.summary())
         return finalized
+
+    LOG_EVERY_BATCHES = 100
 
     def passes_per_sentence(self) -> float:
         return self.stats["passes"] / max(1, self.stats["sentences"])
+
+    def summary(self) -> str:
+        """Running totals: decoder passes per sentence and tokens per pass (hrt-spec: tokens
+        accepted per verifying pass)."""
+        st = self.stats
+        text = (f"{st['sentences']} sentences so far, {self.passes_per_sentence():.2f} decoder passes per sentence, "
+                f"{st['tokens'] / max(1, st['passes']):.2f} output tokens per pass")
+        if self.drafter is not None:
+            verify = st["passes"] - st["draft_passes"]
+            text += f", {st['tokens'] / max(1, verify):.2f} tokens accepted per verifying pass"
+        return text
 
     def _choose(self, logits: Tensor, steps: Tensor, max_len: int):
         """Greedy's choice at every slot: ``logits`` ``(M, V)``, ``steps`` ``(M,)`` the step
