@@ -13,7 +13,7 @@ Systems (each family only when its checkpoint is given):
   for those) with b_at/b_nat = 1/1 and 5/1
   (``--hrt-beams``), and the same model in AT mode (C_d = 1) with beam b_at.
 * ``--mp``  Mask-Predict with I = 1, 4, 10 iterations (``--mp-iterations``), length beam l.
-* Exact parallel forms of greedy search (``--parallel``, default ``pj,pgj,hgj,hrt-spec``):
+* Exact parallel forms of greedy search (``--parallel pj,pgj,hgj,hrt-spec``, default none):
   Jacobi decoding of the AT checkpoint (``AT PJ``, ``AT PGJ b=3``, ``AT HGJ b=3``;
   ``--jacobi-block-size``) and ``HRT hrt-spec b=4`` (``--spec-block-size``), the HRT model
   drafting with its non-autoregressive mode and verifying with its AT mode. Their rows report
@@ -599,8 +599,9 @@ def parse_args(argv=None):
     g.add_argument("--mp", help="Mask-Predict (CMLM) checkpoint")
     g.add_argument("--mp-iterations", default="1,4,10", help="Mask-Predict iterations I")
     g.add_argument("--mp-length-beam", type=int, default=5, help="Mask-Predict length candidates l")
-    g.add_argument("--parallel", default="pj,pgj,hgj,hrt-spec",
-                   help="exact parallel greedy rows: Jacobi (pj, pgj, hgj) of --at, hrt-spec of --hrt; '' = none")
+    g.add_argument("--parallel", default="",
+                   help="exact parallel greedy rows, comma-separated: Jacobi (pj, pgj, hgj) of --at, hrt-spec of "
+                        "--hrt (default none; pj decodes the whole maximum length per pass: slow)")
     g.add_argument("--jacobi-block-size", type=int, default=3, help="b of the PGJ / HGJ rows")
     g.add_argument("--spec-block-size", type=int, default=4, help="drafted tokens per pass of the hrt-spec row")
     g.add_argument("--engines", default="lean,fairseq",

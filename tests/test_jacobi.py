@@ -282,3 +282,38 @@ def test_fairseq_generate_pgj_and_ddgviz_cli(trained, tmp_path):
              "--target-lang", "de", "--gen-subset", "valid", "--ids", "0,3", "--method", "pgj", "--cpu",
              "--out-dir", tmp_path / "ddg"])
     assert sorted(os.listdir(tmp_path / "ddg")) == ["ddg-0.html", "ddg-0.png", "ddg-3.html", "ddg-3.png", "ddg.json"]
+
+
+# ---------------------------------------------------------------------- benchmark rows
+
+
+def _benchmark_module():
+    import importlib.util
+
+    from tests.tiny_data import REPO
+
+    spec = importlib.util.spec_from_file_location("hrt_benchmark_jacobi", REPO / "benchmarks" / "benchmark.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_parallel_rows_and_passes():
+    from types import SimpleNamespace
+
+    benchmark = _benchmark_module()
+    args = SimpleNamespace(at="at.pt", at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp=None,
+                           ctranslate2="no", engines="lean", int8="no", parallel="pj,pgj,hgj,hrt-spec",
+                           jacobi_block_size=3, spec_block_size=4)
+    names = [s.name for s in benchmark.systems_from_args(args)[0]]
+    assert names[-4:] == ["AT PJ", "AT PGJ b=3", "AT HGJ b=3", "HRT hrt-spec b=4"]
+    with pytest.raises(ValueError, match="--parallel"):
+        benchmark.parallel_systems(SimpleNamespace(**dict(vars(args), parallel="jacobi")))
+    # passes per sentence: from the generator's counters for parallel rows, one per token for greedy
+    spec = next(s for s in benchmark.systems_from_args(args)[0] if s.name.startswith("HRT hrt-spec"))
+    gen = SimpleNamespace(stats={"sentences": 12, "passes": 50, "draft_passes": 20, "tokens": 60})
+    benchmark.record_passes(spec, gen, {}, {"sentences": 2, "passes": 10, "draft_passes": 4, "tokens": 12})
+    assert spec.passes_per_sentence == 4.0 and spec.accepted_per_verify_pass == 48 / 24
+    greedy = benchmark.systems_from_args(args)[0][0]
+    benchmark.record_passes(greedy, None, {0: [1, 2, 3], 1: [4, 5]}, {})
+    assert greedy.passes_per_sentence == 2.5
