@@ -6,7 +6,8 @@ For each sentence it decodes with ``--method`` (``pj`` by default, as the paper;
 which became *final* in that pass, with the model's probability of each, and an arrow from
 the token each one waited for: a token that became right in pass ``t`` depends on the
 closest token to its left that became right in pass ``t - 1`` (tokens right from pass 1
-depend on the source only). Tokens right in the same pass were decoded in parallel.
+depend on the source only). Tokens right in the same pass were decoded in parallel. With
+``hrt-spec`` the rows are its verifying (AT-mode) passes; each follows a drafting pass.
 
 Output per sentence: ``ddg-<id>.png`` (matplotlib) and ``ddg-<id>.html`` (a standalone page,
 inline SVG and script, no network), plus ``ddg.json`` with the graphs. Examples::

@@ -244,8 +244,8 @@ class NATDrafter:
 
 @dataclass
 class PassRecord:
-    """One decoder pass of one sentence, for DDGviz: the positions evaluated, the tokens and
-    probabilities predicted there, and how many became final."""
+    """One (verifying) decoder pass of one sentence, for DDGviz: the positions evaluated, the
+    tokens and probabilities predicted there, and how many became final."""
 
     sentence: int
     final_before: int
@@ -253,7 +253,6 @@ class PassRecord:
     tokens: List[int]
     probs: List[float]
     accepted: int
-    draft: bool = False  # a hrt-spec drafting pass (positions/tokens: the drafts)
 
 
 class ParallelGreedyGenerator:
@@ -512,6 +511,9 @@ def build_parallel_generator(ctx: DecodingContext, method: str) -> ParallelGreed
     if method == SPEC_METHOD:
         drafter = NATDrafter(model, task.mask_idx, tgt_dict.pad(), torch.tensor(sorted(set(banned) | {tgt_dict.pad()})))
     generator = ParallelGreedyGenerator(model, tgt_dict, options, method, block_size, banned, parallel_length, drafter)
+    if ctx.engine != "lean":
+        logger.info("--decoding %s runs its own block passes (the lean engine's caches); --decoder-engine %s "
+                    "is not used", method, ctx.engine)
     logger.info(
         "--decoding %s: block size %s%s, exact greedy output of the %s",
         method,
