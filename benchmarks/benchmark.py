@@ -13,6 +13,12 @@ Systems (each family only when its checkpoint is given):
   for those) with b_at/b_nat = 1/1 and 5/1
   (``--hrt-beams``), and the same model in AT mode (C_d = 1) with beam b_at.
 * ``--mp``  Mask-Predict with I = 1, 4, 10 iterations (``--mp-iterations``), length beam l.
+* Exact parallel forms of greedy search (``--parallel pj,pgj,hgj,hrt-spec``, default none):
+  Jacobi decoding of the AT checkpoint (``AT PJ``, ``AT PGJ b=3``, ``AT HGJ b=3``;
+  ``--jacobi-block-size``) and ``HRT hrt-spec b=4`` (``--spec-block-size``), the HRT model
+  drafting with its non-autoregressive mode and verifying with its AT mode. Their rows report
+  decoder passes per sentence (greedy rows: one pass per output token) and must have their
+  greedy row's BLEU (``AT greedy`` / ``HRT AT-mode b=1``).
 
 Every AT and HRT system is measured with each engine of ``--engines`` (default both: the lean
 engine's rows keep the plain name, fairseq's ``SequenceGenerator`` rows say "(fairseq
@@ -76,6 +82,8 @@ class System:
     family: str  # "AT", "CT2" (the AT checkpoint in CTranslate2), "HRT" or "MP"
     checkpoint: str
     decoding: Dict[str, object]  # what build_generator needs, also written to the report
+    passes_per_sentence: Optional[float] = None  # decoder passes (greedy and parallel rows)
+    accepted_per_verify_pass: Optional[float] = None  # hrt-spec: tokens made final per AT pass
     bleu: Optional[float] = None
     comet: Optional[float] = None
     speed: Dict[str, dict] = field(default_factory=dict)  # batch size -> measurements
@@ -127,7 +135,31 @@ def systems_from_args(args) -> Tuple[List[System], List[dict]]:
                             {"iterations": it, "length_beam": args.mp_length_beam}, engine_rows=False)
     else:
         skipped.append({"family": "MP", "reason": "no --mp checkpoint given"})
+    systems += parallel_systems(args)
     return systems, skipped
+
+
+PARALLEL_METHODS = ("pj", "pgj", "hgj", "hrt-spec")
+
+
+def parallel_systems(args) -> List[System]:
+    """Rows of ``--parallel``: Jacobi decoding of the AT checkpoint, hrt-spec of the HRT one
+    (lean block engine, no engine/int8 variants)."""
+    methods = [m.strip() for m in str(getattr(args, "parallel", "")).split(",") if m.strip()]
+    bad = [m for m in methods if m not in PARALLEL_METHODS]
+    if bad:
+        raise ValueError(f"--parallel {bad}: choose among {', '.join(PARALLEL_METHODS)}")
+    out = []
+    b = getattr(args, "jacobi_block_size", 3)
+    for m in methods:
+        if m in ("pj", "pgj", "hgj") and args.at:
+            name = "AT PJ" if m == "pj" else f"AT {m.upper()} b={b}"
+            out.append(System(name, "AT", args.at, {"beam": 1, "decoding": m, "block_size": None if m == "pj" else b}))
+        if m == "hrt-spec" and args.hrt:
+            sb = getattr(args, "spec_block_size", 4)
+            out.append(System(f"HRT hrt-spec b={sb}", "HRT", args.hrt,
+                              {"chunk_size": 1, "beam": 1, "b_nat": 1, "decoding": m, "block_size": sb}))
+    return out
 
 
 def parse_engines(text: str) -> List[str]:
@@ -225,8 +257,11 @@ def markdown_report(report: dict) -> str:
         "- engines: rows without a suffix use the lean engine (`--decoder-engine lean`); '(fairseq engine)' "
         "rows use fairseq's SequenceGenerator; 'int8' rows add `--quantize int8`",
         "",
-        "| system | BLEU | COMET | " + " | ".join(f"bs={b} words/s" for b in bss) + " |",
-        "|---|---:|---:|" + "---:|" * len(bss),
+        "- passes/sent: decoder passes per sentence (greedy rows: one per output token; hrt-spec: "
+        "drafting + verifying passes, accepted tokens per verifying pass in brackets)",
+        "",
+        "| system | BLEU | COMET | passes/sent | " + " | ".join(f"bs={b} words/s" for b in bss) + " |",
+        "|---|---:|---:|---:|" + "---:|" * len(bss),
     ]
     for s in report["systems"]:
         cells = []
@@ -235,9 +270,13 @@ def markdown_report(report: dict) -> str:
             ratio = f" ({sp['ratio_vs_baseline']:.2f}x)" if sp["ratio_vs_baseline"] is not None else ""
             cells.append(f"{sp['words_per_second']:.1f}{ratio}")
         comet_cell = f"{s['comet']:.4f}" if s["comet"] is not None else "n/a"
-        lines.append(f"| {s['name']} | {s['bleu']:.2f} | {comet_cell} | " + " | ".join(cells) + " |")
+        passes = s.get("passes_per_sentence")
+        passes_cell = f"{passes:.2f}" if passes is not None else "-"
+        if s.get("accepted_per_verify_pass") is not None:
+            passes_cell += f" ({s['accepted_per_verify_pass']:.2f})"
+        lines.append(f"| {s['name']} | {s['bleu']:.2f} | {comet_cell} | {passes_cell} | " + " | ".join(cells) + " |")
     for sk in report["skipped"]:
-        lines.append(f"| {sk['family']}: skipped | - | - | " + " | ".join("-" for _ in bss) + f" |")
+        lines.append(f"| {sk['family']}: skipped | - | - | - | " + " | ".join("-" for _ in bss) + f" |")
     lines.append("")
     for b in bss:
         lines.append(f"Pareto front (BLEU vs words/s), batch {b}: " + ", ".join(report["pareto"][b]))
@@ -295,11 +334,29 @@ def build_generator(task, model, system: System, max_len_b: int, lenpen: float):
     from decode_speed import build_generator as build
 
     d = system.decoding
+    if hasattr(task.cfg, "decoding"):  # one task serves every system: each sets its strategy
+        task.cfg.decoding = d.get("decoding", "auto")
+        task.cfg.jacobi_block_size = d.get("block_size")
     if system.family == "MP":
         return build(task, model, None, None, None, max_len_b, lenpen,
                      mp_iterations=d["iterations"], length_beam=d["length_beam"], quantize=d.get("quantize", "none"))
     return build(task, model, d.get("chunk_size", 1), d["beam"], d.get("b_nat", 1), max_len_b, lenpen,
                  engine=d.get("engine", "lean"), quantize=d.get("quantize", "none"))
+
+
+def record_passes(system: System, generator, hyps, before: dict):
+    """Decoder passes per sentence of one pass over every sentence: the parallel decoders
+    count theirs (``generator.stats``); greedy search makes one pass per output token."""
+    stats = getattr(generator, "stats", None)
+    if stats is not None and stats["sentences"] > before.get("sentences", 0):
+        sentences = stats["sentences"] - before.get("sentences", 0)
+        passes = stats["passes"] - before.get("passes", 0)
+        system.passes_per_sentence = passes / sentences
+        if stats.get("draft_passes", 0) > before.get("draft_passes", 0):
+            verify = stats["passes"] - stats["draft_passes"] - (before.get("passes", 0) - before.get("draft_passes", 0))
+            system.accepted_per_verify_pass = (stats["tokens"] - before.get("tokens", 0)) / verify
+    elif system.decoding.get("beam") == 1 and system.decoding.get("chunk_size", 1) == 1 and system.family in ("AT", "HRT"):
+        system.passes_per_sentence = sum(len(h) for h in hyps.values()) / max(1, len(hyps))
 
 
 def detok_pieces(hyps: Dict[int, List[str]], spm_model: str, n: int) -> List[str]:
@@ -424,10 +481,12 @@ def run(args) -> dict:
         for r in range(runs):
             for s in systems:
                 bar.set_postfix_str(f"bs={bs} {s.name}")
+                before = dict(getattr(generators.get(s.name), "stats", {}))
                 hyps, seconds = decode_system(s, batches, len(lines), bs)
                 times[s.name].append(seconds)
                 if len(lines) == len(src) and s.name not in hyps_tokens:
                     hyps_tokens[s.name] = hyps
+                    record_passes(s, generators.get(s.name), hyps, before)
                 bar.update(1)
         for s in systems:
             mean = statistics.mean(times[s.name])
@@ -449,7 +508,9 @@ def run(args) -> dict:
             batches = {}
             if s.family != CT2_FAMILY:
                 batches[s.checkpoint] = make_batches(task, model, src, max(batch_sizes), use_cuda)
+            before = dict(getattr(generators.get(s.name), "stats", {}))
             hyps_tokens[s.name] = decode_system(s, batches, len(src), max(batch_sizes))[0]
+            record_passes(s, generators.get(s.name), hyps_tokens[s.name], before)
 
     hyps, signature = {}, None
     os.makedirs(os.path.join(args.out_dir, "hyps"), exist_ok=True)
@@ -538,6 +599,11 @@ def parse_args(argv=None):
     g.add_argument("--mp", help="Mask-Predict (CMLM) checkpoint")
     g.add_argument("--mp-iterations", default="1,4,10", help="Mask-Predict iterations I")
     g.add_argument("--mp-length-beam", type=int, default=5, help="Mask-Predict length candidates l")
+    g.add_argument("--parallel", default="",
+                   help="exact parallel greedy rows, comma-separated: Jacobi (pj, pgj, hgj) of --at, hrt-spec of "
+                        "--hrt (default none; pj decodes the whole maximum length per pass: slow)")
+    g.add_argument("--jacobi-block-size", type=int, default=3, help="b of the PGJ / HGJ rows")
+    g.add_argument("--spec-block-size", type=int, default=4, help="drafted tokens per pass of the hrt-spec row")
     g.add_argument("--engines", default="lean,fairseq",
                    help="decoder engines of the AT and HRT rows (--decoder-engine), comma-separated")
     g.add_argument("--int8", choices=("auto", "yes", "no"), default="auto",

@@ -13,7 +13,7 @@ from fairseq_hrt.generation.strategies import SearchOptions
 from fairseq_hrt.modules.relative_attention import relative_bucket
 from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample
 from tests.test_generator import SPECIALS
-from tests.tiny_data import hyp_lines, make_tiny_data, run_cli, train_args
+from tests.tiny_data import hyp_lines, run_cli
 
 random.seed(11)
 RAGGED = [[random.randrange(0, 40) for _ in range(random.randint(0, 14))] for _ in range(24)]
@@ -147,15 +147,8 @@ def test_int8_quantization_decodes(tmp_path, arch, flags):
 # -------------------------------------------------------------------- trained tiny models
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lean_trained")
-    data = make_tiny_data(root, n_train=300, n_valid=40)
-    ckpts = {}
-    for arch, extra in (("hrt_tiny", ["--chunk-sizes", "2,3"]), ("at_tiny", ["--hrt-mode", "at"])):
-        run_cli(train_args(data.bin_dir, root / arch, *extra, arch=arch, max_update=40))
-        ckpts[arch] = root / arch / "checkpoint_last.pt"
-    return data, ckpts
+# ``trained`` (tiny AT and HRT models trained for 40 updates) is in conftest.py, shared with
+# the Jacobi tests
 
 
 @pytest.mark.slow

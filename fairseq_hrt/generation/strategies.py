@@ -8,7 +8,8 @@ hypothesis dictionary, the refusal of options it does not support, the selection
 rows -- live here once.
 
 Registered in this package: ``beam`` (left-to-right beam search / greedy), ``hrt``
-(two-stage HRT) and ``mask-predict``; further strategies register with
+(two-stage HRT), ``mask-predict``, and the exact parallel forms of greedy search ``pj`` /
+``pgj`` / ``hgj`` (Jacobi decoding) and ``hrt-spec`` (:mod:`fairseq_hrt.generation.jacobi`); further strategies register with
 :func:`register_decoding` and need no change to the task.
 """
 import copy
@@ -21,7 +22,7 @@ from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
-DECODING_CHOICES = ["auto", "beam", "hrt", "mask-predict"]
+DECODING_CHOICES = ["auto", "beam", "hrt", "mask-predict", "pj", "pgj", "hgj", "hrt-spec"]
 ENGINE_CHOICES = ["lean", "fairseq"]
 QUANTIZE_CHOICES = ["none", "int8"]
 

@@ -121,7 +121,26 @@ class HRTTranslationConfig(TranslationConfig):
         metadata={
             "help": "decoding strategy: 'auto' = the model's default (AT models: beam, HRT "
             "models: hrt, cmlm_* models: mask-predict); 'beam' = left-to-right beam search "
-            "(an HRT model in its AT mode); 'hrt' = two-stage HRT; 'mask-predict'"
+            "(an HRT model in its AT mode); 'hrt' = two-stage HRT; 'mask-predict'; "
+            "'pj' / 'pgj' / 'hgj' = Jacobi decoding (parallel Jacobi, parallel GS-Jacobi, hybrid "
+            "GS-Jacobi): greedy search's output in fewer decoder passes (needs --beam 1); "
+            "'hrt-spec' = an HRT model drafts blocks with its non-autoregressive mode and "
+            "verifies them with its AT mode: AT-mode greedy output (needs --beam 1)"
+        },
+    )
+    jacobi_block_size: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "block size b of --decoding pgj / hgj (default 3, the paper's best) and the "
+            "number of drafted tokens per verifying pass of --decoding hrt-spec (default 4); "
+            "pj decodes the whole sentence as one block"
+        },
+    )
+    jacobi_parallel_length: int = field(
+        default=0,
+        metadata={
+            "help": "--decoding hgj: target positions decoded by GS-Jacobi blocks before it "
+            "continues one token per pass; 0 = 1.1 x the source length"
         },
     )
     decoder_engine: DECODER_ENGINES = field(

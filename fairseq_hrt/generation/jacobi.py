@@ -1,0 +1,556 @@
+"""Exact parallel decoding of greedy search: Jacobi decoding (PJ, PGJ, HGJ; Santilli et al.
+2023, "Accelerating Transformer Inference for Translation via Parallel Decoding") and
+``hrt-spec``, speculative decoding of an HRT model drafted by its own non-autoregressive mode.
+
+Greedy decoding solves ``y_i = argmax p(. | y_<i, x)`` for ``i = 1, 2, ..`` one token per
+decoder pass. Here one causal pass evaluates a *block* of positions at once from a guess of
+their inputs (the current iterate ``y^(t-1)``), giving ``y^(t)`` for the whole block. A token
+is *final* once every token before it is final and it was predicted from final inputs: the
+first non-final position is final after every pass, and so is each following one as long as
+the guessed input agreed with its new value. Final tokens are exactly greedy's tokens, so
+the output is greedy's (tokens and scores, to float rounding), whatever the guesses; only the
+number of passes changes.
+
+* ``pj``  -- parallel Jacobi: one block of the whole sentence (the maximum length, as the
+  target length is not known before decoding), initialised with ``<pad>`` (the paper's
+  initialisation).
+* ``pgj`` -- parallel GS-Jacobi: blocks of ``b`` positions (``--jacobi-block-size``) one after
+  the other, each iterated by Jacobi until it is final (Gauss-Seidel across blocks).
+* ``hgj`` -- hybrid GS-Jacobi: PGJ over the first ``P`` positions (``--jacobi-parallel-length``,
+  default 1.1 x the source length as the paper's reference implementation), then one
+  autoregressive step per pass until ``</s>``.
+
+Stopping (the paper's eq. 13): a block stops when its iterate no longer changes,
+``y^(t) == y^(t-1)``. A block whose inputs all agree with its outputs is final, so this
+engine stops a block as soon as all its tokens are final -- which is implied by eq. 13 and
+never takes more passes than it (nor more than ``b``: Proposition 1) -- and a sentence stops
+as soon as a final token is ``</s>``. The key/value cache keeps the final prefix: a pass
+feeds only the block's positions from the last final token on.
+
+``hrt-spec`` drafts ``b`` tokens after the final prefix with one non-autoregressive pass of
+the HRT model (masks after the final prefix, the CMLM / stage-II fill), then verifies them
+with the same model in AT mode in one causal pass: the longest agreeing prefix of the draft
+plus AT mode's next token become final. Output: AT-mode greedy's.
+
+Every sentence of a batch moves on its own (its own block, its own final prefix) and leaves
+the batch when it is done. Each hypothesis reports its decoder passes (``steps``).
+"""
+import logging
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fairseq_hrt import chunking
+from fairseq_hrt.generation.lean import DecoderStep, greedy_choice, positional_scores
+from fairseq_hrt.generation.strategies import (
+    LEAN_UNSUPPORTED,
+    DecodingContext,
+    DecodingStrategy,
+    SearchOptions,
+    hypothesis,
+    register_decoding,
+    reject_unsupported_inputs,
+)
+
+logger = logging.getLogger(__name__)
+
+JACOBI_METHODS = ("pj", "pgj", "hgj")
+SPEC_METHOD = "hrt-spec"
+DEFAULT_BLOCK_SIZE = {"pgj": 3, "hgj": 3, SPEC_METHOD: 4}  # the paper's best b; hrt-spec: see README
+HGJ_SOURCE_FACTOR = 1.1  # HGJ's parallel length: 1.1 x source length (the paper's reference code)
+
+
+# ------------------------------------------------------------------------- pure functions
+
+
+def block_ends(method: str, final: Tensor, block_size: int, parallel_end: Optional[Tensor], max_end: int) -> Tensor:
+    """``(N,)`` exclusive end of the block each row works on.
+
+    ``final``: ``(N,)`` number of final positions of each row (position 0 is the start
+    symbol, always final), so ``final`` is also the first non-final position. Target
+    positions run ``1..max_end - 1``. ``parallel_end``: HGJ's ``(N,)`` last position decoded
+    by blocks (``P``).
+    """
+    if method == "pj":
+        end = torch.full_like(final, max_end)
+    elif method in ("pgj", "hgj"):
+        end = ((final - 1) // block_size + 1) * block_size + 1  # blocks [j*b + 1, (j+1)*b]
+        if method == "hgj":
+            end = torch.where(final <= parallel_end, torch.minimum(end, parallel_end + 1), final + 1)
+    elif method == SPEC_METHOD:
+        end = final + block_size + 1  # b drafted tokens, and AT mode's token after them
+    else:
+        raise ValueError(f"unknown parallel decoding method {method!r}")
+    return end.clamp(max=max_end)
+
+
+def accepted_lengths(inputs: Tensor, predictions: Tensor, widths: Tensor) -> Tensor:
+    """``(N,)`` tokens that become final in a pass.
+
+    ``inputs``: ``(N, W)`` the pass's inputs at positions ``f - 1 .. f + W - 2`` (the last final
+    token, then guesses); ``predictions``: ``(N, W)`` its outputs at positions ``f .. f + W - 1``;
+    ``widths``: ``(N,)`` how many slots of each row are real. The first prediction is final;
+    each next one is final while the guessed input before it equals the prediction there.
+    """
+    w = inputs.size(1)
+    agree = inputs[:, 1:].eq(predictions[:, :-1])
+    agree &= torch.arange(1, w, device=inputs.device).unsqueeze(0) < widths.unsqueeze(1)
+    return 1 + agree.long().cumprod(dim=1).sum(dim=1)
+
+
+def first_true(mask: Tensor) -> Tensor:
+    """``(N,)`` index of the first True of every row of ``(N, W)`` (``W`` where none)."""
+    w = mask.size(1)
+    index = torch.arange(w, device=mask.device).expand_as(mask)
+    return torch.where(mask, index, torch.full_like(index, w)).min(dim=1).values
+
+
+def hgj_parallel_end(src_lengths: Tensor, parallel_length: int) -> Tensor:
+    """HGJ's last block-decoded position per row: ``--jacobi-parallel-length``, or (0) 1.1 x
+    the source length (non-pad tokens, ``</s>`` included)."""
+    if parallel_length > 0:
+        return torch.full_like(src_lengths, parallel_length)
+    return (src_lengths.double() * HGJ_SOURCE_FACTOR).long().clamp(min=1)
+
+
+# ------------------------------------------------------------------- block decoder pass
+
+
+class BlockStep(DecoderStep):
+    """:class:`~fairseq_hrt.generation.lean.DecoderStep` plus a causal pass over a block of
+    ``W`` tokens per row after the row's cached prefix (each row at its own positions)."""
+
+    def block(self, state, tokens: Tensor, first: Tensor) -> Tensor:
+        """Logits ``(N, W, V)`` after ``tokens`` ``(N, W)`` at positions ``first[n] + 0..W-1``.
+
+        Keys/values of the block are written into the cache at those positions; each query
+        sees the cache up to its own position (earlier blocks' final tokens and the block).
+        """
+        plan = state.plan
+        n, w = tokens.shape
+        device = tokens.device
+        positions = first.unsqueeze(1) + torch.arange(w, device=device)  # (N, W)
+        keys = int(positions.max()) + 1
+        x = plan.embed(tokens)
+        if state.positions is not None:
+            x = x + state.positions[positions]
+        if plan.layernorm_embedding is not None:
+            x = plan.layernorm_embedding(x)
+        future = torch.arange(keys, device=device).view(1, 1, 1, keys) > positions.view(n, 1, w, 1)
+        bias = torch.zeros((), dtype=torch.float32, device=device).masked_fill(future, -math.inf)  # (N, 1, W, K)
+        buckets = None
+        if self.relative:
+            buckets = state.buckets[positions][:, :, :keys].unsqueeze(1).expand(n, self.heads, w, keys)
+        for i, layer in enumerate(plan.layers):
+            x = self._block_layer(layer, i, state, x, positions, bias, buckets)
+        return plan.output(x)
+
+    def _block_layer(self, layer, i: int, state, x: Tensor, positions: Tensor, bias: Tensor, buckets) -> Tensor:
+        pre_norm = layer.pre_norm
+        residual = x
+        h = layer.self_attn_norm(x) if pre_norm else x
+        x = residual + self._block_self_attention(layer, i, state, h, positions, bias, buckets)
+        if not pre_norm:
+            x = layer.self_attn_norm(x)
+        residual = x
+        h = layer.encoder_attn_norm(x) if pre_norm else x
+        x = residual + self._block_encoder_attention(layer, i, state, h)
+        if not pre_norm:
+            x = layer.encoder_attn_norm(x)
+        residual = x
+        h = layer.final_norm(x) if pre_norm else x
+        x = residual + layer.fc2(layer.activation(layer.fc1(h)))
+        if not pre_norm:
+            x = layer.final_norm(x)
+        return x
+
+    def _heads(self, x: Tensor) -> Tensor:
+        """``(N, W, C)`` -> ``(N, H, W, d)``."""
+        n, w, _ = x.shape
+        return x.view(n, w, self.heads, self.head_dim).transpose(1, 2)
+
+    def _block_self_attention(self, layer, i, state, x, positions, bias, buckets) -> Tensor:
+        n, w, _ = x.shape
+        q, k, v = layer.qkv(x)
+        q = self._heads(q * layer.scaling)
+        cache_k, cache_v = state.self_k[i][:n], state.self_v[i][:n]
+        index = positions.view(n, 1, w, 1).expand(n, self.heads, w, self.head_dim)
+        cache_k.scatter_(2, index, self._heads(k))
+        cache_v.scatter_(2, index, self._heads(v))
+        keys = bias.size(-1)
+        scores = torch.matmul(q, cache_k[:, :, :keys].transpose(2, 3))  # (N, H, W, K)
+        if layer.relative_keys is not None:
+            scores = scores + torch.matmul(q, layer.relative_keys).gather(3, buckets)
+        probs = torch.softmax(scores.float() + bias, dim=-1).type_as(scores)
+        out = torch.matmul(probs, cache_v[:, :, :keys])  # (N, H, W, d)
+        return layer.self_out(out.transpose(1, 2).reshape(n, w, -1))
+
+    def _block_encoder_attention(self, layer, i, state, x) -> Tensor:
+        n, w, _ = x.shape
+        q = self._heads(layer.encoder_q(x) * layer.scaling)
+        scores = torch.matmul(q, state.enc_k[i].transpose(2, 3))  # (N, H, W, S)
+        probs = torch.softmax(scores.float() + state.enc_bias, dim=-1).type_as(scores)
+        out = torch.matmul(probs, state.enc_v[i])
+        return layer.encoder_out(out.transpose(1, 2).reshape(n, w, -1))
+
+
+# ---------------------------------------------------------------------------- drafters
+
+
+class NATDrafter:
+    """Drafts of ``hrt-spec``: one bidirectional pass of an HRT model over the final prefix
+    followed by masks (the CMLM / stage-II fill of :func:`hrt_generator.fill_skeletons`),
+    argmax in the masks, never a banned symbol."""
+
+    def __init__(self, model, mask: int, pad: int, banned: Tensor):
+        self.model, self.mask, self.pad = model, mask, pad
+        self.banned = banned
+        self.encoder_out = None
+
+    def begin(self, encoder_out):
+        self.encoder_out = encoder_out
+
+    def keep(self, rows: Tensor):
+        self.encoder_out = self.model.encoder.reorder_encoder_out(self.encoder_out, rows)
+
+    def __call__(self, tokens: Tensor, final: Tensor, end: Tensor) -> Tensor:
+        """Write drafts into ``tokens`` at the guessed input positions ``final .. end - 2``;
+        returns ``(N,)`` whether a row got any (none when its block is one token)."""
+        lengths = end - 2  # positions 1..end-2: final tokens, then masks
+        width = int(lengths.max())
+        slot = torch.arange(1, width + 1, device=tokens.device).unsqueeze(0)
+        real = slot <= lengths.unsqueeze(1)
+        masked = real & (slot >= final.unsqueeze(1))
+        drafted = masked.any(dim=1)
+        if not bool(drafted.any()):
+            return drafted
+        inputs = tokens[:, 1 : width + 1].masked_fill(masked, self.mask).masked_fill(~real, self.pad)
+        features, _ = self.model.decoder(
+            inputs, encoder_out=self.encoder_out, positions=chunking.nat_positions(real), causal=False, features_only=True
+        )
+        logits = self.model.decoder.output_layer(features[masked]).float()
+        logits[:, self.banned.to(logits.device)] = -math.inf
+        drafts = logits.argmax(dim=-1)
+        tokens[:, 1 : width + 1] = inputs.masked_scatter(masked, drafts.to(inputs))
+        return drafted
+
+
+# ---------------------------------------------------------------------------- generator
+
+
+@dataclass
+class PassRecord:
+    """One (verifying) decoder pass of one sentence, for DDGviz: the positions evaluated, the
+    tokens and probabilities predicted there, and how many became final."""
+
+    sentence: int
+    final_before: int
+    positions: List[int]
+    tokens: List[int]
+    probs: List[float]
+    accepted: int
+
+
+class ParallelGreedyGenerator:
+    """fairseq's generator interface (``generate(models, sample)``) for ``pj``/``pgj``/``hgj``
+    and ``hrt-spec``: greedy search's hypotheses in fewer decoder passes.
+
+    ``banned``: symbols never generated (``<pad>`` always), as the greedy search it replaces;
+    ``drafter``: ``hrt-spec``'s :class:`NATDrafter`. With ``trace=True`` every pass is kept
+    in ``self.trace`` (:class:`PassRecord`, for DDGviz).
+    """
+
+    def __init__(self, model, tgt_dict, options: SearchOptions, method: str, block_size: int,
+                 banned: Sequence[int] = (), parallel_length: int = 0, drafter: Optional[NATDrafter] = None,
+                 trace: bool = False):
+        check_parallel_options(method, options.beam, block_size, parallel_length)
+        if options.temperature <= 0:
+            raise ValueError("--temperature must be greater than 0")
+        if method == SPEC_METHOD and drafter is None:
+            raise ValueError("hrt-spec needs a drafter (an HRT model's non-autoregressive mode)")
+        self.model = model
+        self.step = BlockStep(model.decoder)
+        self.options = options
+        self.method, self.block_size, self.parallel_length = method, block_size, parallel_length
+        self.drafter = drafter
+        self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
+        self.banned = torch.tensor(sorted(set(banned) | {self.pad}), dtype=torch.long)
+        self.vocab_size = len(tgt_dict)
+        self._banned_mask = None
+        self.max_len_cap = model.max_decoder_positions() - 1
+        self.trace: Optional[List[PassRecord]] = [] if trace else None
+        self.stats = {"sentences": 0, "passes": 0, "draft_passes": 0, "tokens": 0}
+
+    def max_len(self, src_tokens: Tensor) -> int:
+        """fairseq's maximum length (the padded source width), as greedy search has it."""
+        max_len = min(int(self.options.max_len_a * src_tokens.size(1) + self.options.max_len_b), self.max_len_cap)
+        if self.options.min_len > max_len:
+            raise ValueError("min_len cannot be larger than max_len, please adjust these!")
+        return max_len
+
+    @torch.no_grad()
+    def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict[str, Tensor]]]:
+        reject_unsupported_inputs(f"--decoding {self.method}", **kwargs)
+        if bos_token is not None and bos_token != self.eos:
+            raise ValueError(f"--decoding {self.method} decodes left to right from </s> (AT mode)")
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        encoder_out = self.model.encoder.forward_torchscript(net_input)
+        finalized = self._decode(encoder_out, src_tokens, self.max_len(src_tokens))
+        passes = sum(int(h[0]["steps"]) for h in finalized)
+        self.stats["sentences"] += len(finalized)
+        self.stats["passes"] += passes
+        self.stats["draft_passes"] += sum(int(h[0].get("draft_passes", 0)) for h in finalized)
+        self.stats["tokens"] += sum(h[0]["tokens"].numel() for h in finalized)
+        self.stats["batches"] = self.stats.get("batches", 0) + 1
+        if self.stats["batches"] % self.LOG_EVERY_BATCHES == 1 or self.LOG_EVERY_BATCHES == 1:
+            logger.info("--decoding %s: %s", self.method, self.summary())
+        return finalized
+
+    LOG_EVERY_BATCHES = 100
+
+    def passes_per_sentence(self) -> float:
+        return self.stats["passes"] / max(1, self.stats["sentences"])
+
+    def summary(self) -> str:
+        """Running totals: decoder passes per sentence and tokens per pass (hrt-spec: tokens
+        accepted per verifying pass)."""
+        st = self.stats
+        text = (f"{st['sentences']} sentences so far, {self.passes_per_sentence():.2f} decoder passes per sentence, "
+                f"{st['tokens'] / max(1, st['passes']):.2f} output tokens per pass")
+        if self.drafter is not None:
+            verify = st["passes"] - st["draft_passes"]
+            text += f", {st['tokens'] / max(1, verify):.2f} tokens accepted per verifying pass"
+        return text
+
+    def _choose(self, logits: Tensor, steps: Tensor, max_len: int):
+        """Greedy's choice at every slot: ``logits`` ``(M, V)``, ``steps`` ``(M,)`` the step
+        each slot predicts for (its input position). Greedy's rules: banned symbols, ``</s>``
+        banned before ``--min-len`` and forced at the maximum length, ``--unkpen``."""
+        if self.options.temperature != 1.0:
+            logits = logits / self.options.temperature
+        logits = logits.float()
+        early = steps < self.options.min_len
+        at_max = steps >= max_len
+        if not self.options.unk_penalty and not bool(early.any()) and not bool(at_max.any()):
+            return greedy_choice(logits, self._banned_table(logits.device))  # the common case: one pass
+        masked = logits.index_fill(1, self.banned.to(logits.device), -math.inf)
+        if self.options.unk_penalty:
+            masked[:, self.unk] -= self.options.unk_penalty
+        if bool(early.any()):
+            masked[early, self.eos] = -math.inf
+        if bool(at_max.any()):
+            eos_logit = logits[at_max, self.eos]
+            masked[at_max] = -math.inf
+            masked[at_max, self.eos] = eos_logit
+        best, token = masked.max(dim=1)
+        return best - torch.logsumexp(logits, dim=1), token
+
+    def _banned_table(self, device) -> Tensor:
+        if self._banned_mask is None or self._banned_mask.device != device:
+            self._banned_mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
+            self._banned_mask[self.banned.to(device)] = True
+        return self._banned_mask
+
+    def _decode(self, encoder_out, src_tokens: Tensor, max_len: int):
+        device = src_tokens.device
+        bsz = src_tokens.size(0)
+        max_end = max_len + 2  # target positions 1..max_len + 1 (the last one: forced </s>)
+        widest = max_end if self.method == "pj" else self.block_size + 1
+        cap = max_end + widest  # guessed slots of short rows may reach past max_end
+        state = self.step.begin(encoder_out, bsz, cap, self.eos)
+        # a block's queries see (masked) cache slots past their position: those must hold
+        # numbers, not the uninitialised memory that could be NaN (0 x NaN = NaN)
+        for cache in state.self_k + state.self_v:
+            cache.zero_()
+        tokens = torch.full((bsz, cap + 1), self.pad, dtype=torch.long, device=device)
+        tokens[:, 0] = self.eos
+        scores = torch.zeros(bsz, cap + 1, dtype=torch.float32, device=device)
+        final = torch.ones(bsz, dtype=torch.long, device=device)
+        passes = torch.zeros(bsz, dtype=torch.long, device=device)
+        draft_passes = torch.zeros(bsz, dtype=torch.long, device=device)
+        sentence = torch.arange(bsz, device=device)
+        parallel_end = None
+        if self.method == "hgj":
+            parallel_end = hgj_parallel_end(src_tokens.ne(self.pad).long().sum(dim=1), self.parallel_length)
+        if self.drafter is not None:
+            self.drafter.begin(encoder_out)
+        slots = torch.arange(widest, device=device)
+        finalized: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
+        while True:
+            end = block_ends(self.method, final, self.block_size, parallel_end, max_end)
+            if self.drafter is not None:
+                draft_passes += self.drafter(tokens, final, end).long()
+            widths = end - final
+            w = int(widths.max())
+            in_positions = (final - 1).unsqueeze(1) + slots[:w]  # (N, W)
+            inputs = tokens.gather(1, in_positions)
+            logits = self.step.block(state, inputs, final - 1)
+            n = inputs.size(0)
+            score, pred = self._choose(logits.view(n * w, -1), in_positions.view(-1), max_len)
+            score, pred = score.view(n, w), pred.view(n, w)
+            accepted = accepted_lengths(inputs, pred, widths)
+            # the Jacobi update: every real slot's prediction becomes the iterate there
+            out_positions = in_positions + 1
+            if int(widths.min()) < w:  # slots past a row's block keep what they held
+                real = slots[:w].unsqueeze(0) < widths.unsqueeze(1)
+                pred_kept = torch.where(real, pred, tokens.gather(1, out_positions))
+                score = torch.where(real, score, scores.gather(1, out_positions))
+            else:
+                pred_kept = pred
+            tokens.scatter_(1, out_positions, pred_kept)
+            scores.scatter_(1, out_positions, score)
+            passes += 1
+            if self.trace is not None:
+                self._record(sentence, final, in_positions, pred, score, widths, accepted)
+            final_eos = pred.eq(self.eos) & (slots[:w].unsqueeze(0) < accepted.unsqueeze(1))
+            final = final + accepted
+            done = final_eos.any(dim=1)
+            if not bool(done.any()):
+                continue
+            # tokens up to and including the first final </s>
+            lengths = final - accepted + first_true(final_eos)
+            rows = done.nonzero().view(-1)
+            cumulative = scores[rows, 1:].cumsum(dim=1)
+            for i, r in enumerate(rows.tolist()):
+                length = int(lengths[r])
+                total = cumulative[i, length - 1]
+                if self.options.normalize_scores:
+                    total = total / length**self.options.len_penalty
+                # steps: every decoder pass (hrt-spec: drafting and verifying ones)
+                steps = int(passes[r]) + int(draft_passes[r])
+                hypo = hypothesis(tokens[r, 1 : length + 1].clone(), total,
+                                  positional_scores(cumulative[i : i + 1, :length])[0], steps=steps)
+                if self.drafter is not None:
+                    hypo["draft_passes"] = int(draft_passes[r])
+                finalized[int(sentence[r])].append(hypo)
+            keep = (~done).nonzero().view(-1)
+            if keep.numel() == 0:
+                return finalized
+            state.reorder_rows(keep, int(final[keep].max()))
+            state.select_sentences(keep)
+            if self.drafter is not None:
+                self.drafter.keep(keep)
+            tokens, scores = tokens.index_select(0, keep), scores.index_select(0, keep)
+            final, passes, draft_passes, sentence = final[keep], passes[keep], draft_passes[keep], sentence[keep]
+            if parallel_end is not None:
+                parallel_end = parallel_end[keep]
+
+    def _record(self, sentence, final, in_positions, pred, score, widths, accepted):
+        for r in range(pred.size(0)):
+            w = int(widths[r])
+            self.trace.append(PassRecord(
+                sentence=int(sentence[r]),
+                final_before=int(final[r]),
+                positions=(in_positions[r, :w] + 1).tolist(),
+                tokens=pred[r, :w].tolist(),
+                probs=score[r, :w].exp().tolist(),
+                accepted=int(accepted[r]),
+            ))
+
+
+def check_parallel_options(method: str, beam: int, block_size: int, parallel_length: int = 0):
+    """One clear error for options the parallel decoders cannot honour."""
+    name = f"--decoding {method}"
+    if method not in JACOBI_METHODS + (SPEC_METHOD,):
+        raise ValueError(f"unknown parallel decoding method {method!r}")
+    if beam != 1:
+        raise ValueError(
+            f"{name} reproduces greedy search (beam 1), got --beam {beam}; add --beam 1 "
+            "(fairseq's default beam is 5)"
+        )
+    if block_size is None or block_size < 1:
+        raise ValueError(f"--jacobi-block-size must be >= 1, got {block_size}")
+    if parallel_length < 0:
+        raise ValueError(f"--jacobi-parallel-length must be >= 0 (0 = 1.1 x the source length), got {parallel_length}")
+
+
+def check_generation_options(method: str, args):
+    used = []
+    for name, off in LEAN_UNSUPPORTED.items():
+        value = getattr(args, name, off)
+        if value is not None and value != off:
+            used.append("--" + name.replace("_", "-"))
+    if used:
+        raise ValueError(f"--decoding {method} does not support {', '.join(used)} (it reproduces plain greedy search)")
+
+
+# ------------------------------------------------------------------------ strategies
+
+
+def _is_hrt(model) -> bool:
+    return hasattr(model, "get_trained_chunk_sizes") and not hasattr(model, "forward_length")
+
+
+def build_parallel_generator(ctx: DecodingContext, method: str) -> ParallelGreedyGenerator:
+    from fairseq_hrt.generation.hrt_generator import hrt_banned_symbols
+
+    task, model = ctx.task, ctx.models[0]
+    if len(ctx.models) != 1:
+        raise ValueError(f"--decoding {method} decodes a single model (no ensembles)")
+    check_generation_options(method, ctx.args)
+    options = SearchOptions.from_args(ctx.args)
+    cfg = task.cfg
+    block_size = getattr(cfg, "jacobi_block_size", None)
+    if block_size is None:
+        block_size = DEFAULT_BLOCK_SIZE.get(method, 1)
+    parallel_length = int(getattr(cfg, "jacobi_parallel_length", 0) or 0)
+    check_parallel_options(method, options.beam, block_size, parallel_length)
+    hrt = _is_hrt(model)
+    if hrt and str(getattr(cfg, "decode_chunk_size", "auto-trained")) not in ("auto-trained", "1"):
+        raise ValueError(f"--decoding {method} decodes an HRT model in AT mode; drop --decode-chunk-size")
+    # the symbols greedy search of the same model never produces (HRT's AT mode bans its
+    # special symbols, AT models only <pad>)
+    tgt_dict = task.target_dictionary
+    banned = hrt_banned_symbols(tgt_dict, task.mask_idx, task.chunk_start_idx) if hrt else []
+    drafter = None
+    if method == SPEC_METHOD:
+        drafter = NATDrafter(model, task.mask_idx, tgt_dict.pad(), torch.tensor(sorted(set(banned) | {tgt_dict.pad()})))
+    generator = ParallelGreedyGenerator(model, tgt_dict, options, method, block_size, banned, parallel_length, drafter)
+    if ctx.engine != "lean":
+        logger.info("--decoding %s runs its own block passes (the lean engine's caches); --decoder-engine %s "
+                    "is not used", method, ctx.engine)
+    logger.info(
+        "--decoding %s: block size %s%s, exact greedy output of the %s",
+        method,
+        "whole sentence" if method == "pj" else block_size,
+        f", parallel length {parallel_length or '1.1 x source length'}" if method == "hgj" else "",
+        "HRT model's AT mode" if hrt else "AT model",
+    )
+    return generator
+
+
+class _ParallelDecoding(DecodingStrategy):
+    @classmethod
+    def supports(cls, model):
+        if hasattr(model, "forward_length"):
+            return "a Mask-Predict (cmlm_*) model has no left-to-right decoder; use --decoding mask-predict"
+        return None
+
+    @classmethod
+    def build(cls, ctx: DecodingContext):
+        return build_parallel_generator(ctx, cls.name)
+
+
+for _method in JACOBI_METHODS:
+    register_decoding(_method)(type(f"{_method.upper()}Decoding", (_ParallelDecoding,), {
+        "__doc__": f"Jacobi decoding ({_method}): greedy search's output in fewer decoder passes."}))
+
+
+@register_decoding(SPEC_METHOD)
+class HRTSpeculativeDecoding(_ParallelDecoding):
+    """HRT drafts with its non-autoregressive mode, verifies with its AT mode: AT-mode greedy."""
+
+    @classmethod
+    def supports(cls, model):
+        if not _is_hrt(model):
+            return (
+                f"hrt-spec drafts with the model's non-autoregressive mode and verifies with its AT mode: "
+                f"it needs an HRT model (--arch hrt_*), not a {type(model).__name__}"
+                + (" (an AT model has no non-autoregressive mode; use --decoding pgj/hgj)" if not hasattr(model, "forward_length") else "")
+            )
+        return None
