@@ -731,3 +731,28 @@ def test_two_rank_gloo_training(data, work, precision_runs):
     for u in ref:
         for key in ("bsz", "at_ntokens", "skip_at_ntokens", "p_k"):
             assert ddp[u].get(key, 0) == pytest.approx(ref[u].get(key, 0)), (u, key, ddp[u], ref[u])
+
+
+def test_kind_weights_scale_the_trained_loss_of_each_kind(data):
+    """--kind-weights skip_cmlm=2,at=0.5: the trained loss is the weighted sum of the per-kind
+    losses (logged unweighted); validation is unweighted; bad specs are refused."""
+    from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, parse_kind_weights
+
+    task, model = _task_model(data.bin_dir)
+    ds = task.dataset("train")
+    sample = task.build_decoder_samples(ds.collater([ds[i] for i in range(16)]), p_k=0.5,
+                                        rows_generator=torch.Generator().manual_seed(1))
+    model.train()
+    plain_loss, _, log = HRTLossCriterion(task, 0.1)(model, sample)
+    weighted_loss, _, wlog = HRTLossCriterion(task, 0.1, kind_weights="skip_cmlm=2, at=0.5")(model, sample)
+    assert {k: wlog[f"{k}_loss"] for k in KINDS} == pytest.approx({k: log[f"{k}_loss"] for k in KINDS}, rel=1e-6)
+    expected = float(plain_loss) + log["skip_cmlm_loss"] - 0.5 * log["at_loss"]
+    assert float(weighted_loss) == pytest.approx(expected, rel=1e-5)
+    model.eval()
+    valid = task.build_decoder_samples(ds.collater([ds[i] for i in range(16)]), None)
+    assert float(HRTLossCriterion(task, 0.1, kind_weights="skip_cmlm=2")(model, valid)[0]) == pytest.approx(
+        float(HRTLossCriterion(task, 0.1)(model, valid)[0]))
+    assert parse_kind_weights("") == {k: 1.0 for k in KINDS}
+    for bad in ("skip=2", "at", "at=x", "at=-1"):
+        with pytest.raises(ValueError, match="--kind-weights"):
+            parse_kind_weights(bad)

@@ -31,6 +31,14 @@ class HRTLossConfig(FairseqDataclass):
     label_smoothing: float = field(
         default=0.1, metadata={"help": "epsilon for label smoothing, 0 means no label smoothing"}
     )
+    kind_weights: str = field(
+        default="",
+        metadata={
+            "help": "training weights of the sample kinds, e.g. 'skip_cmlm=2' or 'at=1,skip_at=1.5' "
+            "(kinds: at, cmlm, skip_at, skip_cmlm; unnamed kinds weigh 1); the logged losses and "
+            "the validation loss stay unweighted"
+        },
+    )
     skip_at_self_distill: float = field(
         default=0.0,
         metadata={
@@ -54,6 +62,24 @@ def label_smoothed_token_loss(lprobs, target, epsilon: float, ignore_index: int)
     loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
     pad = target.eq(ignore_index)
     return loss.masked_fill(pad, 0.0), nll.masked_fill(pad, 0.0)
+
+
+def parse_kind_weights(text: str) -> dict:
+    """``'skip_cmlm=2,at=0.5'`` -> ``{'at': 0.5, 'cmlm': 1.0, 'skip_at': 1.0, 'skip_cmlm': 2.0}``."""
+    weights = {kind: 1.0 for kind in KINDS}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        kind, sep, value = item.partition("=")
+        kind = kind.strip()
+        if not sep or kind not in KINDS:
+            raise ValueError(f"--kind-weights {text!r}: expected KIND=WEIGHT with KIND one of {', '.join(KINDS)}")
+        try:
+            weight = float(value)
+        except ValueError:
+            raise ValueError(f"--kind-weights {text!r}: {value!r} is not a number")
+        if weight < 0:
+            raise ValueError(f"--kind-weights {text!r}: weights must be >= 0")
+        weights[kind] = weight
+    return weights
 
 
 def check_mode_matches_model(hrt_mode: str, model):
@@ -98,9 +124,10 @@ def run_decoder(model, decoder_sample, encoder_out, causal: bool):
 
 @register_criterion("hrt_loss", dataclass=HRTLossConfig)
 class HRTLossCriterion(FairseqCriterion):
-    def __init__(self, task, label_smoothing, skip_at_self_distill=0.0):
+    def __init__(self, task, label_smoothing, skip_at_self_distill=0.0, kind_weights=""):
         super().__init__(task)
         self.eps = label_smoothing
+        self.kind_weights = parse_kind_weights(kind_weights)
         if not 0.0 <= skip_at_self_distill <= 1.0:
             raise ValueError(f"--skip-at-self-distill must be in [0, 1], got {skip_at_self_distill}")
         if skip_at_self_distill > 0 and getattr(task.cfg, "hrt_mode", "hrt") != "hrt":
@@ -147,6 +174,10 @@ class HRTLossCriterion(FairseqCriterion):
                 logging_output[f"{kind}_loss"] = utils.item(row_loss[sl].sum().data)
                 logging_output[f"{kind}_nll_loss"] = utils.item(row_nll[sl].sum().data)
                 logging_output[f"{kind}_ntokens"] = utils.item(ntok[sl].sum().data)
+            if model.training and any(self.kind_weights[k] != 1.0 for k in kinds):
+                row_weight = trained.new_full((trained.size(0), 1), self.kind_weights[kinds[1]])
+                row_weight[:n_chunked] = self.kind_weights[kinds[0]]
+                trained = trained * row_weight
             total_loss = total_loss + trained.sum()
             total_nll = total_nll + row_nll.sum()
             sample_size += int(ntok.sum().item())
