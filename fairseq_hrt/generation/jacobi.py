@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_hrt import chunking
-from fairseq_hrt.generation.lean import DecoderStep, greedy_choice, positional_scores
+from fairseq_hrt.generation.lean import DecoderStep, greedy_choice, layer_forward, positional_scores
 from fairseq_hrt.generation.strategies import (
     LEAN_UNSUPPORTED,
     DecodingContext,
@@ -150,23 +150,11 @@ class BlockStep(DecoderStep):
         return plan.output(x)
 
     def _block_layer(self, layer, i: int, state, x: Tensor, positions: Tensor, bias: Tensor, buckets) -> Tensor:
-        pre_norm = layer.pre_norm
-        residual = x
-        h = layer.self_attn_norm(x) if pre_norm else x
-        x = residual + self._block_self_attention(layer, i, state, h, positions, bias, buckets)
-        if not pre_norm:
-            x = layer.self_attn_norm(x)
-        residual = x
-        h = layer.encoder_attn_norm(x) if pre_norm else x
-        x = residual + self._block_encoder_attention(layer, i, state, h)
-        if not pre_norm:
-            x = layer.encoder_attn_norm(x)
-        residual = x
-        h = layer.final_norm(x) if pre_norm else x
-        x = residual + layer.fc2(layer.activation(layer.fc1(h)))
-        if not pre_norm:
-            x = layer.final_norm(x)
-        return x
+        return layer_forward(
+            layer, x,
+            lambda h: self._block_self_attention(layer, i, state, h, positions, bias, buckets),
+            lambda h: self._block_encoder_attention(layer, i, state, h),
+        )
 
     def _heads(self, x: Tensor) -> Tensor:
         """``(N, W, C)`` -> ``(N, H, W, d)``."""

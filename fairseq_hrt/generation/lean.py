@@ -201,23 +201,11 @@ class DecoderStep:
         return plan.output(x)
 
     def _layer(self, layer: "LayerPlan", i: int, state: "StepState", x: Tensor, step: int) -> Tensor:
-        pre_norm = layer.pre_norm
-        residual = x
-        h = layer.self_attn_norm(x) if pre_norm else x
-        x = residual + self._self_attention(layer, i, state, h, step)
-        if not pre_norm:
-            x = layer.self_attn_norm(x)
-        residual = x
-        h = layer.encoder_attn_norm(x) if pre_norm else x
-        x = residual + self._encoder_attention(layer, i, state, h)
-        if not pre_norm:
-            x = layer.encoder_attn_norm(x)
-        residual = x
-        h = layer.final_norm(x) if pre_norm else x
-        x = residual + layer.fc2(layer.activation(layer.fc1(h)))
-        if not pre_norm:
-            x = layer.final_norm(x)
-        return x
+        return layer_forward(
+            layer, x,
+            lambda h: self._self_attention(layer, i, state, h, step),
+            lambda h: self._encoder_attention(layer, i, state, h),
+        )
 
     def _self_attention(self, layer: "LayerPlan", i: int, state: "StepState", x: Tensor, step: int) -> Tensor:
         n = x.size(0)
@@ -244,6 +232,29 @@ class DecoderStep:
         probs = torch.softmax(scores.float() + state.enc_bias, dim=-1).type_as(scores)
         out = torch.matmul(probs, state.enc_v[i]).transpose(1, 2)  # (B, beam, H, d)
         return layer.encoder_out(out.reshape(n, -1))
+
+
+def layer_forward(layer: "LayerPlan", x: Tensor, self_attention, encoder_attention) -> Tensor:
+    """One decoder layer (pre- or post-norm residual blocks) around the given self- and
+    encoder-attention functions: the step of this engine and the block pass of Jacobi
+    decoding differ only in those."""
+    pre_norm = layer.pre_norm
+    residual = x
+    h = layer.self_attn_norm(x) if pre_norm else x
+    x = residual + self_attention(h)
+    if not pre_norm:
+        x = layer.self_attn_norm(x)
+    residual = x
+    h = layer.encoder_attn_norm(x) if pre_norm else x
+    x = residual + encoder_attention(h)
+    if not pre_norm:
+        x = layer.encoder_attn_norm(x)
+    residual = x
+    h = layer.final_norm(x) if pre_norm else x
+    x = residual + layer.fc2(layer.activation(layer.fc1(h)))
+    if not pre_norm:
+        x = layer.final_norm(x)
+    return x
 
 
 def as_function(module):
