@@ -23,6 +23,7 @@ from fairseq_hrt import chunking
 from fairseq_hrt.generation.strategies import (
     DecodingContext,
     DecodingStrategy,
+    LeftToRightDecoding,
     SearchOptions,
     check_lean_options,
     hypothesis,
@@ -318,15 +319,9 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
 
 
 @register_decoding("beam")
-class BeamDecoding(DecodingStrategy):
+class BeamDecoding(LeftToRightDecoding):
     """Left-to-right beam search (greedy at --beam 1) from ``</s>``: the default of AT models;
     an HRT model decodes so in its AT mode (chunk size 1)."""
-
-    @classmethod
-    def supports(cls, model):
-        if hasattr(model, "forward_length"):
-            return "a Mask-Predict (cmlm_*) model has no left-to-right decoder; use --decoding mask-predict"
-        return None
 
     @classmethod
     def is_default_for(cls, model):

@@ -45,13 +45,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_hrt import chunking
-from fairseq_hrt.generation.lean import DecoderStep, greedy_choice, layer_forward, positional_scores
+from fairseq_hrt.generation.lean import DecoderStep, greedy_choice, layer_forward, positional_scores, search_max_len
 from fairseq_hrt.generation.strategies import (
-    LEAN_UNSUPPORTED,
     DecodingContext,
-    DecodingStrategy,
+    LeftToRightDecoding,
     SearchOptions,
     hypothesis,
+    lean_unsupported_options_used,
     register_decoding,
     reject_unsupported_inputs,
 )
@@ -275,10 +275,7 @@ class ParallelGreedyGenerator:
 
     def max_len(self, src_tokens: Tensor) -> int:
         """fairseq's maximum length (the padded source width), as greedy search has it."""
-        max_len = min(int(self.options.max_len_a * src_tokens.size(1) + self.options.max_len_b), self.max_len_cap)
-        if self.options.min_len > max_len:
-            raise ValueError("min_len cannot be larger than max_len, please adjust these!")
-        return max_len
+        return search_max_len(self.options, src_tokens, self.max_len_cap)
 
     @torch.no_grad()
     def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict[str, Tensor]]]:
@@ -458,11 +455,7 @@ def check_parallel_options(method: str, beam: int, block_size: int, parallel_len
 
 
 def check_generation_options(method: str, args):
-    used = []
-    for name, off in LEAN_UNSUPPORTED.items():
-        value = getattr(args, name, off)
-        if value is not None and value != off:
-            used.append("--" + name.replace("_", "-"))
+    used = lean_unsupported_options_used(args)
     if used:
         raise ValueError(f"--decoding {method} does not support {', '.join(used)} (it reproduces plain greedy search)")
 
@@ -512,13 +505,7 @@ def build_parallel_generator(ctx: DecodingContext, method: str) -> ParallelGreed
     return generator
 
 
-class _ParallelDecoding(DecodingStrategy):
-    @classmethod
-    def supports(cls, model):
-        if hasattr(model, "forward_length"):
-            return "a Mask-Predict (cmlm_*) model has no left-to-right decoder; use --decoding mask-predict"
-        return None
-
+class _ParallelDecoding(LeftToRightDecoding):
     @classmethod
     def build(cls, ctx: DecodingContext):
         return build_parallel_generator(ctx, cls.name)

@@ -234,6 +234,15 @@ class DecoderStep:
         return layer.encoder_out(out.reshape(n, -1))
 
 
+def search_max_len(options: SearchOptions, src_tokens: Tensor, cap: int) -> int:
+    """fairseq's maximum output length: ``max_len_a x`` the padded source width ``+ max_len_b``,
+    at most ``cap`` (the decoder's positions), with fairseq's check of ``min_len``."""
+    max_len = min(int(options.max_len_a * src_tokens.size(1) + options.max_len_b), cap)
+    if options.min_len > max_len:
+        raise ValueError("min_len cannot be larger than max_len, please adjust these!")
+    return max_len
+
+
 def layer_forward(layer: "LayerPlan", x: Tensor, self_attention, encoder_attention) -> Tensor:
     """One decoder layer (pre- or post-norm residual blocks) around the given self- and
     encoder-attention functions: the step of this engine and the block pass of Jacobi
@@ -379,10 +388,7 @@ class LeanSequenceGenerator:
         self._tables = {}
 
     def max_len(self, src_tokens: Tensor) -> int:
-        max_len = min(int(self.options.max_len_a * src_tokens.size(1) + self.options.max_len_b), self.max_len_cap)
-        if self.options.min_len > max_len:
-            raise ValueError("min_len cannot be larger than max_len, please adjust these!")
-        return max_len
+        return search_max_len(self.options, src_tokens, self.max_len_cap)
 
     @torch.no_grad()
     def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict[str, Tensor]]]:

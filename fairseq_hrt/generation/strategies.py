@@ -119,13 +119,19 @@ LEAN_UNSUPPORTED = {
 }
 
 
-def check_lean_options(args):
-    """One clear error for generation options that need fairseq's SequenceGenerator."""
+def lean_unsupported_options_used(args) -> List[str]:
+    """The flags in ``args`` that only fairseq's SequenceGenerator implements, as typed."""
     used = []
     for name, off in LEAN_UNSUPPORTED.items():
         value = getattr(args, name, off)
         if value is not None and value != off:
             used.append("--" + name.replace("_", "-"))
+    return used
+
+
+def check_lean_options(args):
+    """One clear error for generation options that need fairseq's SequenceGenerator."""
+    used = lean_unsupported_options_used(args)
     if used:
         raise ValueError(
             f"--decoder-engine lean does not support {', '.join(used)}; decode with "
@@ -168,6 +174,16 @@ class DecodingStrategy:
     @classmethod
     def build(cls, ctx: DecodingContext):
         raise NotImplementedError
+
+
+class LeftToRightDecoding(DecodingStrategy):
+    """Strategies that decode left to right from ``</s>``: every model but Mask-Predict's."""
+
+    @classmethod
+    def supports(cls, model):
+        if hasattr(model, "forward_length"):
+            return "a Mask-Predict (cmlm_*) model has no left-to-right decoder; use --decoding mask-predict"
+        return None
 
 
 DECODING_STRATEGIES: Dict[str, Type[DecodingStrategy]] = {}
