@@ -29,13 +29,6 @@ logger = logging.getLogger(__name__)
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
 
-# translate()'s argument -> the hrt_translation task option it sets for that call
-TASK_OPTIONS = {
-    "chunk_size": "decode_chunk_size",
-    "b_nat": "b_nat",
-    "decoding": "decoding",
-    "engine": "decoder_engine",
-}
 SENTENCEPIECE_NAMES = ("spm.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
 
@@ -121,14 +114,16 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
         ``engine`` (``--decoder-engine``: lean or fairseq), ``batch_size`` (sentences per
         batch). Other keywords are fairseq generation options (``max_len_a``, ``iter_decode_max_iter``, ...).
         """
+        # the hrt_translation task options these arguments set for this call
         task_options = {
-            TASK_OPTIONS[name]: value
-            for name, value in (("chunk_size", chunk_size), ("b_nat", b_nat), ("decoding", decoding), ("engine", engine))
-            if value is not None
+            "decode_chunk_size": None if chunk_size is None else str(chunk_size),
+            "b_nat": b_nat,
+            "decoding": decoding,
+            "decoder_engine": engine,
         }
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        with self._options(self.task.cfg, {k: str(v) if k == "decode_chunk_size" else v for k, v in task_options.items()}):
+        with self._options(self.task.cfg, {k: v for k, v in task_options.items() if v is not None}):
             with self._options(self.cfg.dataset, {"batch_size": batch_size} if batch_size else {}):
                 return self.sample(sentences, beam=beam, verbose=verbose, **generation_options)
 

@@ -199,7 +199,8 @@ def test_resume_continues_curriculum(curriculum_runs):
 # ------------------------------------------------------------------------ MixDistill
 
 
-def _setup_task(data_dir, *extra):
+def _setup(data_dir, *extra):
+    """The task (training set loaded) and config of a training command line."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -212,7 +213,11 @@ def _setup_task(data_dir, *extra):
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     task.load_dataset("train")
-    return task
+    return task, cfg
+
+
+def _setup_task(data_dir, *extra):
+    return _setup(data_dir, *extra)[0]
 
 
 def _strip(row, pad):
@@ -368,17 +373,7 @@ def test_no_sentence_is_dropped_outside_training(data, max_sentences):
 
 
 def _task_model(data_dir, *extra):
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    args = options.parse_args_and_arch(
-        options.get_training_parser(),
-        [str(data_dir), "--user-dir", USER_DIR, "--task", "hrt_translation", "--arch", "hrt_tiny",
-         "--criterion", "hrt_loss", "--max-update", "10", "--dropout", "0", *[str(e) for e in extra]],
-    )
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    task.load_dataset("train")
+    task, cfg = _setup(data_dir, "--dropout", 0, *extra)
     torch.manual_seed(0)
     return task, task.build_model(cfg.model)
 
