@@ -190,8 +190,16 @@ def log_message(line: str) -> str:
     return re.split(r"(?:\| WARNING \| [\w.]+ \| |WARNING:[\w.]+:)", line)[-1].strip()
 
 
+_REPORT_ROOT = ""  # the output folder, resolved: report paths are made relative to it
+
+
+def relative(text: str) -> str:
+    return text.replace(_REPORT_ROOT, ".") if _REPORT_ROOT else text
+
+
 def short(text: str, n: int = 220) -> str:
-    text = " ".join(text.split())
+    # relative before cutting: a path cut in the middle could no longer be made relative
+    text = relative(" ".join(text.split()))
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
@@ -757,8 +765,10 @@ def main(argv=None):
     if argv[:1] == ["--child"]:
         sep = argv.index("--")
         return child_main(argv[1], argv[sep + 1:])
+    global _REPORT_ROOT
     args = parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _REPORT_ROOT = str(Path(args.out).resolve())
     table = build_table(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -766,10 +776,9 @@ def main(argv=None):
     report = {"rows": table.rows, "seconds": round(table.seconds, 1), "save_interval_updates": SAVE_INTERVAL,
               "max_update": MAX_UPDATE, "kills_per_kind": args.kills, "seed": args.seed}
     text = json.dumps(report, indent=1, default=str)
-    text = text.replace(str(Path(args.out).resolve()), ".")  # paths relative to the report's folder
-    (out / "fault_table.json").write_text(text + "\n")
-    (out / "fault_table.md").write_text(md.replace(str(Path(args.out).resolve()), ".") + "\n")
-    print(md.replace(str(Path(args.out).resolve()), "."))
+    (out / "fault_table.json").write_text(relative(text) + "\n")
+    (out / "fault_table.md").write_text(relative(md) + "\n")
+    print(relative(md))
     print(f"\n{sum(r['ok'] for r in table.rows)} of {len(table.rows)} rows ok, {table.seconds:.0f} s")
     return 0 if all(r["ok"] for r in table.rows) else 1
 
