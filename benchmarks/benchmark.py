@@ -3,9 +3,10 @@
 
 Systems (each family only when its checkpoint is given):
 
-* ``--at``  AT (deep encoder, shallow decoder): greedy and beam 5 (``--at-beams``).
-  **The fastest AT greedy row of the run (per batch size, whichever engine) is the baseline
-  of every speed ratio.**
+* ``--at``  AT (deep encoder, shallow decoder): greedy and beam 5 (``--at-beams``), and the
+  same for every ``--at-extra NAME=CKPT`` (other AT students, e.g. SSRU decoders: rows
+  ``AT[NAME] ...``). **The fastest AT greedy row of the run (per batch size, whichever engine
+  or AT checkpoint) is the baseline of every speed ratio.**
   The same checkpoint is also converted to CTranslate2 and decoded with its C++ engine
   (``--ctranslate2``, on when the ``ctranslate2`` package is installed): the outside reference
   for AT speed.
@@ -22,8 +23,12 @@ Systems (each family only when its checkpoint is given):
 
 Every AT and HRT system is measured with each engine of ``--engines`` (default both: the lean
 engine's rows keep the plain name, fairseq's ``SequenceGenerator`` rows say "(fairseq
-engine)"), and on CPU also with ``--quantize int8`` (an "int8" row per system, lean engine;
-``--int8``).
+engine)"), on CPU also with ``--quantize int8`` (an "int8" row per system, lean engine;
+``--int8``), and with ``--shortlist FILE`` also restricted to a lexical shortlist (a
+"+shortlist" row per system, lean engine).
+
+Each family is one adapter in ``measure.py`` (the shared measuring code that
+``hrt_quality.py`` uses too): it lists its rows and decodes them; the loop here only times.
 
 Quality: detokenised sacreBLEU (with its signature) against the raw references; COMET when a
 local COMET model is given (``--comet-model`` or ``$COMET_MODEL``), otherwise the report says
@@ -58,143 +63,24 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from dataclasses import asdict
+from typing import Dict, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # decode_speed
+sys.path.insert(0, HERE)  # measure, ct2_reference
 sys.path.insert(0, os.path.dirname(HERE))  # fairseq_hrt
 
 import ct2_reference  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
+from measure import (  # noqa: E402,F401  (the pure parts are part of this script's interface)
+    BASELINE, CT2_FAMILY, ENGINE_SUFFIX, PARALLEL_METHODS, Context, System, family_of, fastest_baseline,
+    parse_beam_pairs, parse_engines, parse_ints, parse_named_checkpoints, read_lines, systems_from_args,
+)
 
 logger = logging.getLogger("benchmark")
 
-BASELINE = "AT greedy"
-# row-name suffix of each --engines value (the lean engine, fairseq-hrt's default, has none)
-ENGINE_SUFFIX = {"lean": "", "fairseq": " (fairseq engine)"}
-CT2_FAMILY = "CT2"
-
-
-@dataclass
-class System:
-    name: str
-    family: str  # "AT", "CT2" (the AT checkpoint in CTranslate2), "HRT" or "MP"
-    checkpoint: str
-    decoding: Dict[str, object]  # what build_generator needs, also written to the report
-    passes_per_sentence: Optional[float] = None  # decoder passes (greedy and parallel rows)
-    accepted_per_verify_pass: Optional[float] = None  # hrt-spec: tokens made final per AT pass
-    bleu: Optional[float] = None
-    comet: Optional[float] = None
-    speed: Dict[str, dict] = field(default_factory=dict)  # batch size -> measurements
-
 
 # --------------------------------------------------------------------------- pure parts
-
-
-def systems_from_args(args) -> Tuple[List[System], List[dict]]:
-    """The systems to measure and the families skipped (no checkpoint given)."""
-    systems, skipped = [], []
-    engines = parse_engines(getattr(args, "engines", "lean"))
-    int8 = getattr(args, "int8", "no") == "yes"
-
-    def rows(name, family, checkpoint, decoding, engine_rows=True):
-        """One row per engine (the lean engine's keeps the plain name), and an int8 row."""
-        out = []
-        for engine in engines if engine_rows else engines[:1]:
-            suffix = ENGINE_SUFFIX[engine] if engine_rows else ""
-            out.append(System(name + suffix, family, checkpoint, dict(decoding, engine=engine)))
-        if int8:
-            out.append(System(name + " int8", family, checkpoint, dict(decoding, engine=engines[0], quantize="int8")))
-        return out
-
-    if args.at:
-        for beam in parse_ints(args.at_beams):
-            name = BASELINE if beam == 1 else f"AT beam {beam}"
-            systems += rows(name, "AT", args.at, {"beam": beam})
-        if getattr(args, "ctranslate2", "auto") != "no":
-            for beam in parse_ints(args.at_beams):
-                name = "CTranslate2 AT " + ("greedy" if beam == 1 else f"beam {beam}")
-                systems.append(System(name, CT2_FAMILY, args.at, {"beam": beam}))
-    else:
-        skipped.append({"family": "AT", "reason": "no --at checkpoint given (speed ratios need AT greedy)"})
-    if args.hrt:
-        beams = parse_beam_pairs(args.hrt_beams)
-        for b_at in sorted({b for b, _ in beams}):
-            systems += rows(f"HRT AT-mode b={b_at}", "HRT", args.hrt, {"chunk_size": 1, "beam": b_at, "b_nat": 1})
-        for k in parse_ints(args.hrt_chunk_sizes):
-            for b_at, b_nat in beams:
-                systems += rows(f"HRT k={k} b_at={b_at} b_nat={b_nat}", "HRT", args.hrt,
-                                {"chunk_size": k, "beam": b_at, "b_nat": b_nat})
-    else:
-        skipped.append({"family": "HRT", "reason": "no --hrt checkpoint given"})
-    if args.mp:
-        for it in parse_ints(args.mp_iterations):
-            # Mask-Predict has no left-to-right search: no engine rows
-            systems += rows(f"MP I={it} l={args.mp_length_beam}", "MP", args.mp,
-                            {"iterations": it, "length_beam": args.mp_length_beam}, engine_rows=False)
-    else:
-        skipped.append({"family": "MP", "reason": "no --mp checkpoint given"})
-    systems += parallel_systems(args)
-    return systems, skipped
-
-
-PARALLEL_METHODS = ("pj", "pgj", "hgj", "hrt-spec")
-
-
-def parallel_systems(args) -> List[System]:
-    """Rows of ``--parallel``: Jacobi decoding of the AT checkpoint, hrt-spec of the HRT one
-    (lean block engine, no engine/int8 variants)."""
-    methods = [m.strip() for m in str(getattr(args, "parallel", "")).split(",") if m.strip()]
-    bad = [m for m in methods if m not in PARALLEL_METHODS]
-    if bad:
-        raise ValueError(f"--parallel {bad}: choose among {', '.join(PARALLEL_METHODS)}")
-    out = []
-    b = getattr(args, "jacobi_block_size", 3)
-    for m in methods:
-        if m in ("pj", "pgj", "hgj") and args.at:
-            name = "AT PJ" if m == "pj" else f"AT {m.upper()} b={b}"
-            out.append(System(name, "AT", args.at, {"beam": 1, "decoding": m, "block_size": None if m == "pj" else b}))
-        if m == "hrt-spec" and args.hrt:
-            sb = getattr(args, "spec_block_size", 4)
-            out.append(System(f"HRT hrt-spec b={sb}", "HRT", args.hrt,
-                              {"chunk_size": 1, "beam": 1, "b_nat": 1, "decoding": m, "block_size": sb}))
-    return out
-
-
-def parse_engines(text: str) -> List[str]:
-    engines = [e.strip() for e in str(text).split(",") if e.strip()]
-    bad = [e for e in engines if e not in ENGINE_SUFFIX]
-    if bad or not engines:
-        raise ValueError(f"--engines {text!r}: a comma-separated list of {', '.join(ENGINE_SUFFIX)}")
-    return engines
-
-
-def fastest_baseline(systems: Sequence[System], batch_sizes: Sequence[str]) -> Dict[str, str]:
-    """Per batch size, the fastest float AT greedy row of the run (whichever engine)."""
-    candidates = [s for s in systems if s.name.startswith(BASELINE) and s.family == "AT" and "quantize" not in s.decoding]
-    out = {}
-    for b in batch_sizes:
-        measured = [s for s in candidates if b in s.speed]
-        if measured:
-            out[b] = max(measured, key=lambda s: s.speed[b]["words_per_second"]).name
-    return out
-
-
-def parse_ints(text: str) -> List[int]:
-    return [int(x) for x in str(text).split(",") if x.strip()]
-
-
-def parse_beam_pairs(text: str) -> List[Tuple[int, int]]:
-    """``"1/1,5/1"`` -> ``[(1, 1), (5, 1)]`` (b_at/b_nat)."""
-    pairs = []
-    for item in str(text).split(","):
-        b_at, _, b_nat = item.strip().partition("/")
-        pair = (int(b_at), int(b_nat or 1))
-        if not 1 <= pair[1] <= pair[0]:
-            raise ValueError(f"--hrt-beams {item!r}: need 1 <= b_nat <= b_at")
-        pairs.append(pair)
-    return pairs
 
 
 def speed_ratios(words_per_second: Dict[str, Dict[str, float]], baseline) -> Dict[str, Dict[str, Optional[float]]]:
@@ -328,44 +214,6 @@ def pareto_plot(report: dict, path: str):
 # --------------------------------------------------------------------------- measuring
 
 
-def build_generator(task, model, system: System, max_len_b: int, lenpen: float):
-    """decode_speed's generator for one system. Each generator keeps the HRT chunk size and
-    b_nat that the task held when it was built, so one task serves all HRT systems."""
-    from decode_speed import build_generator as build
-
-    d = system.decoding
-    if hasattr(task.cfg, "decoding"):  # one task serves every system: each sets its strategy
-        task.cfg.decoding = d.get("decoding", "auto")
-        task.cfg.jacobi_block_size = d.get("block_size")
-    if system.family == "MP":
-        return build(task, model, None, None, None, max_len_b, lenpen,
-                     mp_iterations=d["iterations"], length_beam=d["length_beam"], quantize=d.get("quantize", "none"))
-    return build(task, model, d.get("chunk_size", 1), d["beam"], d.get("b_nat", 1), max_len_b, lenpen,
-                 engine=d.get("engine", "lean"), quantize=d.get("quantize", "none"))
-
-
-def record_passes(system: System, generator, hyps, before: dict):
-    """Decoder passes per sentence of one pass over every sentence: the parallel decoders
-    count theirs (``generator.stats``); greedy search makes one pass per output token."""
-    stats = getattr(generator, "stats", None)
-    if stats is not None and stats["sentences"] > before.get("sentences", 0):
-        sentences = stats["sentences"] - before.get("sentences", 0)
-        passes = stats["passes"] - before.get("passes", 0)
-        system.passes_per_sentence = passes / sentences
-        if stats.get("draft_passes", 0) > before.get("draft_passes", 0):
-            verify = stats["passes"] - stats["draft_passes"] - (before.get("passes", 0) - before.get("draft_passes", 0))
-            system.accepted_per_verify_pass = (stats["tokens"] - before.get("tokens", 0)) / verify
-    elif system.decoding.get("beam") == 1 and system.decoding.get("chunk_size", 1) == 1 and system.family in ("AT", "HRT"):
-        system.passes_per_sentence = sum(len(h) for h in hyps.values()) / max(1, len(hyps))
-
-
-def detok_pieces(hyps: Dict[int, List[str]], spm_model: str, n: int) -> List[str]:
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=spm_model)
-    return [sp.decode(hyps[i]) for i in range(n)]
-
-
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -399,7 +247,6 @@ def run(args) -> dict:
 
     import fairseq
     import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
-    from decode_speed import decode, detok, load, make_batches, read_lines
     from fairseq_hrt.scoring.metrics import sacrebleu_score, source_words
 
     torch.set_num_threads(args.threads)
@@ -407,6 +254,8 @@ def run(args) -> dict:
     if args.fp16 and not use_cuda:
         raise SystemExit("--fp16 needs a GPU (half-precision matmuls on CPU are not a speed-up)")
     int8_rows = args.int8 == "yes" or (args.int8 == "auto" and not use_cuda)
+    if int8_rows and use_cuda:
+        raise SystemExit("--int8 yes: dynamic int8 quantization is for CPU decoding (add --cpu)")
     args.int8 = "yes" if int8_rows else "no"
     systems, skipped = systems_from_args(args)
     if not systems:
@@ -428,65 +277,35 @@ def run(args) -> dict:
         raise SystemExit(f"--src, --raw-src, --raw-ref have {len(src)}, {len(raw_src)}, {len(refs)} lines; they must be aligned")
     n_bs1 = min(args.bs1_sentences, len(src)) if args.bs1_sentences else len(src)
 
-    if int8_rows and use_cuda:
-        raise SystemExit("--int8 yes: dynamic int8 quantization is for CPU decoding (add --cpu)")
+    ctx = Context(args.data, args.spm, args.out_dir, use_cuda=use_cuda, fp16=args.fp16, threads=args.threads,
+                  max_len_b=args.max_len_b, lenpen=args.lenpen)
+    shared = {}
+    runners = {s.name: family_of(s).runner(s, ctx, shared) for s in systems}
 
-    def copy_of(s):  # int8 rows decode their own, quantized copy of the checkpoint
-        return (s.checkpoint, s.decoding.get("quantize", "none"))
+    def decode_once(s, lines, bs):
+        """One pass over ``lines``; a pass over every sentence also gives the row's outputs."""
+        runner = runners[s.name]
+        before = runner.counters()
+        hyps, seconds = runner.decode(runner.prepare(lines, bs))
+        if len(lines) == len(src) and s.name not in hyps_out:
+            hyps_out[s.name] = hyps
+            s.passes_per_sentence, s.accepted_per_verify_pass = runner.passes(hyps, before)
+        return seconds
 
-    loaded = {}  # (checkpoint, quantize) -> (model, task): one copy, shared by its systems
-    for s in systems:
-        if copy_of(s) not in loaded:
-            logger.info("loading %s", s.checkpoint)
-            loaded[copy_of(s)] = load(s.checkpoint, args.data, use_cuda, args.fp16)
-    generators, translators = {}, {}  # fairseq generators; CTranslate2 translators by checkpoint
-    for s in systems:
-        model, task = loaded[copy_of(s)]
-        if s.family != CT2_FAMILY:
-            generators[s.name] = build_generator(task, model, s, args.max_len_b, args.lenpen)
-        elif s.checkpoint not in translators:
-            model_dir = ct2_reference.convert(
-                s.checkpoint, args.data, args.out_dir, task.cfg.source_lang, task.cfg.target_lang
-            )
-            logger.info("CTranslate2 model of %s: %s", s.checkpoint, model_dir)
-            translators[s.checkpoint] = ct2_reference.load(model_dir, use_cuda, args.fp16, args.threads)
-    suppress = {ck: ct2_reference.suppressed(loaded[(ck, "none")][1].target_dictionary.symbols) for ck in translators}
-    pieces = [line.split() for line in src]
-
-    def decode_system(s, batches, n_lines, bs, warm_up=False):
-        """(hyps, seconds): fairseq systems decode their prepared batches; CTranslate2 decodes
-        the same sentences, ``bs`` at a time, from pieces."""
-        if s.family == CT2_FAMILY:
-            n = min(bs, n_lines) if warm_up else n_lines
-            return ct2_reference.translate(
-                translators[s.checkpoint], pieces[:n], bs, s.decoding["beam"], args.max_len_b, suppress[s.checkpoint]
-            )
-        model, task = loaded[copy_of(s)]
-        return decode(task, model, generators[s.name], batches[s.checkpoint][:1] if warm_up else batches[s.checkpoint],
-                      use_cuda)
-
-    hyps_tokens = {}  # system -> {sentence id: tokens}, from a pass over every sentence
+    hyps_out = {}  # system -> {sentence index: output}, from a pass over every sentence
     total_passes = sum((args.runs if bs == 1 else args.runs_large) * len(systems) for bs in batch_sizes)
     bar = tqdm(total=total_passes, desc="benchmark", unit="pass", disable=None)
     for bs in batch_sizes:
         lines = src[:n_bs1] if bs == 1 else src
         words = source_words(raw_src[: len(lines)])
-        batches = {}
-        for (ckpt, _), (model, task) in loaded.items():
-            batches[ckpt] = make_batches(task, model, lines, bs, use_cuda)
         for s in systems:  # warm-up: first calls allocate memory and pick kernels
-            decode_system(s, batches, len(lines), bs, warm_up=True)
+            runners[s.name].decode(runners[s.name].prepare(lines, bs), warm_up=True)
         runs = args.runs if bs == 1 else args.runs_large
         times = {s.name: [] for s in systems}
         for r in range(runs):
             for s in systems:
                 bar.set_postfix_str(f"bs={bs} {s.name}")
-                before = dict(getattr(generators.get(s.name), "stats", {}))
-                hyps, seconds = decode_system(s, batches, len(lines), bs)
-                times[s.name].append(seconds)
-                if len(lines) == len(src) and s.name not in hyps_tokens:
-                    hyps_tokens[s.name] = hyps
-                    record_passes(s, generators.get(s.name), hyps, before)
+                times[s.name].append(decode_once(s, lines, bs))
                 bar.update(1)
         for s in systems:
             mean = statistics.mean(times[s.name])
@@ -500,26 +319,14 @@ def run(args) -> dict:
             }
             logger.info("%-28s batch %4d: %9.1f words/s (%d run(s), %.3fs)", s.name, bs, words / mean, runs, mean)
     bar.close()
-
     for s in systems:  # quality needs every sentence: decode it once, untimed, if no pass did
-        if s.name not in hyps_tokens:
-            model, task = loaded[copy_of(s)]
-            # CTranslate2 reads the pieces, not fairseq's batches
-            batches = {}
-            if s.family != CT2_FAMILY:
-                batches[s.checkpoint] = make_batches(task, model, src, max(batch_sizes), use_cuda)
-            before = dict(getattr(generators.get(s.name), "stats", {}))
-            hyps_tokens[s.name] = decode_system(s, batches, len(src), max(batch_sizes))[0]
-            record_passes(s, generators.get(s.name), hyps_tokens[s.name], before)
+        if s.name not in hyps_out:
+            decode_once(s, src, max(batch_sizes))
 
     hyps, signature = {}, None
     os.makedirs(os.path.join(args.out_dir, "hyps"), exist_ok=True)
     for s in systems:
-        _, task = loaded[copy_of(s)]
-        if s.family == CT2_FAMILY:
-            hyps[s.name] = detok_pieces(hyps_tokens[s.name], args.spm, len(src))
-        else:
-            hyps[s.name] = detok(task, hyps_tokens[s.name], args.spm, len(src))
+        hyps[s.name] = runners[s.name].texts(hyps_out[s.name], len(src))
         bleu = sacrebleu_score(hyps[s.name], refs)
         s.bleu, signature = bleu["score"], bleu["signature"]
         with open(os.path.join(args.out_dir, "hyps", slug(s.name) + ".txt"), "w", encoding="utf-8") as f:
@@ -588,6 +395,9 @@ def parse_args(argv=None):
     g = p.add_argument_group("systems (a family is skipped when its checkpoint is not given)")
     g.add_argument("--at", help="AT checkpoint (fairseq transformer / at_* arch)")
     g.add_argument("--at-beams", default="1,5", help="AT beam sizes; beam 1 = AT greedy, the speed baseline")
+    g.add_argument("--at-extra", action="append", default=[], metavar="NAME=CKPT",
+                   help="another AT checkpoint (e.g. an SSRU student), rows 'AT[NAME] greedy' / 'AT[NAME] beam b'; "
+                        "its greedy rows are baseline candidates too (repeatable)")
     g.add_argument("--hrt", help="HRT checkpoint")
     g.add_argument("--hrt-chunk-sizes", default="2", help="chunk sizes k (each trained by the model)")
     g.add_argument("--hrt-beams", default="1/1,5/1", help="b_at/b_nat pairs; AT mode is run with each b_at")
@@ -608,6 +418,9 @@ def parse_args(argv=None):
                    help="decoder engines of the AT and HRT rows (--decoder-engine), comma-separated")
     g.add_argument("--int8", choices=("auto", "yes", "no"), default="auto",
                    help="add an int8 (--quantize int8, lean engine) row per system: auto = on CPU")
+    g.add_argument("--shortlist", metavar="FILE",
+                   help="a lexical shortlist (fairseq-hrt-shortlist): adds a '+shortlist' row (lean engine) per "
+                        "AT, HRT and Mask-Predict configuration")
     g.add_argument("--max-len-b", type=int, default=200, help="L, the maximum target length")
     g.add_argument("--lenpen", type=float, default=1.0, help="length penalty of the beam searches")
     g = p.add_argument_group("measuring")
@@ -628,6 +441,7 @@ def parse_args(argv=None):
         p.error("--runs, --runs-large and --threads must be >= 1")
     try:
         parse_beam_pairs(args.hrt_beams)
+        parse_named_checkpoints(args.at_extra)
         if not parse_ints(args.batch_sizes) or min(parse_ints(args.batch_sizes)) < 1:
             raise ValueError("--batch-sizes must list positive integers")
     except ValueError as e:

@@ -31,10 +31,10 @@ from typing import Dict, List
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # decode_speed
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # measure
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fairseq_hrt
 
-from decode_speed import build_generator, decode, detok, load, make_batches, read_lines  # noqa: E402
+from measure import build_generator, decode, detok, load, make_batches, read_lines  # noqa: E402
 
 from fairseq.data import data_utils  # noqa: E402
 
@@ -122,7 +122,8 @@ def run(args) -> dict:
     report = {"checkpoint": os.path.basename(args.path), "sentences": len(src), "systems": {}}
 
     def run_system(name, chunk_size, beam):
-        gen = build_generator(task, model, chunk_size, beam, 1, args.max_len_b, 1.0)
+        gen = build_generator(task, model, {"beam": beam, "max_len_b": args.max_len_b, "lenpen": 1.0},
+                              {"decoder_engine": "lean", "decode_chunk_size": str(chunk_size), "b_nat": 1})
         hyps, seconds = decode(task, model, gen, batches, use_cuda)
         report["systems"][name] = score(task, hyps, args.spm, refs, raw_src, buckets, args.max_len_b, chunk_size)
         report["systems"][name]["seconds"] = round(seconds, 2)

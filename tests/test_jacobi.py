@@ -308,12 +308,15 @@ def test_benchmark_parallel_rows_and_passes():
     names = [s.name for s in benchmark.systems_from_args(args)[0]]
     assert names[-4:] == ["AT PJ", "AT PGJ b=3", "AT HGJ b=3", "HRT hrt-spec b=4"]
     with pytest.raises(ValueError, match="--parallel"):
-        benchmark.parallel_systems(SimpleNamespace(**dict(vars(args), parallel="jacobi")))
+        benchmark.systems_from_args(SimpleNamespace(**dict(vars(args), parallel="jacobi")))
     # passes per sentence: from the generator's counters for parallel rows, one per token for greedy
-    spec = next(s for s in benchmark.systems_from_args(args)[0] if s.name.startswith("HRT hrt-spec"))
-    gen = SimpleNamespace(stats={"sentences": 12, "passes": 50, "draft_passes": 20, "tokens": 60})
-    benchmark.record_passes(spec, gen, {}, {"sentences": 2, "passes": 10, "draft_passes": 4, "tokens": 12})
-    assert spec.passes_per_sentence == 4.0 and spec.accepted_per_verify_pass == 48 / 24
-    greedy = benchmark.systems_from_args(args)[0][0]
-    benchmark.record_passes(greedy, None, {0: [1, 2, 3], 1: [4, 5]}, {})
-    assert greedy.passes_per_sentence == 2.5
+    from measure import FairseqRunner
+
+    runner = FairseqRunner.__new__(FairseqRunner)
+    runner.generator = SimpleNamespace(stats={"sentences": 12, "passes": 50, "draft_passes": 20, "tokens": 60})
+    runner.greedy = True
+    assert runner.passes({}, {"sentences": 2, "passes": 10, "draft_passes": 4, "tokens": 12}) == (4.0, 48 / 24)
+    runner.generator = SimpleNamespace()
+    assert runner.passes({0: [1, 2, 3], 1: [4, 5]}, {}) == (2.5, None)
+    runner.greedy = False  # beam search: no pass count
+    assert runner.passes({0: [1, 2, 3]}, {}) == (None, None)

@@ -1,0 +1,499 @@
+"""The one way this project measures decoding: load a checkpoint, batch the test set the way
+fairseq does, decode it (timing the model only), detokenise, and count decoder passes.
+
+``benchmark.py`` (the table, JSON and Pareto plot) and ``hrt_quality.py`` (where HRT loses
+quality) both decode through this module. Each *system family* -- AT, the CTranslate2
+reference, HRT, Mask-Predict and the exact parallel strategies (Jacobi, hrt-spec) -- is one
+:class:`Family` adapter: it says which rows the command line asks for and builds a
+:class:`Runner` per row. The measuring loop only talks to runners, so a new family or
+strategy is a new adapter, never a new branch in the loop.
+"""
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+logger = logging.getLogger("measure")
+
+BASELINE = "AT greedy"
+# row-name suffix of each --engines value (the lean engine, fairseq-hrt's default, has none)
+ENGINE_SUFFIX = {"lean": "", "fairseq": " (fairseq engine)"}
+CT2_FAMILY = "CT2"
+PARALLEL_METHODS = ("pj", "pgj", "hgj", "hrt-spec")
+
+
+@dataclass
+class System:
+    """One row of the benchmark: a checkpoint and how it is decoded."""
+
+    name: str
+    family: str  # "AT", "CT2" (the AT checkpoint in CTranslate2), "HRT" or "MP"
+    checkpoint: str
+    decoding: Dict[str, object]  # what the runner needs, also written to the report
+    baseline_candidate: bool = False  # a float AT greedy row: may be the baseline of the ratios
+    passes_per_sentence: Optional[float] = None  # decoder passes (greedy and parallel rows)
+    accepted_per_verify_pass: Optional[float] = None  # hrt-spec: tokens made final per AT pass
+    bleu: Optional[float] = None
+    comet: Optional[float] = None
+    speed: Dict[str, dict] = field(default_factory=dict)  # batch size -> measurements
+
+
+# --------------------------------------------------------------------------- text and models
+
+
+def read_lines(path, limit=0) -> List[str]:
+    """Input text as every entry point reads it (fairseq_hrt.text_input: bad bytes replaced
+    with a warning naming file and line, lines split at \\n only)."""
+    from fairseq_hrt import text_input
+
+    lines = text_input.read_lines(path)
+    return lines[:limit] if limit else lines
+
+
+def load(path, data, use_cuda=False, fp16=False):
+    """``(model, task)`` of one checkpoint, in eval mode, with ``data``'s dictionaries."""
+    import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
+    from fairseq import checkpoint_utils
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
+    model = models[0]
+    model.eval()
+    if fp16:
+        model.half()
+    if use_cuda:
+        model.cuda()
+    return model, task
+
+
+def make_batches(task, model, lines: List[str], batch_size: int, use_cuda: bool):
+    """fairseq's inference batches (length-sorted, as fairseq-generate makes them) of
+    SentencePiece-piece lines."""
+    from fairseq import utils
+
+    d = task.source_dictionary
+    tokens = [d.encode_line(line, add_if_not_exist=False).long() for line in lines]
+    dataset = task.build_dataset_for_inference(tokens, [t.numel() for t in tokens])
+    itr = task.get_batch_iterator(
+        dataset=dataset,
+        max_sentences=batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        ignore_invalid_inputs=False,
+    ).next_epoch_itr(shuffle=False)
+    return [utils.move_to_cuda(sample) if use_cuda else sample for sample in itr]
+
+
+# the task options a row may set (hrt_translation's --decoder-engine, --decode-chunk-size, ...)
+TASK_OPTIONS = ("decoder_engine", "quantize", "decode_chunk_size", "b_nat", "decoding", "jacobi_block_size", "shortlist")
+
+
+def build_generator(task, model, gen_args: dict, task_options: dict):
+    """The task's generator for one configuration. Each generator keeps the task options it
+    was built with, so one task (one loaded model) serves many rows; ``quantize="int8"``
+    quantizes ``model`` in place (rows with int8 load their own copy)."""
+    from fairseq.dataclass.configs import GenerationConfig
+
+    for key, value in task_options.items():
+        if key not in TASK_OPTIONS:
+            raise ValueError(f"unknown task option {key!r}")
+        if hasattr(task.cfg, key):
+            setattr(task.cfg, key, value)
+        elif value not in (None, "none", "auto", 1, "1"):
+            raise ValueError(f"the checkpoint's task has no option {key!r} (asked for {value!r})")
+    return task.build_generator([model], GenerationConfig(**gen_args))
+
+
+def decode(task, model, generator, batches, use_cuda=False) -> Tuple[Dict[int, torch.Tensor], float]:
+    """``({sentence id: output tokens}, seconds)`` of decoding ``batches``; the time covers
+    the model (encoder, every search step), not text reading or detokenisation."""
+    hyps = {}
+    if use_cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.no_grad():
+        for sample in batches:
+            out = task.inference_step(generator, [model], sample)
+            for i, sid in enumerate(sample["id"].tolist()):
+                hyps[sid] = out[i][0]["tokens"]
+    if use_cuda:
+        torch.cuda.synchronize()
+    return hyps, time.perf_counter() - start
+
+
+def sentencepiece(spm_model: str):
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=spm_model)
+
+
+def detok(task, hyps, spm_model, n) -> List[str]:
+    """Raw text of the first ``n`` hypotheses (output tokens -> pieces -> SentencePiece decode)."""
+    sp = sentencepiece(spm_model)
+    d = task.target_dictionary
+    return [sp.decode(d.string(hyps[i].cpu(), extra_symbols_to_ignore={d.eos()}).split()) for i in range(n)]
+
+
+# --------------------------------------------------------------------------- runners
+
+
+class Context:
+    """What the runners of one measuring run share: loaded models (one copy per checkpoint
+    and precision) and prepared batches (one set per checkpoint, test subset and size)."""
+
+    def __init__(self, data: str, spm: str, out_dir: str, use_cuda=False, fp16=False, threads=1,
+                 max_len_b=200, lenpen=1.0):
+        self.data, self.spm, self.out_dir = data, spm, out_dir
+        self.use_cuda, self.fp16, self.threads = use_cuda, fp16, threads
+        self.max_len_b, self.lenpen = max_len_b, lenpen
+        self._models, self._batches = {}, {}
+
+    def model(self, checkpoint: str, quantize: str = "none"):
+        key = (checkpoint, quantize)
+        if key not in self._models:
+            logger.info("loading %s%s", checkpoint, " (int8 copy)" if quantize != "none" else "")
+            self._models[key] = load(checkpoint, self.data, self.use_cuda, self.fp16)
+        return self._models[key]
+
+    def batches(self, checkpoint: str, quantize: str, lines: List[str], batch_size: int):
+        key = (checkpoint, quantize, len(lines), batch_size, hash(tuple(lines)))
+        if key not in self._batches:
+            model, task = self.model(checkpoint, quantize)
+            self._batches[key] = make_batches(task, model, lines, batch_size, self.use_cuda)
+        return self._batches[key]
+
+
+class Runner:
+    """Decodes one system: ``prepare`` (untimed) then ``decode`` (timed)."""
+
+    def prepare(self, lines: List[str], batch_size: int):
+        raise NotImplementedError
+
+    def decode(self, prepared, warm_up: bool = False) -> Tuple[Dict[int, object], float]:
+        """``({sentence index: output}, seconds)``; ``warm_up`` decodes only a first batch."""
+        raise NotImplementedError
+
+    def texts(self, hyps: Dict[int, object], n: int) -> List[str]:
+        raise NotImplementedError
+
+    def counters(self) -> dict:
+        """The decoder's pass counters now (parallel strategies count theirs), to diff."""
+        return {}
+
+    def passes(self, hyps: Dict[int, object], before: dict) -> Tuple[Optional[float], Optional[float]]:
+        """(decoder passes per sentence, accepted tokens per verifying pass) of the one
+        decoding of ``hyps`` since ``before`` (None where the row has no such count)."""
+        return None, None
+
+
+class FairseqRunner(Runner):
+    """A system decoded by a generator that this plugin's task builds (every family but CT2)."""
+
+    def __init__(self, system: System, ctx: Context, gen_args: dict, task_options: dict, greedy: bool):
+        self.system, self.ctx, self.greedy = system, ctx, greedy
+        self.quantize = task_options.get("quantize", "none")
+        self.model, self.task = ctx.model(system.checkpoint, self.quantize)
+        gen_args = dict(gen_args, max_len_b=ctx.max_len_b)
+        self.generator = build_generator(self.task, self.model, gen_args, task_options)
+
+    def prepare(self, lines, batch_size):
+        return self.ctx.batches(self.system.checkpoint, self.quantize, lines, batch_size)
+
+    def decode(self, prepared, warm_up=False):
+        return decode(self.task, self.model, self.generator, prepared[:1] if warm_up else prepared, self.ctx.use_cuda)
+
+    def texts(self, hyps, n):
+        return detok(self.task, hyps, self.ctx.spm, n)
+
+    def counters(self):
+        return dict(getattr(self.generator, "stats", None) or {})
+
+    def passes(self, hyps, before):
+        stats = getattr(self.generator, "stats", None)
+        if stats is not None and stats["sentences"] > before.get("sentences", 0):
+            sentences = stats["sentences"] - before.get("sentences", 0)
+            passes = stats["passes"] - before.get("passes", 0)
+            accepted = None
+            if stats.get("draft_passes", 0) > before.get("draft_passes", 0):
+                verify = passes - (stats["draft_passes"] - before.get("draft_passes", 0))
+                accepted = (stats["tokens"] - before.get("tokens", 0)) / verify
+            return passes / sentences, accepted
+        if self.greedy:  # left-to-right greedy search: one decoder pass per output token
+            return sum(len(h) for h in hyps.values()) / max(1, len(hyps)), None
+        return None, None
+
+
+class CT2Runner(Runner):
+    """The AT checkpoint converted to CTranslate2 and decoded by its C++ engine from pieces."""
+
+    def __init__(self, system: System, ctx: Context, translators: dict):
+        import ct2_reference
+
+        self.system, self.ctx, self.ct2 = system, ctx, ct2_reference
+        _, task = ctx.model(system.checkpoint)
+        if system.checkpoint not in translators:
+            model_dir = ct2_reference.convert(
+                system.checkpoint, ctx.data, ctx.out_dir, task.cfg.source_lang, task.cfg.target_lang
+            )
+            logger.info("CTranslate2 model of %s: %s", system.checkpoint, model_dir)
+            translators[system.checkpoint] = ct2_reference.load(model_dir, ctx.use_cuda, ctx.fp16, ctx.threads)
+        self.translator = translators[system.checkpoint]
+        self.suppress = ct2_reference.suppressed(task.target_dictionary.symbols)
+
+    def prepare(self, lines, batch_size):
+        return [line.split() for line in lines], batch_size
+
+    def decode(self, prepared, warm_up=False):
+        pieces, bs = prepared
+        return self.ct2.translate(self.translator, pieces[:bs] if warm_up else pieces, bs,
+                                  self.system.decoding["beam"], self.ctx.max_len_b, self.suppress)
+
+    def texts(self, hyps, n):
+        sp = sentencepiece(self.ctx.spm)
+        return [sp.decode(hyps[i]) for i in range(n)]
+
+    def passes(self, hyps, before):
+        if self.system.decoding["beam"] == 1:
+            return sum(len(h) + 1 for h in hyps.values()) / max(1, len(hyps)), None  # + </s>
+        return None, None
+
+
+# --------------------------------------------------------------------------- families
+
+
+def parse_ints(text: str) -> List[int]:
+    return [int(x) for x in str(text).split(",") if x.strip()]
+
+
+def parse_engines(text: str) -> List[str]:
+    engines = [e.strip() for e in str(text).split(",") if e.strip()]
+    bad = [e for e in engines if e not in ENGINE_SUFFIX]
+    if bad or not engines:
+        raise ValueError(f"--engines {text!r}: a comma-separated list of {', '.join(ENGINE_SUFFIX)}")
+    return engines
+
+
+def parse_beam_pairs(text: str) -> List[Tuple[int, int]]:
+    """``"1/1,5/1"`` -> ``[(1, 1), (5, 1)]`` (b_at/b_nat)."""
+    pairs = []
+    for item in str(text).split(","):
+        b_at, _, b_nat = item.strip().partition("/")
+        pair = (int(b_at), int(b_nat or 1))
+        if not 1 <= pair[1] <= pair[0]:
+            raise ValueError(f"--hrt-beams {item!r}: need 1 <= b_nat <= b_at")
+        pairs.append(pair)
+    return pairs
+
+
+def parse_named_checkpoints(items: Sequence[str]) -> List[Tuple[str, str]]:
+    """``["ssru=a.pt", "ssru-tied=b.pt"]`` -> ``[("ssru", "a.pt"), ...]`` (``--at-extra``)."""
+    out = []
+    for item in items or ():
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"--at-extra {item!r}: expected NAME=CHECKPOINT")
+        out.append((name.strip(), path.strip()))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--at-extra names must differ: {names}")
+    return out
+
+
+class Family:
+    """The rows of one kind of system and how to decode them."""
+
+    name = ""
+
+    def systems(self, args) -> List[System]:
+        raise NotImplementedError
+
+    def skipped(self, args) -> Optional[str]:
+        """Why the family has no row (no checkpoint given), or None."""
+        return None
+
+    def runner(self, system: System, ctx: Context, shared: dict) -> Runner:
+        raise NotImplementedError
+
+
+class _FairseqFamily(Family):
+    """Families decoded by the plugin's generators, with one row per ``--engines`` value, an
+    int8 row (``--int8``) and a shortlist row (``--shortlist``) per configuration."""
+
+    engine_rows = True
+
+    def variants(self, args, name, checkpoint, decoding, baseline_candidate=False) -> List[System]:
+        engines = parse_engines(getattr(args, "engines", "lean"))
+        out = []
+        for engine in engines if self.engine_rows else engines[:1]:
+            suffix = ENGINE_SUFFIX[engine] if self.engine_rows else ""
+            out.append(System(name + suffix, self.name, checkpoint, dict(decoding, engine=engine),
+                              baseline_candidate=baseline_candidate))
+        if getattr(args, "int8", "no") == "yes":
+            out.append(System(name + " int8", self.name, checkpoint, dict(decoding, engine=engines[0], quantize="int8")))
+        if getattr(args, "shortlist", None):
+            out.append(System(name + " +shortlist", self.name, checkpoint,
+                              dict(decoding, engine=engines[0], shortlist=args.shortlist)))
+        return out
+
+    def generation(self, system: System) -> Tuple[dict, dict]:
+        """(GenerationConfig arguments, task options) of a row."""
+        d = system.decoding
+        options = {"decoder_engine": d.get("engine", "lean"), "quantize": d.get("quantize", "none"),
+                   "decoding": d.get("decoding", "auto"), "jacobi_block_size": d.get("block_size"),
+                   "decode_chunk_size": str(d.get("chunk_size", 1)), "b_nat": d.get("b_nat", 1)}
+        if d.get("shortlist"):
+            options["shortlist"] = d["shortlist"]
+        return {"beam": d["beam"]}, options
+
+    def greedy(self, system: System) -> bool:
+        return system.decoding.get("beam") == 1 and system.decoding.get("chunk_size", 1) == 1
+
+    def runner(self, system, ctx, shared):
+        gen_args, options = self.generation(system)
+        return FairseqRunner(system, ctx, dict(gen_args, lenpen=ctx.lenpen), options, self.greedy(system))
+
+
+class ATFamily(_FairseqFamily):
+    """``--at`` (greedy is the speed baseline) and ``--at-extra NAME=CKPT`` students (e.g. SSRU):
+    greedy and each ``--at-beams`` beam."""
+
+    name = "AT"
+
+    def systems(self, args):
+        out = []
+        checkpoints = ([("", args.at)] if args.at else []) + parse_named_checkpoints(getattr(args, "at_extra", None))
+        for label, checkpoint in checkpoints:
+            prefix = f"AT[{label}]" if label else "AT"
+            for beam in parse_ints(args.at_beams):
+                name = f"{prefix} greedy" if beam == 1 else f"{prefix} beam {beam}"
+                out += self.variants(args, name, checkpoint, {"beam": beam}, baseline_candidate=beam == 1)
+        return out
+
+    def skipped(self, args):
+        return None if args.at else "no --at checkpoint given (speed ratios need AT greedy)"
+
+
+class CT2Family(Family):
+    """The ``--at`` checkpoint in CTranslate2: the outside reference for AT speed."""
+
+    name = CT2_FAMILY
+
+    def systems(self, args):
+        if not args.at or getattr(args, "ctranslate2", "auto") == "no":
+            return []
+        return [System("CTranslate2 AT " + ("greedy" if beam == 1 else f"beam {beam}"), CT2_FAMILY, args.at,
+                       {"beam": beam}) for beam in parse_ints(args.at_beams)]
+
+    def runner(self, system, ctx, shared):
+        return CT2Runner(system, ctx, shared.setdefault("ct2_translators", {}))
+
+
+class HRTFamily(_FairseqFamily):
+    """``--hrt``: AT mode (C_d = 1) with each b_at, and every chunk size with each b_at/b_nat."""
+
+    name = "HRT"
+
+    def systems(self, args):
+        if not args.hrt:
+            return []
+        beams = parse_beam_pairs(args.hrt_beams)
+        out = []
+        for b_at in sorted({b for b, _ in beams}):
+            out += self.variants(args, f"HRT AT-mode b={b_at}", args.hrt, {"chunk_size": 1, "beam": b_at, "b_nat": 1})
+        for k in parse_ints(args.hrt_chunk_sizes):
+            for b_at, b_nat in beams:
+                out += self.variants(args, f"HRT k={k} b_at={b_at} b_nat={b_nat}", args.hrt,
+                                     {"chunk_size": k, "beam": b_at, "b_nat": b_nat})
+        return out
+
+    def skipped(self, args):
+        return None if args.hrt else "no --hrt checkpoint given"
+
+
+class MPFamily(_FairseqFamily):
+    """``--mp``: Mask-Predict with each iteration count I and length beam l (no left-to-right
+    search, so no engine rows)."""
+
+    name = "MP"
+    engine_rows = False
+
+    def systems(self, args):
+        if not args.mp:
+            return []
+        return sum((self.variants(args, f"MP I={it} l={args.mp_length_beam}", args.mp,
+                                  {"iterations": it, "length_beam": args.mp_length_beam})
+                    for it in parse_ints(args.mp_iterations)), [])
+
+    def skipped(self, args):
+        return None if args.mp else "no --mp checkpoint given"
+
+    def generation(self, system):
+        d = system.decoding
+        options = {"quantize": d.get("quantize", "none")}
+        if d.get("shortlist"):
+            options["shortlist"] = d["shortlist"]
+        return {"iter_decode_max_iter": d["iterations"], "iter_decode_with_beam": d["length_beam"]}, options
+
+    def runner(self, system, ctx, shared):
+        gen_args, options = self.generation(system)
+        return FairseqRunner(system, ctx, gen_args, options, greedy=False)
+
+
+class ParallelFamily(_FairseqFamily):
+    """``--parallel``: exact parallel forms of greedy search -- Jacobi decoding (PJ, PGJ, HGJ)
+    of the ``--at`` checkpoint and hrt-spec of the ``--hrt`` one (lean block engine only)."""
+
+    name = "parallel"
+
+    def systems(self, args):
+        methods = [m.strip() for m in str(getattr(args, "parallel", "")).split(",") if m.strip()]
+        bad = [m for m in methods if m not in PARALLEL_METHODS]
+        if bad:
+            raise ValueError(f"--parallel {bad}: choose among {', '.join(PARALLEL_METHODS)}")
+        out = []
+        b = getattr(args, "jacobi_block_size", 3)
+        for m in methods:
+            if m in ("pj", "pgj", "hgj") and args.at:
+                name = "AT PJ" if m == "pj" else f"AT {m.upper()} b={b}"
+                out.append(System(name, "AT", args.at,
+                                  {"beam": 1, "decoding": m, "block_size": None if m == "pj" else b}))
+            if m == "hrt-spec" and args.hrt:
+                sb = getattr(args, "spec_block_size", 4)
+                out.append(System(f"HRT hrt-spec b={sb}", "HRT", args.hrt,
+                                  {"chunk_size": 1, "beam": 1, "b_nat": 1, "decoding": m, "block_size": sb}))
+        return out
+
+
+# in row order: AT first (the baseline), the outside reference next to it
+FAMILIES: Tuple[Family, ...] = (ATFamily(), CT2Family(), HRTFamily(), MPFamily(), ParallelFamily())
+ADAPTERS: Dict[str, Family] = {"AT": FAMILIES[0], CT2_FAMILY: FAMILIES[1], "HRT": FAMILIES[2], "MP": FAMILIES[3]}
+
+
+def systems_from_args(args) -> Tuple[List[System], List[dict]]:
+    """The systems to measure and the families skipped (no checkpoint given)."""
+    systems, skipped = [], []
+    for family in FAMILIES:
+        systems += family.systems(args)
+        reason = family.skipped(args)
+        if reason:
+            skipped.append({"family": family.name, "reason": reason})
+    return systems, skipped
+
+
+def family_of(system: System) -> Family:
+    """The adapter that decodes ``system`` (parallel rows carry their strategy in ``decoding``)."""
+    if system.decoding.get("decoding") in PARALLEL_METHODS:
+        return FAMILIES[-1]
+    return ADAPTERS[system.family]
+
+
+def fastest_baseline(systems: Sequence[System], batch_sizes: Sequence[str]) -> Dict[str, str]:
+    """Per batch size, the fastest float AT greedy row of the run (whichever engine or AT
+    checkpoint): never an int8, shortlist or parallel row."""
+    candidates = [s for s in systems if s.baseline_candidate]
+    out = {}
+    for b in batch_sizes:
+        measured = [s for s in candidates if b in s.speed]
+        if measured:
+            out[b] = max(measured, key=lambda s: s.speed[b]["words_per_second"]).name
+    return out
