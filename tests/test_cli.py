@@ -66,19 +66,16 @@ def test_interactive_empty_long_and_unknown_input(trained):
     data, ckpt = trained
     long_line = " ".join(["the"] * 300)
     lines = ["a man rides a horse .", "", long_line, "zzzunknownword qqqq", "", "two dogs play ."]
-    proc = subprocess.run(
-        [sys.executable, "-m", "fairseq_cli.interactive", str(data.bin_dir), "--path", str(ckpt),
-         "--buffer-size", "4", "--batch-size", "4", "--beam", "2", "--max-source-positions", "64",
-         "--decode-chunk-size", "2", *GEN],
-        input="\n".join(lines) + "\n", capture_output=True, text=True, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    hyps = hyp_lines(proc.stdout)
+    out = run_cli(
+        ["interactive", data.bin_dir, "--path", ckpt, "--buffer-size", "4", "--batch-size", "4", "--beam", "2",
+         "--max-source-positions", "64", "--decode-chunk-size", "2", *GEN],
+        input="\n".join(lines) + "\n",
+    ).stdout
+    hyps = hyp_lines(out)
     assert sorted(hyps) == list(range(len(lines)))  # every input line gets an output line, in order
     assert hyps[1] == "" and hyps[4] == ""  # empty input -> empty translation
-    assert "truncated" in proc.stderr  # the 300-token line was cut at --max-source-positions
-    assert "<unk>" in proc.stdout  # unknown words map to <unk> in the source echo
+    assert "truncated" in out  # the 300-token line was cut at --max-source-positions
+    assert "<unk>" in out  # unknown words map to <unk> in the source echo
 
 
 def test_checkpoint_from_another_dictionary_is_refused(trained, tmp_path):
@@ -95,13 +92,8 @@ def test_checkpoint_from_another_dictionary_is_refused(trained, tmp_path):
 
 
 def _interactive(data, ckpt, lines, *decode):
-    proc = subprocess.run(
-        [sys.executable, "-m", "fairseq_cli.interactive", str(data.bin_dir), "--path", str(ckpt),
-         "--buffer-size", "8", "--batch-size", "8", *GEN, *decode],
-        input="\n".join(lines) + "\n", capture_output=True, text=True, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli(["interactive", data.bin_dir, "--path", ckpt, "--buffer-size", "8", "--batch-size", "8", *GEN,
+                    *decode], input="\n".join(lines) + "\n")
     out = {}
     for line in proc.stdout.splitlines():
         if line.startswith("D-"):

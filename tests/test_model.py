@@ -522,7 +522,11 @@ def test_partial_hrt_state_dict_fails_strict_loading(data_dir):
 def test_state_dict_with_another_dictionary_raises(data_dir, other_data_dir):
     _, hrt = build(data_dir, "hrt_tiny", "--decoder-layers", "2")
     _, at_big = build(other_data_dir, "at_tiny", "--decoder-layers", "2")
-    with pytest.raises(ValueError, match="another dictionary"):
+    # what fairseq-train --finetune-from-model / --restore-file and fairseq-generate print
+    other_size = at_big.encoder.embed_tokens.weight.size(0)
+    own_size = hrt.encoder.embed_tokens.weight.size(0)
+    with pytest.raises(ValueError, match=rf"another dictionary: its encoder.embed_tokens.weight has {other_size} "
+                                         rf"entries, the task's dictionary has {own_size}"):
         hrt.load_state_dict(_copy_state(at_big), strict=True)
 
 

@@ -10,17 +10,26 @@ or ``from tests.tiny_data import ...`` from the repository root).
 * :func:`binarize` runs ``fairseq-preprocess`` (joined dictionary, or given dictionaries).
 * :func:`make_tiny_data` does both and returns a :class:`TinyData` with every path.
 * :func:`run_cli` runs ``fairseq-train`` / ``-preprocess`` / ``-generate`` / ... as a
-  subprocess of this Python (so the active virtual environment is used), captures the output,
-  and raises :class:`CLIError` carrying the output on a non-zero exit.
+  child process of this Python (so the active virtual environment is used), captures the
+  output, and raises :class:`CLIError` carrying the output on a non-zero exit. The children
+  are forked from one process that has imported torch, fairseq and the plugin already
+  (:class:`WarmProcess`): each command runs exactly as ``python -m MODULE ARGS`` would, in a
+  process of its own, without paying the 3-5 s of imports again (``HRT_TEST_FRESH=1`` runs
+  every command in a fresh interpreter instead).
 * :func:`parse_logs` reads the ``--log-format json`` (or ``simple``) metric lines back.
 """
 import json
+import multiprocessing
 import os
 import random
 import re
+import runpy
 import socket
 import subprocess
 import sys
+import tempfile
+import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
@@ -86,22 +95,126 @@ def _command(args: Sequence[str]) -> List[str]:
     raise ValueError(f"unknown fairseq command {args[0]!r}; one of {sorted(CLI_MODULES)}")
 
 
-def run_cli(args: Sequence[str], env: Optional[Dict[str, str]] = None, cwd=None, timeout: float = 600, check=True):
-    """Run a fairseq command (``['train', DATA, ...]``, ``'fairseq-train'`` also accepted).
+# what every command imports first; the forked children find it imported already
+WARM_MODULES = ["torch", "fairseq", "fairseq.models.transformer", "fairseq_cli.train", "fairseq_cli.generate",
+                "fairseq_cli.interactive", "fairseq_cli.preprocess", "fairseq_hrt", "tests.tiny_data"]
+_WARM_CONTEXT = None
 
-    Returns the ``subprocess.CompletedProcess`` (``.stdout`` = stdout and stderr together).
+
+def _warm_context():
+    global _WARM_CONTEXT
+    if _WARM_CONTEXT is None:
+        ctx = multiprocessing.get_context("forkserver")
+        # the fork server imports these once, with the environment of cli_env()
+        saved = dict(os.environ)
+        os.environ.update(cli_env())
+        try:
+            ctx.set_forkserver_preload(WARM_MODULES)
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        _WARM_CONTEXT = ctx
+    return _WARM_CONTEXT
+
+
+def _run_forked(cmd: List[str], env: Dict[str, str], cwd: str, log_path: str, input_path: Optional[str]):
+    """``python -m MODULE ARGS`` / ``python -c CODE ARGS`` in a child of the warm process:
+    the command's environment, working directory, standard streams and exit status."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    sys.stdin = open(input_path or os.devnull, encoding="utf-8")
+    if env.get("PYTHONWARNINGS") == "ignore":
+        warnings.simplefilter("ignore")
+    import torch
+
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or 1))
+    code = 0
+    try:
+        if cmd[1] == "-m":
+            sys.argv = [cmd[2], *cmd[3:]]
+            runpy.run_module(cmd[2], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = ["-c", *cmd[3:]]
+            exec(compile(cmd[2], "<string>", "exec"), {"__name__": "__main__"})
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:  # sys.exit("message"): the interpreter prints it and exits 1
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: B902 - as the interpreter does: traceback, exit 1
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+class WarmProcess:
+    """One command forked from the warm process; the ``subprocess.Popen`` subset the helpers
+    use (``wait``, ``kill``, ``returncode``)."""
+
+    def __init__(self, cmd: List[str], env: Dict[str, str], cwd: str, log_path: str, input_text: Optional[str] = None):
+        self.input_path = None
+        if input_text is not None:
+            fd, self.input_path = tempfile.mkstemp(prefix="hrt-test-stdin-")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(input_text)
+        self.process = _warm_context().Process(target=_run_forked, args=(cmd, env, cwd, str(log_path), self.input_path))
+        self.process.start()
+        self.returncode = None
+
+    def wait(self, timeout: Optional[float] = None):
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.process.name, timeout)
+        self.returncode = self.process.exitcode
+        if self.input_path:
+            os.unlink(self.input_path)
+            self.input_path = None
+        return self.returncode
+
+    def kill(self):
+        self.process.kill()
+
+
+def _fresh() -> bool:
+    return os.environ.get("HRT_TEST_FRESH") == "1"
+
+
+def run_cli(args: Sequence[str], env: Optional[Dict[str, str]] = None, cwd=None, timeout: float = 600, check=True,
+            input: Optional[str] = None):
+    """Run a fairseq command (``['train', DATA, ...]``, ``'fairseq-train'`` also accepted),
+    with ``input`` as its standard input.
+
+    Returns a ``subprocess.CompletedProcess`` (``.stdout`` = stdout and stderr together).
     Raises :class:`CLIError` with the output when the command fails and ``check`` is true.
     """
     cmd = _command(args)
-    proc = subprocess.run(
-        cmd,
-        env=cli_env(env),
-        cwd=str(cwd or REPO),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-    )
+    if _fresh():
+        proc = subprocess.run(cmd, env=cli_env(env), cwd=str(cwd or REPO), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout, input=input)
+    else:
+        with tempfile.TemporaryDirectory(prefix="hrt-test-cli-") as tmp:
+            log_path = os.path.join(tmp, "output.log")
+            child = WarmProcess(cmd, cli_env(env), str(cwd or REPO), log_path, input)
+            try:
+                child.wait(timeout)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+                raise
+            with open(log_path, encoding="utf-8", errors="replace") as f:
+                proc = subprocess.CompletedProcess(cmd, child.returncode, f.read())
     if check and proc.returncode != 0:
         raise CLIError(cmd, proc.returncode, proc.stdout)
     return proc
@@ -111,12 +224,16 @@ def start_cli(args: Sequence[str], env: Optional[Dict[str, str]] = None, cwd=Non
     """Start a fairseq command without waiting (for multi-process runs).
 
     Output goes to ``log_path`` (a file, so a chatty rank cannot block on a full pipe).
-    Returns ``(popen, cmd)``; use :func:`wait_cli` to collect it.
+    Returns ``(process, cmd)``; use :func:`wait_cli` to collect it.
     """
     cmd = _command(args)
-    log = open(log_path, "w") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, env=cli_env(env), cwd=str(cwd or REPO), stdout=log, stderr=subprocess.STDOUT)
-    proc._tiny_log = (log, log_path)  # noqa: SLF001 - closed by wait_cli
+    if _fresh():
+        log = open(log_path, "w") if log_path else subprocess.DEVNULL
+        proc = subprocess.Popen(cmd, env=cli_env(env), cwd=str(cwd or REPO), stdout=log, stderr=subprocess.STDOUT)
+        proc._tiny_log = (log, log_path)  # noqa: SLF001 - closed by wait_cli
+        return proc, cmd
+    proc = WarmProcess(cmd, cli_env(env), str(cwd or REPO), log_path or os.devnull)
+    proc._tiny_log = (None, log_path)  # noqa: SLF001
     return proc, cmd
 
 
@@ -128,9 +245,9 @@ def wait_cli(proc, cmd, timeout: float = 600, check=True) -> str:
         proc.kill()
         proc.wait()
     log, log_path = proc._tiny_log  # noqa: SLF001
-    if log is not subprocess.DEVNULL:
+    if log is not None and log is not subprocess.DEVNULL:
         log.close()
-    output = Path(log_path).read_text() if log_path else ""
+    output = Path(log_path).read_text(errors="replace") if log_path else ""
     if check and proc.returncode != 0:
         raise CLIError(cmd, proc.returncode, output)
     return output

@@ -68,6 +68,9 @@ class Profile:
     bench_sentences: int  # test sentences benchmarked (0 = all 1000)
     bench_bs1_sentences: int
     bench_batch_sizes: str = "1,8,32,128"
+    # L of every benchmarked decoder; the tiny profile's untrained models run every greedy
+    # output to it, so it keeps L small
+    bench_max_len_b: int = 200
 
     @property
     def distill(self) -> bool:
@@ -167,6 +170,7 @@ PROFILES: Dict[str, Profile] = {
         bench_sentences=10,
         bench_bs1_sentences=2,
         bench_batch_sizes="1,8",
+        bench_max_len_b=40,
     ),
     # The quickstart's shape (at_mini / hrt_mini: d = 128, 3-1, vocabulary 4000) on raw
     # data, no teacher: the base budget of the convergence study on 2 CPU cores
@@ -425,6 +429,8 @@ class Recipe:
             "--max-sentences", str(p.bench_sentences), "--threads", str(self.threads),
             "--out-dir", str(bench), "--log-file", str(self.logs / "benchmark.log"),
         ]
+        if p.bench_max_len_b != 200:  # only when set, so that runs made before the option still match
+            cmd += ["--max-len-b", str(p.bench_max_len_b)]
         if self.checkpoint("mp").exists() and (self.markers / "mp.done").exists():
             cmd += ["--mp", str(self.checkpoint("mp"))]
         if self.args.comet_model:
