@@ -1,4 +1,12 @@
+import os
+
 import pytest
+
+# The tests' models are tiny: one thread per op is faster than two (thread start-up and
+# barriers cost more than the work), and it keeps this process from fighting the fairseq
+# commands it runs next to it on a 2-core machine. Set before anything imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
 def pytest_configure(config):

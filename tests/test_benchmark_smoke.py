@@ -192,6 +192,7 @@ def tiny_run(tmp_path_factory):
     return out, raw, first
 
 
+@pytest.mark.slow
 def test_tiny_recipe_report_structure(tiny_run):
     out, raw, output = tiny_run
     bench = out / "benchmark"
@@ -258,12 +259,14 @@ def test_tiny_recipe_report_structure(tiny_run):
     assert len((out / "distill" / "train.de").read_text().splitlines()) == n_train == PROFILE.subset
 
 
+@pytest.mark.slow
 def test_tiny_recipe_rerun_skips_every_step(tiny_run):
     out, raw, _ = tiny_run
     again = _recipe(out, raw, threads=2)  # the thread count does not make a step's output different
     assert again.count("skipped, done earlier") == 8, again
 
 
+@pytest.mark.slow
 def test_distill_keeps_empty_lines_aligned(tiny_run, tmp_path):
     out, _, _ = tiny_run
     src = write_lines(tmp_path / "src.en", ["▁A ▁man", "", "▁A ▁dog ▁runs ▁.", ""])
@@ -282,6 +285,7 @@ def test_distill_keeps_empty_lines_aligned(tiny_run, tmp_path):
     assert not (tmp_path / "out" / "distilled.de.part").exists()
 
 
+@pytest.mark.slow
 def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(tiny_run, tmp_path):
     """COMET's real plumbing (a tiny random COMET model built offline, tests/comet_tiny.py):
     with a local model every system gets a score; families without a checkpoint are listed."""

@@ -7,18 +7,16 @@ import sys
 
 import pytest
 
-from tests.tiny_data import REPO, USER_DIR, hyp_lines, make_tiny_data, run_cli, train_args
+from tests.tiny_data import REPO, USER_DIR, hyp_lines, make_tiny_data, run_cli
 
 GEN = ["--user-dir", USER_DIR, "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli")
-    data = make_tiny_data(root, n_train=300, n_valid=40)
-    save = root / "ckpt"
-    run_cli(train_args(data.bin_dir, save, "--chunk-sizes", "2,3", max_update=40))
-    return data, save / "checkpoint_last.pt"
+def hrt_trained(trained):
+    """conftest's session-wide tiny HRT model (k = 2, 3, 40 updates) and its data."""
+    data, ckpts = trained
+    return data, ckpts["hrt_tiny"]
 
 
 def test_plugin_loads_from_repo_path_and_installed_path():
@@ -46,8 +44,8 @@ def test_importing_twice_registers_once():
 
 
 @pytest.mark.parametrize("decode", [["--decode-chunk-size", "2"], ["--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2"], ["--decode-chunk-size", "1"]])
-def test_generate(trained, decode):
-    data, ckpt = trained
+def test_generate(hrt_trained, decode):
+    data, ckpt = hrt_trained
     # --batch-size 3: 40 sentences leave a last batch of 1, which stock fairseq 0.12 drops
     # (not a multiple of --required-batch-size-multiple 8; see compat.py)
     out = run_cli(
@@ -62,8 +60,8 @@ def test_generate(trained, decode):
     assert re.search(r"Generate valid with beam=\d+: BLEU = ", out)  # sacrebleu scorer line
 
 
-def test_interactive_empty_long_and_unknown_input(trained):
-    data, ckpt = trained
+def test_interactive_empty_long_and_unknown_input(hrt_trained):
+    data, ckpt = hrt_trained
     long_line = " ".join(["the"] * 300)
     lines = ["a man rides a horse .", "", long_line, "zzzunknownword qqqq", "", "two dogs play ."]
     out = run_cli(
@@ -78,8 +76,8 @@ def test_interactive_empty_long_and_unknown_input(trained):
     assert "<unk>" in out  # unknown words map to <unk> in the source echo
 
 
-def test_checkpoint_from_another_dictionary_is_refused(trained, tmp_path):
-    data, ckpt = trained
+def test_checkpoint_from_another_dictionary_is_refused(hrt_trained, tmp_path):
+    data, ckpt = hrt_trained
     other = make_tiny_data(tmp_path / "other", n_train=60, n_valid=10, prefer="synthetic", seed=7)
     proc = run_cli(
         ["generate", other.bin_dir, "--path", ckpt, "--gen-subset", "valid", *GEN], check=False
@@ -102,13 +100,13 @@ def _interactive(data, ckpt, lines, *decode):
     return [out[i] for i in range(len(lines))]
 
 
-def test_python_api_translates_as_fairseq_interactive(trained):
+def test_python_api_translates_as_fairseq_interactive(hrt_trained):
     """``fairseq_hrt.from_pretrained(...).translate(...)`` gives fairseq-interactive's
     translations for the same options, empty and over-long lines included, and leaves the
     loaded options as they were after each call."""
     import fairseq_hrt
 
-    data, ckpt = trained
+    data, ckpt = hrt_trained
     lines = ["a man rides a horse .", "", " ".join(["the"] * 300), "two dogs play in the snow .",
              "zzzunknownword qqqq", "a woman sings ."]
     hub = fairseq_hrt.from_pretrained(str(ckpt.parent), checkpoint_file=ckpt.name, data_name_or_path=str(data.bin_dir),

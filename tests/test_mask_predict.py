@@ -434,6 +434,7 @@ def _load(path):
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+@pytest.mark.slow
 def test_finetune_from_at_checkpoint_and_length_loss_logged(e2e):
     out = e2e["train"]
     warnings = [line for line in out.splitlines() if "new parameter" in line]
@@ -451,6 +452,7 @@ def test_finetune_from_at_checkpoint_and_length_loss_logged(e2e):
         assert torch.allclose(mp_state[name].float(), at_state[name].float(), atol=1e-3), name
 
 
+@pytest.mark.slow
 def test_generate_and_interactive(e2e):
     gen = e2e["generate"]
     assert sorted(hyp_lines(gen)) == list(range(N_VALID)), gen[-3000:]

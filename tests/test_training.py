@@ -142,6 +142,7 @@ def curriculum_runs(data, work):
     return {"full": full, "part1": part1, "part2": part2}
 
 
+@pytest.mark.slow
 def test_curriculum_p_k_schedule(curriculum_runs):
     """p_k grows linearly (lambda = 1) by 1/T per update: ~0 at the start, ~0.5 at T/2."""
     recs = _by_update(parse_logs(curriculum_runs["full"]))
@@ -158,6 +159,7 @@ def test_curriculum_p_k_schedule(curriculum_runs):
     assert recs[T_CURRICULUM]["skip_at_ntokens"] > recs[T_CURRICULUM].get("at_ntokens", 0)
 
 
+@pytest.mark.slow
 def test_curriculum_reaches_one_at_last_update(curriculum_runs):
     """SPEC section 2 / HRT Algorithm 1: ``for t in 1..T: p_k = (t / T) ** lambda``, so the
     update logged as num_updates = t uses p_k = t / T, and the last one p_k = 1 (all pairs
@@ -172,6 +174,7 @@ def test_curriculum_reaches_one_at_last_update(curriculum_runs):
     assert got == pytest.approx(expected, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_resume_continues_curriculum(curriculum_runs):
     part1 = _by_update(parse_logs(curriculum_runs["part1"]))
     part2 = _by_update(parse_logs(curriculum_runs["part2"]))
@@ -307,6 +310,7 @@ def test_mixdistill_targets_python_level(data, aux):
     assert any(b and not a for a, b in zip(from_raw, from_dist))
 
 
+@pytest.mark.slow
 def test_mixdistill_p_raw_extremes_in_fairseq_train(data, aux, work):
     """Through fairseq-train: with --hrt-mode at and --dropout 0 the only randomness is
     MixDistill's draw, so p_raw = 1 must reproduce the run without --distill-data exactly,
@@ -530,6 +534,7 @@ def test_finetune_hrt_from_at_checkpoint(data, work):
     assert len(shared) >= len(at_state) - 2
 
 
+@pytest.mark.slow
 def test_finetune_restarts_the_training_clock_and_resume_keeps_it(data, work):
     """fairseq 0.12 restores ``previous_training_time`` from any checkpoint it loads, so
     ``--stop-time-hours`` cut a model fine-tuned from a long AT run short (compat.py). With
@@ -604,6 +609,7 @@ def _assert_trains(rc, out):
     return records
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fp16_no_flatten", "memory_efficient_fp16"])
 def test_fp16_on_cpu(precision_runs, name):
     """fairseq halves the model also on CPU (Trainer: model.half()), with a dynamic loss
@@ -619,6 +625,7 @@ def test_fp16_on_cpu(precision_runs, name):
         assert a["loss"] == pytest.approx(b["loss"], abs=0.05)
 
 
+@pytest.mark.slow
 def test_fp16_on_cpu_survives_gradient_overflow(precision_runs):
     """On a gradient overflow fairseq's dynamic loss scaler skips the update and halves the
     scale -- routine in fp16 training. On CPU, fairseq 0.12.3 crashes there instead:
@@ -634,6 +641,7 @@ def test_fp16_on_cpu_survives_gradient_overflow(precision_runs):
     assert all(math.isfinite(r["loss"]) and r["loss_scale"] < 2**16 for r in records), records
 
 
+@pytest.mark.slow
 def test_amp_on_cpu(precision_runs):
     """--amp runs on CPU, but fairseq's AMP is CUDA-only (torch.cuda.amp.autocast and a
     torch.cuda GradScaler, both disabled without CUDA): it trains in fp32, loss scale 1."""
@@ -641,6 +649,7 @@ def test_amp_on_cpu(precision_runs):
     assert all(r.get("loss_scale") == 1 for r in records), records
 
 
+@pytest.mark.slow
 def test_update_freq_2(precision_runs):
     records = _assert_trains(*precision_runs["update_freq2"])
     # every update has both microbatches' p_k (the same value): the schedule still steps by 1/T
@@ -675,6 +684,7 @@ torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, dump)
 """
 
 
+@pytest.mark.slow
 def test_two_rank_gloo_training(data, work, precision_runs):
     """Two CPU processes, gloo, legacy_ddp. Soundness of the check:
 
