@@ -80,22 +80,38 @@ def graph_for_page(graph: dict, words: List[str], source: str, sid, method: str)
 # ------------------------------------------------------------------------- drawing
 
 
+# beyond these sizes a PNG cannot show every cell legibly: cells become pixels of one image,
+# the per-cell probabilities and cell borders are left out (the HTML page keeps them all)
+MAX_LABELLED_CELLS = 2000
+MAX_FIGURE_INCHES = (40, 30)
+
+
 def draw_png(g: dict, path: str):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyArrowPatch, Rectangle
+    import numpy as np
+    from matplotlib.colors import to_rgb
+    from matplotlib.patches import FancyArrowPatch
 
     n, passes = len(g["words"]), g["passes"]
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * n + 1.5), max(3, 0.6 * passes + 2)))
-    for t in range(passes):
-        for i in range(n):
-            st = g["state"][t][i]
-            ax.add_patch(Rectangle((i, t), 1, 1, facecolor=CELL_COLORS[st], edgecolor="#999999", lw=0.5))
-            if g["prob"][t][i] is not None and st != "idle":
-                ax.text(i + 0.5, t + 0.5, f"{g['prob'][t][i]:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if st == "final" else "black")
+    width = min(max(6, 0.9 * n + 1.5), MAX_FIGURE_INCHES[0])
+    height = min(max(3, 0.6 * passes + 2), MAX_FIGURE_INCHES[1])
+    fig, ax = plt.subplots(figsize=(width, height))
+    # one image for the grid: a patch per cell costs minutes for a runaway 200-token output
+    cells = np.array([[to_rgb(CELL_COLORS[g["state"][t][i]]) for i in range(n)] for t in range(passes)])
+    ax.imshow(cells.reshape(passes, n, 3), extent=(0, n, passes, 0), interpolation="nearest", aspect="auto")
+    labelled = n * passes <= MAX_LABELLED_CELLS
+    if labelled:
+        ax.hlines(range(passes + 1), 0, n, colors="#999999", lw=0.5)
+        ax.vlines(range(n + 1), 0, passes, colors="#999999", lw=0.5)
+        for t in range(passes):
+            for i in range(n):
+                st = g["state"][t][i]
+                if g["prob"][t][i] is not None and st != "idle":
+                    ax.text(i + 0.5, t + 0.5, f"{g['prob'][t][i]:.2f}", ha="center", va="center", fontsize=7,
+                            color="white" if st == "final" else "black")
     for i, par in enumerate(g["parent"]):
         if par > 0:
             start = (par - 1 + 0.5, g["right_from"][par - 1] - 1 + 0.5)
@@ -104,13 +120,16 @@ def draw_png(g: dict, path: str):
                                          connectionstyle="arc3,rad=-0.2", lw=1))
     ax.set_xlim(0, n)
     ax.set_ylim(passes, 0)
-    ax.set_xticks([i + 0.5 for i in range(n)])
-    ax.set_xticklabels(g["words"], rotation=45, ha="right", fontsize=8)
-    ax.set_yticks([t + 0.5 for t in range(passes)])
-    ax.set_yticklabels([str(t + 1) for t in range(passes)], fontsize=8)
+    x_every = max(1, -(-n // 60))  # at most 60 tick labels per axis
+    y_every = max(1, -(-passes // 60))
+    ax.set_xticks([i + 0.5 for i in range(0, n, x_every)])
+    ax.set_xticklabels(g["words"][::x_every], rotation=45, ha="right", fontsize=8)
+    ax.set_yticks([t + 0.5 for t in range(0, passes, y_every)])
+    ax.set_yticklabels([str(t + 1) for t in range(0, passes, y_every)], fontsize=8)
     ax.set_ylabel("decoder pass")
+    note = "" if labelled else " (too many cells for probabilities: see the HTML page)"
     ax.set_title(f"DDG ({g['method']}), sentence {g['id']}: {len(g['words'])} tokens in {passes} passes\n"
-                 f"dark: final in that pass, light green: already right, orange: wrong", fontsize=9)
+                 f"dark: final in that pass, light green: already right, orange: wrong{note}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
