@@ -285,11 +285,27 @@ def test_decoders_without_shortlist_support_refuse_it(random_models, tmp_path, f
         build_generator(data_dir, hrt, *flags, "--shortlist", path)
 
 
-def test_mask_predict_refuses_shortlist(tmp_path):
-    task, model = build_task_and_model(str(tmp_path), arch="cmlm_tiny", extra=("--hrt-mode", "cmlm"))
-    path = shortlist_file(task, tmp_path / "all.pt")
-    with pytest.raises(ValueError, match="not supported by --decoding mask-predict"):
-        build_generator(str(tmp_path), model, "--shortlist", path)
+@pytest.fixture(scope="module")
+def cmlm_model(tmp_path_factory):
+    data_dir = str(tmp_path_factory.mktemp("shortlist_cmlm"))
+    task, model = build_task_and_model(data_dir, arch="cmlm_tiny", extra=("--hrt-mode", "cmlm"))
+    return data_dir, task, model
+
+
+def test_mask_predict_with_shortlist(cmlm_model, tmp_path):
+    data_dir, task, model = cmlm_model
+    flags = ("--iter-decode-max-iter", "3", "--iter-decode-with-beam", "2", "--max-len-b", "10")
+    sample = make_sample(task, RAGGED[:5])
+    _, ref = build_generator(data_dir, model, *flags)
+    _, ours = build_generator(data_dir, model, *flags, "--shortlist", shortlist_file(task, tmp_path / "all.pt"))
+    assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
+    path = shortlist_file(task, tmp_path / "small.pt", keep_per_source=1, always=[task.target_dictionary.index("w0")])
+    allowed = set(sl.Shortlist.load(path).candidates(sample["net_input"]["src_tokens"], task.source_dictionary.pad()).tolist())
+    _, small = build_generator(data_dir, model, *flags, "--shortlist", path)
+    for hypos in small.generate([model], sample):
+        assert all(set(h["tokens"].tolist()) <= allowed for h in hypos)
+    # --decoder-engine does not apply to Mask-Predict, so it does not stand in the way
+    build_generator(data_dir, model, *flags, "--decoder-engine", "fairseq", "--shortlist", path)
 
 
 # ------------------------------------------------------------------------ end to end

@@ -164,10 +164,12 @@ class DecodingStrategy:
     """A way of decoding: ``supports`` says whether it can decode a model (``None``) or why
     not (a message); ``is_default_for`` picks it under ``--decoding auto``;
     ``supports_shortlist``: whether its generator restricts the output layer to
-    ``ctx.shortlist``'s candidates (``--shortlist`` is refused otherwise)."""
+    ``ctx.shortlist``'s candidates (``--shortlist`` is refused otherwise);
+    ``uses_decoder_engine``: whether ``--decoder-engine`` picks its search."""
 
     name: str = ""
     supports_shortlist: bool = False
+    uses_decoder_engine: bool = True
 
     @classmethod
     def supports(cls, model) -> Optional[str]:
@@ -248,13 +250,15 @@ def quantize_int8(model):
 
 def check_shortlist_supported(strategy: Type[DecodingStrategy], engine: str):
     """``--shortlist`` restricts the output layer of the lean engine's search (AT beam/greedy,
-    HRT stage I / AT mode) and of HRT's stage II; other decoders refuse it in one message."""
+    HRT stage I / AT mode), of HRT's stage II and of Mask-Predict; other decoders refuse it in
+    one message."""
     if not strategy.supports_shortlist:
         raise ValueError(
             f"--shortlist is not supported by --decoding {strategy.name}; it restricts the output layer of "
-            "left-to-right search (--decoding beam) and of HRT decoding (--decoding hrt) with --decoder-engine lean"
+            "left-to-right search (--decoding beam), HRT decoding (--decoding hrt) with --decoder-engine lean, "
+            "and Mask-Predict"
         )
-    if engine != "lean":
+    if engine != "lean" and strategy.uses_decoder_engine:
         raise ValueError(
             "--shortlist restricts the output layer of --decoder-engine lean; fairseq's SequenceGenerator "
             "(--decoder-engine fairseq) always scores the whole vocabulary: decode with --decoder-engine lean"

@@ -162,7 +162,8 @@ class HRTTranslationConfig(TranslationConfig):
             "help": "lexical shortlist file (built by fairseq-hrt-shortlist from this data directory): the "
             "output layer of every batch is computed only for the shortlists of its source tokens plus "
             "the frequent target tokens, and scores are log-probabilities over those candidates; for "
-            "--decoding beam/hrt with --decoder-engine lean (AT search, HRT stage I and II)"
+            "--decoding beam/hrt with --decoder-engine lean (AT search, HRT stage I and II) and "
+            "--decoding mask-predict"
         },
     )
     max_update: int = II("optimization.max_update")
