@@ -317,9 +317,10 @@ def special_ids(dictionary) -> List[int]:
 
 
 def build_shortlist(src_sents, tgt_sents, src_dict, tgt_dict, per_source: int = 75, frequent: int = 75,
-                    method: str = "ibm1", iterations: int = 5, progress=None) -> Shortlist:
+                    method: str = "ibm1", iterations: int = 5, min_score: float = 0.0, progress=None) -> Shortlist:
     """A :class:`Shortlist` from a tokenised parallel corpus (lists of id arrays, without
-    ``</s>``) and its dictionaries."""
+    ``</s>``) and its dictionaries: per source token its ``per_source`` best targets whose
+    score (``p(t | s)`` or Dice) is at least ``min_score``."""
     from fairseq_hrt.symbols import dictionary_fingerprint
 
     if per_source < 1:
@@ -328,6 +329,8 @@ def build_shortlist(src_sents, tgt_sents, src_dict, tgt_dict, per_source: int = 
         raise ValueError(f"--frequent must be >= 1, got {frequent}")
     if method not in METHODS:
         raise ValueError(f"--method must be one of {METHODS}, got {method!r}")
+    if not 0.0 <= min_score < 1.0:
+        raise ValueError(f"--min-score must be in [0, 1), got {min_score}")
     source_size, target_size = len(src_dict), len(tgt_dict)
     specials_src, specials_tgt = set(special_ids(src_dict)), special_ids(tgt_dict)
     # special symbols say nothing about translations: drop them from the statistics
@@ -337,9 +340,11 @@ def build_shortlist(src_sents, tgt_sents, src_dict, tgt_dict, per_source: int = 
         src, tgt, score = ibm1_table(src_sents, tgt_sents, source_size, target_size, iterations, progress)
     else:
         src, tgt, score = dice_table(src_sents, tgt_sents, source_size, target_size)
-    translations = top_targets(src, tgt, score, source_size, per_source)
+    keep = score >= min_score
+    translations = top_targets(src[keep], tgt[keep], score[keep], source_size, per_source)
     always = np.concatenate([most_frequent(tgt_sents, target_size, frequent, exclude=specials_tgt), specials_tgt])
-    settings = {"per_source": per_source, "frequent": frequent, "method": method, "sentences": len(src_sents)}
+    settings = {"per_source": per_source, "frequent": frequent, "method": method, "min_score": min_score,
+                "sentences": len(src_sents)}
     if method == "ibm1":
         settings["iterations"] = iterations
     return Shortlist(torch.from_numpy(translations), torch.from_numpy(always), dictionary_fingerprint(src_dict, tgt_dict),
@@ -435,6 +440,9 @@ def get_parser() -> argparse.ArgumentParser:
                    help="translation score: 'ibm1' = IBM Model 1 p(t|s) by EM; 'dice' = Dice coefficient of "
                    "sentence co-occurrence")
     p.add_argument("--iterations", type=int, default=5, help="EM iterations of --method ibm1")
+    p.add_argument("--min-score", type=float, default=0.0,
+                   help="keep only translations scoring at least this (p(t|s) for ibm1, the coefficient for dice): "
+                   "rare source tokens then bring fewer unlikely targets into a batch's candidates")
     p.add_argument("--max-sentences", type=int, default=0,
                    help="use only the first N sentence pairs (0 = all); memory grows with the sum over "
                    "pairs of source length x target length")
@@ -470,9 +478,8 @@ def cli_main(argv: Optional[List[str]] = None) -> int:
             logger.info("IBM Model 1: EM iteration %d/%d", done, total)
 
         shortlist = build_shortlist(src, tgt, src_dict, tgt_dict, args.per_source, args.frequent, args.method,
-                                    args.iterations, progress=em_progress)
+                                    args.iterations, args.min_score, progress=em_progress)
     except (ValueError, FileNotFoundError) as e:
-        logger.error("%s", e)
         print(f"fairseq-hrt-shortlist: error: {e}", file=sys.stderr)
         return 1
     shortlist.save(args.output)
