@@ -5,7 +5,7 @@
 Tune on the validation set (``--src``/``--raw-src``/``--raw-ref`` of ``valid``), then report
 the chosen setting on the test set with ``benchmark.py --shortlist FILE``. Shortlists are
 built in this process from the binarized training set of ``--data`` (as
-``fairseq-hrt-shortlist`` builds them) and written to ``--out-dir/shortlists/``.
+``fairseq-hrt-shortlist`` builds them) and written to ``--out-dir/shortlists/`` (or ``--shortlist-dir``).
 
 Rows: for every model given (``--at``: greedy; ``--hrt``: k = 2, b_at/b_nat = 1/1, lean
 engine) one row without a shortlist and one per setting. Speed: source words/s at every
@@ -86,7 +86,8 @@ def parse_args(argv=None):
     p.add_argument("--runs", type=int, default=3, help="timed passes per row and batch size (median)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-len-b", type=int, default=200)
-    p.add_argument("--out-dir", required=True)
+    p.add_argument("--out-dir", required=True, help="sweep.json and sweep.md go here")
+    p.add_argument("--shortlist-dir", help="where the built shortlists go (default: OUT_DIR/shortlists)")
     args = p.parse_args(argv)
     if not args.at and not args.hrt:
         p.error("give --at and/or --hrt")
@@ -102,7 +103,7 @@ def build_shortlists(args):
     src, tgt = sl.read_binarized(args.data, "train", src_lang, tgt_lang, src_dict, tgt_dict)
     paths = {}
     for n, m, t in args.settings:
-        path = os.path.join(args.out_dir, "shortlists", f"{args.method}-{n}-{m}-{t:g}.pt")
+        path = os.path.join(args.shortlist_dir or os.path.join(args.out_dir, "shortlists"), f"{args.method}-{n}-{m}-{t:g}.pt")
         start = time.time()
         sl.build_shortlist(src, tgt, src_dict, tgt_dict, n, m, args.method, args.iterations, t).save(path)
         logger.info("shortlist %s: %s (%.1fs)", setting_name((n, m, t)), path, time.time() - start)

@@ -104,6 +104,40 @@ def test_ibm1_explains_away_the_frequent_word():
     assert all(v == pytest.approx(1.0) for v in totals.values())  # p(. | s) sums to one
 
 
+def test_min_score_drops_unlikely_translations():
+    src_dict, tgt_dict = corpus_dictionaries()
+    src, tgt = corpus_ids(src_dict, tgt_dict)
+    every = sl.build_shortlist(src, tgt, src_dict, tgt_dict, per_source=3, frequent=1)
+    likely = sl.build_shortlist(src, tgt, src_dict, tgt_dict, per_source=3, frequent=1, min_score=0.5)
+    la = src_dict.index("la")
+    assert words(tgt_dict, every.translations[la].tolist())[:2] == ["the", "flower"]
+    assert words(tgt_dict, likely.translations[la].tolist()) == ["the"]
+    assert likely.settings["min_score"] == 0.5
+    with pytest.raises(ValueError, match="--min-score"):
+        sl.build_shortlist(src, tgt, src_dict, tgt_dict, min_score=1.0)
+
+
+def test_benchmark_rows_set_or_clear_the_shortlist():
+    """Rows of one checkpoint share its task: a row without a shortlist must clear the option
+    a '+shortlist' row set before it."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from tests.tiny_data import REPO
+
+    spec = importlib.util.spec_from_file_location("hrt_measure_shortlist", REPO / "benchmarks" / "measure.py")
+    measure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(measure)
+    args = SimpleNamespace(at="at.pt", at_beams="1,5", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp="mp.pt",
+                           mp_iterations="1", mp_length_beam=5, ctranslate2="no", engines="lean", int8="no",
+                           shortlist="s.pt")
+    systems, _ = measure.systems_from_args(args)
+    assert sum(s.name.endswith("+shortlist") for s in systems) == 5  # AT x 2, HRT x 2, MP
+    for s in systems:
+        _, options = measure.family_of(s).generation(s)
+        assert options["shortlist"] == ("s.pt" if s.name.endswith("+shortlist") else None)
+
+
 def test_builder_refuses_options_below_one():
     src_dict, tgt_dict = corpus_dictionaries()
     src, tgt = corpus_ids(src_dict, tgt_dict)
