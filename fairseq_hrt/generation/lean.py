@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from fairseq_hrt.generation.strategies import SearchOptions, hypothesis, reject_unsupported_inputs
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention, relative_bucket
-from fairseq_hrt.shortlist import OutputVocabulary, Shortlist, output_rows
+from fairseq_hrt.generation.output_vocab import OutputVocabulary, output_rows
 
 # ------------------------------------------------------------------------- pure functions
 
@@ -390,7 +390,7 @@ class LeanSequenceGenerator:
     (:meth:`Shortlist.candidates`, kept as ``last_vocab``)."""
 
     def __init__(self, model, tgt_dict, options: SearchOptions, banned: Sequence[int] = (),
-                 shortlist: Optional[Shortlist] = None):
+                 shortlist=None):
         if options.beam < 1:
             raise ValueError("--beam must be >= 1")
         if options.temperature <= 0:

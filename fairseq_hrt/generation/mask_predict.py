@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_hrt import chunking
-from fairseq_hrt.shortlist import output_rows, positions_in
+from fairseq_hrt.generation.output_vocab import output_rows, positions_in
 from fairseq_hrt.generation.strategies import (
     DecodingContext,
     DecodingStrategy,
