@@ -14,6 +14,7 @@ setup(
     entry_points={
         "console_scripts": [
             "fairseq-hrt-comet=fairseq_hrt.scoring.comet:cli_main",
+            "fairseq-hrt-shortlist=fairseq_hrt.shortlist:cli_main",
         ]
     },
 )

@@ -340,9 +340,10 @@ class _FairseqFamily(Family):
         d = system.decoding
         options = {"decoder_engine": d.get("engine", "lean"), "quantize": d.get("quantize", "none"),
                    "decoding": d.get("decoding", "auto"), "jacobi_block_size": d.get("block_size"),
-                   "decode_chunk_size": str(d.get("chunk_size", 1)), "b_nat": d.get("b_nat", 1)}
-        if d.get("shortlist"):
-            options["shortlist"] = d["shortlist"]
+                   "decode_chunk_size": str(d.get("chunk_size", 1)), "b_nat": d.get("b_nat", 1),
+                   # always set: rows share their checkpoint's task, so a row without a shortlist
+                   # must clear the one a "+shortlist" row set before it
+                   "shortlist": d.get("shortlist")}
         return {"beam": d["beam"]}, options
 
     def greedy(self, system: System) -> bool:
@@ -429,9 +430,7 @@ class MPFamily(_FairseqFamily):
 
     def generation(self, system):
         d = system.decoding
-        options = {"quantize": d.get("quantize", "none")}
-        if d.get("shortlist"):
-            options["shortlist"] = d["shortlist"]
+        options = {"quantize": d.get("quantize", "none"), "shortlist": d.get("shortlist")}
         return {"iter_decode_max_iter": d["iterations"], "iter_decode_with_beam": d["length_beam"]}, options
 
     def runner(self, system, ctx, shared):

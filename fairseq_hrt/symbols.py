@@ -4,6 +4,8 @@ They are appended in a fixed order after fairseq's dictionary is loaded, at trai
 inference alike, so AT, CMLM and HRT models trained on the same binarized data share one
 vocabulary (an HRT model fine-tunes from an AT checkpoint only if they do).
 """
+import zlib
+
 MASK_SYMBOL = "<mask>"
 # <s2> .. <s8>: start symbols of Skip-AT for every chunk size a model may be trained with
 MAX_CHUNK_SIZE = 8
@@ -17,7 +19,21 @@ def chunk_start_symbol(k: int) -> str:
 
 def add_hrt_symbols(dictionary):
     """Add ``<mask>`` and ``<s2>``..``<s8>`` (idempotent); returns the dictionary."""
-    dictionary.add_symbol(MASK_SYMBOL)
-    for k in range(2, MAX_CHUNK_SIZE + 1):
-        dictionary.add_symbol(chunk_start_symbol(k))
+    for symbol in hrt_symbols():
+        dictionary.add_symbol(symbol)
     return dictionary
+
+
+def hrt_symbols():
+    """The symbols :func:`add_hrt_symbols` adds, in order."""
+    return [MASK_SYMBOL] + [chunk_start_symbol(k) for k in range(2, MAX_CHUNK_SIZE + 1)]
+
+
+def dictionary_fingerprint(source_dictionary, target_dictionary) -> str:
+    """CRC32 of the source and target symbols in order: two data directories binarized
+    with different dictionaries (even of the same size) differ here. Checkpoints
+    (:meth:`HRTTranslationTask.get_checkpoint_dict`) and shortlist files store it."""
+    crc = 0
+    for d in (source_dictionary, target_dictionary):
+        crc = zlib.crc32("\n".join(d.symbols).encode("utf-8", "surrogatepass"), crc)
+    return f"{crc:08x}"

@@ -20,6 +20,7 @@ from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor
 
 from fairseq_hrt import chunking
+from fairseq_hrt.generation.output_vocab import output_rows, positions_in
 from fairseq_hrt.generation.strategies import (
     DecodingContext,
     DecodingStrategy,
@@ -91,6 +92,8 @@ class HRTGenerator:
         chunk_size: ``k`` for every sentence, or a function ``src_lengths -> (B,) chunk sizes``
         bucket_padding: stage II runs on groups of skeletons in which no skeleton is padded
             by more than this fraction of its length plus one token (:func:`length_buckets`)
+        shortlist: a lexical shortlist (:mod:`fairseq_hrt.shortlist`): stage II predicts the
+            masks among the batch's candidates, the same ones stage I searched over
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class HRTGenerator:
         b_nat: int = 1,
         print_steps: bool = False,
         bucket_padding: float = 0.25,
+        shortlist=None,
     ):
         if b_nat < 1:
             raise ValueError(f"--b-nat must be >= 1, got {b_nat}")
@@ -125,6 +129,7 @@ class HRTGenerator:
         self.len_penalty = len_penalty
         self.print_steps = print_steps
         self.bucket_padding = bucket_padding
+        self.shortlist = shortlist
         self.banned = torch.tensor(sorted(set(hrt_banned_symbols(tgt_dict, mask, chunk_start) + [self.pad])))
 
     # fairseq's generate loop calls generator.generate(models, sample, prefix_tokens=..., ...)
@@ -150,9 +155,14 @@ class HRTGenerator:
         skeletons = stage1.generate([self.model], sample, bos_token=None if k == 1 else self.chunk_start[k])
         if k == 1:
             return skeletons  # AT mode: no stage II
-        return self._stage2(skeletons, k, stage1.last_encoder_out)
+        vocab = None
+        if self.shortlist is not None:
+            vocab = getattr(stage1, "last_vocab", None)
+            if vocab is None:
+                vocab = self.shortlist.candidates(sample["net_input"]["src_tokens"], self.pad)
+        return self._stage2(skeletons, k, stage1.last_encoder_out, vocab)
 
-    def _stage2(self, skeletons, k: int, encoder_out):
+    def _stage2(self, skeletons, k: int, encoder_out, vocab: Optional[Tensor] = None):
         rows, sentence_of_row = [], []
         for sent, hypos in enumerate(skeletons):
             for hypo in hypos[: self.b_nat]:
@@ -161,14 +171,14 @@ class HRTGenerator:
         out: List[List[Dict[str, Tensor]]] = [[] for _ in skeletons]
         lengths = [int(h["tokens"].numel()) for h in rows]
         for bucket in length_buckets(lengths, self.bucket_padding):
-            filled = self._fill([rows[r] for r in bucket], [sentence_of_row[r] for r in bucket], k, encoder_out)
+            filled = self._fill([rows[r] for r in bucket], [sentence_of_row[r] for r in bucket], k, encoder_out, vocab)
             for r, hypo in zip(bucket, filled):
                 out[sentence_of_row[r]].append(hypo)
         for hypos in out:
             hypos.sort(key=lambda h: float(h["score"]), reverse=True)
         return out
 
-    def _fill(self, rows, sentence_of_row: List[int], k: int, encoder_out):
+    def _fill(self, rows, sentence_of_row: List[int], k: int, encoder_out, vocab: Optional[Tensor] = None):
         """Stage II on one group of skeletons: their hypotheses, in the order given."""
         device = encoder_out["encoder_out"][0].device
         skeleton = _pad_stack([h["tokens"] for h in rows], self.pad).to(device)
@@ -177,7 +187,7 @@ class HRTGenerator:
             encoder_out, torch.tensor(sentence_of_row, dtype=torch.long, device=device)
         )
         stage2, tokens, pos_scores, lengths = fill_skeletons(
-            self.model, skeleton, skeleton_scores, k, enc, self.banned, self.mask, self.eos, self.pad
+            self.model, skeleton, skeleton_scores, k, enc, self.banned, self.mask, self.eos, self.pad, vocab
         )
         final_scores = pos_scores.sum(dim=1) / lengths.float().pow(self.len_penalty)
 
@@ -196,9 +206,11 @@ class HRTGenerator:
 
 
 def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, encoder_out, banned: Tensor,
-                   mask: int, eos: int, pad: int):
+                   mask: int, eos: int, pad: int, vocab: Optional[Tensor] = None):
     """Stage II proper: one bidirectional pass over right-padded skeletons ``(B, M)`` (each
     ending in ``</s>``) with ``k - 1`` masks before every token, argmax in the masks.
+    ``vocab``: the sorted target ids the masks may take (a shortlist's candidates; their
+    log-probabilities are normalised over these ids), default all.
 
     ``skeleton_scores`` are the stage-I log-probabilities of the skeleton tokens (zeros when
     a skeleton does not come from stage I, e.g. an oracle's); ``encoder_out`` has one row per
@@ -214,10 +226,19 @@ def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, enc
     # only the k - 1 masks of every chunk are predicted: projecting just them onto the
     # vocabulary keeps stage II's output layer at (k - 1) / k of a full pass, so stage I
     # plus stage II cost no more output-layer work than AT decoding does
-    logits = model.decoder.output_layer(features[stage2.tokens.eq(mask)])
+    masked_features = features[stage2.tokens.eq(mask)]
+    if vocab is None:
+        logits = model.decoder.output_layer(masked_features)
+        banned_columns = banned.to(logits.device)
+    else:
+        weight, bias = output_rows(model.decoder.output_projection, vocab)
+        logits = F.linear(masked_features, weight, bias)
+        banned_columns = positions_in(vocab, banned)
     lprobs = F.log_softmax(logits.float(), dim=-1)
-    lprobs[:, banned.to(lprobs.device)] = -math.inf
+    lprobs[:, banned_columns] = -math.inf
     mask_lprobs, mask_tokens = lprobs.max(dim=-1)
+    if vocab is not None:
+        mask_tokens = vocab[mask_tokens]
     tokens, pos_scores, lengths = stage2_fill(mask_tokens, mask_lprobs, stage2, spread_scores, mask, eos, pad)
     return stage2, tokens, pos_scores, lengths
 
@@ -277,7 +298,8 @@ def left_to_right_generators(ctx: DecodingContext, banned: List[int]) -> Callabl
                 from fairseq_hrt.generation.lean import LeanSequenceGenerator
 
                 built[k] = LeanSequenceGenerator(
-                    model, tgt_dict, dataclasses.replace(options, max_len_a=max_len_a, max_len_b=max_len_b), banned
+                    model, tgt_dict, dataclasses.replace(options, max_len_a=max_len_a, max_len_b=max_len_b), banned,
+                    shortlist=ctx.shortlist,
                 )
             else:
                 built[k] = ctx.fairseq_generator(
@@ -310,6 +332,7 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
         len_penalty=getattr(ctx.args, "lenpen", 1),
         b_nat=task.cfg.b_nat,
         print_steps=getattr(ctx.args, "print_step", False),
+        shortlist=ctx.shortlist,
     )
     if chunk_size == 1 and task.cfg.b_nat == 1:
         logger.info("HRT decoding in AT mode (chunk size 1) from </s>, %s engine", ctx.engine)
@@ -322,6 +345,8 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
 class BeamDecoding(LeftToRightDecoding):
     """Left-to-right beam search (greedy at --beam 1) from ``</s>``: the default of AT models;
     an HRT model decodes so in its AT mode (chunk size 1)."""
+
+    supports_shortlist = True
 
     @classmethod
     def is_default_for(cls, model):
@@ -342,6 +367,8 @@ class BeamDecoding(LeftToRightDecoding):
 @register_decoding("hrt")
 class HRTDecoding(DecodingStrategy):
     """Two-stage hybrid-regressive decoding (``--decode-chunk-size``, ``--b-nat``)."""
+
+    supports_shortlist = True
 
     @classmethod
     def supports(cls, model):

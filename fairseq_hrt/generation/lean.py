@@ -13,7 +13,10 @@ log-softmax over the vocabulary and the bookkeeping of every search strategy. Af
 * drops finished sentences from the active batch and compacts the rest in place;
 * never normalises the whole vocabulary: greedy takes the argmax of the logits, beam search
   the k best logits per row, and only those are turned into log-probabilities (with one
-  log-sum-exp per row); banned symbols are masked on the logits.
+  log-sum-exp per row); banned symbols are masked on the logits;
+* with a lexical shortlist (``--shortlist``, :mod:`fairseq_hrt.shortlist`) computes the
+  output layer only for the batch's candidate tokens (the weight rows are sliced once per
+  batch); scores are then log-probabilities over those candidates.
 
 It reproduces ``SequenceGenerator`` (tokens; scores to float rounding): the maximum length
 ``min(max_len_a * src_len + max_len_b, max positions - 1)`` with ``src_len`` the padded
@@ -32,6 +35,7 @@ from torch import Tensor, nn
 
 from fairseq_hrt.generation.strategies import SearchOptions, hypothesis, reject_unsupported_inputs
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention, relative_bucket
+from fairseq_hrt.generation.output_vocab import OutputVocabulary, output_rows
 
 # ------------------------------------------------------------------------- pure functions
 
@@ -151,9 +155,10 @@ class DecoderStep:
             table = decoder.embed_positions(tokens)
         return table[0].to(decoder.embed_tokens.weight.dtype)
 
-    def begin(self, encoder_out, rows: int, steps: int, start_token: int) -> "StepState":
+    def begin(self, encoder_out, rows: int, steps: int, start_token: int, vocab: Optional[Tensor] = None) -> "StepState":
         """Caches for ``rows`` hypotheses (sentence-major) of the encoder output's sentences and
-        at most ``steps`` steps; encoder-side keys/values are projected here, once."""
+        at most ``steps`` steps; encoder-side keys/values are projected here, once. ``vocab``:
+        the output-layer rows (sorted ids) the steps compute logits for (default: all)."""
         enc = encoder_out["encoder_out"][0]  # (S, B, C)
         src_len, bsz, _ = enc.shape
         pad_mask = encoder_out["encoder_padding_mask"][0] if len(encoder_out["encoder_padding_mask"]) > 0 else None
@@ -166,8 +171,10 @@ class DecoderStep:
             self_k.append(torch.empty(rows, self.heads, steps, self.head_dim, dtype=dtype, device=device))
             self_v.append(torch.empty(rows, self.heads, steps, self.head_dim, dtype=dtype, device=device))
         stride = self.stride_of(start_token)
+        plan = self.plan()
         return StepState(
-            plan=self.plan(),
+            plan=plan,
+            output=plan.output if vocab is None else plan.restricted_output(vocab),
             self_k=self_k,
             self_v=self_v,
             enc_k=enc_k,
@@ -189,7 +196,8 @@ class DecoderStep:
         return self._plan
 
     def __call__(self, state: "StepState", tokens: Tensor, step: int) -> Tensor:
-        """Logits ``(N, V)`` of the next token after ``tokens`` ``(N,)`` at ``step``."""
+        """Logits ``(N, V)`` of the next token after ``tokens`` ``(N,)`` at ``step`` (``V``: the
+        rows of ``begin``'s ``vocab``)."""
         plan = state.plan
         x = plan.embed(tokens)
         if state.positions is not None:
@@ -198,7 +206,7 @@ class DecoderStep:
             x = plan.layernorm_embedding(x)
         for i, layer in enumerate(plan.layers):
             x = self._layer(layer, i, state, x, step)
-        return plan.output(x)
+        return state.output(x)
 
     def _layer(self, layer: "LayerPlan", i: int, state: "StepState", x: Tensor, step: int) -> Tensor:
         return layer_forward(
@@ -328,24 +336,33 @@ class StepPlan:
         self.layernorm_embedding = as_function(decoder.layernorm_embedding)
         self.layers = [LayerPlan(layer) for layer in decoder.layers]
         final_norm, project_out = as_function(decoder.layer_norm), as_function(decoder.project_out_dim)
+        self.output_projection = decoder.output_projection
         projection = as_function(decoder.output_projection)
 
-        def output(x):
+        def features(x):
             if final_norm is not None:
                 x = final_norm(x)
             if project_out is not None:
                 x = project_out(x)
-            return projection(x)
+            return x
 
-        self.output = output
+        self.features = features
+        self.output = lambda x: projection(features(x))
+
+    def restricted_output(self, vocab: Tensor):
+        """The output layer for the rows ``vocab`` only (a shortlist's candidates)."""
+        weight, bias = output_rows(self.output_projection, vocab)
+        features = self.features
+        return lambda x: F.linear(features(x), weight, bias)
 
 
 class StepState:
     """Caches of one batch: self-attention keys/values ``(rows, H, steps, d)`` per layer,
     written in place; encoder keys/values and padding bias per sentence."""
 
-    def __init__(self, plan, self_k, self_v, enc_k, enc_v, enc_bias, positions, buckets):
+    def __init__(self, plan, self_k, self_v, enc_k, enc_v, enc_bias, positions, buckets, output=None):
         self.plan = plan
+        self.output = output if output is not None else plan.output
         self.self_k, self.self_v = self_k, self_v
         self.enc_k, self.enc_v, self.enc_bias = enc_k, enc_v, enc_bias
         self.positions, self.buckets = positions, buckets
@@ -369,9 +386,11 @@ class StepState:
 class LeanSequenceGenerator:
     """fairseq's ``SequenceGenerator`` interface (``generate(models, sample, bos_token=...)``)
     over :class:`DecoderStep`, for one model. ``banned``: symbols never generated (``<pad>``
-    always)."""
+    always). ``shortlist``: each batch decodes over the candidates of its source tokens only
+    (:meth:`Shortlist.candidates`, kept as ``last_vocab``)."""
 
-    def __init__(self, model, tgt_dict, options: SearchOptions, banned: Sequence[int] = ()):
+    def __init__(self, model, tgt_dict, options: SearchOptions, banned: Sequence[int] = (),
+                 shortlist=None):
         if options.beam < 1:
             raise ValueError("--beam must be >= 1")
         if options.temperature <= 0:
@@ -385,7 +404,9 @@ class LeanSequenceGenerator:
         self.banned_with_eos = torch.tensor(sorted(set(banned) | {self.pad, self.eos}), dtype=torch.long)
         self.max_len_cap = model.max_decoder_positions() - 1
         self.last_encoder_out = None
-        self._tables = {}
+        self.shortlist = shortlist
+        self.last_vocab: Optional[Tensor] = None
+        self._full_vocab = OutputVocabulary(None, self.vocab_size, self.eos, self.unk)
 
     def max_len(self, src_tokens: Tensor) -> int:
         return search_max_len(self.options, src_tokens, self.max_len_cap)
@@ -399,9 +420,13 @@ class LeanSequenceGenerator:
         self.last_encoder_out = encoder_out
         start = self.eos if bos_token is None else bos_token
         max_len = self.max_len(src_tokens)
+        out = self._full_vocab
+        if self.shortlist is not None:
+            out = OutputVocabulary(self.shortlist.candidates(src_tokens, self.pad), self.vocab_size, self.eos, self.unk)
+        self.last_vocab = out.ids
         if self.options.beam == 1:
-            return self._greedy(encoder_out, src_tokens.size(0), max_len, start)
-        return self._beam(encoder_out, src_tokens.size(0), max_len, start)
+            return self._greedy(encoder_out, src_tokens.size(0), max_len, start, out)
+        return self._beam(encoder_out, src_tokens.size(0), max_len, start, out)
 
     def _logits(self, state, tokens: Tensor, step: int) -> Tensor:
         logits = self.step(state, tokens, step)
@@ -409,36 +434,42 @@ class LeanSequenceGenerator:
             logits = logits / self.options.temperature
         return logits.float()
 
-    def _masked(self, logits: Tensor, step: int, max_len: int) -> Tensor:
+    def _masked(self, logits: Tensor, step: int, max_len: int, out: OutputVocabulary) -> Tensor:
         """The logits that may be chosen at ``step``, banned ones at ``-inf`` (fairseq's rules
-        on log-probabilities, applied before normalising: they commute with it)."""
+        on log-probabilities, applied before normalising: they commute with it). Columns are
+        the rows of ``out``."""
         if step >= max_len:
             only_eos = torch.full_like(logits, -math.inf)
-            only_eos[:, self.eos] = logits[:, self.eos]
+            only_eos[:, out.eos] = logits[:, out.eos]
             return only_eos
-        banned = self.banned_with_eos if step < self.options.min_len else self.banned
-        masked = logits.index_fill(1, banned.to(logits.device), -math.inf)
-        if self.options.unk_penalty:
-            masked[:, self.unk] -= self.options.unk_penalty
+        early = step < self.options.min_len
+        banned = out.memo(("banned", early, logits.device),
+                          lambda: out.positions((self.banned_with_eos if early else self.banned).to(logits.device)))
+        masked = logits.index_fill(1, banned, -math.inf)
+        if self.options.unk_penalty and out.unk is not None:
+            masked[:, out.unk] -= self.options.unk_penalty
         return masked
 
-    def _banned_table(self, step: int, device) -> Tensor:
-        """``(V,)`` bool: the symbols banned at ``step`` (``</s>`` too before --min-len)."""
-        key = (step < self.options.min_len, device)
-        if key not in self._tables:
-            table = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
-            table[(self.banned_with_eos if key[0] else self.banned).to(device)] = True
-            self._tables[key] = table
-        return self._tables[key]
+    def _banned_table(self, step: int, device, out: OutputVocabulary) -> Tensor:
+        """``(V,)`` bool over the rows of ``out``: the symbols banned at ``step`` (``</s>`` too
+        before --min-len)."""
+        early = step < self.options.min_len
+
+        def table():
+            full = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
+            full[(self.banned_with_eos if early else self.banned).to(device)] = True
+            return full if out.ids is None else full[out.ids.to(device)]
+
+        return out.memo(("table", early, device), table)
 
     def _normalised(self, cumulative: Tensor, length: int) -> Tensor:
         if self.options.normalize_scores:
             return cumulative / length**self.options.len_penalty
         return cumulative
 
-    def _greedy(self, encoder_out, bsz: int, max_len: int, start: int):
+    def _greedy(self, encoder_out, bsz: int, max_len: int, start: int, out: OutputVocabulary):
         device = encoder_out["encoder_out"][0].device
-        state = self.step.begin(encoder_out, bsz, max_len + 1, start)
+        state = self.step.begin(encoder_out, bsz, max_len + 1, start, vocab=out.ids)
         tokens = torch.empty(bsz, max_len + 1, dtype=torch.long, device=device)
         cumulative = torch.empty(bsz, max_len + 1, dtype=torch.float32, device=device)
         sentence = torch.arange(bsz, device=device)  # original sentence of each active row
@@ -447,10 +478,11 @@ class LeanSequenceGenerator:
         for step in range(max_len + 1):
             logits = self._logits(state, prev, step)
             if step < max_len and not self.options.unk_penalty:
-                score, token = greedy_choice(logits, self._banned_table(step, logits.device))
+                score, token = greedy_choice(logits, self._banned_table(step, logits.device, out))
             else:  # rare options and the forced </s>: mask, then normalise
-                best, token = self._masked(logits, step, max_len).max(dim=1)
+                best, token = self._masked(logits, step, max_len, out).max(dim=1)
                 score = best - torch.logsumexp(logits, dim=1)
+            token = out.to_full(token)
             tokens[:, step] = token
             cumulative[:, step] = score if step == 0 else cumulative[:, step - 1] + score
             done = token.eq(self.eos)
@@ -477,15 +509,16 @@ class LeanSequenceGenerator:
         for r, sent in enumerate(sentences):
             finalized[sent].append(hypothesis(tokens[r], scores[r], per_token[r]))
 
-    def _beam(self, encoder_out, bsz: int, max_len: int, start: int):
+    def _beam(self, encoder_out, bsz: int, max_len: int, start: int, out: OutputVocabulary):
         beam = self.options.beam
         cand_size = 2 * beam
-        if cand_size > self.vocab_size - 1:
-            raise ValueError(f"--beam {beam} is too large for a vocabulary of {self.vocab_size}")
+        if cand_size > out.size - 1:
+            what = f"a vocabulary of {self.vocab_size}" if out.ids is None else f"the shortlist's {out.size} candidates of this batch"
+            raise ValueError(f"--beam {beam} is too large for {what}")
         device = encoder_out["encoder_out"][0].device
         # step 0 runs one row per sentence (fairseq's beams are identical there); from step 1
         # on every sentence has `beam` rows
-        state = self.step.begin(encoder_out, bsz * beam, max_len + 1, start)
+        state = self.step.begin(encoder_out, bsz * beam, max_len + 1, start, vocab=out.ids)
         tokens = torch.empty(bsz, max_len + 1, dtype=torch.long, device=device)
         cumulative = torch.empty(bsz, max_len + 1, dtype=torch.float32, device=device)
         sentence = torch.arange(bsz, device=device)
@@ -496,7 +529,8 @@ class LeanSequenceGenerator:
         rows_per_sentence = 1
         for step in range(max_len + 1):
             logits = self._logits(state, prev, step)
-            top_logits, top_tokens = self._masked(logits, step, max_len).topk(cand_size, dim=1)
+            top_logits, top_tokens = self._masked(logits, step, max_len, out).topk(cand_size, dim=1)
+            top_tokens = out.to_full(top_tokens)
             row_scores = top_logits - torch.logsumexp(logits, dim=1, keepdim=True)
             if step > 0:
                 row_scores = row_scores + cumulative[:, step - 1 : step]

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_hrt import chunking
+from fairseq_hrt.generation.output_vocab import output_rows, positions_in
 from fairseq_hrt.generation.strategies import (
     DecodingContext,
     DecodingStrategy,
@@ -106,6 +107,8 @@ class MaskPredictGenerator:
         max_len_a, max_len_b: a sentence's length is at most ``a * src_len + b`` (fairseq's
             ``--max-len-a/b``; L = 200 in the papers), and at most what the length predictor
             and the decoder's positions allow
+        shortlist: a lexical shortlist (:mod:`fairseq_hrt.shortlist`): every pass computes the
+            output layer for the batch's candidates only (log-probabilities over them)
     """
 
     def __init__(
@@ -119,6 +122,7 @@ class MaskPredictGenerator:
         max_len_a: float = 0.0,
         max_len_b: int = 200,
         print_steps: bool = False,
+        shortlist=None,
     ):
         if len(models) != 1:
             raise ValueError("Mask-Predict decoding supports a single model (no ensembles)")
@@ -136,11 +140,12 @@ class MaskPredictGenerator:
         self.length_beam = length_beam
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.print_steps = print_steps
+        self.shortlist = shortlist
         specials = {mask, self.pad, self.eos, tgt_dict.bos(), *banned}
         self.banned = torch.tensor(sorted(specials), dtype=torch.long)
 
     @classmethod
-    def from_generation_args(cls, models, tgt_dict, args, mask: int, banned: Iterable[int] = ()):
+    def from_generation_args(cls, models, tgt_dict, args, mask: int, banned: Iterable[int] = (), shortlist=None):
         """From fairseq's generation options (``GenerationConfig`` / the generate command line)."""
         unsupported = {
             "iter_decode_eos_penalty": 0.0,
@@ -163,6 +168,7 @@ class MaskPredictGenerator:
             max_len_a=getattr(args, "max_len_a", 0.0),
             max_len_b=getattr(args, "max_len_b", 200),
             print_steps=getattr(args, "print_step", False),
+            shortlist=shortlist,
         )
         logger.info(
             "Mask-Predict decoding: I = %d iterations, length beam l = %d (--beam is not used)",
@@ -198,15 +204,29 @@ class MaskPredictGenerator:
         tokens, positions = initial_input(lengths, self.mask, self.eos, self.pad)
         slots = tokens.eq(self.mask)  # the N target slots of every row
         scores = torch.zeros(tokens.shape, dtype=torch.float, device=tokens.device)
+        vocab = weight = bias = None
+        banned = self.banned.to(tokens.device)
+        if self.shortlist is not None:
+            vocab = self.shortlist.candidates(src_tokens, self.pad)
+            weight, bias = output_rows(model.decoder.output_projection, vocab)
+            banned = positions_in(vocab, banned)
         for t in range(self.iterations):
             if t > 0:
                 remask = lowest_confidence_mask(scores, slots, remask_counts(lengths, t, self.iterations))
                 tokens = tokens.masked_fill(remask, self.mask)
             masked = tokens.eq(self.mask)
-            logits, _ = model.decoder(tokens, encoder_out=encoder_out, positions=positions, causal=False)
+            if vocab is None:
+                logits, _ = model.decoder(tokens, encoder_out=encoder_out, positions=positions, causal=False)
+            else:
+                features, _ = model.decoder(
+                    tokens, encoder_out=encoder_out, positions=positions, causal=False, features_only=True
+                )
+                logits = F.linear(features, weight, bias)
             lprobs = F.log_softmax(logits.float(), dim=-1)
-            lprobs[:, :, self.banned.to(lprobs.device)] = -math.inf
+            lprobs[:, :, banned] = -math.inf
             best_lprobs, best = lprobs.max(dim=-1)
+            if vocab is not None:
+                best = vocab[best]
             if self.print_steps:
                 self._log_step(t, tokens[0], torch.where(masked[0], best[0], tokens[0]))
             tokens = torch.where(masked, best, tokens)
@@ -240,6 +260,9 @@ class MaskPredictGenerator:
 class MaskPredictDecoding(DecodingStrategy):
     """Mask-Predict for ``cmlm_*`` models (fairseq's iterative-refinement options)."""
 
+    supports_shortlist = True
+    uses_decoder_engine = False  # no left-to-right search: --decoder-engine does not apply
+
     @classmethod
     def supports(cls, model):
         if not hasattr(model, "forward_length"):
@@ -261,5 +284,6 @@ class MaskPredictDecoding(DecodingStrategy):
                 "(cmlm_*) model decodes with --iter-decode-max-iter I and --iter-decode-with-beam l"
             )
         return MaskPredictGenerator.from_generation_args(
-            ctx.models, ctx.task.target_dictionary, ctx.args, mask=ctx.task.mask_idx, banned=ctx.task.chunk_start_idx.values()
+            ctx.models, ctx.task.target_dictionary, ctx.args, mask=ctx.task.mask_idx, banned=ctx.task.chunk_start_idx.values(),
+            shortlist=ctx.shortlist,
         )

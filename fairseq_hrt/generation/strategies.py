@@ -147,7 +147,9 @@ class DecodingContext:
     """What a strategy may use to build its generator.
 
     ``fairseq_generator(models, args, **kwargs)`` is the task's stock fairseq
-    ``build_generator`` (a ``SequenceGenerator`` with fairseq's search options).
+    ``build_generator`` (a ``SequenceGenerator`` with fairseq's search options);
+    ``shortlist``: the lexical shortlist of ``--shortlist`` (:class:`fairseq_hrt.shortlist.Shortlist`)
+    or ``None``.
     """
 
     task: object
@@ -155,13 +157,19 @@ class DecodingContext:
     args: object
     engine: str
     fairseq_generator: Callable
+    shortlist: Optional[object] = None
 
 
 class DecodingStrategy:
     """A way of decoding: ``supports`` says whether it can decode a model (``None``) or why
-    not (a message); ``is_default_for`` picks it under ``--decoding auto``."""
+    not (a message); ``is_default_for`` picks it under ``--decoding auto``;
+    ``supports_shortlist``: whether its generator restricts the output layer to
+    ``ctx.shortlist``'s candidates (``--shortlist`` is refused otherwise);
+    ``uses_decoder_engine``: whether ``--decoder-engine`` picks its search."""
 
     name: str = ""
+    supports_shortlist: bool = False
+    uses_decoder_engine: bool = True
 
     @classmethod
     def supports(cls, model) -> Optional[str]:
@@ -240,16 +248,37 @@ def quantize_int8(model):
     return model
 
 
-def build_decoding(task, models, args, decoding: str, engine: str, quantize: str, fairseq_generator: Callable):
-    """The one place that turns ``--decoding`` / ``--decoder-engine`` / ``--quantize`` into a
-    generator."""
+def check_shortlist_supported(strategy: Type[DecodingStrategy], engine: str):
+    """``--shortlist`` restricts the output layer of the lean engine's search (AT beam/greedy,
+    HRT stage I / AT mode), of HRT's stage II and of Mask-Predict; other decoders refuse it in
+    one message."""
+    if not strategy.supports_shortlist:
+        raise ValueError(
+            f"--shortlist is not supported by --decoding {strategy.name}; it restricts the output layer of "
+            "left-to-right search (--decoding beam), HRT decoding (--decoding hrt) with --decoder-engine lean, "
+            "and Mask-Predict"
+        )
+    if engine != "lean" and strategy.uses_decoder_engine:
+        raise ValueError(
+            "--shortlist restricts the output layer of --decoder-engine lean; fairseq's SequenceGenerator "
+            "(--decoder-engine fairseq) always scores the whole vocabulary: decode with --decoder-engine lean"
+        )
+
+
+def build_decoding(task, models, args, decoding: str, engine: str, quantize: str, fairseq_generator: Callable,
+                   shortlist=None):
+    """The one place that turns ``--decoding`` / ``--decoder-engine`` / ``--quantize`` /
+    ``--shortlist`` into a generator."""
     if engine not in ENGINE_CHOICES:
         raise ValueError(f"--decoder-engine must be one of {ENGINE_CHOICES}, got {engine!r}")
     strategy = pick_strategy(decoding, models[0])
+    if shortlist is not None:
+        check_shortlist_supported(strategy, engine)
     if quantize == "int8":
         for model in models:
             quantize_int8(model)
     elif quantize != "none":
         raise ValueError(f"--quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
-    ctx = DecodingContext(task=task, models=models, args=args, engine=engine, fairseq_generator=fairseq_generator)
+    ctx = DecodingContext(task=task, models=models, args=args, engine=engine, fairseq_generator=fairseq_generator,
+                          shortlist=shortlist)
     return strategy.build(ctx)

@@ -27,7 +27,7 @@ from omegaconf import II
 
 from fairseq_hrt import chunking, compat, text_input
 from fairseq_hrt.generation import strategies
-from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
+from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol, dictionary_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +156,16 @@ class HRTTranslationConfig(TranslationConfig):
         default="none",
         metadata={"help": "'int8' = dynamic int8 quantization of the linear layers for CPU decoding"},
     )
+    shortlist: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "lexical shortlist file (built by fairseq-hrt-shortlist from this data directory): the "
+            "output layer of every batch is computed only for the shortlists of its source tokens plus "
+            "the frequent target tokens, and scores are log-probabilities over those candidates; for "
+            "--decoding beam/hrt with --decoder-engine lean (AT search, HRT stage I and II) and "
+            "--decoding mask-predict"
+        },
+    )
     max_update: int = II("optimization.max_update")
     seed: int = II("common.seed")
 
@@ -266,12 +276,9 @@ class HRTTranslationTask(TranslationTask):
     # ------------------------------------------------------- checkpointed task state
 
     def dictionary_fingerprint(self) -> str:
-        """CRC32 of the source and target symbols in order: two data directories binarized
-        with different dictionaries (even of the same size) differ here."""
-        crc = 0
-        for d in (self.source_dictionary, self.target_dictionary):
-            crc = zlib.crc32("\n".join(d.symbols).encode("utf-8", "surrogatepass"), crc)
-        return f"{crc:08x}"
+        """CRC32 of the source and target symbols in order (:func:`symbols.dictionary_fingerprint`):
+        two data directories binarized with different dictionaries (even of the same size) differ here."""
+        return dictionary_fingerprint(self.source_dictionary, self.target_dictionary)
 
     def _schedule(self) -> dict:
         return {
@@ -501,7 +508,31 @@ class HRTTranslationTask(TranslationTask):
             engine=str(self.cfg.decoder_engine),
             quantize=str(self.cfg.quantize),
             fairseq_generator=fairseq_generator,
+            shortlist=self.load_shortlist(),
         )
+
+    def load_shortlist(self):
+        """The :class:`~fairseq_hrt.shortlist.Shortlist` of ``--shortlist`` (``None`` without
+        one), checked against this task's dictionaries; read once per path."""
+        path = getattr(self.cfg, "shortlist", None)
+        if not path:
+            return None
+        cached = getattr(self, "_shortlist", None)
+        if cached is not None and cached[0] == path:
+            return cached[1]
+        from fairseq_hrt.shortlist import Shortlist
+
+        shortlist = Shortlist.load(path)
+        shortlist.check_dictionary(
+            self.dictionary_fingerprint(), len(self.source_dictionary), len(self.target_dictionary), path, self.cfg.data
+        )
+        logger.info(
+            "--shortlist %s: up to %s target tokens per source token, %d always (%s)",
+            path, shortlist.settings.get("per_source", "?"), shortlist.always.numel(),
+            ", ".join(f"{k} {v}" for k, v in shortlist.settings.items()),
+        )
+        self._shortlist = (path, shortlist)
+        return shortlist
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         """Empty source sentences (only </s>) get an empty translation without decoding."""

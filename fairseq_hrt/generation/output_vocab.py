@@ -1,0 +1,66 @@
+"""The output-layer rows a batch decodes over when a lexical shortlist restricts them
+(:mod:`fairseq_hrt.shortlist`): mapping between row indices and vocabulary ids, and the
+rows of an output projection."""
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+
+def output_rows(projection: nn.Module, ids: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
+    """The rows ``ids`` of an output projection's weight and bias, as float tensors.
+
+    An int8-quantized projection (``--quantize int8``) is dequantized: the restricted product
+    is small, and Marian likewise runs it in 32-bit."""
+    weight = projection.weight
+    bias = projection.bias
+    if callable(weight):  # torch.ao dynamic quantized Linear: weight() / bias() methods
+        weight, bias = weight().dequantize(), bias()
+    if not isinstance(weight, Tensor):
+        raise ValueError(f"--shortlist cannot restrict an output layer of type {type(projection).__name__}")
+    return weight.index_select(0, ids), (bias.index_select(0, ids) if bias is not None else None)
+
+
+def positions_in(ids: Tensor, tokens: Tensor) -> Tensor:
+    """Indices into the sorted ``ids`` of those of ``tokens`` that occur in it."""
+    tokens = tokens.to(ids.device)
+    i = torch.searchsorted(ids, tokens).clamp_(max=ids.numel() - 1)
+    return i[ids[i].eq(tokens)]
+
+
+class OutputVocabulary:
+    """The output-layer rows one batch decodes over (``ids``, sorted; ``None`` = all of them)
+    and where the symbols the search treats specially sit among them."""
+
+    def __init__(self, ids: Optional[Tensor], size: int, eos: int, unk: int):
+        self.ids = ids
+        self.size = size if ids is None else ids.numel()
+        self._memo: Dict = {}
+        if ids is None:
+            self.eos, self.unk = eos, unk
+        else:
+            self.eos = self.position(eos)
+            if self.eos is None:
+                raise ValueError("the shortlist's candidates lack </s>")
+            self.unk = self.position(unk)
+
+    def position(self, token: int) -> Optional[int]:
+        """Index of ``token`` among the rows, ``None`` if it is not one of them."""
+        if self.ids is None:
+            return token
+        i = int(torch.searchsorted(self.ids, torch.tensor(token, device=self.ids.device)))
+        return i if i < self.ids.numel() and int(self.ids[i]) == token else None
+
+    def positions(self, tokens: Tensor) -> Tensor:
+        """Indices of those of ``tokens`` that are among the rows."""
+        return tokens if self.ids is None else positions_in(self.ids, tokens)
+
+    def memo(self, key, compute):
+        """``compute()``, once per ``key`` for these rows (tables the search reuses every step)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def to_full(self, index: Tensor) -> Tensor:
+        """Row indices -> vocabulary ids."""
+        return index if self.ids is None else self.ids[index]
