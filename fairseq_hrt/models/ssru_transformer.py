@@ -27,13 +27,7 @@ from fairseq_hrt.modules.ssru import SSRU
 SSRU_KEY = ".ssru."
 
 # fairseq decoder options that act on the self-attention the SSRU layer does not have
-UNSUPPORTED_OPTIONS = {
-    "cross_self_attention": "--cross-self-attention",
-    "scale_attn": "--scale-attn",
-    "scale_heads": "--scale-heads",
-    "scale_fc": "--scale-fc",
-    "scale_resids": "--scale-resids",
-}
+UNSUPPORTED_OPTIONS = {"cross_self_attention": "--cross-self-attention"}
 
 
 def refuse_unsupported_options(cfg):

@@ -31,7 +31,7 @@ def linear_recurrence(gates: Tensor, inputs: Tensor, initial: Optional[Tensor] =
     stable as the sequential loop; results equal it to float rounding.
     """
     if initial is not None:
-        first = gates[:1] * initial.unsqueeze(0) + inputs[:1]
+        first = torch.addcmul(inputs[:1], gates[:1], initial.unsqueeze(0))
         inputs = torch.cat([first, inputs[1:]]) if inputs.size(0) > 1 else first
     a, b = gates, inputs
     steps = a.size(0)
