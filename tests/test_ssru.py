@@ -247,3 +247,37 @@ def test_fairseq_generate_beam_search_with_both_engines(trained_ssru):
               "--user-dir", "fairseq_hrt", "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
     outs = {e: run_cli(common + ["--beam", "5", "--decoder-engine", e]).stdout for e in ("lean", "fairseq")}
     assert hyp_lines(outs["lean"]) == hyp_lines(outs["fairseq"]) and len(hyp_lines(outs["lean"])) == 40
+
+
+def _ct2_reference():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "ct2_reference.py")
+    spec = importlib.util.spec_from_file_location("ct2_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ctranslate2_reference_gives_a_skip_reason_for_ssru_and_tied_students(tmp_path):
+    import argparse
+
+    ct2 = _ct2_reference()
+    reasons = {}
+    for name, arch, extra in (
+        ("attention", "at_tiny", AT),
+        ("ssru", "at_tiny_ssru", AT),
+        ("tied", "at_tiny", AT + ("--decoder-layers", "2", "--decoder-tie-layers")),
+    ):
+        _, model = build_task_and_model(str(tmp_path), arch=arch, extra=extra)
+        path = tmp_path / f"{name}.pt"
+        cfg = argparse.Namespace(arch=arch, _name=type(model).__name__, decoder_tie_layers="--decoder-tie-layers" in extra)
+        torch.save({"model": model.state_dict(), "cfg": {"model": cfg}}, path)
+        reasons[name] = ct2.unsupported_checkpoint_reason(str(path))
+    assert reasons["attention"] is None
+    assert "CTranslate2 has no SSRU decoder layer" in reasons["ssru"]
+    assert "--decoder-tie-layers" in reasons["tied"]
+    if ct2.unavailable_reason() is None:  # with ctranslate2 installed, convert refuses clearly
+        with pytest.raises(ValueError, match="CTranslate2 cannot convert"):
+            ct2.convert(str(tmp_path / "ssru.pt"), str(tmp_path), str(tmp_path), "src", "tgt")
