@@ -37,8 +37,12 @@ def unavailable_reason(use_cuda: bool = False) -> Optional[str]:
 
 
 def unsupported_checkpoint_reason(checkpoint: str) -> Optional[str]:
-    """None when CTranslate2's fairseq converter can take this AT checkpoint, else why not."""
+    """None when CTranslate2's fairseq converter can take this AT checkpoint, else why not
+    (a missing file is left to the loader's own error)."""
     import torch
+
+    if not os.path.isfile(checkpoint):
+        return None
 
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # fairseq pickles its args
     cfg = state.get("cfg") or {}
