@@ -177,6 +177,22 @@ def test_jacobi_equals_greedy(models, which):
                 assert float(o[0]["score"]) == pytest.approx(float(r[0]["score"]), abs=1e-4)
 
 
+@pytest.mark.parametrize("extra", [(), ("--decoder-layers", "2", "--decoder-tie-layers")], ids=["one", "tied"])
+def test_int8_quantized_ssru_same_with_both_engines(tmp_path, extra):
+    """--quantize int8 quantizes the SSRU's projections too; the lean engine then calls the
+    quantized modules (no fused copy) and still equals fairseq's generator."""
+    task, model = build_task_and_model(str(tmp_path), arch="at_tiny_ssru", extra=AT + extra, seed=8)
+    sample = make_sample(task, RAGGED[:8])
+    hypos = {}
+    for engine in ("fairseq", "lean"):
+        _, gen = build_generator(str(tmp_path), model, "--quantize", "int8", "--beam", "3", "--max-len-b", "8",
+                                 "--decoder-engine", engine)
+        hypos[engine] = gen.generate([model], sample)
+    quantized = [n for n, m in model.named_modules() if "quantized" in type(m).__module__]
+    assert any(".ssru.input_proj" in n for n in quantized) and any(".ssru.forget_gate" in n for n in quantized)
+    assert_same_hypotheses(hypos["fairseq"], hypos["lean"])
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
