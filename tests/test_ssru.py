@@ -211,6 +211,17 @@ def test_hrt_or_mask_predict_from_an_ssru_checkpoint_is_refused(models, tmp_path
         model.load_state_dict(by_name["ssru"].state_dict())
 
 
+@pytest.mark.parametrize("decoding,message", [
+    ("hrt", "HRT decoding needs an HRT model"),
+    ("mask-predict", "Mask-Predict needs a model with a length predictor"),
+    ("hrt-spec", "it needs an HRT model"),
+])
+def test_bidirectional_decoding_of_an_ssru_student_is_refused(models, decoding, message):
+    data_dir, _, by_name = models
+    with pytest.raises(ValueError, match=message):
+        build_generator(data_dir, by_name["ssru"], "--decoding", decoding, "--beam", "1")
+
+
 def test_unsupported_decoder_options_are_refused(tmp_path):
     with pytest.raises(ValueError, match="does not support --cross-self-attention"):
         build_task_and_model(str(tmp_path), arch="at_tiny_ssru", extra=AT + ("--cross-self-attention",))
