@@ -77,6 +77,23 @@ def test_padding_leaves_the_cell_unchanged():
     assert torch.allclose(unit(padded, padding_mask=mask)[2:], unit(x), atol=1e-6)
 
 
+def test_lean_step_is_the_units_step():
+    """The lean engine's fused ``[-W_f; W]`` projection and in-place ``lerp`` give the cell of
+    the module's incremental step."""
+    from fairseq_hrt.generation.lean import ssru_projections, ssru_step_
+
+    torch.manual_seed(4)
+    unit = SSRU(6)
+    x, previous = torch.randn(3, 6), torch.randn(3, 6)
+    state = {}
+    unit.set_incremental_state(state, "ssru_state", {"cell": previous})
+    expected = unit(x.unsqueeze(0), incremental_state=state)[0]
+    cell = previous.clone()
+    ssru_step_(ssru_projections(unit)(x), cell)
+    assert torch.allclose(torch.relu(cell), expected, atol=1e-6)
+    assert torch.allclose(cell, unit.get_incremental_state(state, "ssru_state")["cell"], atol=1e-6)
+
+
 # -------------------------------------------------------------------- model, random weights
 
 

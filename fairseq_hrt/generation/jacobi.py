@@ -178,8 +178,8 @@ class BlockStep(DecoderStep):
         before position 0), every block cell by one scan; the cells are cached."""
         n, w, c = x.shape
         cache = state.cells[i][:n]
-        gate, projected = layer.ssru_projections(x)
-        forget = torch.sigmoid(gate)
+        negated_gate, projected = layer.ssru_projections(x)
+        forget = torch.sigmoid(-negated_gate)
         before = (positions[:, 0] - 1).clamp(min=0).view(n, 1, 1).expand(n, 1, c)
         initial = cache.gather(1, before).squeeze(1).masked_fill(positions[:, :1].eq(0), 0.0)
         cells = linear_recurrence(forget.transpose(0, 1), ((1.0 - forget) * projected).transpose(0, 1), initial)

@@ -220,9 +220,8 @@ class DecoderStep:
     def _recurrence(self, layer: "LayerPlan", i: int, state: "StepState", x: Tensor) -> Tensor:
         """One SSRU step: ``c = f * c + (1 - f) * W x`` in place, output ``ReLU(c)``."""
         cell = state.cells[i][: x.size(0)]
-        new = ssru_step(layer.ssru_projections(x), cell)
-        cell.copy_(new)
-        return torch.relu(new)
+        ssru_step_(layer.ssru_projections(x), cell)
+        return torch.relu(cell)
 
     def _self_attention(self, layer: "LayerPlan", i: int, state: "StepState", x: Tensor, step: int) -> Tensor:
         n = x.size(0)
@@ -265,25 +264,27 @@ def is_recurrent(layer) -> bool:
     return hasattr(layer, "ssru")
 
 
-def ssru_step(projections, cell: Tensor) -> Tensor:
-    """The SSRU's next cell from ``(W_f x + b_f, W x)`` and the previous cell, in the order of
-    :func:`fairseq_hrt.modules.ssru.linear_recurrence` (so both give the same numbers)."""
-    gate, projected = projections
-    forget = torch.sigmoid(gate)
-    return torch.addcmul((1.0 - forget) * projected, forget, cell)
+def ssru_step_(projections, cell: Tensor) -> Tensor:
+    """The SSRU's next cell, in place: ``c <- c + (1 - f) (W x - c) = f c + (1 - f) W x``
+    (one ``lerp``), from ``(-(W_f x + b_f), W x)``: ``sigmoid`` of the negated gate is
+    ``1 - f`` without a subtraction. Equals :class:`fairseq_hrt.modules.ssru.SSRU` to float
+    rounding."""
+    negated_gate, projected = projections
+    return cell.lerp_(projected, torch.sigmoid(negated_gate))
 
 
 def ssru_projections(ssru):
-    """``x -> (W_f x + b_f, W x)``: one matrix product over ``[W_f; W]`` (bias ``[b_f; 0]``)
-    when both are plain ``nn.Linear`` (else, e.g. int8-quantized, one call each)."""
+    """``x -> (-(W_f x + b_f), W x)``: one matrix product over ``[-W_f; W]`` (bias
+    ``[-b_f; 0]``) when both are plain ``nn.Linear`` (else, e.g. int8-quantized, one call
+    each)."""
     gate, projection = ssru.forget_gate, ssru.input_proj
     if type(gate) is nn.Linear and type(projection) is nn.Linear:
-        weight = torch.cat([gate.weight, projection.weight])
-        bias = torch.cat([gate.bias, torch.zeros_like(gate.bias)])
+        weight = torch.cat([-gate.weight, projection.weight])
+        bias = torch.cat([-gate.bias, torch.zeros_like(gate.bias)])
         size = gate.out_features
         return lambda x: F.linear(x, weight, bias).split(size, dim=-1)
     gate_f, projection_f = as_function(gate), as_function(projection)
-    return lambda x: (gate_f(x), projection_f(x))
+    return lambda x: (gate_f(x).neg_(), projection_f(x))
 
 
 def layer_forward(layer: "LayerPlan", x: Tensor, self_attention, encoder_attention) -> Tensor:
