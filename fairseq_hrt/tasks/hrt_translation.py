@@ -103,7 +103,6 @@ class HRTTranslationConfig(TranslationConfig):
             "are easier to predict without the tokens in between; needs --distill-data"
         },
     )
-    # decoding (fairseq-generate / fairseq-interactive)
     decoder_tie_layers: bool = field(
         default=False,
         metadata={
@@ -112,6 +111,7 @@ class HRTTranslationConfig(TranslationConfig):
             "model of this task (at_*, *_ssru, hrt_*, cmlm_*)"
         },
     )
+    # decoding (fairseq-generate / fairseq-interactive)
     decode_chunk_size: str = field(
         default="auto-trained",
         metadata={
