@@ -7,7 +7,10 @@ speed-up over fairseq's AT would survive against a production AT decoder.
 
 The AT archs of this plugin (``at_*``) are archs of fairseq's own ``transformer`` model, so
 CTranslate2's fairseq converter takes them as they are. HRT and CMLM models are not
-Transformer checkpoints CTranslate2 knows: they have no CTranslate2 rows.
+Transformer checkpoints CTranslate2 knows: they have no CTranslate2 rows. Neither have SSRU
+students (``*_ssru``: CTranslate2 has no SSRU layer) nor models trained with
+``--decoder-tie-layers`` (their checkpoint stores one decoder layer):
+:func:`unsupported_checkpoint_reason` says why, and :func:`convert` refuses them with it.
 """
 import os
 import time
@@ -33,6 +36,29 @@ def unavailable_reason(use_cuda: bool = False) -> Optional[str]:
     return None
 
 
+def unsupported_checkpoint_reason(checkpoint: str) -> Optional[str]:
+    """None when CTranslate2's fairseq converter can take this AT checkpoint, else why not
+    (a missing file is left to the loader's own error)."""
+    import torch
+
+    if not os.path.isfile(checkpoint):
+        return None
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # fairseq pickles its args
+    cfg = state.get("cfg") or {}
+    model_cfg = cfg.get("model") if hasattr(cfg, "get") else None
+    if model_cfg is None:
+        model_cfg = state.get("args")
+    arch = getattr(model_cfg, "arch", None) or "?"
+    if getattr(model_cfg, "_name", None) == "transformer_ssru" or any(".ssru." in k for k in state.get("model", {})):
+        return (f"{checkpoint} is an SSRU student (--arch {arch}): CTranslate2 has no SSRU decoder layer "
+                "(its converter knows self-attention Transformers only); no CTranslate2 row for it")
+    if getattr(model_cfg, "decoder_tie_layers", False):
+        return (f"{checkpoint} was trained with --decoder-tie-layers (the checkpoint stores one decoder "
+                "layer); CTranslate2's converter expects every layer's weights; no CTranslate2 row for it")
+    return None
+
+
 def _stamp(checkpoint: str) -> str:
     st = os.stat(checkpoint)
     return f"{os.path.abspath(checkpoint)} {st.st_size} {st.st_mtime_ns}\n"
@@ -43,6 +69,9 @@ def convert(checkpoint: str, data_dir: str, out_dir: str, source_lang: str, targ
     (done once: the conversion is kept and reused while the checkpoint is unchanged)."""
     from ctranslate2.converters import FairseqConverter
 
+    reason = unsupported_checkpoint_reason(checkpoint)
+    if reason:
+        raise ValueError(f"CTranslate2 cannot convert this checkpoint: {reason}")
     target = os.path.join(out_dir, "ctranslate2-" + os.path.basename(os.path.dirname(os.path.abspath(checkpoint))))
     stamp_file = os.path.join(target, "converted_from.txt")
     if os.path.exists(stamp_file) and open(stamp_file).read() == _stamp(checkpoint):

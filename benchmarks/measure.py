@@ -380,10 +380,19 @@ class CT2Family(Family):
     name = CT2_FAMILY
 
     def systems(self, args):
-        if not args.at or getattr(args, "ctranslate2", "auto") == "no":
+        if not args.at or getattr(args, "ctranslate2", "auto") == "no" or self.skipped(args):
             return []
         return [System("CTranslate2 AT " + ("greedy" if beam == 1 else f"beam {beam}"), CT2_FAMILY, args.at,
                        {"beam": beam}) for beam in parse_ints(args.at_beams)]
+
+    def skipped(self, args):
+        """An ``--at`` checkpoint CTranslate2's converter cannot take (an SSRU student, tied
+        decoder layers): its reason, so the report says why there is no CTranslate2 row."""
+        if not args.at or getattr(args, "ctranslate2", "auto") == "no":
+            return None
+        import ct2_reference
+
+        return ct2_reference.unsupported_checkpoint_reason(args.at)
 
     def runner(self, system, ctx, shared):
         return CT2Runner(system, ctx, shared.setdefault("ct2_translators", {}))

@@ -27,3 +27,23 @@ def trained(tmp_path_factory):
         run_cli(train_args(data.bin_dir, root / arch, *extra, arch=arch, max_update=40))
         ckpts[arch] = root / arch / "checkpoint_last.pt"
     return data, ckpts
+
+
+@pytest.fixture(scope="session")
+def trained_ssru(tmp_path_factory):
+    """Tiny SSRU students trained for 40 updates on the tiny corpus: ``at_tiny_ssru`` (one SSRU
+    layer) and ``at_tiny_ssru_tied`` (two tied SSRU layers, Marian's tied student). ``(TinyData,
+    {name: checkpoint}, {name: training log})``; the SSRU and tied-layer tests share them."""
+    from tests.tiny_data import make_tiny_data, run_cli, train_args
+
+    root = tmp_path_factory.mktemp("ssru_trained")
+    data = make_tiny_data(root, n_train=300, n_valid=40)
+    ckpts, logs = {}, {}
+    runs = {
+        "at_tiny_ssru": (),
+        "at_tiny_ssru_tied": ("--decoder-layers", "2", "--decoder-tie-layers"),
+    }
+    for name, extra in runs.items():
+        out = run_cli(train_args(data.bin_dir, root / name, "--hrt-mode", "at", *extra, arch="at_tiny_ssru", max_update=40))
+        ckpts[name], logs[name] = root / name / "checkpoint_last.pt", out.stdout
+    return data, ckpts, logs

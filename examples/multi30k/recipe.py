@@ -12,8 +12,13 @@ training resumes from its ``checkpoint_last.pt``; every step logs to ``OUT/logs/
 5. ``at``           AT student: deep encoder, 1 decoder layer, MixDistill
 6. ``hrt``          HRT fine-tuned from the AT student, MixDistill, chunk size 2 (``--hrt-chunk-sizes``)
 7. ``mp``           Mask-Predict (CMLM) fine-tuned from the AT student, MixDistill
-8. ``benchmark``    benchmarks/benchmark.py: BLEU, COMET (if a local model is given),
-                    words/s at batch 1, 8, 32, 128, ratios to AT greedy, Pareto plot
+8. ``ssru``         with ``--ssru-students`` only: Marian's SSRU student (``<at arch>_ssru``: the AT
+                    student's shape, an SSRU in place of decoder self-attention), same data and budget
+9. ``ssru_tied``    with ``--ssru-students`` only: the same with 2 tied SSRU decoder layers
+                    (``--decoder-layers 2 --decoder-tie-layers``, the paper's tied student)
+10. ``benchmark``   benchmarks/benchmark.py: BLEU, COMET (if a local model is given),
+                    words/s at batch 1, 8, 32, 128, ratios to AT greedy, Pareto plot; the SSRU
+                    students as extra AT rows (``--at-extra``)
 
 The three students get the same training budget (``--max-update`` and ``--stop-time-hours``)
 and the same data (MixDistill with ``--p-raw 0.5``); HRT and MP start from the AT student, as
@@ -195,8 +200,12 @@ PROFILES: Dict[str, Profile] = {
     ),
 }
 
-STEPS = ["prepare", "teacher", "distill", "distill_bin", "at", "hrt", "mp", "benchmark"]
+STEPS = ["prepare", "teacher", "distill", "distill_bin", "at", "hrt", "mp", "ssru", "ssru_tied", "benchmark"]
 DISTILL_STEPS = ("teacher", "distill", "distill_bin")
+SSRU_STEPS = ("ssru", "ssru_tied")
+# Marian's WNGT 2019 students (README, "Marian-style students"): name -> options beside the
+# SSRU twin of the AT student's arch
+SSRU_STUDENTS = {"ssru": [], "ssru_tied": ["--decoder-layers", "2", "--decoder-tie-layers"]}
 
 
 def log(msg: str):
@@ -415,6 +424,28 @@ class Recipe:
         )
         self.run_step(i, "mp", cmd, [self.checkpoint("mp")], train_max_update=p.student.max_update)
 
+    def ssru_cmd(self, name: str) -> List[str]:
+        """An SSRU student: the AT student's command with the SSRU twin of its arch."""
+        p = self.profile
+        return self.train_cmd(name, f"{p.at_arch}_ssru", p.student,
+                              ["--hrt-mode", "at", *SSRU_STUDENTS[name], *self._student_args()])
+
+    def step_ssru(self, i):
+        self.run_step(i, "ssru", self.ssru_cmd("ssru"), [self.checkpoint("ssru")],
+                      train_max_update=self.profile.student.max_update)
+
+    def step_ssru_tied(self, i):
+        self.run_step(i, "ssru_tied", self.ssru_cmd("ssru_tied"), [self.checkpoint("ssru_tied")],
+                      train_max_update=self.profile.student.max_update)
+
+    def ssru_extra_rows(self) -> List[str]:
+        """``--at-extra`` rows of the SSRU students this run trained."""
+        out = []
+        for name in SSRU_STUDENTS:
+            if self.checkpoint(name).exists() and (self.markers / f"{name}.done").exists():
+                out += ["--at-extra", f"{name.replace('_', '-')}={self.checkpoint(name)}"]
+        return out
+
     def step_benchmark(self, i):
         p = self.profile
         bench = self.out / "benchmark"
@@ -433,6 +464,8 @@ class Recipe:
             cmd += ["--max-len-b", str(p.bench_max_len_b)]
         if self.checkpoint("mp").exists() and (self.markers / "mp.done").exists():
             cmd += ["--mp", str(self.checkpoint("mp"))]
+        if self.args.ssru_students:
+            cmd += self.ssru_extra_rows()
         if self.args.comet_model:
             cmd += ["--comet-model", str(Path(self.args.comet_model).resolve())]
         self.run_step(
@@ -462,6 +495,9 @@ class Recipe:
                 break
             if name in DISTILL_STEPS and not self.profile.distill:
                 log(f"step {i}/{len(STEPS)} {name}: not in profile {self.args.profile} (students train on raw data)")
+                continue
+            if name in SSRU_STEPS and not self.args.ssru_students:
+                log(f"step {i}/{len(STEPS)} {name}: not requested (--ssru-students)")
                 continue
             getattr(self, f"step_{name}")(i)
         log(f"all steps done in {time.time() - start:.0f}s")
@@ -628,6 +664,10 @@ def parse_args(argv=None):
              "pairs of a batch are shared among the k, so each k sees 1/len of them (measured on the "
              "quickstart shape: 2,3,4 scored 4.7 BLEU below k=2 alone at k=2 greedy; see README)",
     )
+    p.add_argument("--ssru-students", action="store_true",
+                   help="also train Marian's SSRU students (an SSRU in place of decoder self-attention; one "
+                        "layer, and two tied layers) on the AT student's data and budget, benchmarked as extra "
+                        "AT rows (README: 'Marian-style students')")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--fp16", action="store_true",
                    help="GPU only: train, distill and benchmark in half precision (fairseq's --fp16)")

@@ -45,7 +45,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_hrt import chunking
-from fairseq_hrt.generation.lean import DecoderStep, greedy_choice, layer_forward, positional_scores, search_max_len
+from fairseq_hrt.generation.lean import (
+    DecoderStep,
+    greedy_choice,
+    layer_forward,
+    positional_scores,
+    search_max_len,
+)
+from fairseq_hrt.modules.ssru import linear_recurrence
 from fairseq_hrt.generation.strategies import (
     DecodingContext,
     LeftToRightDecoding,
@@ -122,7 +129,17 @@ def hgj_parallel_end(src_lengths: Tensor, parallel_length: int) -> Tensor:
 
 class BlockStep(DecoderStep):
     """:class:`~fairseq_hrt.generation.lean.DecoderStep` plus a causal pass over a block of
-    ``W`` tokens per row after the row's cached prefix (each row at its own positions)."""
+    ``W`` tokens per row after the row's cached prefix (each row at its own positions).
+
+    SSRU decoders (``*_ssru``): the block's cells follow from the cell before the block by a
+    parallel scan over the block (:func:`~fairseq_hrt.modules.ssru.linear_recurrence`); every
+    position's cell is cached, ``(rows, steps, C)`` per layer, as the keys/values of attention
+    are, so that the next pass starts from the cell of the last final position."""
+
+    def begin(self, encoder_out, rows: int, steps: int, start_token: int):
+        state = super().begin(encoder_out, rows, steps, start_token)
+        state.cells = [cell.new_zeros(rows, steps, cell.size(-1)) for cell in state.cells]
+        return state
 
     def block(self, state, tokens: Tensor, first: Tensor) -> Tensor:
         """Logits ``(N, W, V)`` after ``tokens`` ``(N, W)`` at positions ``first[n] + 0..W-1``.
@@ -150,11 +167,25 @@ class BlockStep(DecoderStep):
         return plan.output(x)
 
     def _block_layer(self, layer, i: int, state, x: Tensor, positions: Tensor, bias: Tensor, buckets) -> Tensor:
-        return layer_forward(
-            layer, x,
-            lambda h: self._block_self_attention(layer, i, state, h, positions, bias, buckets),
-            lambda h: self._block_encoder_attention(layer, i, state, h),
-        )
+        if layer.recurrent:
+            self_block = lambda h: self._block_recurrence(layer, i, state, h, positions)  # noqa: E731
+        else:
+            self_block = lambda h: self._block_self_attention(layer, i, state, h, positions, bias, buckets)  # noqa: E731
+        return layer_forward(layer, x, self_block, lambda h: self._block_encoder_attention(layer, i, state, h))
+
+    def _block_recurrence(self, layer, i, state, x, positions) -> Tensor:
+        """SSRU over the block: from the cached cell before the block's first position (zero
+        before position 0), every block cell by one scan; the cells are cached."""
+        n, w, c = x.shape
+        cache = state.cells[i][:n]
+        negated_gate, projected = layer.ssru_projections(x)
+        forget = torch.sigmoid(-negated_gate)
+        before = (positions[:, 0] - 1).clamp(min=0).view(n, 1, 1).expand(n, 1, c)
+        initial = cache.gather(1, before).squeeze(1).masked_fill(positions[:, :1].eq(0), 0.0)
+        cells = linear_recurrence(forget.transpose(0, 1), ((1.0 - forget) * projected).transpose(0, 1), initial)
+        cells = cells.transpose(0, 1)  # (N, W, C)
+        cache.scatter_(1, positions.unsqueeze(-1).expand(n, w, c), cells)
+        return torch.relu(cells)
 
     def _heads(self, x: Tensor) -> Tensor:
         """``(N, W, C)`` -> ``(N, H, W, d)``."""

@@ -23,8 +23,10 @@ It reproduces ``SequenceGenerator`` (tokens; scores to float rounding): the maxi
 source width, ``</s>`` forced at the maximum length and banned before ``--min-len``, the
 candidate/EOS rules of fairseq's ``BeamSearch`` (2 x beam candidates, EOS only among the
 first beam), cumulative scores normalised by ``len ** lenpen``. It supports fairseq's
-``transformer`` decoder and the HRT decoder (relative self-attention, positions
-``0, k, 2k, ..`` from ``<s_k>``).
+``transformer`` decoder, the HRT decoder (relative self-attention, positions
+``0, k, 2k, ..`` from ``<s_k>``) and the SSRU decoder (``*_ssru``: the recurrence's state is
+one ``(rows, C)`` cell per layer, updated in place); with ``--decoder-tie-layers`` the tied
+layers share one set of fused weights.
 """
 import math
 from typing import Dict, List, Optional, Sequence
@@ -114,10 +116,12 @@ class DecoderStep:
             if bad:
                 raise ValueError(f"--decoder-engine lean does not support {reason}; use --decoder-engine fairseq")
         first = decoder.layers[0]
-        self.heads = first.self_attn.num_heads
-        self.head_dim = first.self_attn.head_dim
-        self.relative = isinstance(first.self_attn, RelativeSelfAttention) and first.self_attn.relative_keys is not None
-        self.window = first.self_attn.window if self.relative else 0
+        self.recurrent = is_recurrent(first)
+        self_attn = getattr(first, "self_attn", None)
+        self.heads = first.encoder_attn.num_heads
+        self.head_dim = first.encoder_attn.head_dim
+        self.relative = isinstance(self_attn, RelativeSelfAttention) and self_attn.relative_keys is not None
+        self.window = self_attn.window if self.relative else 0
         self.start_stride = getattr(decoder, "start_stride", None)
         self._plan, self._plan_key = None, None
 
@@ -133,9 +137,11 @@ class DecoderStep:
                 getattr(layer, name, None) is not None for layer in layers for name in ("attn_ln", "c_attn", "ffn_layernorm", "w_resid")
             ),
             "attention with bias_kv / zero_attn": any(
-                layer.self_attn.bias_k is not None or layer.self_attn.add_zero_attn for layer in layers
+                attn.bias_k is not None or attn.add_zero_attn
+                for layer in layers for attn in (getattr(layer, "self_attn", None), layer.encoder_attn) if attn is not None
             ),
-            "decoder layers of different shapes": len({layer.self_attn.num_heads for layer in layers}) > 1,
+            "decoder layers of different shapes": len({layer.encoder_attn.num_heads for layer in layers if layer.encoder_attn is not None}) > 1
+            or len({is_recurrent(layer) for layer in layers}) > 1,
         }
 
     def stride_of(self, start_token: int) -> int:
@@ -163,13 +169,16 @@ class DecoderStep:
         src_len, bsz, _ = enc.shape
         pad_mask = encoder_out["encoder_padding_mask"][0] if len(encoder_out["encoder_padding_mask"]) > 0 else None
         dtype, device = enc.dtype, enc.device
-        enc_k, enc_v, self_k, self_v = [], [], [], []
+        enc_k, enc_v, self_k, self_v, cells = [], [], [], [], []
         for layer in self.decoder.layers:
             attn = layer.encoder_attn
             enc_k.append(attn.k_proj(enc).view(src_len, bsz, self.heads, self.head_dim).permute(1, 2, 0, 3).contiguous())
             enc_v.append(attn.v_proj(enc).view(src_len, bsz, self.heads, self.head_dim).permute(1, 2, 0, 3).contiguous())
-            self_k.append(torch.empty(rows, self.heads, steps, self.head_dim, dtype=dtype, device=device))
-            self_v.append(torch.empty(rows, self.heads, steps, self.head_dim, dtype=dtype, device=device))
+            if self.recurrent:  # the SSRU's state: the last cell, c_{-1} = 0
+                cells.append(torch.zeros(rows, enc.size(-1), dtype=dtype, device=device))
+            else:
+                self_k.append(torch.empty(rows, self.heads, steps, self.head_dim, dtype=dtype, device=device))
+                self_v.append(torch.empty(rows, self.heads, steps, self.head_dim, dtype=dtype, device=device))
         stride = self.stride_of(start_token)
         plan = self.plan()
         return StepState(
@@ -177,6 +186,7 @@ class DecoderStep:
             output=plan.output if vocab is None else plan.restricted_output(vocab),
             self_k=self_k,
             self_v=self_v,
+            cells=cells,
             enc_k=enc_k,
             enc_v=enc_v,
             enc_bias=padding_bias(pad_mask, src_len, bsz, torch.float32, device),
@@ -209,11 +219,17 @@ class DecoderStep:
         return state.output(x)
 
     def _layer(self, layer: "LayerPlan", i: int, state: "StepState", x: Tensor, step: int) -> Tensor:
-        return layer_forward(
-            layer, x,
-            lambda h: self._self_attention(layer, i, state, h, step),
-            lambda h: self._encoder_attention(layer, i, state, h),
-        )
+        if layer.recurrent:
+            self_block = lambda h: self._recurrence(layer, i, state, h)  # noqa: E731
+        else:
+            self_block = lambda h: self._self_attention(layer, i, state, h, step)  # noqa: E731
+        return layer_forward(layer, x, self_block, lambda h: self._encoder_attention(layer, i, state, h))
+
+    def _recurrence(self, layer: "LayerPlan", i: int, state: "StepState", x: Tensor) -> Tensor:
+        """One SSRU step: ``c = f * c + (1 - f) * W x`` in place, output ``ReLU(c)``."""
+        cell = state.cells[i][: x.size(0)]
+        ssru_step_(layer.ssru_projections(x), cell)
+        return torch.relu(cell)
 
     def _self_attention(self, layer: "LayerPlan", i: int, state: "StepState", x: Tensor, step: int) -> Tensor:
         n = x.size(0)
@@ -249,6 +265,34 @@ def search_max_len(options: SearchOptions, src_tokens: Tensor, cap: int) -> int:
     if options.min_len > max_len:
         raise ValueError("min_len cannot be larger than max_len, please adjust these!")
     return max_len
+
+
+def is_recurrent(layer) -> bool:
+    """Whether a decoder layer is an SSRU layer (no self-attention)."""
+    return hasattr(layer, "ssru")
+
+
+def ssru_step_(projections, cell: Tensor) -> Tensor:
+    """The SSRU's next cell, in place: ``c <- c + (1 - f) (W x - c) = f c + (1 - f) W x``
+    (one ``lerp``), from ``(-(W_f x + b_f), W x)``: ``sigmoid`` of the negated gate is
+    ``1 - f`` without a subtraction. Equals :class:`fairseq_hrt.modules.ssru.SSRU` to float
+    rounding."""
+    negated_gate, projected = projections
+    return cell.lerp_(projected, torch.sigmoid(negated_gate))
+
+
+def ssru_projections(ssru):
+    """``x -> (-(W_f x + b_f), W x)``: one matrix product over ``[-W_f; W]`` (bias
+    ``[-b_f; 0]``) when both are plain ``nn.Linear`` (else, e.g. int8-quantized, one call
+    each)."""
+    gate, projection = ssru.forget_gate, ssru.input_proj
+    if type(gate) is nn.Linear and type(projection) is nn.Linear:
+        weight = torch.cat([-gate.weight, projection.weight])
+        bias = torch.cat([-gate.bias, torch.zeros_like(gate.bias)])
+        size = gate.out_features
+        return lambda x: F.linear(x, weight, bias).split(size, dim=-1)
+    gate_f, projection_f = as_function(gate), as_function(projection)
+    return lambda x: (gate_f(x).neg_(), projection_f(x))
 
 
 def layer_forward(layer: "LayerPlan", x: Tensor, self_attention, encoder_attention) -> Tensor:
@@ -305,14 +349,21 @@ class LayerPlan:
     """One decoder layer's modules as functions (:func:`as_function`)."""
 
     def __init__(self, layer):
-        self_attn, encoder_attn = layer.self_attn, layer.encoder_attn
+        encoder_attn = layer.encoder_attn
         self.pre_norm = layer.normalize_before
-        self.scaling = self_attn.scaling
-        self.qkv = fused_projections(self_attn.q_proj, self_attn.k_proj, self_attn.v_proj)
-        keys = getattr(self_attn, "relative_keys", None)
-        self.relative_keys = keys.weight.t() if keys is not None else None
-        self.self_out = as_function(self_attn.out_proj)
-        self.self_attn_norm = as_function(layer.self_attn_layer_norm)
+        self.recurrent = is_recurrent(layer)
+        self.scaling = encoder_attn.scaling
+        if self.recurrent:  # SSRU layer: its norm stands where the self-attention's does
+            self.ssru_projections = ssru_projections(layer.ssru)
+            self.self_attn_norm = as_function(layer.ssru_layer_norm)
+        else:
+            self_attn = layer.self_attn
+            self.scaling = self_attn.scaling
+            self.qkv = fused_projections(self_attn.q_proj, self_attn.k_proj, self_attn.v_proj)
+            keys = getattr(self_attn, "relative_keys", None)
+            self.relative_keys = keys.weight.t() if keys is not None else None
+            self.self_out = as_function(self_attn.out_proj)
+            self.self_attn_norm = as_function(layer.self_attn_layer_norm)
         self.encoder_q = as_function(encoder_attn.q_proj)
         self.encoder_out = as_function(encoder_attn.out_proj)
         self.encoder_attn_norm = as_function(layer.encoder_attn_layer_norm)
@@ -334,7 +385,14 @@ class StepPlan:
 
         self.embed = embed_tokens
         self.layernorm_embedding = as_function(decoder.layernorm_embedding)
-        self.layers = [LayerPlan(layer) for layer in decoder.layers]
+        # tied decoder layers (--decoder-tie-layers) share one plan: one set of fused weights
+        plans = {}
+        self.layers = []
+        for layer in decoder.layers:
+            key = tuple(id(p) for p in layer.parameters()) or id(layer)
+            if key not in plans:
+                plans[key] = LayerPlan(layer)
+            self.layers.append(plans[key])
         final_norm, project_out = as_function(decoder.layer_norm), as_function(decoder.project_out_dim)
         self.output_projection = decoder.output_projection
         projection = as_function(decoder.output_projection)
@@ -358,12 +416,15 @@ class StepPlan:
 
 class StepState:
     """Caches of one batch: self-attention keys/values ``(rows, H, steps, d)`` per layer,
-    written in place; encoder keys/values and padding bias per sentence."""
+    written in place (SSRU layers: ``cells``, the last cell ``(rows, C)`` or, for block
+    passes, every step's ``(rows, steps, C)``); encoder keys/values and padding bias per
+    sentence."""
 
-    def __init__(self, plan, self_k, self_v, enc_k, enc_v, enc_bias, positions, buckets, output=None):
+    def __init__(self, plan, self_k, self_v, enc_k, enc_v, enc_bias, positions, buckets, cells=(), output=None):
         self.plan = plan
         self.output = output if output is not None else plan.output
         self.self_k, self.self_v = self_k, self_v
+        self.cells = list(cells)
         self.enc_k, self.enc_v, self.enc_bias = enc_k, enc_v, enc_bias
         self.positions, self.buckets = positions, buckets
 
@@ -372,6 +433,11 @@ class StepState:
         n = index.numel()
         for cache in self.self_k + self.self_v:
             cache[:n, :, : step + 1] = cache[:, :, : step + 1].index_select(0, index)
+        for cell in self.cells:
+            if cell.dim() == 2:
+                cell[:n] = cell.index_select(0, index)
+            else:
+                cell[:n, : step + 1] = cell[:, : step + 1].index_select(0, index)
 
     def select_sentences(self, index: Tensor):
         """Keep only the given sentences' encoder keys/values (finished ones leave)."""

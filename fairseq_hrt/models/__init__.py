@@ -1,1 +1,1 @@
-from fairseq_hrt.models import at_transformer, cmlm_transformer, hrt_transformer  # noqa: F401
+from fairseq_hrt.models import at_transformer, cmlm_transformer, hrt_transformer, ssru_transformer  # noqa: F401

@@ -20,6 +20,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
 from fairseq_hrt.models.shapes import set_shape_defaults
+from fairseq_hrt.models.ssru_transformer import is_ssru_state_dict, refuse_ssru_for_bidirectional
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention
 from fairseq_hrt.symbols import MAX_CHUNK_SIZE, chunk_start_symbol
 
@@ -398,6 +399,8 @@ def fill_missing_hrt_keys(model, state_dict) -> List[str]:
     saddle point: the gradient of a score w.r.t. its relative key is the query, so the table
     trains from the first update.
     """
+    if is_ssru_state_dict(state_dict):
+        refuse_ssru_for_bidirectional(f"loading an SSRU checkpoint into {type(model).__name__}")
     own = model.state_dict()
     new = []
     if "trained_chunk_sizes" in own and "trained_chunk_sizes" not in state_dict:

@@ -27,6 +27,7 @@ from omegaconf import II
 
 from fairseq_hrt import chunking, compat, text_input
 from fairseq_hrt.generation import strategies
+from fairseq_hrt.models import ssru_transformer, tied_layers
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol, dictionary_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,14 @@ class HRTTranslationConfig(TranslationConfig):
             "help": "MixDistill for the chunked pairs (Skip-AT and Skip-CMLM samples): probability "
             "of the raw target; default: --p-raw. 0 gives Skip-AT only distilled targets, which "
             "are easier to predict without the tokens in between; needs --distill-data"
+        },
+    )
+    decoder_tie_layers: bool = field(
+        default=False,
+        metadata={
+            "help": "tie all decoder layers to one set of weights (Marian's tied students, WNGT 2019): "
+            "--decoder-layers L runs the same layer L times; the checkpoint stores one copy. For every "
+            "model of this task (at_*, *_ssru, hrt_*, cmlm_*)"
         },
     )
     # decoding (fairseq-generate / fairseq-interactive)
@@ -318,7 +327,18 @@ class HRTTranslationTask(TranslationTask):
     # ------------------------------------------------------------ training
 
     def build_model(self, cfg, from_checkpoint=False):
+        # the model's own configuration (a checkpoint's at decoding time) decides, not the
+        # decoding command line's task options
+        tie = bool(getattr(cfg, "decoder_tie_layers", False))
+        if tie:
+            tied_layers.check_tie_options(cfg)
         model = super().build_model(cfg, from_checkpoint)
+        if isinstance(getattr(model, "decoder", None), ssru_transformer.SSRUDecoder):
+            mode = getattr(cfg, "hrt_mode", "at")
+            if mode != "at":
+                ssru_transformer.refuse_ssru_for_bidirectional(f"--arch {getattr(cfg, 'arch', '*_ssru')} --hrt-mode {mode}")
+        if tie:
+            tied_layers.tie_decoder_layers(model.decoder)
         if not from_checkpoint and self.cfg.hrt_mode == "hrt" and hasattr(model, "mark_trained_chunk_sizes"):
             model.mark_trained_chunk_sizes(self.chunk_sizes)
         _check_dictionary_when_loading(model)
