@@ -45,6 +45,17 @@ def build_task_and_model(data_dir, arch="hrt_tiny", extra=(), seed=1):
     return task, model
 
 
+
+def random_tiny_models(tmp_path_factory, name: str):
+    """``(data_dir, task, hrt_tiny, at_tiny)``: untrained tiny HRT and AT models of one
+    dictionary (seeds 3 and 4), the random models the decoding tests compare engines on.
+    Each test module builds its own (some tests quantize or cast them in place)."""
+    data_dir = str(tmp_path_factory.mktemp(name))
+    task, hrt = build_task_and_model(data_dir, arch="hrt_tiny", seed=3)
+    _, at = build_task_and_model(data_dir, arch="at_tiny", seed=4)
+    return data_dir, task, hrt, at
+
+
 def generation_args(data_dir, *extra):
     parser = options.get_generation_parser()
     return options.parse_args_and_arch(

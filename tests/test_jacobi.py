@@ -14,7 +14,7 @@ from fairseq_hrt import ddgviz
 from fairseq_hrt.generation import jacobi
 from fairseq_hrt.generation.jacobi import PassRecord, ParallelGreedyGenerator
 from fairseq_hrt.generation.strategies import DECODING_CHOICES, DECODING_STRATEGIES
-from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
+from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
 from tests.tiny_data import hyp_lines, run_cli
 
 random.seed(12)
@@ -83,9 +83,7 @@ def test_dependency_graph():
 
 @pytest.fixture(scope="module")
 def random_models(tmp_path_factory):
-    data_dir = str(tmp_path_factory.mktemp("jacobi"))
-    task, hrt = build_task_and_model(data_dir, arch="hrt_tiny", seed=3)
-    _, at = build_task_and_model(data_dir, arch="at_tiny", seed=4)
+    data_dir, task, hrt, at = random_tiny_models(tmp_path_factory, "jacobi")
     return data_dir, task, {"hrt_tiny": hrt, "at_tiny": at}
 
 

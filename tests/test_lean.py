@@ -11,7 +11,7 @@ from fairseq_hrt.generation import lean
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from fairseq_hrt.generation.strategies import SearchOptions
 from fairseq_hrt.modules.relative_attention import relative_bucket
-from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample
+from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample, random_tiny_models
 from tests.test_generator import SPECIALS
 from tests.tiny_data import hyp_lines, run_cli
 
@@ -76,10 +76,7 @@ def test_candidates_per_sentence_equal_fairseq_beam_search_over_the_vocabulary()
 
 @pytest.fixture(scope="module")
 def random_models(tmp_path_factory):
-    data_dir = str(tmp_path_factory.mktemp("lean"))
-    hrt_task, hrt = build_task_and_model(data_dir, arch="hrt_tiny", seed=3)
-    _, at = build_task_and_model(data_dir, arch="at_tiny", seed=4)
-    return data_dir, hrt_task, hrt, at
+    return random_tiny_models(tmp_path_factory, "lean")
 
 
 SEARCHES = [

@@ -8,7 +8,7 @@ from fairseq.data import Dictionary
 
 from fairseq_hrt import shortlist as sl
 from fairseq_hrt.symbols import add_hrt_symbols, dictionary_fingerprint
-from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample
+from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
 from tests.tiny_data import hyp_lines, run_cli
 
 random.seed(5)
@@ -180,10 +180,7 @@ def test_output_vocabulary_maps_rows_and_ids():
 
 @pytest.fixture(scope="module")
 def random_models(tmp_path_factory):
-    data_dir = str(tmp_path_factory.mktemp("shortlist"))
-    hrt_task, hrt = build_task_and_model(data_dir, arch="hrt_tiny", seed=3)
-    _, at = build_task_and_model(data_dir, arch="at_tiny", seed=4)
-    return data_dir, hrt_task, hrt, at
+    return random_tiny_models(tmp_path_factory, "shortlist")
 
 
 def shortlist_file(task, path, keep_per_source=None, always=None, seed=0):

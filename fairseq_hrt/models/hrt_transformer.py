@@ -21,6 +21,7 @@ from torch import Tensor
 
 from fairseq_hrt.models.shapes import set_shape_defaults
 from fairseq_hrt.models.ssru_transformer import is_ssru_state_dict, refuse_ssru_for_bidirectional
+from fairseq_hrt.modules.decoder_layer_blocks import encoder_attention_and_ffn
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention
 from fairseq_hrt.symbols import MAX_CHUNK_SIZE, chunk_start_symbol
 
@@ -69,32 +70,8 @@ class HRTDecoderLayer(TransformerDecoderLayerBase):
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)
 
-        attn = None
-        if self.encoder_attn is not None and encoder_out is not None:
-            residual = x
-            if self.normalize_before:
-                x = self.encoder_attn_layer_norm(x)
-            x, attn = self.encoder_attn(
-                query=x,
-                key=encoder_out,
-                value=encoder_out,
-                key_padding_mask=encoder_padding_mask,
-                incremental_state=incremental_state,
-                static_kv=True,
-                need_weights=need_attn,
-            )
-            x = self.residual_connection(self.dropout_module(x), residual)
-            if not self.normalize_before:
-                x = self.encoder_attn_layer_norm(x)
-
-        residual = x
-        if self.normalize_before:
-            x = self.final_layer_norm(x)
-        x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
-        x = self.dropout_module(self.fc2(x))
-        x = self.residual_connection(x, residual)
-        if not self.normalize_before:
-            x = self.final_layer_norm(x)
+        x, attn = encoder_attention_and_ffn(self, x, encoder_out, encoder_padding_mask, incremental_state,
+                                            need_weights=need_attn)
         return x, attn
 
 

@@ -22,6 +22,7 @@ from fairseq.modules import LayerNorm
 from torch import Tensor
 
 from fairseq_hrt.models import at_transformer
+from fairseq_hrt.modules.decoder_layer_blocks import encoder_attention_and_ffn
 from fairseq_hrt.modules.ssru import SSRU
 
 SSRU_KEY = ".ssru."
@@ -93,33 +94,9 @@ class SSRUDecoderLayer(TransformerDecoderLayerBase):
         if not self.normalize_before:
             x = self.ssru_layer_norm(x)
 
-        attn = None
-        if self.encoder_attn is not None and encoder_out is not None:
-            residual = x
-            if self.normalize_before:
-                x = self.encoder_attn_layer_norm(x)
-            x, attn = self.encoder_attn(
-                query=x,
-                key=encoder_out,
-                value=encoder_out,
-                key_padding_mask=encoder_padding_mask,
-                incremental_state=incremental_state,
-                static_kv=True,
-                need_weights=need_attn or (not self.training and self.need_attn),
-                need_head_weights=need_head_weights,
-            )
-            x = self.residual_connection(self.dropout_module(x), residual)
-            if not self.normalize_before:
-                x = self.encoder_attn_layer_norm(x)
-
-        residual = x
-        if self.normalize_before:
-            x = self.final_layer_norm(x)
-        x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
-        x = self.dropout_module(self.fc2(x))
-        x = self.residual_connection(x, residual)
-        if not self.normalize_before:
-            x = self.final_layer_norm(x)
+        x, attn = encoder_attention_and_ffn(self, x, encoder_out, encoder_padding_mask, incremental_state,
+                                            need_weights=need_attn or (not self.training and self.need_attn),
+                                            need_head_weights=need_head_weights)
         return x, attn, None
 
 
