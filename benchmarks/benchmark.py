@@ -113,6 +113,11 @@ def pareto_front(points: Sequence[tuple]) -> List[int]:
     return sorted(front, key=lambda i: (points[i][0], points[i][1]))
 
 
+def relative_paths(decoding: dict, rel) -> dict:
+    """A row's decoding options with its files (``shortlist``) as ``rel`` gives them."""
+    return {k: rel(v) if k == "shortlist" and v else v for k, v in decoding.items()}
+
+
 def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9=._-]+", "_", name).strip("_")
 
@@ -376,7 +381,8 @@ def run(args) -> dict:
         },
         "bleu_signature": signature,
         "comet": comet,
-        "systems": [dict(asdict(s), checkpoint=rel(s.checkpoint)) for s in systems],
+        "systems": [dict(asdict(s), checkpoint=rel(s.checkpoint), decoding=relative_paths(s.decoding, rel))
+                    for s in systems],
         "skipped": skipped,
         "pareto": pareto,
     }

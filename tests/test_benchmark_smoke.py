@@ -33,17 +33,20 @@ def hrt_mp_systems(chunk_sizes):
     ]
 
 
-def with_engine_rows(names):
-    """benchmark.py's default rows: lean engine, fairseq engine and int8 (on CPU) per system;
-    Mask-Predict has no engine rows."""
+def with_engine_rows(names, shortlist=False):
+    """benchmark.py's default rows: lean engine, fairseq engine and int8 (on CPU) per system,
+    and with --shortlist a "+shortlist" row; Mask-Predict has no engine rows."""
     out = []
     for name in names:
         out += [name] + ([] if name.startswith("MP") else [name + " (fairseq engine)"]) + [name + " int8"]
+        out += [name + " +shortlist"] if shortlist else []
     return out
 
 
 # the recipe trains HRT for k = 2 only (one model per k, as the papers) and benchmarks it
-EXPECTED_SYSTEMS = with_engine_rows(AT_SYSTEMS) + (CT2_SYSTEMS if HAVE_CT2 else []) + with_engine_rows(hrt_mp_systems([2]))
+# the recipe builds a lexical shortlist and benchmarks every system with it too
+EXPECTED_SYSTEMS = (with_engine_rows(AT_SYSTEMS, shortlist=True) + (CT2_SYSTEMS if HAVE_CT2 else [])
+                    + with_engine_rows(hrt_mp_systems([2]), shortlist=True))
 
 
 def _load_module(name, path):
@@ -248,7 +251,7 @@ def test_tiny_recipe_report_structure(tiny_run):
         assert [sk["family"] for sk in report["skipped"]] == ["CTranslate2"]
 
     # every step ran once and left its marker; the distilled corpus is line-aligned
-    for step in ("prepare", "teacher", "distill", "distill_bin", "at", "hrt", "mp", "benchmark"):
+    for step in ("prepare", "teacher", "distill", "distill_bin", "at", "hrt", "mp", "shortlist", "benchmark"):
         assert (out / "markers" / f"{step}.done").is_file(), step
     # HRT trains one chunk size, k = 2, fine-tuned from the AT student
     hrt_cmd = (out / "markers" / "hrt.done").read_text().split()
@@ -263,7 +266,7 @@ def test_tiny_recipe_report_structure(tiny_run):
 def test_tiny_recipe_rerun_skips_every_step(tiny_run):
     out, raw, _ = tiny_run
     again = _recipe(out, raw, threads=2)  # the thread count does not make a step's output different
-    assert again.count("skipped, done earlier") == 8, again
+    assert again.count("skipped, done earlier") == 9, again
 
 
 @pytest.mark.slow

@@ -16,9 +16,12 @@ training resumes from its ``checkpoint_last.pt``; every step logs to ``OUT/logs/
                     student's shape, an SSRU in place of decoder self-attention), same data and budget
 9. ``ssru_tied``    with ``--ssru-students`` only: the same with 2 tied SSRU decoder layers
                     (``--decoder-layers 2 --decoder-tie-layers``, the paper's tied student)
-10. ``benchmark``   benchmarks/benchmark.py: BLEU, COMET (if a local model is given),
+10. ``shortlist``   a lexical shortlist of the training set (``fairseq-hrt-shortlist``, IBM
+                    Model 1, 7 targets per source token + the 50 most frequent: tuned on the
+                    validation set of the ``mini`` models)
+11. ``benchmark``   benchmarks/benchmark.py: BLEU, COMET (if a local model is given),
                     words/s at batch 1, 8, 32, 128, ratios to AT greedy, Pareto plot; the SSRU
-                    students as extra AT rows (``--at-extra``)
+                    students as extra AT rows (``--at-extra``); a "+shortlist" row per system
 
 The three students get the same training budget (``--max-update`` and ``--stop-time-hours``)
 and the same data (MixDistill with ``--p-raw 0.5``); HRT and MP start from the AT student, as
@@ -76,6 +79,10 @@ class Profile:
     # L of every benchmarked decoder; the tiny profile's untrained models run every greedy
     # output to it, so it keeps L small
     bench_max_len_b: int = 200
+    # the lexical shortlist of the benchmark's "+shortlist" rows: targets per source token and
+    # frequent targets (7/50: the fastest setting within 0.3 BLEU on the mini models' valid set)
+    shortlist_per_source: int = 7
+    shortlist_frequent: int = 50
 
     @property
     def distill(self) -> bool:
@@ -200,7 +207,7 @@ PROFILES: Dict[str, Profile] = {
     ),
 }
 
-STEPS = ["prepare", "teacher", "distill", "distill_bin", "at", "hrt", "mp", "ssru", "ssru_tied", "benchmark"]
+STEPS = ["prepare", "teacher", "distill", "distill_bin", "at", "hrt", "mp", "ssru", "ssru_tied", "shortlist", "benchmark"]
 DISTILL_STEPS = ("teacher", "distill", "distill_bin")
 SSRU_STEPS = ("ssru", "ssru_tied")
 # Marian's WNGT 2019 students (README, "Marian-style students"): name -> options beside the
@@ -446,6 +453,15 @@ class Recipe:
                 out += ["--at-extra", f"{name.replace('_', '-')}={self.checkpoint(name)}"]
         return out
 
+    def shortlist_file(self) -> Path:
+        return self.out / "shortlist" / "shortlist.pt"
+
+    def step_shortlist(self, i):
+        p = self.profile
+        cmd = [sys.executable, "-m", "fairseq_hrt.shortlist", str(self.data_bin), "--output", str(self.shortlist_file()),
+               "--per-source", str(p.shortlist_per_source), "--frequent", str(p.shortlist_frequent)]
+        self.run_step(i, "shortlist", cmd, [self.shortlist_file()])
+
     def step_benchmark(self, i):
         p = self.profile
         bench = self.out / "benchmark"
@@ -466,6 +482,8 @@ class Recipe:
             cmd += ["--mp", str(self.checkpoint("mp"))]
         if self.args.ssru_students:
             cmd += self.ssru_extra_rows()
+        if self.shortlist_file().exists() and (self.markers / "shortlist.done").exists():
+            cmd += ["--shortlist", str(self.shortlist_file())]
         if self.args.comet_model:
             cmd += ["--comet-model", str(Path(self.args.comet_model).resolve())]
         self.run_step(
