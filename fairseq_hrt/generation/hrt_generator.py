@@ -20,7 +20,7 @@ from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor
 
 from fairseq_hrt import chunking
-from fairseq_hrt.generation.output_vocab import output_rows, positions_in
+from fairseq_hrt.generation.output_vocab import positions_in, restricted_output_layer
 from fairseq_hrt.generation.strategies import (
     DecodingContext,
     DecodingStrategy,
@@ -231,8 +231,7 @@ def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, enc
         logits = model.decoder.output_layer(masked_features)
         banned_columns = banned.to(logits.device)
     else:
-        weight, bias = output_rows(model.decoder.output_projection, vocab)
-        logits = F.linear(masked_features, weight, bias)
+        logits = restricted_output_layer(model.decoder.output_projection, vocab)(masked_features)
         banned_columns = positions_in(vocab, banned)
     lprobs = F.log_softmax(logits.float(), dim=-1)
     lprobs[:, banned_columns] = -math.inf

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from fairseq_hrt.generation.strategies import SearchOptions, hypothesis, reject_unsupported_inputs
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention, relative_bucket
-from fairseq_hrt.generation.output_vocab import OutputVocabulary, output_rows
+from fairseq_hrt.generation.output_vocab import OutputVocabulary, restricted_output_layer
 
 # ------------------------------------------------------------------------- pure functions
 
@@ -409,9 +409,9 @@ class StepPlan:
 
     def restricted_output(self, vocab: Tensor):
         """The output layer for the rows ``vocab`` only (a shortlist's candidates)."""
-        weight, bias = output_rows(self.output_projection, vocab)
+        project = restricted_output_layer(self.output_projection, vocab)
         features = self.features
-        return lambda x: F.linear(features(x), weight, bias)
+        return lambda x: project(features(x))
 
 
 class StepState:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_hrt import chunking
-from fairseq_hrt.generation.output_vocab import output_rows, positions_in
+from fairseq_hrt.generation.output_vocab import positions_in, restricted_output_layer
 from fairseq_hrt.generation.strategies import (
     DecodingContext,
     DecodingStrategy,
@@ -204,11 +204,11 @@ class MaskPredictGenerator:
         tokens, positions = initial_input(lengths, self.mask, self.eos, self.pad)
         slots = tokens.eq(self.mask)  # the N target slots of every row
         scores = torch.zeros(tokens.shape, dtype=torch.float, device=tokens.device)
-        vocab = weight = bias = None
+        vocab = project = None
         banned = self.banned.to(tokens.device)
         if self.shortlist is not None:
             vocab = self.shortlist.candidates(src_tokens, self.pad)
-            weight, bias = output_rows(model.decoder.output_projection, vocab)
+            project = restricted_output_layer(model.decoder.output_projection, vocab)
             banned = positions_in(vocab, banned)
         for t in range(self.iterations):
             if t > 0:
@@ -221,7 +221,7 @@ class MaskPredictGenerator:
                 features, _ = model.decoder(
                     tokens, encoder_out=encoder_out, positions=positions, causal=False, features_only=True
                 )
-                logits = F.linear(features, weight, bias)
+                logits = project(features)
             lprobs = F.log_softmax(logits.float(), dim=-1)
             lprobs[:, :, banned] = -math.inf
             best_lprobs, best = lprobs.max(dim=-1)

@@ -1,9 +1,10 @@
 """The output-layer rows a batch decodes over when a lexical shortlist restricts them
 (:mod:`fairseq_hrt.shortlist`): mapping between row indices and vocabulary ids, and the
 rows of an output projection."""
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -19,6 +20,13 @@ def output_rows(projection: nn.Module, ids: Tensor) -> Tuple[Tensor, Optional[Te
     if not isinstance(weight, Tensor):
         raise ValueError(f"--shortlist cannot restrict an output layer of type {type(projection).__name__}")
     return weight.index_select(0, ids), (bias.index_select(0, ids) if bias is not None else None)
+
+
+def restricted_output_layer(projection: nn.Module, ids: Tensor) -> Callable[[Tensor], Tensor]:
+    """``features -> logits`` over the rows ``ids`` of an output projection only (the rows
+    are sliced once, here, for every call that follows)."""
+    weight, bias = output_rows(projection, ids)
+    return lambda features: F.linear(features, weight, bias)
 
 
 def positions_in(ids: Tensor, tokens: Tensor) -> Tensor:
