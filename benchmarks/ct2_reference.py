@@ -36,13 +36,24 @@ def unavailable_reason(use_cuda: bool = False) -> Optional[str]:
     return None
 
 
+_unsupported_reasons: Dict[str, Optional[str]] = {}  # _stamp(checkpoint) -> reason
+
+
 def unsupported_checkpoint_reason(checkpoint: str) -> Optional[str]:
     """None when CTranslate2's fairseq converter can take this AT checkpoint, else why not
-    (a missing file is left to the loader's own error)."""
-    import torch
-
+    (a missing file is left to the loader's own error). The checkpoint is read once while it
+    is unchanged (the benchmark asks when listing rows and when listing skipped families)."""
     if not os.path.isfile(checkpoint):
         return None
+    stamp = _stamp(checkpoint)
+    if stamp not in _unsupported_reasons:
+        _unsupported_reasons[stamp] = _unsupported_reason(checkpoint)
+    return _unsupported_reasons[stamp]
+
+
+def _unsupported_reason(checkpoint: str) -> Optional[str]:
+    import torch
+
 
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # fairseq pickles its args
     cfg = state.get("cfg") or {}

@@ -474,7 +474,7 @@ class ParallelFamily(_FairseqFamily):
 
 # in row order: AT first (the baseline), the outside reference next to it
 FAMILIES: Tuple[Family, ...] = (ATFamily(), CT2Family(), HRTFamily(), MPFamily(), ParallelFamily())
-ADAPTERS: Dict[str, Family] = {"AT": FAMILIES[0], CT2_FAMILY: FAMILIES[1], "HRT": FAMILIES[2], "MP": FAMILIES[3]}
+ADAPTERS: Dict[str, Family] = {family.name: family for family in FAMILIES}
 
 
 def systems_from_args(args) -> Tuple[List[System], List[dict]]:
@@ -491,7 +491,7 @@ def systems_from_args(args) -> Tuple[List[System], List[dict]]:
 def family_of(system: System) -> Family:
     """The adapter that decodes ``system`` (parallel rows carry their strategy in ``decoding``)."""
     if system.decoding.get("decoding") in PARALLEL_METHODS:
-        return FAMILIES[-1]
+        return ADAPTERS[ParallelFamily.name]
     return ADAPTERS[system.family]
 
 
