@@ -24,8 +24,10 @@ Systems (each family only when its checkpoint is given):
 Every AT and HRT system is measured with each engine of ``--engines`` (default both: the lean
 engine's rows keep the plain name, fairseq's ``SequenceGenerator`` rows say "(fairseq
 engine)"), on CPU also with ``--quantize int8`` (an "int8" row per system, lean engine;
-``--int8``), and with ``--shortlist FILE`` also restricted to a lexical shortlist (a
-"+shortlist" row per system, lean engine).
+``--int8``), with ``--shortlist FILE`` also restricted to a lexical shortlist (a
+"+shortlist" row per system, lean engine), and with ``--compile yes`` also with the lean step
+compiled by ``torch.compile`` (a "compiled" row per system; a compiled AT greedy row may be
+the run's baseline, as it is a float AT greedy decoder).
 
 Each family is one adapter in ``measure.py`` (the shared measuring code that
 ``hrt_quality.py`` uses too): it lists its rows and decodes them; the loop here only times.
@@ -146,7 +148,7 @@ def markdown_report(report: dict) -> str:
         + (" (" + ", ".join(f"bs={b}: {n}" for b, n in meta.get("baseline_per_batch_size", {}).items()) + ")"
            if meta.get("baseline_per_batch_size") else ""),
         "- engines: rows without a suffix use the lean engine (`--decoder-engine lean`); '(fairseq engine)' "
-        "rows use fairseq's SequenceGenerator; 'int8' rows add `--quantize int8`",
+        "rows use fairseq's SequenceGenerator; 'int8' rows add `--quantize int8`; 'compiled' rows `--compile`",
         "",
         "- passes/sent: decoder passes per sentence (greedy rows: one per output token; hrt-spec: "
         "drafting + verifying passes, accepted tokens per verifying pass in brackets)",
@@ -422,6 +424,9 @@ def parse_args(argv=None):
     g.add_argument("--spec-block-size", type=int, default=4, help="drafted tokens per pass of the hrt-spec row")
     g.add_argument("--engines", default="lean,fairseq",
                    help="decoder engines of the AT and HRT rows (--decoder-engine), comma-separated")
+    g.add_argument("--compile", choices=("no", "yes"), default="no",
+                   help="add a compiled (--compile: torch.compile of the lean engine's step) row per AT and HRT "
+                        "system; the first batch of each row pays the compilation (its warm-up)")
     g.add_argument("--int8", choices=("auto", "yes", "no"), default="auto",
                    help="add an int8 (--quantize int8, lean engine) row per system: auto = on CPU")
     g.add_argument("--shortlist", metavar="FILE",

@@ -85,7 +85,8 @@ def make_batches(task, model, lines: List[str], batch_size: int, use_cuda: bool)
 
 
 # the task options a row may set (hrt_translation's --decoder-engine, --decode-chunk-size, ...)
-TASK_OPTIONS = ("decoder_engine", "quantize", "decode_chunk_size", "b_nat", "decoding", "jacobi_block_size", "shortlist")
+TASK_OPTIONS = ("decoder_engine", "quantize", "decode_chunk_size", "b_nat", "decoding", "jacobi_block_size", "shortlist",
+                "compile")
 
 
 def build_generator(task, model, gen_args: dict, task_options: dict):
@@ -317,9 +318,11 @@ class Family:
 
 class _FairseqFamily(Family):
     """Families decoded by the plugin's generators, with one row per ``--engines`` value, an
-    int8 row (``--int8``) and a shortlist row (``--shortlist``) per configuration."""
+    int8 row (``--int8``), a shortlist row (``--shortlist``) and a compiled row (``--compile``,
+    left-to-right families only) per configuration."""
 
     engine_rows = True
+    compile_rows = True
 
     def variants(self, args, name, checkpoint, decoding, baseline_candidate=False) -> List[System]:
         engines = parse_engines(getattr(args, "engines", "lean"))
@@ -333,6 +336,10 @@ class _FairseqFamily(Family):
         if getattr(args, "shortlist", None):
             out.append(System(name + " +shortlist", self.name, checkpoint,
                               dict(decoding, engine=engines[0], shortlist=args.shortlist)))
+        if getattr(args, "compile", "no") == "yes" and self.compile_rows:
+            # a float row of the same search: an AT greedy one may be the run's baseline
+            out.append(System(name + " compiled", self.name, checkpoint, dict(decoding, engine="lean", compile=True),
+                              baseline_candidate=baseline_candidate))
         return out
 
     def generation(self, system: System) -> Tuple[dict, dict]:
@@ -342,8 +349,8 @@ class _FairseqFamily(Family):
                    "decoding": d.get("decoding", "auto"), "jacobi_block_size": d.get("block_size"),
                    "decode_chunk_size": str(d.get("chunk_size", 1)), "b_nat": d.get("b_nat", 1),
                    # always set: rows share their checkpoint's task, so a row without a shortlist
-                   # must clear the one a "+shortlist" row set before it
-                   "shortlist": d.get("shortlist")}
+                   # (or compilation) must clear the one a "+shortlist" (or "compiled") row set before it
+                   "shortlist": d.get("shortlist"), "compile": d.get("compile", False)}
         return {"beam": d["beam"]}, options
 
     def greedy(self, system: System) -> bool:
@@ -426,6 +433,7 @@ class MPFamily(_FairseqFamily):
 
     name = "MP"
     engine_rows = False
+    compile_rows = False
 
     def systems(self, args):
         if not args.mp:

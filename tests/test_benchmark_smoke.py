@@ -135,6 +135,26 @@ def test_engine_and_int8_rows_and_the_fastest_baseline():
         benchmark.parse_engines("lean,fast")
 
 
+def test_compiled_rows_for_left_to_right_systems_only():
+    """--compile yes adds a compiled lean row per AT and HRT system (not Mask-Predict, whose
+    decoding has no lean step); a compiled AT greedy row is a float AT greedy decoder, so it
+    may be the baseline."""
+    args = SimpleNamespace(
+        at="at.pt", at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1",
+        mp="mp.pt", mp_iterations="1", mp_length_beam=5, ctranslate2="no", engines="lean", int8="no", compile="yes",
+    )
+    systems = benchmark.systems_from_args(args)[0]
+    assert [s.name for s in systems] == ["AT greedy", "AT greedy compiled", "HRT AT-mode b=1", "HRT AT-mode b=1 compiled",
+                                         "HRT k=2 b_at=1 b_nat=1", "HRT k=2 b_at=1 b_nat=1 compiled", "MP I=1 l=5"]
+    compiled = systems[1]
+    assert compiled.decoding["compile"] is True and compiled.decoding["engine"] == "lean"
+    _, options = benchmark.family_of(compiled).generation(compiled)
+    assert options["compile"] is True and benchmark.family_of(systems[0]).generation(systems[0])[1]["compile"] is False
+    for s in systems:
+        s.speed = {"1": {"words_per_second": {"AT greedy": 300.0, "AT greedy compiled": 450.0}.get(s.name, 9999.0)}}
+    assert benchmark.fastest_baseline(systems, ["1"]) == {"1": "AT greedy compiled"}
+
+
 def test_recipe_trains_one_chunk_size_by_default_and_several_on_request(tmp_path):
     """k = 2 alone by default (the benchmark decodes what was trained); a list stays
     available; profiles without a teacher train the students on raw data."""

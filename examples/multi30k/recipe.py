@@ -83,6 +83,9 @@ class Profile:
     # frequent targets (7/50: the fastest setting within 0.3 BLEU on the mini models' valid set)
     shortlist_per_source: int = 7
     shortlist_frequent: int = 50
+    # the exact parallel forms of greedy search benchmarked (benchmark.py --parallel): Jacobi
+    # of the AT student and hrt-spec of the HRT student; empty for the smoke profiles
+    bench_parallel: str = ""
 
     @property
     def distill(self) -> bool:
@@ -135,6 +138,7 @@ PROFILES: Dict[str, Profile] = {
         log_interval=20,
         bench_sentences=0,
         bench_bs1_sentences=100,
+        bench_parallel="pj,pgj,hgj,hrt-spec",
     ),
     # GPU-sized (--fp16, one H100-class device): the `full` shapes with 4x larger batches and
     # budgets meant to converge on Multi30k (~23 updates per epoch at 16k tokens: teacher ~85
@@ -160,6 +164,7 @@ PROFILES: Dict[str, Profile] = {
         log_interval=50,
         bench_sentences=0,
         bench_bs1_sentences=100,
+        bench_parallel="pj,pgj,hgj,hrt-spec",
     ),
     # The smallest run of every step (300 pairs, tens of updates, 10 test sentences): for
     # tests of the recipe itself (killed at any step and re-run, benchmarks/fault_table.py);
@@ -478,6 +483,8 @@ class Recipe:
         ]
         if p.bench_max_len_b != 200:  # only when set, so that runs made before the option still match
             cmd += ["--max-len-b", str(p.bench_max_len_b)]
+        if p.bench_parallel:
+            cmd += ["--parallel", p.bench_parallel]
         if self.checkpoint("mp").exists() and (self.markers / "mp.done").exists():
             cmd += ["--mp", str(self.checkpoint("mp"))]
         if self.args.ssru_students:

@@ -298,7 +298,7 @@ def left_to_right_generators(ctx: DecodingContext, banned: List[int]) -> Callabl
 
                 built[k] = LeanSequenceGenerator(
                     model, tgt_dict, dataclasses.replace(options, max_len_a=max_len_a, max_len_b=max_len_b), banned,
-                    shortlist=ctx.shortlist,
+                    shortlist=ctx.shortlist, compile=ctx.compile,
                 )
             else:
                 built[k] = ctx.fairseq_generator(
@@ -346,6 +346,7 @@ class BeamDecoding(LeftToRightDecoding):
     an HRT model decodes so in its AT mode (chunk size 1)."""
 
     supports_shortlist = True
+    supports_compile = True
 
     @classmethod
     def is_default_for(cls, model):
@@ -368,6 +369,7 @@ class HRTDecoding(DecodingStrategy):
     """Two-stage hybrid-regressive decoding (``--decode-chunk-size``, ``--b-nat``)."""
 
     supports_shortlist = True
+    supports_compile = True  # stage I and AT mode; stage II is one pass
 
     @classmethod
     def supports(cls, model):

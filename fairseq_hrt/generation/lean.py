@@ -108,10 +108,18 @@ def greedy_choice(logits: Tensor, banned: Tensor):
 
 class DecoderStep:
     """One decoding step of a fairseq ``TransformerDecoderBase`` or an ``HRTDecoder``, with
-    caches preallocated for a batch (see :meth:`begin`). Reads the decoder's own modules."""
+    caches preallocated for a batch (see :meth:`begin`). Reads the decoder's own modules.
 
-    def __init__(self, decoder):
+    ``compile=True`` (``--compile``) runs every step as one ``torch.compile``d function of
+    shapes that do not change from step to step: self-attention reads the whole preallocated
+    cache with the future masked (instead of the first ``t + 1`` keys), and the step index is
+    a tensor, so one compiled graph serves every step (rows, source and cache lengths are
+    dynamic dimensions: batches of other shapes reuse it too)."""
+
+    def __init__(self, decoder, compile: bool = False):
         self.decoder = decoder
+        self.compile = compile
+        self._compiled = None
         for reason, bad in self._unsupported(decoder).items():
             if bad:
                 raise ValueError(f"--decoder-engine lean does not support {reason}; use --decoder-engine fairseq")
@@ -169,6 +177,8 @@ class DecoderStep:
         src_len, bsz, _ = enc.shape
         pad_mask = encoder_out["encoder_padding_mask"][0] if len(encoder_out["encoder_padding_mask"]) > 0 else None
         dtype, device = enc.dtype, enc.device
+        # the compiled step reads the whole cache (future masked): it must hold no NaN/inf
+        new_cache = torch.zeros if self.compile else torch.empty
         enc_k, enc_v, self_k, self_v, cells = [], [], [], [], []
         for layer in self.decoder.layers:
             attn = layer.encoder_attn
@@ -177,8 +187,8 @@ class DecoderStep:
             if self.recurrent:  # the SSRU's state: the last cell, c_{-1} = 0
                 cells.append(torch.zeros(rows, enc.size(-1), dtype=dtype, device=device))
             else:
-                self_k.append(torch.empty(rows, self.heads, steps, self.head_dim, dtype=dtype, device=device))
-                self_v.append(torch.empty(rows, self.heads, steps, self.head_dim, dtype=dtype, device=device))
+                self_k.append(new_cache(rows, self.heads, steps, self.head_dim, dtype=dtype, device=device))
+                self_v.append(new_cache(rows, self.heads, steps, self.head_dim, dtype=dtype, device=device))
         stride = self.stride_of(start_token)
         plan = self.plan()
         return StepState(
@@ -208,6 +218,8 @@ class DecoderStep:
     def __call__(self, state: "StepState", tokens: Tensor, step: int) -> Tensor:
         """Logits ``(N, V)`` of the next token after ``tokens`` ``(N,)`` at ``step`` (``V``: the
         rows of ``begin``'s ``vocab``)."""
+        if self.compile:
+            return self.compiled_step()(state, tokens, torch.tensor([step], device=tokens.device))
         plan = state.plan
         x = plan.embed(tokens)
         if state.positions is not None:
@@ -217,6 +229,46 @@ class DecoderStep:
         for i, layer in enumerate(plan.layers):
             x = self._layer(layer, i, state, x, step)
         return state.output(x)
+
+    def compiled_step(self):
+        """:meth:`static_step` compiled (:func:`compile_step`), once per engine."""
+        if self._compiled is None:
+            self._compiled = compile_step(self.static_step)
+        return self._compiled
+
+    def static_step(self, state: "StepState", tokens: Tensor, step: Tensor) -> Tensor:
+        """:meth:`__call__` with ``step`` a ``(1,)`` tensor and self-attention over the whole
+        cache, future positions masked: no shape depends on the step."""
+        plan = state.plan
+        x = plan.embed(tokens)
+        if state.positions is not None:
+            x = x + state.positions.index_select(0, step)
+        if plan.layernorm_embedding is not None:
+            x = plan.layernorm_embedding(x)
+        for i, layer in enumerate(plan.layers):
+            if layer.recurrent:
+                self_block = lambda h, layer=layer, i=i: self._recurrence(layer, i, state, h)  # noqa: E731
+            else:
+                self_block = lambda h, layer=layer, i=i: self._static_self_attention(layer, i, state, h, step)  # noqa: E731
+            x = layer_forward(layer, x, self_block, lambda h, layer=layer, i=i: self._encoder_attention(layer, i, state, h))
+        return state.output(x)
+
+    def _static_self_attention(self, layer: "LayerPlan", i: int, state: "StepState", x: Tensor, step: Tensor) -> Tensor:
+        n = x.size(0)
+        q, k, v = layer.qkv(x)
+        q = split_heads(q * layer.scaling, self.heads).unsqueeze(2)  # (N, H, 1, d)
+        keys, values = state.self_k[i][:n], state.self_v[i][:n]  # (N, H, T, d), T: preallocated
+        keys.index_copy_(2, step, split_heads(k, self.heads).unsqueeze(2))
+        values.index_copy_(2, step, split_heads(v, self.heads).unsqueeze(2))
+        scores = torch.matmul(q, keys.transpose(2, 3))  # (N, H, 1, T)
+        if layer.relative_keys is not None:
+            q_rel = torch.matmul(q, layer.relative_keys)  # (N, H, 1, 2w+1)
+            scores = scores + q_rel.index_select(3, state.buckets.index_select(0, step).view(-1))
+        future = torch.arange(keys.size(2), device=x.device) > step
+        scores = scores.masked_fill(future, -math.inf)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).type_as(scores)
+        out = torch.matmul(probs, values)  # (N, H, 1, d)
+        return layer.self_out(out.reshape(n, -1))
 
     def _layer(self, layer: "LayerPlan", i: int, state: "StepState", x: Tensor, step: int) -> Tensor:
         if layer.recurrent:
@@ -256,6 +308,26 @@ class DecoderStep:
         probs = torch.softmax(scores.float() + state.enc_bias, dim=-1).type_as(scores)
         out = torch.matmul(probs, state.enc_v[i]).transpose(1, 2)  # (B, beam, H, d)
         return layer.encoder_out(out.reshape(n, -1))
+
+
+# graphs of one compiled step: a model has one per kind of batch (1 row, 1 row per sentence,
+# a beam of rows per sentence: torch.compile specialises sizes 1 and the rows-per-sentence
+# relation), and a process may decode several models (the benchmark) -- more than
+# torch._dynamo's default of 8, after which it would silently fall back to eager steps
+COMPILED_GRAPHS_LIMIT = 64
+
+
+def compile_step(step_function):
+    """``torch.compile`` of a step function of static shapes (dynamic dimensions, so batches
+    of other sizes reuse the graph). The default mode on every device: CUDA-graph capture
+    (``reduce-overhead``) would also need the caches at static addresses and the logits read
+    before the next replay, which no GPU has verified here yet."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # renamed in torch 2.7
+    setattr(config, name, max(getattr(config, name), COMPILED_GRAPHS_LIMIT))
+    return torch.compile(step_function, dynamic=True)
 
 
 def search_max_len(options: SearchOptions, src_tokens: Tensor, cap: int) -> int:
@@ -456,13 +528,13 @@ class LeanSequenceGenerator:
     (:meth:`Shortlist.candidates`, kept as ``last_vocab``)."""
 
     def __init__(self, model, tgt_dict, options: SearchOptions, banned: Sequence[int] = (),
-                 shortlist=None):
+                 shortlist=None, compile: bool = False):
         if options.beam < 1:
             raise ValueError("--beam must be >= 1")
         if options.temperature <= 0:
             raise ValueError("--temperature must be greater than 0")
         self.model = model
-        self.step = DecoderStep(model.decoder)
+        self.step = DecoderStep(model.decoder, compile=compile)
         self.options = options
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
         self.vocab_size = len(tgt_dict)

@@ -158,6 +158,7 @@ class DecodingContext:
     engine: str
     fairseq_generator: Callable
     shortlist: Optional[object] = None
+    compile: bool = False
 
 
 class DecodingStrategy:
@@ -165,11 +166,13 @@ class DecodingStrategy:
     not (a message); ``is_default_for`` picks it under ``--decoding auto``;
     ``supports_shortlist``: whether its generator restricts the output layer to
     ``ctx.shortlist``'s candidates (``--shortlist`` is refused otherwise);
-    ``uses_decoder_engine``: whether ``--decoder-engine`` picks its search."""
+    ``uses_decoder_engine``: whether ``--decoder-engine`` picks its search;
+    ``supports_compile``: whether its search runs the lean engine's step (``--compile``)."""
 
     name: str = ""
     supports_shortlist: bool = False
     uses_decoder_engine: bool = True
+    supports_compile: bool = False
 
     @classmethod
     def supports(cls, model) -> Optional[str]:
@@ -265,20 +268,36 @@ def check_shortlist_supported(strategy: Type[DecodingStrategy], engine: str):
         )
 
 
+def check_compile_supported(strategy: Type[DecodingStrategy], engine: str, quantize: str):
+    """``--compile`` compiles the lean engine's decoder step; every other combination is
+    refused, all reasons in one message."""
+    reasons = []
+    if not strategy.supports_compile:
+        reasons.append(f"--decoding {strategy.name} does not run the lean engine's step (use --decoding beam or hrt)")
+    if engine != "lean":
+        reasons.append("--decoder-engine fairseq runs fairseq's SequenceGenerator (use --decoder-engine lean)")
+    if quantize != "none":
+        reasons.append(f"--quantize {quantize} replaces the linear layers by quantized modules (drop one of the two)")
+    if reasons:
+        raise ValueError("--compile is not supported here: " + "; ".join(reasons))
+
+
 def build_decoding(task, models, args, decoding: str, engine: str, quantize: str, fairseq_generator: Callable,
-                   shortlist=None):
+                   shortlist=None, compile: bool = False):
     """The one place that turns ``--decoding`` / ``--decoder-engine`` / ``--quantize`` /
-    ``--shortlist`` into a generator."""
+    ``--shortlist`` / ``--compile`` into a generator."""
     if engine not in ENGINE_CHOICES:
         raise ValueError(f"--decoder-engine must be one of {ENGINE_CHOICES}, got {engine!r}")
     strategy = pick_strategy(decoding, models[0])
     if shortlist is not None:
         check_shortlist_supported(strategy, engine)
+    if compile:
+        check_compile_supported(strategy, engine, quantize)
     if quantize == "int8":
         for model in models:
             quantize_int8(model)
     elif quantize != "none":
         raise ValueError(f"--quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
     ctx = DecodingContext(task=task, models=models, args=args, engine=engine, fairseq_generator=fairseq_generator,
-                          shortlist=shortlist)
+                          shortlist=shortlist, compile=compile)
     return strategy.build(ctx)

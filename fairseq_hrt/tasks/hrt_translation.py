@@ -165,6 +165,15 @@ class HRTTranslationConfig(TranslationConfig):
         default="none",
         metadata={"help": "'int8' = dynamic int8 quantization of the linear layers for CPU decoding"},
     )
+    compile: bool = field(
+        default=False,
+        metadata={
+            "help": "compile the lean engine's decoder step with torch.compile (one graph for every step and "
+            "batch: self-attention over the whole preallocated cache, future masked; a CUDA graph on a GPU); "
+            "for --decoding beam/hrt with --decoder-engine lean, not with --quantize. The first batch pays "
+            "the compilation (tens of seconds; a C++ compiler is needed on CPU)"
+        },
+    )
     shortlist: Optional[str] = field(
         default=None,
         metadata={
@@ -529,6 +538,7 @@ class HRTTranslationTask(TranslationTask):
             quantize=str(self.cfg.quantize),
             fairseq_generator=fairseq_generator,
             shortlist=self.load_shortlist(),
+            compile=bool(getattr(self.cfg, "compile", False)),
         )
 
     def load_shortlist(self):
