@@ -228,3 +228,25 @@ def test_lean_sees_weights_loaded_after_it_was_built(random_models):
         assert_same_hypotheses(ref, gen.generate([at], sample))
     finally:
         at.load_state_dict(original)
+
+
+def test_bidirectional_pass_equals_the_decoder_module(random_models):
+    """The lean non-causal pass (stage II, hrt-spec drafts) gives the HRT decoder's features
+    on a ragged batch of stage-II inputs (masks, pads, positions 1, 2, .. per row)."""
+    from fairseq_hrt import chunking
+
+    _, task, hrt, _ = random_models
+    d = task.target_dictionary
+    sample = make_sample(task, RAGGED[:9])
+    encoder_out = hrt.encoder.forward_torchscript(sample["net_input"])
+    skeleton = torch.full((9, 6), d.pad(), dtype=torch.long)
+    for r in range(9):
+        length = 1 + r % 6
+        skeleton[r, : length - 1] = torch.randint(d.nspecial, len(d) - 8, (length - 1,))
+        skeleton[r, length - 1] = d.eos()
+    stage2 = chunking.stage2_input(skeleton, 2, d.pad(), task.mask_idx)
+    ref, _ = hrt.decoder(stage2.tokens, encoder_out=encoder_out, positions=stage2.positions, causal=False, features_only=True)
+    ours = lean.DecoderStep(hrt.decoder).bidirectional(stage2.tokens, stage2.positions, encoder_out)
+    real = stage2.tokens.ne(d.pad())
+    assert stage2.tokens.eq(d.pad()).any() and stage2.tokens.eq(task.mask_idx).any()
+    assert torch.allclose(ours[real], ref[real], atol=1e-5)

@@ -94,6 +94,8 @@ class HRTGenerator:
             by more than this fraction of its length plus one token (:func:`length_buckets`)
         shortlist: a lexical shortlist (:mod:`fairseq_hrt.shortlist`): stage II predicts the
             masks among the batch's candidates, the same ones stage I searched over
+        bidirectional: stage II's decoder pass ``(tokens, positions, encoder_out) -> features``
+            (the lean engine's :meth:`DecoderStep.bidirectional`); default the decoder module's
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class HRTGenerator:
         print_steps: bool = False,
         bucket_padding: float = 0.25,
         shortlist=None,
+        bidirectional: Optional[Callable] = None,
     ):
         if b_nat < 1:
             raise ValueError(f"--b-nat must be >= 1, got {b_nat}")
@@ -130,6 +133,7 @@ class HRTGenerator:
         self.print_steps = print_steps
         self.bucket_padding = bucket_padding
         self.shortlist = shortlist
+        self.bidirectional = bidirectional
         self.banned = torch.tensor(sorted(set(hrt_banned_symbols(tgt_dict, mask, chunk_start) + [self.pad])))
 
     # fairseq's generate loop calls generator.generate(models, sample, prefix_tokens=..., ...)
@@ -187,7 +191,8 @@ class HRTGenerator:
             encoder_out, torch.tensor(sentence_of_row, dtype=torch.long, device=device)
         )
         stage2, tokens, pos_scores, lengths = fill_skeletons(
-            self.model, skeleton, skeleton_scores, k, enc, self.banned, self.mask, self.eos, self.pad, vocab
+            self.model, skeleton, skeleton_scores, k, enc, self.banned, self.mask, self.eos, self.pad, vocab,
+            bidirectional=self.bidirectional,
         )
         final_scores = pos_scores.sum(dim=1) / lengths.float().pow(self.len_penalty)
 
@@ -206,11 +211,12 @@ class HRTGenerator:
 
 
 def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, encoder_out, banned: Tensor,
-                   mask: int, eos: int, pad: int, vocab: Optional[Tensor] = None):
+                   mask: int, eos: int, pad: int, vocab: Optional[Tensor] = None, bidirectional: Optional[Callable] = None):
     """Stage II proper: one bidirectional pass over right-padded skeletons ``(B, M)`` (each
     ending in ``</s>``) with ``k - 1`` masks before every token, argmax in the masks.
     ``vocab``: the sorted target ids the masks may take (a shortlist's candidates; their
-    log-probabilities are normalised over these ids), default all.
+    log-probabilities are normalised over these ids), default all. ``bidirectional``: the
+    decoder pass ``(tokens, positions, encoder_out) -> features`` (default: the decoder module).
 
     ``skeleton_scores`` are the stage-I log-probabilities of the skeleton tokens (zeros when
     a skeleton does not come from stage I, e.g. an oracle's); ``encoder_out`` has one row per
@@ -220,9 +226,12 @@ def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, enc
     stage2 = chunking.stage2_input(skeleton, k, pad, mask)
     spread_scores = skeleton_scores.new_zeros(stage2.tokens.shape)
     spread_scores[stage2.target.ne(pad)] = skeleton_scores[skeleton.ne(pad)]
-    features, _ = model.decoder(
-        stage2.tokens, encoder_out=encoder_out, positions=stage2.positions, causal=False, features_only=True
-    )
+    if bidirectional is not None:
+        features = bidirectional(stage2.tokens, stage2.positions, encoder_out)
+    else:
+        features, _ = model.decoder(
+            stage2.tokens, encoder_out=encoder_out, positions=stage2.positions, causal=False, features_only=True
+        )
     # only the k - 1 masks of every chunk are predicted: projecting just them onto the
     # vocabulary keeps stage II's output layer at (k - 1) / k of a full pass, so stage I
     # plus stage II cost no more output-layer work than AT decoding does
@@ -312,6 +321,13 @@ def left_to_right_generators(ctx: DecodingContext, banned: List[int]) -> Callabl
     return generator
 
 
+def lean_bidirectional(model) -> Callable:
+    """The lean engine's non-causal decoder pass of ``model`` (stage II, drafts)."""
+    from fairseq_hrt.generation.lean import DecoderStep
+
+    return DecoderStep(model.decoder).bidirectional
+
+
 def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
     task, model = ctx.task, ctx.models[0]
     b_at = getattr(ctx.args, "beam", 5)
@@ -332,6 +348,7 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
         b_nat=task.cfg.b_nat,
         print_steps=getattr(ctx.args, "print_step", False),
         shortlist=ctx.shortlist,
+        bidirectional=lean_bidirectional(model) if ctx.engine == "lean" else None,
     )
     if chunk_size == 1 and task.cfg.b_nat == 1:
         logger.info("HRT decoding in AT mode (chunk size 1) from </s>, %s engine", ctx.engine)

@@ -171,7 +171,7 @@ class BlockStep(DecoderStep):
             self_block = lambda h: self._block_recurrence(layer, i, state, h, positions)  # noqa: E731
         else:
             self_block = lambda h: self._block_self_attention(layer, i, state, h, positions, bias, buckets)  # noqa: E731
-        return layer_forward(layer, x, self_block, lambda h: self._block_encoder_attention(layer, i, state, h))
+        return layer_forward(layer, x, self_block, lambda h: self.encoder_attention_block(layer, h, state.enc_k[i], state.enc_v[i], state.enc_bias))
 
     def _block_recurrence(self, layer, i, state, x, positions) -> Tensor:
         """SSRU over the block: from the cached cell before the block's first position (zero
@@ -187,19 +187,14 @@ class BlockStep(DecoderStep):
         cache.scatter_(1, positions.unsqueeze(-1).expand(n, w, c), cells)
         return torch.relu(cells)
 
-    def _heads(self, x: Tensor) -> Tensor:
-        """``(N, W, C)`` -> ``(N, H, W, d)``."""
-        n, w, _ = x.shape
-        return x.view(n, w, self.heads, self.head_dim).transpose(1, 2)
-
     def _block_self_attention(self, layer, i, state, x, positions, bias, buckets) -> Tensor:
         n, w, _ = x.shape
         q, k, v = layer.qkv(x)
-        q = self._heads(q * layer.scaling)
+        q = self.heads_of(q * layer.scaling)
         cache_k, cache_v = state.self_k[i][:n], state.self_v[i][:n]
         index = positions.view(n, 1, w, 1).expand(n, self.heads, w, self.head_dim)
-        cache_k.scatter_(2, index, self._heads(k))
-        cache_v.scatter_(2, index, self._heads(v))
+        cache_k.scatter_(2, index, self.heads_of(k))
+        cache_v.scatter_(2, index, self.heads_of(v))
         keys = bias.size(-1)
         scores = torch.matmul(q, cache_k[:, :, :keys].transpose(2, 3))  # (N, H, W, K)
         if layer.relative_keys is not None:
@@ -208,13 +203,6 @@ class BlockStep(DecoderStep):
         out = torch.matmul(probs, cache_v[:, :, :keys])  # (N, H, W, d)
         return layer.self_out(out.transpose(1, 2).reshape(n, w, -1))
 
-    def _block_encoder_attention(self, layer, i, state, x) -> Tensor:
-        n, w, _ = x.shape
-        q = self._heads(layer.encoder_q(x) * layer.scaling)
-        scores = torch.matmul(q, state.enc_k[i].transpose(2, 3))  # (N, H, W, S)
-        probs = torch.softmax(scores.float() + state.enc_bias, dim=-1).type_as(scores)
-        out = torch.matmul(probs, state.enc_v[i])
-        return layer.encoder_out(out.transpose(1, 2).reshape(n, w, -1))
 
 
 # ---------------------------------------------------------------------------- drafters
@@ -229,6 +217,7 @@ class NATDrafter:
         self.model, self.mask, self.pad = model, mask, pad
         self.banned = banned
         self.encoder_out = None
+        self.bidirectional = DecoderStep(model.decoder).bidirectional
 
     def begin(self, encoder_out):
         self.encoder_out = encoder_out
@@ -248,9 +237,7 @@ class NATDrafter:
         if not bool(drafted.any()):
             return drafted
         inputs = tokens[:, 1 : width + 1].masked_fill(masked, self.mask).masked_fill(~real, self.pad)
-        features, _ = self.model.decoder(
-            inputs, encoder_out=self.encoder_out, positions=chunking.nat_positions(real), causal=False, features_only=True
-        )
+        features = self.bidirectional(inputs, chunking.nat_positions(real), self.encoder_out)
         logits = self.model.decoder.output_layer(features[masked]).float()
         logits[:, self.banned.to(logits.device)] = -math.inf
         drafts = logits.argmax(dim=-1)

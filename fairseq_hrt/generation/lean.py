@@ -179,11 +179,9 @@ class DecoderStep:
         dtype, device = enc.dtype, enc.device
         # the compiled step reads the whole cache (future masked): it must hold no NaN/inf
         new_cache = torch.zeros if self.compile else torch.empty
-        enc_k, enc_v, self_k, self_v, cells = [], [], [], [], []
-        for layer in self.decoder.layers:
-            attn = layer.encoder_attn
-            enc_k.append(attn.k_proj(enc).view(src_len, bsz, self.heads, self.head_dim).permute(1, 2, 0, 3).contiguous())
-            enc_v.append(attn.v_proj(enc).view(src_len, bsz, self.heads, self.head_dim).permute(1, 2, 0, 3).contiguous())
+        enc_k, enc_v = self.encoder_keys_values(enc)
+        self_k, self_v, cells = [], [], []
+        for _ in self.decoder.layers:
             if self.recurrent:  # the SSRU's state: the last cell, c_{-1} = 0
                 cells.append(torch.zeros(rows, enc.size(-1), dtype=dtype, device=device))
             else:
@@ -203,6 +201,66 @@ class DecoderStep:
             positions=self.position_table(steps, stride, start_token, device),
             buckets=relative_buckets(steps, stride, self.window).to(device) if self.relative else None,
         )
+
+    def encoder_keys_values(self, enc: Tensor):
+        """Every layer's encoder-attention keys and values ``(B, H, S, d)`` of ``enc`` ``(S, B, C)``."""
+        src_len, bsz, _ = enc.shape
+        keys, values = [], []
+        for layer in self.decoder.layers:
+            attn = layer.encoder_attn
+            keys.append(attn.k_proj(enc).view(src_len, bsz, self.heads, self.head_dim).permute(1, 2, 0, 3).contiguous())
+            values.append(attn.v_proj(enc).view(src_len, bsz, self.heads, self.head_dim).permute(1, 2, 0, 3).contiguous())
+        return keys, values
+
+    def bidirectional(self, tokens: Tensor, positions: Tensor, encoder_out) -> Tensor:
+        """Decoder features ``(B, T, C)`` of one non-causal pass over ``tokens`` ``(B, T)`` at
+        the original target ``positions`` (HRT's stage II and the drafts of ``hrt-spec``:
+        ``model.decoder(tokens, positions=positions, causal=False, features_only=True)``
+        without its modules' per-call cost). ``<pad>`` keys are masked."""
+        decoder, plan = self.decoder, self.plan()
+        enc = encoder_out["encoder_out"][0]
+        pad_mask = encoder_out["encoder_padding_mask"][0] if len(encoder_out["encoder_padding_mask"]) > 0 else None
+        enc_k, enc_v = self.encoder_keys_values(enc)
+        enc_bias = padding_bias(pad_mask, enc.size(0), enc.size(1), torch.float32, enc.device)
+        n, t = tokens.shape
+        x = plan.embed(tokens)
+        embedded_positions = decoder.embed_target_positions(tokens, positions)
+        if embedded_positions is not None:
+            x = x + embedded_positions.to(x)
+        if plan.layernorm_embedding is not None:
+            x = plan.layernorm_embedding(x)
+        self_bias = padding_bias(tokens.eq(decoder.padding_idx), t, n, torch.float32, tokens.device)
+        buckets = None
+        if self.relative:
+            buckets = relative_bucket(positions, positions, self.window).unsqueeze(1).expand(n, self.heads, t, t)
+
+        def self_attention(layer, h):
+            q, k, v = layer.qkv(h)
+            q = self.heads_of(q * layer.scaling)
+            scores = torch.matmul(q, self.heads_of(k).transpose(2, 3))  # (B, H, T, T)
+            if layer.relative_keys is not None:
+                scores = scores + torch.matmul(q, layer.relative_keys).gather(3, buckets)
+            probs = torch.softmax(scores.float() + self_bias, dim=-1).type_as(scores)
+            return layer.self_out(torch.matmul(probs, self.heads_of(v)).transpose(1, 2).reshape(n, t, -1))
+
+        for i, layer in enumerate(plan.layers):
+            x = layer_forward(layer, x, lambda h, layer=layer: self_attention(layer, h),
+                              lambda h, layer=layer, i=i: self.encoder_attention_block(layer, h, enc_k[i], enc_v[i], enc_bias))
+        return plan.features(x)
+
+    def heads_of(self, x: Tensor) -> Tensor:
+        """``(N, W, C)`` -> ``(N, H, W, d)``."""
+        n, w, _ = x.shape
+        return x.view(n, w, self.heads, self.head_dim).transpose(1, 2)
+
+    def encoder_attention_block(self, layer: "LayerPlan", x: Tensor, enc_k: Tensor, enc_v: Tensor, enc_bias: Tensor) -> Tensor:
+        """Encoder attention of ``W`` queries per row ``(N, W, C)``, one sentence per row."""
+        n, w, _ = x.shape
+        q = self.heads_of(layer.encoder_q(x) * layer.scaling)
+        scores = torch.matmul(q, enc_k.transpose(2, 3))  # (N, H, W, S)
+        probs = torch.softmax(scores.float() + enc_bias, dim=-1).type_as(scores)
+        out = torch.matmul(probs, enc_v)
+        return layer.encoder_out(out.transpose(1, 2).reshape(n, w, -1))
 
     def plan(self) -> "StepPlan":
         """The decoder's modules as plain functions; rebuilt only when a parameter changed
