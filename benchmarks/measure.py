@@ -8,7 +8,9 @@ reference, HRT, Mask-Predict and the exact parallel strategies (Jacobi, hrt-spec
 :class:`Runner` per row. The measuring loop only talks to runners, so a new family or
 strategy is a new adapter, never a new branch in the loop.
 """
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -41,6 +43,16 @@ class System:
 
 
 # --------------------------------------------------------------------------- text and models
+
+
+def write_report(out_dir: str, stem: str, report: dict, text: str):
+    """``OUT/STEM.json`` and ``OUT/STEM.md`` of a measuring script (the markdown is also printed)."""
+    print(text)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, stem + ".json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(out_dir, stem + ".md"), "w") as f:
+        f.write(text)
 
 
 def read_lines(path, limit=0) -> List[str]:

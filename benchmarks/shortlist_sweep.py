@@ -22,7 +22,6 @@ Example::
         --settings 75/75,10/50,10/50/0.05 --out-dir R/shortlist-sweep
 """
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -34,7 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from measure import Context, FairseqRunner, System, read_lines  # noqa: E402
+from measure import Context, FairseqRunner, System, read_lines, write_report  # noqa: E402
 
 from fairseq_hrt import shortlist as sl  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
@@ -181,11 +180,7 @@ def main(argv=None):
         report["rows"].append(entry)
         table.append(f"| {r['name']} | {r['bleu']:.2f} | " + " | ".join(cells) + " |")
     text = "\n".join(table) + "\n"
-    print(text)
-    with open(os.path.join(args.out_dir, "sweep.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    with open(os.path.join(args.out_dir, "sweep.md"), "w") as f:
-        f.write(text)
+    write_report(args.out_dir, "sweep", report, text)
 
 
 if __name__ == "__main__":

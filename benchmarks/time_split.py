@@ -15,7 +15,6 @@ Example (after examples/multi30k/recipe.py --profile full)::
         --at R/at/checkpoint_last.pt --hrt R/hrt/checkpoint_last.pt --threads 2 --out-dir R/time-split
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -134,12 +133,7 @@ def main(argv=None):
     text = (f"## Where the decoding time goes (lean engine, {args.threads} thread(s), torch {torch.__version__})\n\n"
             "ms per sentence (share of the total); decoder steps: left-to-right steps (AT, HRT stage I) "
             "per batch, each over the batch's active rows; ms/step: mean time of one step\n\n" + "\n".join(table) + "\n")
-    print(text)
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "time_split.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    with open(os.path.join(args.out_dir, "time_split.md"), "w") as f:
-        f.write(text)
+    measure.write_report(args.out_dir, "time_split", report, text)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,13 @@ def padding_bias(padding_mask: Optional[Tensor], length: int, rows: int, dtype, 
     return bias
 
 
+def encoder_padding_bias(encoder_out) -> Tensor:
+    """:func:`padding_bias` of a fairseq encoder output's padding, ``(B, 1, 1, S)``."""
+    enc = encoder_out["encoder_out"][0]
+    pad_mask = encoder_out["encoder_padding_mask"][0] if len(encoder_out["encoder_padding_mask"]) > 0 else None
+    return padding_bias(pad_mask, enc.size(0), enc.size(1), torch.float32, enc.device)
+
+
 def positional_scores(cumulative: Tensor) -> Tensor:
     """Cumulative scores ``(R, T)`` -> per-token scores, as fairseq's ``finalize_hypos``."""
     scores = cumulative.clone()
@@ -174,8 +181,6 @@ class DecoderStep:
         at most ``steps`` steps; encoder-side keys/values are projected here, once. ``vocab``:
         the output-layer rows (sorted ids) the steps compute logits for (default: all)."""
         enc = encoder_out["encoder_out"][0]  # (S, B, C)
-        src_len, bsz, _ = enc.shape
-        pad_mask = encoder_out["encoder_padding_mask"][0] if len(encoder_out["encoder_padding_mask"]) > 0 else None
         dtype, device = enc.dtype, enc.device
         # the compiled step reads the whole cache (future masked): it must hold no NaN/inf
         new_cache = torch.zeros if self.compile else torch.empty
@@ -197,7 +202,7 @@ class DecoderStep:
             cells=cells,
             enc_k=enc_k,
             enc_v=enc_v,
-            enc_bias=padding_bias(pad_mask, src_len, bsz, torch.float32, device),
+            enc_bias=encoder_padding_bias(encoder_out),
             positions=self.position_table(steps, stride, start_token, device),
             buckets=relative_buckets(steps, stride, self.window).to(device) if self.relative else None,
         )
@@ -218,10 +223,8 @@ class DecoderStep:
         ``model.decoder(tokens, positions=positions, causal=False, features_only=True)``
         without its modules' per-call cost). ``<pad>`` keys are masked."""
         decoder, plan = self.decoder, self.plan()
-        enc = encoder_out["encoder_out"][0]
-        pad_mask = encoder_out["encoder_padding_mask"][0] if len(encoder_out["encoder_padding_mask"]) > 0 else None
-        enc_k, enc_v = self.encoder_keys_values(enc)
-        enc_bias = padding_bias(pad_mask, enc.size(0), enc.size(1), torch.float32, enc.device)
+        enc_k, enc_v = self.encoder_keys_values(encoder_out["encoder_out"][0])
+        enc_bias = encoder_padding_bias(encoder_out)
         n, t = tokens.shape
         x = plan.embed(tokens)
         embedded_positions = decoder.embed_target_positions(tokens, positions)
