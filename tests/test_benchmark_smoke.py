@@ -339,3 +339,24 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(ti
     md = (bench / "report.md").read_text()
     assert str(out) not in md
     assert "not available" not in md and "| HRT: skipped |" in md and "| MP: skipped |" in md
+
+
+@pytest.mark.slow
+def test_time_split_parts_add_up_and_hrt_halves_the_steps(trained, tmp_path):
+    """benchmarks/time_split.py: encoder + decoder steps + stage II + other = the measured
+    total; stage II only for k = 2, which takes about half of AT mode's steps per sentence."""
+    time_split = _load_module("hrt_time_split", REPO / "benchmarks" / "time_split.py")
+    data, ckpts = trained
+    time_split.main(["--data", str(data.bin_dir), "--src", str(data.raw("valid", "en")), "--at", str(ckpts["at_tiny"]),
+                     "--hrt", str(ckpts["hrt_tiny"]), "--batch-sizes", "1,8", "--bs1-sentences", "20",
+                     "--out-dir", str(tmp_path)])
+    report = json.loads((tmp_path / "time_split.json").read_text())
+    assert (tmp_path / "time_split.md").read_text().count("| HRT k=2 b_at=1 b_nat=1 |") == 2
+    for name, by_batch in report["systems"].items():
+        for bs, result in by_batch.items():
+            parts = result["parts_ms_per_sentence"]
+            assert sum(parts.values()) == pytest.approx(result["ms_per_sentence"])
+            assert parts["encoder"] > 0 and parts["decoder steps"] > 0
+            assert (parts["stage II"] > 0) == name.startswith("HRT k=2")
+    at_mode, k2 = report["systems"]["HRT AT-mode b=1"]["1"], report["systems"]["HRT k=2 b_at=1 b_nat=1"]["1"]
+    assert k2["decoder_steps_per_batch"] < 0.75 * at_mode["decoder_steps_per_batch"]
