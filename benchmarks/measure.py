@@ -112,7 +112,7 @@ def build_generator(task, model, gen_args: dict, task_options: dict):
             raise ValueError(f"unknown task option {key!r}")
         if hasattr(task.cfg, key):
             setattr(task.cfg, key, value)
-        elif value not in (None, "none", "auto", 1, "1"):
+        elif value not in (None, "none", "auto", False, 1, "1"):
             raise ValueError(f"the checkpoint's task has no option {key!r} (asked for {value!r})")
     return task.build_generator([model], GenerationConfig(**gen_args))
 
