@@ -204,7 +204,6 @@ class BlockStep(DecoderStep):
         return layer.self_out(out.transpose(1, 2).reshape(n, w, -1))
 
 
-
 # ---------------------------------------------------------------------------- drafters
 
 
