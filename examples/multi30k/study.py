@@ -76,6 +76,19 @@ def parse_variants(items: List[str]) -> Dict[str, str]:
     return out
 
 
+def parse_variant_from(items: List[str], variants: Dict[str, str], at_variants: Dict[str, str]) -> Dict[str, str]:
+    """``VARIANT=AT_VARIANT`` pairs: which AT variant an HRT variant is fine-tuned from."""
+    out = {}
+    for item in items or []:
+        name, sep, base = item.partition("=")
+        if not sep or name not in variants or base not in at_variants:
+            raise ValueError(f"--variant-from {item!r}: expected VARIANT=AT_VARIANT, VARIANT one of --variants "
+                             f"({', '.join(variants) or 'none'}), AT_VARIANT one of --at-variants "
+                             f"({', '.join(at_variants) or 'none'})")
+        out[name] = base
+    return out
+
+
 class Study(Recipe):
     def __init__(self, args):
         super().__init__(args)
@@ -84,6 +97,8 @@ class Study(Recipe):
         self.base = self.profile.student.max_update
         self.study_dir = self.out / "study"
         self.variants = parse_variants(args.variants)
+        self.at_variants = parse_variants(args.at_variants)
+        self.variant_from = parse_variant_from(args.variant_from, self.variants, self.at_variants)
         self.kd_dir = self.out / "kd"
 
     def budget(self, scale: int) -> Budget:
@@ -115,12 +130,28 @@ class Study(Recipe):
     def variant_name(self, variant: str) -> str:
         return f"hrt_{set_tag(self.sets[0])}_x{self.scales[-1]}_{variant}"
 
-    def variant_args(self, variant: str) -> List[str]:
+    def at_variant_name(self, variant: str) -> str:
+        return f"at_x{self.scales[-1]}_{variant}"
+
+    def variant_args(self, variant: str, variants: Dict[str, str] = None) -> List[str]:
         kd = f"--distill-data {shlex.quote(str(self.kd_dir / 'distill-bin'))}"
-        return shlex.split(self.variants[variant].replace("{kd}", kd))
+        return shlex.split((variants or self.variants)[variant].replace("{kd}", kd))
 
     def needs_kd(self) -> bool:
-        return any("{kd}" in extra for extra in self.variants.values())
+        return any("{kd}" in extra for extra in [*self.variants.values(), *self.at_variants.values()])
+
+    def variant_base(self, variant: str) -> Path:
+        """The AT checkpoint an HRT variant is fine-tuned from: the AT of the largest budget, or
+        the AT variant named by ``--variant-from`` (e.g. one with the same decoder depth)."""
+        if variant in self.variant_from:
+            return self.checkpoint(self.at_variant_name(self.variant_from[variant]))
+        return self.at_checkpoint(self.scales[-1])
+
+    def step_at_variant(self, i, variant: str):
+        name, budget = self.at_variant_name(variant), self.budget(self.scales[-1])
+        extra = ["--hrt-mode", "at", *self._student_args(), *self.variant_args(variant, self.at_variants)]
+        cmd = self.train_cmd(name, self.profile.at_arch, budget, extra)
+        self.run_step(i, name, cmd, [self.checkpoint(name)], train_max_update=budget.max_update)
 
     def step_kd(self, i):
         """The study's own sequence-level KD (no teacher in the profile): the AT model of the
@@ -136,20 +167,29 @@ class Study(Recipe):
     def step_variant(self, i, variant: str):
         name, scale = self.variant_name(variant), self.scales[-1]
         budget = self.budget(scale)
-        extra = self.hrt_args(self.sets[0], self.at_checkpoint(scale)) + self.variant_args(variant)
+        extra = self.hrt_args(self.sets[0], self.variant_base(variant)) + self.variant_args(variant)
         cmd = self.train_cmd(name, self.profile.hrt_arch, budget, extra)
         self.run_step(i, name, cmd, [self.checkpoint(name)], train_max_update=budget.max_update)
+
+    def raw_hrt_sets(self) -> List[str]:
+        """Chunk-size sets trained on raw data at every budget (none with ``--skip-raw-hrt``:
+        a study of variants only)."""
+        return [] if self.args.skip_raw_hrt else self.sets
 
     def models(self) -> Dict[str, dict]:
         out = {}
         for scale in self.scales:
             out[f"at_x{scale}"] = {"kind": "AT", "scale": scale, "updates": scale * self.base,
                                    "checkpoint": self.at_checkpoint(scale), "log": self.logs / "at.log"}
-            for cs in self.sets:
+            for cs in self.raw_hrt_sets():
                 name = f"hrt_{set_tag(cs)}_x{scale}"
                 out[name] = {"kind": "HRT", "scale": scale, "updates": scale * self.base, "chunk_sizes": cs,
                              "checkpoint": self.checkpoint(name), "log": self.logs / f"{name}.log"}
         scale = self.scales[-1]
+        for variant, extra in self.at_variants.items():
+            name = self.at_variant_name(variant)
+            out[name] = {"kind": "AT", "scale": scale, "updates": scale * self.base, "variant": variant,
+                         "variant_args": extra, "checkpoint": self.checkpoint(name), "log": self.logs / f"{name}.log"}
         for variant, extra in self.variants.items():
             name = self.variant_name(variant)
             out[name] = {"kind": "HRT", "scale": scale, "updates": scale * self.base, "chunk_sizes": self.sets[0],
@@ -183,8 +223,10 @@ class Study(Recipe):
         """Run the named training steps only (``at``, ``hrt_c2_x1``, ...): separate processes
         can train independent models at once, each with its own markers."""
         steps = {"at": lambda: self.step_at(5), "kd": lambda: self.step_kd(6)}
+        for variant in self.at_variants:
+            steps[self.at_variant_name(variant)] = (lambda v=variant: self.step_at_variant(7, v))
         for scale in self.scales:
-            for cs in self.sets:
+            for cs in self.raw_hrt_sets():
                 steps[f"hrt_{set_tag(cs)}_x{scale}"] = (lambda cs=cs, scale=scale: self.step_hrt(6, cs, scale))
         for variant in self.variants:
             steps[self.variant_name(variant)] = (lambda v=variant: self.step_variant(7, v))
@@ -208,10 +250,12 @@ class Study(Recipe):
             self.step_distill_bin(4)
         self.step_at(5)
         for scale in self.scales:
-            for cs in self.sets:
+            for cs in self.raw_hrt_sets():
                 self.step_hrt(6, cs, scale)
         if self.needs_kd():
             self.step_kd(7)
+        for variant in self.at_variants:
+            self.step_at_variant(7, variant)
         for variant in self.variants:
             self.step_variant(7, variant)
         results = self.step_quality(8)
@@ -221,6 +265,8 @@ class Study(Recipe):
             "scales": self.scales,
             "chunk_size_sets": self.sets,
             "variants": self.variants,
+            "at_variants": self.at_variants,
+            "variant_from": self.variant_from,
             "device": "GPU" + (" fp16" if self.args.fp16 else "") if not self.cpu else f"CPU, {self.threads} thread(s)",
             "models": results,
             "study_seconds": round(time.time() - start, 1),
@@ -242,7 +288,7 @@ def _f(x, digits=2):
 
 def markdown_report(report: dict) -> str:
     models = report["models"]
-    at = {m["scale"]: m for m in models.values() if m["kind"] == "AT"}
+    at = {m["scale"]: m for m in models.values() if m["kind"] == "AT" and not m.get("variant")}
     lines = [
         f"## HRT convergence study ({report['profile']} profile, {report['device']})",
         "",
@@ -257,10 +303,15 @@ def markdown_report(report: dict) -> str:
     ]
     for scale, a in sorted(at.items()):
         ag = a["systems"]["greedy"]
-        lines.append(
-            f"| AT x{scale} | {a['updates']} | {_f(ag['bleu'])} | | | | | | | | {ag['limit_hits']} | | | "
-            + " / ".join(_f(ag["bleu_by_length"][b]) for b in ag["bleu_by_length"]) + " |"
-        )
+        at_rows = [(f"AT x{scale}", a)] + [
+            (f"AT x{scale} {m['variant']}", m) for _, m in sorted(models.items())
+            if m["kind"] == "AT" and m.get("variant") and m["scale"] == scale]
+        for label, m in at_rows:
+            g = m["systems"]["greedy"]
+            lines.append(
+                f"| {label} | {m['updates']} | {_f(g['bleu'])} | | | | | | | | {g['limit_hits']} | | | "
+                + " / ".join(_f(g["bleu_by_length"][b]) for b in g["bleu_by_length"]) + " |"
+            )
         for name, m in sorted(models.items()):
             if m["kind"] != "HRT" or m["scale"] != scale:
                 continue
@@ -279,7 +330,12 @@ def markdown_report(report: dict) -> str:
     if report.get("variants"):
         lines += ["", "Variants (extra fairseq-train options; `{kd}`: the study's sequence-level KD of the "
                   "training set by the AT model of the largest budget):", ""]
-        lines += [f"- `{name}`: `{extra}`" for name, extra in report["variants"].items()]
+        lines += [f"- `{name}`: `{extra}`" + (f" (fine-tuned from AT `{report['variant_from'][name]}`)"
+                                             if name in report.get("variant_from", {}) else "")
+                  for name, extra in report["variants"].items()]
+    if report.get("at_variants"):
+        lines += ["", "AT variants (AT students of the largest budget with extra fairseq-train options):", ""]
+        lines += [f"- `{name}`: `{extra}`" for name, extra in report["at_variants"].items()]
     lines += ["", "Validation losses by kind (bits per token, label-smoothed) at the end of training:", "",
               "| model | " + " | ".join(KINDS) + " |", "|---|" + "---:|" * len(KINDS)]
     for name, m in sorted(models.items()):
@@ -352,6 +408,14 @@ def parse_args(argv=None):
                    help="extra HRT runs (first chunk-size set, largest budget) with extra fairseq-train "
                         "options, e.g. sd5='--skip-at-self-distill 0.5' kd='{kd} --p-raw 0.5'; {kd} = "
                         "--distill-data of the study's own KD set")
+    p.add_argument("--at-variants", nargs="+", metavar="NAME=ARGS", default=[],
+                   help="AT students of the largest budget trained with extra fairseq-train options, e.g. "
+                        "kd='{kd} --p-raw 0.5' (the same distilled data as an HRT variant) or dl2='--decoder-layers 2'")
+    p.add_argument("--variant-from", nargs="+", metavar="VARIANT=AT_VARIANT", default=[],
+                   help="fine-tune the HRT variant from this AT variant instead of the plain AT, e.g. dl2kd=dl2 "
+                        "(HRT with two decoder layers from the AT with two)")
+    p.add_argument("--skip-raw-hrt", action="store_true",
+                   help="train no HRT on raw data (--chunk-size-sets at every budget): a study of the variants only")
     p.add_argument("--only", nargs="+", metavar="STEP",
                    help="run only these training steps (at, hrt_c2_x1, ...; needs prepare done), e.g. to train "
                         "independent models in parallel processes; a run without --only finishes the study")
