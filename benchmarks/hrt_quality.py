@@ -40,7 +40,9 @@ from fairseq.data import data_utils  # noqa: E402
 
 from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
-from fairseq_hrt.generation.hrt_generator import fill_skeletons, hrt_banned_symbols  # noqa: E402
+from fairseq_hrt.generation.hrt_generator import fill_skeletons  # noqa: E402
+from fairseq_hrt.generation.search_rules import banned_symbols  # noqa: E402
+from fairseq_hrt.models.kinds import is_hrt  # noqa: E402
 from fairseq_hrt.scoring.metrics import sacrebleu_score  # noqa: E402
 
 logger = logging.getLogger("hrt_quality")
@@ -83,7 +85,7 @@ def oracle_fill(model, task, sample, skeletons: List[torch.Tensor], k: int) -> L
     net_input = sample["net_input"]
     skeleton = data_utils.collate_tokens(skeletons, d.pad()).to(net_input["src_tokens"].device)
     enc = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
-    banned = torch.tensor(hrt_banned_symbols(d, task.mask_idx, task.chunk_start_idx) + [d.pad()])
+    banned = torch.tensor(banned_symbols(task, model))
     _, tokens, _, lengths = fill_skeletons(
         model, skeleton, torch.zeros(skeleton.shape, device=skeleton.device), k, enc, banned,
         task.mask_idx, d.eos(), d.pad(),
@@ -117,7 +119,7 @@ def run(args) -> dict:
         raise SystemExit(f"--src, --raw-ref, --raw-src have {len(src)}, {len(refs)}, {len(raw_src)} lines; they must be aligned")
     buckets = length_buckets(raw_src)
     batches = make_batches(task, model, src, args.batch_size, use_cuda)
-    is_hrt = hasattr(model, "get_trained_chunk_sizes")
+    hrt = is_hrt(model)
     k = args.chunk_size
     report = {"checkpoint": os.path.basename(args.path), "sentences": len(src), "systems": {}}
 
@@ -131,7 +133,7 @@ def run(args) -> dict:
                     report["systems"][name]["limit_hits"])
         return hyps
 
-    if not is_hrt:
+    if not hrt:
         run_system("greedy", 1, 1)
         run_system("beam5", 1, 5)
         return report

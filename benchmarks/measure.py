@@ -64,6 +64,12 @@ def read_lines(path, limit=0) -> List[str]:
     return lines[:limit] if limit else lines
 
 
+def prepare_for_decoding(model, quantize: str):
+    from fairseq_hrt.generation.quantize import prepare_for_decoding as prepare
+
+    return prepare(model, quantize)
+
+
 def load(path, data, use_cuda=False, fp16=False):
     """``(model, task)`` of one checkpoint, in eval mode, with ``data``'s dictionaries."""
     import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
@@ -96,25 +102,18 @@ def make_batches(task, model, lines: List[str], batch_size: int, use_cuda: bool)
     return [utils.move_to_cuda(sample) if use_cuda else sample for sample in itr]
 
 
-# the task options a row may set (hrt_translation's --decoder-engine, --decode-chunk-size, ...)
-TASK_OPTIONS = ("decoder_engine", "quantize", "decode_chunk_size", "b_nat", "decoding", "jacobi_block_size", "shortlist",
-                "compile")
-
-
-def build_generator(task, model, gen_args: dict, task_options: dict):
-    """The task's generator for one configuration. Each generator keeps the task options it
-    was built with, so one task (one loaded model) serves many rows; ``quantize="int8"``
-    quantizes ``model`` in place (rows with int8 load their own copy)."""
+def build_generator(task, model, gen_args: dict, options: dict):
+    """The task's generator for one configuration: fairseq's generation options ``gen_args``
+    and the row's decoding ``options`` (:class:`DecodingOptions` names: ``decoder_engine``,
+    ``decode_chunk_size``, ``shortlist``, ...), passed down as data; the task and the model are
+    not changed, so one loaded model serves many rows (``quantize="int8"`` rows load their own
+    quantized copy, :meth:`Context.model`)."""
     from fairseq.dataclass.configs import GenerationConfig
 
-    for key, value in task_options.items():
-        if key not in TASK_OPTIONS:
-            raise ValueError(f"unknown task option {key!r}")
-        if hasattr(task.cfg, key):
-            setattr(task.cfg, key, value)
-        elif value not in (None, "none", "auto", False, 1, "1"):
-            raise ValueError(f"the checkpoint's task has no option {key!r} (asked for {value!r})")
-    return task.build_generator([model], GenerationConfig(**gen_args))
+    from fairseq_hrt.generation.options import DecodingOptions
+
+    decoding = DecodingOptions.from_fairseq(task.cfg, GenerationConfig(**gen_args)).replace(**options)
+    return task.build_decoding([model], decoding)
 
 
 def decode(task, model, generator, batches, use_cuda=False) -> Tuple[Dict[int, torch.Tensor], float]:
@@ -165,7 +164,8 @@ class Context:
         key = (checkpoint, quantize)
         if key not in self._models:
             logger.info("loading %s%s", checkpoint, " (int8 copy)" if quantize != "none" else "")
-            self._models[key] = load(checkpoint, self.data, self.use_cuda, self.fp16)
+            model, task = load(checkpoint, self.data, self.use_cuda, self.fp16)
+            self._models[key] = (prepare_for_decoding(model, quantize), task)
         return self._models[key]
 
     def batches(self, checkpoint: str, quantize: str, lines: List[str], batch_size: int):
@@ -355,13 +355,11 @@ class _FairseqFamily(Family):
         return out
 
     def generation(self, system: System) -> Tuple[dict, dict]:
-        """(GenerationConfig arguments, task options) of a row."""
+        """(GenerationConfig arguments, :class:`DecodingOptions` of the row by option name)."""
         d = system.decoding
         options = {"decoder_engine": d.get("engine", "lean"), "quantize": d.get("quantize", "none"),
                    "decoding": d.get("decoding", "auto"), "jacobi_block_size": d.get("block_size"),
                    "decode_chunk_size": str(d.get("chunk_size", 1)), "b_nat": d.get("b_nat", 1),
-                   # always set: rows share their checkpoint's task, so a row without a shortlist
-                   # (or compilation) must clear the one a "+shortlist" (or "compiled") row set before it
                    "shortlist": d.get("shortlist"), "compile": d.get("compile", False)}
         return {"beam": d["beam"]}, options
 

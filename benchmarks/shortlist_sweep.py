@@ -134,10 +134,9 @@ def main(argv=None):
                 label = f"{name} +shortlist {setting_name(setting)}"
             system = System(label, name.split()[0], ckpt, dict(gen_args, **options))
             runner = FairseqRunner(system, ctx, dict(gen_args, max_len_b=args.max_len_b), row_options, greedy=True)
-            short = runner.task.load_shortlist() if setting is not None else None
+            short = runner.task.load_shortlist(paths[setting]) if setting is not None else None
             rows.append({"name": label, "model": name, "setting": setting, "runner": runner, "shortlist": short,
                          "times": {}, "candidates": {}})
-            runner.task.cfg.shortlist = None  # the next row's generator decides for itself
 
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     results = {}

@@ -27,6 +27,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from fairseq_hrt.models.kinds import is_hrt
+
 logger = logging.getLogger("fairseq_hrt.ddgviz")
 
 CELL_COLORS = {"final": "#1b7837", "right": "#a6dba0", "wrong": "#f4a582", "idle": "#ffffff"}
@@ -218,22 +220,19 @@ Hover a token to see the chain of tokens it waited for.</p>
 
 
 def trace(task, model, sample, method: str, block_size: Optional[int], max_len_b: int):
-    """Decode ``sample`` with a tracing parallel generator: ``(hypotheses, records)``."""
-    from fairseq_hrt.generation.jacobi import DEFAULT_BLOCK_SIZE, NATDrafter, ParallelGreedyGenerator, _is_hrt
-    from fairseq_hrt.generation.hrt_generator import hrt_banned_symbols
-    from fairseq_hrt.generation.strategies import SearchOptions
+    """Decode ``sample`` with a tracing parallel generator: ``(hypotheses, records)``. The
+    generator comes from the one factory of generators, with tracing on."""
+    from fairseq_hrt.generation.jacobi import build_parallel_generator
+    from fairseq_hrt.generation.options import DecodingOptions
+    from fairseq_hrt.generation.strategies import DecodingContext, pick_strategy
+    from fairseq_hrt.generation.engines import get_engine
 
-    d = task.target_dictionary
-    hrt = _is_hrt(model)
-    if method == "hrt-spec" and not hrt:
+    if method == "hrt-spec" and not is_hrt(model):
         raise ValueError("--method hrt-spec needs an HRT model (it drafts with the non-autoregressive mode)")
-    banned = hrt_banned_symbols(d, task.mask_idx, task.chunk_start_idx) if hrt else []
-    drafter = None
-    if method == "hrt-spec":
-        drafter = NATDrafter(model, task.mask_idx, d.pad(), torch.tensor(sorted(set(banned) | {d.pad()})))
-    b = block_size if block_size is not None else DEFAULT_BLOCK_SIZE.get(method, 1)
-    gen = ParallelGreedyGenerator(model, d, SearchOptions(beam=1, max_len_b=max_len_b), method, b, banned,
-                                  drafter=drafter, trace=True)
+    options = DecodingOptions(decoding=method, jacobi_block_size=block_size).replace(beam=1, max_len_b=max_len_b)
+    pick_strategy(method, model)  # the strategy's own check of the model
+    ctx = DecodingContext(task=task, models=[model], options=options, engine=get_engine(options.decoder_engine))
+    gen = build_parallel_generator(ctx, method, trace=True)
     hypos = gen.generate([model], sample)
     return hypos, gen.trace
 

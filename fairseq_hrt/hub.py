@@ -73,7 +73,8 @@ def from_pretrained(
     ``sentencepiece_model``: the SentencePiece model of the data (default: found beside the
     data, see :func:`find_sentencepiece_model`; without one, input and output are pieces as
     in the data-bin, e.g. for pre-tokenised data). Further keywords override the checkpoint's
-    options as in fairseq (e.g. ``max_source_positions=64``).
+    options as in fairseq (e.g. ``max_source_positions=64``, ``quantize="int8"``: dynamic int8
+    quantization when the model is loaded).
     """
     data = _dictionary_folder(model_dir, data_name_or_path)
     spm = sentencepiece_model or find_sentencepiece_model(data, model_dir)
@@ -114,23 +115,29 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
         ``engine`` (``--decoder-engine``: lean or fairseq), ``batch_size`` (sentences per
         batch). Other keywords are fairseq generation options (``max_len_a``, ``iter_decode_max_iter``, ...).
         """
-        # the hrt_translation task options these arguments set for this call
-        task_options = {
+        # decoding options of this call: they travel with fairseq's generation options (the
+        # hub copies its keywords there) into DecodingOptions; the task's configuration is
+        # never changed
+        call_options = {
             "decode_chunk_size": None if chunk_size is None else str(chunk_size),
             "b_nat": b_nat,
             "decoding": decoding,
             "decoder_engine": engine,
         }
+        generation_options.update({k: v for k, v in call_options.items() if v is not None})
+        if "quantize" in generation_options and generation_options["quantize"] != str(self.task.cfg.quantize):
+            raise ValueError("quantize is applied when the model is loaded: pass it to from_pretrained(..., quantize=...)")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        with self._options(self.task.cfg, {k: v for k, v in task_options.items() if v is not None}):
-            with self._options(self.cfg.dataset, {"batch_size": batch_size} if batch_size else {}):
-                return self.sample(sentences, beam=beam, verbose=verbose, **generation_options)
+        # the batch size is the hub's own batching setting (fairseq's hub reads it from its
+        # configuration), set for this call only
+        with self._options(self.cfg.dataset, {"batch_size": batch_size} if batch_size else {}):
+            return self.sample(sentences, beam=beam, verbose=verbose, **generation_options)
 
     @staticmethod
     @contextlib.contextmanager
     def _options(cfg, values: Dict[str, object]):
-        """Set config values for one call and restore them after it."""
+        """Set the hub's own configuration values for one call and restore them after it."""
         old = {name: getattr(cfg, name) for name in values}
         with open_dict(cfg):
             for name, value in values.items():

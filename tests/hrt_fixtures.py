@@ -74,9 +74,11 @@ def generation_args(data_dir, *extra):
 
 def build_generator(data_dir, model, *flags):
     """What fairseq-generate does: a task set up from the generation command line (decoding
-    options are task options), then ``task.build_generator``."""
+    options are task options), the model prepared for decoding as loading does (``--quantize``),
+    then ``task.build_generator``."""
     args = generation_args(data_dir, *flags)
     task = tasks.setup_task(args)
+    task.prepare_models_for_decoding([model])
     return task, task.build_generator([model], args)
 
 

@@ -13,7 +13,7 @@ from fairseq import checkpoint_utils
 from fairseq_hrt import ddgviz
 from fairseq_hrt.generation import jacobi
 from fairseq_hrt.generation.jacobi import PassRecord, ParallelGreedyGenerator
-from fairseq_hrt.generation.strategies import DECODING_CHOICES, DECODING_STRATEGIES
+from fairseq_hrt.generation.strategies import DECODING_STRATEGIES, decoding_choices
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
 from tests.tiny_data import hyp_lines, run_cli
 
@@ -89,7 +89,7 @@ def random_models(tmp_path_factory):
 
 def test_registered_and_declared():
     for name in METHODS + ["hrt-spec"]:
-        assert name in DECODING_STRATEGIES and name in DECODING_CHOICES
+        assert name in DECODING_STRATEGIES and name in decoding_choices()
 
 
 SEARCHES = [(), ("--min-len", "4"), ("--unkpen", "0.5", "--temperature", "1.3"), ("--max-len-a", "0.5", "--max-len-b", "3")]

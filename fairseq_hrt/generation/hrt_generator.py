@@ -9,30 +9,27 @@ Stage II is one bidirectional pass over the top ``b_nat`` skeletons with ``k - 1
 before every ``z_i``, run on groups of skeletons of similar length (:func:`length_buckets`)
 so that one long skeleton does not make the whole batch pay for its padding.
 """
-import dataclasses
 import logging
-import math
 from typing import Callable, Dict, List, Optional
 
 import torch
-import torch.nn.functional as F
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor
 
 from fairseq_hrt import chunking
-from fairseq_hrt.generation.output_vocab import positions_in, restricted_output_layer
+from fairseq_hrt.generation.chunk_size import resolve_decode_chunk_size
+from fairseq_hrt.generation.output_vocab import OutputLayer
+from fairseq_hrt.generation.search_rules import banned_symbols_of
 from fairseq_hrt.generation.strategies import (
     DecodingContext,
     DecodingStrategy,
     LeftToRightDecoding,
-    SearchOptions,
-    check_lean_options,
     hypothesis,
     register_decoding,
     reject_unsupported_inputs,
     select_rows,
-    with_options,
 )
+from fairseq_hrt.models.kinds import AT, HRT, is_hrt, model_kind
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +131,7 @@ class HRTGenerator:
         self.bucket_padding = bucket_padding
         self.shortlist = shortlist
         self.bidirectional = bidirectional
-        self.banned = torch.tensor(sorted(set(hrt_banned_symbols(tgt_dict, mask, chunk_start) + [self.pad])))
+        self.banned = torch.tensor(banned_symbols_of(HRT, tgt_dict, mask, chunk_start))
 
     # fairseq's generate loop calls generator.generate(models, sample, prefix_tokens=..., ...)
     @torch.no_grad()
@@ -235,18 +232,7 @@ def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, enc
     # only the k - 1 masks of every chunk are predicted: projecting just them onto the
     # vocabulary keeps stage II's output layer at (k - 1) / k of a full pass, so stage I
     # plus stage II cost no more output-layer work than AT decoding does
-    masked_features = features[stage2.tokens.eq(mask)]
-    if vocab is None:
-        logits = model.decoder.output_layer(masked_features)
-        banned_columns = banned.to(logits.device)
-    else:
-        logits = restricted_output_layer(model.decoder.output_projection, vocab)(masked_features)
-        banned_columns = positions_in(vocab, banned)
-    lprobs = F.log_softmax(logits.float(), dim=-1)
-    lprobs[:, banned_columns] = -math.inf
-    mask_lprobs, mask_tokens = lprobs.max(dim=-1)
-    if vocab is not None:
-        mask_tokens = vocab[mask_tokens]
+    mask_lprobs, mask_tokens = OutputLayer(model.decoder, banned, vocab).best(features[stage2.tokens.eq(mask)])
     tokens, pos_scores, lengths = stage2_fill(mask_tokens, mask_lprobs, stage2, spread_scores, mask, eos, pad)
     return stage2, tokens, pos_scores, lengths
 
@@ -266,11 +252,6 @@ def length_buckets(lengths: List[int], max_padding: float) -> List[List[int]]:
     return buckets
 
 
-def hrt_banned_symbols(tgt_dict, mask: int, chunk_start: Dict[int, int]) -> List[int]:
-    """Symbols no HRT stage may produce: ``<mask>`` and the start symbols ``<s>``, ``<s_k>``."""
-    return sorted({mask, tgt_dict.bos(), *chunk_start.values()})
-
-
 def _pad_stack(tensors: List[Tensor], value) -> Tensor:
     width = max(t.numel() for t in tensors)
     out = tensors[0].new_full((len(tensors), width), value)
@@ -284,38 +265,14 @@ def _pad_stack(tensors: List[Tensor], value) -> Tensor:
 # ------------------------------------------------------------------------ strategies
 
 
-def _is_hrt_model(model) -> bool:
-    return hasattr(model, "get_trained_chunk_sizes") and not hasattr(model, "forward_length")
-
-
-def left_to_right_generators(ctx: DecodingContext, banned: List[int]) -> Callable[[int], object]:
-    """``k -> `` the left-to-right generator of ``--decoder-engine`` for at most ``L / k`` steps
+def left_to_right_generators(ctx: DecodingContext, banned: List[int], keep_encoder_out: bool = True) -> Callable[[int], object]:
+    """``k -> `` the engine's left-to-right generator for at most ``L / k`` steps
     (``L = max_len_a * src_len + max_len_b``), never producing ``banned``; built once per k."""
-    options = SearchOptions.from_args(ctx.args)
-    model, tgt_dict = ctx.models[0], ctx.task.target_dictionary
-    if ctx.engine == "lean":
-        check_lean_options(ctx.args)
-        if len(ctx.models) != 1:
-            raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
     built: Dict[int, object] = {}
 
     def generator(k: int):
         if k not in built:
-            max_len_a, max_len_b = options.max_len_a / k, int(options.max_len_b // k)
-            if ctx.engine == "lean":
-                from fairseq_hrt.generation.lean import LeanSequenceGenerator
-
-                built[k] = LeanSequenceGenerator(
-                    model, tgt_dict, dataclasses.replace(options, max_len_a=max_len_a, max_len_b=max_len_b), banned,
-                    shortlist=ctx.shortlist, compile=ctx.compile,
-                )
-            else:
-                built[k] = ctx.fairseq_generator(
-                    ctx.models,
-                    with_options(ctx.args, max_len_a=max_len_a, max_len_b=max_len_b),
-                    seq_gen_cls=EncoderKeepingSequenceGenerator,
-                    extra_gen_cls_kwargs={"tokens_to_suppress": [tgt_dict[i] for i in banned]} if banned else None,
-                )
+            built[k] = ctx.engine.left_to_right(ctx, ctx.options.search.for_chunk_size(k), banned, keep_encoder_out)
         return built[k]
 
     return generator
@@ -329,32 +286,38 @@ def lean_bidirectional(model) -> Callable:
 
 
 def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
-    task, model = ctx.task, ctx.models[0]
-    b_at = getattr(ctx.args, "beam", 5)
+    task, model, options = ctx.task, ctx.model, ctx.options
+    b_at = options.search.beam
     if b_at < 1:
         raise ValueError("--beam (b_at) must be >= 1")
     if len(ctx.models) != 1:
         raise ValueError("HRT decoding supports a single model (no ensembles)")
-    banned = hrt_banned_symbols(task.target_dictionary, task.mask_idx, task.chunk_start_idx)
     generator = HRTGenerator(
-        left_to_right_generators(ctx, banned),
+        left_to_right_generators(ctx, ctx.banned()),
         model,
         task.target_dictionary,
         chunk_start=task.chunk_start_idx,
         mask=task.mask_idx,
         chunk_size=chunk_size,
         b_at=b_at,
-        len_penalty=getattr(ctx.args, "lenpen", 1),
-        b_nat=task.cfg.b_nat,
-        print_steps=getattr(ctx.args, "print_step", False),
+        len_penalty=options.search.len_penalty,
+        b_nat=options.b_nat,
+        print_steps=options.print_step,
         shortlist=ctx.shortlist,
-        bidirectional=lean_bidirectional(model) if ctx.engine == "lean" else None,
+        bidirectional=ctx.engine.bidirectional(model),
     )
-    if chunk_size == 1 and task.cfg.b_nat == 1:
-        logger.info("HRT decoding in AT mode (chunk size 1) from </s>, %s engine", ctx.engine)
+    if chunk_size == 1 and options.b_nat == 1:
+        logger.info("HRT decoding in AT mode (chunk size 1) from </s>, %s engine", ctx.engine.name)
     else:
-        logger.info("HRT decoding: chunk size %s, b_at %d, b_nat %d, %s engine", chunk_size, b_at, task.cfg.b_nat, ctx.engine)
+        logger.info("HRT decoding: chunk size %s, b_at %d, b_nat %d, %s engine", chunk_size, b_at, options.b_nat,
+                    ctx.engine.name)
     return generator
+
+
+def check_at_mode(ctx: DecodingContext, what: str):
+    """Strategies that decode an HRT model in its AT mode refuse another chunk size."""
+    if is_hrt(ctx.model) and ctx.options.decode_chunk_size not in ("auto-trained", "1"):
+        raise ValueError(f"{what} decodes an HRT model in AT mode; drop --decode-chunk-size or use --decoding hrt")
 
 
 @register_decoding("beam")
@@ -367,18 +330,15 @@ class BeamDecoding(LeftToRightDecoding):
 
     @classmethod
     def is_default_for(cls, model):
-        return not hasattr(model, "forward_length") and not hasattr(model, "get_trained_chunk_sizes")
+        return model_kind(model) == AT
 
     @classmethod
     def build(cls, ctx: DecodingContext):
-        if _is_hrt_model(ctx.models[0]):
-            if str(ctx.task.cfg.decode_chunk_size) not in ("auto-trained", "1"):
-                raise ValueError("--decoding beam decodes an HRT model in AT mode; drop --decode-chunk-size or use --decoding hrt")
+        if is_hrt(ctx.model):
+            check_at_mode(ctx, "--decoding beam")
             return build_hrt_generator(ctx, 1)
-        logger.info("left-to-right decoding (beam %s), %s engine", getattr(ctx.args, "beam", 5), ctx.engine)
-        if ctx.engine == "fairseq":
-            return ctx.fairseq_generator(ctx.models, ctx.args)
-        return left_to_right_generators(ctx, banned=[])(1)
+        logger.info("left-to-right decoding (beam %s), %s engine", ctx.options.search.beam, ctx.engine.name)
+        return left_to_right_generators(ctx, ctx.banned(), keep_encoder_out=False)(1)
 
 
 @register_decoding("hrt")
@@ -390,18 +350,15 @@ class HRTDecoding(DecodingStrategy):
 
     @classmethod
     def supports(cls, model):
-        if not _is_hrt_model(model):
+        if not is_hrt(model):
             return f"HRT decoding needs an HRT model (--arch hrt_*), not a {type(model).__name__}"
         return None
 
     @classmethod
     def is_default_for(cls, model):
-        return _is_hrt_model(model)
+        return is_hrt(model)
 
     @classmethod
     def build(cls, ctx: DecodingContext):
-        from fairseq_hrt.tasks.hrt_translation import resolve_decode_chunk_size
-
-        model = ctx.models[0]
-        chunk_size = resolve_decode_chunk_size(ctx.task.cfg.decode_chunk_size, model.get_trained_chunk_sizes())
+        chunk_size = resolve_decode_chunk_size(ctx.options.decode_chunk_size, ctx.model.get_trained_chunk_sizes())
         return build_hrt_generator(ctx, chunk_size)

@@ -47,21 +47,23 @@ from torch import Tensor
 from fairseq_hrt import chunking
 from fairseq_hrt.generation.lean import (
     DecoderStep,
-    greedy_choice,
     layer_forward,
     positional_scores,
     search_max_len,
 )
 from fairseq_hrt.modules.ssru import linear_recurrence
+from fairseq_hrt.generation.hrt_generator import check_at_mode
+from fairseq_hrt.generation.options import SearchOptions
+from fairseq_hrt.generation.output_vocab import OutputLayer
+from fairseq_hrt.generation.search_rules import SearchRules
 from fairseq_hrt.generation.strategies import (
     DecodingContext,
     LeftToRightDecoding,
-    SearchOptions,
     hypothesis,
-    lean_unsupported_options_used,
     register_decoding,
     reject_unsupported_inputs,
 )
+from fairseq_hrt.models.kinds import is_hrt, is_mask_predict
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +216,7 @@ class NATDrafter:
 
     def __init__(self, model, mask: int, pad: int, banned: Tensor):
         self.model, self.mask, self.pad = model, mask, pad
-        self.banned = banned
+        self.output = OutputLayer(model.decoder, banned)
         self.encoder_out = None
         self.bidirectional = DecoderStep(model.decoder).bidirectional
 
@@ -237,9 +239,7 @@ class NATDrafter:
             return drafted
         inputs = tokens[:, 1 : width + 1].masked_fill(masked, self.mask).masked_fill(~real, self.pad)
         features = self.bidirectional(inputs, chunking.nat_positions(real), self.encoder_out)
-        logits = self.model.decoder.output_layer(features[masked]).float()
-        logits[:, self.banned.to(logits.device)] = -math.inf
-        drafts = logits.argmax(dim=-1)
+        _, drafts = self.output.best(features[masked])
         tokens[:, 1 : width + 1] = inputs.masked_scatter(masked, drafts.to(inputs))
         return drafted
 
@@ -273,8 +273,6 @@ class ParallelGreedyGenerator:
                  banned: Sequence[int] = (), parallel_length: int = 0, drafter: Optional[NATDrafter] = None,
                  trace: bool = False):
         check_parallel_options(method, options.beam, block_size, parallel_length)
-        if options.temperature <= 0:
-            raise ValueError("--temperature must be greater than 0")
         if method == SPEC_METHOD and drafter is None:
             raise ValueError("hrt-spec needs a drafter (an HRT model's non-autoregressive mode)")
         self.model = model
@@ -283,9 +281,7 @@ class ParallelGreedyGenerator:
         self.method, self.block_size, self.parallel_length = method, block_size, parallel_length
         self.drafter = drafter
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
-        self.banned = torch.tensor(sorted(set(banned) | {self.pad}), dtype=torch.long)
-        self.vocab_size = len(tgt_dict)
-        self._banned_mask = None
+        self.rules = SearchRules(options, tgt_dict, banned)
         self.max_len_cap = model.max_decoder_positions() - 1
         self.trace: Optional[List[PassRecord]] = [] if trace else None
         self.stats = {"sentences": 0, "passes": 0, "draft_passes": 0, "tokens": 0}
@@ -331,32 +327,8 @@ class ParallelGreedyGenerator:
 
     def _choose(self, logits: Tensor, steps: Tensor, max_len: int):
         """Greedy's choice at every slot: ``logits`` ``(M, V)``, ``steps`` ``(M,)`` the step
-        each slot predicts for (its input position). Greedy's rules: banned symbols, ``</s>``
-        banned before ``--min-len`` and forced at the maximum length, ``--unkpen``."""
-        if self.options.temperature != 1.0:
-            logits = logits / self.options.temperature
-        logits = logits.float()
-        early = steps < self.options.min_len
-        at_max = steps >= max_len
-        if not self.options.unk_penalty and not bool(early.any()) and not bool(at_max.any()):
-            return greedy_choice(logits, self._banned_table(logits.device))  # the common case: one pass
-        masked = logits.index_fill(1, self.banned.to(logits.device), -math.inf)
-        if self.options.unk_penalty:
-            masked[:, self.unk] -= self.options.unk_penalty
-        if bool(early.any()):
-            masked[early, self.eos] = -math.inf
-        if bool(at_max.any()):
-            eos_logit = logits[at_max, self.eos]
-            masked[at_max] = -math.inf
-            masked[at_max, self.eos] = eos_logit
-        best, token = masked.max(dim=1)
-        return best - torch.logsumexp(logits, dim=1), token
-
-    def _banned_table(self, device) -> Tensor:
-        if self._banned_mask is None or self._banned_mask.device != device:
-            self._banned_mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
-            self._banned_mask[self.banned.to(device)] = True
-        return self._banned_mask
+        each slot predicts for (its input position), by greedy search's rules."""
+        return self.rules.greedy(self.rules.logits(logits), steps, max_len)
 
     def _decode(self, encoder_out, src_tokens: Tensor, max_len: int):
         device = src_tokens.device
@@ -471,47 +443,33 @@ def check_parallel_options(method: str, beam: int, block_size: int, parallel_len
         raise ValueError(f"--jacobi-parallel-length must be >= 0 (0 = 1.1 x the source length), got {parallel_length}")
 
 
-def check_generation_options(method: str, args):
-    used = lean_unsupported_options_used(args)
-    if used:
-        raise ValueError(f"--decoding {method} does not support {', '.join(used)} (it reproduces plain greedy search)")
-
-
 # ------------------------------------------------------------------------ strategies
 
 
-def _is_hrt(model) -> bool:
-    return hasattr(model, "get_trained_chunk_sizes") and not hasattr(model, "forward_length")
-
-
-def build_parallel_generator(ctx: DecodingContext, method: str) -> ParallelGreedyGenerator:
-    from fairseq_hrt.generation.hrt_generator import hrt_banned_symbols
-
-    task, model = ctx.task, ctx.models[0]
+def build_parallel_generator(ctx: DecodingContext, method: str, trace: bool = False) -> ParallelGreedyGenerator:
+    task, model, options = ctx.task, ctx.model, ctx.options
     if len(ctx.models) != 1:
         raise ValueError(f"--decoding {method} decodes a single model (no ensembles)")
-    check_generation_options(method, ctx.args)
-    options = SearchOptions.from_args(ctx.args)
-    cfg = task.cfg
-    block_size = getattr(cfg, "jacobi_block_size", None)
+    if options.sequence_generator_only:
+        raise ValueError(f"--decoding {method} does not support {', '.join(options.sequence_generator_only)} "
+                         "(it reproduces plain greedy search)")
+    block_size = options.jacobi_block_size
     if block_size is None:
         block_size = DEFAULT_BLOCK_SIZE.get(method, 1)
-    parallel_length = int(getattr(cfg, "jacobi_parallel_length", 0) or 0)
-    check_parallel_options(method, options.beam, block_size, parallel_length)
-    hrt = _is_hrt(model)
-    if hrt and str(getattr(cfg, "decode_chunk_size", "auto-trained")) not in ("auto-trained", "1"):
-        raise ValueError(f"--decoding {method} decodes an HRT model in AT mode; drop --decode-chunk-size")
+    parallel_length = int(options.jacobi_parallel_length or 0)
+    check_parallel_options(method, options.search.beam, block_size, parallel_length)
+    hrt = is_hrt(model)
+    check_at_mode(ctx, f"--decoding {method}")
     # the symbols greedy search of the same model never produces (HRT's AT mode bans its
     # special symbols, AT models only <pad>)
     tgt_dict = task.target_dictionary
-    banned = hrt_banned_symbols(tgt_dict, task.mask_idx, task.chunk_start_idx) if hrt else []
-    drafter = None
-    if method == SPEC_METHOD:
-        drafter = NATDrafter(model, task.mask_idx, tgt_dict.pad(), torch.tensor(sorted(set(banned) | {tgt_dict.pad()})))
-    generator = ParallelGreedyGenerator(model, tgt_dict, options, method, block_size, banned, parallel_length, drafter)
-    if ctx.engine != "lean":
+    banned = ctx.banned()
+    drafter = NATDrafter(model, task.mask_idx, tgt_dict.pad(), torch.tensor(banned)) if method == SPEC_METHOD else None
+    generator = ParallelGreedyGenerator(model, tgt_dict, options.search, method, block_size, banned, parallel_length,
+                                        drafter, trace=trace)
+    if ctx.engine.name != "lean":
         logger.info("--decoding %s runs its own block passes (the lean engine's caches); --decoder-engine %s "
-                    "is not used", method, ctx.engine)
+                    "is not used", method, ctx.engine.name)
     logger.info(
         "--decoding %s: block size %s%s, exact greedy output of the %s",
         method,
@@ -539,10 +497,10 @@ class HRTSpeculativeDecoding(_ParallelDecoding):
 
     @classmethod
     def supports(cls, model):
-        if not _is_hrt(model):
+        if not is_hrt(model):
             return (
                 f"hrt-spec drafts with the model's non-autoregressive mode and verifies with its AT mode: "
                 f"it needs an HRT model (--arch hrt_*), not a {type(model).__name__}"
-                + (" (an AT model has no non-autoregressive mode; use --decoding pgj/hgj)" if not hasattr(model, "forward_length") else "")
+                + (" (an AT model has no non-autoregressive mode; use --decoding pgj/hgj)" if not is_mask_predict(model) else "")
             )
         return None

@@ -35,7 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fairseq_hrt.generation.strategies import SearchOptions, hypothesis, reject_unsupported_inputs
+from fairseq_hrt.generation.options import SearchOptions
+from fairseq_hrt.generation.search_rules import SearchRules, greedy_choice  # noqa: F401  (greedy_choice: re-exported)
+from fairseq_hrt.generation.strategies import hypothesis, reject_unsupported_inputs
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention, relative_bucket
 from fairseq_hrt.generation.output_vocab import OutputVocabulary, restricted_output_layer
 
@@ -89,25 +91,6 @@ def candidates_per_sentence(row_scores: Tensor, row_tokens: Tensor, rows_per_sen
     scores, index = flat_scores.topk(k, dim=1)
     tokens = row_tokens.view(-1, rows_per_sentence * c).gather(1, index)
     return scores, tokens, torch.div(index, c, rounding_mode="floor")
-
-
-def greedy_choice(logits: Tensor, banned: Tensor):
-    """``(log-probability, token)`` of the best allowed token of every row of ``logits``.
-
-    One pass finds the row maximum, which serves both as the argmax and as the shift of the
-    log-sum-exp; only rows whose maximum is a ``banned`` (``(V,)`` bool) symbol -- rare --
-    are searched again with the banned symbols masked.
-    """
-    row_max, token = logits.max(dim=1)
-    log_norm = row_max + (logits - row_max.unsqueeze(1)).exp_().sum(dim=1).log_()
-    best = row_max
-    redo = banned[token]
-    if bool(redo.any()):
-        rows = redo.nonzero().view(-1)
-        masked = logits.index_select(0, rows).masked_fill_(banned, -math.inf)
-        best_redo, token_redo = masked.max(dim=1)
-        best, token = best.index_copy(0, rows, best_redo), token.index_copy(0, rows, token_redo)
-    return best - log_norm, token
 
 
 # ------------------------------------------------------------------------ step function
@@ -592,20 +575,16 @@ class LeanSequenceGenerator:
                  shortlist=None, compile: bool = False):
         if options.beam < 1:
             raise ValueError("--beam must be >= 1")
-        if options.temperature <= 0:
-            raise ValueError("--temperature must be greater than 0")
         self.model = model
+        self.rules = SearchRules(options, tgt_dict, banned)
         self.step = DecoderStep(model.decoder, compile=compile)
         self.options = options
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
         self.vocab_size = len(tgt_dict)
-        self.banned = torch.tensor(sorted(set(banned) | {self.pad}), dtype=torch.long)
-        self.banned_with_eos = torch.tensor(sorted(set(banned) | {self.pad, self.eos}), dtype=torch.long)
         self.max_len_cap = model.max_decoder_positions() - 1
         self.last_encoder_out = None
         self.shortlist = shortlist
         self.last_vocab: Optional[Tensor] = None
-        self._full_vocab = OutputVocabulary(None, self.vocab_size, self.eos, self.unk)
 
     def max_len(self, src_tokens: Tensor) -> int:
         return search_max_len(self.options, src_tokens, self.max_len_cap)
@@ -619,7 +598,7 @@ class LeanSequenceGenerator:
         self.last_encoder_out = encoder_out
         start = self.eos if bos_token is None else bos_token
         max_len = self.max_len(src_tokens)
-        out = self._full_vocab
+        out = self.rules.full_vocab
         if self.shortlist is not None:
             out = OutputVocabulary(self.shortlist.candidates(src_tokens, self.pad), self.vocab_size, self.eos, self.unk)
         self.last_vocab = out.ids
@@ -628,38 +607,7 @@ class LeanSequenceGenerator:
         return self._beam(encoder_out, src_tokens.size(0), max_len, start, out)
 
     def _logits(self, state, tokens: Tensor, step: int) -> Tensor:
-        logits = self.step(state, tokens, step)
-        if self.options.temperature != 1.0:
-            logits = logits / self.options.temperature
-        return logits.float()
-
-    def _masked(self, logits: Tensor, step: int, max_len: int, out: OutputVocabulary) -> Tensor:
-        """The logits that may be chosen at ``step``, banned ones at ``-inf`` (fairseq's rules
-        on log-probabilities, applied before normalising: they commute with it). Columns are
-        the rows of ``out``."""
-        if step >= max_len:
-            only_eos = torch.full_like(logits, -math.inf)
-            only_eos[:, out.eos] = logits[:, out.eos]
-            return only_eos
-        early = step < self.options.min_len
-        banned = out.memo(("banned", early, logits.device),
-                          lambda: out.positions((self.banned_with_eos if early else self.banned).to(logits.device)))
-        masked = logits.index_fill(1, banned, -math.inf)
-        if self.options.unk_penalty and out.unk is not None:
-            masked[:, out.unk] -= self.options.unk_penalty
-        return masked
-
-    def _banned_table(self, step: int, device, out: OutputVocabulary) -> Tensor:
-        """``(V,)`` bool over the rows of ``out``: the symbols banned at ``step`` (``</s>`` too
-        before --min-len)."""
-        early = step < self.options.min_len
-
-        def table():
-            full = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
-            full[(self.banned_with_eos if early else self.banned).to(device)] = True
-            return full if out.ids is None else full[out.ids.to(device)]
-
-        return out.memo(("table", early, device), table)
+        return self.rules.logits(self.step(state, tokens, step))
 
     def _normalised(self, cumulative: Tensor, length: int) -> Tensor:
         if self.options.normalize_scores:
@@ -676,11 +624,7 @@ class LeanSequenceGenerator:
         finalized: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
         for step in range(max_len + 1):
             logits = self._logits(state, prev, step)
-            if step < max_len and not self.options.unk_penalty:
-                score, token = greedy_choice(logits, self._banned_table(step, logits.device, out))
-            else:  # rare options and the forced </s>: mask, then normalise
-                best, token = self._masked(logits, step, max_len, out).max(dim=1)
-                score = best - torch.logsumexp(logits, dim=1)
+            score, token = self.rules.greedy(logits, step, max_len, out)
             token = out.to_full(token)
             tokens[:, step] = token
             cumulative[:, step] = score if step == 0 else cumulative[:, step - 1] + score
@@ -728,7 +672,7 @@ class LeanSequenceGenerator:
         rows_per_sentence = 1
         for step in range(max_len + 1):
             logits = self._logits(state, prev, step)
-            top_logits, top_tokens = self._masked(logits, step, max_len, out).topk(cand_size, dim=1)
+            top_logits, top_tokens = self.rules.masked(logits, step, max_len, out).topk(cand_size, dim=1)
             top_tokens = out.to_full(top_tokens)
             row_scores = top_logits - torch.logsumexp(logits, dim=1, keepdim=True)
             if step > 0:

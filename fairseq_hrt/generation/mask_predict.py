@@ -25,11 +25,10 @@ import math
 from typing import Dict, Iterable, List, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_hrt import chunking
-from fairseq_hrt.generation.output_vocab import positions_in, restricted_output_layer
+from fairseq_hrt.generation.output_vocab import OutputLayer
 from fairseq_hrt.generation.strategies import (
     DecodingContext,
     DecodingStrategy,
@@ -37,6 +36,7 @@ from fairseq_hrt.generation.strategies import (
     register_decoding,
     reject_unsupported_inputs,
 )
+from fairseq_hrt.models.kinds import is_mask_predict
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class MaskPredictGenerator:
     ):
         if len(models) != 1:
             raise ValueError("Mask-Predict decoding supports a single model (no ensembles)")
-        if not hasattr(models[0], "forward_length"):
+        if not is_mask_predict(models[0]):
             raise ValueError("Mask-Predict decoding needs a model with a length predictor (--arch cmlm_*)")
         if iterations < 1:
             raise ValueError(f"--iter-decode-max-iter (Mask-Predict's I) must be >= 1, got {iterations}")
@@ -143,39 +143,6 @@ class MaskPredictGenerator:
         self.shortlist = shortlist
         specials = {mask, self.pad, self.eos, tgt_dict.bos(), *banned}
         self.banned = torch.tensor(sorted(specials), dtype=torch.long)
-
-    @classmethod
-    def from_generation_args(cls, models, tgt_dict, args, mask: int, banned: Iterable[int] = (), shortlist=None):
-        """From fairseq's generation options (``GenerationConfig`` / the generate command line)."""
-        unsupported = {
-            "iter_decode_eos_penalty": 0.0,
-            "iter_decode_with_external_reranker": False,
-            "retain_iter_history": False,
-        }
-        for name, default in unsupported.items():
-            if getattr(args, name, default) != default:
-                raise ValueError(
-                    f"--{name.replace('_', '-')} belongs to fairseq's iterative refinement "
-                    "generator; Mask-Predict decoding does not support it"
-                )
-        generator = cls(
-            models,
-            tgt_dict,
-            mask=mask,
-            banned=banned,
-            iterations=getattr(args, "iter_decode_max_iter", 10),
-            length_beam=getattr(args, "iter_decode_with_beam", 1),
-            max_len_a=getattr(args, "max_len_a", 0.0),
-            max_len_b=getattr(args, "max_len_b", 200),
-            print_steps=getattr(args, "print_step", False),
-            shortlist=shortlist,
-        )
-        logger.info(
-            "Mask-Predict decoding: I = %d iterations, length beam l = %d (--beam is not used)",
-            generator.iterations,
-            generator.length_beam,
-        )
-        return generator
 
     def max_lengths(self, src_tokens: Tensor, classes: int) -> Tensor:
         """Per-sentence maximum target length N (tokens without ``</s>``)."""
@@ -204,29 +171,15 @@ class MaskPredictGenerator:
         tokens, positions = initial_input(lengths, self.mask, self.eos, self.pad)
         slots = tokens.eq(self.mask)  # the N target slots of every row
         scores = torch.zeros(tokens.shape, dtype=torch.float, device=tokens.device)
-        vocab = project = None
-        banned = self.banned.to(tokens.device)
-        if self.shortlist is not None:
-            vocab = self.shortlist.candidates(src_tokens, self.pad)
-            project = restricted_output_layer(model.decoder.output_projection, vocab)
-            banned = positions_in(vocab, banned)
+        vocab = self.shortlist.candidates(src_tokens, self.pad) if self.shortlist is not None else None
+        output = OutputLayer(model.decoder, self.banned.to(tokens.device), vocab)
         for t in range(self.iterations):
             if t > 0:
                 remask = lowest_confidence_mask(scores, slots, remask_counts(lengths, t, self.iterations))
                 tokens = tokens.masked_fill(remask, self.mask)
             masked = tokens.eq(self.mask)
-            if vocab is None:
-                logits, _ = model.decoder(tokens, encoder_out=encoder_out, positions=positions, causal=False)
-            else:
-                features, _ = model.decoder(
-                    tokens, encoder_out=encoder_out, positions=positions, causal=False, features_only=True
-                )
-                logits = project(features)
-            lprobs = F.log_softmax(logits.float(), dim=-1)
-            lprobs[:, :, banned] = -math.inf
-            best_lprobs, best = lprobs.max(dim=-1)
-            if vocab is not None:
-                best = vocab[best]
+            features, _ = model.decoder(tokens, encoder_out=encoder_out, positions=positions, causal=False, features_only=True)
+            best_lprobs, best = output.best(features)
             if self.print_steps:
                 self._log_step(t, tokens[0], torch.where(masked[0], best[0], tokens[0]))
             tokens = torch.where(masked, best, tokens)
@@ -265,25 +218,36 @@ class MaskPredictDecoding(DecodingStrategy):
 
     @classmethod
     def supports(cls, model):
-        if not hasattr(model, "forward_length"):
+        if not is_mask_predict(model):
             return "Mask-Predict needs a model with a length predictor (--arch cmlm_*)"
         return None
 
     @classmethod
     def is_default_for(cls, model):
-        return hasattr(model, "forward_length")
+        return is_mask_predict(model)
 
     @classmethod
     def build(cls, ctx: DecodingContext):
-        from fairseq_hrt.tasks.hrt_translation import HRTTranslationConfig as defaults
-
-        cfg = ctx.task.cfg
-        if cfg.decode_chunk_size != defaults.decode_chunk_size or cfg.b_nat != defaults.b_nat:
+        options = ctx.options
+        if not options.is_default_hrt_decoding:
             raise ValueError(
                 "--decode-chunk-size and --b-nat are HRT decoding options; a Mask-Predict "
                 "(cmlm_*) model decodes with --iter-decode-max-iter I and --iter-decode-with-beam l"
             )
-        return MaskPredictGenerator.from_generation_args(
-            ctx.models, ctx.task.target_dictionary, ctx.args, mask=ctx.task.mask_idx, banned=ctx.task.chunk_start_idx.values(),
-            shortlist=ctx.shortlist,
+        if options.iterative_only:
+            raise ValueError(
+                f"{', '.join(options.iterative_only)} belong(s) to fairseq's iterative refinement "
+                "generator; Mask-Predict decoding does not support it"
+            )
+        generator = MaskPredictGenerator(
+            ctx.models, ctx.task.target_dictionary, mask=ctx.task.mask_idx, banned=ctx.banned(),
+            iterations=options.iter_decode_max_iter, length_beam=options.iter_decode_with_beam,
+            max_len_a=options.search.max_len_a, max_len_b=options.search.max_len_b,
+            print_steps=options.print_step, shortlist=ctx.shortlist,
         )
+        logger.info(
+            "Mask-Predict decoding: I = %d iterations, length beam l = %d (--beam is not used)",
+            generator.iterations,
+            generator.length_beam,
+        )
+        return generator

@@ -1,6 +1,7 @@
 """The output-layer rows a batch decodes over when a lexical shortlist restricts them
 (:mod:`fairseq_hrt.shortlist`): mapping between row indices and vocabulary ids, and the
 rows of an output projection."""
+import math
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -72,3 +73,28 @@ class OutputVocabulary:
     def to_full(self, index: Tensor) -> Tensor:
         """Row indices -> vocabulary ids."""
         return index if self.ids is None else self.ids[index]
+
+
+class OutputLayer:
+    """A decoder's output layer over the rows a batch decodes over (``vocab``, sorted ids;
+    ``None``: the whole vocabulary, as ``decoder.output_layer``) with ``banned`` symbols never
+    chosen: the best allowed token of every feature vector, the one choice of the
+    non-autoregressive passes (HRT's stage II, Mask-Predict, ``hrt-spec``'s drafts).
+    A shortlist's weight rows are sliced once, here."""
+
+    def __init__(self, decoder, banned: Tensor, vocab: Optional[Tensor] = None):
+        self.vocab = vocab
+        if vocab is None:
+            self.project = decoder.output_layer
+            self.banned = banned
+        else:
+            self.project = restricted_output_layer(decoder.output_projection, vocab)
+            self.banned = positions_in(vocab, banned)
+
+    def best(self, features: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(log-probability, token id)`` of the best allowed token of every vector of
+        ``features`` (``(..., C)``); log-probabilities are normalised over the rows."""
+        lprobs = F.log_softmax(self.project(features).float(), dim=-1)
+        lprobs[..., self.banned.to(lprobs.device)] = -math.inf
+        best, token = lprobs.max(dim=-1)
+        return best, (token if self.vocab is None else self.vocab[token])

@@ -20,12 +20,13 @@ from typing import Callable, Dict, List, Optional, Type
 import torch
 from torch import Tensor
 
+from fairseq_hrt.generation.engines import ENGINES, DecoderEngine, get_engine
+from fairseq_hrt.generation.options import DecodingOptions, SearchOptions  # noqa: F401  (SearchOptions: re-exported)
+from fairseq_hrt.generation.quantize import check_quantization, is_quantized
+from fairseq_hrt.generation.search_rules import banned_symbols
+from fairseq_hrt.models.kinds import is_mask_predict
+
 logger = logging.getLogger(__name__)
-
-DECODING_CHOICES = ["auto", "beam", "hrt", "mask-predict", "pj", "pgj", "hgj", "hrt-spec"]
-ENGINE_CHOICES = ["lean", "fairseq"]
-QUANTIZE_CHOICES = ["none", "int8"]
-
 
 # ------------------------------------------------------------------- shared pieces
 
@@ -76,89 +77,31 @@ def with_options(args, **overrides):
     return args
 
 
-@dataclass
-class SearchOptions:
-    """Left-to-right search options, read from fairseq's generation options with fairseq's
-    own defaults (``FairseqTask.build_generator``), so both engines obey the same values."""
-
-    beam: int = 5
-    max_len_a: float = 0.0
-    max_len_b: int = 200
-    min_len: int = 1
-    normalize_scores: bool = True
-    len_penalty: float = 1.0
-    unk_penalty: float = 0.0
-    temperature: float = 1.0
-
-    @classmethod
-    def from_args(cls, args) -> "SearchOptions":
-        return cls(
-            beam=getattr(args, "beam", 5),
-            max_len_a=getattr(args, "max_len_a", 0),
-            max_len_b=getattr(args, "max_len_b", 200),
-            min_len=getattr(args, "min_len", 1),
-            normalize_scores=not getattr(args, "unnormalized", False),
-            len_penalty=getattr(args, "lenpen", 1),
-            unk_penalty=getattr(args, "unkpen", 0),
-            temperature=getattr(args, "temperature", 1.0),
-        )
-
-
-# fairseq options the lean engine does not implement, with the value that means "off"
-LEAN_UNSUPPORTED = {
-    "sampling": False,
-    "diverse_beam_groups": -1,
-    "diversity_rate": -1,
-    "match_source_len": False,
-    "no_repeat_ngram_size": 0,
-    "constraints": None,
-    "prefix_size": 0,
-    "print_alignment": None,
-    "score_reference": False,
-    "prefix_allowed_tokens_fn": None,
-}
-
-
-def lean_unsupported_options_used(args) -> List[str]:
-    """The flags in ``args`` that only fairseq's SequenceGenerator implements, as typed."""
-    used = []
-    for name, off in LEAN_UNSUPPORTED.items():
-        value = getattr(args, name, off)
-        if value is not None and value != off:
-            used.append("--" + name.replace("_", "-"))
-    return used
-
-
-def check_lean_options(args):
-    """One clear error for generation options that need fairseq's SequenceGenerator."""
-    used = lean_unsupported_options_used(args)
-    if used:
-        raise ValueError(
-            f"--decoder-engine lean does not support {', '.join(used)}; decode with "
-            "--decoder-engine fairseq (fairseq's SequenceGenerator) for these options"
-        )
-
-
 # ------------------------------------------------------------------------ registry
 
 
 @dataclass
 class DecodingContext:
-    """What a strategy may use to build its generator.
-
-    ``fairseq_generator(models, args, **kwargs)`` is the task's stock fairseq
-    ``build_generator`` (a ``SequenceGenerator`` with fairseq's search options);
-    ``shortlist``: the lexical shortlist of ``--shortlist`` (:class:`fairseq_hrt.shortlist.Shortlist`)
-    or ``None``.
-    """
+    """What a strategy may use to build its generator: the task (dictionaries, special
+    symbols), the models, the :class:`DecodingOptions`, the engine of ``--decoder-engine``
+    (:mod:`fairseq_hrt.generation.engines`), the lexical shortlist of ``--shortlist``
+    (:class:`fairseq_hrt.shortlist.Shortlist`, or ``None``) and ``fairseq_generator(models,
+    args, **kwargs)``, the task's stock fairseq ``build_generator`` (a ``SequenceGenerator``
+    with fairseq's search options)."""
 
     task: object
     models: list
-    args: object
-    engine: str
-    fairseq_generator: Callable
+    options: DecodingOptions
+    engine: DecoderEngine
+    fairseq_generator: Optional[Callable] = None
     shortlist: Optional[object] = None
-    compile: bool = False
+
+    @property
+    def model(self):
+        return self.models[0]
+
+    def banned(self) -> List[int]:
+        return banned_symbols(self.task, self.models[0])
 
 
 class DecodingStrategy:
@@ -192,7 +135,7 @@ class LeftToRightDecoding(DecodingStrategy):
 
     @classmethod
     def supports(cls, model):
-        if hasattr(model, "forward_length"):
+        if is_mask_predict(model):
             return "a Mask-Predict (cmlm_*) model has no left-to-right decoder; use --decoding mask-predict"
         return None
 
@@ -211,6 +154,11 @@ def register_decoding(name: str):
     return register
 
 
+def decoding_choices() -> List[str]:
+    """``--decoding``'s values: ``auto`` and every registered strategy."""
+    return ["auto", *DECODING_STRATEGIES]
+
+
 def pick_strategy(name: str, model) -> Type[DecodingStrategy]:
     """``--decoding NAME`` (``auto``: the model's default) -> the strategy class."""
     if name == "auto":
@@ -219,7 +167,7 @@ def pick_strategy(name: str, model) -> Type[DecodingStrategy]:
                 return strategy
         raise ValueError(f"no decoding strategy decodes a {type(model).__name__} by default")
     if name not in DECODING_STRATEGIES:
-        raise ValueError(f"--decoding {name!r}: choose one of auto, {', '.join(DECODING_STRATEGIES)}")
+        raise ValueError(f"--decoding {name!r}: choose one of {', '.join(decoding_choices())}")
     strategy = DECODING_STRATEGIES[name]
     reason = strategy.supports(model)
     if reason is not None:
@@ -227,77 +175,54 @@ def pick_strategy(name: str, model) -> Type[DecodingStrategy]:
     return strategy
 
 
-def quantize_int8(model):
-    """Dynamic int8 quantization of the linear layers that are called as modules.
-
-    The encoder's self-attention projections are left in float: fairseq's
-    ``MultiheadAttention`` hands their weights to ``F.multi_head_attention_forward`` on its
-    fast path (full sequences, no cache), which needs float weight tensors.
-    """
-    if any(p.is_cuda for p in model.parameters()):
-        raise ValueError(
-            "--quantize int8 is dynamic int8 quantization for CPU decoding; drop it on a GPU "
-            "(use --fp16 there) or decode with --cpu"
-        )
-    from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
-
-    names = {
-        name: default_dynamic_qconfig
-        for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear) and not (name.startswith("encoder.") and ".self_attn." in name)
-    }
-    quantize_dynamic(model, names, dtype=torch.qint8, inplace=True)
-    logger.info("--quantize int8: %d linear layers quantized (dynamic int8)", len(names))
-    return model
-
-
-def check_shortlist_supported(strategy: Type[DecodingStrategy], engine: str):
-    """``--shortlist`` restricts the output layer of the lean engine's search (AT beam/greedy,
-    HRT stage I / AT mode), of HRT's stage II and of Mask-Predict; other decoders refuse it in
-    one message."""
-    if not strategy.supports_shortlist:
-        raise ValueError(
-            f"--shortlist is not supported by --decoding {strategy.name}; it restricts the output layer of "
-            "left-to-right search (--decoding beam), HRT decoding (--decoding hrt) with --decoder-engine lean, "
-            "and Mask-Predict"
-        )
-    if engine != "lean" and strategy.uses_decoder_engine:
-        raise ValueError(
-            "--shortlist restricts the output layer of --decoder-engine lean; fairseq's SequenceGenerator "
-            "(--decoder-engine fairseq) always scores the whole vocabulary: decode with --decoder-engine lean"
-        )
-
-
-def check_compile_supported(strategy: Type[DecodingStrategy], engine: str, quantize: str):
-    """``--compile`` compiles the lean engine's decoder step; every other combination is
-    refused, all reasons in one message."""
-    reasons = []
-    if not strategy.supports_compile:
-        reasons.append(f"--decoding {strategy.name} does not run the lean engine's step (use --decoding beam or hrt)")
-    if engine != "lean":
-        reasons.append("--decoder-engine fairseq runs fairseq's SequenceGenerator (use --decoder-engine lean)")
-    if quantize != "none":
-        reasons.append(f"--quantize {quantize} replaces the linear layers by quantized modules (drop one of the two)")
-    if reasons:
-        raise ValueError("--compile is not supported here: " + "; ".join(reasons))
-
-
-def build_decoding(task, models, args, decoding: str, engine: str, quantize: str, fairseq_generator: Callable,
-                   shortlist=None, compile: bool = False):
-    """The one place that turns ``--decoding`` / ``--decoder-engine`` / ``--quantize`` /
-    ``--shortlist`` / ``--compile`` into a generator."""
-    if engine not in ENGINE_CHOICES:
-        raise ValueError(f"--decoder-engine must be one of {ENGINE_CHOICES}, got {engine!r}")
-    strategy = pick_strategy(decoding, models[0])
+def check_supported(strategy: Type[DecodingStrategy], engine: DecoderEngine, options: DecodingOptions, models,
+                    shortlist) -> None:
+    """One clear error for each option this strategy and engine cannot honour."""
     if shortlist is not None:
-        check_shortlist_supported(strategy, engine)
-    if compile:
-        check_compile_supported(strategy, engine, quantize)
-    if quantize == "int8":
-        for model in models:
-            quantize_int8(model)
-    elif quantize != "none":
-        raise ValueError(f"--quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
-    ctx = DecodingContext(task=task, models=models, args=args, engine=engine, fairseq_generator=fairseq_generator,
-                          shortlist=shortlist, compile=compile)
+        if not strategy.supports_shortlist:
+            raise ValueError(
+                f"--shortlist is not supported by --decoding {strategy.name}; it restricts the output layer of "
+                "left-to-right search (--decoding beam), HRT decoding (--decoding hrt) with an engine that supports "
+                f"it ({', '.join(n for n, e in ENGINES.items() if e.supports_shortlist)}), and Mask-Predict"
+            )
+        if strategy.uses_decoder_engine and not engine.supports_shortlist:
+            raise ValueError(
+                f"--shortlist restricts the output layer of --decoder-engine "
+                f"{'/'.join(n for n, e in ENGINES.items() if e.supports_shortlist)}; --decoder-engine {engine.name} "
+                "always scores the whole vocabulary"
+            )
+    if options.compile:
+        reasons = []
+        if not strategy.supports_compile:
+            reasons.append(f"--decoding {strategy.name} does not run the lean engine's step (use --decoding beam or hrt)")
+        if not engine.supports_compile:
+            reasons.append(f"--decoder-engine {engine.name} does not compile its step (use --decoder-engine lean)")
+        if options.quantize != "none" or any(is_quantized(m) for m in models):
+            reasons.append("--quantize int8 replaces the linear layers by quantized modules (drop one of the two)")
+        if reasons:
+            raise ValueError("--compile is not supported here: " + "; ".join(reasons))
+    if options.quantize != "none" and not engine.supports_int8:
+        raise ValueError(f"--decoder-engine {engine.name} does not run int8-quantized models (--quantize)")
+    if strategy.uses_decoder_engine:
+        used = engine.unsupported(options)
+        if used:
+            others = [n for n, e in ENGINES.items() if n != engine.name and not e.unsupported(options)]
+            raise ValueError(
+                f"--decoder-engine {engine.name} does not support {', '.join(used)}; decode with "
+                + (f"--decoder-engine {others[0]}" if others else "another engine") + " for these options"
+            )
+
+
+def build_generator(task, models, options: DecodingOptions, fairseq_generator: Optional[Callable] = None,
+                    shortlist=None):
+    """The one factory of generators (the task, the Python API, the benchmarks and ``ddgviz``):
+    ``options`` (:class:`DecodingOptions`) -> the generator of its strategy and engine.
+    Models are decoded as loaded (``--quantize`` applies at load time,
+    :mod:`fairseq_hrt.generation.quantize`); nothing here changes them."""
+    strategy = pick_strategy(options.decoding, models[0])
+    engine = get_engine(options.decoder_engine)
+    check_quantization(models, options.quantize)
+    check_supported(strategy, engine, options, models, shortlist)
+    ctx = DecodingContext(task=task, models=models, options=options, engine=engine,
+                          fairseq_generator=fairseq_generator, shortlist=shortlist)
     return strategy.build(ctx)

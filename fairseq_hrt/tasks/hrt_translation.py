@@ -27,15 +27,15 @@ from omegaconf import II
 
 from fairseq_hrt import chunking, compat, text_input
 from fairseq_hrt.generation import strategies
+from fairseq_hrt.generation.options import QUANTIZE_CHOICES, DecodingOptions
+from fairseq_hrt.generation.quantize import prepare_for_decoding
 from fairseq_hrt.models import ssru_transformer, tied_layers
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol, dictionary_fingerprint
 
 logger = logging.getLogger(__name__)
 
 HRT_MODES = ChoiceEnum(["hrt", "at", "cmlm"])
-DECODINGS = ChoiceEnum(strategies.DECODING_CHOICES)
-DECODER_ENGINES = ChoiceEnum(strategies.ENGINE_CHOICES)
-QUANTIZATIONS = ChoiceEnum(strategies.QUANTIZE_CHOICES)
+QUANTIZATIONS = ChoiceEnum(list(QUANTIZE_CHOICES))
 
 
 def parse_chunk_sizes(text: str) -> List[int]:
@@ -125,7 +125,9 @@ class HRTTranslationConfig(TranslationConfig):
         default=1,
         metadata={"help": "HRT: number of Skip-AT hypotheses (of --beam = b_at) filled by stage II"},
     )
-    decoding: DECODINGS = field(
+    # --decoding and --decoder-engine take the names of the strategy and engine registries
+    # (fairseq_hrt.generation.strategies / .engines): checked when the generator is built
+    decoding: str = field(
         default="auto",
         metadata={
             "help": "decoding strategy: 'auto' = the model's default (AT models: beam, HRT "
@@ -152,7 +154,7 @@ class HRTTranslationConfig(TranslationConfig):
             "continues one token per pass; 0 = 1.1 x the source length"
         },
     )
-    decoder_engine: DECODER_ENGINES = field(
+    decoder_engine: str = field(
         default="lean",
         metadata={
             "help": "engine of left-to-right search (AT beam/greedy, HRT stage I and AT mode): "
@@ -163,7 +165,8 @@ class HRTTranslationConfig(TranslationConfig):
     )
     quantize: QUANTIZATIONS = field(
         default="none",
-        metadata={"help": "'int8' = dynamic int8 quantization of the linear layers for CPU decoding"},
+        metadata={"help": "'int8' = dynamic int8 quantization of the linear layers for CPU decoding, applied "
+                  "when the model is loaded"},
     )
     compile: bool = field(
         default=False,
@@ -351,7 +354,16 @@ class HRTTranslationTask(TranslationTask):
         if not from_checkpoint and self.cfg.hrt_mode == "hrt" and hasattr(model, "mark_trained_chunk_sizes"):
             model.mark_trained_chunk_sizes(self.chunk_sizes)
         _check_dictionary_when_loading(model)
+        if from_checkpoint:
+            _quantize_when_prepared(model, str(self.cfg.quantize))
         return model
+
+    def prepare_models_for_decoding(self, models):
+        """What loading for decoding does to the models (``--quantize``), for models built
+        elsewhere (fairseq-generate and the hub call ``prepare_for_inference_`` instead)."""
+        for model in models:
+            prepare_for_decoding(model, str(self.cfg.quantize))
+        return models
 
     def curriculum_p_k(self, num_updates: int) -> float:
         total = self.cfg.curriculum_updates or self.cfg.max_update
@@ -523,28 +535,31 @@ class HRTTranslationTask(TranslationTask):
         return super().build_dataset_for_inference(src_tokens, src_lengths, constraints=constraints)
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
-        """The generator of ``--decoding`` / ``--decoder-engine`` / ``--quantize``
-        (:mod:`fairseq_hrt.generation.strategies`)."""
+        """The generator of ``--decoding`` / ``--decoder-engine`` / ``--shortlist`` / ...: the
+        task's options with the per-call ones of ``args`` (:class:`DecodingOptions`), built by
+        :func:`fairseq_hrt.generation.strategies.build_generator`."""
 
         def fairseq_generator(models_, args_, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs):
             return super(HRTTranslationTask, self).build_generator(models_, args_, seq_gen_cls, extra_gen_cls_kwargs, **kwargs)
 
-        return strategies.build_decoding(
-            self,
-            models,
-            args,
-            decoding=str(self.cfg.decoding),
-            engine=str(self.cfg.decoder_engine),
-            quantize=str(self.cfg.quantize),
-            fairseq_generator=fairseq_generator,
-            shortlist=self.load_shortlist(),
-            compile=bool(getattr(self.cfg, "compile", False)),
-        )
+        options = DecodingOptions.from_fairseq(self.cfg, args)
+        if kwargs.get("prefix_allowed_tokens_fn") is not None:  # fairseq's hub passes it beside args
+            options = options.replace(sequence_generator_only=(*options.sequence_generator_only, "--prefix-allowed-tokens-fn"))
+        return self.build_decoding(models, options, fairseq_generator)
 
-    def load_shortlist(self):
-        """The :class:`~fairseq_hrt.shortlist.Shortlist` of ``--shortlist`` (``None`` without
-        one), checked against this task's dictionaries; read once per path."""
-        path = getattr(self.cfg, "shortlist", None)
+    def build_decoding(self, models, options: DecodingOptions, fairseq_generator=None):
+        """The generator of ``options`` for ``models`` (loaded for decoding)."""
+        if fairseq_generator is None:
+            def fairseq_generator(models_, args_, seq_gen_cls=None, extra_gen_cls_kwargs=None):
+                return super(HRTTranslationTask, self).build_generator(models_, args_, seq_gen_cls, extra_gen_cls_kwargs)
+
+        return strategies.build_generator(self, models, options, fairseq_generator,
+                                          shortlist=self.load_shortlist(options.shortlist))
+
+    def load_shortlist(self, path: Optional[str] = None):
+        """The :class:`~fairseq_hrt.shortlist.Shortlist` of ``path`` (default ``--shortlist``;
+        ``None`` without one), checked against this task's dictionaries; read once per path."""
+        path = path if path is not None else getattr(self.cfg, "shortlist", None)
         if not path:
             return None
         cached = getattr(self, "_shortlist", None)
@@ -584,6 +599,23 @@ class HRTTranslationTask(TranslationTask):
         return results
 
 
+def _quantize_when_prepared(model, quantize: str):
+    """``--quantize`` at load time: fairseq-generate, fairseq-interactive and the hub call
+    ``prepare_for_inference_`` after loading the weights (quantizing before would break loading
+    them); the model is quantized there, once."""
+    if quantize == "none" or getattr(model.prepare_for_inference_, "__fairseq_hrt_quantize__", False):
+        return
+    prepare = model.prepare_for_inference_
+
+    def prepared(cfg, *args, **kwargs):
+        out = prepare(cfg, *args, **kwargs)
+        prepare_for_decoding(model, quantize)
+        return out
+
+    prepared.__fairseq_hrt_quantize__ = True
+    model.prepare_for_inference_ = prepared
+
+
 def _check_dictionary_when_loading(model):
     """AT models are fairseq's own ``transformer``: loading a checkpoint of another dictionary
     into one failed with "size mismatch for decoder.output_projection.weight ... please ensure
@@ -601,49 +633,3 @@ def _check_dictionary_when_loading(model):
 
     checked.__fairseq_hrt_dictionary_check__ = True
     model.load_state_dict = checked
-
-
-def resolve_decode_chunk_size(option: str, trained: List[int]):
-    """``--decode-chunk-size``: an int (1 = AT mode), 'auto-trained', or 'by-length'."""
-    option = str(option).strip()
-    if option == "auto-trained":
-        if not trained:
-            raise ValueError(
-                "this checkpoint was not trained with chunked samples (--hrt-mode hrt); "
-                "decode it with --decode-chunk-size 1 (AT mode)"
-            )
-        return min(trained)
-    if option == "by-length":
-        if not trained:
-            raise ValueError("--decode-chunk-size by-length needs a model trained with chunk sizes")
-        return ChunkSizeByLength(trained)
-    try:
-        k = int(option)
-    except ValueError:
-        raise ValueError(
-            f"--decode-chunk-size must be an integer, 'auto-trained' or 'by-length', got {option!r}"
-        )
-    if k < 1:
-        raise ValueError(f"--decode-chunk-size must be >= 1, got {k}")
-    if k > 1 and k not in trained:
-        raise ValueError(
-            f"--decode-chunk-size {k}: this model was trained for chunk sizes {trained or 'none'}; "
-            "use one of them, or 1 for AT mode"
-        )
-    return k
-
-
-class ChunkSizeByLength:
-    """Per-sentence chunk size from the source length (beyond the papers).
-
-    Rule: sources of fewer than ``short`` tokens decode in AT mode (k = 1): their Skip-AT
-    skeleton would be a couple of tokens, the saving is small and the bidirectional pass has
-    little context; longer sources use the smallest trained k. See README for measurements.
-    """
-
-    def __init__(self, trained: List[int], short: int = 8):
-        self.k = min(trained)
-        self.short = short
-
-    def __call__(self, src_lengths):
-        return torch.where(src_lengths < self.short, torch.ones_like(src_lengths), torch.full_like(src_lengths, self.k))

@@ -1,0 +1,51 @@
+"""``--decode-chunk-size``: which chunk size k an HRT model decodes with (per batch or per
+sentence)."""
+from typing import List
+
+import torch
+
+
+def resolve_decode_chunk_size(option: str, trained: List[int]):
+    """``--decode-chunk-size``: an int (1 = AT mode), 'auto-trained', or 'by-length'."""
+    option = str(option).strip()
+    if option == "auto-trained":
+        if not trained:
+            raise ValueError(
+                "this checkpoint was not trained with chunked samples (--hrt-mode hrt); "
+                "decode it with --decode-chunk-size 1 (AT mode)"
+            )
+        return min(trained)
+    if option == "by-length":
+        if not trained:
+            raise ValueError("--decode-chunk-size by-length needs a model trained with chunk sizes")
+        return ChunkSizeByLength(trained)
+    try:
+        k = int(option)
+    except ValueError:
+        raise ValueError(
+            f"--decode-chunk-size must be an integer, 'auto-trained' or 'by-length', got {option!r}"
+        )
+    if k < 1:
+        raise ValueError(f"--decode-chunk-size must be >= 1, got {k}")
+    if k > 1 and k not in trained:
+        raise ValueError(
+            f"--decode-chunk-size {k}: this model was trained for chunk sizes {trained or 'none'}; "
+            "use one of them, or 1 for AT mode"
+        )
+    return k
+
+
+class ChunkSizeByLength:
+    """Per-sentence chunk size from the source length (beyond the papers).
+
+    Rule: sources of fewer than ``short`` tokens decode in AT mode (k = 1): their Skip-AT
+    skeleton would be a couple of tokens, the saving is small and the bidirectional pass has
+    little context; longer sources use the smallest trained k. See README for measurements.
+    """
+
+    def __init__(self, trained: List[int], short: int = 8):
+        self.k = min(trained)
+        self.short = short
+
+    def __call__(self, src_lengths):
+        return torch.where(src_lengths < self.short, torch.ones_like(src_lengths), torch.full_like(src_lengths, self.k))

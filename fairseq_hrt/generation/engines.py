@@ -1,0 +1,108 @@
+"""Decoder engines (``--decoder-engine``): who runs left-to-right search and the
+non-causal pass, behind one interface and one registry.
+
+An engine declares what it supports (``supports_shortlist``, ``supports_compile``,
+``supports_int8``, and :meth:`DecoderEngine.unsupported` for generation options), and builds:
+
+* :meth:`DecoderEngine.left_to_right`: a generator with fairseq's
+  ``generate(models, sample, bos_token=...)`` and ``last_encoder_out`` (HRT's stage I and AT
+  mode, AT beam / greedy search);
+* :meth:`DecoderEngine.bidirectional`: the non-causal decoder pass
+  ``(tokens, positions, encoder_out) -> features`` of HRT's stage II (``None``: the decoder
+  module's own forward).
+
+Registered here: ``lean`` (this plugin's step loop, :mod:`fairseq_hrt.generation.lean`) and
+``fairseq`` (fairseq's ``SequenceGenerator``). A further engine registers with
+:func:`register_engine` in its own module and appears in ``--decoder-engine``'s choices.
+"""
+from typing import Dict, List, Optional, Sequence
+
+from fairseq_hrt.generation.options import DecodingOptions, SearchOptions
+
+
+class DecoderEngine:
+    name: str = ""
+    supports_shortlist: bool = False
+    supports_compile: bool = False
+    supports_int8: bool = True
+
+    def unsupported(self, options: DecodingOptions) -> List[str]:
+        """The options in use that this engine cannot honour (flags, as typed)."""
+        return []
+
+    def left_to_right(self, ctx, search: SearchOptions, banned: Sequence[int], keep_encoder_out: bool = False):
+        """``keep_encoder_out``: the generator must expose its last batch's encoder output
+        (``last_encoder_out``, for HRT's stage II)."""
+        raise NotImplementedError
+
+    def bidirectional(self, model):
+        return None
+
+
+ENGINES: Dict[str, DecoderEngine] = {}
+
+
+def register_engine(name: str):
+    def register(cls):
+        if name in ENGINES and type(ENGINES[name]) is not cls:
+            raise ValueError(f"decoder engine {name!r} is already registered")
+        cls.name = name
+        ENGINES[name] = cls()
+        return cls
+
+    return register
+
+
+def engine_choices() -> List[str]:
+    return list(ENGINES)
+
+
+def get_engine(name: str) -> DecoderEngine:
+    if name not in ENGINES:
+        raise ValueError(f"--decoder-engine must be one of {', '.join(ENGINES)}, got {name!r}")
+    return ENGINES[name]
+
+
+@register_engine("lean")
+class LeanEngine(DecoderEngine):
+    """This plugin's step loop: preallocated caches, finished sentences leave the batch,
+    top-k on the logits, lexical shortlists, ``--compile``."""
+
+    supports_shortlist = True
+    supports_compile = True
+
+    def unsupported(self, options):
+        return list(options.sequence_generator_only)
+
+    def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
+        from fairseq_hrt.generation.lean import LeanSequenceGenerator
+
+        if len(ctx.models) != 1:
+            raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
+        return LeanSequenceGenerator(ctx.models[0], ctx.task.target_dictionary, search, banned,
+                                     shortlist=ctx.shortlist, compile=ctx.options.compile)
+
+    def bidirectional(self, model):
+        from fairseq_hrt.generation.hrt_generator import lean_bidirectional
+
+        return lean_bidirectional(model)
+
+
+@register_engine("fairseq")
+class FairseqEngine(DecoderEngine):
+    """fairseq's ``SequenceGenerator`` (needed for --prefix-size, constraints, sampling,
+    alignments), keeping its last encoder output for HRT's stage II."""
+
+    def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
+        from fairseq_hrt.generation.hrt_generator import EncoderKeepingSequenceGenerator
+        from fairseq_hrt.generation.strategies import with_options
+
+        pad = ctx.task.target_dictionary.pad()
+        suppress = [ctx.task.target_dictionary[i] for i in banned if i != pad]  # fairseq bans <pad> itself
+        args = ctx.options.fairseq_args
+        if (search.max_len_a, search.max_len_b) != (getattr(args, "max_len_a", 0), getattr(args, "max_len_b", 200)):
+            args = with_options(args, max_len_a=search.max_len_a, max_len_b=search.max_len_b)
+        if not keep_encoder_out and not suppress:  # the caller's own generator class (fairseq's convention)
+            return ctx.fairseq_generator(ctx.models, args)
+        return ctx.fairseq_generator(ctx.models, args, seq_gen_cls=EncoderKeepingSequenceGenerator,
+                                     extra_gen_cls_kwargs={"tokens_to_suppress": suppress} if suppress else None)
