@@ -100,8 +100,10 @@ class FairseqEngine(DecoderEngine):
         pad = ctx.task.target_dictionary.pad()
         suppress = [ctx.task.target_dictionary[i] for i in banned if i != pad]  # fairseq bans <pad> itself
         args = ctx.options.fairseq_args
-        if (search.max_len_a, search.max_len_b) != (getattr(args, "max_len_a", 0), getattr(args, "max_len_b", 200)):
-            args = with_options(args, max_len_a=search.max_len_a, max_len_b=search.max_len_b)
+        # the search options win over the command line's (stage I's L / k, a strategy's beam)
+        changed = {k: v for k, v in search.fairseq_values().items() if getattr(args, k, None) != v}
+        if changed:
+            args = with_options(args, **changed)
         if not keep_encoder_out and not suppress:  # the caller's own generator class (fairseq's convention)
             return ctx.fairseq_generator(ctx.models, args)
         return ctx.fairseq_generator(ctx.models, args, seq_gen_cls=EncoderKeepingSequenceGenerator,

@@ -91,6 +91,12 @@ class SearchOptions:
             temperature=getattr(args, "temperature", 1.0),
         )
 
+    def fairseq_values(self) -> dict:
+        """These options under fairseq's generation option names."""
+        return {"beam": self.beam, "max_len_a": self.max_len_a, "max_len_b": self.max_len_b, "min_len": self.min_len,
+                "unnormalized": not self.normalize_scores, "lenpen": self.len_penalty, "unkpen": self.unk_penalty,
+                "temperature": self.temperature}
+
     def for_chunk_size(self, k: int) -> "SearchOptions":
         """Stage I of chunk size ``k`` makes at most ``L / k`` steps (``L = a * src + b``)."""
         if k == 1:

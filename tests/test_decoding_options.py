@@ -1,0 +1,146 @@
+"""Decoding options are data (DecodingOptions), engines and strategies come from open
+registries, the search rules and banned symbols have one home, quantization happens at load
+time: the structure the generators are built on."""
+import dataclasses
+
+import pytest
+import torch
+
+from fairseq_hrt.generation import engines as engines_module
+from fairseq_hrt.generation import strategies
+from fairseq_hrt.generation.engines import ENGINES, LeanEngine, register_engine
+from fairseq_hrt.generation.options import DecodingOptions, SearchOptions
+from fairseq_hrt.generation.output_vocab import OutputVocabulary
+from fairseq_hrt.generation.quantize import is_quantized
+from fairseq_hrt.generation.search_rules import SearchRules, banned_symbols
+from fairseq_hrt.models.kinds import AT, HRT, MASK_PREDICT, model_kind
+from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample
+
+RAGGED = [[1, 2, 3, 4, 5, 6], [7, 8], [9, 10, 11, 12]]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    data_dir = str(tmp_path_factory.mktemp("decoding_options"))
+    built = {arch: build_task_and_model(data_dir, arch=arch, seed=5) for arch in ("hrt_tiny", "at_tiny", "cmlm_tiny")}
+    return data_dir, built
+
+
+def test_options_from_the_task_and_per_call_generation_options(models):
+    data_dir, built = models
+    args = generation_args(data_dir, "--decode-chunk-size", "2", "--b-nat", "1", "--beam", "3", "--max-len-a", "1.2",
+                           "--max-len-b", "10", "--decoder-engine", "fairseq")
+    task, _ = built["hrt_tiny"]
+    options = DecodingOptions.from_fairseq(args, args)
+    assert (options.decode_chunk_size, options.decoder_engine, options.b_nat) == ("2", "fairseq", 1)
+    assert options.search == SearchOptions(beam=3, max_len_a=1.2, max_len_b=10)
+    # a task option given with the generation options (the hub's per-call keywords) wins
+    from omegaconf import OmegaConf
+    call = OmegaConf.create({"beam": 1, "decoding": "beam", "decode_chunk_size": "1"})
+    options = DecodingOptions.from_fairseq(args, call)
+    assert (options.decoding, options.decode_chunk_size, options.search.beam) == ("beam", "1", 1)
+    assert options.replace(beam=4, b_nat=2).search.beam == 4 and options.replace(b_nat=2).b_nat == 2
+    with pytest.raises(ValueError, match="unknown decoding option"):
+        options.replace(chunk_size=2)
+    assert options.search.for_chunk_size(2) == dataclasses.replace(options.search, max_len_a=0.0, max_len_b=100)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.b_nat = 3  # data, passed down, never written back
+
+
+def test_sequence_generator_only_flags_are_collected_and_refused_by_lean(models):
+    data_dir, built = models
+    _, at = built["at_tiny"]
+    args = generation_args(data_dir, "--sampling", "--no-repeat-ngram-size", "2")
+    assert DecodingOptions.from_fairseq(args, args).sequence_generator_only == ("--sampling", "--no-repeat-ngram-size")
+    with pytest.raises(ValueError, match="--decoder-engine lean does not support --sampling, --no-repeat-ngram-size; "
+                                         "decode with --decoder-engine fairseq"):
+        build_generator(data_dir, at, "--sampling", "--no-repeat-ngram-size", "2")
+
+
+def test_building_a_generator_never_changes_the_task_or_the_model(models):
+    data_dir, built = models
+    _, hrt = built["hrt_tiny"]
+    before = {k: v.clone() for k, v in hrt.state_dict().items()}
+    task, gen = build_generator(data_dir, hrt, "--decode-chunk-size", "2", "--beam", "2")
+    cfg_before = dataclasses.asdict(task.cfg) if dataclasses.is_dataclass(task.cfg) else dict(vars(task.cfg))
+    task.build_decoding([hrt], DecodingOptions.from_fairseq(task.cfg).replace(decoding="beam", decode_chunk_size="1", beam=1))
+    assert (dataclasses.asdict(task.cfg) if dataclasses.is_dataclass(task.cfg) else dict(vars(task.cfg))) == cfg_before
+    assert all(torch.equal(before[k], v) for k, v in hrt.state_dict().items()) and not is_quantized(hrt)
+
+
+def test_int8_is_a_load_time_option(models):
+    data_dir, built = models
+    _, at = built["at_tiny"]
+    task, _ = build_generator(data_dir, at)
+    with pytest.raises(ValueError, match="applied when the model is loaded"):
+        task.build_decoding([at], DecodingOptions(quantize="int8"))
+    assert not is_quantized(at)
+
+
+def test_model_kinds_and_their_banned_symbols(models):
+    _, built = models
+    task, hrt = built["hrt_tiny"]
+    d = task.target_dictionary
+    kinds = {arch: model_kind(m) for arch, (_, m) in built.items()}
+    assert kinds == {"hrt_tiny": HRT, "at_tiny": AT, "cmlm_tiny": MASK_PREDICT}
+    specials = {task.mask_idx, d.bos(), *task.chunk_start_idx.values()}
+    assert set(banned_symbols(task, built["at_tiny"][1])) == {d.pad()}
+    assert set(banned_symbols(task, hrt)) == {d.pad()} | specials
+    assert set(banned_symbols(task, built["cmlm_tiny"][1])) == {d.pad(), d.eos()} | specials
+
+
+def test_search_rules_one_step_for_every_row_or_one_per_slot(models):
+    """Greedy's rules give the same choice whether a step is shared by the rows (the lean
+    engine) or given per slot (Jacobi decoding), including min-len, forced </s> and --unkpen."""
+    _, built = models
+    task, _ = built["hrt_tiny"]
+    d = task.target_dictionary
+    torch.manual_seed(0)
+    logits = torch.randn(4, len(d))
+    logits[:, d.pad()] += 20  # banned: must never win
+    for options in (SearchOptions(beam=1, min_len=2), SearchOptions(beam=1, unk_penalty=3.0, temperature=0.7)):
+        rules = SearchRules(options, d, banned=[task.mask_idx])
+        for step in (0, 1, 3, 5):
+            shared = rules.greedy(rules.logits(logits), step, max_len=5)
+            per_slot = rules.greedy(rules.logits(logits), torch.full((4,), step), max_len=5)
+            assert torch.equal(shared[1], per_slot[1]) and torch.allclose(shared[0], per_slot[0])
+            assert not bool(shared[1].eq(d.pad()).any()) and not bool(shared[1].eq(task.mask_idx).any())
+            if step == 5:
+                assert bool(shared[1].eq(d.eos()).all())  # forced at the maximum length
+            if step < options.min_len:
+                assert not bool(shared[1].eq(d.eos()).any())
+    # over a shortlist's rows the choice is the same token when the best one is a candidate
+    rules = SearchRules(SearchOptions(beam=1), d)
+    best = rules.greedy(logits, 1, 5)[1]
+    out = OutputVocabulary(torch.unique(torch.cat([best, torch.tensor([d.eos(), d.unk()])])), len(d), d.eos(), d.unk())
+    restricted = rules.greedy(logits.index_select(1, out.ids), 1, 5, out)[1]
+    assert torch.equal(out.to_full(restricted), best)
+
+
+def test_an_engine_registers_and_is_picked_by_name(models, monkeypatch):
+    """A new engine is one registered class: --decoder-engine accepts its name, and what it
+    declares it does not support is refused in one message."""
+    data_dir, built = models
+    task, at = built["at_tiny"]
+    calls = []
+
+    monkeypatch.setattr(engines_module, "ENGINES", dict(ENGINES))
+    monkeypatch.setattr(strategies, "ENGINES", engines_module.ENGINES)
+
+    @register_engine("counting")
+    class CountingEngine(LeanEngine):
+        supports_shortlist = False
+
+        def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
+            calls.append(search.beam)
+            return super().left_to_right(ctx, search, banned, keep_encoder_out)
+
+    assert "counting" in engines_module.engine_choices()
+    sample = make_sample(task, RAGGED)
+    _, ours = build_generator(data_dir, at, "--decoder-engine", "counting", "--beam", "2", "--max-len-b", "6")
+    _, ref = build_generator(data_dir, at, "--beam", "2", "--max-len-b", "6")
+    assert calls == [2]
+    got, want = task.inference_step(ours, [at], sample), task.inference_step(ref, [at], sample)
+    assert [h[0]["tokens"].tolist() for h in got] == [h[0]["tokens"].tolist() for h in want]
+    with pytest.raises(ValueError, match="--decoder-engine must be one of"):
+        build_generator(data_dir, at, "--decoder-engine", "nosuch")
