@@ -14,8 +14,10 @@ Conventions (shared by every function here and by the decoder):
 Every function accepts a per-row chunk size (``k`` an int or a ``(B,)`` tensor) so one batch
 can mix chunk sizes.
 """
-from typing import NamedTuple, Optional, Union
+import zlib
+from typing import Mapping, NamedTuple, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -56,7 +58,7 @@ def choose_chunked_rows(batch_size: int, p_k: float, generator=None, device=None
     be chunked until ``p_k`` is large. A random subset gives every length the same share.
     Reproducible: the draw comes from ``generator`` (the global RNG by default; training
     passes one seeded by the seed, the update and the batch, see
-    ``HRTTranslationTask.chunked_rows_generator``). Returns ``(chunked_rows, plain_rows)``,
+    :func:`chunked_rows_generator`). Returns ``(chunked_rows, plain_rows)``,
     each sorted.
     """
     n_chunked = num_chunked(batch_size, p_k)
@@ -254,6 +256,100 @@ def mix_targets(raw: Tensor, distilled: Tensor, p_raw: Union[float, Tensor], pad
     # drop columns that are padding in every row
     keep = int(mixed.ne(pad).long().sum(dim=1).max().item()) if mixed.numel() else 0
     return mixed[:, :keep], use_raw
+
+
+def chunked_rows_generator(sentence_ids, seed: int, num_updates: int) -> torch.Generator:
+    """The RNG that picks a batch's chunked pairs, seeded by ``--seed``, the update and the
+    batch's sentence ids (``sentence_ids``: fairseq's ``sample['id']``). The same batch at the
+    same update gets the same pairs whatever drew random numbers before it (dropout, earlier
+    micro-batches of ``--update-freq``, another rank), so a resumed run, a run over several
+    ranks and one with ``--update-freq`` choose alike."""
+    ids = torch.as_tensor(sentence_ids).cpu().numpy().astype(np.int64)
+    batch = zlib.crc32(ids.tobytes())
+    value = (int(seed) * 1_000_003 + int(num_updates)) * 2_654_435_761 + batch
+    return torch.Generator().manual_seed(value % (2**63 - 1))
+
+
+def row_chunk_sizes(n_chunked: int, chunk_sizes: Sequence[int], device=None) -> Tensor:
+    """The k of each chunked row: the trained chunk sizes assigned to the rows in turn."""
+    return torch.tensor([chunk_sizes[i % len(chunk_sizes)] for i in range(n_chunked)], dtype=torch.long,
+                        device=device)
+
+
+def batch_decoder_samples(
+    target: Tensor,
+    mode: str,
+    p_k: Optional[float],
+    *,
+    pad: int,
+    eos: int,
+    mask: int,
+    chunk_sizes: Sequence[int] = (2,),
+    chunk_start: Optional[Mapping[int, int]] = None,
+    distilled: Optional[Tensor] = None,
+    p_raw: float = 0.5,
+    p_raw_chunked: Optional[float] = None,
+    generator=None,
+    rows_generator=None,
+):
+    """The decoder samples of SPEC section 2 for one batch of targets.
+
+    ``mode``: ``'hrt'`` ({AT, CMLM} for the plain rows, {Skip-AT, Skip-CMLM} for
+    ``round(n * p_k)`` random rows), ``'at'`` or ``'cmlm'`` (``p_k`` ignored). ``p_k=None``
+    (validation) makes every row both chunked and plain. ``chunk_start`` maps k to the id of
+    ``<s_k>``. With ``distilled`` (MixDistill), each row's target is drawn from the raw one
+    with probability ``p_raw`` (``p_raw_chunked`` for chunked rows when given, training only).
+    ``rows_generator`` draws the chunked rows (``generator`` when absent), ``generator`` the
+    CMLM masks and the MixDistill choice.
+
+    Returns ``(target, hrt)``: the (possibly mixed) target and the dict the criterion reads as
+    ``sample['hrt']``: ``ar`` / ``nar`` (:class:`DecoderSample` or ``None``), the batch rows
+    they come from (``ar_rows`` / ``nar_rows``), ``n_chunked`` (the first rows of ``ar`` /
+    ``nar``), ``chunk_sizes`` (their k) and ``p_k`` (``-1.0`` for none).
+    """
+    n = target.size(0)
+    device = target.device
+    rows = torch.arange(n, device=device)
+    chunked_rows = plain_rows = None
+    if mode == "hrt":
+        if p_k is None:  # validation: all rows chunked and all rows plain
+            chunked_rows, plain_rows = rows, rows
+        else:
+            chunked_rows, plain_rows = choose_chunked_rows(
+                n, p_k, rows_generator if rows_generator is not None else generator, device
+            )
+    if distilled is not None:
+        p = p_raw
+        if p_raw_chunked is not None and p_k is not None and chunked_rows is not None:
+            p = torch.full((n,), p_raw, device=device)
+            p[chunked_rows] = p_raw_chunked
+        target, _ = mix_targets(target, distilled.to(target), p, pad, generator)
+    ar = nar = None
+    ar_rows = nar_rows = rows
+    n_chunked = 0
+    ks = target.new_zeros(0)
+    if mode == "at":
+        ar = at_sample(target, pad, eos)
+    elif mode == "cmlm":
+        nar = cmlm_sample(target, pad, eos, mask, generator)
+    else:
+        n_chunked = chunked_rows.numel()
+        ks = row_chunk_sizes(n_chunked, chunk_sizes, device)
+        starts = torch.tensor([chunk_start[int(k)] for k in ks.tolist()], dtype=torch.long, device=device)
+        chunked, plain = target[chunked_rows], target[plain_rows]
+        ar = merge_rows(skip_at_sample(chunked, ks, pad, eos, starts), at_sample(plain, pad, eos), pad)
+        nar = merge_rows(skip_cmlm_sample(chunked, ks, pad, eos, mask), cmlm_sample(plain, pad, eos, mask, generator),
+                         pad)
+        ar_rows = nar_rows = torch.cat([chunked_rows, plain_rows])
+    return target, {
+        "ar": ar,
+        "nar": nar,
+        "ar_rows": ar_rows,
+        "nar_rows": nar_rows,
+        "n_chunked": n_chunked,
+        "chunk_sizes": ks,  # k of each chunked row (the first n_chunked rows of ar / nar)
+        "p_k": p_k if p_k is not None else -1.0,
+    }
 
 
 # ---------------------------------------------------------------------------------------

@@ -204,6 +204,80 @@ def patch_interactive_reading():
             _wrap_once(module, "buffered_read", _buffered_read_repairing_bad_lines)
 
 
+def _train_stopping_when_finished(train):
+    """Wrap ``fairseq_cli.train.train`` (one epoch of fairseq-train) so that a run whose
+    restored checkpoint already reached ``--max-update`` trains nothing.
+
+    Why: fairseq 0.12 checks ``--max-update`` only after an update (in ``validate_and_save``),
+    so running a finished ``fairseq-train`` command again, the usual way to resume, trained one
+    more update and rewrote ``checkpoint_last.pt`` every time (an HRT run with
+    ``--max-update 300``: 300, then 301, then 302; fairseq's own ``--task translation`` alike).
+    Now the epoch ends before its first update with "training is already finished", fairseq's
+    loop stops as it does at ``--max-update``, and no checkpoint is written. A run stopped by
+    ``--max-epoch`` never enters the loop, in fairseq already.
+    """
+
+    signature = inspect.signature(train)
+
+    @functools.wraps(train)
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        cfg, trainer = bound.arguments["cfg"], bound.arguments["trainer"]
+        max_update = cfg.optimization.max_update or 0
+        num_updates = trainer.get_num_updates()
+        if 0 < max_update <= num_updates:
+            import logging
+
+            logging.getLogger("fairseq_cli.train").info(
+                "training is already finished: the checkpoint restored from %s is at update %d, --max-update is %d; "
+                "nothing to train and no checkpoint written (raise --max-update to train on)",
+                cfg.checkpoint.save_dir, num_updates, max_update,
+            )
+            return [None], True
+        return train(*args, **kwargs)
+
+    return wrapper
+
+
+def _is_fairseq_train(module) -> bool:
+    path = getattr(module, "__file__", None) or ""
+    return callable(getattr(module, "train", None)) and callable(getattr(module, "validate_and_save", None)) \
+        and path.endswith(os.path.join("fairseq_cli", "train.py"))
+
+
+def patch_training_loop():
+    """Apply :func:`_train_stopping_when_finished` to fairseq-train when it runs: as for
+    fairseq-interactive (:func:`patch_interactive_reading`), only a module already loaded
+    (``fairseq_cli.train`` of the console script, ``__main__`` of ``python -m fairseq_cli.train``;
+    both load before the user dir) is patched. Idempotent."""
+    for name in ("fairseq_cli.train", "__main__"):
+        module = sys.modules.get(name)
+        if module is not None and _is_fairseq_train(module):
+            _expect_parameters(module.train, ["cfg", "trainer", "task", "epoch_itr"], "fairseq_cli.train.train")
+            _wrap_once(module, "train", _train_stopping_when_finished)
+
+
+def _load_checkpoint_patching_the_loop(load_checkpoint):
+    """Wrap ``checkpoint_utils.load_checkpoint`` (fairseq-train's restore, just before its
+    loop) to apply :func:`patch_training_loop` there too: a fairseq-train that imported the
+    plugin before its own module was executed (``runpy``, a warm test process) is covered
+    whatever the task."""
+
+    @functools.wraps(load_checkpoint)
+    def wrapper(*args, **kwargs):
+        patch_training_loop()
+        return load_checkpoint(*args, **kwargs)
+
+    return wrapper
+
+
+def _patch_finished_runs():
+    import fairseq.checkpoint_utils as checkpoint_utils
+
+    patch_training_loop()
+    _wrap_once(checkpoint_utils, "load_checkpoint", _load_checkpoint_patching_the_loop)
+
+
 # ------------------------------------------------------------------ checkpoint files
 
 
@@ -397,3 +471,4 @@ def apply():
     _patch_finetune_training_time()
     _patch_checkpoint_files()
     patch_interactive_reading()
+    _patch_finished_runs()

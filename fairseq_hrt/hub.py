@@ -59,6 +59,28 @@ def _dictionary_folder(model_dir: str, data_name_or_path: Optional[str]) -> str:
     )
 
 
+def _check_checkpoint_folder(model_dir, checkpoint_file: str):
+    """``model_dir`` must be a folder holding ``checkpoint_file`` (several joined by ``:`` for an
+    ensemble, as in fairseq); say so, and what the folder holds, instead of fairseq's errors."""
+    if not isinstance(model_dir, (str, os.PathLike)):
+        raise TypeError(f"from_pretrained: model_dir must be a folder path (str), got {type(model_dir).__name__}")
+    model_dir = os.fspath(model_dir)
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(
+            f"from_pretrained: model folder {model_dir!r} does not exist (expected the folder of a trained "
+            f"checkpoint, fairseq-train's --save-dir, holding {checkpoint_file})"
+        )
+    missing = [name for name in str(checkpoint_file).split(os.pathsep) if not os.path.isfile(os.path.join(model_dir, name))]
+    if missing:
+        found = sorted(n for n in os.listdir(model_dir) if n.endswith(".pt"))
+        raise FileNotFoundError(
+            f"from_pretrained: no checkpoint file {', '.join(missing)} in the model folder {model_dir!r} "
+            f"(expected fairseq-train's --save-dir with a checkpoint in it); "
+            + (f"checkpoints there: {', '.join(found)} (choose one with checkpoint_file=)" if found
+               else "it holds no *.pt checkpoint")
+        )
+
+
 def from_pretrained(
     model_dir: str,
     checkpoint_file: str = "checkpoint_last.pt",
@@ -76,6 +98,7 @@ def from_pretrained(
     options as in fairseq (e.g. ``max_source_positions=64``, ``quantize="int8"``: dynamic int8
     quantization when the model is loaded).
     """
+    _check_checkpoint_folder(model_dir, checkpoint_file)
     data = _dictionary_folder(model_dir, data_name_or_path)
     spm = sentencepiece_model or find_sentencepiece_model(data, model_dir)
     if sentencepiece_model and not os.path.isfile(sentencepiece_model):
@@ -90,6 +113,21 @@ def from_pretrained(
     if loaded["task"].__class__.__name__ != "HRTTranslationTask":
         raise ValueError(f"{checkpoint_file} was not trained with --task hrt_translation")
     return HRTHubInterface(loaded["args"], loaded["task"], loaded["models"])
+
+
+def _check_sentences(sentences):
+    """``translate`` takes one string or a list of strings."""
+    if isinstance(sentences, str):
+        return
+    if isinstance(sentences, (list, tuple)):
+        bad = [i for i, s in enumerate(sentences) if not isinstance(s, str)]
+        if not bad:
+            return
+        raise TypeError(
+            f"translate() takes a string or a list of strings; item {bad[0]} of the list is "
+            f"{type(sentences[bad[0]]).__name__}"
+        )
+    raise TypeError(f"translate() takes a string or a list of strings, got {type(sentences).__name__}")
 
 
 class HRTHubInterface(hub_utils.GeneratorHubInterface):
@@ -115,6 +153,7 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
         ``engine`` (``--decoder-engine``: lean or fairseq), ``batch_size`` (sentences per
         batch). Other keywords are fairseq generation options (``max_len_a``, ``iter_decode_max_iter``, ...).
         """
+        _check_sentences(sentences)
         # decoding options of this call: they travel with fairseq's generation options (the
         # hub copies its keywords there) into DecodingOptions; the task's configuration is
         # never changed

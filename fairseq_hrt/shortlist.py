@@ -141,6 +141,20 @@ class Shortlist:
             )
 
 
+def load_for_decoding(path: str, source_dictionary, target_dictionary, fingerprint: str, data: str) -> Shortlist:
+    """``--shortlist path``: the file read and checked against the dictionaries it will be used
+    with (``fingerprint``: :func:`fairseq_hrt.symbols.dictionary_fingerprint` of them; ``data``:
+    their data directory, for the message when they differ); logs what it holds."""
+    shortlist = Shortlist.load(path)
+    shortlist.check_dictionary(fingerprint, len(source_dictionary), len(target_dictionary), path, data)
+    logger.info(
+        "--shortlist %s: up to %s target tokens per source token, %d always (%s)",
+        path, shortlist.settings.get("per_source", "?"), shortlist.always.numel(),
+        ", ".join(f"{k} {v}" for k, v in shortlist.settings.items()),
+    )
+    return shortlist
+
+
 # ------------------------------------------------------------------------ statistics
 
 
@@ -302,9 +316,9 @@ def build_shortlist(src_sents, tgt_sents, src_dict, tgt_dict, per_source: int = 
 def load_dictionaries(data: str, source_lang: Optional[str], target_lang: Optional[str]):
     """The dictionaries of a data directory as ``--task hrt_translation`` loads them (with the
     HRT symbols), so the fingerprint matches the task's."""
-    from fairseq.data import data_utils
+    from fairseq.data import Dictionary, data_utils
 
-    from fairseq_hrt.tasks.hrt_translation import HRTTranslationTask
+    from fairseq_hrt.symbols import add_hrt_symbols
 
     if source_lang is None or target_lang is None:
         source_lang, target_lang = data_utils.infer_language_pair(data)
@@ -315,7 +329,7 @@ def load_dictionaries(data: str, source_lang: Optional[str], target_lang: Option
         path = os.path.join(data, f"dict.{lang}.txt")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no dictionary (is {data} a fairseq-preprocess output directory?)")
-        dicts.append(HRTTranslationTask.load_dictionary(path))
+        dicts.append(add_hrt_symbols(Dictionary.load(path)))  # as the task loads them
     return source_lang, target_lang, dicts[0], dicts[1]
 
 

@@ -704,3 +704,27 @@ def test_skip_at_teacher_slots_point_at_the_same_tokens(k):
         n_valid = int(valid[r].sum())
         # y_k, y_2k, .. within y_1 .. y_N </s>: floor((N + 1) / k) of them
         assert n_valid == int(lengths[r]) // int(ks[r])
+
+
+def test_batch_decoder_samples_without_a_task():
+    """chunking.batch_decoder_samples: the per-batch samples of SPEC section 2 from tensors and
+    settings only (the task's build_decoder_samples calls it)."""
+    from fairseq_hrt.chunking import batch_decoder_samples, chunked_rows_generator
+
+    pad, eos, mask = 1, 2, 3
+    target = torch.tensor([[10, 11, 12, 13, eos], [14, 15, eos, pad, pad], [16, eos, pad, pad, pad]])
+    kw = dict(pad=pad, eos=eos, mask=mask, chunk_sizes=[2], chunk_start={2: 5})
+    _, hrt = batch_decoder_samples(target, "hrt", None, **kw)  # validation: every row both ways
+    assert hrt["n_chunked"] == 3 and hrt["ar"].tokens.size(0) == 6 and hrt["p_k"] == -1.0
+    assert hrt["ar"].tokens[0].tolist()[:3] == [5, 11, 13]  # <s2> y2 y4
+    assert hrt["ar_rows"].tolist() == [0, 1, 2, 0, 1, 2]
+    _, hrt = batch_decoder_samples(target, "hrt", 0.0, **kw)
+    assert hrt["n_chunked"] == 0 and hrt["ar"].tokens[:, 0].tolist() == [eos] * 3
+    _, hrt = batch_decoder_samples(target, "at", 0.5, **kw)
+    assert hrt["nar"] is None and hrt["ar"].target.tolist() == target.tolist()
+    gen = chunked_rows_generator(torch.tensor([4, 7, 9]), seed=1, num_updates=10)
+    again = chunked_rows_generator(torch.tensor([4, 7, 9]), seed=1, num_updates=10)
+    assert torch.randperm(10, generator=gen).tolist() == torch.randperm(10, generator=again).tolist()
+    distilled = torch.tensor([[20, eos], [21, eos], [22, eos]])
+    mixed, _ = batch_decoder_samples(target, "at", None, distilled=distilled, p_raw=0.0, **kw)
+    assert mixed.tolist() == distilled.tolist()

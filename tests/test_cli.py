@@ -130,6 +130,25 @@ def test_python_api_translates_as_fairseq_interactive(hrt_trained):
         fairseq_hrt.from_pretrained(str(ckpt.parent), checkpoint_file=ckpt.name)
 
 
+def test_python_api_says_what_it_expects(tmp_path):
+    """A missing model folder or checkpoint, and input that is not text, get errors that say
+    what was expected (not fairseq's TypeError about None)."""
+    import fairseq_hrt
+    from fairseq_hrt.hub import HRTHubInterface
+
+    with pytest.raises(FileNotFoundError, match=r"no/such/dir.*does not exist.*checkpoint_last\.pt"):
+        fairseq_hrt.from_pretrained("no/such/dir", data_name_or_path=str(tmp_path))
+    (tmp_path / "checkpoint_best.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint file checkpoint_last\.pt.*checkpoint_best\.pt"):
+        fairseq_hrt.from_pretrained(str(tmp_path))
+    with pytest.raises(TypeError, match="folder path"):
+        fairseq_hrt.from_pretrained(None)
+    hub = object.__new__(HRTHubInterface)  # the input is checked before the model is used
+    for bad, what in ((None, "NoneType"), (3, "int"), (["a b", None], "item 1")):
+        with pytest.raises(TypeError, match=f"a string or a list of strings.*{what}"):
+            hub.translate(bad)
+
+
 def test_sentencepiece_model_found_beside_the_data(tmp_path):
     from fairseq_hrt.hub import find_sentencepiece_model
 

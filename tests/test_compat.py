@@ -130,3 +130,37 @@ def test_trainer_overflow_handler_tensor_works_without_cuda():
     assert not hasattr(torch.tensor, "__fairseq_hrt_compat__")
 
 
+
+
+def test_a_finished_run_skips_its_epoch_and_an_unfinished_one_trains():
+    import types
+
+    calls = []
+
+    def train(cfg, trainer, task, epoch_itr):
+        calls.append(trainer.get_num_updates())
+        return [1.0], False
+
+    wrapped = compat._train_stopping_when_finished(train)
+
+    def args(num_updates, max_update):
+        cfg = types.SimpleNamespace(optimization=types.SimpleNamespace(max_update=max_update),
+                                    checkpoint=types.SimpleNamespace(save_dir="ck"))
+        return cfg, types.SimpleNamespace(get_num_updates=lambda: num_updates), None, None
+
+    assert wrapped(*args(300, 300)) == ([None], True)  # fairseq's loop stops, nothing saved
+    assert wrapped(*args(302, 300)) == ([None], True)
+    assert calls == []
+    assert wrapped(*args(299, 300)) == ([1.0], False)
+    assert wrapped(*args(5, 0)) == ([1.0], False)  # no --max-update: train
+    assert calls == [299, 5]
+
+
+def test_fairseq_train_module_is_patched_once():
+    import fairseq_cli.train as fairseq_train
+
+    compat.patch_training_loop()
+    first = fairseq_train.train
+    assert getattr(first, "__fairseq_hrt_compat__", False)
+    compat.patch_training_loop()
+    assert fairseq_train.train is first

@@ -375,3 +375,15 @@ def test_fairseq_generate_with_shortlist(trained, tmp_path):
         d = Dictionary.load(str(data.dict_path))
         allowed = set(short.translations[short.translations >= 0].tolist()) | set(short.always.tolist())
         assert all(d.index(w) in allowed for line in hyp_lines(out).values() for w in line.split())
+
+
+def test_shortlist_module_does_not_import_the_task():
+    """The task reads --shortlist through shortlist.load_for_decoding; shortlist.py itself must
+    not import the task module (no import cycle)."""
+    import ast
+
+    with open(sl.__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + [
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in imported if m and m.startswith("fairseq_hrt.tasks")], imported

@@ -109,3 +109,31 @@ def test_variants_train_the_first_set_at_the_largest_budget_with_extra_options(t
     for bad in (["x"], ["Bad=--a"], ["a="], ["a=--x", "a=--y"]):
         with pytest.raises(ValueError, match="--variants"):
             study.parse_variants(bad)
+
+
+def test_only_prepare_runs_alone_and_training_steps_need_it(tmp_path):
+    """``--only prepare`` (and ``kd``) are steps; ``--only at`` before prepare says to run it first
+    instead of failing in fairseq."""
+    s = _study(tmp_path, "--scales", "1", "--chunk-size-sets", "2", "--only", "at")
+    ran = []
+    s.run_step = lambda i, name, cmd, outputs, **kw: ran.append(name)
+    with pytest.raises(study.StepError, match="run --only prepare first"):
+        s.run_only(["at"])
+    with pytest.raises(study.StepError, match="run --only prepare first"):
+        s.run_only(["kd"])
+    assert ran == []
+    s.run_only(["prepare"])
+    assert ran == ["prepare"]  # the mini profile has no teacher
+    # prepare done (its marker and dictionary): the training steps run
+    (tmp_path / "markers").mkdir()
+    (tmp_path / "markers" / "prepare.done").write_text("cmd\n")
+    (tmp_path / "data" / "data-bin").mkdir(parents=True)
+    (tmp_path / "data" / "data-bin" / "dict.en.txt").write_text("")
+    s.run_only(["at", "hrt_c2_x1"])
+    assert ran == ["prepare", "at", "hrt_c2_x1"]
+    # in one call, prepare first makes the later steps possible
+    ran.clear()
+    (tmp_path / "markers" / "prepare.done").unlink()
+    s.step_prepare = lambda i: (ran.append("prepare"), (tmp_path / "markers" / "prepare.done").write_text("cmd\n"))
+    s.run_only(["prepare", "at"])
+    assert ran == ["prepare", "at"]

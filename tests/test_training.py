@@ -534,6 +534,32 @@ def test_finetune_hrt_from_at_checkpoint(data, work):
     assert len(shared) >= len(at_state) - 2
 
 
+def _finished_state(path):
+    state = _load(path)
+    return state["optimizer_history"][-1]["num_updates"], path.read_bytes(), path.stat().st_mtime_ns
+
+
+@pytest.mark.parametrize("task", ["hrt_translation", "translation"])
+def test_rerunning_a_finished_run_trains_nothing(data, work, task):
+    """Running a finished fairseq-train command again (how one resumes) neither trains nor
+    rewrites checkpoint_last.pt: fairseq 0.12 trained one more update each time (compat)."""
+    save_dir = work / f"ck_finished_{task}"
+    args = train_args(data.bin_dir, save_dir, "--hrt-mode", "at", arch="at_tiny", max_update=3)
+    if task == "translation":  # fairseq's own task and criterion, with the plugin loaded
+        args[args.index("hrt_translation")] = "translation"
+        args[args.index("--hrt-mode"):args.index("--hrt-mode") + 2] = []
+        args[args.index("hrt_loss")] = "cross_entropy"
+    run_cli(args)
+    ckpt = save_dir / "checkpoint_last.pt"
+    updates, content, mtime = _finished_state(ckpt)
+    assert updates == 3
+    out = run_cli(args).stdout
+    assert "training is already finished" in out, out[-3000:]
+    assert not parse_logs(out), out[-3000:]  # no training step logged
+    assert _finished_state(ckpt) == (3, content, mtime)
+    assert not list(save_dir.glob("*.tmp"))
+
+
 @pytest.mark.slow
 def test_finetune_restarts_the_training_clock_and_resume_keeps_it(data, work):
     """fairseq 0.12 restores ``previous_training_time`` from any checkpoint it loads, so

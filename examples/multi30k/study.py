@@ -219,10 +219,37 @@ class Study(Recipe):
                              "valid_losses": valid_losses(m["log"])}
         return results
 
+    def step_prepare_all(self, i):
+        """The data every training step reads: prepare.sh's output and, for profiles with a
+        teacher, the teacher's distilled training set."""
+        self.step_prepare(i)
+        if self.profile.distill:
+            self.step_teacher(i + 1)
+            self.step_distill(i + 2)
+            self.step_distill_bin(i + 3)
+
+    def prepared(self) -> bool:
+        """Whether ``prepare`` is done (its markers and outputs exist)."""
+        needed = [self.markers / "prepare.done", self.data_bin / "dict.en.txt"]
+        if self.profile.distill:
+            needed += [self.markers / "distill_bin.done", self.out / "distill-bin" / "train.en-de.de.bin"]
+        return all(path.exists() for path in needed)
+
+    def require_prepared(self, step: str):
+        if not self.prepared():
+            raise StepError(
+                f"--only {step}: the data of {self.out} is not prepared ({self.data_bin / 'dict.en.txt'} or its "
+                f"marker in {self.markers} is missing): run --only prepare first, with the same --profile and --out "
+                "(or run the study without --only)"
+            )
+
     def run_only(self, names: List[str]):
-        """Run the named training steps only (``at``, ``hrt_c2_x1``, ...): separate processes
-        can train independent models at once, each with its own markers."""
-        steps = {"at": lambda: self.step_at(5), "kd": lambda: self.step_kd(6)}
+        """Run the named steps only: ``prepare`` (the data, and the teacher's KD for profiles with
+        one), ``kd`` (the study's own KD set) and the training steps (``at``, ``hrt_c2_x1``, ...):
+        separate processes can train independent models at once, each with its own markers.
+        Every step but ``prepare`` needs ``prepare`` done (earlier, or earlier in ``names``)."""
+        steps = {"prepare": lambda: self.step_prepare_all(1), "at": lambda: self.step_at(5),
+                 "kd": lambda: self.step_kd(6)}
         for variant in self.at_variants:
             steps[self.at_variant_name(variant)] = (lambda v=variant: self.step_at_variant(7, v))
         for scale in self.scales:
@@ -234,6 +261,8 @@ class Study(Recipe):
         if unknown:
             raise StepError(f"--only {' '.join(unknown)}: not a training step of this study ({', '.join(steps)})")
         for name in names:
+            if name != "prepare":
+                self.require_prepared(name)
             steps[name]()
 
     def run(self):
@@ -243,11 +272,7 @@ class Study(Recipe):
         log(f"study: profile {self.args.profile}, base budget {self.base} updates, scales {self.scales}, "
             f"chunk-size sets {self.sets}, output {self.out}, {self.threads} thread(s)")
         start = time.time()
-        self.step_prepare(1)
-        if self.profile.distill:
-            self.step_teacher(2)
-            self.step_distill(3)
-            self.step_distill_bin(4)
+        self.step_prepare_all(1)
         self.step_at(5)
         for scale in self.scales:
             for cs in self.raw_hrt_sets():
@@ -417,7 +442,8 @@ def parse_args(argv=None):
     p.add_argument("--skip-raw-hrt", action="store_true",
                    help="train no HRT on raw data (--chunk-size-sets at every budget): a study of the variants only")
     p.add_argument("--only", nargs="+", metavar="STEP",
-                   help="run only these training steps (at, hrt_c2_x1, ...; needs prepare done), e.g. to train "
+                   help="run only these steps: prepare (the data; with a teacher, its KD too), kd (the study's "
+                        "KD set, needs at), at, hrt_c2_x1, ... (training steps, need prepare done), e.g. to train "
                         "independent models in parallel processes; a run without --only finishes the study")
     args = p.parse_args(argv)
     if not args.out:

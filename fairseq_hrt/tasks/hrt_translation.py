@@ -8,18 +8,17 @@
   curriculum). ``--hrt-mode at`` / ``cmlm`` train the baselines with the same task.
 * MixDistill: with ``--distill-data``, each pair's target is the raw reference with
   probability ``--p-raw``, else the aligned distilled one.
+
+The task is an adapter: the samples are built by :mod:`fairseq_hrt.chunking`, the distilled
+targets read by :mod:`fairseq_hrt.data.mixdistill`, checkpoints checked by
+:mod:`fairseq_hrt.checkpoint_checks` and ``--shortlist`` read by :mod:`fairseq_hrt.shortlist`.
 """
 import inspect
 import logging
-import os
-import zlib
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import numpy as np
 import torch
-from fairseq import utils
-from fairseq.data import BaseWrapperDataset, data_utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
@@ -30,7 +29,9 @@ from fairseq_hrt.generation import strategies
 from fairseq_hrt.generation.options import QUANTIZE_CHOICES, DecodingOptions
 from fairseq_hrt.generation.quantize import prepare_for_decoding
 from fairseq_hrt.models import ssru_transformer, tied_layers
-from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol, dictionary_fingerprint
+from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
+from fairseq_hrt import checkpoint_checks, shortlist as shortlists
+from fairseq_hrt.data import mixdistill
 
 logger = logging.getLogger(__name__)
 
@@ -191,33 +192,6 @@ class HRTTranslationConfig(TranslationConfig):
     seed: int = II("common.seed")
 
 
-class DistilledTargetDataset(BaseWrapperDataset):
-    """A :class:`LanguagePairDataset` whose samples also carry the aligned distilled target.
-
-    The collated batch gets ``distilled_target`` (padded like ``target``, in the batch's order).
-    """
-
-    def __init__(self, pair_dataset, distilled):
-        super().__init__(pair_dataset)
-        self.distilled = distilled
-
-    def __getitem__(self, index):
-        item = self.dataset[index]
-        item["distilled"] = self.distilled[index]
-        return item
-
-    def collater(self, samples):
-        batch = self.dataset.collater(samples)
-        if len(samples) == 0 or "id" not in batch:
-            return batch
-        by_id = {s["id"]: s["distilled"] for s in samples}
-        tokens = [by_id[int(i)] for i in batch["id"]]
-        batch["distilled_target"] = data_utils.collate_tokens(
-            tokens, self.dataset.tgt_dict.pad(), self.dataset.tgt_dict.eos(), left_pad=False
-        )
-        return batch
-
-
 @register_task("hrt_translation", dataclass=HRTTranslationConfig)
 class HRTTranslationTask(TranslationTask):
     cfg: HRTTranslationConfig
@@ -261,53 +235,24 @@ class HRTTranslationTask(TranslationTask):
             self.datasets[split] = self._with_distilled_targets(split, self.datasets[split])
 
     def _with_distilled_targets(self, split, pair_dataset):
-        src, tgt = self.cfg.source_lang, self.cfg.target_lang
-        candidates = [
-            os.path.join(self.cfg.distill_data, f"{split}.{src}-{tgt}.{tgt}"),
-            os.path.join(self.cfg.distill_data, f"{split}.{tgt}-{src}.{tgt}"),
-        ]
-        distilled = None
-        for prefix in candidates:
-            distilled = data_utils.load_indexed_dataset(prefix, self.tgt_dict, self.cfg.dataset_impl)
-            if distilled is not None:
-                break
-        if distilled is None:
-            raise FileNotFoundError(
-                f"--distill-data {self.cfg.distill_data}: no binarized distilled target "
-                f"found at {candidates[0]}.{{bin,idx}} (binarize the distilled corpus with "
-                "fairseq-preprocess --srcdict/--tgtdict of the raw data)"
-            )
-        if len(distilled) != len(pair_dataset):
-            raise ValueError(
-                f"distilled set not aligned with raw: {prefix} has {len(distilled)} sentences, "
-                f"the raw {split} set has {len(pair_dataset)}. The distilled corpus must be a "
-                "line-by-line translation of the same source file."
-            )
-        if self.cfg.p_raw_chunked is None:
-            logger.info("MixDistill: %s (p_raw = %s)", prefix, self.cfg.p_raw)
-        else:
-            logger.info(
-                "MixDistill: %s (p_raw = %s, chunked pairs: %s)", prefix, self.cfg.p_raw, self.cfg.p_raw_chunked
-            )
-        # batch by the longer of the two targets so that either fits --max-tokens
-        pair_dataset.tgt_sizes = np.maximum(pair_dataset.tgt_sizes, distilled.sizes)
-        pair_dataset.sizes = np.vstack((pair_dataset.src_sizes, pair_dataset.tgt_sizes)).T
-        return DistilledTargetDataset(pair_dataset, distilled)
+        """MixDistill: the split with its aligned distilled targets (:mod:`fairseq_hrt.data.mixdistill`)."""
+        return mixdistill.with_distilled_targets(
+            pair_dataset, split, self.cfg.distill_data, self.cfg.source_lang, self.cfg.target_lang, self.tgt_dict,
+            self.cfg.dataset_impl, p_raw=self.cfg.p_raw, p_raw_chunked=self.cfg.p_raw_chunked,
+        )
 
     # ------------------------------------------------------- checkpointed task state
 
     def dictionary_fingerprint(self) -> str:
         """CRC32 of the source and target symbols in order (:func:`symbols.dictionary_fingerprint`):
         two data directories binarized with different dictionaries (even of the same size) differ here."""
-        return dictionary_fingerprint(self.source_dictionary, self.target_dictionary)
+        return checkpoint_checks.dictionary_fingerprint(self.source_dictionary, self.target_dictionary)
 
     def _schedule(self) -> dict:
-        return {
-            "hrt_mode": str(self.cfg.hrt_mode),
-            "chunk_sizes": list(self.chunk_sizes),
-            "curriculum_updates": int(self.cfg.curriculum_updates or self.cfg.max_update or 0),
-            "curriculum_lambda": float(self.cfg.curriculum_lambda),
-        }
+        return checkpoint_checks.curriculum_schedule(
+            self.cfg.hrt_mode, self.chunk_sizes, self.cfg.curriculum_updates, self.cfg.max_update,
+            self.cfg.curriculum_lambda,
+        )
 
     def get_checkpoint_dict(self):
         """Saved with every checkpoint (fairseq's task-state hook): the dictionary fingerprint
@@ -317,24 +262,8 @@ class HRTTranslationTask(TranslationTask):
 
     def set_checkpoint_dict(self, state):
         """On resume: refuse data binarized with another dictionary, and warn when the
-        curriculum's schedule differs from the run that saved the checkpoint (e.g. another
-        --max-update moves p_k = (t / T) ** lambda for every later update)."""
-        saved = state.get("dictionary")
-        if saved is not None and saved != self.dictionary_fingerprint():
-            raise ValueError(
-                f"the checkpoint being resumed was trained on data binarized with another dictionary "
-                f"(fingerprint {saved}, this data directory {self.cfg.data}: {self.dictionary_fingerprint()}). "
-                "Resume with the data directory of the run that saved it, or start a new run in another "
-                "--save-dir."
-            )
-        now = self._schedule()
-        changed = {k: (state[k], now[k]) for k in now if k in state and state[k] != now[k]}
-        if changed:
-            logger.warning(
-                "resuming with another schedule than the run that saved the checkpoint: %s; p_k follows the "
-                "new settings from here on",
-                ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
-            )
+        curriculum's schedule differs (:func:`checkpoint_checks.check_resumed_state`)."""
+        checkpoint_checks.check_resumed_state(state, self.dictionary_fingerprint(), self._schedule(), self.cfg.data)
 
     # ------------------------------------------------------------ training
 
@@ -353,7 +282,7 @@ class HRTTranslationTask(TranslationTask):
             tied_layers.tie_decoder_layers(model.decoder)
         if not from_checkpoint and self.cfg.hrt_mode == "hrt" and hasattr(model, "mark_trained_chunk_sizes"):
             model.mark_trained_chunk_sizes(self.chunk_sizes)
-        _check_dictionary_when_loading(model)
+        checkpoint_checks.check_dictionary_when_loading(model)
         if from_checkpoint:
             _quantize_when_prepared(model, str(self.cfg.quantize))
         return model
@@ -375,81 +304,36 @@ class HRTTranslationTask(TranslationTask):
         return chunking.curriculum_p_k(num_updates, total, self.cfg.curriculum_lambda)
 
     def chunked_rows_generator(self, sample, num_updates: int) -> torch.Generator:
-        """The RNG that picks a batch's chunked pairs, seeded by ``--seed``, the update and the
-        batch's sentence ids. The same batch at the same update gets the same pairs whatever
-        drew random numbers before it (dropout, earlier micro-batches of ``--update-freq``,
-        another rank), so a resumed run, a run over several ranks and one with
-        ``--update-freq`` choose alike."""
-        ids = zlib.crc32(sample["id"].cpu().numpy().astype(np.int64).tobytes())
-        seed = (self.cfg.seed * 1_000_003 + num_updates) * 2_654_435_761 + ids
-        return torch.Generator().manual_seed(seed % (2**63 - 1))
+        """The RNG that picks a batch's chunked pairs (:func:`chunking.chunked_rows_generator`)."""
+        return chunking.chunked_rows_generator(sample["id"], self.cfg.seed, num_updates)
 
     def build_decoder_samples(self, sample, p_k: Optional[float], generator=None, rows_generator=None):
-        """Attach ``sample['hrt']``: the decoder samples of SPEC section 2 for this batch.
+        """Attach ``sample['hrt']``: the decoder samples of SPEC section 2 for this batch
+        (:func:`chunking.batch_decoder_samples`).
 
         ``p_k=None`` (validation) gives every pair all four kinds, so validation loss
         measures both decoding modes whatever the curriculum stage; ``--hrt-mode at`` /
         ``cmlm`` ignore ``p_k``.
         """
-        pad, eos = self.tgt_dict.pad(), self.tgt_dict.eos()
-        target = sample["target"]
-        n = target.size(0)
-        rows = torch.arange(n, device=target.device)
-        mode = self.cfg.hrt_mode
-        chunked_rows = plain_rows = None
-        if mode == "hrt":
-            if p_k is None:  # validation: all rows chunked and all rows plain
-                chunked_rows, plain_rows = rows, rows
-            else:
-                chunked_rows, plain_rows = chunking.choose_chunked_rows(
-                    n, p_k, rows_generator if rows_generator is not None else generator, target.device
-                )
-        if "distilled_target" in sample and sample["distilled_target"] is not None:
-            p_raw = self.cfg.p_raw
-            if self.cfg.p_raw_chunked is not None and p_k is not None and chunked_rows is not None:
-                p_raw = torch.full((n,), self.cfg.p_raw, device=target.device)
-                p_raw[chunked_rows] = self.cfg.p_raw_chunked
-            target, _ = chunking.mix_targets(target, sample["distilled_target"].to(target), p_raw, pad, generator)
+        distilled = sample.get("distilled_target")
+        target, hrt = chunking.batch_decoder_samples(
+            sample["target"],
+            self.cfg.hrt_mode,
+            p_k,
+            pad=self.tgt_dict.pad(),
+            eos=self.tgt_dict.eos(),
+            mask=self.mask_idx,
+            chunk_sizes=self.chunk_sizes,
+            chunk_start=self.chunk_start_idx,
+            distilled=distilled,
+            p_raw=self.cfg.p_raw,
+            p_raw_chunked=self.cfg.p_raw_chunked,
+            generator=generator,
+            rows_generator=rows_generator,
+        )
+        if distilled is not None:
             sample["target"] = target
-        ar = nar = None
-        ar_rows = nar_rows = rows
-        n_chunked = 0
-        ks = target.new_zeros(0)
-        if mode == "at":
-            ar = chunking.at_sample(target, pad, eos)
-        elif mode == "cmlm":
-            nar = chunking.cmlm_sample(target, pad, eos, self.mask_idx, generator)
-        else:
-            n_chunked = chunked_rows.numel()
-            ks = torch.tensor(
-                [self.chunk_sizes[i % len(self.chunk_sizes)] for i in range(n_chunked)],
-                dtype=torch.long,
-                device=target.device,
-            )
-            starts = torch.tensor(
-                [self.chunk_start_idx[int(k)] for k in ks.tolist()], dtype=torch.long, device=target.device
-            )
-            chunked, plain = target[chunked_rows], target[plain_rows]
-            ar = chunking.merge_rows(
-                chunking.skip_at_sample(chunked, ks, pad, eos, starts),
-                chunking.at_sample(plain, pad, eos),
-                pad,
-            )
-            nar = chunking.merge_rows(
-                chunking.skip_cmlm_sample(chunked, ks, pad, eos, self.mask_idx),
-                chunking.cmlm_sample(plain, pad, eos, self.mask_idx, generator),
-                pad,
-            )
-            ar_rows = nar_rows = torch.cat([chunked_rows, plain_rows])
-        sample["hrt"] = {
-            "ar": ar,
-            "nar": nar,
-            "ar_rows": ar_rows,
-            "nar_rows": nar_rows,
-            "n_chunked": n_chunked,
-            "chunk_sizes": ks,  # k of each chunked row (the first n_chunked rows of ar / nar)
-            "p_k": p_k if p_k is not None else -1.0,
-        }
+        sample["hrt"] = hrt
         return sample
 
     def begin_epoch(self, epoch, model):
@@ -565,16 +449,8 @@ class HRTTranslationTask(TranslationTask):
         cached = getattr(self, "_shortlist", None)
         if cached is not None and cached[0] == path:
             return cached[1]
-        from fairseq_hrt.shortlist import Shortlist
-
-        shortlist = Shortlist.load(path)
-        shortlist.check_dictionary(
-            self.dictionary_fingerprint(), len(self.source_dictionary), len(self.target_dictionary), path, self.cfg.data
-        )
-        logger.info(
-            "--shortlist %s: up to %s target tokens per source token, %d always (%s)",
-            path, shortlist.settings.get("per_source", "?"), shortlist.always.numel(),
-            ", ".join(f"{k} {v}" for k, v in shortlist.settings.items()),
+        shortlist = shortlists.load_for_decoding(
+            path, self.source_dictionary, self.target_dictionary, self.dictionary_fingerprint(), self.cfg.data
         )
         self._shortlist = (path, shortlist)
         return shortlist
@@ -614,22 +490,3 @@ def _quantize_when_prepared(model, quantize: str):
 
     prepared.__fairseq_hrt_quantize__ = True
     model.prepare_for_inference_ = prepared
-
-
-def _check_dictionary_when_loading(model):
-    """AT models are fairseq's own ``transformer``: loading a checkpoint of another dictionary
-    into one failed with "size mismatch for decoder.output_projection.weight ... please ensure
-    that the architectures match", which points at the architecture. Check the dictionary
-    first, as HRT and CMLM models do in their ``load_state_dict`` (one message for all)."""
-    from fairseq_hrt.models.hrt_transformer import HRTTransformerModel, check_dictionary_compatible
-
-    if isinstance(model, HRTTransformerModel) or getattr(model.load_state_dict, "__fairseq_hrt_dictionary_check__", False):
-        return
-    load_state_dict = model.load_state_dict
-
-    def checked(state_dict, *args, **kwargs):
-        check_dictionary_compatible(model, state_dict)
-        return load_state_dict(state_dict, *args, **kwargs)
-
-    checked.__fairseq_hrt_dictionary_check__ = True
-    model.load_state_dict = checked

@@ -1,0 +1,68 @@
+"""Checks that a checkpoint fits the data and model it is loaded into.
+
+* The task state saved with every checkpoint (fairseq's ``get_checkpoint_dict`` hook): the
+  dictionary fingerprint and the curriculum's schedule; on resume, data binarized with
+  another dictionary is refused and a changed schedule is reported (:func:`check_resumed_state`).
+* :func:`check_dictionary_when_loading`: loading weights of another dictionary into an AT
+  model fails with a message about the dictionary, not about the architecture.
+"""
+import logging
+from typing import Dict, Sequence
+
+from fairseq_hrt.symbols import dictionary_fingerprint
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["dictionary_fingerprint", "curriculum_schedule", "check_resumed_state", "check_dictionary_when_loading"]
+
+
+def curriculum_schedule(hrt_mode, chunk_sizes: Sequence[int], curriculum_updates: int, max_update: int,
+                        curriculum_lambda: float) -> Dict:
+    """The schedule of the chunk curriculum as a checkpoint stores it."""
+    return {
+        "hrt_mode": str(hrt_mode),
+        "chunk_sizes": list(chunk_sizes),
+        "curriculum_updates": int(curriculum_updates or max_update or 0),
+        "curriculum_lambda": float(curriculum_lambda),
+    }
+
+
+def check_resumed_state(saved: Dict, fingerprint: str, schedule: Dict, data: str):
+    """On resume: refuse data binarized with another dictionary (``saved['dictionary']`` is
+    the saving run's fingerprint), and warn when the curriculum's schedule differs from the
+    run that saved the checkpoint (e.g. another --max-update moves p_k = (t / T) ** lambda for
+    every later update)."""
+    old = saved.get("dictionary")
+    if old is not None and old != fingerprint:
+        raise ValueError(
+            f"the checkpoint being resumed was trained on data binarized with another dictionary "
+            f"(fingerprint {old}, this data directory {data}: {fingerprint}). "
+            "Resume with the data directory of the run that saved it, or start a new run in another "
+            "--save-dir."
+        )
+    changed = {k: (saved[k], schedule[k]) for k in schedule if k in saved and saved[k] != schedule[k]}
+    if changed:
+        logger.warning(
+            "resuming with another schedule than the run that saved the checkpoint: %s; p_k follows the "
+            "new settings from here on",
+            ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
+        )
+
+
+def check_dictionary_when_loading(model):
+    """AT models are fairseq's own ``transformer``: loading a checkpoint of another dictionary
+    into one failed with "size mismatch for decoder.output_projection.weight ... please ensure
+    that the architectures match", which points at the architecture. Check the dictionary
+    first, as HRT and CMLM models do in their ``load_state_dict`` (one message for all)."""
+    from fairseq_hrt.models.hrt_transformer import HRTTransformerModel, check_dictionary_compatible
+
+    if isinstance(model, HRTTransformerModel) or getattr(model.load_state_dict, "__fairseq_hrt_dictionary_check__", False):
+        return
+    load_state_dict = model.load_state_dict
+
+    def checked(state_dict, *args, **kwargs):
+        check_dictionary_compatible(model, state_dict)
+        return load_state_dict(state_dict, *args, **kwargs)
+
+    checked.__fairseq_hrt_dictionary_check__ = True
+    model.load_state_dict = checked
