@@ -286,14 +286,9 @@ def test_fairseq_generate_pgj_and_ddgviz_cli(trained, tmp_path):
 
 
 def _benchmark_module():
-    import importlib.util
+    from benchmarks import benchmark
 
-    from tests.tiny_data import REPO
-
-    spec = importlib.util.spec_from_file_location("hrt_benchmark_jacobi", REPO / "benchmarks" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark
 
 
 def test_benchmark_parallel_rows_and_passes():
