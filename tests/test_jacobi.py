@@ -303,7 +303,7 @@ def test_benchmark_parallel_rows_and_passes():
     with pytest.raises(ValueError, match="--parallel"):
         benchmark.systems_from_args(SimpleNamespace(**dict(vars(args), parallel="jacobi")))
     # passes per sentence: from the generator's counters for parallel rows, one per token for greedy
-    from measure import FairseqRunner
+    from benchmarks.measure import FairseqRunner
 
     runner = FairseqRunner.__new__(FairseqRunner)
     runner.generator = SimpleNamespace(stats={"sentences": 12, "passes": 50, "draft_passes": 20, "tokens": 60})
