@@ -57,27 +57,29 @@ Example (after examples/multi30k/recipe.py)::
 """
 import argparse
 import datetime
+import functools
+import io
 import json
 import logging
 import os
 import platform
 import re
-import statistics
-import sys
-import time
 from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # measure, ct2_reference
-sys.path.insert(0, os.path.dirname(HERE))  # fairseq_hrt
+if not __package__:  # python benchmarks/NAME.py (a file): the repository root on sys.path, as -m benchmarks.NAME has it
+    import sys
 
-import ct2_reference  # noqa: E402
-from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
-from measure import (  # noqa: E402,F401  (the pure parts are part of this script's interface)
-    BASELINE, CT2_FAMILY, ENGINE_SUFFIX, PARALLEL_METHODS, Context, System, family_of, fastest_baseline,
-    parse_beam_pairs, parse_engines, parse_ints, parse_named_checkpoints, read_lines, systems_from_args,
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import ct2_reference  # noqa: E402
+from benchmarks.measure import (  # noqa: E402,F401  (the pure parts are part of this script's interface)
+    BASELINE, CT2_FAMILY, ENGINE_SUFFIX, PARALLEL_METHODS, Context, System, cuda_sync, family_of, fastest_baseline,
+    parse_beam_pairs, parse_engines, parse_ints, parse_named_checkpoints, read_lines, systems_from_args, write_file,
+    write_files,
 )
+from benchmarks.timing import time_runs  # noqa: E402
+from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
 
 logger = logging.getLogger("benchmark")
 
@@ -178,8 +180,16 @@ def markdown_report(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def pareto_plot(report: dict, path: str):
-    """BLEU vs words/s, one panel per batch size, Pareto front as a dashed line."""
+def pareto_png(report: dict) -> bytes:
+    """The PNG bytes of :func:`pareto_plot`."""
+    buf = io.BytesIO()
+    pareto_plot(report, buf)
+    return buf.getvalue()
+
+
+def pareto_plot(report: dict, path):
+    """BLEU vs words/s, one panel per batch size, Pareto front as a dashed line (``path``: a
+    file name or a binary file object)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -214,7 +224,7 @@ def pareto_plot(report: dict, path: str):
     meta = report["meta"]
     fig.suptitle(f"BLEU vs speed ({meta['device']}, {meta['threads']} thread(s))", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -289,15 +299,12 @@ def run(args) -> dict:
     shared = {}
     runners = {s.name: family_of(s).runner(s, ctx, shared) for s in systems}
 
-    def decode_once(s, lines, bs):
-        """One pass over ``lines``; a pass over every sentence also gives the row's outputs."""
-        runner = runners[s.name]
-        before = runner.counters()
-        hyps, seconds = runner.decode(runner.prepare(lines, bs))
-        if len(lines) == len(src) and s.name not in hyps_out:
+    def passes_from(s, hyps, before):
+        """The row's outputs and decoder passes, from its first passes over every sentence
+        (the counters of ``before`` are diffed: per sentence, so any number of passes)."""
+        if s.name not in hyps_out:
             hyps_out[s.name] = hyps
-            s.passes_per_sentence, s.accepted_per_verify_pass = runner.passes(hyps, before)
-        return seconds
+            s.passes_per_sentence, s.accepted_per_verify_pass = runners[s.name].passes(hyps, before)
 
     hyps_out = {}  # system -> {sentence index: output}, from a pass over every sentence
     total_passes = sum((args.runs if bs == 1 else args.runs_large) * len(systems) for bs in batch_sizes)
@@ -305,39 +312,46 @@ def run(args) -> dict:
     for bs in batch_sizes:
         lines = src[:n_bs1] if bs == 1 else src
         words = source_words(raw_src[: len(lines)])
+        prepared = {s.name: runners[s.name].prepare(lines, bs) for s in systems}
         for s in systems:  # warm-up: first calls allocate memory and pick kernels
-            runners[s.name].decode(runners[s.name].prepare(lines, bs), warm_up=True)
+            runners[s.name].run(prepared[s.name], warm_up=True)
         runs = args.runs if bs == 1 else args.runs_large
-        times = {s.name: [] for s in systems}
-        for r in range(runs):
-            for s in systems:
-                bar.set_postfix_str(f"bs={bs} {s.name}")
-                times[s.name].append(decode_once(s, lines, bs))
+        before = {s.name: runners[s.name].counters() for s in systems}
+
+        def progress(name, r):
+            if r or name != systems[0].name:
                 bar.update(1)
+            bar.set_postfix_str(f"bs={bs} {name}")
+
+        timings = time_runs({s.name: functools.partial(runners[s.name].run, prepared[s.name]) for s in systems},
+                            runs=runs, sync=cuda_sync(use_cuda), before_each=progress)
+        bar.update(1)
         for s in systems:
-            mean = statistics.mean(times[s.name])
+            t = timings[s.name]
+            if len(lines) == len(src):
+                passes_from(s, t.value, before[s.name])
             s.speed[str(bs)] = {
-                "words_per_second": words / mean,
-                "seconds": mean,
-                "run_seconds": times[s.name],
-                "stdev_seconds": statistics.stdev(times[s.name]) if runs > 1 else 0.0,
+                "words_per_second": words / t.mean,
+                "seconds": t.mean,
+                "run_seconds": list(t.seconds),
+                "stdev_seconds": t.stdev,
                 "sentences": len(lines),
                 "words": words,
             }
-            logger.info("%-28s batch %4d: %9.1f words/s (%d run(s), %.3fs)", s.name, bs, words / mean, runs, mean)
+            logger.info("%-28s batch %4d: %9.1f words/s (%d run(s), %.3fs)", s.name, bs, words / t.mean, runs, t.mean)
     bar.close()
     for s in systems:  # quality needs every sentence: decode it once, untimed, if no pass did
         if s.name not in hyps_out:
-            decode_once(s, src, max(batch_sizes))
+            runner = runners[s.name]
+            before = runner.counters()
+            passes_from(s, runner.run(runner.prepare(src, max(batch_sizes))), before)
 
     hyps, signature = {}, None
-    os.makedirs(os.path.join(args.out_dir, "hyps"), exist_ok=True)
     for s in systems:
         hyps[s.name] = runners[s.name].texts(hyps_out[s.name], len(src))
         bleu = sacrebleu_score(hyps[s.name], refs)
         s.bleu, signature = bleu["score"], bleu["signature"]
-        with open(os.path.join(args.out_dir, "hyps", slug(s.name) + ".txt"), "w", encoding="utf-8") as f:
-            f.write("".join(h + "\n" for h in hyps[s.name]))
+        write_file(os.path.join(args.out_dir, "hyps", slug(s.name) + ".txt"), "".join(h + "\n" for h in hyps[s.name]))
     comet = comet_for(systems, raw_src, refs, hyps, args)
 
     baselines = fastest_baseline(systems, [str(b) for b in batch_sizes])
@@ -464,20 +478,15 @@ def main(argv=None):
     args = parse_args(argv)
     setup_logging(args.log_file)
     os.makedirs(args.out_dir, exist_ok=True)
-    start = time.time()
-    report = run(args)
-    report["meta"]["benchmark_seconds"] = round(time.time() - start, 1)
+    timed = time_runs(lambda: run(args))
+    report = timed.value
+    report["meta"]["benchmark_seconds"] = round(timed.total, 1)
     md = markdown_report(report)
-    for name, text in (("report.json", json.dumps(report, indent=2) + "\n"), ("report.md", md)):
-        with open(os.path.join(args.out_dir, name + ".part"), "w", encoding="utf-8") as f:
-            f.write(text)
-    pareto_plot(report, os.path.join(args.out_dir, "pareto.part.png"))
-    # written last and renamed together: report.json exists only for a complete run
-    os.replace(os.path.join(args.out_dir, "pareto.part.png"), os.path.join(args.out_dir, "pareto.png"))
-    os.replace(os.path.join(args.out_dir, "report.md.part"), os.path.join(args.out_dir, "report.md"))
-    os.replace(os.path.join(args.out_dir, "report.json.part"), os.path.join(args.out_dir, "report.json"))
+    # written together, report.json last: it exists only for a complete run
+    write_files(args.out_dir, {"pareto.png": pareto_png(report), "report.md": md,
+                               "report.json": json.dumps(report, indent=2) + "\n"})
     print(md)
-    logger.info("wrote %s in %.0fs", os.path.join(args.out_dir, "report.{json,md}, pareto.png"), time.time() - start)
+    logger.info("wrote %s in %.0fs", os.path.join(args.out_dir, "report.{json,md}, pareto.png"), timed.total)
     return report
 
 

@@ -13,8 +13,7 @@ students (``*_ssru``: CTranslate2 has no SSRU layer) nor models trained with
 :func:`unsupported_checkpoint_reason` says why, and :func:`convert` refuses them with it.
 """
 import os
-import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 USER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_hrt")
 
@@ -91,8 +90,9 @@ def convert(checkpoint: str, data_dir: str, out_dir: str, source_lang: str, targ
         checkpoint, data_dir, source_lang=source_lang, target_lang=target_lang, user_dir=USER_DIR,
         unsafe_deserialization=True,  # fairseq checkpoints pickle their configs (as compat.py allows)
     ).convert(target, force=True)
-    with open(stamp_file, "w") as f:
-        f.write(_stamp(checkpoint))
+    from benchmarks.measure import write_file
+
+    write_file(stamp_file, _stamp(checkpoint))
     return target
 
 
@@ -115,11 +115,11 @@ def suppressed(vocabulary: Sequence[str]) -> List[List[str]]:
 
 
 def translate(translator, sources: List[List[str]], batch_size: int, beam: int, max_len: int,
-              suppress: List[List[str]]) -> Tuple[Dict[int, List[str]], float]:
+              suppress: List[List[str]]) -> Dict[int, List[str]]:
     """Translate pieces, ``batch_size`` sentences at a time (CTranslate2 sorts the inputs by
     length before splitting them into batches, as fairseq's batching does). Returns
-    ``({sentence index: output pieces}, seconds)``."""
-    start = time.perf_counter()
+    ``{sentence index: output pieces}`` (untimed: the benchmark times it with
+    :func:`benchmarks.timing.time_runs`)."""
     results = translator.translate_batch(
         sources,
         max_batch_size=batch_size,
@@ -128,5 +128,4 @@ def translate(translator, sources: List[List[str]], batch_size: int, beam: int, 
         max_decoding_length=max_len,
         suppress_sequences=suppress or None,
     )
-    seconds = time.perf_counter() - start
-    return {i: r.hypotheses[0] for i, r in enumerate(results)}, seconds
+    return {i: r.hypotheses[0] for i, r in enumerate(results)}

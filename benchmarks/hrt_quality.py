@@ -26,15 +26,16 @@ import argparse
 import json
 import logging
 import os
-import sys
 from typing import Dict, List
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # measure
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fairseq_hrt
+if not __package__:  # python benchmarks/NAME.py (a file): the repository root on sys.path, as -m benchmarks.NAME has it
+    import sys
 
-from measure import build_generator, decode, detok, load, make_batches, read_lines  # noqa: E402
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.measure import build_generator, decode, detok, load, make_batches, read_lines, write_file  # noqa: E402
 
 from fairseq.data import data_utils  # noqa: E402
 
@@ -200,9 +201,7 @@ def main(argv=None):
     report = run(args)
     text = json.dumps(report, indent=2)
     if args.json:
-        with open(args.json + ".part", "w") as f:
-            f.write(text + "\n")
-        os.replace(args.json + ".part", args.json)
+        write_file(args.json, text + "\n")
     print(text)
     return report
 

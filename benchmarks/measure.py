@@ -11,11 +11,12 @@ strategy is a new adapter, never a new branch in the loop.
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
+
+from benchmarks.timing import time_runs
 
 logger = logging.getLogger("measure")
 
@@ -45,14 +46,46 @@ class System:
 # --------------------------------------------------------------------------- text and models
 
 
-def write_report(out_dir: str, stem: str, report: dict, text: str):
-    """``OUT/STEM.json`` and ``OUT/STEM.md`` of a measuring script (the markdown is also printed)."""
-    print(text)
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, stem + ".json"), "w") as f:
-        json.dump(report, f, indent=2)
-    with open(os.path.join(out_dir, stem + ".md"), "w") as f:
-        f.write(text)
+def write_files(out_dir: str, files: Mapping[str, Union[str, bytes]]):
+    """The one way the measuring scripts write their outputs (reports, tables, hypotheses):
+    atomically. Every ``{name: text or bytes}`` is first written whole to a temporary file in
+    ``out_dir`` (the same file system), then the temporary files replace their targets with
+    ``os.replace``, in the order given (put the file whose presence means "complete" last).
+    A write that fails or is interrupted leaves the old files intact and no temporary file."""
+    os.makedirs(out_dir or ".", exist_ok=True)
+    parts = []
+    try:
+        for name, content in files.items():
+            path = os.path.join(out_dir, name)
+            part = f"{path}.{os.getpid()}.part"
+            parts.append((part, path))
+            if isinstance(content, bytes):
+                with open(part, "wb") as f:
+                    f.write(content)
+            else:
+                with open(part, "w", encoding="utf-8") as f:
+                    f.write(content)
+        for part, path in parts:
+            os.replace(part, path)
+    finally:
+        for part, _ in parts:
+            if os.path.exists(part):
+                os.remove(part)
+
+
+def write_file(path: str, content: Union[str, bytes]):
+    """One file, atomically (:func:`write_files`)."""
+    write_files(os.path.dirname(path), {os.path.basename(path): content})
+
+
+def write_report(out_dir: str, stem: str, report: dict, text: str, echo: bool = True, json_text: Optional[str] = None):
+    """``OUT/STEM.md`` and ``OUT/STEM.json`` of a measuring script, atomically, the JSON last
+    (the markdown is also printed unless ``echo`` is false). ``json_text``: the JSON as the
+    script formats it (default ``json.dumps(report, indent=2)``)."""
+    if echo:
+        print(text)
+    write_files(out_dir, {stem + ".md": text, stem + ".json": json.dumps(report, indent=2) if json_text is None
+                          else json_text})
 
 
 def read_lines(path, limit=0) -> List[str]:
@@ -116,21 +149,27 @@ def build_generator(task, model, gen_args: dict, options: dict):
     return task.build_decoding([model], decoding)
 
 
-def decode(task, model, generator, batches, use_cuda=False) -> Tuple[Dict[int, torch.Tensor], float]:
-    """``({sentence id: output tokens}, seconds)`` of decoding ``batches``; the time covers
-    the model (encoder, every search step), not text reading or detokenisation."""
+def generate(task, model, generator, batches) -> Dict[int, torch.Tensor]:
+    """``{sentence id: output tokens}`` of decoding ``batches`` (untimed)."""
     hyps = {}
-    if use_cuda:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
     with torch.no_grad():
         for sample in batches:
             out = task.inference_step(generator, [model], sample)
             for i, sid in enumerate(sample["id"].tolist()):
                 hyps[sid] = out[i][0]["tokens"]
-    if use_cuda:
-        torch.cuda.synchronize()
-    return hyps, time.perf_counter() - start
+    return hyps
+
+
+def cuda_sync(use_cuda: bool):
+    """The ``sync`` of :func:`benchmarks.timing.time_runs` for a device (None on CPU)."""
+    return torch.cuda.synchronize if use_cuda else None
+
+
+def decode(task, model, generator, batches, use_cuda=False) -> Tuple[Dict[int, torch.Tensor], float]:
+    """``({sentence id: output tokens}, seconds)`` of decoding ``batches`` once; the time covers
+    the model (encoder, every search step), not text reading or detokenisation."""
+    timing = time_runs(lambda: generate(task, model, generator, batches), sync=cuda_sync(use_cuda))
+    return timing.value, timing.seconds[0]
 
 
 def sentencepiece(spm_model: str):
@@ -182,9 +221,17 @@ class Runner:
     def prepare(self, lines: List[str], batch_size: int):
         raise NotImplementedError
 
-    def decode(self, prepared, warm_up: bool = False) -> Tuple[Dict[int, object], float]:
-        """``({sentence index: output}, seconds)``; ``warm_up`` decodes only a first batch."""
+    sync = None  # called before and after a timed pass (torch.cuda.synchronize on GPU)
+
+    def run(self, prepared, warm_up: bool = False) -> Dict[int, object]:
+        """``{sentence index: output}`` (untimed: :func:`benchmarks.timing.time_runs` times
+        it); ``warm_up`` decodes only a first batch."""
         raise NotImplementedError
+
+    def decode(self, prepared, warm_up: bool = False) -> Tuple[Dict[int, object], float]:
+        """``({sentence index: output}, seconds)`` of one timed :meth:`run`."""
+        timing = time_runs(lambda: self.run(prepared, warm_up), sync=self.sync)
+        return timing.value, timing.seconds[0]
 
     def texts(self, hyps: Dict[int, object], n: int) -> List[str]:
         raise NotImplementedError
@@ -208,12 +255,13 @@ class FairseqRunner(Runner):
         self.model, self.task = ctx.model(system.checkpoint, self.quantize)
         gen_args = dict(gen_args, max_len_b=ctx.max_len_b)
         self.generator = build_generator(self.task, self.model, gen_args, task_options)
+        self.sync = cuda_sync(ctx.use_cuda)
 
     def prepare(self, lines, batch_size):
         return self.ctx.batches(self.system.checkpoint, self.quantize, lines, batch_size)
 
-    def decode(self, prepared, warm_up=False):
-        return decode(self.task, self.model, self.generator, prepared[:1] if warm_up else prepared, self.ctx.use_cuda)
+    def run(self, prepared, warm_up=False):
+        return generate(self.task, self.model, self.generator, prepared[:1] if warm_up else prepared)
 
     def texts(self, hyps, n):
         return detok(self.task, hyps, self.ctx.spm, n)
@@ -240,7 +288,7 @@ class CT2Runner(Runner):
     """The AT checkpoint converted to CTranslate2 and decoded by its C++ engine from pieces."""
 
     def __init__(self, system: System, ctx: Context, translators: dict):
-        import ct2_reference
+        from benchmarks import ct2_reference
 
         self.system, self.ctx, self.ct2 = system, ctx, ct2_reference
         _, task = ctx.model(system.checkpoint)
@@ -256,7 +304,7 @@ class CT2Runner(Runner):
     def prepare(self, lines, batch_size):
         return [line.split() for line in lines], batch_size
 
-    def decode(self, prepared, warm_up=False):
+    def run(self, prepared, warm_up=False):
         pieces, bs = prepared
         return self.ct2.translate(self.translator, pieces[:bs] if warm_up else pieces, bs,
                                   self.system.decoding["beam"], self.ctx.max_len_b, self.suppress)
@@ -407,7 +455,7 @@ class CT2Family(Family):
         decoder layers): its reason, so the report says why there is no CTranslate2 row."""
         if not args.at or getattr(args, "ctranslate2", "auto") == "no":
             return None
-        import ct2_reference
+        from benchmarks import ct2_reference
 
         return ct2_reference.unsupported_checkpoint_reason(args.at)
 

@@ -22,18 +22,19 @@ Example::
         --settings 75/75,10/50,10/50/0.05 --out-dir R/shortlist-sweep
 """
 import argparse
+import functools
 import logging
 import os
-import statistics
-import sys
-import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # python benchmarks/NAME.py (a file): the repository root on sys.path, as -m benchmarks.NAME has it
+    import sys
 
-from measure import Context, FairseqRunner, System, read_lines, write_report  # noqa: E402
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.measure import Context, FairseqRunner, System, read_lines, write_report  # noqa: E402
+from benchmarks.timing import time_runs  # noqa: E402
 
 from fairseq_hrt import shortlist as sl  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
@@ -103,9 +104,9 @@ def build_shortlists(args):
     paths = {}
     for n, m, t in args.settings:
         path = os.path.join(args.shortlist_dir or os.path.join(args.out_dir, "shortlists"), f"{args.method}-{n}-{m}-{t:g}.pt")
-        start = time.time()
-        sl.build_shortlist(src, tgt, src_dict, tgt_dict, n, m, args.method, args.iterations, t).save(path)
-        logger.info("shortlist %s: %s (%.1fs)", setting_name((n, m, t)), path, time.time() - start)
+        built = time_runs(lambda: sl.build_shortlist(src, tgt, src_dict, tgt_dict, n, m, args.method, args.iterations,
+                                                     t).save(path))
+        logger.info("shortlist %s: %s (%.1fs)", setting_name((n, m, t)), path, built.total)
         paths[(n, m, t)] = path
     return paths
 
@@ -144,17 +145,19 @@ def main(argv=None):
         subset = lines[: args.bs1_sentences] if bs == 1 and args.bs1_sentences else lines
         prepared = {r["name"]: r["runner"].prepare(subset, bs) for r in rows}
         for r in rows:
-            r["runner"].decode(prepared[r["name"]], warm_up=True)
-        for run in range(args.runs):
-            for r in rows:
-                short = r["shortlist"]
-                before = (short.batches, short.total_candidates) if short else None
-                hyps, seconds = r["runner"].decode(prepared[r["name"]])
-                r["times"].setdefault(bs, []).append(seconds)
-                if short is not None and run == 0:
-                    r["candidates"][bs] = (short.total_candidates - before[1]) / max(1, short.batches - before[0])
-                if bs == max(batch_sizes) and run == 0:
-                    r["bleu"] = sacrebleu_score(r["runner"].texts(hyps, len(subset)), refs[: len(subset)])["score"]
+            r["runner"].run(prepared[r["name"]], warm_up=True)
+        before = {r["name"]: (r["shortlist"].batches, r["shortlist"].total_candidates) for r in rows if r["shortlist"]}
+        timings = time_runs({r["name"]: functools.partial(r["runner"].run, prepared[r["name"]]) for r in rows},
+                            runs=args.runs)
+        for r in rows:
+            r["times"][bs] = timings[r["name"]]
+            short = r["shortlist"]
+            if short is not None:  # candidates per batch over the runs (each run decodes the same batches)
+                b0, c0 = before[r["name"]]
+                r["candidates"][bs] = (short.total_candidates - c0) / max(1, short.batches - b0)
+            if bs == max(batch_sizes):
+                r["bleu"] = sacrebleu_score(r["runner"].texts(timings[r["name"]].value, len(subset)),
+                                            refs[: len(subset)])["score"]
         results[bs] = source_words(raw_src[: len(subset)])
 
     table = ["| system | BLEU | " + " | ".join(f"bs={b} words/s (x) | bs={b} candidates" for b in batch_sizes) + " |",
@@ -170,8 +173,8 @@ def main(argv=None):
         base = next(x for x in rows if x["model"] == r["model"] and x["setting"] is None)
         cells, entry = [], {"name": r["name"], "bleu": round(r["bleu"], 2), "speed": {}}
         for bs in batch_sizes:
-            wps = results[bs] / statistics.median(r["times"][bs])
-            ratio = wps / (results[bs] / statistics.median(base["times"][bs]))
+            wps = results[bs] / r["times"][bs].median
+            ratio = wps / (results[bs] / base["times"][bs].median)
             cand = r["candidates"].get(bs)
             entry["speed"][str(bs)] = {"words_per_second": round(wps, 1), "ratio": round(ratio, 3),
                                        "mean_candidates": round(cand, 1) if cand is not None else None}

@@ -4,67 +4,51 @@ rest (the search around the steps: argmax, scores, finished sentences leaving th
 per sentence, for AT greedy and HRT with the lean engine.
 
 The speed targets of the benchmark are ratios; this says why a ratio is what it is. Each
-part is timed by wrapping the function that does it (the encoder's ``forward_torchscript``,
-the lean engine's ``DecoderStep.__call__``, HRT's ``fill_skeletons``), so the parts add up
-to the measured total, and "other" is what is left. Decoder steps are also counted: an HRT
+part is read from ``torch.profiler``: the decoder code marks its parts with
+``torch.profiler.record_function`` scopes (``hrt.encoder``: the lean generator's encoder call,
+``hrt.step``: one decoder step, ``hrt.stage2``: HRT's whole stage II), and the CPU time of
+each scope (its own and its children's) and its call count come from the profile's
+``key_averages()``. "other" is the measured total (wall clock, decoding under the profiler)
+minus those parts, so the parts add up to the total. Decoder steps are also counted: an HRT
 k = 2 sentence takes about half of AT's steps, and whatever else it pays is in the table.
+Every number is measured under the profiler, which adds overhead to every operator: read
+the split as shares, not as the speed of a run without it (benchmark.py measures that).
 
 Example (after examples/multi30k/recipe.py --profile full)::
 
-    python benchmarks/time_split.py --data R/data/data-bin --src R/data/spm/test.en \\
+    python -m benchmarks.time_split --data R/data/data-bin --src R/data/spm/test.en \\
         --at R/at/checkpoint_last.pt --hrt R/hrt/checkpoint_last.pt --threads 2 --out-dir R/time-split
+
+(``python benchmarks/time_split.py ...`` works too.)
 """
 import argparse
 import os
-import sys
-import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-import torch  # noqa: E402
+if not __package__:  # python benchmarks/NAME.py (a file): the repository root on sys.path, as -m benchmarks.NAME has it
+    import sys
 
-import measure  # noqa: E402
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import measure  # noqa: E402
+from benchmarks.timing import time_runs  # noqa: E402
 
 PARTS = ("encoder", "decoder steps", "stage II", "other")
+# the record_function scope of each timed part (the rest is "other")
+SCOPES = {"encoder": "hrt.encoder", "decoder steps": "hrt.step", "stage II": "hrt.stage2"}
 
 
-class Timers:
-    """Seconds and calls of the wrapped functions while :meth:`active`."""
-
-    def __init__(self):
-        self.seconds: Dict[str, float] = {}
-        self.calls: Dict[str, int] = {}
-
-    def wrap(self, name, function):
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-                self.calls[name] = self.calls.get(name, 0) + 1
-
-        return timed
-
-
-def patched(timers: Timers, model):
-    """Wrap the parts' functions (restored by the returned function)."""
-    from fairseq_hrt.generation import hrt_generator, lean
-
-    originals = [(model.encoder, "forward_torchscript", model.encoder.forward_torchscript),
-                 (lean.DecoderStep, "__call__", lean.DecoderStep.__call__),
-                 (hrt_generator, "fill_skeletons", hrt_generator.fill_skeletons)]
-    model.encoder.forward_torchscript = timers.wrap("encoder", model.encoder.forward_torchscript)
-    lean.DecoderStep.__call__ = timers.wrap("decoder steps", lean.DecoderStep.__call__)
-    hrt_generator.fill_skeletons = timers.wrap("stage II", hrt_generator.fill_skeletons)
-
-    def restore():
-        for owner, name, value in originals:
-            setattr(owner, name, value)
-
-    return restore
+def scope_times(profile) -> Dict[str, Tuple[float, int]]:
+    """``{scope: (seconds, calls)}`` of the ``hrt.*`` record_function scopes of a finished
+    ``torch.profiler.profile``: the CPU time of each scope, its own and its children's."""
+    out = {}
+    for event in profile.key_averages():
+        if event.key in SCOPES.values():
+            seconds, calls = out.get(event.key, (0.0, 0))
+            out[event.key] = (seconds + event.cpu_time_total / 1e6, calls + event.count)
+    return out
 
 
 def split(checkpoint: str, data: str, lines: List[str], batch_size: int, chunk_size: int, runs: int) -> dict:
@@ -73,26 +57,21 @@ def split(checkpoint: str, data: str, lines: List[str], batch_size: int, chunk_s
                "b_nat": 1, "shortlist": None, "decode_chunk_size": str(chunk_size)}
     generator = measure.build_generator(task, model, {"beam": 1}, options)
     batches = measure.make_batches(task, model, lines, batch_size, False)
-    measure.decode(task, model, generator, batches[:1])  # warm-up
-    timers = Timers()
-    restore = patched(timers, model)
-    try:
-        total = 0.0
-        for _ in range(runs):
-            hyps, seconds = measure.decode(task, model, generator, batches)
-            total += seconds
-    finally:
-        restore()
+    measure.generate(task, model, generator, batches[:1])  # warm-up
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        timing = time_runs(lambda: measure.generate(task, model, generator, batches), runs=runs)
+    scopes = scope_times(profile)
+    hyps, total = timing.value, timing.total
     n = len(lines) * runs
-    per_sentence = {part: timers.seconds.get(part, 0.0) / n * 1000 for part in PARTS[:-1]}
+    per_sentence = {part: scopes.get(SCOPES[part], (0.0, 0))[0] / n * 1000 for part in PARTS[:-1]}
     per_sentence["other"] = total / n * 1000 - sum(per_sentence.values())
-    steps = timers.calls.get("decoder steps", 0)
+    step_seconds, steps = scopes.get(SCOPES["decoder steps"], (0.0, 0))
     return {
         "ms_per_sentence": total / n * 1000,
         "parts_ms_per_sentence": per_sentence,
         "decoder_steps_per_batch": steps / runs / len(batches),
         "batches": len(batches),
-        "ms_per_decoder_step": timers.seconds.get("decoder steps", 0.0) / max(steps, 1) * 1000,
+        "ms_per_decoder_step": step_seconds / max(steps, 1) * 1000,
         "output_tokens_per_sentence": sum(h.numel() for h in hyps.values()) / len(lines),
     }
 
@@ -116,7 +95,8 @@ def main(argv=None):
     systems = [("AT greedy", args.at, 1)]
     if args.hrt:
         systems += [("HRT AT-mode b=1", args.hrt, 1), (f"HRT k={args.chunk_size} b_at=1 b_nat=1", args.hrt, args.chunk_size)]
-    report = {"threads": args.threads, "torch": torch.__version__, "sentences": len(src), "systems": {}}
+    report = {"threads": args.threads, "torch": torch.__version__, "sentences": len(src), "systems": {},
+              "measured_under": "torch.profiler (CPU activity; hrt.* record_function scopes)"}
     rows = []
     for bs in measure.parse_ints(args.batch_sizes):
         lines = src[: args.bs1_sentences] if bs == 1 else src
@@ -130,8 +110,10 @@ def main(argv=None):
                         + f" | {result['decoder_steps_per_batch']:.1f} | {result['ms_per_decoder_step']:.3f} |")
     table = ["| system | batch | ms/sentence | " + " | ".join(PARTS) + " | decoder steps/batch | ms/step |",
              "|---|---:|---:|" + "---:|" * len(PARTS) + "---:|---:|"] + rows
-    text = (f"## Where the decoding time goes (lean engine, {args.threads} thread(s), torch {torch.__version__})\n\n"
-            "ms per sentence (share of the total); decoder steps: left-to-right steps (AT, HRT stage I) "
+    text = (f"## Where the decoding time goes (lean engine, {args.threads} thread(s), torch {torch.__version__}, "
+            "measured under torch.profiler)\n\n"
+            "ms per sentence (share of the total; the profiler adds overhead to every operator, so read the "
+            "shares, and benchmark.py for speeds); decoder steps: left-to-right steps (AT, HRT stage I) "
             "per batch, each over the batch's active rows; ms/step: mean time of one step\n\n" + "\n".join(table) + "\n")
     measure.write_report(args.out_dir, "time_split", report, text)
 

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from benchmarks import benchmark
 from fairseq_hrt.distill import select_by_sentence_bleu, sentence_bleu_scores
 from tests.tiny_data import REPO, SHARED_MULTI30K, corpus_source, default_prefer, write_lines, write_raw_corpus
 
@@ -56,7 +57,6 @@ def _load_module(name, path):
     return module
 
 
-benchmark = _load_module("hrt_benchmark", REPO / "benchmarks" / "benchmark.py")
 recipe = _load_module("hrt_recipe", REPO / "examples" / "multi30k" / "recipe.py")
 PROFILE = recipe.PROFILES["tiny"]
 BATCH_SIZES = PROFILE.bench_batch_sizes.split(",")
@@ -345,7 +345,8 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(ti
 def test_time_split_parts_add_up_and_hrt_halves_the_steps(trained, tmp_path):
     """benchmarks/time_split.py: encoder + decoder steps + stage II + other = the measured
     total; stage II only for k = 2, which takes about half of AT mode's steps per sentence."""
-    time_split = _load_module("hrt_time_split", REPO / "benchmarks" / "time_split.py")
+    from benchmarks import time_split
+
     data, ckpts = trained
     time_split.main(["--data", str(data.bin_dir), "--src", str(data.raw("valid", "en")), "--at", str(ckpts["at_tiny"]),
                      "--hrt", str(ckpts["hrt_tiny"]), "--batch-sizes", "1,8", "--bs1-sentences", "20",

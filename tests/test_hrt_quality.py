@@ -1,17 +1,10 @@
 """benchmarks/hrt_quality.py: the stage-II oracle, length buckets and limit counting."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
+from benchmarks import hrt_quality
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
-
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("hrt_quality", REPO / "benchmarks" / "hrt_quality.py")
-hrt_quality = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hrt_quality)
 
 SPECIALS = ["<s>", "<mask>"] + [f"<s{k}>" for k in range(2, 9)]
 SENTENCES = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 14], [5]]

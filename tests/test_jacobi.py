@@ -286,14 +286,9 @@ def test_fairseq_generate_pgj_and_ddgviz_cli(trained, tmp_path):
 
 
 def _benchmark_module():
-    import importlib.util
+    from benchmarks import benchmark
 
-    from tests.tiny_data import REPO
-
-    spec = importlib.util.spec_from_file_location("hrt_benchmark_jacobi", REPO / "benchmarks" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark
 
 
 def test_benchmark_parallel_rows_and_passes():
@@ -308,7 +303,7 @@ def test_benchmark_parallel_rows_and_passes():
     with pytest.raises(ValueError, match="--parallel"):
         benchmark.systems_from_args(SimpleNamespace(**dict(vars(args), parallel="jacobi")))
     # passes per sentence: from the generator's counters for parallel rows, one per token for greedy
-    from measure import FairseqRunner
+    from benchmarks.measure import FairseqRunner
 
     runner = FairseqRunner.__new__(FairseqRunner)
     runner.generator = SimpleNamespace(stats={"sentences": 12, "passes": 50, "draft_passes": 20, "tokens": 60})

@@ -3,10 +3,9 @@ checkpoints), the task's checkpointed state, a training run SIGKILLed while it w
 checkpoint and resumed, and the recipe SIGKILLed during distillation and training.
 
 The long loops (every model kind, random kill moments, full disk, ...) are in
-benchmarks/fault_table.py, which prints the README's fault table; these are their compact
-versions."""
+benchmarks/fault_table.py, which prints the README's fault table (its cases are in
+benchmarks/faults.py); these are their compact versions."""
 import errno
-import importlib.util
 import logging
 import os
 import shutil
@@ -20,11 +19,8 @@ import torch
 import fairseq_hrt  # noqa: F401  (applies compat)
 from fairseq import checkpoint_utils
 from fairseq_hrt import compat
-from tests.tiny_data import REPO, make_tiny_data, parse_logs, train_args
-
-_spec = importlib.util.spec_from_file_location("fault_table", REPO / "benchmarks" / "fault_table.py")
-fault_table = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fault_table)
+from benchmarks import faults
+from tests.tiny_data import make_tiny_data, parse_logs, train_args
 
 
 def _save(path, value=1.0):
@@ -120,7 +116,7 @@ def test_task_state_refuses_another_dictionary_and_warns_about_another_schedule(
 
 @pytest.mark.slow
 def test_hrt_training_killed_while_writing_a_checkpoint_resumes_the_curriculum(tmp_path):
-    """One SIGKILL half-way through a checkpoint write (fault_table's launcher), one resume:
+    """One SIGKILL half-way through a checkpoint write (the fault table's launcher), one resume:
     the previous checkpoint_last.pt is complete, the run resumes from it, loses less than one
     save interval and trains every later update with the curriculum's p_k = t / T."""
     data = make_tiny_data(tmp_path / "data", n_train=300, n_valid=20)
@@ -128,15 +124,15 @@ def test_hrt_training_killed_while_writing_a_checkpoint_resumes_the_curriculum(t
     args = train_args(data.bin_dir, save, "--chunk-sizes", "2", "--save-interval-updates", interval,
                       arch="hrt_tiny", max_update=max_update)
     info = tmp_path / "kill.json"
-    rc, out = fault_table.run_logged(args, tmp_path / "killed.log", kill_point="write:3", info=info)
+    rc, out = faults.run_logged(args, tmp_path / "killed.log", kill_point="write:3", info=info)
     assert rc == -signal.SIGKILL, out[-3000:]
     assert info.exists() and info.read_text().count(".tmp") == 1  # killed inside fairseq's .tmp write
-    killed_at = max(fault_table.updates_logged(out))
-    files = fault_table.dir_state(save)
+    killed_at = max(faults.updates_logged(out))
+    files = faults.dir_state(save)
     assert isinstance(files["checkpoint_last.pt"], int)  # complete, from the previous save
-    rc, out2 = fault_table.run_logged(args, tmp_path / "resumed.log")
+    rc, out2 = faults.run_logged(args, tmp_path / "resumed.log")
     assert rc == 0, out2[-3000:]
-    back = fault_table.resumed_from(out2)
+    back = faults.resumed_from(out2)
     assert back == files["checkpoint_last.pt"] and 0 <= killed_at - back <= interval
     records = {int(r["num_updates"]): r for r in parse_logs(out2)}
     assert sorted(records) == list(range(back + 1, max_update + 1))
@@ -146,7 +142,7 @@ def test_hrt_training_killed_while_writing_a_checkpoint_resumes_the_curriculum(t
 
 @pytest.mark.slow
 def test_recipe_killed_during_distillation_and_training_is_finished_by_a_rerun(tmp_path):
-    r = fault_table.kill_recipe(tmp_path)
+    r = faults.kill_recipe(tmp_path)
     d, t = r["kill_in_distill"], r["kill_in_training"]
     assert d["step_processes_at_kill"] >= 1 and d["step_processes_alive_after_kill"] == 0  # no orphaned step
     assert not d["distilled_output_exists"]  # only a complete distilled corpus is ever in place

@@ -120,14 +120,10 @@ def test_min_score_drops_unlikely_translations():
 def test_benchmark_rows_set_or_clear_the_shortlist():
     """Rows of one checkpoint share its task: a row without a shortlist must clear the option
     a '+shortlist' row set before it."""
-    import importlib.util
     from types import SimpleNamespace
 
-    from tests.tiny_data import REPO
+    from benchmarks import measure
 
-    spec = importlib.util.spec_from_file_location("hrt_measure_shortlist", REPO / "benchmarks" / "measure.py")
-    measure = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(measure)
     args = SimpleNamespace(at="at.pt", at_beams="1,5", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp="mp.pt",
                            mp_iterations="1", mp_length_beam=5, ctranslate2="no", engines="lean", int8="no",
                            shortlist="s.pt")

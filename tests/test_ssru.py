@@ -294,14 +294,9 @@ def test_fairseq_generate_beam_search_with_both_engines(trained_ssru):
 
 
 def _ct2_reference():
-    import importlib.util
-    import os
+    from benchmarks import ct2_reference
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "ct2_reference.py")
-    spec = importlib.util.spec_from_file_location("ct2_reference", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return ct2_reference
 
 
 def test_ctranslate2_reference_gives_a_skip_reason_for_ssru_and_tied_students(tmp_path):

@@ -164,20 +164,21 @@ class HRTGenerator:
         return self._stage2(skeletons, k, stage1.last_encoder_out, vocab)
 
     def _stage2(self, skeletons, k: int, encoder_out, vocab: Optional[Tensor] = None):
-        rows, sentence_of_row = [], []
-        for sent, hypos in enumerate(skeletons):
-            for hypo in hypos[: self.b_nat]:
-                rows.append(hypo)
-                sentence_of_row.append(sent)
-        out: List[List[Dict[str, Tensor]]] = [[] for _ in skeletons]
-        lengths = [int(h["tokens"].numel()) for h in rows]
-        for bucket in length_buckets(lengths, self.bucket_padding):
-            filled = self._fill([rows[r] for r in bucket], [sentence_of_row[r] for r in bucket], k, encoder_out, vocab)
-            for r, hypo in zip(bucket, filled):
-                out[sentence_of_row[r]].append(hypo)
-        for hypos in out:
-            hypos.sort(key=lambda h: float(h["score"]), reverse=True)
-        return out
+        with torch.profiler.record_function("hrt.stage2"):
+            rows, sentence_of_row = [], []
+            for sent, hypos in enumerate(skeletons):
+                for hypo in hypos[: self.b_nat]:
+                    rows.append(hypo)
+                    sentence_of_row.append(sent)
+            out: List[List[Dict[str, Tensor]]] = [[] for _ in skeletons]
+            lengths = [int(h["tokens"].numel()) for h in rows]
+            for bucket in length_buckets(lengths, self.bucket_padding):
+                filled = self._fill([rows[r] for r in bucket], [sentence_of_row[r] for r in bucket], k, encoder_out, vocab)
+                for r, hypo in zip(bucket, filled):
+                    out[sentence_of_row[r]].append(hypo)
+            for hypos in out:
+                hypos.sort(key=lambda h: float(h["score"]), reverse=True)
+            return out
 
     def _fill(self, rows, sentence_of_row: List[int], k: int, encoder_out, vocab: Optional[Tensor] = None):
         """Stage II on one group of skeletons: their hypotheses, in the order given."""

@@ -262,17 +262,18 @@ class DecoderStep:
     def __call__(self, state: "StepState", tokens: Tensor, step: int) -> Tensor:
         """Logits ``(N, V)`` of the next token after ``tokens`` ``(N,)`` at ``step`` (``V``: the
         rows of ``begin``'s ``vocab``)."""
-        if self.compile:
-            return self.compiled_step()(state, tokens, torch.tensor([step], device=tokens.device))
-        plan = state.plan
-        x = plan.embed(tokens)
-        if state.positions is not None:
-            x = x + state.positions[step]
-        if plan.layernorm_embedding is not None:
-            x = plan.layernorm_embedding(x)
-        for i, layer in enumerate(plan.layers):
-            x = self._layer(layer, i, state, x, step)
-        return state.output(x)
+        with torch.profiler.record_function("hrt.step"):
+            if self.compile:
+                return self.compiled_step()(state, tokens, torch.tensor([step], device=tokens.device))
+            plan = state.plan
+            x = plan.embed(tokens)
+            if state.positions is not None:
+                x = x + state.positions[step]
+            if plan.layernorm_embedding is not None:
+                x = plan.layernorm_embedding(x)
+            for i, layer in enumerate(plan.layers):
+                x = self._layer(layer, i, state, x, step)
+            return state.output(x)
 
     def compiled_step(self):
         """:meth:`static_step` compiled (:func:`compile_step`), once per engine."""
@@ -594,7 +595,8 @@ class LeanSequenceGenerator:
         reject_unsupported_inputs("--decoder-engine lean", **kwargs)
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
-        encoder_out = self.model.encoder.forward_torchscript(net_input)
+        with torch.profiler.record_function("hrt.encoder"):
+            encoder_out = self.model.encoder.forward_torchscript(net_input)
         self.last_encoder_out = encoder_out
         start = self.eos if bos_token is None else bos_token
         max_len = self.max_len(src_tokens)

@@ -1,0 +1,563 @@
+"""The reliability scenarios of the fault table (benchmarks/fault_table.py runs and reports
+them; tests/test_reliability.py runs compact versions): a fairseq-train launcher with kill
+points, the tiny-data setting, and one function per case that runs it and returns what
+happened (a dict). No reporting here.
+
+``python -m benchmarks.faults --child SPEC -- TRAIN ARGS`` is the kill-point launcher
+(:func:`launch` starts it).
+"""
+import io
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from benchmarks.tiny_data import (
+    REPO,
+    SRC,
+    TGT,
+    cli_env,
+    make_tiny_data,
+    make_tiny_spm_data,
+    parse_logs,
+    preprocess_args,
+    read_lines,
+    run_cli,
+    run_cli_many,
+    train_args,
+    write_lines,
+    write_raw_corpus,
+)
+
+SAVE_INTERVAL = 5
+MAX_UPDATE = 30
+N_TRAIN = 300
+
+# ----------------------------------------------------------------------------- launcher
+# ``python -m benchmarks.faults --child SPEC -- TRAIN ARGS`` runs fairseq-train in this process after
+# installing a kill point. SPEC: ``write:N`` = the N-th checkpoint write stops half-way,
+# ``copy:N`` = the N-th checkpoint copy stops half-way; ``,stock-copy`` = undo the plugin's
+# atomic copy (fairseq 0.12 alone). At the kill point the process writes what it was writing
+# up to half, records it in $FAULT_INFO (JSON) and sends itself SIGKILL.
+
+
+def _die(info: dict):
+    path = os.environ.get("FAULT_INFO")
+    if path:
+        with open(path, "w") as f:
+            json.dump(info, f)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install_kill_point(spec: str):
+    import torch
+
+    import fairseq_hrt  # noqa: F401  (the plugin, as --user-dir would load it)
+    from fairseq import checkpoint_utils
+
+    parts = spec.split(",")
+    if "stock-copy" in parts:
+        checkpoint_utils.PathManager = getattr(checkpoint_utils.PathManager, "_path_manager",
+                                               checkpoint_utils.PathManager)
+    for part in parts:
+        if ":" not in part:
+            continue
+        what, n = part.split(":")
+        n = int(n)
+        if what == "write":
+            original = checkpoint_utils._torch_persistent_save
+            calls = {"n": 0}
+
+            def half_write(obj, f, original=original, calls=calls, n=n):
+                calls["n"] += 1
+                if calls["n"] < n:
+                    return original(obj, f)
+                buf = io.BytesIO()
+                torch.save(obj, buf)
+                data = buf.getvalue()
+                f.write(data[: len(data) // 2])
+                f.flush()
+                os.fsync(f.fileno())
+                _die({"kill": "write", "file": getattr(f, "name", "?"), "bytes": len(data) // 2, "of": len(data)})
+
+            checkpoint_utils._torch_persistent_save = half_write
+        elif what == "copy":
+            original_copy = shutil.copyfile
+            calls = {"n": 0}
+
+            def half_copy(src, dst, *args, original=original_copy, calls=calls, n=n, **kwargs):
+                if not str(src).endswith(".pt"):
+                    return original(src, dst, *args, **kwargs)
+                calls["n"] += 1
+                if calls["n"] < n:
+                    return original(src, dst, *args, **kwargs)
+                data = Path(src).read_bytes()
+                with open(dst, "wb") as f:
+                    f.write(data[: len(data) // 2])
+                    f.flush()
+                    os.fsync(f.fileno())
+                _die({"kill": "copy", "src": str(src), "file": str(dst), "bytes": len(data) // 2, "of": len(data)})
+
+            shutil.copyfile = half_copy
+        else:
+            raise SystemExit(f"unknown kill point {part!r}")
+
+
+def child_main(spec: str, train_argv: List[str]):
+    install_kill_point(spec)
+    from fairseq_cli.train import cli_main
+
+    sys.argv = ["fairseq-train", *train_argv]
+    cli_main()
+
+
+# ----------------------------------------------------------------------------- helpers
+
+LOADED = re.compile(r"Loaded checkpoint (\S+) \(epoch (\d+) @ (\d+) updates\)")
+
+
+def checkpoint_updates(path: Path) -> Optional[int]:
+    """The update count stored in a checkpoint, None when it is not a complete archive."""
+    import torch
+
+    if not path.is_file() or not zipfile.is_zipfile(path):
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    return int(state["optimizer_history"][-1]["num_updates"])
+
+
+def dir_state(save: Path) -> Dict[str, object]:
+    """``{file: updates}`` of the complete checkpoints, ``{file: 'incomplete'}`` otherwise."""
+    out = {}
+    for p in sorted(save.glob("*.pt*")):
+        n = checkpoint_updates(p) if p.suffix == ".pt" else None
+        out[p.name] = n if n is not None else f"incomplete ({p.stat().st_size} bytes)"
+    return out
+
+
+def resumed_from(output: str) -> int:
+    m = LOADED.search(output)
+    return int(m.group(3)) if m else 0
+
+
+def updates_logged(output: str) -> Dict[int, dict]:
+    return {int(r["num_updates"]): r for r in parse_logs(output) if "num_updates" in r}
+
+
+def error_line(output: str, *needles: str) -> str:
+    """The last output line holding every needle (the message a user sees)."""
+    lines = [line for line in output.splitlines() if all(n in line for n in needles)]
+    return lines[-1].strip() if lines else ""
+
+
+def log_message(line: str) -> str:
+    """A log line without its time stamp, level and logger name."""
+    return re.split(r"(?:\| WARNING \| [\w.]+ \| |WARNING:[\w.]+:)", line)[-1].strip()
+
+
+_REPORT_ROOT = ""  # the output folder, resolved: report paths are made relative to it
+
+
+def relative(text: str) -> str:
+    return text.replace(_REPORT_ROOT, ".") if _REPORT_ROOT else text
+
+
+def short(text: str, n: int = 220) -> str:
+    # relative before cutting: a path cut in the middle could no longer be made relative
+    text = relative(" ".join(text.split()))
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# ----------------------------------------------------------------------------- setting
+
+KINDS = {
+    "AT": {"arch": "at_tiny", "args": ["--hrt-mode", "at"]},
+    "HRT": {"arch": "hrt_tiny", "args": ["--chunk-sizes", "2", "--distill-data", "{distill}", "--p-raw", "0.5"]},
+    "MP": {"arch": "cmlm_tiny", "args": ["--hrt-mode", "cmlm", "--distill-data", "{distill}", "--p-raw", "0.5"]},
+}
+KIND_NAMES = {"AT": "AT", "HRT": "HRT (k=2 curriculum, MixDistill)", "MP": "Mask-Predict (MixDistill)"}
+
+
+class Setting:
+    """Tiny data: the raw set, a distilled stand-in (targets reversed, same dictionary), a
+    distilled set 10 lines short, another corpus with its own dictionary and the raw set
+    binarized with the same dictionary in another order."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.data = make_tiny_data(root / "main", n_train=N_TRAIN, n_valid=20)
+        raw_en = read_lines(self.data.raw("train", SRC))
+        raw_de = read_lines(self.data.raw("train", TGT))
+        reversed_de = [" ".join(reversed(line.split())) for line in raw_de]
+        write_lines(root / "distill_raw" / f"train.{SRC}", raw_en)
+        write_lines(root / "distill_raw" / f"train.{TGT}", reversed_de)
+        write_lines(root / "short_raw" / f"train.{SRC}", raw_en[:-10])
+        write_lines(root / "short_raw" / f"train.{TGT}", reversed_de[:-10])
+        other = write_raw_corpus(root / "other_raw", n_train=40, n_valid=8, prefer="synthetic", seed=7, vocab=10)
+        # the same symbols in another order: a dictionary of the same size that means something else
+        symbols = read_lines(self.data.dict_path)
+        shuffled = symbols[:]
+        random.Random(3).shuffle(shuffled)
+        write_lines(root / "shuffled.dict.txt", shuffled)
+        self.distill, self.short, self.other, self.shuffled = (root / d for d in ("distill_bin", "short_bin",
+                                                                                 "other_bin", "shuffled_bin"))
+        run_cli_many(
+            [
+                preprocess_args(self.distill, root / "distill_raw" / "train", srcdict=self.data.dict_path),
+                preprocess_args(self.short, root / "short_raw" / "train", srcdict=self.data.dict_path),
+                preprocess_args(self.other, other["train"], other["valid"]),
+                preprocess_args(self.shuffled, self.data.raw_dir / "train", self.data.raw_dir / "valid",
+                                srcdict=root / "shuffled.dict.txt"),
+            ],
+            log_dir=root / "logs_preprocess",
+        )
+
+    def train(self, kind: str, save: Path, *extra, max_update: int = MAX_UPDATE, data_dir=None) -> List[str]:
+        k = KINDS[kind]
+        args = [a.format(distill=self.distill) for a in k["args"]]
+        return train_args(data_dir or self.data.bin_dir, save, *args, "--save-interval-updates", SAVE_INTERVAL,
+                          "--source-lang", SRC, "--target-lang", TGT, *extra, arch=k["arch"], max_update=max_update)
+
+
+def launch(args: List[str], log_path: Path, kill_point: Optional[str] = None, info: Optional[Path] = None):
+    """Start fairseq-train (through the kill-point launcher when ``kill_point``)."""
+    args = [str(a) for a in args]
+    assert args[0] == "train"
+    if kill_point:
+        cmd = [sys.executable, "-m", "benchmarks.faults", "--child", kill_point, "--", *args[1:]]
+    else:
+        cmd = [sys.executable, "-m", "fairseq_cli.train", *args[1:]]
+    env = cli_env({"FAULT_INFO": str(info)} if info else None)
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, env=env, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT)
+    proc._fault_log = log  # noqa: SLF001
+    return proc
+
+
+def finish(proc, log_path: Path, timeout: float = 600) -> str:
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        proc._fault_log.close()  # noqa: SLF001
+    return log_path.read_text(errors="replace")
+
+
+def run_logged(args, log_path: Path, kill_point=None, info=None):
+    proc = launch(args, log_path, kill_point, info)
+    out = finish(proc, log_path)
+    return proc.returncode, out
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def reference_runs(s: Setting, work: Path, kinds: List[str]) -> Dict[str, Dict[int, dict]]:
+    results = run_cli_many([s.train(k, work / f"ref_{k}") for k in kinds], log_dir=work / "logs_ref")
+    return {k: updates_logged(out) for k, (_, out) in zip(kinds, results)}
+
+
+def compare_to_reference(logged: Dict[int, dict], ref: Dict[int, dict]) -> Dict[str, float]:
+    """Largest differences of p_k (the curriculum position) and of the loss, per update."""
+    dp = max((abs(r["p_k"] - ref[u]["p_k"]) for u, r in logged.items() if "p_k" in r), default=0.0)
+    dl = max((abs(r["loss"] - ref[u]["loss"]) for u, r in logged.items() if u in ref), default=0.0)
+    return {"max_p_k_difference": dp, "max_loss_difference": dl}
+
+
+def random_kills(s: Setting, work: Path, kind: str, ref: Dict[int, dict], kills: int, rng: random.Random) -> dict:
+    """``kills`` SIGKILLs at random moments of training, each followed by the same command."""
+    save = work / f"random_{kind}"
+    events, logged = [], {}
+    for attempt in range(kills + 1):
+        log_path = work / f"random_{kind}_{attempt}.log"
+        proc = launch(s.train(kind, save), log_path)
+        event = {"attempt": attempt}
+        if attempt < kills:
+            # wait for the first logged update of this attempt, then a random part of the run
+            start = time.time()
+            while proc.poll() is None and '"num_updates"' not in log_path.read_text(errors="replace"):
+                if time.time() - start > 300:
+                    break
+                time.sleep(0.05)
+            delay = rng.uniform(0.0, 2.5)
+            time.sleep(delay)
+            event["delay_after_first_update_s"] = round(delay, 2)
+            event["tmp_files_at_kill"] = sorted(p.name for p in save.glob("*.tmp"))
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+        out = finish(proc, log_path)
+        this = updates_logged(out)
+        logged.update(this)
+        event.update(returncode=proc.returncode, resumed_from=resumed_from(out),
+                     last_update=max(this) if this else resumed_from(out))
+        events.append(event)
+    lost = [max(0, events[i]["last_update"] - events[i + 1]["resumed_from"]) for i in range(kills)]
+    final_ok = events[-1]["returncode"] == 0 and events[-1]["last_update"] == MAX_UPDATE
+    cmp = compare_to_reference(logged, ref)
+    killed = sum(e["returncode"] == -signal.SIGKILL for e in events)
+    # every update of the reference was trained (some twice, after a resume)
+    complete = sorted(logged) == sorted(ref)
+    ok = final_ok and complete and all(x <= SAVE_INTERVAL for x in lost) and cmp["max_p_k_difference"] < 1e-6
+    return {"events": events, "lost_updates": lost, "killed": killed, "complete": complete, "ok": ok, **cmp}
+
+
+def kill_while_writing(s: Setting, work: Path, kind: str, ref: Dict[int, dict], nth: int = 3) -> dict:
+    save = work / f"write_{kind}"
+    info = work / f"write_{kind}.json"
+    rc, out = run_logged(s.train(kind, save), work / f"write_{kind}_0.log", kill_point=f"write:{nth}", info=info)
+    kill = json.loads(info.read_text()) if info.exists() else {}
+    done = updates_logged(out)
+    state = dir_state(save)
+    rc2, out2 = run_logged(s.train(kind, save), work / f"write_{kind}_1.log")
+    logged = {**done, **updates_logged(out2)}
+    back = resumed_from(out2)
+    lost = (max(done) if done else 0) - back
+    cmp = compare_to_reference(logged, ref)
+    ok = (rc == -signal.SIGKILL and rc2 == 0 and max(logged) == MAX_UPDATE and 0 <= lost <= SAVE_INTERVAL
+          and cmp["max_p_k_difference"] < 1e-6 and all(isinstance(v, int) for k, v in state.items() if k.endswith(".pt")))
+    return {"kill": kill, "files_after_kill": state, "resumed_from": back, "last_update_before_kill": max(done) if done else 0,
+            "lost_updates": lost, "returncodes": [rc, rc2], "ok": ok, **cmp}
+
+
+def kill_while_copying(s: Setting, work: Path, ref: Dict[int, dict], stock: bool) -> dict:
+    """SIGKILL during the copy of checkpoint_E_U.pt to checkpoint_last.pt (the first
+    interval save), with the plugin's atomic copy or fairseq's own."""
+    name = "copy_stock" if stock else "copy_plugin"
+    save = work / name
+    info = work / f"{name}.json"
+    rc, out = run_logged(s.train("HRT", save), work / f"{name}_0.log",
+                         kill_point="copy:1" + (",stock-copy" if stock else ""), info=info)
+    kill = json.loads(info.read_text()) if info.exists() else {}
+    state = dir_state(save)
+    rc2, out2 = run_logged(s.train("HRT", save), work / f"{name}_1.log")
+    result = {"kill": kill, "files_after_kill": state, "returncodes": [rc, rc2]}
+    done = updates_logged(out)
+    if rc2 == 0:
+        logged = {**done, **updates_logged(out2)}
+        result.update(resumed_from=resumed_from(out2), lost_updates=max(done) - resumed_from(out2),
+                      **compare_to_reference(logged, ref))
+        return result
+    message = error_line(out2, "cannot read the checkpoint") or error_line(out2, "Error")
+    suggested = re.search(r"--restore-file (\S+)", out2)
+    result["message"] = message
+    result["advice"] = error_line(out2, "What to do")
+    if suggested:
+        rc3, out3 = run_logged(s.train("HRT", save, "--restore-file", suggested.group(1)), work / f"{name}_2.log")
+        logged = {**done, **updates_logged(out3)}
+        result.update(followed_advice=suggested.group(1), returncodes=[rc, rc2, rc3], resumed_from=resumed_from(out3),
+                      lost_updates=max(done) - resumed_from(out3), **compare_to_reference(logged, ref),
+                      completed=rc3 == 0 and max(logged) == MAX_UPDATE)
+    return result
+
+
+def truncated_checkpoint(s: Setting, work: Path) -> dict:
+    """A finished AT run whose checkpoint_last.pt is cut to half its bytes: resume and decode."""
+    save = work / "truncated"
+    run_cli(s.train("AT", save, max_update=10))
+    last = save / "checkpoint_last.pt"
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 2])
+    train = run_cli(s.train("AT", save, max_update=15), check=False)
+    gen = run_cli(["generate", s.data.bin_dir, "--path", last, "--user-dir", str(REPO / "fairseq_hrt"),
+                   "--task", "hrt_translation", "--gen-subset", "valid", "--cpu", "--source-lang", SRC,
+                   "--target-lang", TGT], check=False)
+    suggested = re.search(r"--restore-file (\S+)", train.stdout)
+    follow = run_cli(s.train("AT", save, "--restore-file", suggested.group(1), max_update=15), check=False) if suggested else None
+    return {
+        "train_returncode": train.returncode, "train_message": error_line(train.stdout, "cannot read the checkpoint"),
+        "advice": error_line(train.stdout, "What to do"),
+        "generate_returncode": gen.returncode, "generate_message": error_line(gen.stdout, "cannot read the checkpoint"),
+        "followed_advice_returncode": follow.returncode if follow else None,
+        "followed_advice_resumed_from": resumed_from(follow.stdout) if follow else None,
+    }
+
+
+def full_disk(s: Setting, work: Path, checkpoint_bytes: int) -> dict:
+    """fairseq-train saving into a tmpfs of 1.5 checkpoints (the second save cannot fit next to
+    the first), then the same command after the file system is made larger."""
+    if not shutil.which("unshare"):
+        return {"skipped": "unshare is not available"}
+    save = work / "fulldisk"
+    save.mkdir(parents=True, exist_ok=True)
+    size_kb = int(checkpoint_bytes * 1.5 / 1024)
+    train = [str(a) for a in s.train("AT", save, max_update=12)]
+    py = [sys.executable, "-m", "fairseq_cli.train", *train[1:]]
+    q = shlex.join(py)
+    script = f"""
+set -u
+mount -t tmpfs -o size={size_kb}k tmpfs {save} || {{ echo MOUNT_FAILED; exit 9; }}
+{q} > {work}/fulldisk_0.log 2>&1; echo "rc0=$?"
+ls -l {save} | tail -n +2 | awk '{{print "file", $5, $9}}'
+mount -o remount,size=64m {save}
+{q} > {work}/fulldisk_1.log 2>&1; echo "rc1=$?"
+ls -l {save} | tail -n +2 | awk '{{print "after", $5, $9}}'
+"""
+    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script],
+                          capture_output=True, text=True, env=cli_env(), cwd=str(REPO), timeout=900)
+    if "MOUNT_FAILED" in proc.stdout or proc.returncode == 9:
+        return {"skipped": f"could not mount a tmpfs in a user namespace: {short(proc.stderr)}"}
+    out0 = (work / "fulldisk_0.log").read_text(errors="replace")
+    out1 = (work / "fulldisk_1.log").read_text(errors="replace")
+    rcs = dict(re.findall(r"^(rc\d)=(\d+)", proc.stdout, re.M))
+    done = updates_logged(out0)
+    return {
+        "tmpfs_kb": size_kb, "checkpoint_bytes": checkpoint_bytes,
+        "returncodes": [int(rcs.get("rc0", -1)), int(rcs.get("rc1", -1))],
+        "message": error_line(out0, "could not write the checkpoint") or error_line(out0, "Error"),
+        "files_after_failure": re.findall(r"^file (\d+) (\S+)", proc.stdout, re.M),
+        "last_update_before_failure": max(done) if done else 0,
+        "resumed_from": resumed_from(out1), "final_update": max(updates_logged(out1) or {0: None}),
+    }
+
+
+def other_dictionary(s: Setting, work: Path) -> dict:
+    """Resume a run (checkpoint_last.pt) with a data directory of another dictionary."""
+    out = {}
+    for kind in ("AT", "HRT"):
+        save = work / f"dict_{kind}"
+        run_cli(s.train(kind, save, max_update=5))
+        for name, data_dir in (("other size", s.other), ("same size, other order", s.shuffled)):
+            proc = run_cli(s.train(kind, save, max_update=10, data_dir=data_dir), check=False)
+            msg = (error_line(proc.stdout, "another dictionary") or error_line(proc.stdout, "size mismatch")
+                   or error_line(proc.stdout, "Error"))
+            out[f"{kind}, {name}"] = {"returncode": proc.returncode, "message": msg,
+                                      "trained_updates": sorted(updates_logged(proc.stdout))}
+    return out
+
+
+def short_distilled_set(s: Setting, work: Path) -> dict:
+    proc = run_cli(train_args(s.data.bin_dir, work / "short", "--distill-data", s.short, max_update=2), check=False)
+    return {"returncode": proc.returncode, "message": error_line(proc.stdout, "distilled set not aligned")}
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def bad_input(work: Path) -> dict:
+    data = make_tiny_spm_data(work / "spm")
+    ckpt_dir = work / "spm" / "ck"
+    run_cli(train_args(data.bin_dir, ckpt_dir, "--hrt-mode", "at", arch="at_tiny", max_update=3))
+    lines = [b"a man rides a horse .", b"hello \xff\xfe world", b"nul\x00here and a \x07bell \x1b[31m", b"      ",
+             ("a horse " * 12_500).encode(), "Ein Mann 👨‍👩‍👧 läuft — 東京 Москва مرحبا".encode(), b"two dogs play ."]
+    cmd = [sys.executable, "-m", "fairseq_cli.interactive", str(data.bin_dir), "--path", str(ckpt_dir / "checkpoint_last.pt"),
+           "--user-dir", str(REPO / "fairseq_hrt"), "--task", "hrt_translation", "--source-lang", SRC,
+           "--target-lang", TGT, "--cpu", "--bpe", "sentencepiece", "--sentencepiece-model",
+           str(work / "spm" / "spm" / "spm.model"), "--max-source-positions", "64", "--buffer-size", "2",
+           "--batch-size", "2"]
+    proc = subprocess.run(cmd, input=b"\n".join(lines) + b"\n", capture_output=True, env=cli_env(), cwd=str(REPO),
+                          timeout=600)
+    out = proc.stdout.decode("utf-8", "replace") + proc.stderr.decode("utf-8", "replace")
+    hyps = sorted(int(m) for m in re.findall(r"^H-(\d+)\t", out, re.M))
+    interactive = {
+        "returncode": proc.returncode, "input_lines": len(lines), "translated_lines": hyps,
+        "warnings": [short(log_message(line), 200) for line in out.splitlines()
+                     if "<stdin>, line" in line or "truncated" in line],
+        "traceback": "Traceback" in out,
+    }
+    src = work / "distill_src.en"
+    pieces = (data.bin_dir.parent / "spm" / "valid.en").read_bytes().splitlines()[:3]
+    src.write_bytes(b"\n".join([pieces[0], pieces[1] + b" \xff", pieces[2] + b"\x00"]) + b"\n")
+    dist = run_cli(["fairseq_hrt.distill", "--data", data.bin_dir, "--path", ckpt_dir / "checkpoint_last.pt",
+                    "--src", src, "--out", work / "distill_out.de", "--beam", "1", "--cpu", "--threads", "1",
+                    "--no-progress-bar", "--max-len-b", "10"], check=False)
+    out_lines = (work / "distill_out.de").read_text().splitlines() if (work / "distill_out.de").exists() else []
+    distill = {"returncode": dist.returncode, "output_lines": len(out_lines), "input_lines": 3,
+               "warnings": [short(log_message(line), 200) for line in dist.stdout.splitlines() if f"{src}, line" in line]}
+    return {"interactive": interactive, "distill": distill}
+
+
+# ----------------------------------------------------------------------------- recipe
+
+
+def kill_recipe(work: Path) -> dict:
+    """The recipe (--profile tiny, up to the MP student) SIGKILLed during distillation, then
+    during the AT student's training, then run to the end."""
+    out = work / "recipe"
+    raw = None
+    cmd = [sys.executable, str(REPO / "examples" / "multi30k" / "recipe.py"), "--profile", "tiny", "--out", str(out),
+           "--threads", "1", "--until", "mp"]
+    if not (REPO.parent / "shared" / "data" / "multi30k-en-de" / "test.en").is_file():
+        raw = write_raw_corpus(work / "recipe_raw", n_train=300, n_valid=20, prefer="synthetic")
+        for lang in (SRC, TGT):
+            shutil.copy(f"{raw['valid']}.{lang}", work / "recipe_raw" / f"test.{lang}")
+        cmd += ["--raw-dir", str(work / "recipe_raw")]
+    env = cli_env()
+    result = {}
+
+    def run_until(condition, label):
+        log_path = work / f"recipe_{label}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, env=env, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT)
+            start = time.time()
+            while proc.poll() is None and not condition():
+                if time.time() - start > 600:
+                    break
+                time.sleep(0.05)
+            children = _children(proc.pid)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        time.sleep(1.0)
+        orphans = [pid for pid in children if Path(f"/proc/{pid}").exists() and _alive(pid)]
+        return {"killed_after_s": round(time.time() - start, 1), "step_processes_at_kill": len(children),
+                "step_processes_alive_after_kill": len(orphans)}
+
+    distill_log = out / "logs" / "distill.log"
+    result["kill_in_distill"] = run_until(
+        lambda: distill_log.exists() and "distilling" in distill_log.read_text(errors="replace"), "distill")
+    result["kill_in_distill"]["distilled_output_exists"] = (out / "distill" / "train.de").exists()
+    at_log = out / "logs" / "at.log"
+    # the first checkpoint is saved at the end of the first epoch (a few updates of 60)
+    result["kill_in_training"] = run_until(lambda: (out / "at" / "checkpoint_last.pt").exists(), "training")
+    result["kill_in_training"]["checkpoint_updates"] = checkpoint_updates(out / "at" / "checkpoint_last.pt")
+    final = subprocess.run(cmd, env=env, cwd=str(REPO), capture_output=True, text=True, timeout=900)
+    result["rerun_returncode"] = final.returncode
+    result["rerun_log"] = [short(line, 160) for line in final.stderr.splitlines() if line.startswith("[recipe] step")]
+    at_out = at_log.read_text(errors="replace")
+    result["at_resumed_from"] = [int(m.group(3)) for m in LOADED.finditer(at_out)]
+    n_train = len(read_lines(out / "data" / "spm" / "train.en")) if (out / "data" / "spm" / "train.en").exists() else -1
+    n_dist = len(read_lines(out / "distill" / "train.de")) if (out / "distill" / "train.de").exists() else -1
+    result["distilled_lines"], result["train_lines"] = n_dist, n_train
+    result["markers"] = sorted(p.name for p in (out / "markers").glob("*.done"))
+    return result
+
+
+def _children(pid: int) -> List[int]:
+    found = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                stat = (p / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(p.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def set_report_root(path: str):
+    """Paths under ``path`` are written relative to it (``.``) by :func:`relative` and :func:`short`."""
+    global _REPORT_ROOT
+    _REPORT_ROOT = str(Path(path).resolve()) if path else ""
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    if argv[:1] != ["--child"] or "--" not in argv:
+        raise SystemExit("usage: python -m benchmarks.faults --child SPEC -- TRAIN ARGS")
+    child_main(argv[1], argv[argv.index("--") + 1:])

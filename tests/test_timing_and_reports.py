@@ -1,0 +1,111 @@
+"""benchmarks/timing.py (the one timing loop) and the one atomic report writer
+(benchmarks/measure.py: write_files / write_file / write_report)."""
+import ast
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import measure, timing
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_time_runs_statistics_warmup_and_last_value(monkeypatch):
+    ticks = iter([0.0, 1.0, 10.0, 13.0, 20.0, 22.0])  # three runs of 1, 3 and 2 seconds
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(ticks))
+    calls, synced = [], []
+    result = timing.time_runs(lambda: calls.append(1) or len(calls), warmup=2, runs=3, sync=lambda: synced.append(1))
+    assert len(calls) == 5 and result.value == 5  # 2 warm-ups (untimed) + 3 runs; the last run's value
+    assert len(synced) == 6  # before and after each timed run
+    assert result.seconds == (1.0, 3.0, 2.0) and result.runs == 3 and result.total == 6.0
+    assert result.mean == 2.0 and result.median == 2.0 and result.min == 1.0 and result.max == 3.0
+    assert result.stdev == pytest.approx(statistics.stdev([1.0, 3.0, 2.0]))
+    assert timing.TimingResult((0.5,)).stdev == 0.0  # one run: no spread
+    with pytest.raises(ValueError):
+        timing.time_runs(lambda: None, runs=0)
+
+
+def test_time_runs_goes_round_robin_over_a_mapping():
+    order = []
+    results = timing.time_runs({"a": lambda: order.append("a") or "A", "b": lambda: order.append("b") or "B"},
+                               warmup=1, runs=2, before_each=lambda name, r: order.append(f"{name}{r}"))
+    assert order == ["a", "b", "a0", "a", "b0", "b", "a1", "a", "b1", "b"]
+    assert set(results) == {"a", "b"} and results["a"].value == "A" and results["b"].runs == 2
+    assert all(s >= 0 for r in results.values() for s in r.seconds)
+
+
+def test_write_files_replaces_all_targets_and_leaves_no_temporary_file(tmp_path):
+    (tmp_path / "r.json").write_text("old")
+    measure.write_files(str(tmp_path / "new"), {"a.md": "text", "b.png": b"\x89PNG"})
+    assert (tmp_path / "new" / "a.md").read_text() == "text" and (tmp_path / "new" / "b.png").read_bytes() == b"\x89PNG"
+    measure.write_report(str(tmp_path), "r", {"x": 1}, "| table |", echo=False)
+    assert json.loads((tmp_path / "r.json").read_text()) == {"x": 1} and (tmp_path / "r.md").read_text() == "| table |"
+    measure.write_file(str(tmp_path / "one.txt"), "line\n")
+    assert (tmp_path / "one.txt").read_text() == "line\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "one.txt", "r.json", "r.md"]
+
+
+def test_an_interrupted_write_keeps_the_old_report_and_no_temporary_file(tmp_path, monkeypatch):
+    measure.write_report(str(tmp_path), "report", {"run": 1}, "old table", echo=False)
+
+    def replace_then_fail(src, dst, _real=os.replace, _calls=[]):
+        _calls.append(dst)
+        if len(_calls) == 2:  # the markdown went in, the JSON (written last) does not
+            raise KeyboardInterrupt
+        return _real(src, dst)
+
+    monkeypatch.setattr(measure.os, "replace", replace_then_fail)
+    with pytest.raises(KeyboardInterrupt):
+        measure.write_report(str(tmp_path), "report", {"run": 2}, "new table", echo=False)
+    assert json.loads((tmp_path / "report.json").read_text()) == {"run": 1}  # report.json: old and whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "report.md"]  # no stray .part file
+
+    def fail(src, dst):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(measure.os, "replace", fail)
+    with pytest.raises(OSError):
+        measure.write_file(str(tmp_path / "report.json"), "{}")
+    assert json.loads((tmp_path / "report.json").read_text()) == {"run": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "report.md"]
+
+
+def test_a_failed_temporary_write_replaces_nothing(tmp_path):
+    (tmp_path / "a.md").write_text("old a")
+    with pytest.raises(TypeError):
+        measure.write_files(str(tmp_path), {"a.md": "new a", "b.json": object()})  # b cannot be written
+    assert (tmp_path / "a.md").read_text() == "old a" and sorted(p.name for p in tmp_path.iterdir()) == ["a.md"]
+
+
+def _imports(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+
+
+def test_benchmarks_never_import_tests_and_edit_sys_path_only_in_the_file_shim():
+    for path in sorted((REPO / "benchmarks").glob("*.py")):
+        assert not any(m == "tests" or m.startswith("tests.") for m in _imports(path)), path.name
+        text = path.read_text()
+        edits = text.count("sys.path.insert") + text.count("sys.path.append")
+        assert edits <= 1, path.name
+        if edits:
+            assert "if not __package__:" in text, path.name
+
+
+@pytest.mark.parametrize("script", ["benchmark", "shortlist_sweep", "time_split", "hrt_quality", "fault_table"])
+def test_every_script_runs_as_a_module_and_as_a_file(script, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    as_module = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--help"], cwd=REPO, env=env,
+                               capture_output=True, text=True)
+    as_file = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--help"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True)
+    assert as_module.returncode == 0 and as_file.returncode == 0, as_module.stderr + as_file.stderr
+    assert as_module.stdout.startswith("usage:") and as_file.stdout.split("\n", 1)[1] == as_module.stdout.split("\n", 1)[1]
