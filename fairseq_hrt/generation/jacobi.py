@@ -69,7 +69,7 @@ logger = logging.getLogger(__name__)
 
 JACOBI_METHODS = ("pj", "pgj", "hgj")
 SPEC_METHOD = "hrt-spec"
-DEFAULT_BLOCK_SIZE = {"pgj": 3, "hgj": 3, SPEC_METHOD: 4}  # the paper's best b; hrt-spec: see README
+DEFAULT_BLOCK_SIZE = {"pgj": 3, "hgj": 3, SPEC_METHOD: 4}  # the paper's best b; hrt-spec: docs/how-it-works.md
 HGJ_SOURCE_FACTOR = 1.1  # HGJ's parallel length: 1.1 x source length (the paper's reference code)
 
 

@@ -72,7 +72,7 @@ class HRTTranslationConfig(TranslationConfig):
             "help": "chunk size k of Skip-AT/Skip-CMLM training (2..8), one model per k as in the "
             "papers; a comma-separated list trains one model for several k, assigned to the "
             "chunked pairs of a batch in turn, so each k gets a share of the chunked samples "
-            "(costs quality at every k, see README)"
+            "(costs quality at every k: benchmarks/results/multi30k-study-mini-cpu)"
         },
     )
     curriculum_lambda: float = field(
@@ -119,7 +119,7 @@ class HRTTranslationConfig(TranslationConfig):
             "help": "HRT decoding chunk size: an integer k the model was trained for, 1 = AT "
             "mode (the HRT model decodes causally from </s>, like an AT model), "
             "'auto-trained' = the smallest k the model was trained for, "
-            "'by-length' = chosen per sentence from the source length (see README)"
+            "'by-length' = chosen per sentence from the source length (docs/how-it-works.md)"
         },
     )
     b_nat: int = field(
@@ -204,7 +204,7 @@ class HRTTranslationTask(TranslationTask):
                 "--chunk-sizes %s: one model for %d chunk sizes. The chunked pairs of every batch "
                 "are shared among them, so each k gets 1/%d of the Skip-AT/Skip-CMLM samples that "
                 "a model trained for it alone gets; on the quickstart shape this cost 4.7 BLEU at "
-                "k = 2 (README, 'One k or several'). The papers train one model per k.",
+                "k = 2 (benchmarks/results/multi30k-study-mini-cpu). The papers train one model per k.",
                 cfg.chunk_sizes, len(self.chunk_sizes), len(self.chunk_sizes),
             )
         if not 0.0 <= cfg.p_raw <= 1.0:
