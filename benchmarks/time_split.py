@@ -5,7 +5,7 @@ per sentence, for AT greedy and HRT with the lean engine.
 
 The speed targets of the benchmark are ratios; this says why a ratio is what it is. Each
 part is timed by wrapping the function that does it (the encoder's ``forward_torchscript``,
-the lean engine's ``DecoderStep.__call__``, HRT's ``fill_skeletons``), so the parts add up
+the lean engine's ``DecoderPass.step``, HRT's ``fill_skeletons``), so the parts add up
 to the measured total, and "other" is what is left. Decoder steps are also counted: an HRT
 k = 2 sentence takes about half of AT's steps, and whatever else it pays is in the table.
 
@@ -51,13 +51,13 @@ class Timers:
 
 def patched(timers: Timers, model):
     """Wrap the parts' functions (restored by the returned function)."""
-    from fairseq_hrt.generation import hrt_generator, lean
+    from fairseq_hrt.generation import decoder_pass, hrt_generator
 
     originals = [(model.encoder, "forward_torchscript", model.encoder.forward_torchscript),
-                 (lean.DecoderStep, "__call__", lean.DecoderStep.__call__),
+                 (decoder_pass.DecoderPass, "step", decoder_pass.DecoderPass.step),
                  (hrt_generator, "fill_skeletons", hrt_generator.fill_skeletons)]
     model.encoder.forward_torchscript = timers.wrap("encoder", model.encoder.forward_torchscript)
-    lean.DecoderStep.__call__ = timers.wrap("decoder steps", lean.DecoderStep.__call__)
+    decoder_pass.DecoderPass.step = timers.wrap("decoder steps", decoder_pass.DecoderPass.step)
     hrt_generator.fill_skeletons = timers.wrap("stage II", hrt_generator.fill_skeletons)
 
     def restore():
