@@ -574,11 +574,15 @@ class DecoderPass:
         position for every row; keys: the cache up to it), a ``(1,)`` tensor (the same; keys:
         the whole cache) or an ``(N, H, W, d)`` index (each row's positions; keys: the first
         ``keys`` of the cache) -- or, ``at`` ``None``, are the keys themselves."""
-        n = x.size(0)
+        n, one_query = x.size(0), x.dim() == 2
         q, k, v = layer.qkv(x)
-        q = (q * layer.scaling).view(n, -1, self.heads, self.head_dim).transpose(1, 2)  # (N, H, W, d)
-        k = k.view(n, -1, self.heads, self.head_dim).transpose(1, 2)
-        v = v.view(n, -1, self.heads, self.head_dim).transpose(1, 2)
+        q = q * layer.scaling
+        if one_query:  # (N, C) -> (N, H, 1, d): a view
+            shape = (n, self.heads, 1, self.head_dim)
+            q, k, v = q.view(shape), k.view(shape), v.view(shape)
+        else:  # (N, W, C) -> (N, H, W, d)
+            shape = (n, -1, self.heads, self.head_dim)
+            q, k, v = q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
         if at is None:
             key_rows, value_rows = k, v
         elif type(at) is int:
@@ -594,7 +598,7 @@ class DecoderPass:
             cache_v.scatter_(2, at, v)
             key_rows, value_rows = cache_k[:, :, :keys], cache_v[:, :, :keys]
         out = attention(q, key_rows, value_rows, layer.relative_keys, buckets, bias)  # (N, H, W, d)
-        return layer.self_out(out.transpose(1, 2).reshape(x.shape))
+        return layer.self_out(out.reshape(x.shape) if one_query else out.transpose(1, 2).reshape(x.shape))
 
     @staticmethod
     def _recurrence(layer: "LayerPlan", cells: Tensor, x: Tensor, at) -> Tensor:
