@@ -7,7 +7,8 @@ log-softmax over the vocabulary and the bookkeeping of every search strategy. Af
 (Junczys-Dowmunt et al. 2016), this engine instead:
 
 * runs its own step function over the decoder's modules (the very modules, so
-  ``--quantize int8`` and ``model.half()`` apply): self-attention keys/values live in
+  ``--quantize int8`` and ``model.half()`` apply; the step mode of the decoder's one
+  :class:`~fairseq_hrt.generation.decoder_pass.DecoderPass`): self-attention keys/values live in
   buffers preallocated for the maximum length and written in place; the encoder-side
   keys/values are projected once per sentence and shared by its beam;
 * drops finished sentences from the active batch and compacts the rest in place;
