@@ -43,11 +43,6 @@ from fairseq_hrt.modules.ssru import linear_recurrence
 # ------------------------------------------------------------------------ profiling labels
 
 
-def profiling() -> bool:
-    """Whether a (torch or autograd) profiler is recording now: one attribute read."""
-    return autograd_profiler._is_profiler_enabled
-
-
 def profiled(name: str):
     """Decorator: run the function inside ``torch.profiler.record_function(name)`` while a
     profiler runs, plainly otherwise (a label costs ~7 us, a few % of a batch-1 step)."""
