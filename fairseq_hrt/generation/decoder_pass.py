@@ -303,8 +303,9 @@ class EncoderKV:
         attention over its source."""
         keys = self.keys[i]
         q = (layer.encoder_q(x) * layer.scaling).view(keys.size(0), -1, layer.heads, layer.head_dim).transpose(1, 2)
-        out = attention(q, keys, self.values[i], bias=self.bias)  # (B, H, rows x W, d)
-        return layer.encoder_out(out.transpose(1, 2).reshape(x.shape))
+        out = attention(q, keys, self.values[i], None, None, self.bias).transpose(1, 2)  # (B, rows x W, H, d)
+        # (reshape's shape as ints: a torch.Size costs a microsecond more, per layer and step)
+        return layer.encoder_out(out.reshape(x.size(0), -1) if x.dim() == 2 else out.reshape(x.size(0), x.size(1), -1))
 
 
 class DecoderState:
@@ -572,28 +573,28 @@ class DecoderPass:
         n, one_query = x.size(0), x.dim() == 2
         q, k, v = layer.qkv(x)
         q = q * layer.scaling
-        if one_query:  # (N, C) -> (N, H, 1, d): a view
-            shape = (n, self.heads, 1, self.head_dim)
-            q, k, v = q.view(shape), k.view(shape), v.view(shape)
+        if one_query:  # (N, C) -> (N, H, 1, d): a view; keys/values (N, H, d)
+            q = q.view(n, self.heads, 1, self.head_dim)
+            k, v = k.view(n, self.heads, self.head_dim), v.view(n, self.heads, self.head_dim)
         else:  # (N, W, C) -> (N, H, W, d)
             shape = (n, -1, self.heads, self.head_dim)
             q, k, v = q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
         if at is None:
             key_rows, value_rows = k, v
         elif type(at) is int:
-            cache_k[:, :, at : at + 1] = k
-            cache_v[:, :, at : at + 1] = v
+            cache_k[:, :, at] = k
+            cache_v[:, :, at] = v
             key_rows, value_rows = cache_k[:, :, : at + 1], cache_v[:, :, : at + 1]
         elif at.dim() == 1:
-            cache_k.index_copy_(2, at, k)
-            cache_v.index_copy_(2, at, v)
+            cache_k.index_copy_(2, at, k.unsqueeze(2))
+            cache_v.index_copy_(2, at, v.unsqueeze(2))
             key_rows, value_rows = cache_k, cache_v
         else:
             cache_k.scatter_(2, at, k)
             cache_v.scatter_(2, at, v)
             key_rows, value_rows = cache_k[:, :, :keys], cache_v[:, :, :keys]
         out = attention(q, key_rows, value_rows, layer.relative_keys, buckets, bias)  # (N, H, W, d)
-        return layer.self_out(out.reshape(x.shape) if one_query else out.transpose(1, 2).reshape(x.shape))
+        return layer.self_out(out.reshape(n, -1) if one_query else out.transpose(1, 2).reshape(n, x.size(1), -1))
 
     @staticmethod
     def _recurrence(layer: "LayerPlan", cells: Tensor, x: Tensor, at) -> Tensor:
