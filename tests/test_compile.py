@@ -4,7 +4,7 @@ import shutil
 import pytest
 import torch
 
-from fairseq_hrt.generation import lean
+from fairseq_hrt.generation import decoder_pass
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from fairseq_hrt.generation.strategies import SearchOptions
 from tests.hrt_fixtures import build_generator, make_sample, random_tiny_models
@@ -27,7 +27,7 @@ def uncompiled(monkeypatch):
         calls.append(step_function.__name__)
         return step_function
 
-    monkeypatch.setattr(lean, "compile_step", identity)
+    monkeypatch.setattr(decoder_pass, "compile_step", identity)
     return calls
 
 

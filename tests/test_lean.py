@@ -7,7 +7,7 @@ from fairseq import checkpoint_utils
 from fairseq.search import BeamSearch
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_hrt.generation import lean
+from fairseq_hrt.generation import decoder_pass, lean
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from fairseq_hrt.generation.strategies import SearchOptions
 from fairseq_hrt.modules.relative_attention import relative_bucket
@@ -34,7 +34,7 @@ def assert_same_hypotheses(ref, ours):
 
 def test_relative_buckets_are_the_attention_modules_buckets():
     for stride, window in ((1, 16), (2, 3), (3, 4)):
-        table = lean.relative_buckets(9, stride, window)
+        table = decoder_pass.relative_buckets(9, stride, window)
         for t in range(9):
             positions = torch.arange(t + 1).unsqueeze(0) * stride
             expected = relative_bucket(positions[:, -1:], positions, window)[0, 0]
@@ -47,7 +47,7 @@ def test_positional_scores_undo_the_cumulative_sum():
 
 
 def test_padding_bias():
-    bias = lean.padding_bias(torch.tensor([[True, False, False], [False, False, False]]), 3, 2, torch.float32, "cpu")
+    bias = decoder_pass.padding_bias(torch.tensor([[True, False, False], [False, False, False]]), 3, 2, torch.float32, "cpu")
     assert bias.shape == (2, 1, 1, 3)
     assert bias[0, 0, 0].tolist() == [float("-inf"), 0.0, 0.0] and bias[1].eq(0).all()
 
@@ -246,7 +246,8 @@ def test_bidirectional_pass_equals_the_decoder_module(random_models):
         skeleton[r, length - 1] = d.eos()
     stage2 = chunking.stage2_input(skeleton, 2, d.pad(), task.mask_idx)
     ref, _ = hrt.decoder(stage2.tokens, encoder_out=encoder_out, positions=stage2.positions, causal=False, features_only=True)
-    ours = lean.DecoderStep(hrt.decoder).bidirectional(stage2.tokens, stage2.positions, encoder_out)
+    the_pass = decoder_pass.decoder_pass(hrt.decoder)
+    ours = the_pass.bidirectional(the_pass.encoder(encoder_out), stage2.tokens, stage2.positions)
     real = stage2.tokens.ne(d.pad())
     assert stage2.tokens.eq(d.pad()).any() and stage2.tokens.eq(task.mask_idx).any()
     assert torch.allclose(ours[real], ref[real], atol=1e-5)

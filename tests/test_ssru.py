@@ -80,7 +80,7 @@ def test_padding_leaves_the_cell_unchanged():
 def test_lean_step_is_the_units_step():
     """The lean engine's fused ``[-W_f; W]`` projection and in-place ``lerp`` give the cell of
     the module's incremental step."""
-    from fairseq_hrt.generation.lean import ssru_projections, ssru_step_
+    from fairseq_hrt.generation.decoder_pass import ssru_projections, ssru_step_
 
     torch.manual_seed(4)
     unit = SSRU(6)

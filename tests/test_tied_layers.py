@@ -95,7 +95,7 @@ def test_lean_engine_decodes_tied_layers_as_fairseq(tmp_path, arch):
         ours = LeanSequenceGenerator(model, d, SearchOptions(beam=beam, max_len_b=9), [d.index(s) for s in suppress])
         assert_same_hypotheses(ref, ours.generate([model], sample))
     # the lean engine builds one plan (one set of fused weights) for the tied layers
-    plan = LeanSequenceGenerator(model, d, SearchOptions(beam=1)).step.plan()
+    plan = LeanSequenceGenerator(model, d, SearchOptions(beam=1)).decoder_pass.plan()
     assert len({id(layer) for layer in plan.layers}) == 1
 
 

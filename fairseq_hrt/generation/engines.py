@@ -15,7 +15,7 @@ Registered here: ``lean`` (this plugin's step loop, :mod:`fairseq_hrt.generation
 ``fairseq`` (fairseq's ``SequenceGenerator``). A further engine registers with
 :func:`register_engine` in its own module and appears in ``--decoder-engine``'s choices.
 """
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 from fairseq_hrt.generation.options import DecodingOptions, SearchOptions
 

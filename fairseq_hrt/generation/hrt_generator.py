@@ -18,6 +18,7 @@ from torch import Tensor
 
 from fairseq_hrt import chunking
 from fairseq_hrt.generation.chunk_size import resolve_decode_chunk_size
+from fairseq_hrt.generation.decoder_pass import profiled
 from fairseq_hrt.generation.output_vocab import OutputLayer
 from fairseq_hrt.generation.search_rules import banned_symbols_of
 from fairseq_hrt.generation.strategies import (
@@ -91,8 +92,10 @@ class HRTGenerator:
             by more than this fraction of its length plus one token (:func:`length_buckets`)
         shortlist: a lexical shortlist (:mod:`fairseq_hrt.shortlist`): stage II predicts the
             masks among the batch's candidates, the same ones stage I searched over
-        bidirectional: stage II's decoder pass ``(tokens, positions, encoder_out) -> features``
-            (the lean engine's :meth:`DecoderStep.bidirectional`); default the decoder module's
+        bidirectional: stage II's decoder pass, the lean engine's
+            :class:`~fairseq_hrt.generation.decoder_pass.DecoderPass` of the model (its
+            encoder keys/values are made once per batch, or taken from a lean stage I);
+            default the decoder module
     """
 
     def __init__(
@@ -161,36 +164,44 @@ class HRTGenerator:
             vocab = getattr(stage1, "last_vocab", None)
             if vocab is None:
                 vocab = self.shortlist.candidates(sample["net_input"]["src_tokens"], self.pad)
-        return self._stage2(skeletons, k, stage1.last_encoder_out, vocab)
+        encoder_kv = None
+        if self.bidirectional is not None and getattr(stage1, "decoder_pass", None) is self.bidirectional:
+            encoder_kv = stage1.last_encoder_kv  # stage I's projections of this batch
+        return self._stage2(skeletons, k, stage1.last_encoder_out, vocab, encoder_kv)
 
-    def _stage2(self, skeletons, k: int, encoder_out, vocab: Optional[Tensor] = None):
-        with torch.profiler.record_function("hrt.stage2"):
-            rows, sentence_of_row = [], []
-            for sent, hypos in enumerate(skeletons):
-                for hypo in hypos[: self.b_nat]:
-                    rows.append(hypo)
-                    sentence_of_row.append(sent)
-            out: List[List[Dict[str, Tensor]]] = [[] for _ in skeletons]
-            lengths = [int(h["tokens"].numel()) for h in rows]
-            for bucket in length_buckets(lengths, self.bucket_padding):
-                filled = self._fill([rows[r] for r in bucket], [sentence_of_row[r] for r in bucket], k, encoder_out, vocab)
-                for r, hypo in zip(bucket, filled):
-                    out[sentence_of_row[r]].append(hypo)
-            for hypos in out:
-                hypos.sort(key=lambda h: float(h["score"]), reverse=True)
-            return out
+    @profiled("hrt.stage2")
+    def _stage2(self, skeletons, k: int, encoder_out, vocab: Optional[Tensor] = None, encoder_kv=None):
+        if self.bidirectional is not None and encoder_kv is None:
+            encoder_kv = self.bidirectional.encoder(encoder_out)  # once per batch
+        rows, sentence_of_row = [], []
+        for sent, hypos in enumerate(skeletons):
+            for hypo in hypos[: self.b_nat]:
+                rows.append(hypo)
+                sentence_of_row.append(sent)
+        out: List[List[Dict[str, Tensor]]] = [[] for _ in skeletons]
+        lengths = [int(h["tokens"].numel()) for h in rows]
+        for bucket in length_buckets(lengths, self.bucket_padding):
+            filled = self._fill([rows[r] for r in bucket], [sentence_of_row[r] for r in bucket], k, encoder_out, vocab, encoder_kv)
+            for r, hypo in zip(bucket, filled):
+                out[sentence_of_row[r]].append(hypo)
+        for hypos in out:
+            hypos.sort(key=lambda h: float(h["score"]), reverse=True)
+        return out
 
-    def _fill(self, rows, sentence_of_row: List[int], k: int, encoder_out, vocab: Optional[Tensor] = None):
-        """Stage II on one group of skeletons: their hypotheses, in the order given."""
+    def _fill(self, rows, sentence_of_row: List[int], k: int, encoder_out, vocab: Optional[Tensor] = None, encoder_kv=None):
+        """Stage II on one group of skeletons: their hypotheses, in the order given.
+        ``encoder_kv``: the batch's encoder keys/values for the lean pass."""
         device = encoder_out["encoder_out"][0].device
         skeleton = _pad_stack([h["tokens"] for h in rows], self.pad).to(device)
         skeleton_scores = _pad_stack([h["positional_scores"].float() for h in rows], 0.0).to(device)
-        enc = self.model.encoder.reorder_encoder_out(
-            encoder_out, torch.tensor(sentence_of_row, dtype=torch.long, device=device)
-        )
+        index = torch.tensor(sentence_of_row, dtype=torch.long, device=device)
+        if self.bidirectional is not None:
+            enc, bidirectional = encoder_kv.select(index), self.bidirectional.bidirectional
+        else:
+            enc, bidirectional = self.model.encoder.reorder_encoder_out(encoder_out, index), None
         stage2, tokens, pos_scores, lengths = fill_skeletons(
             self.model, skeleton, skeleton_scores, k, enc, self.banned, self.mask, self.eos, self.pad, vocab,
-            bidirectional=self.bidirectional,
+            bidirectional=bidirectional,
         )
         final_scores = pos_scores.sum(dim=1) / lengths.float().pow(self.len_penalty)
 
@@ -214,7 +225,9 @@ def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, enc
     ending in ``</s>``) with ``k - 1`` masks before every token, argmax in the masks.
     ``vocab``: the sorted target ids the masks may take (a shortlist's candidates; their
     log-probabilities are normalised over these ids), default all. ``bidirectional``: the
-    decoder pass ``(tokens, positions, encoder_out) -> features`` (default: the decoder module).
+    decoder pass ``(encoder, tokens, positions) -> features`` (the lean
+    :meth:`DecoderPass.bidirectional`, ``encoder_out`` then its encoder keys/values; default:
+    the decoder module).
 
     ``skeleton_scores`` are the stage-I log-probabilities of the skeleton tokens (zeros when
     a skeleton does not come from stage I, e.g. an oracle's); ``encoder_out`` has one row per
@@ -225,7 +238,7 @@ def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, enc
     spread_scores = skeleton_scores.new_zeros(stage2.tokens.shape)
     spread_scores[stage2.target.ne(pad)] = skeleton_scores[skeleton.ne(pad)]
     if bidirectional is not None:
-        features = bidirectional(stage2.tokens, stage2.positions, encoder_out)
+        features = bidirectional(encoder_out, stage2.tokens, stage2.positions)
     else:
         features, _ = model.decoder(
             stage2.tokens, encoder_out=encoder_out, positions=stage2.positions, causal=False, features_only=True
@@ -279,11 +292,11 @@ def left_to_right_generators(ctx: DecodingContext, banned: List[int], keep_encod
     return generator
 
 
-def lean_bidirectional(model) -> Callable:
-    """The lean engine's non-causal decoder pass of ``model`` (stage II, drafts)."""
-    from fairseq_hrt.generation.lean import DecoderStep
+def lean_bidirectional(model):
+    """The lean engine's decoder pass of ``model`` (its non-causal mode: stage II, drafts)."""
+    from fairseq_hrt.generation.decoder_pass import decoder_pass
 
-    return DecoderStep(model.decoder).bidirectional
+    return decoder_pass(model.decoder)
 
 
 def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:

@@ -36,23 +36,16 @@ Every sentence of a batch moves on its own (its own block, its own final prefix)
 the batch when it is done. Each hypothesis reports its decoder passes (``steps``).
 """
 import logging
-import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_hrt import chunking
-from fairseq_hrt.generation.lean import (
-    DecoderStep,
-    layer_forward,
-    positional_scores,
-    search_max_len,
-)
-from fairseq_hrt.modules.ssru import linear_recurrence
+from fairseq_hrt.generation.decoder_pass import EncoderKV, decoder_pass
 from fairseq_hrt.generation.hrt_generator import check_at_mode
+from fairseq_hrt.generation.lean import positional_scores, search_max_len
 from fairseq_hrt.generation.options import SearchOptions
 from fairseq_hrt.generation.output_vocab import OutputLayer
 from fairseq_hrt.generation.search_rules import SearchRules
@@ -126,105 +119,30 @@ def hgj_parallel_end(src_lengths: Tensor, parallel_length: int) -> Tensor:
     return (src_lengths.double() * HGJ_SOURCE_FACTOR).long().clamp(min=1)
 
 
-# ------------------------------------------------------------------- block decoder pass
-
-
-class BlockStep(DecoderStep):
-    """:class:`~fairseq_hrt.generation.lean.DecoderStep` plus a causal pass over a block of
-    ``W`` tokens per row after the row's cached prefix (each row at its own positions).
-
-    SSRU decoders (``*_ssru``): the block's cells follow from the cell before the block by a
-    parallel scan over the block (:func:`~fairseq_hrt.modules.ssru.linear_recurrence`); every
-    position's cell is cached, ``(rows, steps, C)`` per layer, as the keys/values of attention
-    are, so that the next pass starts from the cell of the last final position."""
-
-    def begin(self, encoder_out, rows: int, steps: int, start_token: int):
-        state = super().begin(encoder_out, rows, steps, start_token)
-        state.cells = [cell.new_zeros(rows, steps, cell.size(-1)) for cell in state.cells]
-        return state
-
-    def block(self, state, tokens: Tensor, first: Tensor) -> Tensor:
-        """Logits ``(N, W, V)`` after ``tokens`` ``(N, W)`` at positions ``first[n] + 0..W-1``.
-
-        Keys/values of the block are written into the cache at those positions; each query
-        sees the cache up to its own position (earlier blocks' final tokens and the block).
-        """
-        plan = state.plan
-        n, w = tokens.shape
-        device = tokens.device
-        positions = first.unsqueeze(1) + torch.arange(w, device=device)  # (N, W)
-        keys = int(positions.max()) + 1
-        x = plan.embed(tokens)
-        if state.positions is not None:
-            x = x + state.positions[positions]
-        if plan.layernorm_embedding is not None:
-            x = plan.layernorm_embedding(x)
-        future = torch.arange(keys, device=device).view(1, 1, 1, keys) > positions.view(n, 1, w, 1)
-        bias = torch.zeros((), dtype=torch.float32, device=device).masked_fill(future, -math.inf)  # (N, 1, W, K)
-        buckets = None
-        if self.relative:
-            buckets = state.buckets[positions][:, :, :keys].unsqueeze(1).expand(n, self.heads, w, keys)
-        for i, layer in enumerate(plan.layers):
-            x = self._block_layer(layer, i, state, x, positions, bias, buckets)
-        return plan.output(x)
-
-    def _block_layer(self, layer, i: int, state, x: Tensor, positions: Tensor, bias: Tensor, buckets) -> Tensor:
-        if layer.recurrent:
-            self_block = lambda h: self._block_recurrence(layer, i, state, h, positions)  # noqa: E731
-        else:
-            self_block = lambda h: self._block_self_attention(layer, i, state, h, positions, bias, buckets)  # noqa: E731
-        return layer_forward(layer, x, self_block, lambda h: self.encoder_attention_block(layer, h, state.enc_k[i], state.enc_v[i], state.enc_bias))
-
-    def _block_recurrence(self, layer, i, state, x, positions) -> Tensor:
-        """SSRU over the block: from the cached cell before the block's first position (zero
-        before position 0), every block cell by one scan; the cells are cached."""
-        n, w, c = x.shape
-        cache = state.cells[i][:n]
-        negated_gate, projected = layer.ssru_projections(x)
-        forget = torch.sigmoid(-negated_gate)
-        before = (positions[:, 0] - 1).clamp(min=0).view(n, 1, 1).expand(n, 1, c)
-        initial = cache.gather(1, before).squeeze(1).masked_fill(positions[:, :1].eq(0), 0.0)
-        cells = linear_recurrence(forget.transpose(0, 1), ((1.0 - forget) * projected).transpose(0, 1), initial)
-        cells = cells.transpose(0, 1)  # (N, W, C)
-        cache.scatter_(1, positions.unsqueeze(-1).expand(n, w, c), cells)
-        return torch.relu(cells)
-
-    def _block_self_attention(self, layer, i, state, x, positions, bias, buckets) -> Tensor:
-        n, w, _ = x.shape
-        q, k, v = layer.qkv(x)
-        q = self.heads_of(q * layer.scaling)
-        cache_k, cache_v = state.self_k[i][:n], state.self_v[i][:n]
-        index = positions.view(n, 1, w, 1).expand(n, self.heads, w, self.head_dim)
-        cache_k.scatter_(2, index, self.heads_of(k))
-        cache_v.scatter_(2, index, self.heads_of(v))
-        keys = bias.size(-1)
-        scores = torch.matmul(q, cache_k[:, :, :keys].transpose(2, 3))  # (N, H, W, K)
-        if layer.relative_keys is not None:
-            scores = scores + torch.matmul(q, layer.relative_keys).gather(3, buckets)
-        probs = torch.softmax(scores.float() + bias, dim=-1).type_as(scores)
-        out = torch.matmul(probs, cache_v[:, :, :keys])  # (N, H, W, d)
-        return layer.self_out(out.transpose(1, 2).reshape(n, w, -1))
-
-
 # ---------------------------------------------------------------------------- drafters
 
 
 class NATDrafter:
     """Drafts of ``hrt-spec``: one bidirectional pass of an HRT model over the final prefix
     followed by masks (the CMLM / stage-II fill of :func:`hrt_generator.fill_skeletons`),
-    argmax in the masks, never a banned symbol."""
+    argmax in the masks, never a banned symbol. The pass is the decoder's one
+    (:func:`~fairseq_hrt.generation.decoder_pass.decoder_pass`); the encoder keys/values of
+    a batch are projected once (:meth:`begin`) and serve every drafting round."""
 
     def __init__(self, model, mask: int, pad: int, banned: Tensor):
         self.model, self.mask, self.pad = model, mask, pad
         self.output = OutputLayer(model.decoder, banned)
-        self.encoder_out = None
-        self.bidirectional = DecoderStep(model.decoder).bidirectional
+        self.encoder: Optional[EncoderKV] = None
+        self.decoder_pass = decoder_pass(model.decoder)
 
-    def begin(self, encoder_out):
-        self.encoder_out = encoder_out
+    def begin(self, encoder_out, encoder: Optional[EncoderKV] = None):
+        """A new batch: its encoder keys/values, ``encoder`` when the caller has them (made by
+        this drafter's decoder pass), else projected here."""
+        self.encoder = encoder if encoder is not None else self.decoder_pass.encoder(encoder_out)
 
     def keep(self, rows: Tensor):
-        self.encoder_out = self.model.encoder.reorder_encoder_out(self.encoder_out, rows)
+        """Only the sentences ``rows`` go on."""
+        self.encoder = self.encoder.select(rows)
 
     def __call__(self, tokens: Tensor, final: Tensor, end: Tensor) -> Tensor:
         """Write drafts into ``tokens`` at the guessed input positions ``final .. end - 2``;
@@ -238,7 +156,7 @@ class NATDrafter:
         if not bool(drafted.any()):
             return drafted
         inputs = tokens[:, 1 : width + 1].masked_fill(masked, self.mask).masked_fill(~real, self.pad)
-        features = self.bidirectional(inputs, chunking.nat_positions(real), self.encoder_out)
+        features = self.decoder_pass.bidirectional(self.encoder, inputs, chunking.nat_positions(real))
         _, drafts = self.output.best(features[masked])
         tokens[:, 1 : width + 1] = inputs.masked_scatter(masked, drafts.to(inputs))
         return drafted
@@ -276,7 +194,7 @@ class ParallelGreedyGenerator:
         if method == SPEC_METHOD and drafter is None:
             raise ValueError("hrt-spec needs a drafter (an HRT model's non-autoregressive mode)")
         self.model = model
-        self.step = BlockStep(model.decoder)
+        self.decoder_pass = decoder_pass(model.decoder)
         self.options = options
         self.method, self.block_size, self.parallel_length = method, block_size, parallel_length
         self.drafter = drafter
@@ -336,11 +254,8 @@ class ParallelGreedyGenerator:
         max_end = max_len + 2  # target positions 1..max_len + 1 (the last one: forced </s>)
         widest = max_end if self.method == "pj" else self.block_size + 1
         cap = max_end + widest  # guessed slots of short rows may reach past max_end
-        state = self.step.begin(encoder_out, bsz, cap, self.eos)
-        # a block's queries see (masked) cache slots past their position: those must hold
-        # numbers, not the uninitialised memory that could be NaN (0 x NaN = NaN)
-        for cache in state.self_k + state.self_v:
-            cache.zero_()
+        # a block's queries see (masked) cache slots past their position: zeroed caches
+        state = self.decoder_pass.begin(encoder_out, bsz, cap, self.eos, zeroed=True)
         tokens = torch.full((bsz, cap + 1), self.pad, dtype=torch.long, device=device)
         tokens[:, 0] = self.eos
         scores = torch.zeros(bsz, cap + 1, dtype=torch.float32, device=device)
@@ -352,7 +267,8 @@ class ParallelGreedyGenerator:
         if self.method == "hgj":
             parallel_end = hgj_parallel_end(src_tokens.ne(self.pad).long().sum(dim=1), self.parallel_length)
         if self.drafter is not None:
-            self.drafter.begin(encoder_out)
+            same_pass = self.drafter.decoder_pass is self.decoder_pass  # the verifier's projections serve it
+            self.drafter.begin(encoder_out, state.encoder if same_pass else None)
         slots = torch.arange(widest, device=device)
         finalized: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
         while True:
@@ -363,7 +279,7 @@ class ParallelGreedyGenerator:
             w = int(widths.max())
             in_positions = (final - 1).unsqueeze(1) + slots[:w]  # (N, W)
             inputs = tokens.gather(1, in_positions)
-            logits = self.step.block(state, inputs, final - 1)
+            logits = self.decoder_pass.block(state, inputs, final - 1)
             n = inputs.size(0)
             score, pred = self._choose(logits.view(n * w, -1), in_positions.view(-1), max_len)
             score, pred = score.view(n, w), pred.view(n, w)

@@ -1,0 +1,108 @@
+"""The planned decoder pass (fairseq_hrt.generation.decoder_pass): one pass per decoder,
+shared by every engine; its modes agree with each other; encoder keys/values are projected
+once per batch; profiler labels."""
+import pytest
+import torch
+
+from fairseq_hrt.generation.decoder_pass import DecoderPass, decoder_pass
+from fairseq_hrt.generation.jacobi import NATDrafter, ParallelGreedyGenerator
+from fairseq_hrt.generation.lean import LeanSequenceGenerator
+from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
+from tests.test_lean import RAGGED, assert_same_hypotheses
+
+
+@pytest.fixture(scope="module")
+def random_models(tmp_path_factory):
+    return random_tiny_models(tmp_path_factory, "decoder_pass")
+
+
+@pytest.fixture(scope="module")
+def ssru_model(tmp_path_factory):
+    _, model = build_task_and_model(str(tmp_path_factory.mktemp("pass_ssru")), arch="at_tiny_ssru",
+                                    extra=("--hrt-mode", "at", "--decoder-layers", "2"), seed=6)
+    return model
+
+
+def test_one_pass_and_one_plan_per_decoder(random_models):
+    """AT search, Jacobi, the hrt-spec drafter and HRT's stage II of one model use the same
+    DecoderPass, hence the same plan and fused-weight tensors."""
+    data_dir, task, hrt, _ = random_models
+    the_pass = decoder_pass(hrt.decoder)
+    assert isinstance(the_pass, DecoderPass) and decoder_pass(hrt.decoder) is the_pass
+    _, spec = build_generator(data_dir, hrt, "--decoding", "hrt-spec", "--beam", "1")
+    _, two_stage = build_generator(data_dir, hrt, "--decode-chunk-size", "2", "--beam", "2")
+    assert isinstance(spec, ParallelGreedyGenerator) and isinstance(spec.drafter, NATDrafter)
+    stage1 = two_stage.stage1(2)
+    assert isinstance(stage1, LeanSequenceGenerator)
+    passes = [spec.decoder_pass, spec.drafter.decoder_pass, stage1.decoder_pass, two_stage.bidirectional]
+    assert all(p is the_pass for p in passes)
+    sample = make_sample(task, RAGGED[:6])
+    plan = the_pass.plan()
+    qkv_weight = plan.layers[0].qkv.__closure__[0].cell_contents  # the fused [W_q; W_k; W_v]
+    spec.generate([hrt], sample)
+    two_stage.generate([hrt], sample)
+    assert the_pass.plan() is plan and plan.layers[0].qkv.__closure__[0].cell_contents is qkv_weight
+
+
+def _count_key_projections(decoder):
+    calls = []
+    handles = [layer.encoder_attn.k_proj.register_forward_hook(lambda *_: calls.append(1)) for layer in decoder.layers]
+    return calls, handles
+
+
+@pytest.mark.parametrize("flags", [("--decoding", "hrt-spec", "--beam", "1"), ("--decode-chunk-size", "2", "--beam", "3")])
+def test_encoder_keys_values_are_projected_once_per_batch(random_models, flags):
+    """hrt-spec (verifying and every drafting round) and HRT (stage I and stage II over all
+    length groups) project the encoder keys/values once per batch."""
+    data_dir, task, hrt, _ = random_models
+    _, generator = build_generator(data_dir, hrt, "--max-len-b", "12", *flags)
+    calls, handles = _count_key_projections(hrt.decoder)
+    try:
+        for batch in (RAGGED[:8], RAGGED[8:20]):
+            calls.clear()
+            hypos = generator.generate([hrt], make_sample(task, batch))
+            assert len(hypos) == len(batch)
+            assert len(calls) == len(hrt.decoder.layers)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@pytest.mark.parametrize("which", ["at", "hrt", "ssru"])
+def test_block_pass_equals_step_pass_per_position(random_models, ssru_model, which):
+    """The causal block pass over a whole prefix gives, at every position, the step pass's
+    logits (and a block after a cached prefix continues it)."""
+    _, task, hrt, at = random_models
+    model = {"at": at, "hrt": hrt, "ssru": ssru_model}[which]
+    d = task.target_dictionary
+    sample = make_sample(task, RAGGED[:3])
+    the_pass = decoder_pass(model.decoder)
+    torch.manual_seed(0)
+    tokens = torch.randint(d.nspecial, len(d) - 8, (3, 7))
+    tokens[:, 0] = d.eos()
+    with torch.no_grad():
+        encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+        step_state = the_pass.begin(encoder_out, 3, 12, d.eos())
+        steps = torch.stack([the_pass.step(step_state, tokens[:, t], t) for t in range(7)], dim=1)
+        block_state = the_pass.begin(encoder_out, 3, 12, d.eos(), zeroed=True)
+        block = the_pass.block(block_state, tokens, torch.zeros(3, dtype=torch.long))
+        assert torch.allclose(block, steps, atol=1e-5)
+        split_state = the_pass.begin(encoder_out, 3, 12, d.eos(), zeroed=True)
+        head = the_pass.block(split_state, tokens[:, :3], torch.zeros(3, dtype=torch.long))
+        tail = the_pass.block(split_state, tokens[:, 3:], torch.full((3,), 3, dtype=torch.long))
+        assert torch.allclose(torch.cat([head, tail], dim=1), steps, atol=1e-5)
+
+
+def test_profiler_labels(random_models):
+    """Under torch.profiler the parts of decoding carry their labels."""
+    data_dir, task, hrt, _ = random_models
+    sample = make_sample(task, RAGGED[:4])
+    _, two_stage = build_generator(data_dir, hrt, "--decode-chunk-size", "2", "--beam", "2")
+    _, spec = build_generator(data_dir, hrt, "--decoding", "hrt-spec", "--beam", "1")
+    ref = two_stage.generate([hrt], sample)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ours = two_stage.generate([hrt], sample)
+        spec.generate([hrt], sample)
+    names = {event.name for event in prof.events()}
+    assert {"hrt.encoder", "hrt.step", "hrt.stage2", "hrt.bidirectional", "hrt.block"} <= names
+    assert_same_hypotheses(ref, ours)
