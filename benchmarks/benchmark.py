@@ -155,8 +155,11 @@ def markdown_report(report: dict) -> str:
         "- passes/sent: decoder passes per sentence (greedy rows: one per output token; hrt-spec: "
         "drafting + verifying passes, accepted tokens per verifying pass in brackets)",
         "",
-        "| system | BLEU | COMET | passes/sent | " + " | ".join(f"bs={b} words/s" for b in bss) + " |",
-        "|---|---:|---:|---:|" + "---:|" * len(bss),
+        f"- lengths: every system's output is at most {meta.get('max_len_a', 0)} x source length + "
+        f"{meta['max_len_b']} tokens; len: hypothesis / reference length (sacreBLEU tokens), BP: BLEU's brevity penalty",
+        "",
+        "| system | BLEU | len (BP) | COMET | passes/sent | " + " | ".join(f"bs={b} words/s" for b in bss) + " |",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(bss),
     ]
     for s in report["systems"]:
         cells = []
@@ -169,9 +172,12 @@ def markdown_report(report: dict) -> str:
         passes_cell = f"{passes:.2f}" if passes is not None else "-"
         if s.get("accepted_per_verify_pass") is not None:
             passes_cell += f" ({s['accepted_per_verify_pass']:.2f})"
-        lines.append(f"| {s['name']} | {s['bleu']:.2f} | {comet_cell} | {passes_cell} | " + " | ".join(cells) + " |")
+        length_cell = (f"{s['length_ratio']:.3f} ({s['brevity_penalty']:.3f})"
+                       if s.get("length_ratio") is not None else "-")
+        lines.append(f"| {s['name']} | {s['bleu']:.2f} | {length_cell} | {comet_cell} | {passes_cell} | "
+                     + " | ".join(cells) + " |")
     for sk in report["skipped"]:
-        lines.append(f"| {sk['family']}: skipped | - | - | - | " + " | ".join("-" for _ in bss) + f" |")
+        lines.append(f"| {sk['family']}: skipped | - | - | - | - | " + " | ".join("-" for _ in bss) + f" |")
     lines.append("")
     for b in bss:
         lines.append(f"Pareto front (BLEU vs words/s), batch {b}: " + ", ".join(report["pareto"][b]))
@@ -196,17 +202,24 @@ def pareto_plot(report: dict, path):
     import matplotlib.pyplot as plt
 
     bss = [str(b) for b in report["meta"]["batch_sizes"]]
+    systems = report["systems"]
     ncols = min(2, len(bss))
     nrows = (len(bss) + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 5 * nrows), squeeze=False)
+    # points carry a number, the names stand in a key below the panels: names written next to
+    # the points ran over each other wherever systems are close (most of them are)
+    key_rows = (len(systems) + 1) // 2
+    fig = plt.figure(figsize=(7 * ncols, 5 * nrows + 0.22 * key_rows + 0.4))
+    grid = fig.add_gridspec(nrows + 1, ncols, height_ratios=[5] * nrows + [0.22 * key_rows + 0.4])
+    axes = [fig.add_subplot(grid[r, c]) for r in range(nrows) for c in range(ncols)]
     colors = {"AT": "tab:blue", CT2_FAMILY: "tab:purple", "HRT": "tab:red", "MP": "tab:green"}
-    systems = report["systems"]
-    for ax, b in zip(axes.flat, bss):
+    for ax, b in zip(axes, bss):
         xs = [s["speed"][b]["words_per_second"] for s in systems]
         ys = [s["bleu"] for s in systems]
-        for s, x, y in zip(systems, xs, ys):
-            ax.scatter(x, y, color=colors[s["family"]], s=30, zorder=3)
-            ax.annotate(s["name"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        on_front = set(report["pareto"][b])
+        for number, (s, x, y) in enumerate(zip(systems, xs, ys), 1):
+            ax.scatter(x, y, color=colors[s["family"]], s=30, zorder=3,
+                       edgecolors="black" if s["name"] in on_front else "none")
+            ax.annotate(str(number), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         front = [systems.index(next(s for s in systems if s["name"] == n)) for n in report["pareto"][b]]
         ax.plot([xs[i] for i in front], [ys[i] for i in front], "k--", lw=1, zorder=2, label="Pareto front")
         if xs and max(xs) > 10 * min(xs):
@@ -219,8 +232,14 @@ def pareto_plot(report: dict, path):
             if any(s["family"] == fam for s in systems):
                 ax.scatter([], [], color=c, label=fam)
         ax.legend(fontsize=8, loc="best")
-    for ax in list(axes.flat)[len(bss):]:
+    for ax in axes[len(bss):]:
         ax.axis("off")
+    key = fig.add_subplot(grid[nrows, :])
+    key.axis("off")
+    for number, s in enumerate(systems, 1):
+        column, row = divmod(number - 1, key_rows)
+        key.text(0.01 + 0.5 * column, 1 - (row + 0.5) / key_rows, f"{number}  {s['name']}", fontsize=7,
+                 color=colors[s["family"]], va="center", transform=key.transAxes)
     meta = report["meta"]
     fig.suptitle(f"BLEU vs speed ({meta['device']}, {meta['threads']} thread(s))", fontsize=10)
     fig.tight_layout()
@@ -295,7 +314,7 @@ def run(args) -> dict:
     n_bs1 = min(args.bs1_sentences, len(src)) if args.bs1_sentences else len(src)
 
     ctx = Context(args.data, args.spm, args.out_dir, use_cuda=use_cuda, fp16=args.fp16, threads=args.threads,
-                  max_len_b=args.max_len_b, lenpen=args.lenpen)
+                  max_len_b=args.max_len_b, lenpen=args.lenpen, max_len_a=args.max_len_a)
     shared = {}
     runners = {s.name: family_of(s).runner(s, ctx, shared) for s in systems}
 
@@ -351,6 +370,7 @@ def run(args) -> dict:
         hyps[s.name] = runners[s.name].texts(hyps_out[s.name], len(src))
         bleu = sacrebleu_score(hyps[s.name], refs)
         s.bleu, signature = bleu["score"], bleu["signature"]
+        s.length_ratio, s.brevity_penalty = bleu["sys_len"] / max(1, bleu["ref_len"]), bleu["bp"]
         write_file(os.path.join(args.out_dir, "hyps", slug(s.name) + ".txt"), "".join(h + "\n" for h in hyps[s.name]))
     comet = comet_for(systems, raw_src, refs, hyps, args)
 
@@ -383,6 +403,7 @@ def run(args) -> dict:
             "baseline": "the fastest AT greedy of this run" if have_baseline else None,
             "baseline_per_batch_size": baselines,
             "engines": parse_engines(args.engines),
+            "max_len_a": args.max_len_a,
             "max_len_b": args.max_len_b,
             "lenpen": args.lenpen,
             "test": {
@@ -446,7 +467,11 @@ def parse_args(argv=None):
     g.add_argument("--shortlist", metavar="FILE",
                    help="a lexical shortlist (fairseq-hrt-shortlist): adds a '+shortlist' row (lean engine) per "
                         "AT, HRT and Mask-Predict configuration")
-    g.add_argument("--max-len-b", type=int, default=200, help="L, the maximum target length")
+    g.add_argument("--max-len-a", type=float, default=0.0,
+                   help="maximum target length a x source length + b (fairseq's --max-len-a) for every system, "
+                        "the same for AT, HRT and CTranslate2: a runaway output then decides neither BLEU nor "
+                        "its batch's time; 0 = L = --max-len-b")
+    g.add_argument("--max-len-b", type=int, default=200, help="L, the maximum target length (b of a x src + b)")
     g.add_argument("--lenpen", type=float, default=1.0, help="length penalty of the beam searches")
     g = p.add_argument_group("measuring")
     g.add_argument("--batch-sizes", default="1,8,32,128")

@@ -115,17 +115,25 @@ def suppressed(vocabulary: Sequence[str]) -> List[List[str]]:
 
 
 def translate(translator, sources: List[List[str]], batch_size: int, beam: int, max_len: int,
-              suppress: List[List[str]]) -> Dict[int, List[str]]:
+              suppress: List[List[str]], max_len_a: float = 0.0) -> Dict[int, List[str]]:
     """Translate pieces, ``batch_size`` sentences at a time (CTranslate2 sorts the inputs by
     length before splitting them into batches, as fairseq's batching does). Returns
     ``{sentence index: output pieces}`` (untimed: the benchmark times it with
-    :func:`benchmarks.timing.time_runs`)."""
-    results = translator.translate_batch(
-        sources,
-        max_batch_size=batch_size,
-        batch_type="examples",
-        beam_size=beam,
-        max_decoding_length=max_len,
-        suppress_sequences=suppress or None,
-    )
-    return {i: r.hypotheses[0] for i, r in enumerate(results)}
+    :func:`benchmarks.timing.time_runs`). With ``max_len_a``, a batch's outputs are at most
+    ``max_len_a x`` its longest source (with ``</s>``, fairseq's padded width) ``+ max_len``
+    tokens, as fairseq's ``--max-len-a/b``: the batches are then made here, sorted by length."""
+    options = dict(beam_size=beam, suppress_sequences=suppress or None)
+    if not max_len_a:
+        results = translator.translate_batch(sources, max_batch_size=batch_size, batch_type="examples",
+                                             max_decoding_length=max_len, **options)
+        return {i: r.hypotheses[0] for i, r in enumerate(results)}
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    out = {}
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        longest = max(len(sources[i]) for i in batch) + 1
+        results = translator.translate_batch([sources[i] for i in batch], max_batch_size=batch_size,
+                                             batch_type="examples",
+                                             max_decoding_length=int(max_len_a * longest + max_len), **options)
+        out.update({i: r.hypotheses[0] for i, r in zip(batch, results)})
+    return out

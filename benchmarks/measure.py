@@ -39,6 +39,8 @@ class System:
     passes_per_sentence: Optional[float] = None  # decoder passes (greedy and parallel rows)
     accepted_per_verify_pass: Optional[float] = None  # hrt-spec: tokens made final per AT pass
     bleu: Optional[float] = None
+    length_ratio: Optional[float] = None  # hypothesis / reference length (sacreBLEU's tokens)
+    brevity_penalty: Optional[float] = None
     comet: Optional[float] = None
     speed: Dict[str, dict] = field(default_factory=dict)  # batch size -> measurements
 
@@ -193,10 +195,11 @@ class Context:
     and precision) and prepared batches (one set per checkpoint, test subset and size)."""
 
     def __init__(self, data: str, spm: str, out_dir: str, use_cuda=False, fp16=False, threads=1,
-                 max_len_b=200, lenpen=1.0):
+                 max_len_b=200, lenpen=1.0, max_len_a=0.0):
         self.data, self.spm, self.out_dir = data, spm, out_dir
         self.use_cuda, self.fp16, self.threads = use_cuda, fp16, threads
-        self.max_len_b, self.lenpen = max_len_b, lenpen
+        # the maximum output length of every system: max_len_a x source length + max_len_b
+        self.max_len_a, self.max_len_b, self.lenpen = max_len_a, max_len_b, lenpen
         self._models, self._batches = {}, {}
 
     def model(self, checkpoint: str, quantize: str = "none"):
@@ -253,7 +256,7 @@ class FairseqRunner(Runner):
         self.system, self.ctx, self.greedy = system, ctx, greedy
         self.quantize = task_options.get("quantize", "none")
         self.model, self.task = ctx.model(system.checkpoint, self.quantize)
-        gen_args = dict(gen_args, max_len_b=ctx.max_len_b)
+        gen_args = dict(gen_args, max_len_a=ctx.max_len_a, max_len_b=ctx.max_len_b)
         self.generator = build_generator(self.task, self.model, gen_args, task_options)
         self.sync = cuda_sync(ctx.use_cuda)
 
@@ -307,7 +310,8 @@ class CT2Runner(Runner):
     def run(self, prepared, warm_up=False):
         pieces, bs = prepared
         return self.ct2.translate(self.translator, pieces[:bs] if warm_up else pieces, bs,
-                                  self.system.decoding["beam"], self.ctx.max_len_b, self.suppress)
+                                  self.system.decoding["beam"], self.ctx.max_len_b, self.suppress,
+                                  max_len_a=self.ctx.max_len_a)
 
     def texts(self, hyps, n):
         sp = sentencepiece(self.ctx.spm)
@@ -376,6 +380,12 @@ class Family:
         raise NotImplementedError
 
 
+# what a row decodes with where it says nothing: a row states its whole decoding, whatever
+# the checkpoint's saved task options are
+ROW_DEFAULTS = {"decoding": "auto", "decoder_engine": "lean", "quantize": "none", "shortlist": None, "compile": False,
+                "decode_chunk_size": 1, "b_nat": 1, "jacobi_block_size": None}
+
+
 class _FairseqFamily(Family):
     """Families decoded by the plugin's generators, with one row per ``--engines`` value, an
     int8 row (``--int8``), a shortlist row (``--shortlist``) and a compiled row (``--compile``,
@@ -389,30 +399,29 @@ class _FairseqFamily(Family):
         out = []
         for engine in engines if self.engine_rows else engines[:1]:
             suffix = ENGINE_SUFFIX[engine] if self.engine_rows else ""
-            out.append(System(name + suffix, self.name, checkpoint, dict(decoding, engine=engine),
+            out.append(System(name + suffix, self.name, checkpoint, dict(decoding, decoder_engine=engine),
                               baseline_candidate=baseline_candidate))
         if getattr(args, "int8", "no") == "yes":
-            out.append(System(name + " int8", self.name, checkpoint, dict(decoding, engine=engines[0], quantize="int8")))
+            out.append(System(name + " int8", self.name, checkpoint, dict(decoding, decoder_engine=engines[0], quantize="int8")))
         if getattr(args, "shortlist", None):
             out.append(System(name + " +shortlist", self.name, checkpoint,
-                              dict(decoding, engine=engines[0], shortlist=args.shortlist)))
+                              dict(decoding, decoder_engine=engines[0], shortlist=args.shortlist)))
         if getattr(args, "compile", "no") == "yes" and self.compile_rows:
             # a float row of the same search: an AT greedy one may be the run's baseline
-            out.append(System(name + " compiled", self.name, checkpoint, dict(decoding, engine="lean", compile=True),
+            out.append(System(name + " compiled", self.name, checkpoint, dict(decoding, decoder_engine="lean", compile=True),
                               baseline_candidate=baseline_candidate))
         return out
 
     def generation(self, system: System) -> Tuple[dict, dict]:
-        """(GenerationConfig arguments, :class:`DecodingOptions` of the row by option name)."""
-        d = system.decoding
-        options = {"decoder_engine": d.get("engine", "lean"), "quantize": d.get("quantize", "none"),
-                   "decoding": d.get("decoding", "auto"), "jacobi_block_size": d.get("block_size"),
-                   "decode_chunk_size": str(d.get("chunk_size", 1)), "b_nat": d.get("b_nat", 1),
-                   "shortlist": d.get("shortlist"), "compile": d.get("compile", False)}
-        return {"beam": d["beam"]}, options
+        """(GenerationConfig arguments, the row's :class:`DecodingOptions` changes): a row's
+        ``decoding`` holds decoding options by their one name (``decoder_engine``,
+        ``decode_chunk_size``, ``jacobi_block_size``, ``beam``, ...)."""
+        options = dict(ROW_DEFAULTS, **system.decoding)
+        options["decode_chunk_size"] = str(options["decode_chunk_size"])
+        return {"beam": options.pop("beam")}, options
 
     def greedy(self, system: System) -> bool:
-        return system.decoding.get("beam") == 1 and system.decoding.get("chunk_size", 1) == 1
+        return system.decoding.get("beam") == 1 and system.decoding.get("decode_chunk_size", 1) == 1
 
     def runner(self, system, ctx, shared):
         gen_args, options = self.generation(system)
@@ -474,11 +483,11 @@ class HRTFamily(_FairseqFamily):
         beams = parse_beam_pairs(args.hrt_beams)
         out = []
         for b_at in sorted({b for b, _ in beams}):
-            out += self.variants(args, f"HRT AT-mode b={b_at}", args.hrt, {"chunk_size": 1, "beam": b_at, "b_nat": 1})
+            out += self.variants(args, f"HRT AT-mode b={b_at}", args.hrt, {"decode_chunk_size": 1, "beam": b_at, "b_nat": 1})
         for k in parse_ints(args.hrt_chunk_sizes):
             for b_at, b_nat in beams:
                 out += self.variants(args, f"HRT k={k} b_at={b_at} b_nat={b_nat}", args.hrt,
-                                     {"chunk_size": k, "beam": b_at, "b_nat": b_nat})
+                                     {"decode_chunk_size": k, "beam": b_at, "b_nat": b_nat})
         return out
 
     def skipped(self, args):
@@ -497,7 +506,7 @@ class MPFamily(_FairseqFamily):
         if not args.mp:
             return []
         return sum((self.variants(args, f"MP I={it} l={args.mp_length_beam}", args.mp,
-                                  {"iterations": it, "length_beam": args.mp_length_beam})
+                                  {"iter_decode_max_iter": it, "iter_decode_with_beam": args.mp_length_beam})
                     for it in parse_ints(args.mp_iterations)), [])
 
     def skipped(self, args):
@@ -506,7 +515,7 @@ class MPFamily(_FairseqFamily):
     def generation(self, system):
         d = system.decoding
         options = {"quantize": d.get("quantize", "none"), "shortlist": d.get("shortlist")}
-        return {"iter_decode_max_iter": d["iterations"], "iter_decode_with_beam": d["length_beam"]}, options
+        return {"iter_decode_max_iter": d["iter_decode_max_iter"], "iter_decode_with_beam": d["iter_decode_with_beam"]}, options
 
     def runner(self, system, ctx, shared):
         gen_args, options = self.generation(system)
@@ -530,11 +539,11 @@ class ParallelFamily(_FairseqFamily):
             if m in ("pj", "pgj", "hgj") and args.at:
                 name = "AT PJ" if m == "pj" else f"AT {m.upper()} b={b}"
                 out.append(System(name, "AT", args.at,
-                                  {"beam": 1, "decoding": m, "block_size": None if m == "pj" else b}))
+                                  {"beam": 1, "decoding": m, "jacobi_block_size": None if m == "pj" else b}))
             if m == "hrt-spec" and args.hrt:
                 sb = getattr(args, "spec_block_size", 4)
                 out.append(System(f"HRT hrt-spec b={sb}", "HRT", args.hrt,
-                                  {"chunk_size": 1, "beam": 1, "b_nat": 1, "decoding": m, "block_size": sb}))
+                                  {"decode_chunk_size": 1, "beam": 1, "b_nat": 1, "decoding": m, "jacobi_block_size": sb}))
         return out
 
 

@@ -121,7 +121,7 @@ def test_engine_and_int8_rows_and_the_fastest_baseline():
     )
     systems = benchmark.systems_from_args(args)[0]
     assert [s.name for s in systems] == with_engine_rows(["AT greedy", "HRT AT-mode b=1", "HRT k=2 b_at=1 b_nat=1", "MP I=1 l=5"])
-    assert [s.decoding.get("engine") for s in systems[:3]] == ["lean", "fairseq", "lean"]
+    assert [s.decoding.get("decoder_engine") for s in systems[:3]] == ["lean", "fairseq", "lean"]
     assert systems[2].decoding["quantize"] == "int8"
     speeds = {"AT greedy": {"1": 300.0, "8": 900.0}, "AT greedy (fairseq engine)": {"1": 100.0, "8": 1000.0},
               "AT greedy int8": {"1": 5000.0, "8": 5000.0}}
@@ -147,7 +147,7 @@ def test_compiled_rows_for_left_to_right_systems_only():
     assert [s.name for s in systems] == ["AT greedy", "AT greedy compiled", "HRT AT-mode b=1", "HRT AT-mode b=1 compiled",
                                          "HRT k=2 b_at=1 b_nat=1", "HRT k=2 b_at=1 b_nat=1 compiled", "MP I=1 l=5"]
     compiled = systems[1]
-    assert compiled.decoding["compile"] is True and compiled.decoding["engine"] == "lean"
+    assert compiled.decoding["compile"] is True and compiled.decoding["decoder_engine"] == "lean"
     _, options = benchmark.family_of(compiled).generation(compiled)
     assert options["compile"] is True and benchmark.family_of(systems[0]).generation(systems[0])[1]["compile"] is False
     for s in systems:
@@ -232,6 +232,8 @@ def test_tiny_recipe_report_structure(tiny_run):
     assert set(baselines.values()) <= {"AT greedy", "AT greedy (fairseq engine)"}
     for s in report["systems"]:
         assert isinstance(s["bleu"], float)
+        assert s["length_ratio"] > 0 and 0 < s["brevity_penalty"] <= 1
+        assert s["brevity_penalty"] == 1.0 or s["length_ratio"] < 1  # BLEU's BP penalises short output only
         assert s["comet"] is None
         assert sorted(s["speed"]) == sorted(BATCH_SIZES)
         for b in BATCH_SIZES:
@@ -252,6 +254,7 @@ def test_tiny_recipe_report_structure(tiny_run):
     md = (bench / "report.md").read_text()
     assert str(out) not in md
     assert "COMET: not available (" in md and report["bleu_signature"] in md
+    assert "| system | BLEU | len (BP) |" in md and "x source length" in md
     for name in EXPECTED_SYSTEMS:
         assert f"| {name} |" in md
     assert md.strip() in output  # the recipe prints the table at the end
@@ -361,3 +364,26 @@ def test_time_split_parts_add_up_and_hrt_halves_the_steps(trained, tmp_path):
             assert (parts["stage II"] > 0) == name.startswith("HRT k=2")
     at_mode, k2 = report["systems"]["HRT AT-mode b=1"]["1"], report["systems"]["HRT k=2 b_at=1 b_nat=1"]["1"]
     assert k2["decoder_steps_per_batch"] < 0.75 * at_mode["decoder_steps_per_batch"]
+
+
+def test_ctranslate2_outputs_obey_a_source_relative_maximum_length():
+    """--max-len-a: CTranslate2's batches get fairseq's limit, a x the batch's longest source
+    (with </s>) + b, and the outputs come back in input order."""
+    from benchmarks import ct2_reference
+
+    class Translator:
+        def __init__(self):
+            self.calls = []
+
+        def translate_batch(self, sources, max_decoding_length, **kwargs):
+            self.calls.append((len(sources), max_decoding_length))
+            return [type("R", (), {"hypotheses": [["x"] * min(len(s), max_decoding_length)]}) for s in sources]
+
+    sources = [["a"] * n for n in (5, 1, 9, 3)]
+    t = Translator()
+    out = ct2_reference.translate(t, sources, 2, 1, 10, [], max_len_a=1.5)
+    assert t.calls == [(2, int(1.5 * 4 + 10)), (2, int(1.5 * 10 + 10))]  # sorted by length: (1, 3), (5, 9)
+    assert [len(out[i]) for i in range(4)] == [5, 1, 9, 3]
+    t = Translator()
+    ct2_reference.translate(t, sources, 2, 1, 10, [])
+    assert t.calls == [(4, 10)]  # without a: CTranslate2 batches, one global L
