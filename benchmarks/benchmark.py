@@ -444,6 +444,10 @@ def parse_args(argv=None):
     g.add_argument("--hrt", help="HRT checkpoint")
     g.add_argument("--hrt-chunk-sizes", default="2", help="chunk sizes k (each trained by the model)")
     g.add_argument("--hrt-beams", default="1/1,5/1", help="b_at/b_nat pairs; AT mode is run with each b_at")
+    g.add_argument("--hrt-options", nargs="+", metavar="NAME:OPTION=VALUE,...", default=[],
+                   help="more HRT rows (first chunk size and b_at/b_nat pair) with decoding options by name, e.g. "
+                        "refine20:hrt_refine_fraction=0.2 fallback:hrt_fallback_threshold=-1.0 "
+                        "rescore:hrt_rescore=true,beam=5,b_nat=5")
     g.add_argument(
         "--ctranslate2", choices=("auto", "yes", "no"), default="auto",
         help="also decode the --at checkpoint with CTranslate2 (the outside AT speed reference): auto = when "

@@ -488,10 +488,47 @@ class HRTFamily(_FairseqFamily):
             for b_at, b_nat in beams:
                 out += self.variants(args, f"HRT k={k} b_at={b_at} b_nat={b_nat}", args.hrt,
                                      {"decode_chunk_size": k, "beam": b_at, "b_nat": b_nat})
+        k, (b_at, b_nat) = parse_ints(args.hrt_chunk_sizes)[0], beams[0]
+        for name, options in parse_row_options(getattr(args, "hrt_options", None) or []).items():
+            row = dict({"decode_chunk_size": k, "beam": b_at, "b_nat": b_nat}, **options)
+            out += self.variants(args, f"HRT k={row['decode_chunk_size']} b_at={row['beam']} b_nat={row['b_nat']} {name}",
+                                 args.hrt, row)
         return out
 
     def skipped(self, args):
         return None if args.hrt else "no --hrt checkpoint given"
+
+
+def parse_row_options(items: List[str]) -> Dict[str, dict]:
+    """``NAME:OPTION=VALUE,OPTION=VALUE`` rows (decoding options by their one name, e.g.
+    ``refine20:hrt_refine_fraction=0.2`` or ``rescore:hrt_rescore=true,beam=5,b_nat=5``)."""
+    from fairseq_hrt.generation.options import DecodingOptions, SearchOptions
+
+    known = set(DecodingOptions.__dataclass_fields__) | set(SearchOptions.__dataclass_fields__)
+    rows = {}
+    for item in items:
+        name, sep, text = item.partition(":")
+        if not sep or not name or not text:
+            raise ValueError(f"{item!r}: expected NAME:OPTION=VALUE[,OPTION=VALUE...]")
+        options = {}
+        for pair in text.split(","):
+            key, eq, value = pair.partition("=")
+            if not eq or key not in known:
+                raise ValueError(f"{item!r}: {key!r} is not a decoding option ({', '.join(sorted(known))})")
+            options[key] = _option_value(value)
+        rows[name] = options
+    return rows
+
+
+def _option_value(text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 class MPFamily(_FairseqFamily):

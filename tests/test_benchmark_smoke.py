@@ -387,3 +387,20 @@ def test_ctranslate2_outputs_obey_a_source_relative_maximum_length():
     t = Translator()
     ct2_reference.translate(t, sources, 2, 1, 10, [])
     assert t.calls == [(4, 10)]  # without a: CTranslate2 batches, one global L
+
+
+def test_hrt_rows_with_decoding_options_by_name():
+    """--hrt-options adds HRT rows whose decoding options reach the generator by their name."""
+    args = SimpleNamespace(at=None, at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp=None,
+                           mp_iterations="10", mp_length_beam=1, ctranslate2="no",
+                           hrt_options=["refine20:hrt_refine_fraction=0.2", "rescore:hrt_rescore=true,beam=3,b_nat=3"])
+    systems = benchmark.systems_from_args(args)[0]
+    by_name = {s.name: s for s in systems}
+    assert list(by_name)[-2:] == ["HRT k=2 b_at=1 b_nat=1 refine20", "HRT k=2 b_at=3 b_nat=3 rescore"]
+    row = by_name["HRT k=2 b_at=3 b_nat=3 rescore"]
+    gen_args, options = benchmark.family_of(row).generation(row)
+    assert gen_args == {"beam": 3} and options["hrt_rescore"] is True and options["b_nat"] == 3
+    assert options["decode_chunk_size"] == "2" and options["decoder_engine"] == "lean"
+    args.hrt_options = ["bad:chunk_size=2"]
+    with pytest.raises(ValueError, match="not a decoding option"):
+        benchmark.systems_from_args(args)

@@ -19,6 +19,7 @@ from torch import Tensor
 from fairseq_hrt import chunking
 from fairseq_hrt.generation.chunk_size import resolve_decode_chunk_size
 from fairseq_hrt.generation.decoder_pass import profiled
+from fairseq_hrt.generation.mask_predict import lowest_confidence_mask
 from fairseq_hrt.generation.output_vocab import OutputLayer
 from fairseq_hrt.generation.search_rules import banned_symbols_of
 from fairseq_hrt.generation.strategies import (
@@ -96,6 +97,17 @@ class HRTGenerator:
             :class:`~fairseq_hrt.generation.decoder_pass.DecoderPass` of the model (its
             encoder keys/values are made once per batch, or taken from a lean stage I);
             default the decoder module
+
+    Beyond the papers (each off by default):
+
+        refine_fraction: after stage II, the filled tokens with the lowest probability (this
+            fraction of each row's masks, rounded up) are masked again and predicted by one
+            more non-causal pass (Mask-Predict's second iteration)
+        fallback_threshold: a sentence whose best stage-II fill has a mean log-probability
+            of its filled tokens below this is decoded again in AT mode (k = 1)
+        rescore: every candidate (``b_nat`` per sentence) is scored by the same model in AT
+            mode, in one teacher-forced pass (exact log-probabilities, length-normalised as
+            beam search's), and the candidates are ranked by that score
     """
 
     def __init__(
@@ -113,7 +125,11 @@ class HRTGenerator:
         bucket_padding: float = 0.25,
         shortlist=None,
         bidirectional: Optional[Callable] = None,
+        refine_fraction: float = 0.0,
+        fallback_threshold: Optional[float] = None,
+        rescore: bool = False,
     ):
+        check_hrt_options(refine_fraction, fallback_threshold)
         if b_nat < 1:
             raise ValueError(f"--b-nat must be >= 1, got {b_nat}")
         if b_nat > b_at:
@@ -134,7 +150,12 @@ class HRTGenerator:
         self.bucket_padding = bucket_padding
         self.shortlist = shortlist
         self.bidirectional = bidirectional
+        self.refine_fraction = refine_fraction
+        self.fallback_threshold = fallback_threshold
+        self.rescore = rescore
         self.banned = torch.tensor(banned_symbols_of(HRT, tgt_dict, mask, chunk_start))
+        # sentences decoded with stage II, and those of them that fell back to AT mode
+        self.stats = {"stage2_sentences": 0, "fallbacks": 0}
 
     # fairseq's generate loop calls generator.generate(models, sample, prefix_tokens=..., ...)
     @torch.no_grad()
@@ -167,7 +188,33 @@ class HRTGenerator:
         encoder_kv = None
         if self.bidirectional is not None and getattr(stage1, "decoder_pass", None) is self.bidirectional:
             encoder_kv = stage1.last_encoder_kv  # stage I's projections of this batch
-        return self._stage2(skeletons, k, stage1.last_encoder_out, vocab, encoder_kv)
+        encoder_out = stage1.last_encoder_out
+        results = self._stage2(skeletons, k, encoder_out, vocab, encoder_kv)
+        if self.rescore:
+            results = self._rescore(results, encoder_out)
+        self.stats["stage2_sentences"] += len(results)
+        if self.fallback_threshold is not None:
+            low = [i for i, hypos in enumerate(results) if float(hypos[0]["stage2_confidence"]) < self.fallback_threshold]
+            if low:
+                self.stats["fallbacks"] += len(low)
+                for i, hypos in zip(low, self._generate_k(select_rows(sample, low), 1)):
+                    results[i] = hypos
+        return results
+
+    def _rescore(self, results, encoder_out):
+        """Every sentence's candidates scored by the model in AT mode (one teacher-forced pass
+        over all of them) and ranked by that score."""
+        candidates = [(sent, hypo) for sent, hypos in enumerate(results) for hypo in hypos]
+        device = encoder_out["encoder_out"][0].device
+        index = torch.tensor([sent for sent, _ in candidates], dtype=torch.long, device=device)
+        scores, per_token = at_mode_scores(self.model, self.model.encoder.reorder_encoder_out(encoder_out, index),
+                                           [hypo["tokens"] for _, hypo in candidates], self.eos, self.pad, self.len_penalty)
+        for j, (_, hypo) in enumerate(candidates):
+            n = hypo["tokens"].numel()
+            hypo["score"], hypo["positional_scores"] = scores[j], per_token[j, :n]
+        for hypos in results:
+            hypos.sort(key=lambda h: float(h["score"]), reverse=True)
+        return results
 
     @profiled("hrt.stage2")
     def _stage2(self, skeletons, k: int, encoder_out, vocab: Optional[Tensor] = None, encoder_kv=None):
@@ -201,14 +248,19 @@ class HRTGenerator:
             enc, bidirectional = self.model.encoder.reorder_encoder_out(encoder_out, index), None
         stage2, tokens, pos_scores, lengths = fill_skeletons(
             self.model, skeleton, skeleton_scores, k, enc, self.banned, self.mask, self.eos, self.pad, vocab,
-            bidirectional=bidirectional,
+            bidirectional=bidirectional, refine_fraction=self.refine_fraction,
         )
         final_scores = pos_scores.sum(dim=1) / lengths.float().pow(self.len_penalty)
+        # stage II's confidence: the mean log-probability of the tokens it filled (kept ones)
+        filled_slots = stage2.tokens.eq(self.mask) & tokens.ne(self.pad)
+        confidence = (pos_scores * filled_slots).sum(dim=1) / filled_slots.sum(dim=1).clamp(min=1)
 
         filled = []
         for r in range(len(rows)):
             n = int(lengths[r])
-            filled.append(hypothesis(tokens[r, :n], final_scores[r], pos_scores[r, :n], steps=int(rows[r]["tokens"].numel())))
+            hypo = hypothesis(tokens[r, :n], final_scores[r], pos_scores[r, :n], steps=int(rows[r]["tokens"].numel()))
+            hypo["stage2_confidence"] = confidence[r]
+            filled.append(hypo)
             if self.print_steps:
                 logger.info(
                     "HRT k=%d stage I: %s | stage II: %s",
@@ -220,7 +272,8 @@ class HRTGenerator:
 
 
 def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, encoder_out, banned: Tensor,
-                   mask: int, eos: int, pad: int, vocab: Optional[Tensor] = None, bidirectional: Optional[Callable] = None):
+                   mask: int, eos: int, pad: int, vocab: Optional[Tensor] = None, bidirectional: Optional[Callable] = None,
+                   refine_fraction: float = 0.0):
     """Stage II proper: one bidirectional pass over right-padded skeletons ``(B, M)`` (each
     ending in ``</s>``) with ``k - 1`` masks before every token, argmax in the masks.
     ``vocab``: the sorted target ids the masks may take (a shortlist's candidates; their
@@ -232,23 +285,73 @@ def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, enc
     ``skeleton_scores`` are the stage-I log-probabilities of the skeleton tokens (zeros when
     a skeleton does not come from stage I, e.g. an oracle's); ``encoder_out`` has one row per
     skeleton. Returns ``(stage2 input, tokens, positional_scores, lengths)`` as
-    :func:`stage2_fill`.
+    :func:`stage2_fill`. ``refine_fraction``: see :class:`HRTGenerator` (one more pass).
     """
     stage2 = chunking.stage2_input(skeleton, k, pad, mask)
     spread_scores = skeleton_scores.new_zeros(stage2.tokens.shape)
     spread_scores[stage2.target.ne(pad)] = skeleton_scores[skeleton.ne(pad)]
-    if bidirectional is not None:
-        features = bidirectional(encoder_out, stage2.tokens, stage2.positions)
-    else:
-        features, _ = model.decoder(
-            stage2.tokens, encoder_out=encoder_out, positions=stage2.positions, causal=False, features_only=True
-        )
+
+    def features_of(tokens):
+        if bidirectional is not None:
+            return bidirectional(encoder_out, tokens, stage2.positions)
+        return model.decoder(tokens, encoder_out=encoder_out, positions=stage2.positions, causal=False,
+                             features_only=True)[0]
+
     # only the k - 1 masks of every chunk are predicted: projecting just them onto the
     # vocabulary keeps stage II's output layer at (k - 1) / k of a full pass, so stage I
     # plus stage II cost no more output-layer work than AT decoding does
-    mask_lprobs, mask_tokens = OutputLayer(model.decoder, banned, vocab).best(features[stage2.tokens.eq(mask)])
+    output = OutputLayer(model.decoder, banned, vocab)
+    is_mask = stage2.tokens.eq(mask)
+    mask_lprobs, mask_tokens = output.best(features_of(stage2.tokens)[is_mask])
+    if refine_fraction > 0:
+        mask_tokens, mask_lprobs = refine_fill(stage2.tokens, is_mask, mask_tokens, mask_lprobs, refine_fraction,
+                                               features_of, output, mask)
     tokens, pos_scores, lengths = stage2_fill(mask_tokens, mask_lprobs, stage2, spread_scores, mask, eos, pad)
     return stage2, tokens, pos_scores, lengths
+
+
+def refine_counts(masks: Tensor, fraction: float) -> Tensor:
+    """Masks re-predicted per row by the refinement pass: ``ceil(fraction x masks)``."""
+    return torch.ceil(masks.double() * fraction).long()
+
+
+def refine_fill(tokens: Tensor, is_mask: Tensor, mask_tokens: Tensor, mask_lprobs: Tensor, fraction: float,
+                features_of: Callable[[Tensor], Tensor], output: OutputLayer, mask: int):
+    """One refinement pass over a stage-II fill: the :func:`refine_counts` filled tokens of
+    each row with the lowest probability are masked again and predicted from the rest (one
+    non-causal pass). Returns the new ``(mask_tokens, mask_lprobs)``, in the order of
+    ``tokens[is_mask]``."""
+    filled = tokens.masked_scatter(is_mask, mask_tokens.to(tokens))
+    scores = torch.zeros(tokens.shape, dtype=mask_lprobs.dtype, device=tokens.device).masked_scatter(is_mask, mask_lprobs)
+    remask = lowest_confidence_mask(scores, is_mask, refine_counts(is_mask.sum(dim=1), fraction))
+    if not bool(remask.any()):
+        return mask_tokens, mask_lprobs
+    lprobs, best = output.best(features_of(filled.masked_fill(remask, mask))[remask])
+    filled = filled.masked_scatter(remask, best.to(filled))
+    scores = scores.masked_scatter(remask, lprobs.to(scores))
+    return filled[is_mask], scores[is_mask]
+
+
+def at_mode_scores(model, encoder_out, candidates: List[Tensor], eos: int, pad: int, len_penalty: float):
+    """Exact AT-mode scores of ``candidates`` (token rows ending in ``</s>``; ``encoder_out``
+    has one row per candidate): one teacher-forced causal pass from ``</s>``, as AT-mode
+    greedy/beam search scores its outputs. Returns ``(scores, per-token log-probabilities)``:
+    the sum divided by ``length ** len_penalty``, and ``(N, T)`` padded with 0."""
+    target = _pad_stack(candidates, pad).to(encoder_out["encoder_out"][0].device)
+    prev = torch.cat([target.new_full((target.size(0), 1), eos), target[:, :-1]], dim=1).masked_fill(target.eq(pad), pad)
+    logits, _ = model.decoder(prev, encoder_out=encoder_out)
+    lprobs = torch.log_softmax(logits.float(), dim=-1).gather(2, target.unsqueeze(2)).squeeze(2)
+    lprobs = lprobs.masked_fill(target.eq(pad), 0.0)
+    lengths = target.ne(pad).sum(dim=1).float()
+    return lprobs.sum(dim=1) / lengths.pow(len_penalty), lprobs
+
+
+def check_hrt_options(refine_fraction: float, fallback_threshold: Optional[float]):
+    """One clear error for impossible values of the options beyond the papers."""
+    if not 0.0 <= refine_fraction <= 1.0:
+        raise ValueError(f"--hrt-refine-fraction must be in [0, 1] (0 = no refinement pass), got {refine_fraction}")
+    if fallback_threshold is not None and fallback_threshold > 0:
+        raise ValueError(f"--hrt-fallback-threshold is a mean log-probability (<= 0), got {fallback_threshold}")
 
 
 def length_buckets(lengths: List[int], max_padding: float) -> List[List[int]]:
@@ -319,6 +422,9 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
         print_steps=options.print_step,
         shortlist=ctx.shortlist,
         bidirectional=ctx.engine.bidirectional(model),
+        refine_fraction=options.hrt_refine_fraction,
+        fallback_threshold=options.hrt_fallback_threshold,
+        rescore=options.hrt_rescore,
     )
     if chunk_size == 1 and options.b_nat == 1:
         logger.info("HRT decoding in AT mode (chunk size 1) from </s>, %s engine", ctx.engine.name)
@@ -329,9 +435,13 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
 
 
 def check_at_mode(ctx: DecodingContext, what: str):
-    """Strategies that decode an HRT model in its AT mode refuse another chunk size."""
+    """Strategies that decode left to right from ``</s>`` (an HRT model in its AT mode)
+    refuse another chunk size and stage II's options."""
     if is_hrt(ctx.model) and ctx.options.decode_chunk_size not in ("auto-trained", "1"):
         raise ValueError(f"{what} decodes an HRT model in AT mode; drop --decode-chunk-size or use --decoding hrt")
+    used = ctx.options.stage2_options_used()
+    if used:
+        raise ValueError(f"{what} has no stage II: {', '.join(used)} apply to --decoding hrt with a chunk size > 1")
 
 
 @register_decoding("beam")
@@ -348,8 +458,8 @@ class BeamDecoding(LeftToRightDecoding):
 
     @classmethod
     def build(cls, ctx: DecodingContext):
+        check_at_mode(ctx, "--decoding beam")
         if is_hrt(ctx.model):
-            check_at_mode(ctx, "--decoding beam")
             return build_hrt_generator(ctx, 1)
         logger.info("left-to-right decoding (beam %s), %s engine", ctx.options.search.beam, ctx.engine.name)
         return left_to_right_generators(ctx, ctx.banned(), keep_encoder_out=False)(1)

@@ -231,7 +231,7 @@ class MaskPredictDecoding(DecodingStrategy):
         options = ctx.options
         if not options.is_default_hrt_decoding:
             raise ValueError(
-                "--decode-chunk-size and --b-nat are HRT decoding options; a Mask-Predict "
+                "--decode-chunk-size, --b-nat and --hrt-* are HRT decoding options; a Mask-Predict "
                 "(cmlm_*) model decodes with --iter-decode-max-iter I and --iter-decode-with-beam l"
             )
         if options.iterative_only:

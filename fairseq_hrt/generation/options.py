@@ -27,6 +27,9 @@ TASK_DECODING_DEFAULTS = {
     "b_nat": 1,
     "jacobi_block_size": None,
     "jacobi_parallel_length": 0,
+    "hrt_refine_fraction": 0.0,
+    "hrt_fallback_threshold": None,
+    "hrt_rescore": False,
 }
 
 QUANTIZE_CHOICES = ("none", "int8")
@@ -120,6 +123,9 @@ class DecodingOptions:
     b_nat: int = 1
     jacobi_block_size: Optional[int] = None
     jacobi_parallel_length: int = 0
+    hrt_refine_fraction: float = 0.0
+    hrt_fallback_threshold: Optional[float] = None
+    hrt_rescore: bool = False
     search: SearchOptions = field(default_factory=SearchOptions)
     print_step: bool = False
     iter_decode_max_iter: int = 10
@@ -140,6 +146,7 @@ class DecodingOptions:
             values[name] = _plain(value)
         values["decode_chunk_size"] = str(values["decode_chunk_size"])
         values["compile"] = bool(values["compile"])
+        values["hrt_rescore"] = bool(values["hrt_rescore"])
         args = gen_args if gen_args is not None else object()
         return cls(
             **values,
@@ -163,11 +170,16 @@ class DecodingOptions:
             changes["search"] = dataclasses.replace(changes.get("search", self.search), **search)
         return dataclasses.replace(self, **changes)
 
+    def stage2_options_used(self) -> Tuple[str, ...]:
+        """The flags of HRT's stage-II options in use (only two-stage HRT decoding has them)."""
+        return tuple("--" + name.replace("_", "-") for name in ("hrt_refine_fraction", "hrt_fallback_threshold", "hrt_rescore")
+                     if getattr(self, name) != TASK_DECODING_DEFAULTS[name])
+
     @property
     def is_default_hrt_decoding(self) -> bool:
         """Whether the HRT-only options keep their defaults (other models must not set them)."""
-        return (self.decode_chunk_size == TASK_DECODING_DEFAULTS["decode_chunk_size"]
-                and self.b_nat == TASK_DECODING_DEFAULTS["b_nat"])
+        return all(getattr(self, name) == TASK_DECODING_DEFAULTS[name]
+                   for name in ("decode_chunk_size", "b_nat", "hrt_refine_fraction", "hrt_fallback_threshold", "hrt_rescore"))
 
 
 def _has(args, name: str) -> bool:

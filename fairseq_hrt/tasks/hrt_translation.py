@@ -126,6 +126,22 @@ class HRTTranslationConfig(TranslationConfig):
         default=1,
         metadata={"help": "HRT: number of Skip-AT hypotheses (of --beam = b_at) filled by stage II"},
     )
+    # HRT decoding beyond the papers (each off by default)
+    hrt_refine_fraction: float = field(
+        default=0.0,
+        metadata={"help": "HRT: after stage II, mask again this fraction of each sentence's filled tokens (those "
+                          "of lowest probability, rounded up) and predict them by one more non-causal pass; 0 = off"},
+    )
+    hrt_fallback_threshold: Optional[float] = field(
+        default=None,
+        metadata={"help": "HRT: decode a sentence again in AT mode when the mean log-probability of the tokens "
+                          "stage II filled is below this (e.g. -1.5); default: never"},
+    )
+    hrt_rescore: bool = field(
+        default=False,
+        metadata={"help": "HRT: score every stage-II candidate (b_nat per sentence) by the model in AT mode in one "
+                          "teacher-forced pass and rank them by that exact score (useful with --b-nat > 1)"},
+    )
     # --decoding and --decoder-engine take the names of the strategy and engine registries
     # (fairseq_hrt.generation.strategies / .engines): checked when the generator is built
     decoding: str = field(
