@@ -220,19 +220,15 @@ Hover a token to see the chain of tokens it waited for.</p>
 
 
 def trace(task, model, sample, method: str, block_size: Optional[int], max_len_b: int):
-    """Decode ``sample`` with a tracing parallel generator: ``(hypotheses, records)``. The
-    generator comes from the one factory of generators, with tracing on."""
-    from fairseq_hrt.generation.jacobi import build_parallel_generator
+    """Decode ``sample`` with the generator of ``--decoding method`` (the task's one factory),
+    every pass recorded: ``(hypotheses, records)``."""
     from fairseq_hrt.generation.options import DecodingOptions
-    from fairseq_hrt.generation.strategies import DecodingContext, pick_strategy
-    from fairseq_hrt.generation.engines import get_engine
 
     if method == "hrt-spec" and not is_hrt(model):
         raise ValueError("--method hrt-spec needs an HRT model (it drafts with the non-autoregressive mode)")
     options = DecodingOptions(decoding=method, jacobi_block_size=block_size).replace(beam=1, max_len_b=max_len_b)
-    pick_strategy(method, model)  # the strategy's own check of the model
-    ctx = DecodingContext(task=task, models=[model], options=options, engine=get_engine(options.decoder_engine))
-    gen = build_parallel_generator(ctx, method, trace=True)
+    gen = task.build_decoding([model], options)
+    gen.trace = []  # record every pass (PassRecord)
     hypos = gen.generate([model], sample)
     return hypos, gen.trace
 
