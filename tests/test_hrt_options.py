@@ -96,15 +96,15 @@ def test_fallback_threshold_decides_per_sentence_between_k2_and_at_mode(setup):
     _, k2 = decode(data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1")
     _, at_mode = decode(data_dir, task, model, "--decode-chunk-size", "1", "--beam", "1")
     gen, never = decode(data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1", "--hrt-fallback-threshold", "-1000")
-    assert tokens_of(never) == tokens_of(k2) and gen.stats["fallbacks"] == 0
+    assert tokens_of(never) == tokens_of(k2) and gen.stage2_stats["fallbacks"] == 0
     gen, always = decode(data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1", "--hrt-fallback-threshold", "0")
-    assert tokens_of(always) == tokens_of(at_mode) and gen.stats["fallbacks"] == len(SENTENCES)
+    assert tokens_of(always) == tokens_of(at_mode) and gen.stage2_stats["fallbacks"] == len(SENTENCES)
     # in between: exactly the sentences whose stage-II confidence is below the threshold
     confidence = [float(h[0]["stage2_confidence"]) for h in k2]
     threshold = sorted(confidence)[len(confidence) // 2]
     gen, mixed = decode(data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1", "--hrt-fallback-threshold", str(threshold))
     expected = [a if c < threshold else b for c, a, b in zip(confidence, tokens_of(at_mode), tokens_of(k2))]
-    assert tokens_of(mixed) == expected and gen.stats["fallbacks"] == sum(c < threshold for c in confidence)
+    assert tokens_of(mixed) == expected and gen.stage2_stats["fallbacks"] == sum(c < threshold for c in confidence)
 
 
 @pytest.mark.parametrize("flags,message", [

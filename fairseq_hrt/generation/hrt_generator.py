@@ -155,7 +155,7 @@ class HRTGenerator:
         self.rescore = rescore
         self.banned = torch.tensor(banned_symbols_of(HRT, tgt_dict, mask, chunk_start))
         # sentences decoded with stage II, and those of them that fell back to AT mode
-        self.stats = {"stage2_sentences": 0, "fallbacks": 0}
+        self.stage2_stats = {"sentences": 0, "fallbacks": 0}
 
     # fairseq's generate loop calls generator.generate(models, sample, prefix_tokens=..., ...)
     @torch.no_grad()
@@ -192,11 +192,11 @@ class HRTGenerator:
         results = self._stage2(skeletons, k, encoder_out, vocab, encoder_kv)
         if self.rescore:
             results = self._rescore(results, encoder_out)
-        self.stats["stage2_sentences"] += len(results)
+        self.stage2_stats["sentences"] += len(results)
         if self.fallback_threshold is not None:
             low = [i for i, hypos in enumerate(results) if float(hypos[0]["stage2_confidence"]) < self.fallback_threshold]
             if low:
-                self.stats["fallbacks"] += len(low)
+                self.stage2_stats["fallbacks"] += len(low)
                 for i, hypos in zip(low, self._generate_k(select_rows(sample, low), 1)):
                     results[i] = hypos
         return results
