@@ -100,6 +100,8 @@ def score(task, hyps, spm, refs, raw_src, buckets, max_len, k) -> dict:
     return {
         "bleu": bleu["score"],
         "signature": bleu["signature"],
+        "length_ratio": bleu["sys_len"] / max(1, bleu["ref_len"]),
+        "brevity_penalty": bleu["bp"],
         "limit_hits": limit_hits(hyps, max_len, k),
         "bleu_by_length": {
             name: (sacrebleu_score([text[i] for i in idx], [refs[i] for i in idx])["score"] if idx else None)
