@@ -232,7 +232,7 @@ def test_tiny_recipe_report_structure(tiny_run):
     assert set(baselines.values()) <= {"AT greedy", "AT greedy (fairseq engine)"}
     for s in report["systems"]:
         assert isinstance(s["bleu"], float)
-        assert s["length_ratio"] > 0 and 0 < s["brevity_penalty"] <= 1
+        assert s["length_ratio"] >= 0 and 0 <= s["brevity_penalty"] <= 1  # tiny models may say nothing
         assert s["brevity_penalty"] == 1.0 or s["length_ratio"] < 1  # BLEU's BP penalises short output only
         assert s["comet"] is None
         assert sorted(s["speed"]) == sorted(BATCH_SIZES)
