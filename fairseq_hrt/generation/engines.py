@@ -7,9 +7,10 @@ An engine declares what it supports (``supports_shortlist``, ``supports_compile`
 * :meth:`DecoderEngine.left_to_right`: a generator with fairseq's
   ``generate(models, sample, bos_token=...)`` and ``last_encoder_out`` (HRT's stage I and AT
   mode, AT beam / greedy search);
-* :meth:`DecoderEngine.bidirectional`: the non-causal decoder pass
-  ``(tokens, positions, encoder_out) -> features`` of HRT's stage II (``None``: the decoder
-  module's own forward).
+* :meth:`DecoderEngine.bidirectional`: the object whose ``encoder(encoder_out)`` and
+  ``bidirectional(encoder, tokens, positions) -> features`` run HRT's stage II (the lean
+  engine: the model's :class:`~fairseq_hrt.generation.decoder_pass.DecoderPass`; ``None``: the
+  decoder module's own forward).
 
 Registered here: ``lean`` (this plugin's step loop, :mod:`fairseq_hrt.generation.lean`) and
 ``fairseq`` (fairseq's ``SequenceGenerator``). A further engine registers with
@@ -83,9 +84,9 @@ class LeanEngine(DecoderEngine):
                                      shortlist=ctx.shortlist, compile=ctx.options.compile)
 
     def bidirectional(self, model):
-        from fairseq_hrt.generation.hrt_generator import lean_bidirectional
+        from fairseq_hrt.generation.decoder_pass import decoder_pass
 
-        return lean_bidirectional(model)
+        return decoder_pass(model.decoder)
 
 
 @register_engine("fairseq")

@@ -395,13 +395,6 @@ def left_to_right_generators(ctx: DecodingContext, banned: List[int], keep_encod
     return generator
 
 
-def lean_bidirectional(model):
-    """The lean engine's decoder pass of ``model`` (its non-causal mode: stage II, drafts)."""
-    from fairseq_hrt.generation.decoder_pass import decoder_pass
-
-    return decoder_pass(model.decoder)
-
-
 def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
     task, model, options = ctx.task, ctx.model, ctx.options
     b_at = options.search.beam
