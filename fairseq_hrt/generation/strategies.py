@@ -1,16 +1,18 @@
-"""Decoding strategies: one interface, one registry, one place that picks (``--decoding``).
+"""Decoding strategies: one interface, one registry, one factory (``--decoding``).
 
-A strategy turns (task, models, generation options) into a generator with fairseq's
+A strategy turns a :class:`DecodingContext` (task, models, :class:`DecodingOptions`, the
+engine of ``--decoder-engine``, the shortlist) into a generator with fairseq's
 ``generate(models, sample, **kwargs)``. ``--decoding auto`` asks every registered strategy
 whether it is the model's default; a named strategy is checked against the model and fails
-with one clear message when it cannot decode it. The pieces every generator needs -- the
-hypothesis dictionary, the refusal of options it does not support, the selection of batch
-rows -- live here once.
+with one clear message when it cannot decode it. :func:`build_generator` is the one factory:
+the task, the Python API, the benchmarks and ``ddgviz`` all get their generators from it.
+The pieces every generator needs -- the hypothesis dictionary, the refusal of inputs it does
+not support, the selection of batch rows -- live here once.
 
-Registered in this package: ``beam`` (left-to-right beam search / greedy), ``hrt``
-(two-stage HRT), ``mask-predict``, and the exact parallel forms of greedy search ``pj`` /
-``pgj`` / ``hgj`` (Jacobi decoding) and ``hrt-spec`` (:mod:`fairseq_hrt.generation.jacobi`); further strategies register with
-:func:`register_decoding` and need no change to the task.
+Registered in this package: ``beam`` and ``hrt`` (:mod:`.hrt_generator`), ``greedy-at-mode``,
+``mask-predict``, and the exact parallel forms of greedy search ``pj`` / ``pgj`` / ``hgj`` and
+``hrt-spec`` (:mod:`.jacobi`). A further strategy registers with :func:`register_decoding` in
+its own module of this package (docs/design.md).
 """
 import copy
 import logging
