@@ -137,3 +137,33 @@ def test_only_prepare_runs_alone_and_training_steps_need_it(tmp_path):
     s.step_prepare = lambda i: (ran.append("prepare"), (tmp_path / "markers" / "prepare.done").write_text("cmd\n"))
     s.run_only(["prepare", "at"])
     assert ran == ["prepare", "at"]
+
+
+def test_at_variants_and_hrt_variants_fine_tuned_from_them(tmp_path):
+    """--at-variants trains AT students of the largest budget with extra options (the same KD
+    data as HRT, two decoder layers); --variant-from fine-tunes an HRT variant from one of them;
+    --skip-raw-hrt leaves out the HRT of raw data."""
+    s = _study(tmp_path, "--scales", "8", "--chunk-size-sets", "2", "--skip-raw-hrt",
+               "--at-variants", "dl2=--decoder-layers 2", "kd={kd} --p-raw 0.5",
+               "--variants", "dl2kd={kd} --p-raw 0.5 --decoder-layers 2", "--variant-from", "dl2kd=dl2")
+    assert sorted(s.models()) == ["at_x8", "at_x8_dl2", "at_x8_kd", "hrt_c2_x8_dl2kd"]
+    assert s.models()["at_x8_kd"]["kind"] == "AT" and s.needs_kd()
+    ran = {}
+    s.run_step = lambda i, name, cmd, outputs, **kw: ran.setdefault(name, [str(c) for c in cmd])
+    s.step_at_variant(7, "kd")
+    s.step_variant(7, "dl2kd")
+    at_kd, hrt = ran["at_x8_kd"], ran["hrt_c2_x8_dl2kd"]
+    assert at_kd[at_kd.index("--distill-data") + 1] == str(tmp_path / "kd" / "distill-bin")
+    assert at_kd[at_kd.index("--hrt-mode") + 1] == "at" and at_kd[at_kd.index("--max-update") + 1] == "2400"
+    assert hrt[hrt.index("--finetune-from-model") + 1] == str(tmp_path / "at_x8_dl2" / "checkpoint_last.pt")
+    assert hrt[hrt.index("--decoder-layers") + 1] == "2"
+    with pytest.raises(ValueError, match="--variant-from"):
+        study.parse_variant_from(["dl2kd=nosuch"], {"dl2kd": "x"}, {"dl2": "y"})
+    report = {"profile": "mini", "device": "CPU", "base_updates": 300, "scales": [8], "chunk_size_sets": ["2"],
+              "study_seconds": 1.0, "variants": {"dl2kd": "x"}, "at_variants": {"kd": "y"}, "variant_from": {"dl2kd": "dl2"},
+              "models": {"at_x8": {"kind": "AT", "scale": 8, "updates": 2400, "systems": {"greedy": _system(30.0)}},
+                         "at_x8_kd": {"kind": "AT", "scale": 8, "updates": 2400, "variant": "kd",
+                                      "systems": {"greedy": _system(31.0)}}}}
+    md = study.markdown_report(report)
+    assert "| AT x8 | 2400 | 30.00 |" in md and "| AT x8 kd | 2400 | 31.00 |" in md
+    assert "(fine-tuned from AT `dl2`)" in md
