@@ -131,6 +131,11 @@ def _run_forked(cmd: List[str], env: Dict[str, str], cwd: str, log_path: str, in
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    # a child of the fork server inherits "forkserver" as its start method; a command that
+    # starts worker processes (fairseq-preprocess --workers, data loaders) would then start a
+    # fork server of its own that outlives it (one leaked 250 MB process per command). A
+    # fresh interpreter on Linux forks its workers: so do these commands
+    multiprocessing.set_start_method("fork", force=True)
     sys.stdin = open(input_path or os.devnull, encoding="utf-8")
     if env.get("PYTHONWARNINGS") == "ignore":
         warnings.simplefilter("ignore")
