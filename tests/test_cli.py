@@ -78,7 +78,9 @@ def test_interactive_empty_long_and_unknown_input(hrt_trained):
 
 def test_checkpoint_from_another_dictionary_is_refused(hrt_trained, tmp_path):
     data, ckpt = hrt_trained
-    other = make_tiny_data(tmp_path / "other", n_train=60, n_valid=10, prefer="synthetic", seed=7)
+    # a synthetic corpus of another vocabulary size: another dictionary whichever corpus the
+    # checkpoint was trained on (Multi30k when ../shared/data has it, synthetic otherwise)
+    other = make_tiny_data(tmp_path / "other", n_train=60, n_valid=10, prefer="synthetic", seed=7, vocab=31)
     proc = run_cli(
         ["generate", other.bin_dir, "--path", ckpt, "--gen-subset", "valid", *GEN], check=False
     )
