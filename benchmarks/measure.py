@@ -99,12 +99,6 @@ def read_lines(path, limit=0) -> List[str]:
     return lines[:limit] if limit else lines
 
 
-def prepare_for_decoding(model, quantize: str):
-    from fairseq_hrt.generation.quantize import prepare_for_decoding as prepare
-
-    return prepare(model, quantize)
-
-
 def load(path, data, use_cuda=False, fp16=False):
     """``(model, task)`` of one checkpoint, in eval mode, with ``data``'s dictionaries."""
     import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
@@ -206,6 +200,8 @@ class Context:
         key = (checkpoint, quantize)
         if key not in self._models:
             logger.info("loading %s%s", checkpoint, " (int8 copy)" if quantize != "none" else "")
+            from fairseq_hrt.generation.quantize import prepare_for_decoding  # what loading for decoding does
+
             model, task = load(checkpoint, self.data, self.use_cuda, self.fp16)
             self._models[key] = (prepare_for_decoding(model, quantize), task)
         return self._models[key]

@@ -362,7 +362,7 @@ def check_parallel_options(method: str, beam: int, block_size: int, parallel_len
 # ------------------------------------------------------------------------ strategies
 
 
-def build_parallel_generator(ctx: DecodingContext, method: str, trace: bool = False) -> ParallelGreedyGenerator:
+def build_parallel_generator(ctx: DecodingContext, method: str) -> ParallelGreedyGenerator:
     task, model, options = ctx.task, ctx.model, ctx.options
     if len(ctx.models) != 1:
         raise ValueError(f"--decoding {method} decodes a single model (no ensembles)")
@@ -382,7 +382,7 @@ def build_parallel_generator(ctx: DecodingContext, method: str, trace: bool = Fa
     banned = ctx.banned()
     drafter = NATDrafter(model, task.mask_idx, tgt_dict.pad(), torch.tensor(banned)) if method == SPEC_METHOD else None
     generator = ParallelGreedyGenerator(model, tgt_dict, options.search, method, block_size, banned, parallel_length,
-                                        drafter, trace=trace)
+                                        drafter)
     if ctx.engine.name != "lean":
         logger.info("--decoding %s runs its own block passes (the lean engine's caches); --decoder-engine %s "
                     "is not used", method, ctx.engine.name)

@@ -34,6 +34,9 @@ TASK_DECODING_DEFAULTS = {
 
 QUANTIZE_CHOICES = ("none", "int8")
 
+# the options of HRT's stage II beyond the papers (only two-stage HRT decoding has them)
+STAGE2_OPTIONS = ("hrt_refine_fraction", "hrt_fallback_threshold", "hrt_rescore")
+
 # fairseq generation options only fairseq's SequenceGenerator implements, with the value
 # that means "off"
 SEQUENCE_GENERATOR_ONLY = {
@@ -172,14 +175,14 @@ class DecodingOptions:
 
     def stage2_options_used(self) -> Tuple[str, ...]:
         """The flags of HRT's stage-II options in use (only two-stage HRT decoding has them)."""
-        return tuple("--" + name.replace("_", "-") for name in ("hrt_refine_fraction", "hrt_fallback_threshold", "hrt_rescore")
+        return tuple("--" + name.replace("_", "-") for name in STAGE2_OPTIONS
                      if getattr(self, name) != TASK_DECODING_DEFAULTS[name])
 
     @property
     def is_default_hrt_decoding(self) -> bool:
         """Whether the HRT-only options keep their defaults (other models must not set them)."""
-        return all(getattr(self, name) == TASK_DECODING_DEFAULTS[name]
-                   for name in ("decode_chunk_size", "b_nat", "hrt_refine_fraction", "hrt_fallback_threshold", "hrt_rescore"))
+        return not self.stage2_options_used() and all(
+            getattr(self, name) == TASK_DECODING_DEFAULTS[name] for name in ("decode_chunk_size", "b_nat"))
 
 
 def _has(args, name: str) -> bool:

@@ -96,7 +96,11 @@ class SearchRules:
             only_eos = torch.full_like(logits, -math.inf)
             only_eos[:, out.eos] = logits[:, out.eos]
             return only_eos
-        early = step < self.options.min_len
+        return self._allowed(logits, step < self.options.min_len, out)
+
+    def _allowed(self, logits: Tensor, early: bool, out: OutputVocabulary) -> Tensor:
+        """``logits`` with the banned symbols at ``-inf`` (``</s>`` too when ``early``) and
+        ``--unkpen`` taken off ``<unk>``."""
         banned = out.memo(("banned", early, logits.device),
                           lambda: out.positions((self.banned_with_eos if early else self.banned).to(logits.device)))
         masked = logits.index_fill(1, banned, -math.inf)
@@ -118,9 +122,7 @@ class SearchRules:
         at_max = steps >= max_len
         if not self.options.unk_penalty and not bool(early.any()) and not bool(at_max.any()):
             return greedy_choice(logits, self.banned_table(False, logits.device, out))
-        masked = logits.index_fill(1, out.positions(self.banned.to(logits.device)), -math.inf)
-        if self.options.unk_penalty and out.unk is not None:
-            masked[:, out.unk] -= self.options.unk_penalty
+        masked = self._allowed(logits, False, out)
         if bool(early.any()):
             masked[early, out.eos] = -math.inf
         if bool(at_max.any()):
