@@ -8,13 +8,15 @@ setup(
     version="0.1.0",
     description="Hybrid-Regressive Translation, Mask-Predict and deep-encoder/shallow-decoder "
     "AT models as a fairseq plugin",
-    packages=find_packages(include=["fairseq_hrt", "fairseq_hrt.*"]),
+    packages=find_packages(include=["fairseq_hrt", "fairseq_hrt.*", "hrt_runtime"]),
     python_requires=">=3.9",
     install_requires=["sacrebleu>=2.3", "sentencepiece"],
     entry_points={
         "console_scripts": [
             "fairseq-hrt-comet=fairseq_hrt.scoring.comet:cli_main",
             "fairseq-hrt-shortlist=fairseq_hrt.shortlist:cli_main",
+            "fairseq-hrt-export=fairseq_hrt.export.exporter:cli_main",
+            "hrt-translate=hrt_runtime.translator:cli_main",
         ]
     },
 )

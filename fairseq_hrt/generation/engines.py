@@ -7,13 +7,15 @@ An engine declares what it supports (``supports_shortlist``, ``supports_compile`
 * :meth:`DecoderEngine.left_to_right`: a generator with fairseq's
   ``generate(models, sample, bos_token=...)`` and ``last_encoder_out`` (HRT's stage I and AT
   mode, AT beam / greedy search);
+* :meth:`DecoderEngine.two_stage`: optionally, HRT's two stages as one generator;
 * :meth:`DecoderEngine.bidirectional`: the object whose ``encoder(encoder_out)`` and
   ``bidirectional(encoder, tokens, positions) -> features`` run HRT's stage II (the lean
   engine: the model's :class:`~fairseq_hrt.generation.decoder_pass.DecoderPass`; ``None``: the
   decoder module's own forward).
 
 Registered here: ``lean`` (this plugin's step loop, :mod:`fairseq_hrt.generation.lean`) and
-``fairseq`` (fairseq's ``SequenceGenerator``). A further engine registers with
+``fairseq`` (fairseq's ``SequenceGenerator``); ``onnxruntime`` in
+:mod:`fairseq_hrt.generation.onnx_engine`. A further engine registers with
 :func:`register_engine` in its own module and appears in ``--decoder-engine``'s choices.
 """
 from typing import Dict, List, Sequence
@@ -37,6 +39,12 @@ class DecoderEngine:
         raise NotImplementedError
 
     def bidirectional(self, model):
+        return None
+
+    def two_stage(self, ctx, chunk_size):
+        """A generator that runs HRT's two stages itself (an engine whose runtime has the whole
+        search, e.g. ``onnxruntime``), or ``None``: HRT's stages are composed from
+        :meth:`left_to_right` and :meth:`bidirectional`."""
         return None
 
 

@@ -402,6 +402,10 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
         raise ValueError("--beam (b_at) must be >= 1")
     if len(ctx.models) != 1:
         raise ValueError("HRT decoding supports a single model (no ensembles)")
+    generator = ctx.engine.two_stage(ctx, chunk_size)
+    if generator is not None:
+        logger.info("HRT decoding: chunk size %s, b_at %d, b_nat %d, %s engine", chunk_size, b_at, options.b_nat, ctx.engine.name)
+        return generator
     generator = HRTGenerator(
         left_to_right_generators(ctx, ctx.banned()),
         model,

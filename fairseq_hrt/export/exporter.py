@@ -1,0 +1,284 @@
+"""Export a model into a folder that ONNX Runtime decodes (``fairseq-hrt-export``).
+
+The folder (format :data:`FORMAT`, version :data:`VERSION`) holds:
+
+* ``encoder.onnx`` (:class:`~fairseq_hrt.export.graphs.EncoderGraph`),
+* ``step.onnx`` and ``step_top.onnx`` (:class:`~fairseq_hrt.export.graphs.StepGraph`: the greedy
+  choice, and the ``k`` best for beam search with ``k`` an input),
+* ``parallel.onnx`` (:class:`~fairseq_hrt.export.graphs.ParallelGraph`, HRT models: stage II),
+* with ``restricted`` graphs (``*_restricted.onnx``) the same with the output rows as inputs (shortlists),
+* ``dict.<src>.txt`` / ``dict.<tgt>.txt``, the SentencePiece model when there is one, and
+* ``config.json``: what the runtime (:mod:`hrt_runtime`) needs -- special symbols, the symbols a
+  search never produces, ``<s_k>`` ids, the model's trained chunk sizes, shapes, file names
+  and the SHA-256 of the model's parameters (the cache key of ``--decoder-engine onnxruntime``).
+
+Shapes are dynamic in batch and length. What cannot be exported is refused in one message
+(:func:`unsupported`). Graphs are traced by ``torch.onnx.export``'s TorchScript exporter
+(``dynamo=False``): the pinned torch has it, it needs no onnxscript, and it traces the plain
+functions of the decoder pass in well under a second.
+"""
+import argparse
+import copy
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from typing import Dict, List, Optional
+
+import torch
+
+from fairseq_hrt.export.graphs import EncoderGraph, ParallelGraph, StepGraph
+from fairseq_hrt.models.kinds import AT, HRT, model_kind, unwrap
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "fairseq-hrt-onnx"
+VERSION = 1
+OPSET = 17
+CONFIG = "config.json"
+
+
+def unsupported(model) -> List[str]:
+    """Why ``model`` cannot be exported (empty: it can)."""
+    from fairseq_hrt.generation.decoder_pass import DecoderPass, is_recurrent
+
+    model = unwrap(model)
+    kind = model_kind(model)
+    reasons = []
+    if kind not in (AT, HRT):
+        reasons.append(f"a {type(model).__name__} (only AT and HRT models are exported; Mask-Predict is not yet)")
+        return reasons
+    decoder = model.decoder
+    reasons += [reason for reason, bad in DecoderPass._unsupported(decoder).items() if bad]
+    if any(is_recurrent(layer) for layer in decoder.layers):
+        reasons.append("an SSRU decoder (its recurrent cell has no exported step)")
+    if getattr(model.encoder, "layers", None) is None:
+        reasons.append(f"an encoder of type {type(model.encoder).__name__}")
+    weight = getattr(decoder.output_projection, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        reasons.append("a quantized model (--quantize int8): export the float checkpoint; ONNX Runtime quantizes it itself")
+    return reasons
+
+
+def check_exportable(model):
+    reasons = unsupported(model)
+    if reasons:
+        raise ValueError("cannot export this model to ONNX: " + "; ".join(reasons))
+
+
+def parameters_sha256(model) -> str:
+    """SHA-256 over the model's parameters and buffers (names, shapes, bytes): the content of
+    its checkpoint as far as decoding is concerned."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(unwrap(model).state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode() + str(tensor.dtype).encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    digest.update(f"{FORMAT}-{VERSION}".encode())
+    return digest.hexdigest()
+
+
+def _names(prefix: str, layers: int) -> List[str]:
+    return [f"{prefix}_k{i}" for i in range(layers)] + [f"{prefix}_v{i}" for i in range(layers)]
+
+
+def _k_as_input(path: str):
+    """Make the ``k`` of the step graph's TopK a graph input (``k``, int64 ``(1,)``): the
+    tracer writes the Python int it saw as a constant, beam search needs ``2 x beam``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph_model = onnx.load(path)
+    graph = graph_model.graph
+    topk = [node for node in graph.node if node.op_type == "TopK"]
+    if len(topk) != 1:
+        raise RuntimeError(f"expected one TopK in the step graph, found {len(topk)}")
+    constant = topk[0].input[1]
+    topk[0].input[1] = "k"
+    graph.input.append(helper.make_tensor_value_info("k", TensorProto.INT64, [1]))
+    # drop the constant that held the traced k if nothing else reads it
+    if not any(constant in node.input for node in graph.node):
+        for node in list(graph.node):
+            if constant in node.output:
+                graph.node.remove(node)
+        for init in list(graph.initializer):
+            if init.name == constant:
+                graph.initializer.remove(init)
+    onnx.save(graph_model, path)
+
+
+def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] = None, restricted: bool = True) -> Dict:
+    """Write the folder of the module's docstring for a loaded ``model`` of ``task`` (its
+    dictionaries); returns the config. The model is not changed (a frozen copy is traced)."""
+    check_exportable(model)
+    model = copy.deepcopy(unwrap(model)).float().cpu().eval().requires_grad_(False)
+    decoder = model.decoder
+    kind = model_kind(model)
+    tgt_dict, src_dict = task.target_dictionary, task.source_dictionary
+    from fairseq_hrt.generation.decoder_pass import decoder_pass
+    from fairseq_hrt.generation.search_rules import banned_symbols
+
+    layers = len(decoder.layers)
+    pass_ = decoder_pass(decoder)
+    heads, head_dim = pass_.heads, pass_.head_dim
+    max_positions = int(model.max_decoder_positions())
+    V, C = len(tgt_dict), decoder.output_projection.weight.size(1)
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=out_dir, prefix=".export-")
+    files: Dict[str, str] = {}
+
+    def export(graph, args, inputs, outputs, dynamic, name):
+        path = os.path.join(tmp, name)
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the tracer's notes on shape arithmetic and on its own deprecation
+            torch.onnx.export(graph.eval(), args, path, dynamo=False, input_names=inputs, output_names=outputs,
+                              dynamic_axes=dynamic, opset_version=OPSET)
+        return path
+
+    S, t, B = 5, 3, 2
+    enc_names, past, present = _names("enc", layers), _names("past", layers), _names("present", layers)
+    # one row left-padded: fairseq's encoder passes its padding mask to the layers only when the
+    # batch has padding (a Python branch the tracer fixes to the example's case)
+    src = torch.full((B, S), src_dict.unk())
+    src[:, -1] = src_dict.eos()
+    src[1, :2] = src_dict.pad()
+    with torch.no_grad():
+        encoder_outputs = EncoderGraph(model)(src)
+    bias, enc_kv = encoder_outputs[0], list(encoder_outputs[1:])
+    export(EncoderGraph(model), (src,), ["src_tokens"], ["encoder_bias", *enc_names],
+           {"src_tokens": {0: "B", 1: "S"}, "encoder_bias": {0: "B", 3: "S"}, **{n: {0: "B", 2: "S"} for n in enc_names}},
+           "encoder.onnx")
+    files["encoder"] = "encoder.onnx"
+
+    logit_bias = torch.zeros(V)
+    r = min(16, V)  # an example shortlist's rows
+    out_rows = [decoder.output_projection.weight[:r].clone(), torch.zeros(r)]
+    for restricted_rows in ((False, True) if restricted else (False,)):
+        suffix = "_restricted" if restricted_rows else ""
+        rows_in = ["out_weight", "out_bias"] if restricted_rows else []
+        rows_args = out_rows if restricted_rows else []
+        rows_dyn = {"out_weight": {0: "V"}, "out_bias": {0: "V"}} if restricted_rows else {}
+        step_in = ["tokens", "step", "stride", "logit_bias", "encoder_bias", *enc_names, *past, *rows_in]
+        caches = [torch.zeros(2 * B, heads, t, head_dim) for _ in range(2 * layers)]
+        step_args = (torch.full((2 * B,), tgt_dict.eos()), torch.tensor(t), torch.tensor(1),
+                     logit_bias[:r] if restricted_rows else logit_bias, bias, *enc_kv, *caches, *rows_args)
+        step_dyn = {"tokens": {0: "N"}, "logit_bias": {0: "V"}, "encoder_bias": {0: "B", 3: "S"},
+                    **{n: {0: "B", 2: "S"} for n in enc_names}, **{n: {0: "N", 2: "t"} for n in past},
+                    **{n: {0: "N", 2: "t1"} for n in present}, **rows_dyn}
+        export(StepGraph(model, max_positions, top=1, restricted=restricted_rows), step_args, step_in,
+               ["score", "token", *present], {**step_dyn, "score": {0: "N"}, "token": {0: "N"}}, f"step{suffix}.onnx")
+        path = export(StepGraph(model, max_positions, top=4, restricted=restricted_rows), step_args, step_in,
+                      ["top_logits", "top_index", "log_norm", *present],
+                      {**step_dyn, "top_logits": {0: "N", 1: "K"}, "top_index": {0: "N", 1: "K"}, "log_norm": {0: "N"}},
+                      f"step_top{suffix}.onnx")
+        _k_as_input(path)
+        files[f"step{suffix}"] = f"step{suffix}.onnx"
+        files[f"step_top{suffix}"] = f"step_top{suffix}.onnx"
+        if kind == HRT:
+            T = 6
+            par_args = (torch.full((B, T), tgt_dict.unk()), torch.arange(1, T + 1).expand(B, T).contiguous(),
+                        torch.arange(0, B * T, 2), logit_bias[:r] if restricted_rows else logit_bias, bias, *enc_kv,
+                        *rows_args)
+            export(ParallelGraph(model, max_positions, restricted=restricted_rows), par_args,
+                   ["tokens", "positions", "select", "logit_bias", "encoder_bias", *enc_names, *rows_in], ["score", "token"],
+                   {"tokens": {0: "B", 1: "T"}, "positions": {0: "B", 1: "T"}, "select": {0: "M"}, "logit_bias": {0: "V"},
+                    "encoder_bias": {0: "B", 3: "S"}, **{n: {0: "B", 2: "S"} for n in enc_names},
+                    "score": {0: "M"}, "token": {0: "M"}, **rows_dyn}, f"parallel{suffix}.onnx")
+            files[f"parallel{suffix}"] = f"parallel{suffix}.onnx"
+
+    # the output rows as arrays: a shortlist gathers its rows from them once per batch
+    import numpy as np
+
+    np.save(os.path.join(tmp, "output_weight.npy"), decoder.output_projection.weight.float().numpy())
+    if getattr(decoder.output_projection, "bias", None) is not None:
+        np.save(os.path.join(tmp, "output_bias.npy"), decoder.output_projection.bias.float().numpy())
+    src_lang, tgt_lang = getattr(task.cfg, "source_lang", None) or "src", getattr(task.cfg, "target_lang", None) or "tgt"
+    src_dict.save(os.path.join(tmp, f"dict.{src_lang}.txt"))
+    tgt_dict.save(os.path.join(tmp, f"dict.{tgt_lang}.txt"))
+    spm = None
+    if sentencepiece_model:
+        spm = "sentencepiece.model"
+        shutil.copyfile(sentencepiece_model, os.path.join(tmp, spm))
+    chunk_start = {int(k): int(v) for k, v in getattr(task, "chunk_start_idx", {}).items()}
+    config = {
+        "format": FORMAT,
+        "version": VERSION,
+        "kind": kind,
+        "parameters_sha256": parameters_sha256(model),
+        "layers": layers,
+        "heads": heads,
+        "head_dim": head_dim,
+        "embed_dim": int(C),
+        "vocab_size": V,
+        "max_target_positions": max_positions,
+        "max_source_positions": int(model.max_positions()[0]) if isinstance(model.max_positions(), tuple) else max_positions,
+        "pad": tgt_dict.pad(), "eos": tgt_dict.eos(), "unk": tgt_dict.unk(), "bos": tgt_dict.bos(),
+        "source_eos": src_dict.eos(), "source_pad": src_dict.pad(), "source_unk": src_dict.unk(),
+        "mask": getattr(task, "mask_idx", None),
+        "chunk_start": {str(k): v for k, v in chunk_start.items()},
+        "trained_chunk_sizes": sorted(int(k) for k in model.get_trained_chunk_sizes()) if kind == HRT else [],
+        "banned": banned_symbols(task, model),
+        "source_lang": src_lang,
+        "target_lang": tgt_lang,
+        "source_dictionary": f"dict.{src_lang}.txt",
+        "target_dictionary": f"dict.{tgt_lang}.txt",
+        "sentencepiece_model": spm,
+        "graphs": files,
+        "opset": OPSET,
+        "exported_with": {"torch": torch.__version__},
+    }
+    with open(os.path.join(tmp, CONFIG), "w") as f:
+        json.dump(config, f, indent=1)
+    # the folder appears whole or not at all: files move in, config.json last
+    for name in sorted(os.listdir(tmp), key=lambda n: n == CONFIG):
+        os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+    os.rmdir(tmp)
+    logger.info("exported %s model (%s) to %s", kind, ", ".join(files.values()), out_dir)
+    return config
+
+
+def export_checkpoint(checkpoint: str, out_dir: str, data: Optional[str] = None,
+                      sentencepiece_model: Optional[str] = None, restricted: bool = True) -> Dict:
+    """Load a checkpoint as ``fairseq-generate`` does (``data``: the data-bin folder with its
+    dictionaries, default the one it was trained on) and :func:`export_model` it."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_hrt  # noqa: F401  (registers the task and models)
+    from fairseq_hrt.hub import find_sentencepiece_model
+
+    if not os.path.isfile(checkpoint):
+        raise FileNotFoundError(f"fairseq-hrt-export: no checkpoint {checkpoint}")
+    overrides = {"data": data} if data else {}
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides=overrides)
+    spm = sentencepiece_model or find_sentencepiece_model(data or cfg.task.data, os.path.dirname(checkpoint))
+    if sentencepiece_model and not os.path.isfile(sentencepiece_model):
+        raise FileNotFoundError(f"--sentencepiece-model {sentencepiece_model}: no such file")
+    return export_model(models[0], task, out_dir, sentencepiece_model=spm, restricted=restricted)
+
+
+def cli_main(argv=None):
+    p = argparse.ArgumentParser(
+        prog="fairseq-hrt-export",
+        description="Export an AT or HRT checkpoint into a folder that ONNX Runtime decodes "
+        "(--decoder-engine onnxruntime, or hrt-translate without PyTorch).")
+    p.add_argument("checkpoint", help="a checkpoint of fairseq-train (--task hrt_translation)")
+    p.add_argument("out_dir", help="the folder to write (created; files of an earlier export are replaced)")
+    p.add_argument("--data", help="the data-bin folder with the dictionaries (default: the one of training)")
+    p.add_argument("--sentencepiece-model", help="the SentencePiece model of the data (default: found beside the data)")
+    p.add_argument("--no-restricted", action="store_true", help="skip the graphs with the output rows as inputs (shortlists)")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
+    try:
+        config = export_checkpoint(a.checkpoint, a.out_dir, a.data, a.sentencepiece_model, restricted=not a.no_restricted)
+    except (ValueError, FileNotFoundError) as e:
+        p.exit(2, f"fairseq-hrt-export: error: {e}\n")
+    size = sum(os.path.getsize(os.path.join(a.out_dir, f)) for f in os.listdir(a.out_dir))
+    print(f"{a.out_dir}: {config['kind']} model, {len(config['graphs'])} graphs, {size / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    cli_main()

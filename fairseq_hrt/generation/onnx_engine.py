@@ -1,0 +1,134 @@
+"""``--decoder-engine onnxruntime``: decoding over ONNX Runtime sessions of the exported model.
+
+The loaded model is exported on first use (:func:`fairseq_hrt.export.exporter.export_model`)
+into a cache folder keyed by the SHA-256 of its parameters (``$FAIRSEQ_HRT_ONNX_CACHE``,
+default ``~/.cache/fairseq-hrt/onnx``), so a checkpoint is exported once per machine.
+The search is :mod:`hrt_runtime.search`, on numpy arrays: the same code the deployed runtime
+(``hrt-translate``) runs. It serves left-to-right search (AT, HRT's AT mode) and HRT's two
+stages as a whole; ONNX Runtime uses ``torch.get_num_threads()`` threads (what
+``OMP_NUM_THREADS`` or the benchmark's ``--threads`` set).
+"""
+import logging
+import os
+import threading
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from fairseq_hrt.generation.engines import DecoderEngine, register_engine
+from fairseq_hrt.generation.strategies import hypothesis, reject_unsupported_inputs
+from fairseq_hrt.models.kinds import HRT, model_kind, unwrap
+
+logger = logging.getLogger(__name__)
+
+_LOCK = threading.Lock()
+
+
+def cache_root() -> str:
+    return os.environ.get("FAIRSEQ_HRT_ONNX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "fairseq-hrt", "onnx")
+
+
+def exported_folder(model, task) -> str:
+    """The cache folder of ``model``'s export, made if missing."""
+    from fairseq_hrt.export.exporter import check_exportable, export_model, parameters_sha256
+    from hrt_runtime.model import read_config
+
+    check_exportable(model)
+    digest = parameters_sha256(model)
+    folder = os.path.join(cache_root(), digest[:32])
+    with _LOCK:
+        try:
+            if read_config(folder)["parameters_sha256"] == digest:
+                return folder
+        except (FileNotFoundError, ValueError):
+            pass
+        logger.info("exporting the model to ONNX (once per checkpoint): %s", folder)
+        export_model(model, task, folder)
+    return folder
+
+
+class OnnxRuntimeGenerator:
+    """fairseq's ``generate(models, sample, bos_token=...)`` over :mod:`hrt_runtime.search`:
+    left to right (``chunk_size`` 1 or a start symbol) or HRT's two stages (``chunk_size``: an
+    int or a function of the source lengths, as :class:`HRTGenerator` takes it)."""
+
+    def __init__(self, ctx, search, banned: List[int], chunk_size=1, b_nat: int = 1):
+        from hrt_runtime.model import ExportedModel
+        from hrt_runtime.search import SearchConfig
+
+        self.model = unwrap(ctx.model)
+        self.runtime = ExportedModel(exported_folder(self.model, ctx.task), threads=torch.get_num_threads())
+        self.config = SearchConfig(beam=search.beam, max_len_a=search.max_len_a, max_len_b=search.max_len_b,
+                                   min_len=search.min_len, normalize_scores=search.normalize_scores,
+                                   len_penalty=search.len_penalty, unk_penalty=search.unk_penalty)
+        self.banned = list(banned)
+        self.chunk_size = chunk_size
+        self.b_nat = b_nat
+        self.shortlist = ctx.shortlist
+        self.pad = ctx.task.target_dictionary.pad()
+        self.is_hrt = model_kind(self.model) == HRT
+        self.last_vocab: Optional[torch.Tensor] = None
+
+    @torch.no_grad()
+    def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict]]:
+        from hrt_runtime.search import hrt, left_to_right
+
+        reject_unsupported_inputs("--decoder-engine onnxruntime", **kwargs)
+        src_tokens = sample["net_input"]["src_tokens"]
+        src = src_tokens.cpu().numpy()
+        width = src.shape[1]
+        rows = self.runtime.rows(None)
+        if self.shortlist is not None:
+            self.last_vocab = self.shortlist.candidates(src_tokens, self.pad)
+            rows = self.runtime.rows(self.last_vocab.cpu().numpy())
+        encoded = self.runtime.encode(src)
+        if bos_token is not None or not self.is_hrt:
+            found = left_to_right(self.runtime, encoded, width, self.config, self.banned, start=bos_token, rows=rows)
+            return self._to_fairseq(found, src_tokens.device)
+        if callable(self.chunk_size):
+            lengths = src_tokens.ne(self.pad).long().sum(dim=1)
+            per_row = [int(k) for k in self.chunk_size(lengths).tolist()]
+        else:
+            per_row = [int(self.chunk_size)] * src.shape[0]
+        results: List = [None] * len(per_row)
+        for k in sorted(set(per_row)):
+            index = np.array([i for i, kk in enumerate(per_row) if kk == k])
+            part = encoded if index.size == len(per_row) else encoded.select(index)
+            found = hrt(self.runtime, part, width, self.config, k, self.banned, b_nat=self.b_nat, rows=rows)
+            for i, hypos in zip(index.tolist(), found):
+                results[i] = hypos
+        return self._to_fairseq(results, src_tokens.device)
+
+    @staticmethod
+    def _to_fairseq(found, device) -> List[List[Dict]]:
+        return [[hypothesis(torch.from_numpy(np.asarray(h["tokens"], np.int64)).to(device), torch.tensor(h["score"]),
+                            torch.from_numpy(np.asarray(h["positional_scores"], np.float32)).to(device), steps=h.get("steps"))
+                 for h in hypos] for hypos in found]
+
+
+@register_engine("onnxruntime")
+class OnnxRuntimeEngine(DecoderEngine):
+    """The exported model in ONNX Runtime, searched by :mod:`hrt_runtime.search` (shortlists:
+    the output rows gathered once per batch and fed to the step)."""
+
+    supports_shortlist = True
+    supports_compile = False
+    supports_int8 = False
+
+    def unsupported(self, options):
+        used = list(options.sequence_generator_only)
+        if options.search.temperature != 1.0:
+            used.append("--temperature")
+        used += [flag for flag in options.stage2_options_used()]
+        if options.print_step:
+            used.append("--print-step")
+        return used
+
+    def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
+        if len(ctx.models) != 1:
+            raise ValueError("--decoder-engine onnxruntime decodes a single model (no ensembles)")
+        return OnnxRuntimeGenerator(ctx, search, banned)
+
+    def two_stage(self, ctx, chunk_size):
+        return OnnxRuntimeGenerator(ctx, ctx.options.search, ctx.banned(), chunk_size=chunk_size, b_nat=ctx.options.b_nat)

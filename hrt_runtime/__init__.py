@@ -1,0 +1,12 @@
+"""The deployed runtime of fairseq-hrt: a folder written by ``fairseq-hrt-export`` translated with
+ONNX Runtime, numpy and SentencePiece only (no PyTorch, no fairseq)::
+
+    from hrt_runtime import Translator
+    Translator("model-onnx").translate(["A man rides a bike."], beam=1)
+
+or ``hrt-translate model-onnx < input.txt``. :mod:`hrt_runtime.search` is also the search of
+``--decoder-engine onnxruntime`` inside fairseq.
+"""
+from hrt_runtime.model import ExportedModel, read_config  # noqa: F401
+from hrt_runtime.search import SearchConfig, hrt, left_to_right  # noqa: F401
+from hrt_runtime.translator import Translator  # noqa: F401

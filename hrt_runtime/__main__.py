@@ -1,0 +1,3 @@
+from hrt_runtime.translator import cli_main
+
+cli_main()

@@ -1,0 +1,156 @@
+"""An exported folder (``fairseq-hrt-export``) as ONNX Runtime sessions: encode, step, parallel pass.
+
+Only ``numpy`` and ``onnxruntime``: this is what a deployed model runs on.
+"""
+import json
+import os
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+FORMAT, VERSION = "fairseq-hrt-onnx", 1
+
+
+def read_config(folder: str) -> Dict:
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{folder}: no config.json (not a folder written by fairseq-hrt-export)")
+    with open(path) as f:
+        config = json.load(f)
+    if config.get("format") != FORMAT or config.get("version") != VERSION:
+        raise ValueError(f"{folder}: format {config.get('format')} version {config.get('version')}, "
+                         f"this runtime reads {FORMAT} version {VERSION}; export the checkpoint again")
+    return config
+
+
+class Encoded:
+    """The encoder side of a batch: the source padding bias ``(B, 1, 1, S)`` and every decoder
+    layer's encoder-attention keys and values ``(B, H, S, d)``, one row per sentence."""
+
+    __slots__ = ("bias", "keys", "values")
+
+    def __init__(self, bias: np.ndarray, keys: List[np.ndarray], values: List[np.ndarray]):
+        self.bias, self.keys, self.values = bias, keys, values
+
+    def select(self, index) -> "Encoded":
+        """The sentences ``index`` (in that order; repeats allowed)."""
+        return Encoded(self.bias[index], [k[index] for k in self.keys], [v[index] for v in self.values])
+
+    def feeds(self) -> Dict[str, np.ndarray]:
+        feeds = {"encoder_bias": self.bias}
+        feeds.update({f"enc_k{i}": k for i, k in enumerate(self.keys)})
+        feeds.update({f"enc_v{i}": v for i, v in enumerate(self.values)})
+        return feeds
+
+
+class OutputRows:
+    """The output-layer rows a batch decodes over: all (``ids`` ``None``) or a shortlist's
+    sorted ids with their weight rows (gathered once per batch, fed to the restricted graphs)."""
+
+    def __init__(self, ids: Optional[np.ndarray], weight: Optional[np.ndarray] = None, bias: Optional[np.ndarray] = None):
+        self.ids, self.weight, self.bias = ids, weight, bias
+
+    def feeds(self) -> Dict[str, np.ndarray]:
+        return {} if self.ids is None else {"out_weight": self.weight, "out_bias": self.bias}
+
+    def to_full(self, rows: np.ndarray) -> np.ndarray:
+        return rows if self.ids is None else self.ids[rows]
+
+    def position(self, token: int) -> Optional[int]:
+        if self.ids is None:
+            return token
+        i = int(np.searchsorted(self.ids, token))
+        return i if i < self.ids.size and int(self.ids[i]) == token else None
+
+    def positions(self, tokens: Sequence[int]) -> List[int]:
+        found = (self.position(int(t)) for t in tokens)
+        return [p for p in found if p is not None]
+
+
+class ExportedModel:
+    """The sessions of an exported folder, made on first use. ``threads``: ONNX Runtime's
+    intra-op threads (inter-op 1: the graphs are chains of operators)."""
+
+    def __init__(self, folder: str, threads: int = 1):
+        import onnxruntime as ort
+
+        self.folder = folder
+        self.config = read_config(folder)
+        c = self.config
+        self.kind = c["kind"]
+        self.layers, self.heads, self.head_dim = c["layers"], c["heads"], c["head_dim"]
+        self.vocab_size = c["vocab_size"]
+        self.pad, self.eos, self.unk = c["pad"], c["eos"], c["unk"]
+        self.chunk_start = {int(k): v for k, v in c["chunk_start"].items()}
+        self.threads = threads
+        self._options = ort.SessionOptions()
+        self._options.intra_op_num_threads = max(1, int(threads))
+        self._options.inter_op_num_threads = 1
+        self._options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._ort = ort
+        self._sessions: Dict[str, object] = {}
+        self._output_weight: Optional[np.ndarray] = None
+        self.past_names = [f"past_k{i}" for i in range(self.layers)] + [f"past_v{i}" for i in range(self.layers)]
+
+    def session(self, graph: str):
+        if graph not in self._sessions:
+            name = self.config["graphs"].get(graph)
+            if name is None:
+                raise ValueError(f"{self.folder} has no {graph} graph (a {self.kind} model; graphs: "
+                                 f"{', '.join(self.config['graphs'])})")
+            self._sessions[graph] = self._ort.InferenceSession(os.path.join(self.folder, name), self._options,
+                                                               providers=["CPUExecutionProvider"])
+        return self._sessions[graph]
+
+    # ------------------------------------------------------------------------ passes
+
+    def encode(self, src_tokens: np.ndarray) -> Encoded:
+        """Source tokens ``(B, S)`` (left-padded, ending in ``</s>``, as fairseq batches them)."""
+        out = self.session("encoder").run(None, {"src_tokens": np.ascontiguousarray(src_tokens, dtype=np.int64)})
+        return Encoded(out[0], out[1:1 + self.layers], out[1 + self.layers:])
+
+    def empty_past(self, rows: int) -> List[np.ndarray]:
+        return [np.zeros((rows, self.heads, 0, self.head_dim), np.float32) for _ in range(2 * self.layers)]
+
+    def step(self, encoded: Encoded, tokens: np.ndarray, step: int, stride: int, logit_bias: np.ndarray,
+             past: List[np.ndarray], rows: OutputRows, top: int = 1):
+        """One left-to-right step of ``tokens`` ``(N,)`` at position ``step x stride``. Returns
+        ``(choice, present)``: ``top`` 1: ``(score (N,), row (N,))``; else ``(logits (N, top),
+        rows (N, top), log_norm (N,))``; present: the grown past keys/values."""
+        restricted = "_restricted" if rows.ids is not None else ""
+        feeds = {"tokens": tokens, "step": np.array(step, np.int64), "stride": np.array(stride, np.int64),
+                 "logit_bias": logit_bias, **encoded.feeds(), **dict(zip(self.past_names, past)), **rows.feeds()}
+        if top == 1:
+            out = self.session("step" + restricted).run(None, feeds)
+            return (out[0], out[1]), out[2:]
+        feeds["k"] = np.array([top], np.int64)
+        out = self.session("step_top" + restricted).run(None, feeds)
+        return (out[0], out[1], out[2]), out[3:]
+
+    def parallel(self, encoded: Encoded, tokens: np.ndarray, positions: np.ndarray, select: np.ndarray,
+                 logit_bias: np.ndarray, rows: OutputRows):
+        """One non-causal pass: ``(score (M,), row (M,))`` of the best allowed token of the
+        slots ``select`` (flat indices into ``tokens`` ``(B, T)``); ``encoded`` has B rows."""
+        restricted = "_restricted" if rows.ids is not None else ""
+        feeds = {"tokens": tokens, "positions": positions, "select": select, "logit_bias": logit_bias,
+                 **encoded.feeds(), **rows.feeds()}
+        return tuple(self.session("parallel" + restricted).run(None, feeds))
+
+    # ------------------------------------------------------------------- output rows
+
+    def output_weight(self) -> np.ndarray:
+        """The output projection's weight ``(V, C)`` (read from the step graph once)."""
+        if self._output_weight is None:
+            path = os.path.join(self.folder, "output_weight.npy")
+            self._output_weight = np.load(path, mmap_mode="r")
+        return self._output_weight
+
+    def rows(self, ids: Optional[np.ndarray]) -> OutputRows:
+        """The output rows ``ids`` (sorted; ``None``: the whole vocabulary)."""
+        if ids is None:
+            return OutputRows(None)
+        ids = np.asarray(ids, np.int64)
+        weight = np.ascontiguousarray(self.output_weight()[ids], dtype=np.float32)
+        bias_path = os.path.join(self.folder, "output_bias.npy")
+        bias = np.load(bias_path)[ids].astype(np.float32) if os.path.isfile(bias_path) else np.zeros(ids.size, np.float32)
+        return OutputRows(ids, weight, bias)

@@ -1,0 +1,332 @@
+"""Greedy, beam and HRT search over an :class:`~hrt_runtime.model.ExportedModel`, on numpy arrays.
+
+The one search of ``--decoder-engine onnxruntime`` and of the deployed runtime. It follows the
+lean engine (:mod:`fairseq_hrt.generation.lean`) rule for rule, so both give the same tokens:
+fairseq's maximum length ``min(a x S + b, max positions - 1)`` (``S``: the padded source
+width), ``</s>`` banned before ``min_len`` and forced at the maximum length, the banned
+symbols, ``unk_penalty``, fairseq's ``BeamSearch`` (2 x beam candidates, ``</s>`` only among
+the first beam), finished sentences leaving the batch, scores normalised by
+``length ** len_penalty``. The rules reach the exported step as one additive ``logit_bias``
+over the output rows (:class:`Rules`); the step returns only the chosen ids and scores.
+
+HRT (:func:`hrt`): stage I is this search from ``<s_k>`` (positions ``0, k, 2k, ..``) for at
+most ``L / k`` steps; stage II puts ``k - 1`` masks before every skeleton token
+(:func:`stage2_input`, the numpy twin of :func:`fairseq_hrt.chunking.stage2_input`) and fills
+them in one non-causal pass, on groups of skeletons of similar length (:func:`length_buckets`).
+"""
+import math
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from hrt_runtime.model import Encoded, ExportedModel, OutputRows
+
+Hypothesis = Dict[str, object]  # tokens (T,) int64, score float, positional_scores (T,) float32[, steps]
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """fairseq's generation options, with its defaults."""
+
+    beam: int = 5
+    max_len_a: float = 0.0
+    max_len_b: int = 200
+    min_len: int = 1
+    normalize_scores: bool = True
+    len_penalty: float = 1.0
+    unk_penalty: float = 0.0
+
+    def for_chunk_size(self, k: int) -> "SearchConfig":
+        """Stage I of chunk size ``k`` makes at most ``L / k`` steps."""
+        if k == 1:
+            return self
+        return replace(self, max_len_a=self.max_len_a / k, max_len_b=int(self.max_len_b // k))
+
+    def max_len(self, source_width: int, cap: int) -> int:
+        max_len = min(int(self.max_len_a * source_width + self.max_len_b), cap)
+        if self.min_len > max_len:
+            raise ValueError("min_len cannot be larger than max_len, please adjust these!")
+        return max_len
+
+
+class Rules:
+    """The search rules as additive logit biases over the output rows ``rows``: the usual
+    one, the one before ``min_len`` (``</s>`` banned too) and the one at the maximum length
+    (only ``</s>``)."""
+
+    def __init__(self, config: SearchConfig, eos: int, unk: int, banned: Sequence[int], rows: OutputRows, size: int):
+        self.config = config
+        eos_row = rows.position(eos)
+        if eos_row is None:
+            raise ValueError("the shortlist's candidates lack </s>")
+        usual = np.zeros(size, np.float32)
+        usual[rows.positions(banned)] = -np.inf
+        if config.unk_penalty and rows.position(unk) is not None:
+            usual[rows.position(unk)] -= config.unk_penalty
+        early = usual.copy()
+        early[eos_row] = -np.inf
+        final = np.full(size, -np.inf, np.float32)
+        final[eos_row] = 0.0
+        self.usual, self.early, self.final = usual, early, final
+
+    def bias(self, step: int, max_len: int) -> np.ndarray:
+        if step >= max_len:
+            return self.final
+        return self.early if step < self.config.min_len else self.usual
+
+
+def positional_scores(cumulative: np.ndarray) -> np.ndarray:
+    scores = cumulative.copy()
+    scores[:, 1:] = cumulative[:, 1:] - cumulative[:, :-1]
+    return scores
+
+
+def left_to_right(model: ExportedModel, encoded: Encoded, source_width: int, config: SearchConfig,
+                  banned: Sequence[int], start: Optional[int] = None, rows: Optional[OutputRows] = None) -> List[List[Hypothesis]]:
+    """Greedy (``config.beam`` 1) or beam search from ``start`` (default ``</s>``; ``<s_k>``:
+    Skip-AT with stride k) for every sentence of ``encoded``."""
+    rows = rows or OutputRows(None)
+    start = model.eos if start is None else start
+    stride = next((k for k, s in model.chunk_start.items() if s == start), 1)
+    max_len = config.max_len(source_width, model.config["max_target_positions"] - 1)
+    size = model.vocab_size if rows.ids is None else rows.ids.size
+    rules = Rules(config, model.eos, model.unk, banned, rows, size)
+    if config.beam < 1:
+        raise ValueError("--beam must be >= 1")
+    if config.beam == 1:
+        return _greedy(model, encoded, max_len, start, stride, rules, rows, config)
+    if 2 * config.beam > size - 1:
+        raise ValueError(f"--beam {config.beam} is too large for the {size} output rows of this batch")
+    return _beam(model, encoded, max_len, start, stride, rules, rows, config)
+
+
+def _normalised(config: SearchConfig, cumulative, length: int):
+    return cumulative / length**config.len_penalty if config.normalize_scores else cumulative
+
+
+def _finalize(config, finalized, sentences, tokens, cumulative, step):
+    scores = _normalised(config, cumulative[:, step], step + 1)
+    per_token = positional_scores(cumulative)
+    for r, sent in enumerate(sentences):
+        finalized[sent].append({"tokens": tokens[r].copy(), "score": float(scores[r]), "positional_scores": per_token[r].copy()})
+
+
+def _greedy(model, encoded, max_len, start, stride, rules, rows, config):
+    bsz = encoded.bias.shape[0]
+    tokens = np.empty((bsz, max_len + 1), np.int64)
+    cumulative = np.empty((bsz, max_len + 1), np.float32)
+    sentence = np.arange(bsz)
+    prev = np.full(bsz, start, np.int64)
+    past = model.empty_past(bsz)
+    finalized: List[List[Hypothesis]] = [[] for _ in range(bsz)]
+    for step in range(max_len + 1):
+        (score, row), past = model.step(encoded, prev, step, stride, rules.bias(step, max_len), past, rows)
+        token = rows.to_full(row)
+        tokens[:, step] = token
+        cumulative[:, step] = score if step == 0 else cumulative[:, step - 1] + score
+        done = token == model.eos
+        if step < max_len and not done.any():
+            prev = token
+            continue
+        finished = np.flatnonzero(done) if step < max_len else np.arange(token.size)
+        _finalize(config, finalized, sentence[finished].tolist(), tokens[finished, : step + 1], cumulative[finished, : step + 1], step)
+        keep = np.flatnonzero(~done)
+        if step == max_len or keep.size == 0:
+            break
+        # finished sentences leave the batch
+        past = [p[keep] for p in past]
+        encoded = encoded.select(keep)
+        tokens, cumulative = tokens[keep], cumulative[keep]
+        sentence, prev = sentence[keep], token[keep]
+    return finalized
+
+
+def _top(values: np.ndarray, k: int):
+    """``(values, index)`` of the ``k`` largest of every row, best first (ties: lower index first)."""
+    index = np.argsort(-values, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(values, index, axis=1), index
+
+
+def _beam(model, encoded, max_len, start, stride, rules, rows, config):
+    beam = config.beam
+    cand_size = 2 * beam
+    bsz = encoded.bias.shape[0]
+    tokens = np.empty((bsz, max_len + 1), np.int64)
+    cumulative = np.empty((bsz, max_len + 1), np.float32)
+    sentence = np.arange(bsz)
+    prev = np.full(bsz, start, np.int64)
+    ignore = np.zeros((bsz, beam), bool)
+    cand_offsets = np.arange(cand_size)
+    finalized: List[List[Hypothesis]] = [[] for _ in range(bsz)]
+    past = model.empty_past(bsz)
+    rows_per_sentence = 1
+    for step in range(max_len + 1):
+        (top_logits, top_rows, log_norm), past = model.step(encoded, prev, step, stride, rules.bias(step, max_len), past, rows,
+                                                            top=cand_size)
+        top_tokens = rows.to_full(top_rows)
+        row_scores = top_logits - log_norm[:, None]
+        if step > 0:
+            row_scores = row_scores + cumulative[:, step - 1 : step]
+        n_sent = row_scores.shape[0] // rows_per_sentence
+        flat = row_scores.reshape(n_sent, rows_per_sentence * cand_size)
+        cand_scores, index = _top(flat, cand_size)
+        cand_tokens = np.take_along_axis(top_tokens.reshape(n_sent, -1), index, axis=1)
+        cand_rows = index // cand_size + (np.arange(n_sent) * rows_per_sentence)[:, None]
+
+        eos_mask = (cand_tokens == model.eos) & (cand_scores != -np.inf)
+        eos_mask[:, :beam] &= ~ignore
+        eos_top = eos_mask[:, :beam]
+        finished_sent = []
+        if eos_top.any():
+            where = np.argwhere(eos_top)  # row-major, as fairseq
+            ended_rows = cand_rows[where[:, 0], where[:, 1]]
+            ended = np.concatenate([tokens[ended_rows, :step], np.full((ended_rows.size, 1), model.eos, np.int64)], axis=1)
+            ended_scores = cand_scores[where[:, 0], where[:, 1]]
+            if step > 0:
+                ended_cum = np.concatenate([cumulative[ended_rows, :step], ended_scores[:, None]], axis=1)
+            else:
+                ended_cum = ended_scores[:, None]
+            scores = _normalised(config, ended_scores, step + 1)
+            per_token = positional_scores(ended_cum)
+            for j, s in enumerate(where[:, 0].tolist()):
+                sent = int(sentence[s])
+                if len(finalized[sent]) < beam:
+                    finalized[sent].append({"tokens": ended[j], "score": float(scores[j]), "positional_scores": per_token[j]})
+                if len(finalized[sent]) == beam or step == max_len:
+                    finished_sent.append(s)
+        if step == max_len:
+            break
+        if finished_sent:
+            keep = np.ones(n_sent, bool)
+            keep[finished_sent] = False
+            if not keep.any():
+                break
+            kept = np.flatnonzero(keep)
+            eos_mask, cand_rows, cand_scores, cand_tokens, ignore = (a[kept] for a in (eos_mask, cand_rows, cand_scores, cand_tokens, ignore))
+            sentence = sentence[kept]
+            encoded = encoded.select(kept)
+        eos_mask[:, :beam] |= ignore
+        active_mask = eos_mask.astype(np.int64) * cand_size + cand_offsets
+        active = np.argsort(active_mask, axis=1, kind="stable")[:, :beam]
+        ignore = np.take_along_axis(active_mask, active, axis=1) >= cand_size
+        active_rows = np.take_along_axis(cand_rows, active, axis=1).reshape(-1)
+        prev = np.take_along_axis(cand_tokens, active, axis=1).reshape(-1)
+        tokens = tokens[active_rows]
+        cumulative = cumulative[active_rows]
+        tokens[:, step] = prev
+        cumulative[:, step] = np.take_along_axis(cand_scores, active, axis=1).reshape(-1)
+        past = [p[active_rows] for p in past]
+        rows_per_sentence = beam
+    for hypos in finalized:
+        hypos.sort(key=lambda h: h["score"], reverse=True)
+    return finalized
+
+
+# ------------------------------------------------------------------------------- HRT
+
+
+def stage2_input(skeleton: np.ndarray, k: int, pad: int, mask: int):
+    """``(tokens, positions, target)`` of stage II: ``k - 1`` masks before every skeleton token
+    (``skeleton`` ``(B, M)`` right-padded); positions ``1..m k`` (0 on padding); ``target``:
+    the skeleton spread onto its slots, pad elsewhere."""
+    bsz, m = skeleton.shape
+    steps = (skeleton != pad).sum(axis=1)
+    width = int((steps * k).max()) if bsz else 0
+    slot = np.arange(width)[None, :]
+    real = slot < (steps * k)[:, None]
+    final = ((slot + 1) % k == 0) & real
+    source_index = np.clip((slot + 1) // k - 1, 0, max(m - 1, 0))
+    spread = np.take_along_axis(skeleton, np.broadcast_to(source_index, (bsz, width)), axis=1) if m else np.full((bsz, width), pad)
+    tokens = np.where(final, spread, mask)
+    tokens[~real] = pad
+    positions = np.where(real, slot + 1, 0)
+    return tokens.astype(np.int64), positions.astype(np.int64), np.where(final, spread, pad)
+
+
+def truncate_at_first_eos(tokens: np.ndarray, eos: int, pad: int) -> np.ndarray:
+    is_eos = (tokens == eos).astype(np.int64)
+    before = np.cumsum(is_eos, axis=1) - is_eos
+    return np.where(before > 0, pad, tokens)
+
+
+def length_buckets(lengths: List[int], max_padding: float) -> List[List[int]]:
+    """Rows grouped by length (see :func:`fairseq_hrt.generation.hrt_generator.length_buckets`)."""
+    order = sorted(range(len(lengths)), key=lambda r: lengths[r])
+    buckets: List[List[int]] = []
+    for r in order:
+        if buckets and lengths[r] <= (1 + max_padding) * lengths[buckets[-1][0]] + 1:
+            buckets[-1].append(r)
+        else:
+            buckets.append([r])
+    return buckets
+
+
+def _pad_stack(arrays: List[np.ndarray], value, dtype) -> np.ndarray:
+    out = np.full((len(arrays), max(a.size for a in arrays)), value, dtype)
+    for i, a in enumerate(arrays):
+        out[i, : a.size] = a
+    return out
+
+
+def fill_skeletons(model: ExportedModel, encoded: Encoded, skeletons: List[Hypothesis], sentence_of_row: List[int], k: int,
+                   banned_bias: np.ndarray, len_penalty: float, rows: OutputRows) -> List[Hypothesis]:
+    """Stage II over one group of skeletons (each ending in ``</s>``): their hypotheses, in order."""
+    pad, mask, eos = model.pad, model.config["mask"], model.eos
+    skeleton = _pad_stack([h["tokens"] for h in skeletons], pad, np.int64)
+    skeleton_scores = _pad_stack([np.asarray(h["positional_scores"], np.float32) for h in skeletons], 0.0, np.float32)
+    tokens, positions, target = stage2_input(skeleton, k, pad, mask)
+    scores = np.zeros(tokens.shape, np.float32)
+    scores[target != pad] = skeleton_scores[skeleton != pad]
+    is_mask = tokens == mask
+    select = np.flatnonzero(is_mask)
+    filled = tokens.copy()
+    if select.size:
+        mask_scores, mask_rows = model.parallel(encoded.select(np.asarray(sentence_of_row)), tokens, positions, select,
+                                                banned_bias, rows)
+        filled.reshape(-1)[select] = rows.to_full(mask_rows)
+        scores.reshape(-1)[select] = mask_scores
+    filled = truncate_at_first_eos(filled, eos, pad)
+    kept = filled != pad
+    scores = np.where(kept, scores, 0.0).astype(np.float32)
+    lengths = kept.sum(axis=1)
+    final = scores.sum(axis=1) / lengths.astype(np.float32) ** len_penalty
+    out = []
+    for r in range(len(skeletons)):
+        n = int(lengths[r])
+        out.append({"tokens": filled[r, :n].copy(), "score": float(final[r]), "positional_scores": scores[r, :n].copy(),
+                    "steps": int(skeletons[r]["tokens"].size)})
+    return out
+
+
+def hrt(model: ExportedModel, encoded: Encoded, source_width: int, config: SearchConfig, k: int, banned: Sequence[int],
+        b_nat: int = 1, bucket_padding: float = 0.25, rows: Optional[OutputRows] = None) -> List[List[Hypothesis]]:
+    """Hybrid-regressive decoding with chunk size ``k`` (1: AT mode) and beam ``config.beam``
+    (``b_at``) in stage I, ``b_nat`` skeletons per sentence filled by stage II."""
+    if b_nat < 1:
+        raise ValueError(f"--b-nat must be >= 1, got {b_nat}")
+    if b_nat > config.beam:
+        raise ValueError(f"HRT decoding needs b_at >= b_nat, got --beam {config.beam} < --b-nat {b_nat}")
+    rows = rows or OutputRows(None)
+    if k == 1:
+        return left_to_right(model, encoded, source_width, config, banned, rows=rows)
+    if k not in model.chunk_start:
+        raise ValueError(f"chunk size {k}: this model has start symbols for {sorted(model.chunk_start)} only")
+    skeletons = left_to_right(model, encoded, source_width, config.for_chunk_size(k), banned, start=model.chunk_start[k], rows=rows)
+    size = model.vocab_size if rows.ids is None else rows.ids.size
+    banned_bias = np.zeros(size, np.float32)
+    banned_bias[rows.positions(banned)] = -np.inf
+    flat, sentence_of_row = [], []
+    for sent, hypos in enumerate(skeletons):
+        for hypo in hypos[:b_nat]:
+            flat.append(hypo)
+            sentence_of_row.append(sent)
+    out: List[List[Hypothesis]] = [[] for _ in skeletons]
+    for bucket in length_buckets([h["tokens"].size for h in flat], bucket_padding):
+        filled = fill_skeletons(model, encoded, [flat[r] for r in bucket], [sentence_of_row[r] for r in bucket], k,
+                                banned_bias, config.len_penalty, rows)
+        for r, hypo in zip(bucket, filled):
+            out[sentence_of_row[r]].append(hypo)
+    for hypos in out:
+        hypos.sort(key=lambda h: h["score"], reverse=True)
+    return out
