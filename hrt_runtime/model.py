@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-FORMAT, VERSION = "fairseq-hrt-onnx", 1
+FORMAT, VERSION = "fairseq-hrt-onnx", 2
 
 
 def read_config(folder: str) -> Dict:
@@ -83,6 +83,8 @@ class ExportedModel:
         self.pad, self.eos, self.unk = c["pad"], c["eos"], c["unk"]
         self.chunk_start = {int(k): v for k, v in c["chunk_start"].items()}
         self.threads = threads
+        self.window = int(c.get("relative_window", 0))
+        self._buckets: Dict = {}
         self._options = ort.SessionOptions()
         self._options.intra_op_num_threads = max(1, int(threads))
         self._options.inter_op_num_threads = 1
@@ -112,20 +114,32 @@ class ExportedModel:
     def empty_past(self, rows: int) -> List[np.ndarray]:
         return [np.zeros((rows, self.heads, 0, self.head_dim), np.float32) for _ in range(2 * self.layers)]
 
+    def buckets(self, step: int, stride: int) -> np.ndarray:
+        """The relative-key index of keys ``0..step`` (positions ``j x stride``) seen from ``step``."""
+        key = (step, stride)
+        found = self._buckets.get(key)
+        if found is None:
+            w = self.window
+            found = self._buckets[key] = (np.clip((np.arange(step + 1) - step) * stride, -w, w) + w).astype(np.int64)
+        return found
+
     def step(self, encoded: Encoded, tokens: np.ndarray, step: int, stride: int, logit_bias: np.ndarray,
              past: List[np.ndarray], rows: OutputRows, top: int = 1):
-        """One left-to-right step of ``tokens`` ``(N,)`` at position ``step x stride``. Returns
-        ``(choice, present)``: ``top`` 1: ``(score (N,), row (N,))``; else ``(logits (N, top),
-        rows (N, top), log_norm (N,))``; present: the grown past keys/values."""
+        """One left-to-right step of ``tokens`` ``(N,)`` at position ``step x stride``;
+        ``encoded`` has one row per hypothesis. Returns ``(choice, present)``: ``top`` 1:
+        ``(score (N,), row (N,))``; else ``(scores (N, top), rows (N, top))``, scores
+        normalised log-probabilities; present: the grown past keys/values."""
         restricted = "_restricted" if rows.ids is not None else ""
-        feeds = {"tokens": tokens, "step": np.array(step, np.int64), "stride": np.array(stride, np.int64),
-                 "logit_bias": logit_bias, **encoded.feeds(), **dict(zip(self.past_names, past)), **rows.feeds()}
+        feeds = {"tokens": tokens, "position": np.array([step * stride], np.int64), "logit_bias": logit_bias,
+                 **encoded.feeds(), **dict(zip(self.past_names, past)), **rows.feeds()}
+        if self.window > 0:
+            feeds["buckets"] = self.buckets(step, stride)
         if top == 1:
             out = self.session("step" + restricted).run(None, feeds)
             return (out[0], out[1]), out[2:]
         feeds["k"] = np.array([top], np.int64)
         out = self.session("step_top" + restricted).run(None, feeds)
-        return (out[0], out[1], out[2]), out[3:]
+        return (out[0], out[1]), out[2:]
 
     def parallel(self, encoded: Encoded, tokens: np.ndarray, positions: np.ndarray, select: np.ndarray,
                  logit_bias: np.ndarray, rows: OutputRows):

@@ -161,11 +161,11 @@ def _beam(model, encoded, max_len, start, stride, rules, rows, config):
     finalized: List[List[Hypothesis]] = [[] for _ in range(bsz)]
     past = model.empty_past(bsz)
     rows_per_sentence = 1
+    encoded_rows = encoded  # one row per hypothesis: step 0 has one per sentence
     for step in range(max_len + 1):
-        (top_logits, top_rows, log_norm), past = model.step(encoded, prev, step, stride, rules.bias(step, max_len), past, rows,
-                                                            top=cand_size)
+        (row_scores, top_rows), past = model.step(encoded_rows, prev, step, stride, rules.bias(step, max_len), past, rows,
+                                                  top=cand_size)
         top_tokens = rows.to_full(top_rows)
-        row_scores = top_logits - log_norm[:, None]
         if step > 0:
             row_scores = row_scores + cumulative[:, step - 1 : step]
         n_sent = row_scores.shape[0] // rows_per_sentence
@@ -217,6 +217,8 @@ def _beam(model, encoded, max_len, start, stride, rules, rows, config):
         tokens[:, step] = prev
         cumulative[:, step] = np.take_along_axis(cand_scores, active, axis=1).reshape(-1)
         past = [p[active_rows] for p in past]
+        if rows_per_sentence != beam or finished_sent:  # a sentence's rows share its encoder rows
+            encoded_rows = encoded.select(np.repeat(np.arange(sentence.size), beam))
         rows_per_sentence = beam
     for hypos in finalized:
         hypos.sort(key=lambda h: h["score"], reverse=True)

@@ -36,7 +36,7 @@ from fairseq_hrt.models.kinds import AT, HRT, model_kind, unwrap
 logger = logging.getLogger(__name__)
 
 FORMAT = "fairseq-hrt-onnx"
-VERSION = 1
+VERSION = 2
 OPSET = 17
 CONFIG = "config.json"
 
@@ -155,34 +155,39 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     files["encoder"] = "encoder.onnx"
 
     logit_bias = torch.zeros(V)
+    window = int(pass_.window)
     r = min(16, V)  # an example shortlist's rows
     out_rows = [decoder.output_projection.weight[:r].clone(), torch.zeros(r)]
+    rows_kv = [x.repeat_interleave(2, dim=0) for x in (bias, *enc_kv)]  # step graphs: one row per hypothesis
     for restricted_rows in ((False, True) if restricted else (False,)):
         suffix = "_restricted" if restricted_rows else ""
         rows_in = ["out_weight", "out_bias"] if restricted_rows else []
         rows_args = out_rows if restricted_rows else []
         rows_dyn = {"out_weight": {0: "V"}, "out_bias": {0: "V"}} if restricted_rows else {}
-        step_in = ["tokens", "step", "stride", "logit_bias", "encoder_bias", *enc_names, *past, *rows_in]
+        bias_arg = logit_bias[:r] if restricted_rows else logit_bias
+        relative_in = ["buckets"] if window > 0 else []
+        relative_args = [torch.arange(t + 1).clamp(max=2 * window)] if window > 0 else []
+        step_in = ["tokens", "position", *relative_in, "logit_bias", "encoder_bias", *enc_names, *past, *rows_in]
         caches = [torch.zeros(2 * B, heads, t, head_dim) for _ in range(2 * layers)]
-        step_args = (torch.full((2 * B,), tgt_dict.eos()), torch.tensor(t), torch.tensor(1),
-                     logit_bias[:r] if restricted_rows else logit_bias, bias, *enc_kv, *caches, *rows_args)
-        step_dyn = {"tokens": {0: "N"}, "logit_bias": {0: "V"}, "encoder_bias": {0: "B", 3: "S"},
-                    **{n: {0: "B", 2: "S"} for n in enc_names}, **{n: {0: "N", 2: "t"} for n in past},
+        step_args = (torch.full((2 * B,), tgt_dict.eos()), torch.tensor([t]), *relative_args, bias_arg, *rows_kv, *caches,
+                     *rows_args)
+        step_dyn = {"tokens": {0: "N"}, "buckets": {0: "t1"}, "logit_bias": {0: "V"}, "encoder_bias": {0: "N", 3: "S"},
+                    **{n: {0: "N", 2: "S"} for n in enc_names}, **{n: {0: "N", 2: "t"} for n in past},
                     **{n: {0: "N", 2: "t1"} for n in present}, **rows_dyn}
+        if window == 0:
+            del step_dyn["buckets"]
         export(StepGraph(model, max_positions, top=1, restricted=restricted_rows), step_args, step_in,
                ["score", "token", *present], {**step_dyn, "score": {0: "N"}, "token": {0: "N"}}, f"step{suffix}.onnx")
         path = export(StepGraph(model, max_positions, top=4, restricted=restricted_rows), step_args, step_in,
-                      ["top_logits", "top_index", "log_norm", *present],
-                      {**step_dyn, "top_logits": {0: "N", 1: "K"}, "top_index": {0: "N", 1: "K"}, "log_norm": {0: "N"}},
-                      f"step_top{suffix}.onnx")
+                      ["top_scores", "top_rows", *present],
+                      {**step_dyn, "top_scores": {0: "N", 1: "K"}, "top_rows": {0: "N", 1: "K"}}, f"step_top{suffix}.onnx")
         _k_as_input(path)
         files[f"step{suffix}"] = f"step{suffix}.onnx"
         files[f"step_top{suffix}"] = f"step_top{suffix}.onnx"
         if kind == HRT:
             T = 6
             par_args = (torch.full((B, T), tgt_dict.unk()), torch.arange(1, T + 1).expand(B, T).contiguous(),
-                        torch.arange(0, B * T, 2), logit_bias[:r] if restricted_rows else logit_bias, bias, *enc_kv,
-                        *rows_args)
+                        torch.arange(0, B * T, 2), bias_arg, bias, *enc_kv, *rows_args)
             export(ParallelGraph(model, max_positions, restricted=restricted_rows), par_args,
                    ["tokens", "positions", "select", "logit_bias", "encoder_bias", *enc_names, *rows_in], ["score", "token"],
                    {"tokens": {0: "B", 1: "T"}, "positions": {0: "B", 1: "T"}, "select": {0: "M"}, "logit_bias": {0: "V"},
@@ -215,6 +220,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         "embed_dim": int(C),
         "vocab_size": V,
         "max_target_positions": max_positions,
+        "relative_window": window,
         "max_source_positions": int(model.max_positions()[0]) if isinstance(model.max_positions(), tuple) else max_positions,
         "pad": tgt_dict.pad(), "eos": tgt_dict.eos(), "unk": tgt_dict.unk(), "bos": tgt_dict.bos(),
         "source_eos": src_dict.eos(), "source_pad": src_dict.pad(), "source_unk": src_dict.unk(),

@@ -1,25 +1,37 @@
 """The passes of a model as ``nn.Module``s of fixed inputs and outputs, for ``torch.onnx.export``.
 
-Each graph is written over the decoder's one planned pass
-(:class:`~fairseq_hrt.generation.decoder_pass.StepPlan` and
-:func:`~fairseq_hrt.generation.decoder_pass.layer_forward`): the same fused weights and the
-same layer function as the lean engine, only the caches differ. ONNX Runtime cannot write into
-an input, so a step takes the past keys/values ``(N, H, t, d)`` of every layer and returns
-them grown by its own position (``present``), and the caller feeds them to the next step.
+The decoder graphs run the decoder's one planned pass
+(:class:`~fairseq_hrt.generation.decoder_pass.StepPlan`, the layer structure of
+:func:`~fairseq_hrt.generation.decoder_pass.layer_forward`, :func:`attention`); only what an
+exported graph does better differs:
 
-* :class:`EncoderGraph`: source tokens -> every decoder layer's encoder-attention keys/values
-  and the source padding bias (projected once per batch, as :class:`EncoderKV`).
-* :class:`StepGraph`: one left-to-right step at ``step x stride`` (AT: stride 1; Skip-AT:
-  ``k``, with its key-only relative positions), ending in the search's choice: with
-  ``top = 1`` the best allowed token and its log-probability, with ``top = K`` the ``K`` best
-  allowed logits, their ids and the row's log-sum-exp (beam search normalises only those).
-  The rules (banned symbols, ``</s>`` before ``--min-len`` or forced at the maximum length,
-  ``--unkpen``) come in as an additive ``logit_bias`` over the output rows.
-* :class:`ParallelGraph`: one non-causal pass over tokens at given positions (HRT's stage II,
-  Mask-Predict), ending in the best allowed token of every slot and its log-probability.
+* ONNX Runtime cannot write into an input, so a step takes the past keys/values
+  ``(N, H, t, d)`` of every layer and returns them grown by its own position (``present``),
+  and the caller feeds them to the next step;
+* the queries' scaling is folded into their projection weights, and every reshape has a
+  constant shape (``-1`` for the rows): a traced ``view(n, ...)`` costs four shape operators
+  per use, which at batch 1 cost as much as the matrix products;
+* a step's encoder keys/values come one row per hypothesis (beam search repeats a sentence's
+  rows for its beam, once, in numpy), and its position row and relative-key buckets come as
+  inputs: arithmetic the caller has anyway;
+* the choice ends the graph: ``log_softmax`` then ``TopK`` of ``log_probs + logit_bias``
+  (``-inf``: banned; the rules of :class:`~fairseq_hrt.generation.search_rules.SearchRules`),
+  so only ids and scores leave it (ONNX Runtime's ``ReduceLogSumExp`` took 3.6 ms of a 9.2 ms
+  step at batch 128, d = 256, V = 8000; its ``LogSoftmax`` takes 0.6 ms).
 
-With ``restricted=True`` a graph takes the output layer's weight rows (and bias) as inputs
-instead of holding the whole vocabulary's: a shortlist's rows, gathered once per batch.
+Graphs:
+
+* :class:`EncoderGraph`: source tokens ``(B, S)`` -> the padding bias ``(B, 1, 1, S)`` and every
+  decoder layer's encoder keys, then values ``(B, H, S, d)``.
+* :class:`StepGraph`: one left-to-right step. With ``top = 1`` the best allowed token and its
+  log-probability; with ``top = K`` (the exporter makes K an input) the K best allowed
+  log-probabilities and their rows.
+* :class:`ParallelGraph`: one non-causal pass over tokens at given positions (HRT's stage II),
+  the best allowed token and its log-probability for the selected slots only (stage II projects
+  only its masks onto the vocabulary).
+
+With ``restricted=True`` a decoder graph takes the output layer's rows (weight ``(V', C)``,
+bias ``(V',)``) as inputs: a shortlist's rows, gathered once per batch.
 """
 import math
 from typing import List, Optional
@@ -28,36 +40,69 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fairseq_hrt.generation.decoder_pass import EncoderKV, StepPlan, attention, decoder_pass, layer_forward
+from fairseq_hrt.generation.decoder_pass import StepPlan, attention, decoder_pass, layer_forward
 
 
-def output_weights(decoder):
-    """The output projection's weight ``(V, C)`` and bias (or ``None``) as plain tensors."""
-    projection = decoder.output_projection
-    return projection.weight.detach(), (projection.bias.detach() if getattr(projection, "bias", None) is not None else None)
+def scaled_projections(attn, with_kv: bool):
+    """``(weight, bias)`` of the fused q (scaled by the attention's scaling) [, k, v]
+    projections of a fairseq ``MultiheadAttention``."""
+    s = attn.scaling
+    weights = [attn.q_proj.weight * s] + ([attn.k_proj.weight, attn.v_proj.weight] if with_kv else [])
+    biases = [attn.q_proj.bias * s] + ([attn.k_proj.bias, attn.v_proj.bias] if with_kv else [])
+    return torch.cat(weights).detach(), torch.cat(biases).detach()
+
+
+def best_allowed(logits: Tensor, logit_bias: Tensor, top: int = 1):
+    """``(log-probabilities, rows)`` of the ``top`` best rows of ``log_softmax(logits) +
+    logit_bias``: the choice of :class:`SearchRules` (banned rows at ``-inf``, ``--unkpen``
+    taken off ``<unk>``'s score, normalised over every row)."""
+    allowed = F.log_softmax(logits.float(), dim=-1) + logit_bias
+    if top == 1:  # ReduceMax + ArgMax: faster than TopK(1), and no squeeze (an If node when traced)
+        return allowed.max(dim=-1)
+    return allowed.topk(top, dim=-1)
 
 
 class _DecoderGraph(nn.Module):
-    """What every decoder graph holds: the planned pass, the position table, the output rows."""
+    """What every decoder graph holds: the planned pass, the fused and scaled projections,
+    the position table, the output rows."""
 
     def __init__(self, model, max_positions: int, restricted: bool = False):
         super().__init__()
         decoder = model.decoder
-        self.pass_ = decoder_pass(decoder)
-        if self.pass_.recurrent:
+        pass_ = decoder_pass(decoder)
+        if pass_.recurrent:
             raise ValueError("an SSRU decoder cannot be exported (its cells need a recurrent step graph); "
                              "decode it with --decoder-engine lean")
-        with torch.no_grad():  # the fused weights become constants of the graph
+        with torch.no_grad():  # the planned weights become constants of the graph
             self.plan = StepPlan(decoder)
-        self.heads, self.head_dim = self.pass_.heads, self.pass_.head_dim
-        self.layers_count = len(self.plan.layers)
-        table = self.pass_.position_table(max_positions, 1, decoder.dictionary.eos(), decoder.embed_tokens.weight.device)
-        self.register_buffer("positions", table.detach() if table is not None else None, persistent=False)
-        self.window = self.pass_.window
+            self.self_qkv = [scaled_projections(layer.self_attn, True) for layer in decoder.layers]
+            self.encoder_q = [scaled_projections(layer.encoder_attn, False) for layer in decoder.layers]
+        self.heads, self.head_dim = pass_.heads, pass_.head_dim
+        self.dim = self.heads * self.head_dim
+        table = pass_.position_table(max_positions, 1, decoder.dictionary.eos(), decoder.embed_tokens.weight.device)
+        self.positions = table.detach() if table is not None else None
+        self.window = pass_.window
         self.restricted = restricted
 
-    def position_rows(self, positions: Tensor) -> Optional[Tensor]:
-        return None if self.positions is None else self.positions[positions]
+    def prologue(self, tokens: Tensor, position_rows: Optional[Tensor]) -> Tensor:
+        x = self.plan.embed(tokens)
+        if position_rows is not None:
+            x = x + position_rows
+        if self.plan.layernorm_embedding is not None:
+            x = self.plan.layernorm_embedding(x)
+        return x
+
+    def encoder_block(self, enc_k: List[Tensor], enc_v: List[Tensor], encoder_bias: Tensor, queries: int):
+        """Encoder attention over ``(B, H, S, d)`` keys/values for ``x`` ``(B, queries, C)``
+        (``queries`` 1: ``x`` is ``(B, C)``)."""
+
+        def block(layer, i, x):
+            q = F.linear(x, *self.encoder_q[i]).reshape(-1, queries, self.heads, self.head_dim).transpose(1, 2)
+            out = attention(q, enc_k[i], enc_v[i], None, None, encoder_bias).transpose(1, 2)
+            out = out.reshape(-1, self.dim) if queries == 1 else out.reshape(-1, queries, self.dim)
+            return layer.encoder_out(out)
+
+        return block
 
     def logits(self, x: Tensor, out_weight: Optional[Tensor], out_bias: Optional[Tensor]) -> Tensor:
         if not self.restricted:
@@ -65,91 +110,69 @@ class _DecoderGraph(nn.Module):
         return F.linear(self.plan.features(x), out_weight, out_bias)
 
 
-def best_allowed(logits: Tensor, logit_bias: Tensor):
-    """``(log-probability, index)`` of the best row of ``logits + logit_bias`` (``-inf``:
-    banned); normalised over the raw logits, as :class:`SearchRules` does."""
-    logits = logits.float()
-    best, token = (logits + logit_bias).max(dim=-1)
-    return best - torch.logsumexp(logits, dim=-1), token
-
-
 class StepGraph(_DecoderGraph):
-    """One left-to-right step; see the module's docstring. Inputs, in order: ``tokens (N,)``,
-    ``step ()``, ``stride ()``, ``logit_bias (V,)``, the encoder bias ``(B, 1, 1, S)``, per
-    layer encoder keys, values ``(B, H, S, d)``, per layer past keys, values ``(N, H, t, d)``,
-    and with ``restricted`` the output rows' weight ``(V, C)`` and bias ``(V,)``. Outputs: the
-    choice (``top`` 1: ``score (N,)``, ``token (N,)``; else ``logits (N, K)``, ``index (N, K)``,
-    ``log_norm (N,)``), then per layer present keys, values ``(N, H, t + 1, d)``."""
+    """One left-to-right step. Inputs, in order: ``tokens (N,)``, ``position (1,)`` (the row
+    of the position table: step x stride), [``buckets (t + 1,)``: the relative-key index of
+    every key seen from this step, decoders with relative positions], ``logit_bias (V,)``,
+    ``encoder_bias (N, 1, 1, S)``, per layer encoder keys, values ``(N, H, S, d)``, per layer
+    past keys, values ``(N, H, t, d)``, and with ``restricted`` the output rows' weight and bias.
+    Outputs: ``score (N,)``, ``token (N,)`` (``top`` 1) or ``top_scores (N, K)``, ``top_rows (N,
+    K)``; then per layer present keys, values ``(N, H, t + 1, d)``."""
 
     def __init__(self, model, max_positions: int, top: int = 1, restricted: bool = False):
         super().__init__(model, max_positions, restricted)
         self.top = top
 
-    def forward(self, tokens, step, stride, logit_bias, encoder_bias, *caches):
-        n_layers = self.layers_count
-        enc_k, enc_v = list(caches[0:n_layers]), list(caches[n_layers:2 * n_layers])
+    def forward(self, tokens, position, *inputs):
+        inputs = list(inputs)
+        buckets = inputs.pop(0) if self.window > 0 else None
+        logit_bias, encoder_bias = inputs[0], inputs[1]
+        n_layers = len(self.plan.layers)
+        caches = inputs[2:]
+        enc_k, enc_v = caches[0:n_layers], caches[n_layers:2 * n_layers]
         past_k, past_v = caches[2 * n_layers:3 * n_layers], caches[3 * n_layers:4 * n_layers]
         out_weight = out_bias = None
         if self.restricted:
             out_weight, out_bias = caches[4 * n_layers], caches[4 * n_layers + 1]
-        encoder = EncoderKV(enc_k, enc_v, encoder_bias)
-        n = tokens.size(0)
-        x = self.plan.embed(tokens)
-        if self.positions is not None:
-            x = x + self.positions.index_select(0, (step * stride).view(1))
-        if self.plan.layernorm_embedding is not None:
-            x = self.plan.layernorm_embedding(x)
-        buckets = None
-        if self.window > 0:  # keys at steps 0..step, positions j * stride, seen from step * stride
-            distance = (torch.arange(past_k[0].size(2) + 1, device=tokens.device) - step) * stride
-            buckets = distance.clamp(-self.window, self.window) + self.window
+        x = self.prologue(tokens, None if self.positions is None else self.positions.index_select(0, position))
         present_k: List[Tensor] = []
         present_v: List[Tensor] = []
 
         def self_block(layer, i, h):
-            q, k, v = layer.qkv(h)
-            q = (q * layer.scaling).view(n, self.heads, 1, self.head_dim)
-            keys = torch.cat([past_k[i], k.view(n, self.heads, 1, self.head_dim)], dim=2)
-            values = torch.cat([past_v[i], v.view(n, self.heads, 1, self.head_dim)], dim=2)
+            q, k, v = F.linear(h, *self.self_qkv[i]).split(self.dim, dim=-1)
+            shape = (-1, self.heads, 1, self.head_dim)
+            keys = torch.cat([past_k[i], k.reshape(shape)], dim=2)
+            values = torch.cat([past_v[i], v.reshape(shape)], dim=2)
             present_k.append(keys)
             present_v.append(values)
-            out = attention(q, keys, values, layer.relative_keys, buckets, None)
-            return layer.self_out(out.reshape(n, -1))
+            out = attention(q.reshape(shape), keys, values, layer.relative_keys, buckets, None)
+            return layer.self_out(out.reshape(-1, self.dim))
 
+        encoder_block = self.encoder_block(enc_k, enc_v, encoder_bias, 1)
         for i, layer in enumerate(self.plan.layers):
-            x = layer_forward(layer, i, x, self_block, encoder.attention)
-        logits = self.logits(x, out_weight, out_bias).float()
-        if self.top == 1:
-            score, token = best_allowed(logits, logit_bias)
-            return (score, token, *present_k, *present_v)
-        log_norm = torch.logsumexp(logits, dim=-1)
-        top_logits, index = (logits + logit_bias).topk(self.top, dim=-1)
-        return (top_logits, index, log_norm, *present_k, *present_v)
+            x = layer_forward(layer, i, x, self_block, encoder_block)
+        return (*best_allowed(self.logits(x, out_weight, out_bias), logit_bias, self.top), *present_k, *present_v)
 
 
 class ParallelGraph(_DecoderGraph):
-    """One non-causal pass; see the module's docstring. Inputs: ``tokens (B, T)``, their
-    ``positions (B, T)``, ``select (M,)`` (the slots to predict, flat indices into ``B x T``:
-    stage II projects only its masks onto the vocabulary), ``logit_bias (V,)``, the encoder
-    bias ``(B, 1, 1, S)``, per layer encoder keys, values (and with ``restricted`` the output
-    rows' weight and bias). Outputs: ``score (M,)``, ``token (M,)`` (rows of the output layer)."""
+    """One non-causal pass. Inputs: ``tokens (B, T)``, their ``positions (B, T)`` (rows of the
+    position table), ``select (M,)`` (the slots to predict, flat indices into ``B x T``),
+    ``logit_bias (V,)``, ``encoder_bias (B, 1, 1, S)``, per layer encoder keys, values (and
+    with ``restricted`` the output rows' weight and bias). Outputs: ``score (M,)``, ``token
+    (M,)`` (rows of the output layer)."""
 
     def __init__(self, model, max_positions: int, restricted: bool = False):
         super().__init__(model, max_positions, restricted)
         self.padding_idx = model.decoder.padding_idx
 
     def forward(self, tokens, positions, select, logit_bias, encoder_bias, *caches):
-        n_layers = self.layers_count
-        encoder = EncoderKV(list(caches[0:n_layers]), list(caches[n_layers:2 * n_layers]), encoder_bias)
+        n_layers = len(self.plan.layers)
+        enc_k, enc_v = caches[0:n_layers], caches[n_layers:2 * n_layers]
         out_weight = out_bias = None
         if self.restricted:
             out_weight, out_bias = caches[2 * n_layers], caches[2 * n_layers + 1]
         n, t = tokens.shape
-        x = self.plan.embed(tokens)
-        if self.positions is not None:
-            x = x + self.positions[positions]
-        if self.plan.layernorm_embedding is not None:
-            x = self.plan.layernorm_embedding(x)
+        x = self.prologue(tokens, None if self.positions is None else self.positions[positions])
         bias = torch.zeros(n, 1, 1, t, dtype=torch.float32, device=tokens.device).masked_fill(
             tokens.eq(self.padding_idx).view(n, 1, 1, t), -math.inf)
         buckets = None
@@ -158,31 +181,74 @@ class ParallelGraph(_DecoderGraph):
             buckets = buckets.unsqueeze(1).expand(n, self.heads, t, t)
 
         def self_block(layer, i, h):
-            q, k, v = layer.qkv(h)
             shape = (n, t, self.heads, self.head_dim)
-            q, k, v = (q * layer.scaling).view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
+            q, k, v = (y.reshape(shape).transpose(1, 2) for y in F.linear(h, *self.self_qkv[i]).split(self.dim, dim=-1))
             out = attention(q, k, v, layer.relative_keys, buckets, bias)
-            return layer.self_out(out.transpose(1, 2).reshape(n, t, -1))
+            return layer.self_out(out.transpose(1, 2).reshape(n, t, self.dim))
 
+        encoder_block = self.encoder_block(enc_k, enc_v, encoder_bias, t)
         for i, layer in enumerate(self.plan.layers):
-            x = layer_forward(layer, i, x, self_block, encoder.attention)
-        selected = x.reshape(n * t, -1).index_select(0, select)
+            x = layer_forward(layer, i, x, self_block, encoder_block)
+        selected = x.reshape(-1, self.dim).index_select(0, select)
         return best_allowed(self.logits(selected, out_weight, out_bias), logit_bias)
 
 
 class EncoderGraph(nn.Module):
-    """Source tokens ``(B, S)`` -> the encoder bias ``(B, 1, 1, S)`` and every decoder layer's
-    encoder keys, then values ``(B, H, S, d)``: the encoder and the projections the lean
-    engine makes once per batch (:meth:`DecoderPass.encoder`)."""
+    """Source tokens ``(B, S)`` (left-padded, as fairseq batches them) -> ``encoder_bias (B, 1,
+    1, S)`` and every decoder layer's encoder keys, then values ``(B, H, S, d)``. fairseq's
+    encoder (``TransformerEncoderBase``: scaled embeddings plus its positions, pre- or post-norm
+    layers, padding zeroed) written over its modules with fused, scaled projections: the
+    traced module would carry several hundred shape operators."""
 
     def __init__(self, model):
         super().__init__()
-        self.encoder = model.encoder
-        self.pass_ = decoder_pass(model.decoder)
-        self.padding_idx = model.encoder.padding_idx
+        encoder, decoder = model.encoder, model.decoder
+        pass_ = decoder_pass(decoder)
+        self.embed_tokens, self.embed_positions = encoder.embed_tokens, encoder.embed_positions
+        self.embed_scale = encoder.embed_scale
+        self.layernorm_embedding, self.layer_norm = encoder.layernorm_embedding, encoder.layer_norm
+        self.padding_idx = encoder.padding_idx
+        layer0 = encoder.layers[0]
+        self.heads = layer0.self_attn.num_heads
+        self.dim = layer0.self_attn.embed_dim
+        self.head_dim = self.dim // self.heads
+        with torch.no_grad():
+            self.layers = [(layer, scaled_projections(layer.self_attn, True)) for layer in encoder.layers]
+            self.decoder_kv = [(torch.cat([l.encoder_attn.k_proj.weight, l.encoder_attn.v_proj.weight]).detach(),
+                                torch.cat([l.encoder_attn.k_proj.bias, l.encoder_attn.v_proj.bias]).detach())
+                               for l in decoder.layers]
+        self.decoder_heads, self.decoder_head_dim = pass_.heads, pass_.head_dim
 
     def forward(self, src_tokens):
-        src_lengths = src_tokens.ne(self.padding_idx).long().sum(dim=1)
-        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
-        kv = self.pass_.encoder(encoder_out)
-        return (kv.bias, *kv.keys, *kv.values)
+        b, s = src_tokens.shape
+        padding = src_tokens.eq(self.padding_idx)
+        x = self.embed_scale * self.embed_tokens(src_tokens)
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(src_tokens)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = x * (~padding).unsqueeze(-1).type_as(x)
+        bias = torch.zeros(b, 1, 1, s, dtype=torch.float32).masked_fill(padding.view(b, 1, 1, s), -math.inf)
+        shape = (b, s, self.heads, self.head_dim)
+        for layer, qkv in self.layers:
+            residual = x
+            h = layer.self_attn_layer_norm(x) if layer.normalize_before else x
+            q, k, v = (y.reshape(shape).transpose(1, 2) for y in F.linear(h, *qkv).split(self.dim, dim=-1))
+            out = attention(q, k, v, None, None, bias).transpose(1, 2).reshape(b, s, self.dim)
+            x = residual + layer.self_attn.out_proj(out)
+            if not layer.normalize_before:
+                x = layer.self_attn_layer_norm(x)
+            residual = x
+            h = layer.final_layer_norm(x) if layer.normalize_before else x
+            x = residual + layer.fc2(layer.activation_fn(layer.fc1(h)))
+            if not layer.normalize_before:
+                x = layer.final_layer_norm(x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        keys, values = [], []
+        kv_shape = (b, s, self.decoder_heads, self.decoder_head_dim)
+        for weight, kv_bias in self.decoder_kv:
+            k, v = F.linear(x, weight, kv_bias).split(self.decoder_heads * self.decoder_head_dim, dim=-1)
+            keys.append(k.reshape(kv_shape).transpose(1, 2))
+            values.append(v.reshape(kv_shape).transpose(1, 2))
+        return (bias, *keys, *values)
