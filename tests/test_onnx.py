@@ -38,3 +38,85 @@ def test_onnxruntime_equals_lean(random_models, which, flags):
     _, ref = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--decoder-engine", "lean")
     _, ours = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--decoder-engine", "onnxruntime")
     assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
+
+
+@pytest.mark.parametrize("which,flags", [("at", ("--beam", "1")), ("at", ("--beam", "4", "--lenpen", "0.6")),
+                                         ("hrt", ("--decode-chunk-size", "2", "--beam", "1")),
+                                         ("hrt", ("--decode-chunk-size", "2", "--beam", "3", "--b-nat", "2"))],
+                         ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_onnxruntime_equals_lean_with_a_shortlist(random_models, tmp_path, which, flags):
+    """The restricted graphs (the batch's output rows as inputs) = the lean engine's
+    restricted output layer: the same tokens, the same log-probabilities over the candidates."""
+    from tests.test_shortlist import shortlist_file
+
+    data_dir, task, hrt, at = random_models
+    model = hrt if which == "hrt" else at
+    always = [task.target_dictionary.index(f"w{i}") for i in (0, 1)]
+    path = shortlist_file(task, tmp_path / "small.pt", keep_per_source=2, always=always)
+    for batch in (RAGGED[:1], RAGGED[1:9]):
+        sample = make_sample(task, batch)
+        _, ref = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path)
+        _, ours = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path,
+                                  "--decoder-engine", "onnxruntime")
+        assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
+
+
+def test_batches_without_padding_and_one_sentence(random_models):
+    """The exported encoder masks padding whether or not a batch has any (fairseq's encoder
+    decides in Python, which a traced graph cannot)."""
+    data_dir, task, hrt, at = random_models
+    for batch in ([RAGGED[1]], [RAGGED[1], RAGGED[1]], [[3, 4, 5], [6, 7, 8]]):
+        sample = make_sample(task, batch)
+        _, ref = build_generator(data_dir, at, "--max-len-b", "12", "--beam", "2")
+        _, ours = build_generator(data_dir, at, "--max-len-b", "12", "--beam", "2", "--decoder-engine", "onnxruntime")
+        assert_same_hypotheses(ref.generate([at], sample), ours.generate([at], sample))
+
+
+def test_export_is_cached_by_content(random_models, tmp_path, monkeypatch):
+    """A model is exported once per content: building a second generator reuses the folder;
+    another model (other weights) gets its own."""
+    from fairseq_hrt.export import exporter
+    from fairseq_hrt.generation import onnx_engine
+
+    data_dir, task, hrt, at = random_models
+    monkeypatch.setenv("FAIRSEQ_HRT_ONNX_CACHE", str(tmp_path / "cache"))
+    calls = []
+    real = exporter.export_model
+    monkeypatch.setattr(exporter, "export_model", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = onnx_engine.exported_folder(at, task)
+    assert onnx_engine.exported_folder(at, task) == first and len(calls) == 1
+    assert onnx_engine.exported_folder(hrt, task) != first and len(calls) == 2
+
+
+def test_engine_refuses_what_it_cannot_do(random_models):
+    data_dir, task, hrt, at = random_models
+    for flags, message in ((("--temperature", "1.5"), "--temperature"),
+                           (("--decode-chunk-size", "2", "--hrt-refine-fraction", "0.2"), "--hrt-refine-fraction"),
+                           (("--compile",), "--compile")):
+        with pytest.raises(ValueError, match=message):
+            model = hrt if "--decode-chunk-size" in flags else at
+            build_generator(data_dir, model, *flags, "--decoder-engine", "onnxruntime")
+
+
+def test_int8_quantizes_the_exported_graphs_not_the_model(tmp_path):
+    """--quantize int8 with this engine: the PyTorch model stays in float (loading skips
+    PyTorch's quantization), the exported graphs are quantized by ONNX Runtime (integer matrix
+    products in them), and the search decodes."""
+    import onnx
+
+    from fairseq_hrt.generation.quantize import is_quantized, prepare_for_decoding
+    from tests.hrt_fixtures import build_task_and_model
+
+    task, model = build_task_and_model(str(tmp_path), arch="hrt_tiny")
+    prepare_for_decoding(model, "int8", "onnxruntime")
+    assert not is_quantized(model)
+    _, gen = build_generator(str(tmp_path), model, "--quantize", "int8", "--decoder-engine", "onnxruntime",
+                             "--decode-chunk-size", "2", "--beam", "1", "--max-len-b", "8")
+    assert gen.runtime.config["int8"] and gen.runtime.folder.endswith("-int8")
+    ops = {n.op_type for n in onnx.load(gen.runtime.folder + "/step.onnx").graph.node}
+    assert ops & {"MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul"}
+    hypos = gen.generate([model], make_sample(task, RAGGED[:6]))
+    assert len(hypos) == 6 and all(h[0]["tokens"].numel() >= 1 for h in hypos)
+    with pytest.raises(ValueError, match="needs the model loaded in float"):
+        prepare_for_decoding(model, "int8", "lean")
+        build_generator(str(tmp_path), model, "--quantize", "int8", "--decoder-engine", "onnxruntime")

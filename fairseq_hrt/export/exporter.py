@@ -86,6 +86,23 @@ def _names(prefix: str, layers: int) -> List[str]:
     return [f"{prefix}_k{i}" for i in range(layers)] + [f"{prefix}_v{i}" for i in range(layers)]
 
 
+def _constants_to_initializers(path: str):
+    """Move the tracer's ``Constant`` tensors (the planned weights it saw as constants) into the
+    graph's initializers, where ONNX Runtime's quantization finds weights."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph_model = onnx.load(path)
+    graph = graph_model.graph
+    for node in list(graph.node):
+        if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
+            tensor = numpy_helper.to_array(node.attribute[0].t)
+            if tensor.size > 1:  # shapes and scalars stay constants
+                graph.initializer.append(numpy_helper.from_array(tensor, node.output[0]))
+                graph.node.remove(node)
+    onnx.save(graph_model, path)
+
+
 def _k_as_input(path: str):
     """Make the ``k`` of the step graph's TopK a graph input (``k``, int64 ``(1,)``): the
     tracer writes the Python int it saw as a constant, beam search needs ``2 x beam``."""
@@ -137,6 +154,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
             warnings.simplefilter("ignore")  # the tracer's notes on shape arithmetic and on its own deprecation
             torch.onnx.export(graph.eval(), args, path, dynamo=False, input_names=inputs, output_names=outputs,
                               dynamic_axes=dynamic, opset_version=OPSET)
+        _constants_to_initializers(path)
         return path
 
     S, t, B = 5, 3, 2
@@ -247,10 +265,39 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     return config
 
 
+def quantize_folder(folder: str, out_dir: str) -> Dict:
+    """An int8 copy of an exported folder: ONNX Runtime's dynamic quantization of every graph's
+    matrix products with constant weights (int8 weights, activations quantized per call), the
+    rest copied. Returns its config (``"int8": true``)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with open(os.path.join(folder, CONFIG)) as f:
+        config = json.load(f)
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=out_dir, prefix=".int8-")
+    graphs = set(config["graphs"].values())
+    for name in os.listdir(folder):
+        source = os.path.join(folder, name)
+        if name in graphs:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                quantize_dynamic(source, os.path.join(tmp, name), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+        elif name != CONFIG and os.path.isfile(source):
+            shutil.copyfile(source, os.path.join(tmp, name))
+    config = dict(config, int8=True)
+    with open(os.path.join(tmp, CONFIG), "w") as f:
+        json.dump(config, f, indent=1)
+    for name in sorted(os.listdir(tmp), key=lambda n: n == CONFIG):
+        os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+    os.rmdir(tmp)
+    return config
+
+
 def export_checkpoint(checkpoint: str, out_dir: str, data: Optional[str] = None,
-                      sentencepiece_model: Optional[str] = None, restricted: bool = True) -> Dict:
+                      sentencepiece_model: Optional[str] = None, restricted: bool = True, int8: bool = False) -> Dict:
     """Load a checkpoint as ``fairseq-generate`` does (``data``: the data-bin folder with its
-    dictionaries, default the one it was trained on) and :func:`export_model` it."""
+    dictionaries, default the one it was trained on) and :func:`export_model` it (``int8``: then
+    :func:`quantize_folder` it in place)."""
     from fairseq import checkpoint_utils
 
     import fairseq_hrt  # noqa: F401  (registers the task and models)
@@ -263,7 +310,10 @@ def export_checkpoint(checkpoint: str, out_dir: str, data: Optional[str] = None,
     spm = sentencepiece_model or find_sentencepiece_model(data or cfg.task.data, os.path.dirname(checkpoint))
     if sentencepiece_model and not os.path.isfile(sentencepiece_model):
         raise FileNotFoundError(f"--sentencepiece-model {sentencepiece_model}: no such file")
-    return export_model(models[0], task, out_dir, sentencepiece_model=spm, restricted=restricted)
+    config = export_model(models[0], task, out_dir, sentencepiece_model=spm, restricted=restricted)
+    if int8:
+        config = quantize_folder(out_dir, out_dir)
+    return config
 
 
 def cli_main(argv=None):
@@ -276,14 +326,17 @@ def cli_main(argv=None):
     p.add_argument("--data", help="the data-bin folder with the dictionaries (default: the one of training)")
     p.add_argument("--sentencepiece-model", help="the SentencePiece model of the data (default: found beside the data)")
     p.add_argument("--no-restricted", action="store_true", help="skip the graphs with the output rows as inputs (shortlists)")
+    p.add_argument("--int8", action="store_true", help="quantize the graphs to int8 (ONNX Runtime's dynamic quantization)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     try:
-        config = export_checkpoint(a.checkpoint, a.out_dir, a.data, a.sentencepiece_model, restricted=not a.no_restricted)
+        config = export_checkpoint(a.checkpoint, a.out_dir, a.data, a.sentencepiece_model, restricted=not a.no_restricted,
+                                   int8=a.int8)
     except (ValueError, FileNotFoundError) as e:
         p.exit(2, f"fairseq-hrt-export: error: {e}\n")
     size = sum(os.path.getsize(os.path.join(a.out_dir, f)) for f in os.listdir(a.out_dir))
-    print(f"{a.out_dir}: {config['kind']} model, {len(config['graphs'])} graphs, {size / 2**20:.1f} MiB")
+    print(f"{a.out_dir}: {config['kind']} model{' (int8)' if config.get('int8') else ''}, {len(config['graphs'])} graphs, "
+          f"{size / 2**20:.1f} MiB")
 
 
 if __name__ == "__main__":

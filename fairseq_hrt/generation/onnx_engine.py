@@ -29,23 +29,34 @@ def cache_root() -> str:
     return os.environ.get("FAIRSEQ_HRT_ONNX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "fairseq-hrt", "onnx")
 
 
-def exported_folder(model, task) -> str:
-    """The cache folder of ``model``'s export, made if missing."""
-    from fairseq_hrt.export.exporter import check_exportable, export_model, parameters_sha256
+def _cached(folder: str, digest: str, int8: bool) -> bool:
     from hrt_runtime.model import read_config
+
+    try:
+        config = read_config(folder)
+    except (FileNotFoundError, ValueError):
+        return False
+    return config["parameters_sha256"] == digest and bool(config.get("int8")) == int8
+
+
+def exported_folder(model, task, int8: bool = False) -> str:
+    """The cache folder of ``model``'s export (``int8``: its int8 copy), made if missing."""
+    from fairseq_hrt.export.exporter import check_exportable, export_model, parameters_sha256, quantize_folder
 
     check_exportable(model)
     digest = parameters_sha256(model)
     folder = os.path.join(cache_root(), digest[:32])
     with _LOCK:
-        try:
-            if read_config(folder)["parameters_sha256"] == digest:
-                return folder
-        except (FileNotFoundError, ValueError):
-            pass
-        logger.info("exporting the model to ONNX (once per checkpoint): %s", folder)
-        export_model(model, task, folder)
-    return folder
+        if not _cached(folder, digest, False):
+            logger.info("exporting the model to ONNX (once per checkpoint): %s", folder)
+            export_model(model, task, folder)
+        if not int8:
+            return folder
+        quantized = folder + "-int8"
+        if not _cached(quantized, digest, True):
+            logger.info("quantizing the exported graphs to int8 (once per checkpoint): %s", quantized)
+            quantize_folder(folder, quantized)
+        return quantized
 
 
 class OnnxRuntimeGenerator:
@@ -58,7 +69,13 @@ class OnnxRuntimeGenerator:
         from hrt_runtime.search import SearchConfig
 
         self.model = unwrap(ctx.model)
-        self.runtime = ExportedModel(exported_folder(self.model, ctx.task), threads=torch.get_num_threads())
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError as e:
+            raise ValueError(f"--decoder-engine onnxruntime needs the onnxruntime and onnx packages ({e}); "
+                             "pip install -r requirements.txt") from e
+        folder = exported_folder(self.model, ctx.task, int8=ctx.options.quantize == "int8")
+        self.runtime = ExportedModel(folder, threads=torch.get_num_threads())
         self.config = SearchConfig(beam=search.beam, max_len_a=search.max_len_a, max_len_b=search.max_len_b,
                                    min_len=search.min_len, normalize_scores=search.normalize_scores,
                                    len_penalty=search.len_penalty, unk_penalty=search.unk_penalty)
@@ -110,11 +127,13 @@ class OnnxRuntimeGenerator:
 @register_engine("onnxruntime")
 class OnnxRuntimeEngine(DecoderEngine):
     """The exported model in ONNX Runtime, searched by :mod:`hrt_runtime.search` (shortlists:
-    the output rows gathered once per batch and fed to the step)."""
+    the output rows gathered once per batch and fed to the step; ``--quantize int8``: the graphs
+    quantized by ONNX Runtime, the PyTorch model stays in float)."""
 
     supports_shortlist = True
     supports_compile = False
-    supports_int8 = False
+    supports_int8 = True
+    quantizes_itself = True  # --quantize int8: ONNX Runtime's dynamic quantization of the exported graphs
 
     def unsupported(self, options):
         used = list(options.sequence_generator_only)

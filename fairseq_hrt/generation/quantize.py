@@ -40,23 +40,38 @@ def quantize_int8(model):
     return model
 
 
-def prepare_for_decoding(model, quantize: str):
+def engine_quantizes_itself(engine: str) -> bool:
+    """Whether ``--decoder-engine`` quantizes what it runs itself (``onnxruntime``: its exported
+    graphs), so the loaded PyTorch model must stay in float."""
+    from fairseq_hrt.generation.engines import ENGINES
+
+    return getattr(ENGINES.get(str(engine)), "quantizes_itself", False)
+
+
+def prepare_for_decoding(model, quantize: str, engine: str = "lean"):
     """What loading a model for decoding does with ``--quantize``: nothing for ``none``,
-    :func:`quantize_int8` once for ``int8`` (a model quantized already stays as it is)."""
+    :func:`quantize_int8` once for ``int8`` (a model quantized already stays as it is); nothing
+    either for an engine that quantizes itself (:func:`engine_quantizes_itself`)."""
     quantize = str(quantize)
     if quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
-    if quantize == "int8" and not is_quantized(model):
+    if quantize == "int8" and not is_quantized(model) and not engine_quantizes_itself(engine):
         quantize_int8(model)
     return model
 
 
-def check_quantization(models, quantize: str):
+def check_quantization(models, quantize: str, engine: str = "lean"):
     """A generator asked for ``--quantize int8`` of a model loaded in float (or the other way
     round: a quantized model without it) says how to load it instead."""
     quantize = str(quantize)
     if quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
+    if engine_quantizes_itself(engine):
+        if any(is_quantized(m) for m in models):
+            raise ValueError(f"--decoder-engine {engine} quantizes its own graphs (--quantize int8) and needs the "
+                             f"model loaded in float; load it with --decoder-engine {engine} (the PyTorch model "
+                             "then stays in float)")
+        return
     if quantize == "int8" and not all(is_quantized(m) for m in models):
         raise ValueError(
             "--quantize int8 is applied when the model is loaded (fairseq-generate / fairseq-interactive "

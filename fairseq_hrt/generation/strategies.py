@@ -223,7 +223,7 @@ def build_generator(task, models, options: DecodingOptions, fairseq_generator: O
     :mod:`fairseq_hrt.generation.quantize`); nothing here changes them."""
     strategy = pick_strategy(options.decoding, models[0])
     engine = get_engine(options.decoder_engine)
-    check_quantization(models, options.quantize)
+    check_quantization(models, options.quantize, options.decoder_engine)
     check_supported(strategy, engine, options, models, shortlist)
     ctx = DecodingContext(task=task, models=models, options=options, engine=engine,
                           fairseq_generator=fairseq_generator, shortlist=shortlist)

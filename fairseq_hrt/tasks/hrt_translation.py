@@ -300,14 +300,14 @@ class HRTTranslationTask(TranslationTask):
             model.mark_trained_chunk_sizes(self.chunk_sizes)
         checkpoint_checks.check_dictionary_when_loading(model)
         if from_checkpoint:
-            _quantize_when_prepared(model, str(self.cfg.quantize))
+            _quantize_when_prepared(model, str(self.cfg.quantize), str(self.cfg.decoder_engine))
         return model
 
     def prepare_models_for_decoding(self, models):
         """What loading for decoding does to the models (``--quantize``), for models built
         elsewhere (fairseq-generate and the hub call ``prepare_for_inference_`` instead)."""
         for model in models:
-            prepare_for_decoding(model, str(self.cfg.quantize))
+            prepare_for_decoding(model, str(self.cfg.quantize), str(self.cfg.decoder_engine))
         return models
 
     def curriculum_p_k(self, num_updates: int) -> float:
@@ -491,7 +491,7 @@ class HRTTranslationTask(TranslationTask):
         return results
 
 
-def _quantize_when_prepared(model, quantize: str):
+def _quantize_when_prepared(model, quantize: str, engine: str = "lean"):
     """``--quantize`` at load time: fairseq-generate, fairseq-interactive and the hub call
     ``prepare_for_inference_`` after loading the weights (quantizing before would break loading
     them); the model is quantized there, once."""
@@ -501,7 +501,7 @@ def _quantize_when_prepared(model, quantize: str):
 
     def prepared(cfg, *args, **kwargs):
         out = prepare(cfg, *args, **kwargs)
-        prepare_for_decoding(model, quantize)
+        prepare_for_decoding(model, quantize, engine)
         return out
 
     prepared.__fairseq_hrt_quantize__ = True
