@@ -27,10 +27,11 @@ class Encoded:
     """The encoder side of a batch: the source padding bias ``(B, 1, 1, S)`` and every decoder
     layer's encoder-attention keys and values ``(B, H, S, d)``, one row per sentence."""
 
-    __slots__ = ("bias", "keys", "values")
+    __slots__ = ("bias", "keys", "values", "length_lprobs")
 
     def __init__(self, bias: np.ndarray, keys: List[np.ndarray], values: List[np.ndarray]):
         self.bias, self.keys, self.values = bias, keys, values
+        self.length_lprobs: Optional[np.ndarray] = None  # Mask-Predict models: (B, classes)
 
     def select(self, index) -> "Encoded":
         """The sentences ``index`` (in that order; repeats allowed)."""
@@ -109,7 +110,9 @@ class ExportedModel:
     def encode(self, src_tokens: np.ndarray) -> Encoded:
         """Source tokens ``(B, S)`` (left-padded, ending in ``</s>``, as fairseq batches them)."""
         out = self.session("encoder").run(None, {"src_tokens": np.ascontiguousarray(src_tokens, dtype=np.int64)})
-        return Encoded(out[0], out[1:1 + self.layers], out[1 + self.layers:])
+        encoded = Encoded(out[0], out[1:1 + self.layers], out[1 + self.layers:1 + 2 * self.layers])
+        encoded.length_lprobs = out[1 + 2 * self.layers] if len(out) > 1 + 2 * self.layers else None
+        return encoded
 
     def empty_past(self, rows: int) -> List[np.ndarray]:
         return [np.zeros((rows, self.heads, 0, self.head_dim), np.float32) for _ in range(2 * self.layers)]

@@ -332,3 +332,89 @@ def hrt(model: ExportedModel, encoded: Encoded, source_width: int, config: Searc
     for hypos in out:
         hypos.sort(key=lambda h: h["score"], reverse=True)
     return out
+
+
+# ----------------------------------------------------------------------- Mask-Predict
+
+
+def remask_counts(lengths: np.ndarray, t: int, iterations: int) -> np.ndarray:
+    """Tokens re-masked before iteration ``t + 1``: ``floor(N (I - t) / I)``."""
+    return lengths * (iterations - t) // iterations
+
+
+def lowest_confidence_mask(scores: np.ndarray, eligible: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """True at the ``counts[r]`` eligible slots of row ``r`` with the lowest scores (ties: leftmost)."""
+    ranked = np.where(eligible, scores, np.inf)
+    ranks = np.argsort(np.argsort(ranked, axis=1, kind="stable"), axis=1, kind="stable")
+    return (ranks < counts[:, None]) & eligible
+
+
+def length_candidates(length_lprobs: np.ndarray, beam: int, max_lengths: np.ndarray) -> np.ndarray:
+    """The ``beam`` most probable lengths within ``1..max_lengths[b]`` (best first; a sentence
+    with fewer allowed lengths repeats its best)."""
+    classes = length_lprobs.shape[-1]
+    if beam > classes:
+        raise ValueError(f"length beam {beam} exceeds the {classes} length classes")
+    length = np.arange(classes)[None, :]
+    allowed = (length >= 1) & (length <= max_lengths[:, None])
+    masked = np.where(allowed, length_lprobs, -np.inf)
+    top = np.argsort(-masked, axis=1, kind="stable")[:, :beam]
+    missing = np.isinf(np.take_along_axis(masked, top, axis=1))
+    return np.where(missing, top[:, :1], top)
+
+
+def initial_input(lengths: np.ndarray, mask: int, eos: int, pad: int):
+    """``<mask> x N </s>`` per row at positions ``1..N+1``, right-padded (positions 0 there)."""
+    width = int(lengths.max()) + 1 if lengths.size else 0
+    slot = np.arange(width)[None, :]
+    n = lengths[:, None]
+    tokens = np.where(slot < n, mask, np.where(slot == n, eos, pad)).astype(np.int64)
+    return tokens, np.where(slot <= n, slot + 1, 0).astype(np.int64)
+
+
+def mask_predict(model: ExportedModel, encoded: Encoded, src_tokens: np.ndarray, iterations: int, length_beam: int,
+                 max_len_a: float, max_len_b: int, banned: Sequence[int], rows: Optional[OutputRows] = None) -> List[List[Hypothesis]]:
+    """Mask-Predict (:mod:`fairseq_hrt.generation.mask_predict`): ``length_beam`` lengths per
+    sentence, ``iterations`` non-causal passes each re-predicting the least confident tokens;
+    the candidate with the best average log-probability first."""
+    if iterations < 1:
+        raise ValueError(f"--iter-decode-max-iter (Mask-Predict's I) must be >= 1, got {iterations}")
+    if length_beam < 1:
+        raise ValueError(f"--iter-decode-with-beam (Mask-Predict's length beam l) must be >= 1, got {length_beam}")
+    rows = rows or OutputRows(None)
+    c = model.config
+    pad, eos, mask = model.pad, model.eos, c["mask"]
+    classes = encoded.length_lprobs.shape[-1]
+    src_len = ((src_tokens != c["source_eos"]) & (src_tokens != c["source_pad"])).sum(axis=1)
+    limit = (max_len_a * src_len.astype(np.float64) + max_len_b).astype(np.int64)
+    max_lengths = np.clip(limit, 1, min(classes - 1, c["max_target_positions"] - 1))
+    bsz = src_tokens.shape[0]
+    lengths = length_candidates(encoded.length_lprobs, length_beam, max_lengths).reshape(-1)
+    sentence_of_row = np.repeat(np.arange(bsz), length_beam)
+    encoded_rows = encoded.select(sentence_of_row)
+    tokens, positions = initial_input(lengths, mask, eos, pad)
+    slots = tokens == mask
+    scores = np.zeros(tokens.shape, np.float32)
+    size = model.vocab_size if rows.ids is None else rows.ids.size
+    bias = np.zeros(size, np.float32)
+    bias[rows.positions(sorted({mask, pad, eos, model.config["bos"], *banned}))] = -np.inf
+    for t in range(iterations):
+        if t > 0:
+            tokens[lowest_confidence_mask(scores, slots, remask_counts(lengths, t, iterations))] = mask
+        select = np.flatnonzero(tokens == mask)
+        if select.size:
+            best_scores, best_rows = model.parallel(encoded_rows, tokens, positions, select, bias, rows)
+            tokens.reshape(-1)[select] = rows.to_full(best_rows)
+            scores.reshape(-1)[select] = best_scores
+    average = scores.sum(axis=1) / lengths.astype(np.float32)
+    order = np.argsort(-average.reshape(bsz, length_beam), axis=1, kind="stable")
+    out = []
+    for b in range(bsz):
+        hypos = []
+        for j in order[b].tolist():
+            r = b * length_beam + j
+            n = int(lengths[r]) + 1
+            hypos.append({"tokens": tokens[r, :n].copy(), "score": float(average[r]), "positional_scores": scores[r, :n].copy(),
+                          "steps": iterations})
+        out.append(hypos)
+    return out

@@ -120,3 +120,23 @@ def test_int8_quantizes_the_exported_graphs_not_the_model(tmp_path):
     with pytest.raises(ValueError, match="needs the model loaded in float"):
         prepare_for_decoding(model, "int8", "lean")
         build_generator(str(tmp_path), model, "--quantize", "int8", "--decoder-engine", "onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def cmlm_model(tmp_path_factory):
+    from tests.hrt_fixtures import build_task_and_model
+
+    data_dir = str(tmp_path_factory.mktemp("onnx_cmlm"))
+    task, model = build_task_and_model(data_dir, arch="cmlm_tiny", extra=("--hrt-mode", "cmlm", "--decoder-rpr-window", "4"), seed=5)
+    return data_dir, task, model
+
+
+@pytest.mark.parametrize("flags", [("--iter-decode-max-iter", "1"), ("--iter-decode-max-iter", "4", "--iter-decode-with-beam", "3"),
+                                   ("--iter-decode-max-iter", "3", "--max-len-a", "0.5", "--max-len-b", "4")],
+                         ids=lambda f: " ".join(f))
+def test_mask_predict_equals_the_model_decoder(cmlm_model, flags):
+    data_dir, task, model = cmlm_model
+    sample = make_sample(task, RAGGED)
+    _, ref = build_generator(data_dir, model, "--max-len-b", "12", *flags)
+    _, ours = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--decoder-engine", "onnxruntime")
+    assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))

@@ -31,7 +31,7 @@ from typing import Dict, List, Optional
 import torch
 
 from fairseq_hrt.export.graphs import EncoderGraph, ParallelGraph, StepGraph
-from fairseq_hrt.models.kinds import AT, HRT, model_kind, unwrap
+from fairseq_hrt.models.kinds import AT, HRT, MASK_PREDICT, model_kind, unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +48,8 @@ def unsupported(model) -> List[str]:
     model = unwrap(model)
     kind = model_kind(model)
     reasons = []
-    if kind not in (AT, HRT):
-        reasons.append(f"a {type(model).__name__} (only AT and HRT models are exported; Mask-Predict is not yet)")
+    if kind not in (AT, HRT, MASK_PREDICT):
+        reasons.append(f"a {type(model).__name__} (AT, HRT and Mask-Predict models are exported)")
         return reasons
     decoder = model.decoder
     reasons += [reason for reason, bad in DecoderPass._unsupported(decoder).items() if bad]
@@ -164,11 +164,14 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     src = torch.full((B, S), src_dict.unk())
     src[:, -1] = src_dict.eos()
     src[1, :2] = src_dict.pad()
+    length = kind == MASK_PREDICT  # the encoder graph ends in the length predictor's log-probabilities too
     with torch.no_grad():
-        encoder_outputs = EncoderGraph(model)(src)
-    bias, enc_kv = encoder_outputs[0], list(encoder_outputs[1:])
-    export(EncoderGraph(model), (src,), ["src_tokens"], ["encoder_bias", *enc_names],
-           {"src_tokens": {0: "B", 1: "S"}, "encoder_bias": {0: "B", 3: "S"}, **{n: {0: "B", 2: "S"} for n in enc_names}},
+        encoder_outputs = EncoderGraph(model, length=length)(src)
+    bias, enc_kv = encoder_outputs[0], list(encoder_outputs[1:1 + 2 * layers])
+    length_out = ["length_lprobs"] if length else []
+    export(EncoderGraph(model, length=length), (src,), ["src_tokens"], ["encoder_bias", *enc_names, *length_out],
+           {"src_tokens": {0: "B", 1: "S"}, "encoder_bias": {0: "B", 3: "S"}, **{n: {0: "B", 2: "S"} for n in enc_names},
+            **({"length_lprobs": {0: "B"}} if length else {})},
            "encoder.onnx")
     files["encoder"] = "encoder.onnx"
 
@@ -194,15 +197,16 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
                     **{n: {0: "N", 2: "t1"} for n in present}, **rows_dyn}
         if window == 0:
             del step_dyn["buckets"]
-        export(StepGraph(model, max_positions, top=1, restricted=restricted_rows), step_args, step_in,
-               ["score", "token", *present], {**step_dyn, "score": {0: "N"}, "token": {0: "N"}}, f"step{suffix}.onnx")
-        path = export(StepGraph(model, max_positions, top=4, restricted=restricted_rows), step_args, step_in,
-                      ["top_scores", "top_rows", *present],
-                      {**step_dyn, "top_scores": {0: "N", 1: "K"}, "top_rows": {0: "N", 1: "K"}}, f"step_top{suffix}.onnx")
-        _k_as_input(path)
-        files[f"step{suffix}"] = f"step{suffix}.onnx"
-        files[f"step_top{suffix}"] = f"step_top{suffix}.onnx"
-        if kind == HRT:
+        if kind != MASK_PREDICT:  # left to right: AT, HRT's AT mode and Skip-AT
+            export(StepGraph(model, max_positions, top=1, restricted=restricted_rows), step_args, step_in,
+                   ["score", "token", *present], {**step_dyn, "score": {0: "N"}, "token": {0: "N"}}, f"step{suffix}.onnx")
+            path = export(StepGraph(model, max_positions, top=4, restricted=restricted_rows), step_args, step_in,
+                          ["top_scores", "top_rows", *present],
+                          {**step_dyn, "top_scores": {0: "N", 1: "K"}, "top_rows": {0: "N", 1: "K"}}, f"step_top{suffix}.onnx")
+            _k_as_input(path)
+            files[f"step{suffix}"] = f"step{suffix}.onnx"
+            files[f"step_top{suffix}"] = f"step_top{suffix}.onnx"
+        if kind in (HRT, MASK_PREDICT):  # non-causal: stage II, Mask-Predict's passes
             T = 6
             par_args = (torch.full((B, T), tgt_dict.unk()), torch.arange(1, T + 1).expand(B, T).contiguous(),
                         torch.arange(0, B * T, 2), bias_arg, bias, *enc_kv, *rows_args)
@@ -239,6 +243,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         "vocab_size": V,
         "max_target_positions": max_positions,
         "relative_window": window,
+        "length_classes": int(model.embed_length.weight.size(0)) if length else 0,
         "max_source_positions": int(model.max_positions()[0]) if isinstance(model.max_positions(), tuple) else max_positions,
         "pad": tgt_dict.pad(), "eos": tgt_dict.eos(), "unk": tgt_dict.unk(), "bos": tgt_dict.bos(),
         "source_eos": src_dict.eos(), "source_pad": src_dict.pad(), "source_unk": src_dict.unk(),

@@ -22,11 +22,13 @@ exported graph does better differs:
 Graphs:
 
 * :class:`EncoderGraph`: source tokens ``(B, S)`` -> the padding bias ``(B, 1, 1, S)`` and every
-  decoder layer's encoder keys, then values ``(B, H, S, d)``.
+  decoder layer's encoder keys, then values ``(B, H, S, d)`` (Mask-Predict: and the target
+  length's log-probabilities).
 * :class:`StepGraph`: one left-to-right step. With ``top = 1`` the best allowed token and its
   log-probability; with ``top = K`` (the exporter makes K an input) the K best allowed
   log-probabilities and their rows.
-* :class:`ParallelGraph`: one non-causal pass over tokens at given positions (HRT's stage II),
+* :class:`ParallelGraph`: one non-causal pass over tokens at given positions (HRT's stage II,
+  Mask-Predict's iterations),
   the best allowed token and its log-probability for the selected slots only (stage II projects
   only its masks onto the vocabulary).
 
@@ -200,9 +202,11 @@ class EncoderGraph(nn.Module):
     layers, padding zeroed) written over its modules with fused, scaled projections: the
     traced module would carry several hundred shape operators."""
 
-    def __init__(self, model):
+    def __init__(self, model, length: bool = False):
         super().__init__()
         encoder, decoder = model.encoder, model.decoder
+        # Mask-Predict: the length predictor's log-probabilities (CMLMTransformerModel.forward_length)
+        self.embed_length = model.embed_length.weight.detach() if length else None
         pass_ = decoder_pass(decoder)
         self.embed_tokens, self.embed_positions = encoder.embed_tokens, encoder.embed_positions
         self.embed_scale = encoder.embed_scale
@@ -251,4 +255,8 @@ class EncoderGraph(nn.Module):
             k, v = F.linear(x, weight, kv_bias).split(self.decoder_heads * self.decoder_head_dim, dim=-1)
             keys.append(k.reshape(kv_shape).transpose(1, 2))
             values.append(v.reshape(kv_shape).transpose(1, 2))
-        return (bias, *keys, *values)
+        if self.embed_length is None:
+            return (bias, *keys, *values)
+        keep = (~padding).unsqueeze(-1).type_as(x)
+        pooled = (x * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
+        return (bias, *keys, *values, F.log_softmax(F.linear(pooled, self.embed_length), dim=-1))

@@ -7,7 +7,8 @@ An engine declares what it supports (``supports_shortlist``, ``supports_compile`
 * :meth:`DecoderEngine.left_to_right`: a generator with fairseq's
   ``generate(models, sample, bos_token=...)`` and ``last_encoder_out`` (HRT's stage I and AT
   mode, AT beam / greedy search);
-* :meth:`DecoderEngine.two_stage`: optionally, HRT's two stages as one generator;
+* :meth:`DecoderEngine.two_stage` / :meth:`DecoderEngine.mask_predict`: optionally, HRT's two
+  stages or Mask-Predict as one generator of the engine's own runtime;
 * :meth:`DecoderEngine.bidirectional`: the object whose ``encoder(encoder_out)`` and
   ``bidirectional(encoder, tokens, positions) -> features`` run HRT's stage II (the lean
   engine: the model's :class:`~fairseq_hrt.generation.decoder_pass.DecoderPass`; ``None``: the
@@ -39,6 +40,11 @@ class DecoderEngine:
         raise NotImplementedError
 
     def bidirectional(self, model):
+        return None
+
+    def mask_predict(self, ctx):
+        """A generator that runs Mask-Predict itself, or ``None``: the decoder module runs it
+        (:class:`~fairseq_hrt.generation.mask_predict.MaskPredictGenerator`)."""
         return None
 
     def two_stage(self, ctx, chunk_size):

@@ -214,7 +214,9 @@ class MaskPredictDecoding(DecodingStrategy):
     """Mask-Predict for ``cmlm_*`` models (fairseq's iterative-refinement options)."""
 
     supports_shortlist = True
-    uses_decoder_engine = False  # no left-to-right search: --decoder-engine does not apply
+    # no left-to-right search: --decoder-engine applies only to an engine that runs Mask-Predict
+    # itself (onnxruntime); the others decode with the model's own decoder
+    uses_decoder_engine = False
 
     @classmethod
     def supports(cls, model):
@@ -239,6 +241,11 @@ class MaskPredictDecoding(DecodingStrategy):
                 f"{', '.join(options.iterative_only)} belong(s) to fairseq's iterative refinement "
                 "generator; Mask-Predict decoding does not support it"
             )
+        own = ctx.engine.mask_predict(ctx)
+        if own is not None:
+            logger.info("Mask-Predict decoding: I = %d iterations, length beam l = %d, %s engine",
+                        options.iter_decode_max_iter, options.iter_decode_with_beam, ctx.engine.name)
+            return own
         generator = MaskPredictGenerator(
             ctx.models, ctx.task.target_dictionary, mask=ctx.task.mask_idx, banned=ctx.banned(),
             iterations=options.iter_decode_max_iter, length_beam=options.iter_decode_with_beam,

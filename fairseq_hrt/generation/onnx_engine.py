@@ -4,8 +4,8 @@ The loaded model is exported on first use (:func:`fairseq_hrt.export.exporter.ex
 into a cache folder keyed by the SHA-256 of its parameters (``$FAIRSEQ_HRT_ONNX_CACHE``,
 default ``~/.cache/fairseq-hrt/onnx``), so a checkpoint is exported once per machine.
 The search is :mod:`hrt_runtime.search`, on numpy arrays: the same code the deployed runtime
-(``hrt-translate``) runs. It serves left-to-right search (AT, HRT's AT mode) and HRT's two
-stages as a whole; ONNX Runtime uses ``torch.get_num_threads()`` threads (what
+(``hrt-translate``) runs. It serves left-to-right search (AT, HRT's AT mode), HRT's two
+stages and Mask-Predict as a whole; ONNX Runtime uses ``torch.get_num_threads()`` threads (what
 ``OMP_NUM_THREADS`` or the benchmark's ``--threads`` set).
 """
 import logging
@@ -18,7 +18,7 @@ import torch
 
 from fairseq_hrt.generation.engines import DecoderEngine, register_engine
 from fairseq_hrt.generation.strategies import hypothesis, reject_unsupported_inputs
-from fairseq_hrt.models.kinds import HRT, model_kind, unwrap
+from fairseq_hrt.models.kinds import HRT, MASK_PREDICT, model_kind, unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,8 @@ class OnnxRuntimeGenerator:
     left to right (``chunk_size`` 1 or a start symbol) or HRT's two stages (``chunk_size``: an
     int or a function of the source lengths, as :class:`HRTGenerator` takes it)."""
 
-    def __init__(self, ctx, search, banned: List[int], chunk_size=1, b_nat: int = 1):
+    def __init__(self, ctx, search, banned: List[int], chunk_size=1, b_nat: int = 1, iterations: int = 0,
+                 length_beam: int = 1):
         from hrt_runtime.model import ExportedModel
         from hrt_runtime.search import SearchConfig
 
@@ -82,6 +83,7 @@ class OnnxRuntimeGenerator:
         self.banned = list(banned)
         self.chunk_size = chunk_size
         self.b_nat = b_nat
+        self.iterations, self.length_beam = iterations, length_beam  # Mask-Predict's I and l
         self.shortlist = ctx.shortlist
         self.pad = ctx.task.target_dictionary.pad()
         self.is_hrt = model_kind(self.model) == HRT
@@ -89,7 +91,7 @@ class OnnxRuntimeGenerator:
 
     @torch.no_grad()
     def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict]]:
-        from hrt_runtime.search import hrt, left_to_right
+        from hrt_runtime.search import hrt, left_to_right, mask_predict
 
         reject_unsupported_inputs("--decoder-engine onnxruntime", **kwargs)
         src_tokens = sample["net_input"]["src_tokens"]
@@ -100,6 +102,10 @@ class OnnxRuntimeGenerator:
             self.last_vocab = self.shortlist.candidates(src_tokens, self.pad)
             rows = self.runtime.rows(self.last_vocab.cpu().numpy())
         encoded = self.runtime.encode(src)
+        if self.runtime.kind == MASK_PREDICT:
+            found = mask_predict(self.runtime, encoded, src, self.iterations, self.length_beam, self.config.max_len_a,
+                                 self.config.max_len_b, self.banned, rows=rows)
+            return self._to_fairseq(found, src_tokens.device)
         if bos_token is not None or not self.is_hrt:
             found = left_to_right(self.runtime, encoded, width, self.config, self.banned, start=bos_token, rows=rows)
             return self._to_fairseq(found, src_tokens.device)
@@ -148,6 +154,14 @@ class OnnxRuntimeEngine(DecoderEngine):
         if len(ctx.models) != 1:
             raise ValueError("--decoder-engine onnxruntime decodes a single model (no ensembles)")
         return OnnxRuntimeGenerator(ctx, search, banned)
+
+    def mask_predict(self, ctx):
+        used = self.unsupported(ctx.options)
+        if used:
+            raise ValueError(f"--decoder-engine onnxruntime does not support {', '.join(used)}")
+        options = ctx.options
+        return OnnxRuntimeGenerator(ctx, options.search, ctx.banned(), iterations=options.iter_decode_max_iter,
+                                    length_beam=options.iter_decode_with_beam)
 
     def two_stage(self, ctx, chunk_size):
         return OnnxRuntimeGenerator(ctx, ctx.options.search, ctx.banned(), chunk_size=chunk_size, b_nat=ctx.options.b_nat)
