@@ -140,3 +140,25 @@ def test_mask_predict_equals_the_model_decoder(cmlm_model, flags):
     _, ref = build_generator(data_dir, model, "--max-len-b", "12", *flags)
     _, ours = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--decoder-engine", "onnxruntime")
     assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
+
+
+def test_an_exported_folder_is_checked_against_the_checkpoint(random_models, tmp_path):
+    """--onnx-model FOLDER decodes that folder (fairseq-hrt-export's) when it is the export of
+    the loaded checkpoint, and refuses another checkpoint's, another precision's, another engine."""
+    from fairseq_hrt.export.exporter import export_model
+
+    data_dir, task, hrt, at = random_models
+    folder = str(tmp_path / "at-onnx")
+    export_model(at, task, folder)
+    sample = make_sample(task, RAGGED[:5])
+    _, ref = build_generator(data_dir, at, "--max-len-b", "12", "--beam", "1")
+    _, ours = build_generator(data_dir, at, "--max-len-b", "12", "--beam", "1", "--decoder-engine", "onnxruntime",
+                              "--onnx-model", folder)
+    assert ours.runtime.folder == folder
+    assert_same_hypotheses(ref.generate([at], sample), ours.generate([at], sample))
+    with pytest.raises(ValueError, match="another checkpoint"):
+        build_generator(data_dir, hrt, "--decoder-engine", "onnxruntime", "--onnx-model", folder)
+    with pytest.raises(ValueError, match="float but --quantize is int8"):
+        build_generator(data_dir, at, "--decoder-engine", "onnxruntime", "--onnx-model", folder, "--quantize", "int8")
+    with pytest.raises(ValueError, match="--onnx-model"):
+        build_generator(data_dir, at, "--decoder-engine", "lean", "--onnx-model", folder)

@@ -32,7 +32,7 @@ class DecoderEngine:
 
     def unsupported(self, options: DecodingOptions) -> List[str]:
         """The options in use that this engine cannot honour (flags, as typed)."""
-        return []
+        return ["--onnx-model"] if options.onnx_model else []  # an exported folder is for onnxruntime only
 
     def left_to_right(self, ctx, search: SearchOptions, banned: Sequence[int], keep_encoder_out: bool = False):
         """``keep_encoder_out``: the generator must expose its last batch's encoder output
@@ -87,7 +87,7 @@ class LeanEngine(DecoderEngine):
     supports_compile = True
 
     def unsupported(self, options):
-        return list(options.sequence_generator_only)
+        return list(options.sequence_generator_only) + super().unsupported(options)
 
     def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
         from fairseq_hrt.generation.lean import LeanSequenceGenerator

@@ -59,6 +59,22 @@ def exported_folder(model, task, int8: bool = False) -> str:
         return quantized
 
 
+def given_folder(folder: str, model, int8: bool) -> str:
+    """``--onnx-model FOLDER``, checked against the loaded model: the same parameters (SHA-256)
+    and the same precision as ``--quantize`` asks for."""
+    from fairseq_hrt.export.exporter import parameters_sha256
+    from hrt_runtime.model import read_config
+
+    config = read_config(folder)
+    if config["parameters_sha256"] != parameters_sha256(model):
+        raise ValueError(f"--onnx-model {folder} was exported from another checkpoint than --path's (the SHA-256 of "
+                         "their parameters differ); export this checkpoint, or drop --onnx-model to export it on first use")
+    if bool(config.get("int8")) != int8:
+        raise ValueError(f"--onnx-model {folder} is {'int8' if config.get('int8') else 'float'} but --quantize is "
+                         f"{'int8' if int8 else 'none'}; export with{'out' if not int8 else ''} --int8 or change --quantize")
+    return folder
+
+
 class OnnxRuntimeGenerator:
     """fairseq's ``generate(models, sample, bos_token=...)`` over :mod:`hrt_runtime.search`:
     left to right (``chunk_size`` 1 or a start symbol) or HRT's two stages (``chunk_size``: an
@@ -75,7 +91,10 @@ class OnnxRuntimeGenerator:
         except ImportError as e:
             raise ValueError(f"--decoder-engine onnxruntime needs the onnxruntime and onnx packages ({e}); "
                              "pip install -r requirements.txt") from e
-        folder = exported_folder(self.model, ctx.task, int8=ctx.options.quantize == "int8")
+        if ctx.options.onnx_model:
+            folder = given_folder(ctx.options.onnx_model, self.model, ctx.options.quantize == "int8")
+        else:
+            folder = exported_folder(self.model, ctx.task, int8=ctx.options.quantize == "int8")
         self.runtime = ExportedModel(folder, threads=torch.get_num_threads())
         self.config = SearchConfig(beam=search.beam, max_len_a=search.max_len_a, max_len_b=search.max_len_b,
                                    min_len=search.min_len, normalize_scores=search.normalize_scores,

@@ -30,6 +30,7 @@ TASK_DECODING_DEFAULTS = {
     "hrt_refine_fraction": 0.0,
     "hrt_fallback_threshold": None,
     "hrt_rescore": False,
+    "onnx_model": None,
 }
 
 QUANTIZE_CHOICES = ("none", "int8")
@@ -129,6 +130,7 @@ class DecodingOptions:
     hrt_refine_fraction: float = 0.0
     hrt_fallback_threshold: Optional[float] = None
     hrt_rescore: bool = False
+    onnx_model: Optional[str] = None
     search: SearchOptions = field(default_factory=SearchOptions)
     print_step: bool = False
     iter_decode_max_iter: int = 10

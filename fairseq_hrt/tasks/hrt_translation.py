@@ -177,7 +177,17 @@ class HRTTranslationConfig(TranslationConfig):
             "help": "engine of left-to-right search (AT beam/greedy, HRT stage I and AT mode): "
             "'lean' = this plugin's step loop (preallocated caches, finished sentences leave "
             "the batch, top-k on the logits), same hypotheses as 'fairseq' = fairseq's "
-            "SequenceGenerator (needed for --prefix-size, constraints, sampling, alignments)"
+            "SequenceGenerator (needed for --prefix-size, constraints, sampling, alignments); "
+            "'onnxruntime' = the model exported to ONNX (on first use, cached) and decoded by ONNX "
+            "Runtime, HRT's two stages and Mask-Predict included (see --onnx-model)"
+        },
+    )
+    onnx_model: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "--decoder-engine onnxruntime: decode this folder written by fairseq-hrt-export instead of "
+            "exporting the loaded model into the cache ($FAIRSEQ_HRT_ONNX_CACHE, default ~/.cache/fairseq-hrt/onnx); "
+            "it must be the export of the same checkpoint (its parameters' SHA-256 is checked)"
         },
     )
     quantize: QUANTIZATIONS = field(
