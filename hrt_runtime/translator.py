@@ -36,6 +36,10 @@ def read_dictionary(path: str) -> List[str]:
     return symbols
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 class Translator:
     """``Translator(folder).translate(["A man rides a bike."])``. Decoding options are fairseq's
     (``beam``, ``max_len_a``, ``max_len_b``, ``min_len``, ``lenpen``, ``unkpen``) and HRT's
@@ -89,17 +93,46 @@ class Translator:
             raise ValueError(f"chunk_size {chunk_size}: an AT model decodes left to right only (chunk_size 1)")
         return left_to_right(self.model, encoded, width, config, banned)
 
+    def chunk_size(self, chunk_size: Optional[int]) -> int:
+        """The chunk size a call decodes with: ``chunk_size`` checked against the model (``None``:
+        the smallest trained one; 1: AT mode)."""
+        trained = self.model.config["trained_chunk_sizes"]
+        if chunk_size is None:
+            return min(trained) if trained else 1
+        if not _is_int(chunk_size):
+            raise TypeError(f"chunk_size must be an integer (1: AT mode) or None, got {chunk_size!r}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1 (1: AT mode), got {chunk_size}")
+        if chunk_size > 1 and self.model.kind != "hrt":
+            raise ValueError(f"chunk_size {chunk_size}: this is an AT model, it decodes left to right only "
+                             "(chunk_size 1 or None)")
+        if chunk_size > 1 and chunk_size not in trained:
+            raise ValueError(f"chunk_size {chunk_size}: this model was trained for chunk sizes "
+                             f"{', '.join(map(str, trained)) or 'none'}; use one of them, or 1 for AT mode")
+        return chunk_size
+
     def translate(self, lines: Union[str, List[str]], beam: int = 5, chunk_size: Optional[int] = None, b_nat: int = 1,
                   max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1, lenpen: float = 1.0,
                   unkpen: float = 0.0, batch_size: int = 64) -> Union[str, List[str]]:
         if isinstance(lines, str):
             return self.translate([lines], beam, chunk_size, b_nat, max_len_a, max_len_b, min_len, lenpen, unkpen, batch_size)[0]
-        if not isinstance(lines, (list, tuple)) or not all(isinstance(s, str) for s in lines):
-            raise TypeError("translate takes a string or a list of strings")
-        trained = self.model.config["trained_chunk_sizes"]
-        k = chunk_size if chunk_size is not None else (min(trained) if trained else 1)
-        if k < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {k}")
+        if not isinstance(lines, (list, tuple)):
+            raise TypeError(f"translate() takes a string or a list of strings, got {type(lines).__name__}")
+        bad = [i for i, s in enumerate(lines) if not isinstance(s, str)]
+        if bad:
+            raise TypeError(f"translate() takes a string or a list of strings; item {bad[0]} of the list is "
+                            f"{type(lines[bad[0]]).__name__}")
+        k = self.chunk_size(chunk_size)
+        for name, value in (("beam", beam), ("b_nat", b_nat), ("batch_size", batch_size), ("min_len", min_len),
+                            ("max_len_b", max_len_b)):
+            if not _is_int(value):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
+        for name, value in (("beam", beam), ("b_nat", b_nat), ("batch_size", batch_size)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.model.kind == "hrt" and b_nat > beam:
+            raise ValueError(f"b_nat {b_nat} > beam {beam}: stage II fills the top b_nat of the beam's "
+                             "Skip-AT hypotheses, so b_nat must be <= beam (b_at)")
         config = SearchConfig(beam=beam, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
                               len_penalty=lenpen, unk_penalty=unkpen)
         out = [""] * len(lines)
@@ -111,6 +144,25 @@ class Translator:
             for (i, _), best in zip(batch, hypos):
                 out[i] = self.decode(best[0]["tokens"].tolist())
         return out
+
+
+def read_lines(source) -> List[str]:
+    """The lines of a file name or binary stream, split at ``\\n`` only (as fairseq-interactive
+    reads them: a lone ``\\r`` does not end a line), without a UTF-8 BOM; bytes that are not
+    UTF-8 become U+FFFD instead of ending the run."""
+    if isinstance(source, str):
+        if not os.path.isfile(source):
+            raise FileNotFoundError(f"--input {source}: no such file")
+        with open(source, "rb") as f:
+            data = f.read()
+    else:
+        data = source.read()
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [line.rstrip(b"\r").decode("utf-8", errors="replace") for line in lines]
 
 
 def cli_main(argv=None):
@@ -136,8 +188,7 @@ def cli_main(argv=None):
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s | %(name)s | %(message)s")
     try:
         translator = Translator(a.folder, threads=a.threads)
-        stream = sys.stdin if a.input == "-" else open(a.input, encoding="utf-8")
-        lines = [line.rstrip("\n") for line in stream]
+        lines = read_lines(sys.stdin.buffer if a.input == "-" else a.input)
         for line in translator.translate(lines, beam=a.beam, chunk_size=a.chunk_size, b_nat=a.b_nat, max_len_a=a.max_len_a,
                                          max_len_b=a.max_len_b, min_len=a.min_len, lenpen=a.lenpen, unkpen=a.unkpen,
                                          batch_size=a.batch_size):
