@@ -11,15 +11,41 @@ import numpy as np
 FORMAT, VERSION = "fairseq-hrt-onnx", 2
 
 
+REQUIRED = ("kind", "layers", "heads", "head_dim", "vocab_size", "max_target_positions", "max_source_positions",
+            "pad", "eos", "unk", "source_eos", "source_pad", "source_unk", "chunk_start", "trained_chunk_sizes",
+            "banned", "source_dictionary", "target_dictionary", "graphs")
+
+
 def read_config(folder: str) -> Dict:
+    """The ``config.json`` of an exported folder, checked: a folder of this format and version,
+    with every key and every file it names."""
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{folder}: no such folder (the output folder of fairseq-hrt-export)")
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{folder}: no config.json (not a folder written by fairseq-hrt-export)")
-    with open(path) as f:
-        config = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); export the checkpoint again") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is not a fairseq-hrt-export configuration (a JSON {type(config).__name__}, "
+                         "not an object); export the checkpoint again")
     if config.get("format") != FORMAT or config.get("version") != VERSION:
-        raise ValueError(f"{folder}: format {config.get('format')} version {config.get('version')}, "
-                         f"this runtime reads {FORMAT} version {VERSION}; export the checkpoint again")
+        raise ValueError(f"{folder}: format {config.get('format')!r} version {config.get('version')!r}, "
+                         f"this runtime reads {FORMAT!r} version {VERSION}; export the checkpoint again "
+                         "with the fairseq-hrt-export of this version")
+    missing = [key for key in REQUIRED if key not in config]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}; export the checkpoint again")
+    files = [*config["graphs"].values(), config["source_dictionary"], config["target_dictionary"]]
+    if config.get("sentencepiece_model"):
+        files.append(config["sentencepiece_model"])
+    absent = [name for name in files if not os.path.isfile(os.path.join(folder, name))]
+    if absent:
+        raise FileNotFoundError(f"{folder}: config.json names {', '.join(absent)}, which "
+                                f"{'is' if len(absent) == 1 else 'are'} missing (an incomplete copy of the folder?)")
     return config
 
 

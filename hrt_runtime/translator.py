@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from hrt_runtime.model import ExportedModel
-from hrt_runtime.search import SearchConfig, hrt, left_to_right
+from hrt_runtime.search import SearchConfig, hrt, left_to_right, mask_predict
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +36,16 @@ def read_dictionary(path: str) -> List[str]:
     return symbols
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 class Translator:
     """``Translator(folder).translate(["A man rides a bike."])``. Decoding options are fairseq's
-    (``beam``, ``max_len_a``, ``max_len_b``, ``min_len``, ``lenpen``, ``unkpen``) and HRT's
-    (``chunk_size``: default the smallest trained one, 1 = AT mode; ``b_nat``)."""
+    (``beam``, ``max_len_a``, ``max_len_b``, ``min_len``, ``lenpen``, ``unkpen``), HRT's
+    (``chunk_size``: default the smallest trained one, 1 = AT mode; ``b_nat``) and Mask-Predict's
+    (``iterations``: I, ``length_beam``: l; fairseq's ``--iter-decode-max-iter`` /
+    ``--iter-decode-with-beam``)."""
 
     def __init__(self, folder: str, threads: int = 1):
         self.model = ExportedModel(folder, threads=threads)
@@ -74,7 +80,8 @@ class Translator:
             return " ".join(pieces)
         return "".join(pieces).replace("\u2581", " ").strip()
 
-    def search(self, sources: List[np.ndarray], config: SearchConfig, chunk_size: int, b_nat: int = 1):
+    def search(self, sources: List[np.ndarray], config: SearchConfig, chunk_size: int, b_nat: int = 1,
+               iterations: int = 10, length_beam: int = 1):
         """Hypotheses of a batch of encoded sources (left-padded here, as fairseq batches them)."""
         pad = self.model.config["source_pad"]
         width = max(s.size for s in sources)
@@ -83,23 +90,55 @@ class Translator:
             src[i, width - s.size:] = s
         encoded = self.model.encode(src)
         banned = self.model.config["banned"]
+        if self.model.kind == "mask-predict":
+            return mask_predict(self.model, encoded, src, iterations, length_beam, config.max_len_a, config.max_len_b, banned)
         if self.model.kind == "hrt":
             return hrt(self.model, encoded, width, config, chunk_size, banned, b_nat=b_nat)
         if chunk_size != 1:
             raise ValueError(f"chunk_size {chunk_size}: an AT model decodes left to right only (chunk_size 1)")
         return left_to_right(self.model, encoded, width, config, banned)
 
+    def chunk_size(self, chunk_size: Optional[int]) -> int:
+        """The chunk size a call decodes with: ``chunk_size`` checked against the model (``None``:
+        the smallest trained one; 1: AT mode)."""
+        trained = self.model.config["trained_chunk_sizes"]
+        if chunk_size is None:
+            return min(trained) if trained else 1
+        if not _is_int(chunk_size):
+            raise TypeError(f"chunk_size must be an integer (1: AT mode) or None, got {chunk_size!r}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1 (1: AT mode), got {chunk_size}")
+        if chunk_size > 1 and self.model.kind != "hrt":
+            raise ValueError(f"chunk_size {chunk_size}: this is {'a Mask-Predict' if self.model.kind == 'mask-predict' else 'an AT'} "
+                             "model, it has no chunk size (chunk_size 1 or None)")
+        if chunk_size > 1 and chunk_size not in trained:
+            raise ValueError(f"chunk_size {chunk_size}: this model was trained for chunk sizes "
+                             f"{', '.join(map(str, trained)) or 'none'}; use one of them, or 1 for AT mode")
+        return chunk_size
+
     def translate(self, lines: Union[str, List[str]], beam: int = 5, chunk_size: Optional[int] = None, b_nat: int = 1,
                   max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1, lenpen: float = 1.0,
-                  unkpen: float = 0.0, batch_size: int = 64) -> Union[str, List[str]]:
+                  unkpen: float = 0.0, batch_size: int = 64, iterations: int = 10, length_beam: int = 1) -> Union[str, List[str]]:
         if isinstance(lines, str):
-            return self.translate([lines], beam, chunk_size, b_nat, max_len_a, max_len_b, min_len, lenpen, unkpen, batch_size)[0]
-        if not isinstance(lines, (list, tuple)) or not all(isinstance(s, str) for s in lines):
-            raise TypeError("translate takes a string or a list of strings")
-        trained = self.model.config["trained_chunk_sizes"]
-        k = chunk_size if chunk_size is not None else (min(trained) if trained else 1)
-        if k < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {k}")
+            return self.translate([lines], beam, chunk_size, b_nat, max_len_a, max_len_b, min_len, lenpen, unkpen, batch_size,
+                                  iterations, length_beam)[0]
+        if not isinstance(lines, (list, tuple)):
+            raise TypeError(f"translate() takes a string or a list of strings, got {type(lines).__name__}")
+        bad = [i for i, s in enumerate(lines) if not isinstance(s, str)]
+        if bad:
+            raise TypeError(f"translate() takes a string or a list of strings; item {bad[0]} of the list is "
+                            f"{type(lines[bad[0]]).__name__}")
+        k = self.chunk_size(chunk_size)
+        for name, value in (("beam", beam), ("b_nat", b_nat), ("batch_size", batch_size), ("min_len", min_len),
+                            ("max_len_b", max_len_b)):
+            if not _is_int(value):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
+        for name, value in (("beam", beam), ("b_nat", b_nat), ("batch_size", batch_size)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.model.kind == "hrt" and b_nat > beam:
+            raise ValueError(f"b_nat {b_nat} > beam {beam}: stage II fills the top b_nat of the beam's "
+                             "Skip-AT hypotheses, so b_nat must be <= beam (b_at)")
         config = SearchConfig(beam=beam, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
                               len_penalty=lenpen, unk_penalty=unkpen)
         out = [""] * len(lines)
@@ -107,10 +146,29 @@ class Translator:
         todo.sort(key=lambda item: item[1].size)  # similar lengths share a batch
         for start in range(0, len(todo), batch_size):
             batch = todo[start:start + batch_size]
-            hypos = self.search([s for _, s in batch], config, k, b_nat)
+            hypos = self.search([s for _, s in batch], config, k, b_nat, iterations, length_beam)
             for (i, _), best in zip(batch, hypos):
                 out[i] = self.decode(best[0]["tokens"].tolist())
         return out
+
+
+def read_lines(source) -> List[str]:
+    """The lines of a file name or binary stream, split at ``\\n`` only (as fairseq-interactive
+    reads them: a lone ``\\r`` does not end a line), without a UTF-8 BOM; bytes that are not
+    UTF-8 become U+FFFD instead of ending the run."""
+    if isinstance(source, str):
+        if not os.path.isfile(source):
+            raise FileNotFoundError(f"--input {source}: no such file")
+        with open(source, "rb") as f:
+            data = f.read()
+    else:
+        data = source.read()
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [line.rstrip(b"\r").decode("utf-8", errors="replace") for line in lines]
 
 
 def cli_main(argv=None):
@@ -130,17 +188,19 @@ def cli_main(argv=None):
     p.add_argument("--min-len", type=int, default=1)
     p.add_argument("--lenpen", type=float, default=1.0)
     p.add_argument("--unkpen", type=float, default=0.0)
+    p.add_argument("--iter-decode-max-iter", type=int, default=10, help="Mask-Predict's iterations I")
+    p.add_argument("--iter-decode-with-beam", type=int, default=1, help="Mask-Predict's length beam l")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s | %(name)s | %(message)s")
     try:
         translator = Translator(a.folder, threads=a.threads)
-        stream = sys.stdin if a.input == "-" else open(a.input, encoding="utf-8")
-        lines = [line.rstrip("\n") for line in stream]
+        lines = read_lines(sys.stdin.buffer if a.input == "-" else a.input)
         for line in translator.translate(lines, beam=a.beam, chunk_size=a.chunk_size, b_nat=a.b_nat, max_len_a=a.max_len_a,
                                          max_len_b=a.max_len_b, min_len=a.min_len, lenpen=a.lenpen, unkpen=a.unkpen,
-                                         batch_size=a.batch_size):
+                                         batch_size=a.batch_size,
+                                         iterations=a.iter_decode_max_iter, length_beam=a.iter_decode_with_beam):
             print(line)
     except (ValueError, FileNotFoundError, TypeError) as e:
         p.exit(2, f"hrt-translate: error: {e}\n")

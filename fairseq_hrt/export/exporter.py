@@ -309,12 +309,12 @@ def export_checkpoint(checkpoint: str, out_dir: str, data: Optional[str] = None,
     from fairseq_hrt.hub import find_sentencepiece_model
 
     if not os.path.isfile(checkpoint):
-        raise FileNotFoundError(f"fairseq-hrt-export: no checkpoint {checkpoint}")
+        raise FileNotFoundError(f"no checkpoint {checkpoint}")
+    if sentencepiece_model and not os.path.isfile(sentencepiece_model):
+        raise FileNotFoundError(f"--sentencepiece-model {sentencepiece_model}: no such file")
     overrides = {"data": data} if data else {}
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides=overrides)
     spm = sentencepiece_model or find_sentencepiece_model(data or cfg.task.data, os.path.dirname(checkpoint))
-    if sentencepiece_model and not os.path.isfile(sentencepiece_model):
-        raise FileNotFoundError(f"--sentencepiece-model {sentencepiece_model}: no such file")
     config = export_model(models[0], task, out_dir, sentencepiece_model=spm, restricted=restricted)
     if int8:
         config = quantize_folder(out_dir, out_dir)

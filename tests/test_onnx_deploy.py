@@ -1,0 +1,378 @@
+"""Deploying without PyTorch: ``fairseq-hrt-export`` and :mod:`hrt_runtime` (issue 24).
+
+* raw text through ``hrt_runtime.Translator`` gives the strings fairseq gives (the hub and
+  ``fairseq-interactive``, lean engine) for tiny AT and HRT models trained on SentencePiece data;
+* ``hrt-translate`` in a fresh virtual environment with onnxruntime, numpy and sentencepiece
+  only (no torch, no fairseq) gives the in-process Translator's output;
+* clear errors for a wrong folder and wrong options, and the exporter's refusals.
+"""
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from hrt_runtime import Translator  # noqa: E402
+from tests.tiny_data import (REPO, USER_DIR, cli_env, hyp_lines, make_tiny_spm_data, read_lines, run_cli,  # noqa: E402
+                             run_cli_many, train_args)
+
+MAX_LEN_B = 30
+
+
+# ------------------------------------------------------------------ trained SentencePiece models
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """Tiny AT and HRT (k = 2, 3) models trained 150 updates (40 leave them at empty outputs) on SentencePiece data, each exported
+    with the ``fairseq-hrt-export`` command line. ``(data, spm model, {arch: (checkpoint,
+    exported folder, export log)})``."""
+    root = tmp_path_factory.mktemp("deploy")
+    data = make_tiny_spm_data(root)
+    runs = {"at_tiny": ("--hrt-mode", "at"), "hrt_tiny": ("--chunk-sizes", "2,3"), "cmlm_tiny": ("--hrt-mode", "cmlm")}
+    run_cli_many([train_args(data.bin_dir, root / arch, *extra, arch=arch, max_update=150) for arch, extra in runs.items()],
+                 root / "train-logs")
+    models = {}
+    for arch in runs:
+        ckpt, folder = root / arch / "checkpoint_last.pt", root / f"{arch}-onnx"
+        log = run_cli(["fairseq_hrt.export.exporter", ckpt, folder]).stdout  # the SentencePiece model is found beside the data
+        models[arch] = (ckpt, folder, log)
+    return data, root / "spm" / "spm.model", models
+
+
+def raw_lines(data, translator):
+    """Validation sentences, an empty line, a line of spaces, unknown characters and a line
+    longer than the model's source positions."""
+    lines = read_lines(data.raw("valid", "en"))[:8]
+    long_line = lines[0]
+    while len(translator.spm.encode(long_line)) <= translator.max_source_tokens:
+        long_line += " " + lines[0]
+    assert translator.encode(long_line).size == translator.max_source_tokens  # truncated
+    return [lines[0], "", lines[1], "    ", long_line, "東京 Zürich ½ 👨‍👩‍👧", *lines[2:]]
+
+
+CASES = [
+    ("at_tiny", dict(beam=1)),
+    ("at_tiny", dict(beam=5)),
+    ("hrt_tiny", dict(chunk_size=2, beam=1)),
+    ("hrt_tiny", dict(chunk_size=1, beam=1)),
+    ("hrt_tiny", dict(chunk_size=1, beam=5)),
+    ("hrt_tiny", dict(chunk_size=3, beam=3, b_nat=2)),
+    ("hrt_tiny", dict(beam=2)),  # the default chunk size: the smallest trained one on both sides
+    ("cmlm_tiny", dict(iterations=4, length_beam=2)),
+]
+
+# the Translator's Mask-Predict options under fairseq's names (the hub's keywords)
+FAIRSEQ_NAMES = {"iterations": "iter_decode_max_iter", "length_beam": "iter_decode_with_beam"}
+
+
+@pytest.fixture(scope="module")
+def hubs(deployed):
+    import fairseq_hrt
+
+    data, _, models = deployed  # the SentencePiece model is found beside the data, as by the exporter
+    return {arch: fairseq_hrt.from_pretrained(str(ckpt.parent), data_name_or_path=str(data.bin_dir))
+            for arch, (ckpt, _, _) in models.items()}
+
+
+@pytest.mark.slow
+def test_export_command_writes_the_folder(deployed):
+    _, spm, models = deployed
+    for arch, (_, folder, log) in models.items():
+        config = json.loads((folder / "config.json").read_text())
+        assert config["kind"] == {"hrt_tiny": "hrt", "at_tiny": "at", "cmlm_tiny": "mask-predict"}[arch]
+        assert config["sentencepiece_model"] == "sentencepiece.model"
+        assert (folder / "sentencepiece.model").read_bytes() == spm.read_bytes()
+        left_to_right = {"step", "step_top"} if arch != "cmlm_tiny" else set()
+        assert set(config["graphs"]) >= {"encoder"} | left_to_right | ({"parallel"} if arch != "at_tiny" else set())
+        assert f"{folder}: {config['kind']} model" in log and "MiB" in log
+        assert not [f for f in os.listdir(folder) if f.startswith(".export-")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,options", CASES, ids=lambda v: v if isinstance(v, str) else " ".join(f"{k}={x}" for k, x in v.items()))
+def test_translator_equals_the_hub_on_raw_text(deployed, hubs, arch, options, caplog):
+    data, _, models = deployed
+    translator = Translator(str(models[arch][1]))
+    lines = raw_lines(data, translator)
+    ref = hubs[arch].translate(lines, engine="lean", max_len_a=0, max_len_b=MAX_LEN_B,
+                               **{FAIRSEQ_NAMES.get(k, k): v for k, v in options.items()})
+    with caplog.at_level(logging.WARNING, logger="hrt_runtime"):
+        ours = translator.translate(lines, max_len_a=0, max_len_b=MAX_LEN_B, **options)
+    assert len(ours) == len(lines)  # nothing lost, the over-long line included
+    assert ours == ref
+    assert ours[1] == "" and ours[3] == ""  # empty and blank lines give empty lines
+    assert ours[4]  # the over-long line is translated (truncated)
+    assert any("truncated" in r.getMessage() for r in caplog.records)
+    assert sum(bool(o) for o in ours) >= len(lines) - 2  # the model says something for the rest
+
+
+@pytest.mark.slow
+def test_translator_equals_fairseq_interactive(deployed, tmp_path):
+    """The command lines: ``fairseq-interactive --decoder-engine lean`` and ``hrt-translate``
+    on one input file, HRT k = 2, beam 1."""
+    data, spm, models = deployed
+    ckpt, folder, _ = models["hrt_tiny"]
+    lines = raw_lines(data, Translator(str(folder)))
+    path = tmp_path / "input.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = run_cli(["interactive", data.bin_dir, "--path", ckpt, "--user-dir", USER_DIR, "--task", "hrt_translation",
+                   "--source-lang", "en", "--target-lang", "de", "--cpu", "--bpe", "sentencepiece",
+                   "--sentencepiece-model", spm, "--input", path, "--buffer-size", "4", "--batch-size", "4",
+                   "--decode-chunk-size", "2", "--beam", "1", "--max-len-a", "0", "--max-len-b", MAX_LEN_B,
+                   "--decoder-engine", "lean"]).stdout
+    pieces = hyp_lines(out)  # H-: pieces; D-: detokenised (SentencePiece decoded)
+    detok = {int(m.group(1)): m.group(2) for m in re.finditer(r"^D-(\d+)\t\S+\t?(.*)$", out, re.M)}
+    assert sorted(detok) == sorted(pieces) == list(range(len(lines)))
+    ref = [detok[i] for i in range(len(lines))]
+    proc = subprocess.run([sys.executable, "-m", "hrt_runtime", str(folder), "--input", str(path), "--chunk-size", "2",
+                           "--beam", "1", "--max-len-a", "0", "--max-len-b", str(MAX_LEN_B)],
+                          cwd=str(REPO), env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:-1] == ref
+    assert "truncated" in proc.stderr
+
+
+# ------------------------------------------------------------------ a fresh virtual environment
+
+
+RUNTIME_PACKAGES = ["onnxruntime==1.32.0", "numpy<2", "sentencepiece==0.2.0"]
+NETWORK_ERRORS = ("Could not find a version", "No matching distribution", "NewConnectionError", "Max retries",
+                  "Temporary failure in name resolution", "Network is unreachable", "Connection refused")
+
+
+def _pip(venv_dir: Path, *args, timeout=900):
+    started = time.perf_counter()
+    proc = subprocess.run([str(venv_dir / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", *args],
+                          capture_output=True, text=True, timeout=timeout)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        output = proc.stdout + proc.stderr
+        if any(e in output for e in NETWORK_ERRORS):
+            pytest.skip(f"pip cannot reach the package index: {output.strip().splitlines()[-1]}")
+        raise AssertionError(f"pip install {' '.join(args)} failed:\n{output[-4000:]}")
+    return seconds
+
+
+def _site_packages_mib(venv_dir: Path, names) -> float:
+    site = next((venv_dir / "lib").glob("python3*/site-packages"))
+    total = 0
+    for path in site.iterdir():
+        if any(path.name.lower().startswith(n) for n in names):
+            for f in (path.rglob("*") if path.is_dir() else [path]):
+                if f.is_file():
+                    total += f.stat().st_size
+    return total / 2**20
+
+
+@pytest.mark.slow
+def test_hrt_translate_in_a_fresh_venv_without_torch(deployed, tmp_path):
+    """``pip install onnxruntime numpy sentencepiece`` and this repository with ``--no-deps`` in a
+    new virtual environment: ``hrt-translate`` there gives the in-process Translator's output,
+    and ``import torch`` fails there."""
+    data, _, models = deployed
+    venv_dir = tmp_path / "venv"
+    started = time.perf_counter()
+    venv.EnvBuilder(with_pip=True, clear=True).create(venv_dir)
+    made = time.perf_counter() - started
+    deps = _pip(venv_dir, *RUNTIME_PACKAGES)
+    # the repository as pip installs it, copied so that the build leaves nothing in the checkout
+    source = tmp_path / "source"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    source.mkdir()
+    shutil.copy(REPO / "setup.py", source)
+    for package in ("hrt_runtime", "fairseq_hrt"):
+        shutil.copytree(REPO / package, source / package, ignore=ignore)
+    own = _pip(venv_dir, "--no-deps", str(source))
+    sizes = {"onnxruntime": _site_packages_mib(venv_dir, ["onnxruntime"]), "numpy": _site_packages_mib(venv_dir, ["numpy"]),
+             "sentencepiece": _site_packages_mib(venv_dir, ["sentencepiece"])}
+    print(f"\nfresh venv: created in {made:.1f} s, runtime packages installed in {deps:.1f} s, the repository in "
+          f"{own:.1f} s; installed sizes (MiB): " + ", ".join(f"{k} {v:.1f}" for k, v in sizes.items()))
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    python = str(venv_dir / "bin" / "python")
+    no_torch = subprocess.run([python, "-c", "import torch"], capture_output=True, text=True, cwd=str(tmp_path), env=env)
+    assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
+    no_fairseq = subprocess.run([python, "-c", "import fairseq"], capture_output=True, text=True, cwd=str(tmp_path), env=env)
+    assert no_fairseq.returncode != 0
+
+    for arch, flags, options in (("hrt_tiny", ["--chunk-size", "2", "--beam", "1"], dict(chunk_size=2, beam=1)),
+                                 ("at_tiny", ["--beam", "5"], dict(beam=5))):
+        folder = models[arch][1]
+        lines = raw_lines(data, Translator(str(folder)))
+        path = tmp_path / "input.txt"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        proc = subprocess.run([str(venv_dir / "bin" / "hrt-translate"), str(folder), "--input", str(path), *flags,
+                               "--max-len-b", str(MAX_LEN_B)], capture_output=True, text=True, cwd=str(tmp_path), env=env,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        expected = Translator(str(folder)).translate(lines, max_len_b=MAX_LEN_B, **options)
+        assert proc.stdout.split("\n")[:-1] == expected
+        assert "truncated" in proc.stderr
+    # the same from standard input, as python -m hrt_runtime
+    proc = subprocess.run([python, "-m", "hrt_runtime", str(models["at_tiny"][1]), "--beam", "1", "--max-len-b", "5"],
+                          input="\n".join(lines[:3]) + "\n", capture_output=True, text=True, cwd=str(tmp_path), env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:-1] == Translator(str(models["at_tiny"][1])).translate(lines[:3], beam=1, max_len_b=5)
+
+
+# ---------------------------------------------------------------------------- clear errors
+
+
+@pytest.fixture(scope="module")
+def exported_random(tmp_path_factory):
+    """Untrained tiny AT and HRT models exported in-process: ``{kind: folder}`` (inputs are
+    pieces: no SentencePiece model)."""
+    from fairseq_hrt.export.exporter import export_model
+    from tests.hrt_fixtures import random_tiny_models
+
+    data_dir, task, hrt, at = random_tiny_models(tmp_path_factory, "deploy_random")
+    root = tmp_path_factory.mktemp("deploy_random_onnx")
+    for name, model in (("hrt", hrt), ("at", at)):
+        export_model(model, task, str(root / name), restricted=False)
+    return {"hrt": str(root / "hrt"), "at": str(root / "at")}
+
+
+def test_random_models_translate_pieces(exported_random):
+    for folder in exported_random.values():
+        out = Translator(folder).translate(["w1 w2 w3", "", "w4 nonsense"], beam=2, max_len_b=5)
+        assert len(out) == 3 and out[1] == "" and all(p.startswith("w") for p in " ".join(out).split())
+
+
+def _copy(folder, tmp_path, name="copy"):
+    target = tmp_path / name
+    shutil.copytree(folder, target)
+    return target
+
+
+def test_folder_errors(exported_random, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        Translator(str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match=r"no config.json \(not a folder written by fairseq-hrt-export\)"):
+        Translator(str(tmp_path))
+    folder = _copy(exported_random["at"], tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    from hrt_runtime.model import VERSION
+
+    other = VERSION + 1
+    for bad, message in (({**config, "format": "ctranslate2"}, rf"format 'ctranslate2' version {VERSION}, this runtime reads "
+                                                              rf"'fairseq-hrt-onnx' version {VERSION}; export the checkpoint again"),
+                         ({**config, "version": other}, rf"version {other}, this runtime reads 'fairseq-hrt-onnx' version {VERSION}"),
+                         ([1, 2], r"not a fairseq-hrt-export configuration \(a JSON list"),
+                         ({k: v for k, v in config.items() if k != "graphs"}, r"lacks graphs; export the checkpoint again")):
+        (folder / "config.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=message):
+            Translator(str(folder))
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="config.json is not valid JSON"):
+        Translator(str(folder))
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "step.onnx").unlink()
+    with pytest.raises(FileNotFoundError, match=r"config.json names step.onnx, which is missing"):
+        Translator(str(folder))
+
+
+def test_option_errors(exported_random):
+    at, hrt = Translator(exported_random["at"]), Translator(exported_random["hrt"])
+    with pytest.raises(TypeError, match=r"translate\(\) takes a string or a list of strings, got NoneType"):
+        at.translate(None)
+    with pytest.raises(TypeError, match=r"item 1 of the list is bytes"):
+        at.translate(["w1", b"w2"])
+    for translator in (at, hrt):
+        with pytest.raises(ValueError, match=r"chunk_size must be >= 1 \(1: AT mode\), got 0"):
+            translator.translate(["w1"], chunk_size=0)
+        with pytest.raises(TypeError, match=r"chunk_size must be an integer"):
+            translator.translate(["w1"], chunk_size="2")
+        with pytest.raises(ValueError, match="beam must be >= 1, got 0"):
+            translator.translate(["w1"], beam=0)
+    # refused before anything is decoded, also when every line is empty
+    with pytest.raises(ValueError, match=r"chunk_size 2: this is an AT model, it has no chunk size"):
+        at.translate(["", ""], chunk_size=2)
+    with pytest.raises(ValueError, match=r"chunk_size 4: this model was trained for chunk sizes 2, 3"):
+        hrt.translate(["w1"], chunk_size=4)
+    with pytest.raises(ValueError, match=r"b_nat 3 > beam 2: .* b_nat must be <= beam"):
+        hrt.translate(["w1"], chunk_size=2, beam=2, b_nat=3)
+    assert at.translate(["", " "], chunk_size=1) == ["", ""]
+
+
+def _cli(*args, input_text=""):
+    proc = subprocess.run([sys.executable, "-m", "hrt_runtime", *map(str, args)], input=input_text, cwd=str(REPO),
+                          env=cli_env(), capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_cli_errors_exit_2_with_a_message(exported_random, tmp_path):
+    rc, out, err = _cli(tmp_path)
+    assert rc == 2 and out == "" and f"hrt-translate: error: {tmp_path}: no config.json" in err and "Traceback" not in err
+    rc, _, err = _cli(exported_random["at"], "--chunk-size", "2", input_text="w1\n")
+    assert rc == 2 and "hrt-translate: error: chunk_size 2: this is an AT model" in err and "Traceback" not in err
+    rc, _, err = _cli(exported_random["hrt"], "--beam", "1", "--b-nat", "2", input_text="w1\n")
+    assert rc == 2 and "hrt-translate: error: b_nat 2 > beam 1" in err
+    rc, _, err = _cli(exported_random["at"], "--input", tmp_path / "absent.txt")
+    assert rc == 2 and f"hrt-translate: error: --input {tmp_path / 'absent.txt'}: no such file" in err
+    # bad bytes and a lone \r do not end the run nor shift the lines
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"\xef\xbb\xbfw1 w2\r\nw3 \xff w4\nw5\rw6\n\n")
+    rc, out, err = _cli(exported_random["at"], "--input", path, "--beam", "1", "--max-len-b", "3")
+    assert rc == 0, err
+    assert len(out.split("\n")[:-1]) == 4 and out.split("\n")[3] == ""
+
+
+# ------------------------------------------------------------------------ export refusals
+
+
+@pytest.mark.parametrize("arch,extra,reason", [
+    ("at_tiny_ssru", ("--hrt-mode", "at"), "an SSRU decoder (its recurrent cell has no exported step)"),
+])
+def test_exporter_refuses_in_one_message(tmp_path, arch, extra, reason):
+    from fairseq_hrt.export.exporter import export_model
+    from tests.hrt_fixtures import build_task_and_model
+
+    (tmp_path / "data").mkdir()
+    task, model = build_task_and_model(str(tmp_path / "data"), arch=arch, extra=extra)
+    out = tmp_path / "onnx"
+    with pytest.raises(ValueError) as error:
+        export_model(model, task, str(out))
+    message = str(error.value)
+    assert message.startswith("cannot export this model to ONNX: ") and reason in message
+    assert "\n" not in message
+    assert not out.exists()  # nothing written
+
+
+def test_export_command_errors_exit_2(tmp_path, capsys):
+    from fairseq_hrt.export.exporter import cli_main
+
+    with pytest.raises(SystemExit) as exit_:
+        cli_main([str(tmp_path / "absent.pt"), str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert f"fairseq-hrt-export: error: no checkpoint {tmp_path / 'absent.pt'}" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- README
+
+
+def test_readme_deploy_example_runs(exported_random, tmp_path):
+    """README's "Deploy without PyTorch" Python example, verbatim, on an exported HRT model
+    named as there (``model-onnx``)."""
+    text = (REPO / "README.md").read_text()
+    section = re.search(r"## Deploy without PyTorch\n(.*?)\n## ", text, re.S).group(1)
+    code = re.search(r"```python\n(.*?)\n```", section, re.S).group(1)
+    commands = re.search(r"```bash\n(.*?)\n```", section, re.S).group(1)
+    assert "fairseq-hrt-export " in commands and "hrt-translate model-onnx" in commands
+    os.symlink(exported_random["hrt"], tmp_path / "model-onnx")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=cli_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    translations = eval(proc.stdout.strip().splitlines()[-1])  # a printed list of three strings
+    assert len(translations) == 3 and translations[1] == "" and translations[0] and translations[2]
