@@ -40,8 +40,9 @@ def read_config(folder: str) -> Dict:
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}; export the checkpoint again")
     files = [*config["graphs"].values(), config["source_dictionary"], config["target_dictionary"]]
-    if config.get("sentencepiece_model"):
-        files.append(config["sentencepiece_model"])
+    for optional in ("sentencepiece_model", "weights"):
+        if config.get(optional):
+            files.append(config[optional])
     absent = [name for name in files if not os.path.isfile(os.path.join(folder, name))]
     if absent:
         raise FileNotFoundError(f"{folder}: config.json names {', '.join(absent)}, which "

@@ -7,6 +7,8 @@ The folder (format :data:`FORMAT`, version :data:`VERSION`) holds:
   choice, and the ``k`` best for beam search with ``k`` an input),
 * ``parallel.onnx`` (:class:`~fairseq_hrt.export.graphs.ParallelGraph`, HRT models: stage II),
 * with ``restricted`` graphs (``*_restricted.onnx``) the same with the output rows as inputs (shortlists),
+* ``weights.bin``: every graph's weights, each stored once (:func:`share_weights`),
+* ``output_weight.npy`` (and ``output_bias.npy``): the output layer's rows, for shortlists,
 * ``dict.<src>.txt`` / ``dict.<tgt>.txt``, the SentencePiece model when there is one, and
 * ``config.json``: what the runtime (:mod:`hrt_runtime`) needs -- special symbols, the symbols a
   search never produces, ``<s_k>`` ids, the model's trained chunk sizes, shapes, file names
@@ -18,6 +20,7 @@ Shapes are dynamic in batch and length. What cannot be exported is refused in on
 functions of the decoder pass in well under a second.
 """
 import argparse
+import contextlib
 import copy
 import hashlib
 import json
@@ -101,6 +104,43 @@ def _constants_to_initializers(path: str):
                 graph.initializer.append(numpy_helper.from_array(tensor, node.output[0]))
                 graph.node.remove(node)
     onnx.save(graph_model, path)
+
+
+WEIGHTS = "weights.bin"
+
+
+def share_weights(folder: str, graphs: List[str]):
+    """Store every weight of the ``graphs`` once, in ``folder/weights.bin`` (ONNX external
+    data, 64-byte aligned): the step, top-k, restricted and non-causal graphs hold the same
+    planned weights, which each graph file would otherwise carry (a folder of several times the
+    model's size)."""
+    import onnx
+    from onnx import numpy_helper
+
+    offsets: Dict[str, int] = {}
+    with open(os.path.join(folder, WEIGHTS), "wb") as weights:
+        for name in graphs:
+            path = os.path.join(folder, name)
+            graph_model = onnx.load(path)  # external data already there are read back in
+            for init in graph_model.graph.initializer:
+                array = numpy_helper.to_array(init)
+                if array.size < 16:  # small constants stay inside the graph
+                    continue
+                data = array.tobytes()
+                key = hashlib.sha1(data + str(array.dtype).encode() + str(array.shape).encode()).hexdigest()
+                if key not in offsets:
+                    weights.write(b"\0" * (-weights.tell() % 64))
+                    offsets[key] = weights.tell()
+                    weights.write(data)
+                init.ClearField("raw_data")
+                for field in ("float_data", "int32_data", "int64_data", "double_data"):
+                    init.ClearField(field)
+                del init.external_data[:]
+                for k, v in (("location", WEIGHTS), ("offset", str(offsets[key])), ("length", str(len(data)))):
+                    entry = init.external_data.add()
+                    entry.key, entry.value = k, v
+                init.data_location = onnx.TensorProto.EXTERNAL
+            onnx.save(graph_model, path)
 
 
 def _k_as_input(path: str):
@@ -217,6 +257,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
                     "score": {0: "M"}, "token": {0: "M"}, **rows_dyn}, f"parallel{suffix}.onnx")
             files[f"parallel{suffix}"] = f"parallel{suffix}.onnx"
 
+    share_weights(tmp, list(files.values()))
     # the output rows as arrays: a shortlist gathers its rows from them once per batch
     import numpy as np
 
@@ -257,6 +298,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         "target_dictionary": f"dict.{tgt_lang}.txt",
         "sentencepiece_model": spm,
         "graphs": files,
+        "weights": WEIGHTS,
         "opset": OPSET,
         "exported_with": {"torch": torch.__version__},
     }
@@ -268,6 +310,18 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     os.rmdir(tmp)
     logger.info("exported %s model (%s) to %s", kind, ", ".join(files.values()), out_dir)
     return config
+
+
+@contextlib.contextmanager
+def _quiet_root_logger():
+    """ONNX Runtime's quantizer logs every matrix product it skips on the root logger at INFO."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def quantize_folder(folder: str, out_dir: str) -> Dict:
@@ -284,11 +338,12 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
     for name in os.listdir(folder):
         source = os.path.join(folder, name)
         if name in graphs:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _quiet_root_logger():
                 warnings.simplefilter("ignore")
                 quantize_dynamic(source, os.path.join(tmp, name), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
-        elif name != CONFIG and os.path.isfile(source):
+        elif name not in (CONFIG, WEIGHTS) and os.path.isfile(source):
             shutil.copyfile(source, os.path.join(tmp, name))
+    share_weights(tmp, sorted(graphs))
     config = dict(config, int8=True)
     with open(os.path.join(tmp, CONFIG), "w") as f:
         json.dump(config, f, indent=1)
