@@ -21,13 +21,19 @@ Systems (each family only when its checkpoint is given):
   decoder passes per sentence (greedy rows: one pass per output token) and must have their
   greedy row's BLEU (``AT greedy`` / ``HRT AT-mode b=1``).
 
-Every AT and HRT system is measured with each engine of ``--engines`` (default both: the lean
-engine's rows keep the plain name, fairseq's ``SequenceGenerator`` rows say "(fairseq
-engine)"), on CPU also with ``--quantize int8`` (an "int8" row per system, lean engine;
-``--int8``), with ``--shortlist FILE`` also restricted to a lexical shortlist (a
-"+shortlist" row per system, lean engine), and with ``--compile yes`` also with the lean step
-compiled by ``torch.compile`` (a "compiled" row per system; a compiled AT greedy row may be
-the run's baseline, as it is a float AT greedy decoder).
+Every AT and HRT system is measured with each engine of ``--engines`` (default lean and
+fairseq: the lean engine's rows keep the plain name, fairseq's ``SequenceGenerator`` rows say
+"(fairseq engine)", ONNX Runtime's ``--decoder-engine onnxruntime`` rows "(onnxruntime)"), on
+CPU also with ``--quantize int8`` (an "int8" row per system, lean engine; ``--int8``), with
+``--shortlist FILE`` also restricted to a lexical shortlist (a "+shortlist" row per system and
+engine of ``--engines`` that supports shortlists, lean and onnxruntime: "AT greedy
++shortlist" is the lean engine's, "AT greedy (onnxruntime) +shortlist" ONNX Runtime's; and
+beside them "CTranslate2 AT greedy +vmap" / "... beam b +vmap", CTranslate2 with its
+vocabulary map written from the same shortlist), and with ``--compile yes`` also with the
+lean step compiled by ``torch.compile`` (a "compiled" row per system; a compiled AT greedy
+row may be the run's baseline, as it is a float AT greedy decoder). A row whose engine cannot
+decode it (ONNX Runtime: an SSRU student, HRT's stage-II options) is left out, and the report
+says why.
 
 Each family is one adapter in ``measure.py`` (the shared measuring code that
 ``hrt_quality.py`` uses too): it lists its rows and decodes them; the loop here only times.
@@ -150,7 +156,10 @@ def markdown_report(report: dict) -> str:
         + (" (" + ", ".join(f"bs={b}: {n}" for b, n in meta.get("baseline_per_batch_size", {}).items()) + ")"
            if meta.get("baseline_per_batch_size") else ""),
         "- engines: rows without a suffix use the lean engine (`--decoder-engine lean`); '(fairseq engine)' "
-        "rows use fairseq's SequenceGenerator; 'int8' rows add `--quantize int8`; 'compiled' rows `--compile`",
+        "rows use fairseq's SequenceGenerator; '(onnxruntime)' rows ONNX Runtime over the exported model "
+        "(`--decoder-engine onnxruntime`); 'int8' rows add `--quantize int8`; 'compiled' rows `--compile` "
+        "(both lean); '+shortlist' rows `--shortlist` (in the engine named before it); CTranslate2 '+vmap' rows "
+        "CTranslate2's vocabulary map (`use_vmap`) of the same shortlist",
         "",
         "- passes/sent: decoder passes per sentence (greedy rows: one per output token; hrt-spec: "
         "drafting + verifying passes, accepted tokens per verifying pass in brackets)",
@@ -177,12 +186,13 @@ def markdown_report(report: dict) -> str:
         lines.append(f"| {s['name']} | {s['bleu']:.2f} | {length_cell} | {comet_cell} | {passes_cell} | "
                      + " | ".join(cells) + " |")
     for sk in report["skipped"]:
-        lines.append(f"| {sk['family']}: skipped | - | - | - | - | " + " | ".join("-" for _ in bss) + f" |")
+        lines.append(f"| {sk.get('system') or sk['family']}: skipped | - | - | - | - | "
+                     + " | ".join("-" for _ in bss) + " |")
     lines.append("")
     for b in bss:
         lines.append(f"Pareto front (BLEU vs words/s), batch {b}: " + ", ".join(report["pareto"][b]))
     if report["skipped"]:
-        lines += [""] + [f"Skipped {sk['family']}: {sk['reason']}" for sk in report["skipped"]]
+        lines += [""] + [f"Skipped {sk.get('system') or sk['family']}: {sk['reason']}" for sk in report["skipped"]]
     return "\n".join(lines) + "\n"
 
 
@@ -315,8 +325,15 @@ def run(args) -> dict:
 
     ctx = Context(args.data, args.spm, args.out_dir, use_cuda=use_cuda, fp16=args.fp16, threads=args.threads,
                   max_len_b=args.max_len_b, lenpen=args.lenpen, max_len_a=args.max_len_a)
-    shared = {}
-    runners = {s.name: family_of(s).runner(s, ctx, shared) for s in systems}
+    shared, runners = {}, {}
+    for s in systems:
+        reason = family_of(s).refused(s, ctx)
+        if reason:  # e.g. an ONNX Runtime row of a checkpoint the exporter cannot take
+            logger.warning("%s: left out: %s", s.name, reason)
+            skipped.append({"family": s.family, "system": s.name, "reason": reason})
+        else:
+            runners[s.name] = family_of(s).runner(s, ctx, shared)
+    systems = [s for s in systems if s.name in runners]
 
     def passes_from(s, hyps, before):
         """The row's outputs and decoder passes, from its first passes over every sentence
@@ -462,15 +479,18 @@ def parse_args(argv=None):
     g.add_argument("--jacobi-block-size", type=int, default=3, help="b of the PGJ / HGJ rows")
     g.add_argument("--spec-block-size", type=int, default=4, help="drafted tokens per pass of the hrt-spec row")
     g.add_argument("--engines", default="lean,fairseq",
-                   help="decoder engines of the AT and HRT rows (--decoder-engine), comma-separated")
+                   help="decoder engines of the AT and HRT rows (--decoder-engine), comma-separated: lean, fairseq, "
+                        "onnxruntime (exports each checkpoint once to $FAIRSEQ_HRT_ONNX_CACHE)")
     g.add_argument("--compile", choices=("no", "yes"), default="no",
                    help="add a compiled (--compile: torch.compile of the lean engine's step) row per AT and HRT "
                         "system; the first batch of each row pays the compilation (its warm-up)")
     g.add_argument("--int8", choices=("auto", "yes", "no"), default="auto",
                    help="add an int8 (--quantize int8, lean engine) row per system: auto = on CPU")
     g.add_argument("--shortlist", metavar="FILE",
-                   help="a lexical shortlist (fairseq-hrt-shortlist): adds a '+shortlist' row (lean engine) per "
-                        "AT, HRT and Mask-Predict configuration")
+                   help="a lexical shortlist (fairseq-hrt-shortlist): adds a '+shortlist' row per AT, HRT and "
+                        "Mask-Predict configuration and engine of --engines that supports shortlists (lean, "
+                        "onnxruntime), and a CTranslate2 '+vmap' row per CTranslate2 row (its vocabulary map of the "
+                        "same shortlist)")
     g.add_argument("--max-len-a", type=float, default=0.0,
                    help="maximum target length a x source length + b (fairseq's --max-len-a) for every system, "
                         "the same for AT, HRT and CTranslate2: a runaway output then decides neither BLEU nor "

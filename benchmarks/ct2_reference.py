@@ -11,6 +11,11 @@ Transformer checkpoints CTranslate2 knows: they have no CTranslate2 rows. Neithe
 students (``*_ssru``: CTranslate2 has no SSRU layer) nor models trained with
 ``--decoder-tie-layers`` (their checkpoint stores one decoder layer):
 :func:`unsupported_checkpoint_reason` says why, and :func:`convert` refuses them with it.
+
+Beside the benchmark's "+shortlist" rows, CTranslate2 decodes with its vocabulary map
+(``translate_batch(use_vmap=True)``): :func:`write_vmap` writes ``vmap.txt`` in the converted
+model's folder from the same lexical shortlist, so both runtimes restrict a batch's output
+layer to the same candidates (each source token's shortlist and the frequent tokens).
 """
 import os
 from typing import Dict, List, Optional, Sequence
@@ -109,20 +114,106 @@ def load(model_dir: str, use_cuda: bool, fp16: bool, threads: int):
     )
 
 
+VMAP_FILE = "vmap.txt"  # the name CTranslate2 reads its vocabulary map from, in the model folder
+
+
+def vmap_text(shortlist, source_dictionary, target_symbols: Sequence[str], leave_out: Sequence[str] = ()) -> str:
+    """A lexical shortlist (:class:`fairseq_hrt.shortlist.Shortlist`) as CTranslate2's
+    vocabulary map: one line per source token with targets, ``source<TAB>target target ...``
+    (its shortlist, best first), and a first line with an empty source, the targets every
+    batch may produce (the shortlist's frequent tokens and special symbols). Sources are the
+    fairseq dictionary's symbols (the pieces the model reads); targets are written as
+    ``target_symbols`` spells target id i (the converted model's vocabulary: CTranslate2 calls
+    fairseq's ``<pad>`` ``<blank>``).
+
+    CTranslate2 then decodes a batch over the union of the targets of its source tokens and
+    the always-on ones (plus ``<unk>``, ``<s>`` and ``</s>``, which the shortlist holds too),
+    which are the candidates :meth:`Shortlist.candidates` gives the fairseq-hrt engines for the
+    same batch: fairseq appends ``</s>`` to every source, so its targets (none in a shortlist
+    of ``fairseq-hrt-shortlist``, which keeps special symbols out of its statistics) are
+    always-on here; padding is never a source token. Targets in ``leave_out`` are left out
+    (:data:`SPECIAL_SYMBOLS`, which no decoder outputs: see :func:`translate`)."""
+    src = source_dictionary.symbols
+    translations = shortlist.translations.tolist()
+    if len(target_symbols) != shortlist.target_size:
+        raise ValueError(f"{len(target_symbols)} target symbols, the shortlist has {shortlist.target_size}")
+
+    def symbol(symbols, i, side):
+        token = symbols[i]
+        if not token or any(c.isspace() for c in token):
+            raise ValueError(f"{side} symbol {i} ({token!r}) is empty or holds white space: it cannot be written "
+                             "in a CTranslate2 vocabulary map")
+        return token
+
+    eos, pad = source_dictionary.eos(), source_dictionary.pad()
+    dropped = set(leave_out)
+    always = set(shortlist.always.tolist()) | {t for t in translations[eos] if t >= 0}
+    lines = ["\t" + " ".join(symbol(target_symbols, t, "target") for t in sorted(always)
+                             if target_symbols[t] not in dropped)]
+    for s, row in enumerate(translations):
+        targets = [t for t in row if t >= 0 and target_symbols[t] not in dropped]
+        if targets and s not in (eos, pad):
+            lines.append(symbol(src, s, "source") + "\t" + " ".join(symbol(target_symbols, t, "target") for t in targets))
+    return "\n".join(lines) + "\n"
+
+
+def write_vmap(model_dir: str, shortlist, source_dictionary, target_dictionary) -> str:
+    """Write :func:`vmap_text` as the converted model's ``vmap.txt`` (read when CTranslate2
+    loads the model; ``translate_batch(use_vmap=True)`` uses it); returns its path. The
+    model's target vocabulary must be fairseq's, id for id (but ``<pad>``, which CTranslate2
+    names ``<blank>``)."""
+    from benchmarks.measure import write_file
+
+    symbols = list(target_dictionary.symbols)
+    vocabulary = target_vocabulary(model_dir)
+    if vocabulary is not None:
+        differ = [i for i, (a, b) in enumerate(zip(vocabulary, symbols)) if a != b and i != target_dictionary.pad()]
+        if len(vocabulary) != len(symbols) or differ:
+            raise ValueError(f"the CTranslate2 model {model_dir} has another target vocabulary than the fairseq "
+                             f"dictionary ({len(vocabulary)} / {len(symbols)} tokens, first difference at "
+                             f"{differ[:1]})")
+        symbols = vocabulary
+    path = os.path.join(model_dir, VMAP_FILE)
+    write_file(path, vmap_text(shortlist, source_dictionary, symbols, leave_out=SPECIAL_SYMBOLS))
+    return path
+
+
+def target_vocabulary(model_dir: str) -> Optional[List[str]]:
+    """The target tokens of a converted model (its target or shared vocabulary file), or None."""
+    import json
+
+    for name in ("target_vocabulary", "shared_vocabulary"):
+        path = os.path.join(model_dir, name + ".json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        path = os.path.join(model_dir, name + ".txt")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return f.read().split("\n")
+    return None
+
+
 def suppressed(vocabulary: Sequence[str]) -> List[List[str]]:
     present = set(vocabulary)
     return [[s] for s in SPECIAL_SYMBOLS if s in present]
 
 
 def translate(translator, sources: List[List[str]], batch_size: int, beam: int, max_len: int,
-              suppress: List[List[str]], max_len_a: float = 0.0) -> Dict[int, List[str]]:
+              suppress: List[List[str]], max_len_a: float = 0.0, use_vmap: bool = False) -> Dict[int, List[str]]:
     """Translate pieces, ``batch_size`` sentences at a time (CTranslate2 sorts the inputs by
     length before splitting them into batches, as fairseq's batching does). Returns
     ``{sentence index: output pieces}`` (untimed: the benchmark times it with
     :func:`benchmarks.timing.time_runs`). With ``max_len_a``, a batch's outputs are at most
     ``max_len_a x`` its longest source (with ``</s>``, fairseq's padded width) ``+ max_len``
-    tokens, as fairseq's ``--max-len-a/b``: the batches are then made here, sorted by length."""
+    tokens, as fairseq's ``--max-len-a/b``: the batches are then made here, sorted by length.
+    ``use_vmap``: decode each batch over the candidates of the model's vocabulary map
+    (:func:`write_vmap`), which leaves the suppressed symbols out instead: CTranslate2 4.8.5
+    corrupts its heap when ``suppress_sequences`` name tokens of the map's candidates (aborts
+    in malloc or segfaults, on a d = 256, 8k-vocabulary model)."""
     options = dict(beam_size=beam, suppress_sequences=suppress or None)
+    if use_vmap:
+        options.update(use_vmap=True, suppress_sequences=None)
     if not max_len_a:
         results = translator.translate_batch(sources, max_batch_size=batch_size, batch_type="examples",
                                              max_decoding_length=max_len, **options)

@@ -22,7 +22,7 @@ logger = logging.getLogger("measure")
 
 BASELINE = "AT greedy"
 # row-name suffix of each --engines value (the lean engine, fairseq-hrt's default, has none)
-ENGINE_SUFFIX = {"lean": "", "fairseq": " (fairseq engine)"}
+ENGINE_SUFFIX = {"lean": "", "fairseq": " (fairseq engine)", "onnxruntime": " (onnxruntime)"}
 CT2_FAMILY = "CT2"
 PARALLEL_METHODS = ("pj", "pgj", "hgj", "hrt-spec")
 
@@ -284,30 +284,47 @@ class FairseqRunner(Runner):
 
 
 class CT2Runner(Runner):
-    """The AT checkpoint converted to CTranslate2 and decoded by its C++ engine from pieces."""
+    """The AT checkpoint converted to CTranslate2 and decoded by its C++ engine from pieces.
+    A row with a ``shortlist`` decodes with CTranslate2's vocabulary map (``use_vmap``) made
+    from that shortlist (:func:`benchmarks.ct2_reference.write_vmap`): the same candidates per
+    source token and the same frequent tokens as the lean and ONNX Runtime "+shortlist" rows."""
 
     def __init__(self, system: System, ctx: Context, translators: dict):
         from benchmarks import ct2_reference
 
         self.system, self.ctx, self.ct2 = system, ctx, ct2_reference
         _, task = ctx.model(system.checkpoint)
-        if system.checkpoint not in translators:
+        shortlist = system.decoding.get("shortlist")
+        key = (system.checkpoint, shortlist)
+        if key not in translators:
             model_dir = ct2_reference.convert(
                 system.checkpoint, ctx.data, ctx.out_dir, task.cfg.source_lang, task.cfg.target_lang
             )
             logger.info("CTranslate2 model of %s: %s", system.checkpoint, model_dir)
-            translators[system.checkpoint] = ct2_reference.load(model_dir, ctx.use_cuda, ctx.fp16, ctx.threads)
-        self.translator = translators[system.checkpoint]
+            if shortlist:  # CTranslate2 reads the map when it loads the model: written first
+                path = ct2_reference.write_vmap(model_dir, task.load_shortlist(shortlist), task.source_dictionary,
+                                                task.target_dictionary)
+                logger.info("CTranslate2 vocabulary map of %s: %s", shortlist, path)
+            translators[key] = ct2_reference.load(model_dir, ctx.use_cuda, ctx.fp16, ctx.threads)
+        self.translator = translators[key]
+        self.use_vmap = bool(shortlist)
+        # the map's keys are source symbols: a piece outside the dictionary is looked up as
+        # <unk>, the token fairseq reads it as (the model reads <unk> for it either way)
+        self.source_symbols = set(task.source_dictionary.symbols) if shortlist else None
+        self.unk = task.source_dictionary.unk_word
         self.suppress = ct2_reference.suppressed(task.target_dictionary.symbols)
 
     def prepare(self, lines, batch_size):
-        return [line.split() for line in lines], batch_size
+        pieces = [line.split() for line in lines]
+        if self.source_symbols is not None:
+            pieces = [[p if p in self.source_symbols else self.unk for p in sentence] for sentence in pieces]
+        return pieces, batch_size
 
     def run(self, prepared, warm_up=False):
         pieces, bs = prepared
         return self.ct2.translate(self.translator, pieces[:bs] if warm_up else pieces, bs,
                                   self.system.decoding["beam"], self.ctx.max_len_b, self.suppress,
-                                  max_len_a=self.ctx.max_len_a)
+                                  max_len_a=self.ctx.max_len_a, use_vmap=self.use_vmap)
 
     def texts(self, hyps, n):
         sp = sentencepiece(self.ctx.spm)
@@ -332,6 +349,25 @@ def parse_engines(text: str) -> List[str]:
     if bad or not engines:
         raise ValueError(f"--engines {text!r}: a comma-separated list of {', '.join(ENGINE_SUFFIX)}")
     return engines
+
+
+def engine_supports_shortlist(engine: str) -> bool:
+    """Whether ``--decoder-engine engine`` restricts the output layer to a shortlist (the
+    engine registry says: lean and onnxruntime)."""
+    from fairseq_hrt.generation.engines import get_engine
+
+    return get_engine(engine).supports_shortlist
+
+
+def engine_refuses(engine: str, decoding: dict) -> List[str]:
+    """The options of a row's ``decoding`` that ``--decoder-engine engine`` cannot honour
+    (e.g. HRT's stage-II options in ONNX Runtime), as the engine names them; empty: none."""
+    from fairseq_hrt.generation.engines import get_engine
+    from fairseq_hrt.generation.options import DecodingOptions
+
+    options = dict(ROW_DEFAULTS, **dict(decoding, decoder_engine=engine))
+    options["decode_chunk_size"] = str(options["decode_chunk_size"])
+    return list(get_engine(engine).unsupported(DecodingOptions().replace(**options)))
 
 
 def parse_beam_pairs(text: str) -> List[Tuple[int, int]]:
@@ -375,6 +411,11 @@ class Family:
     def runner(self, system: System, ctx: Context, shared: dict) -> Runner:
         raise NotImplementedError
 
+    def refused(self, system: System, ctx: Context) -> Optional[str]:
+        """Why this row cannot be decoded after all (its engine refuses its options or its
+        checkpoint), or None; the benchmark leaves such a row out and says why."""
+        return None
+
 
 # what a row decodes with where it says nothing: a row states its whole decoding, whatever
 # the checkpoint's saved task options are
@@ -391,22 +432,50 @@ class _FairseqFamily(Family):
     compile_rows = True
 
     def variants(self, args, name, checkpoint, decoding, baseline_candidate=False) -> List[System]:
-        engines = parse_engines(getattr(args, "engines", "lean"))
+        """The rows of one configuration: one per ``--engines`` value, ``int8`` (lean), one
+        ``+shortlist`` row per engine of ``--engines`` that restricts the output layer (the
+        engine's suffix before "+shortlist"; lean when none of them does) and ``compiled``
+        (lean). A row whose engine cannot decode it is left out when measuring
+        (:meth:`refused`)."""
+        # a family without engine rows (Mask-Predict) decodes with its own generator: one row
+        engines = parse_engines(getattr(args, "engines", "lean")) if self.engine_rows else ["lean"]
         out = []
-        for engine in engines if self.engine_rows else engines[:1]:
+        for engine in engines:
             suffix = ENGINE_SUFFIX[engine] if self.engine_rows else ""
             out.append(System(name + suffix, self.name, checkpoint, dict(decoding, decoder_engine=engine),
                               baseline_candidate=baseline_candidate))
         if getattr(args, "int8", "no") == "yes":
-            out.append(System(name + " int8", self.name, checkpoint, dict(decoding, decoder_engine=engines[0], quantize="int8")))
+            out.append(System(name + " int8", self.name, checkpoint, dict(decoding, decoder_engine="lean", quantize="int8")))
         if getattr(args, "shortlist", None):
-            out.append(System(name + " +shortlist", self.name, checkpoint,
-                              dict(decoding, decoder_engine=engines[0], shortlist=args.shortlist)))
+            shortlisted = [e for e in engines if engine_supports_shortlist(e)] if self.engine_rows else []
+            for engine in shortlisted or ["lean"]:
+                suffix = ENGINE_SUFFIX[engine] if self.engine_rows else ""
+                out.append(System(name + suffix + " +shortlist", self.name, checkpoint,
+                                  dict(decoding, decoder_engine=engine, shortlist=args.shortlist)))
         if getattr(args, "compile", "no") == "yes" and self.compile_rows:
             # a float row of the same search: an AT greedy one may be the run's baseline
             out.append(System(name + " compiled", self.name, checkpoint, dict(decoding, decoder_engine="lean", compile=True),
                               baseline_candidate=baseline_candidate))
         return out
+
+    def refused(self, system: System, ctx: "Context") -> Optional[str]:
+        """Why the row's engine cannot decode it: options the engine does not honour (ONNX
+        Runtime: HRT's stage-II options of ``--hrt-options`` rows) or a checkpoint it cannot
+        take (ONNX Runtime: one the exporter refuses, e.g. an SSRU student); None: it can."""
+        engine = system.decoding.get("decoder_engine")
+        if not self.engine_rows or engine is None:
+            return None
+        used = engine_refuses(engine, system.decoding)
+        if used:
+            return f"--decoder-engine {engine} does not support {', '.join(used)}"
+        if engine == "onnxruntime":
+            from fairseq_hrt.export.exporter import unsupported
+
+            model, _ = ctx.model(system.checkpoint, system.decoding.get("quantize", "none"))
+            reasons = unsupported(model)
+            if reasons:
+                return "--decoder-engine onnxruntime cannot export this checkpoint: " + "; ".join(reasons)
+        return None
 
     def generation(self, system: System) -> Tuple[dict, dict]:
         """(GenerationConfig arguments, the row's :class:`DecodingOptions` changes): a row's
@@ -445,15 +514,22 @@ class ATFamily(_FairseqFamily):
 
 
 class CT2Family(Family):
-    """The ``--at`` checkpoint in CTranslate2: the outside reference for AT speed."""
+    """The ``--at`` checkpoint in CTranslate2: the outside reference for AT speed; with
+    ``--shortlist`` also a "+vmap" row per beam, CTranslate2 with its vocabulary map of the
+    same shortlist."""
 
     name = CT2_FAMILY
 
     def systems(self, args):
         if not args.at or getattr(args, "ctranslate2", "auto") == "no" or self.skipped(args):
             return []
-        return [System("CTranslate2 AT " + ("greedy" if beam == 1 else f"beam {beam}"), CT2_FAMILY, args.at,
-                       {"beam": beam}) for beam in parse_ints(args.at_beams)]
+        out = []
+        for beam in parse_ints(args.at_beams):
+            name = "CTranslate2 AT " + ("greedy" if beam == 1 else f"beam {beam}")
+            out.append(System(name, CT2_FAMILY, args.at, {"beam": beam}))
+            if getattr(args, "shortlist", None):  # beside the "+shortlist" rows: its vocabulary map
+                out.append(System(name + " +vmap", CT2_FAMILY, args.at, {"beam": beam, "shortlist": args.shortlist}))
+        return out
 
     def skipped(self, args):
         """An ``--at`` checkpoint CTranslate2's converter cannot take (an SSRU student, tied

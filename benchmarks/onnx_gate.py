@@ -23,12 +23,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # noqa: E402  (run as a script)
+if not __package__:  # python benchmarks/onnx_gate.py (a file): the repository root on sys.path, as -m has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
-import torch
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
-from benchmarks.timing import time_runs
+from benchmarks.timing import time_runs  # noqa: E402
 
 
 def random_model(arch: str, vocab: int, workdir: str):

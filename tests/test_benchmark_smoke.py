@@ -45,8 +45,10 @@ def with_engine_rows(names, shortlist=False):
 
 
 # the recipe trains HRT for k = 2 only (one model per k, as the papers) and benchmarks it
-# the recipe builds a lexical shortlist and benchmarks every system with it too
-EXPECTED_SYSTEMS = (with_engine_rows(AT_SYSTEMS, shortlist=True) + (CT2_SYSTEMS if HAVE_CT2 else [])
+# the recipe builds a lexical shortlist and benchmarks every system with it too (CTranslate2
+# with its vocabulary map of the same shortlist)
+EXPECTED_SYSTEMS = (with_engine_rows(AT_SYSTEMS, shortlist=True)
+                    + ([n for name in CT2_SYSTEMS for n in (name, name + " +vmap")] if HAVE_CT2 else [])
                     + with_engine_rows(hrt_mp_systems([2]), shortlist=True))
 
 
@@ -153,6 +155,103 @@ def test_compiled_rows_for_left_to_right_systems_only():
     for s in systems:
         s.speed = {"1": {"words_per_second": {"AT greedy": 300.0, "AT greedy compiled": 450.0}.get(s.name, 9999.0)}}
     assert benchmark.fastest_baseline(systems, ["1"]) == {"1": "AT greedy compiled"}
+
+
+def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_output_layer():
+    """--engines with onnxruntime: one row per engine ("(onnxruntime)"); --shortlist: a
+    "+shortlist" row per engine that restricts the output layer (lean: the plain name,
+    onnxruntime: its suffix before "+shortlist"; none for fairseq's engine) and a CTranslate2
+    "+vmap" row beside each CTranslate2 row; int8 and compiled rows stay lean whatever engine
+    --engines names first; Mask-Predict keeps one row of each."""
+    args = SimpleNamespace(
+        at="at.pt", at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp="mp.pt", mp_iterations="1",
+        mp_length_beam=5, ctranslate2="auto", engines="onnxruntime,fairseq,lean", int8="yes", compile="yes",
+        shortlist="s.pt",
+    )
+    systems = benchmark.systems_from_args(args)[0]
+
+    def rows(name):
+        return [name + " (onnxruntime)", name + " (fairseq engine)", name, name + " int8",
+                name + " (onnxruntime) +shortlist", name + " +shortlist", name + " compiled"]
+
+    assert [s.name for s in systems] == (
+        rows("AT greedy") + ["CTranslate2 AT greedy", "CTranslate2 AT greedy +vmap"] + rows("HRT AT-mode b=1")
+        + rows("HRT k=2 b_at=1 b_nat=1") + ["MP I=1 l=5", "MP I=1 l=5 int8", "MP I=1 l=5 +shortlist"])
+    by_name = {s.name: s for s in systems}
+
+    def options(name):
+        return benchmark.family_of(by_name[name]).generation(by_name[name])[1]
+
+    assert options("AT greedy (onnxruntime) +shortlist")["decoder_engine"] == "onnxruntime"
+    assert options("AT greedy (onnxruntime) +shortlist")["shortlist"] == "s.pt"
+    assert options("AT greedy +shortlist")["decoder_engine"] == "lean"
+    assert options("HRT k=2 b_at=1 b_nat=1 int8")["decoder_engine"] == "lean"
+    assert options("HRT k=2 b_at=1 b_nat=1 compiled")["decoder_engine"] == "lean"
+    assert options("AT greedy (onnxruntime)")["shortlist"] is None
+    assert by_name["AT greedy (onnxruntime)"].baseline_candidate  # a float AT greedy decoder
+    assert by_name["CTranslate2 AT greedy +vmap"].decoding == {"beam": 1, "shortlist": "s.pt"}
+    assert by_name["CTranslate2 AT greedy"].decoding == {"beam": 1}
+    # with no engine of --engines that supports shortlists, the "+shortlist" row is the lean engine's
+    args.engines, args.int8, args.compile = "fairseq", "no", "no"
+    assert [s.name for s in benchmark.systems_from_args(args)[0] if s.family == "AT"] == [
+        "AT greedy (fairseq engine)", "AT greedy +shortlist"]
+
+
+def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
+    """ONNX Runtime rows of options it does not honour (stage-II options) or of a checkpoint
+    it cannot export (an SSRU student) are refused with the reason; the benchmark leaves
+    them out and lists them as skipped."""
+    from tests.hrt_fixtures import build_task_and_model
+
+    args = SimpleNamespace(at=None, at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp=None,
+                           mp_iterations="1", mp_length_beam=1, ctranslate2="no", engines="lean,onnxruntime",
+                           hrt_options=["refine20:hrt_refine_fraction=0.2"])
+    by_name = {s.name: s for s in benchmark.systems_from_args(args)[0]}
+    row = by_name["HRT k=2 b_at=1 b_nat=1 refine20 (onnxruntime)"]
+    assert "--hrt-refine-fraction" in benchmark.family_of(row).refused(row, None)
+    row = by_name["HRT k=2 b_at=1 b_nat=1 refine20"]
+    assert benchmark.family_of(row).refused(row, None) is None
+
+    task, ssru = build_task_and_model(str(tmp_path), arch="at_tiny_ssru", extra=("--hrt-mode", "at"))
+    ctx = SimpleNamespace(model=lambda checkpoint, quantize="none": (ssru, task))
+    args = SimpleNamespace(at="ssru.pt", at_beams="1", hrt=None, mp=None, ctranslate2="no", engines="lean,onnxruntime")
+    lean, onnx = benchmark.systems_from_args(args)[0]
+    assert benchmark.family_of(lean).refused(lean, ctx) is None
+    assert "SSRU" in benchmark.family_of(onnx).refused(onnx, ctx)
+
+
+def test_ctranslate2_vocabulary_map_of_a_shortlist():
+    """vmap.txt: the always-on targets under an empty source (with those of </s>, which
+    fairseq appends to every source), then each source token with targets; padding is no
+    source; targets spelled as CTranslate2 spells them (<blank> for <pad>)."""
+    import torch
+    from fairseq.data import Dictionary
+
+    from benchmarks import ct2_reference
+    from fairseq_hrt.shortlist import Shortlist
+
+    d = Dictionary()
+    for word in ("a", "b", "c", "x", "y", "z"):
+        d.add_symbol(word)
+    n = len(d)  # 0 <s>, 1 <pad>, 2 </s>, 3 <unk>, 4 a, 5 b, 6 c, 7 x, 8 y, 9 z
+    translations = torch.full((n, 2), -1)
+    translations[4] = torch.tensor([8, 7])  # a -> y x (best first)
+    translations[5, 0] = 9  # b -> z
+    translations[3, 0] = 7  # <unk> -> x
+    translations[2, 0] = 6  # </s> -> c: in every batch
+    translations[1, 0] = 5  # <pad> -> b: never
+    short = Shortlist(translations, torch.tensor([0, 1, 2, 3, 4]), "fp", n, n)
+    symbols = list(d.symbols)
+    symbols[1] = "<blank>"
+    assert ct2_reference.vmap_text(short, d, symbols).split("\n") == [
+        "\t<s> <blank> </s> <unk> a c", "<unk>\tx", "a\ty x", "b\tz", ""]
+    # symbols no decoder outputs are left out (CTranslate2 must not be asked to suppress candidates)
+    assert ct2_reference.vmap_text(short, d, symbols, leave_out=["a", "y"]).split("\n") == [
+        "\t<s> <blank> </s> <unk> c", "<unk>\tx", "a\tx", "b\tz", ""]
+    d.add_symbol("two words")
+    wide = Shortlist(torch.full((n + 1, 1), n), torch.tensor([2]), "fp", n + 1, n + 1)
+    with pytest.raises(ValueError, match="white space"):
+        ct2_reference.vmap_text(wide, d, list(d.symbols))
 
 
 def test_recipe_trains_one_chunk_size_by_default_and_several_on_request(tmp_path):
@@ -266,7 +365,10 @@ def test_tiny_recipe_report_structure(tiny_run):
     if HAVE_CT2:
         # the CTranslate2 conversion is the same model: fp32 greedy and beam search give
         # fairseq's translations (a rounding difference may flip a rare near-tie)
-        for fairseq_name, ct2_name in zip(["AT greedy", "AT beam 5"], CT2_SYSTEMS):
+        # and greedy with the vocabulary map of the recipe's shortlist, the "+shortlist" row's
+        # (beam search need not: test_onnxruntime_rows_and_the_ctranslate2_vocabulary_map)
+        for fairseq_name, ct2_name in [*zip(["AT greedy", "AT beam 5"], CT2_SYSTEMS),
+                                       ("AT greedy +shortlist", "CTranslate2 AT greedy +vmap")]:
             ours = (bench / "hyps" / f"{benchmark.slug(fairseq_name)}.txt").read_text().splitlines()
             theirs = (bench / "hyps" / f"{benchmark.slug(ct2_name)}.txt").read_text().splitlines()
             assert sum(a == b for a, b in zip(ours, theirs)) >= n_test - 1, ct2_name
@@ -342,6 +444,110 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(ti
     md = (bench / "report.md").read_text()
     assert str(out) not in md
     assert "not available" not in md and "| HRT: skipped |" in md and "| MP: skipped |" in md
+
+
+def restrictive_shortlist(data_bin: Path, path: Path, per_source=2, seed=0):
+    """A shortlist of the recipe's dictionaries that must change the tiny models' output:
+    ``per_source`` random words per source token, none of the 5 most frequent target words
+    (what an undertrained model repeats), and only the special symbols always on; but the
+    source token every fairseq batch holds, </s>, brings the 2nd and 3rd most frequent words
+    (the models' next favourites: a vocabulary map without them decodes otherwise)."""
+    import torch
+
+    from fairseq_hrt import shortlist as sl
+    from fairseq_hrt.symbols import dictionary_fingerprint
+
+    _, _, src_dict, tgt_dict = sl.load_dictionaries(str(data_bin), None, None)
+    words = torch.tensor([i for i in range(tgt_dict.nspecial + 5, len(tgt_dict))
+                          if not tgt_dict[i].startswith(("<", "madeupword"))])
+    g = torch.Generator().manual_seed(seed)
+    translations = torch.stack([words[torch.randperm(len(words), generator=g)[:per_source]] for _ in src_dict.symbols])
+    translations[src_dict.eos()] = torch.arange(tgt_dict.nspecial + 1, tgt_dict.nspecial + 1 + per_source)
+    sl.Shortlist(translations, torch.tensor(sl.special_ids(tgt_dict)), dictionary_fingerprint(src_dict, tgt_dict),
+                 len(src_dict), len(tgt_dict)).save(str(path))
+    return src_dict, tgt_dict, sl.Shortlist.load(str(path))
+
+
+@pytest.mark.slow
+def test_onnxruntime_rows_and_the_ctranslate2_vocabulary_map(tiny_run, tmp_path):
+    """--engines lean,onnxruntime --shortlist: the ONNX Runtime rows (plain and "+shortlist")
+    give the lean rows' translations, hence their BLEU; the CTranslate2 "+vmap" rows restrict
+    CTranslate2's output (the shortlist changes it, and a sentence decoded alone gets only its
+    candidates) and greedy gives the lean "+shortlist" row's translations (the same
+    candidates; one near-tie may flip, as without a map).
+
+    Beam search need not agree here: the tiny models never end a sentence, and at the maximum
+    length fairseq scores the </s> it forces while CTranslate2 stops without one, so two
+    hypotheses of close scores (two repeated candidates) may swap."""
+    pytest.importorskip("onnxruntime")
+    out, _, _ = tiny_run
+    data = out / "data"
+    src_dict, tgt_dict, short = restrictive_shortlist(data / "data-bin", tmp_path / "shortlist.pt")
+    bench = tmp_path / "bench"
+    n_test = 6
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "benchmark.py"), "--data", str(data / "data-bin"),
+         "--spm", str(data / "spm" / "spm.model"), "--src", str(data / "spm" / "test.en"),
+         "--raw-src", str(data / "raw" / "test.en"), "--raw-ref", str(data / "raw" / "test.de"),
+         "--at", str(out / "at" / "checkpoint_last.pt"), "--hrt", str(out / "hrt" / "checkpoint_last.pt"),
+         "--at-beams", "1,3", "--hrt-beams", "1/1", "--engines", "lean,onnxruntime", "--int8", "no",
+         "--hrt-options", "refine20:hrt_refine_fraction=0.2",
+         "--shortlist", str(tmp_path / "shortlist.pt"), "--max-sentences", str(n_test), "--bs1-sentences", "2",
+         "--batch-sizes", "1,3", "--runs", "1", "--max-len-b", "12", "--cpu", "--out-dir", str(bench)],
+        cwd=REPO, check=True, capture_output=True,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES="", FAIRSEQ_HRT_ONNX_CACHE=str(tmp_path / "onnx-cache")),
+    )
+    report = json.loads((bench / "report.json").read_text())
+    lean_rows = ["AT greedy", "AT beam 3", "HRT AT-mode b=1", "HRT k=2 b_at=1 b_nat=1"]
+
+    def engine_rows(name):
+        return [name, name + " (onnxruntime)", name + " +shortlist", name + " (onnxruntime) +shortlist"]
+
+    ct2_rows = ["CTranslate2 AT greedy", "CTranslate2 AT greedy +vmap", "CTranslate2 AT beam 3",
+                "CTranslate2 AT beam 3 +vmap"] if HAVE_CT2 else []
+    refine = "HRT k=2 b_at=1 b_nat=1 refine20"
+    assert [s["name"] for s in report["systems"]] == (
+        engine_rows("AT greedy") + engine_rows("AT beam 3") + ct2_rows + engine_rows("HRT AT-mode b=1")
+        + engine_rows("HRT k=2 b_at=1 b_nat=1") + [refine, refine + " +shortlist"])
+    # ONNX Runtime has no stage-II options: its rows of them are left out, and the report says why
+    refused = [sk for sk in report["skipped"] if sk.get("system")]
+    assert [sk["system"] for sk in refused] == [refine + " (onnxruntime)", refine + " (onnxruntime) +shortlist"]
+    assert all("--hrt-refine-fraction" in sk["reason"] for sk in refused)
+    assert f"| {refine} (onnxruntime): skipped |" in (bench / "report.md").read_text()
+    bleu = {s["name"]: s["bleu"] for s in report["systems"]}
+
+    def hyps(name):
+        lines = (bench / "hyps" / f"{benchmark.slug(name)}.txt").read_text().splitlines()
+        assert len(lines) == n_test
+        return lines
+
+    for name in lean_rows:
+        for suffix in ("", " +shortlist"):  # ONNX Runtime decodes as the lean engine does, token for token
+            assert hyps(name + " (onnxruntime)" + suffix) == hyps(name + suffix), name + suffix
+            assert bleu[name + " (onnxruntime)" + suffix] == bleu[name + suffix]
+    for name in ("AT greedy", "AT beam 3"):
+        assert hyps(name + " +shortlist") != hyps(name)  # the shortlist restricts the output
+    if not HAVE_CT2:
+        return
+    vmap = (bench / "ctranslate2-at" / "vmap.txt").read_text().splitlines()
+    assert vmap[0].startswith("\t") and len(vmap) > 1
+    greedy = hyps("CTranslate2 AT greedy +vmap")
+    assert sum(a == b for a, b in zip(hyps("AT greedy +shortlist"), greedy)) >= n_test - 1
+    for ct2_name in ("CTranslate2 AT greedy", "CTranslate2 AT beam 3"):
+        assert hyps(ct2_name + " +vmap") != hyps(ct2_name), ct2_name
+
+    import ctranslate2
+
+    translator = ctranslate2.Translator(str(bench / "ctranslate2-at"), device="cpu", intra_threads=1)
+    produced = 0
+    for line in (data / "spm" / "test.en").read_text().splitlines()[:3]:
+        tokens = src_dict.encode_line(line, add_if_not_exist=False).long()  # with </s>, as fairseq reads it
+        allowed = {tgt_dict[i] for i in short.candidates(tokens.unsqueeze(0), src_dict.pad()).tolist()}
+        pieces = [p if p in src_dict.indices else "<unk>" for p in line.split()]
+        output = translator.translate_batch([pieces], beam_size=1, max_decoding_length=12, use_vmap=True)[0].hypotheses[0]
+        assert set(output) <= allowed
+        produced += len(output)
+    assert produced  # not an empty output alone
 
 
 @pytest.mark.slow

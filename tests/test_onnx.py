@@ -40,25 +40,37 @@ def test_onnxruntime_equals_lean(random_models, which, flags):
     assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
 
 
-@pytest.mark.parametrize("which,flags", [("at", ("--beam", "1")), ("at", ("--beam", "4", "--lenpen", "0.6")),
-                                         ("hrt", ("--decode-chunk-size", "2", "--beam", "1")),
-                                         ("hrt", ("--decode-chunk-size", "2", "--beam", "3", "--b-nat", "2"))],
-                         ids=lambda v: v if isinstance(v, str) else " ".join(v))
-def test_onnxruntime_equals_lean_with_a_shortlist(random_models, tmp_path, which, flags):
-    """The restricted graphs (the batch's output rows as inputs) = the lean engine's
-    restricted output layer: the same tokens, the same log-probabilities over the candidates."""
+SHORTLIST_CASES = [
+    ("at", ("--beam", "1")),
+    ("at", ("--beam", "4", "--lenpen", "0.6")),
+    ("hrt", ("--decode-chunk-size", "1", "--beam", "2")),
+    ("hrt", ("--decode-chunk-size", "2", "--beam", "3", "--b-nat", "2")),
+    # each chunk-size group decodes over its own sentences' candidates, as lean's HRTGenerator
+    ("hrt", ("--decode-chunk-size", "by-length", "--beam", "1")),
+]
+
+
+@pytest.mark.parametrize("which,flags", SHORTLIST_CASES, ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_onnxruntime_with_a_shortlist_equals_lean(random_models, tmp_path, which, flags):
+    """--shortlist: ONNX Runtime scores the batch's candidate rows only, as the lean engine
+    does: the same hypotheses and scores, with a shortlist that changes the output."""
     from tests.test_shortlist import shortlist_file
 
     data_dir, task, hrt, at = random_models
     model = hrt if which == "hrt" else at
-    always = [task.target_dictionary.index(f"w{i}") for i in (0, 1)]
-    path = shortlist_file(task, tmp_path / "small.pt", keep_per_source=2, always=always)
-    for batch in (RAGGED[:1], RAGGED[1:9]):
-        sample = make_sample(task, batch)
-        _, ref = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path)
-        _, ours = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path,
-                                  "--decoder-engine", "onnxruntime")
-        assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
+    path = shortlist_file(task, tmp_path / "s.pt", keep_per_source=2, always=[task.target_dictionary.index("w0")])
+    _, ref = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path)
+    _, ours = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path,
+                              "--decoder-engine", "onnxruntime")
+    _, unrestricted = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--decoder-engine", "onnxruntime")
+    changed = 0
+    for sentences in (RAGGED[:1], RAGGED[1:4], RAGGED):
+        sample = make_sample(task, sentences)
+        expected = ref.generate([model], sample)
+        assert_same_hypotheses(expected, ours.generate([model], sample))
+        changed += sum(e[0]["tokens"].tolist() != u[0]["tokens"].tolist()
+                       for e, u in zip(expected, unrestricted.generate([model], sample)))
+    assert changed  # the shortlist restricts the output
 
 
 def test_batches_without_padding_and_one_sentence(random_models):

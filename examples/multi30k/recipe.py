@@ -22,6 +22,7 @@ training resumes from its ``checkpoint_last.pt``; every step logs to ``OUT/logs/
 11. ``benchmark``   benchmarks/benchmark.py: BLEU, COMET (if a local model is given),
                     words/s at batch 1, 8, 32, 128, ratios to AT greedy, Pareto plot; the SSRU
                     students as extra AT rows (``--at-extra``); a "+shortlist" row per system
+                    (CTranslate2: a "+vmap" row, its vocabulary map of the shortlist)
 
 The three students get the same training budget (``--max-update`` and ``--stop-time-hours``)
 and the same data (MixDistill with ``--p-raw 0.5``); HRT and MP start from the AT student, as

@@ -116,10 +116,7 @@ class OnnxRuntimeGenerator:
         src_tokens = sample["net_input"]["src_tokens"]
         src = src_tokens.cpu().numpy()
         width = src.shape[1]
-        rows = self.runtime.rows(None)
-        if self.shortlist is not None:
-            self.last_vocab = self.shortlist.candidates(src_tokens, self.pad)
-            rows = self.runtime.rows(self.last_vocab.cpu().numpy())
+        rows = self.rows_of(src_tokens)
         encoded = self.runtime.encode(src)
         if self.runtime.kind == MASK_PREDICT:
             found = mask_predict(self.runtime, encoded, src, self.iterations, self.length_beam, self.config.max_len_a,
@@ -136,11 +133,21 @@ class OnnxRuntimeGenerator:
         results: List = [None] * len(per_row)
         for k in sorted(set(per_row)):
             index = np.array([i for i, kk in enumerate(per_row) if kk == k])
-            part = encoded if index.size == len(per_row) else encoded.select(index)
-            found = hrt(self.runtime, part, width, self.config, k, self.banned, b_nat=self.b_nat, rows=rows)
+            part, part_rows = encoded, rows
+            if index.size < len(per_row):  # a group decodes over its own sentences' candidates, as lean's HRTGenerator
+                part = encoded.select(index)
+                part_rows = self.rows_of(src_tokens.index_select(0, torch.from_numpy(index).to(src_tokens.device)))
+            found = hrt(self.runtime, part, width, self.config, k, self.banned, b_nat=self.b_nat, rows=part_rows)
             for i, hypos in zip(index.tolist(), found):
                 results[i] = hypos
         return self._to_fairseq(results, src_tokens.device)
+
+    def rows_of(self, src_tokens):
+        """The output rows of a batch: all, or its shortlist candidates (kept as ``last_vocab``)."""
+        if self.shortlist is None:
+            return self.runtime.rows(None)
+        self.last_vocab = self.shortlist.candidates(src_tokens, self.pad)
+        return self.runtime.rows(self.last_vocab.cpu().numpy())
 
     @staticmethod
     def _to_fairseq(found, device) -> List[List[Dict]]:
