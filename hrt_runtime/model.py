@@ -54,21 +54,25 @@ class Encoded:
     """The encoder side of a batch: the source padding bias ``(B, 1, 1, S)`` and every decoder
     layer's encoder-attention keys and values ``(B, H, S, d)``, one row per sentence."""
 
-    __slots__ = ("bias", "keys", "values", "length_lprobs")
+    __slots__ = ("bias", "keys", "values", "length_lprobs", "_feeds")
 
     def __init__(self, bias: np.ndarray, keys: List[np.ndarray], values: List[np.ndarray]):
         self.bias, self.keys, self.values = bias, keys, values
         self.length_lprobs: Optional[np.ndarray] = None  # Mask-Predict models: (B, classes)
+        self._feeds: Optional[Dict[str, np.ndarray]] = None
 
     def select(self, index) -> "Encoded":
         """The sentences ``index`` (in that order; repeats allowed)."""
         return Encoded(self.bias[index], [k[index] for k in self.keys], [v[index] for v in self.values])
 
     def feeds(self) -> Dict[str, np.ndarray]:
-        feeds = {"encoder_bias": self.bias}
-        feeds.update({f"enc_k{i}": k for i, k in enumerate(self.keys)})
-        feeds.update({f"enc_v{i}": v for i, v in enumerate(self.values)})
-        return feeds
+        """The graphs' encoder inputs (made once: a step reads them at every position)."""
+        if self._feeds is None:
+            feeds = {"encoder_bias": self.bias}
+            feeds.update({f"enc_k{i}": k for i, k in enumerate(self.keys)})
+            feeds.update({f"enc_v{i}": v for i, v in enumerate(self.values)})
+            self._feeds = feeds
+        return self._feeds
 
 
 class OutputRows:

@@ -174,3 +174,22 @@ def test_an_exported_folder_is_checked_against_the_checkpoint(random_models, tmp
         build_generator(data_dir, at, "--decoder-engine", "onnxruntime", "--onnx-model", folder, "--quantize", "int8")
     with pytest.raises(ValueError, match="--onnx-model"):
         build_generator(data_dir, at, "--decoder-engine", "lean", "--onnx-model", folder)
+
+
+def test_the_runtime_imports_neither_torch_nor_the_plugin():
+    """hrt_runtime is what a deployed model runs on: numpy, onnxruntime, sentencepiece and the
+    standard library only (the fresh-venv test in test_onnx_deploy.py runs it without torch)."""
+    import ast
+    import os
+    import sys
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hrt_runtime")
+    allowed = {"numpy", "onnxruntime", "sentencepiece", "hrt_runtime"} | set(sys.stdlib_module_names)
+    for name in os.listdir(root):
+        if name.endswith(".py"):
+            tree = ast.parse(open(os.path.join(root, name)).read())
+            for node in ast.walk(tree):
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+                for module in modules:
+                    assert module.split(".")[0] in allowed, f"hrt_runtime/{name} imports {module}"
