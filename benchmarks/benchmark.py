@@ -137,6 +137,23 @@ def short_reason(reason: str) -> str:
     return reason.split(". ")[0].rstrip(".")
 
 
+def engine_agreement(hyps: Dict[str, List[str]], bleu: Dict[str, float]) -> List[dict]:
+    """Every row of another engine than lean next to its lean row (the same name without the
+    engine's suffix, e.g. "AT greedy (onnxruntime) +shortlist" and "AT greedy +shortlist"):
+    sentences with identical output and the BLEU difference. Float rounding differs between
+    runtimes, so a near-tie may flip a token; the counts say how often."""
+    out = []
+    for name, texts in hyps.items():
+        for suffix in (s for s in ENGINE_SUFFIX.values() if s):
+            if suffix in name:
+                reference = name.replace(suffix, "", 1)
+                if reference in hyps:
+                    same = sum(a == b for a, b in zip(texts, hyps[reference]))
+                    out.append({"system": name, "reference": reference, "identical": same, "sentences": len(texts),
+                                "bleu_difference": round(bleu[name] - bleu[reference], 2)})
+    return out
+
+
 def markdown_report(report: dict) -> str:
     meta, bss = report["meta"], [str(b) for b in report["meta"]["batch_sizes"]]
     test = meta["test"]
@@ -191,6 +208,11 @@ def markdown_report(report: dict) -> str:
     lines.append("")
     for b in bss:
         lines.append(f"Pareto front (BLEU vs words/s), batch {b}: " + ", ".join(report["pareto"][b]))
+    if report.get("agreement"):
+        lines += ["", "Engines against lean (identical output sentences, BLEU difference):"]
+        lines += [f"- {a['system']}: {a['identical']}/{a['sentences']} identical to {a['reference']} "
+                  f"({100.0 * a['identical'] / max(1, a['sentences']):.1f} %), BLEU {a['bleu_difference']:+.2f}"
+                  for a in report["agreement"]]
     if report["skipped"]:
         lines += [""] + [f"Skipped {sk.get('system') or sk['family']}: {sk['reason']}" for sk in report["skipped"]]
     return "\n".join(lines) + "\n"
@@ -439,6 +461,7 @@ def run(args) -> dict:
                     for s in systems],
         "skipped": skipped,
         "pareto": pareto,
+        "agreement": engine_agreement(hyps, {s.name: s.bleu for s in systems}),
     }
     return report
 

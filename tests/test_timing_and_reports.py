@@ -109,3 +109,18 @@ def test_every_script_runs_as_a_module_and_as_a_file(script, tmp_path):
                              env=env, capture_output=True, text=True)
     assert as_module.returncode == 0 and as_file.returncode == 0, as_module.stderr + as_file.stderr
     assert as_module.stdout.startswith("usage:") and as_file.stdout.split("\n", 1)[1] == as_module.stdout.split("\n", 1)[1]
+
+
+def test_engine_agreement_pairs_every_engine_row_with_its_lean_row():
+    from benchmarks.benchmark import engine_agreement
+
+    hyps = {"AT greedy": ["a b", "c", "d"], "AT greedy (onnxruntime)": ["a b", "c d", "d"],
+            "AT greedy +shortlist": ["x", "y", "z"], "AT greedy (onnxruntime) +shortlist": ["x", "y", "z"],
+            "HRT k=2 (fairseq engine)": ["p", "q", "r"], "HRT k=2": ["p", "q", "s"], "CTranslate2 AT greedy": ["a", "c", "d"]}
+    bleu = {name: float(i) for i, name in enumerate(hyps)}
+    rows = {a["system"]: a for a in engine_agreement(hyps, bleu)}
+    assert set(rows) == {"AT greedy (onnxruntime)", "AT greedy (onnxruntime) +shortlist", "HRT k=2 (fairseq engine)"}
+    assert rows["AT greedy (onnxruntime)"]["reference"] == "AT greedy" and rows["AT greedy (onnxruntime)"]["identical"] == 2
+    assert rows["AT greedy (onnxruntime) +shortlist"]["reference"] == "AT greedy +shortlist"
+    assert rows["AT greedy (onnxruntime) +shortlist"]["identical"] == 3 and rows["HRT k=2 (fairseq engine)"]["identical"] == 2
+    assert rows["AT greedy (onnxruntime)"]["bleu_difference"] == 1.0 and rows["AT greedy (onnxruntime)"]["sentences"] == 3
