@@ -44,6 +44,8 @@ class SearchConfig:
         return replace(self, max_len_a=self.max_len_a / k, max_len_b=int(self.max_len_b // k))
 
     def max_len(self, source_width: int, cap: int) -> int:
+        """fairseq's maximum output length: ``max_len_a x`` the padded source width ``+
+        max_len_b``, at most ``cap`` (the decoder's positions), with fairseq's check of ``min_len``."""
         max_len = min(int(self.max_len_a * source_width + self.max_len_b), cap)
         if self.min_len > max_len:
             raise ValueError("min_len cannot be larger than max_len, please adjust these!")
@@ -253,7 +255,11 @@ def truncate_at_first_eos(tokens: np.ndarray, eos: int, pad: int) -> np.ndarray:
 
 
 def length_buckets(lengths: List[int], max_padding: float) -> List[List[int]]:
-    """Rows grouped by length (see :func:`fairseq_hrt.generation.hrt_generator.length_buckets`)."""
+    """Group row indices by length so that no row is padded by more than ``max_padding``
+    times its own length (plus one token): sorted by length, a group closes when the next
+    row is longer than ``(1 + max_padding) * shortest + 1``. Rows keep no order across
+    groups; every row is in exactly one group. Stage II runs per group (here and in the
+    PyTorch engines' ``HRTGenerator``), so one long skeleton does not pad a whole batch."""
     order = sorted(range(len(lengths)), key=lambda r: lengths[r])
     buckets: List[List[int]] = []
     for r in order:

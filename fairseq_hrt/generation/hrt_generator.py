@@ -32,6 +32,7 @@ from fairseq_hrt.generation.strategies import (
     select_rows,
 )
 from fairseq_hrt.models.kinds import AT, HRT, is_hrt, model_kind
+from hrt_runtime.search import length_buckets  # noqa: F401  (the runtime's, pure Python; re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -352,21 +353,6 @@ def check_hrt_options(refine_fraction: float, fallback_threshold: Optional[float
         raise ValueError(f"--hrt-refine-fraction must be in [0, 1] (0 = no refinement pass), got {refine_fraction}")
     if fallback_threshold is not None and fallback_threshold > 0:
         raise ValueError(f"--hrt-fallback-threshold is a mean log-probability (<= 0), got {fallback_threshold}")
-
-
-def length_buckets(lengths: List[int], max_padding: float) -> List[List[int]]:
-    """Group row indices by length so that no row is padded by more than ``max_padding``
-    times its own length (plus one token): sorted by length, a group closes when the next
-    row is longer than ``(1 + max_padding) * shortest + 1``. Rows keep no order across
-    groups; every row is in exactly one group."""
-    order = sorted(range(len(lengths)), key=lambda r: lengths[r])
-    buckets: List[List[int]] = []
-    for r in order:
-        if buckets and lengths[r] <= (1 + max_padding) * lengths[buckets[-1][0]] + 1:
-            buckets[-1].append(r)
-        else:
-            buckets.append([r])
-    return buckets
 
 
 def _pad_stack(tensors: List[Tensor], value) -> Tensor:

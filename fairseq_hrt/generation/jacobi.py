@@ -45,7 +45,7 @@ from torch import Tensor
 from fairseq_hrt import chunking
 from fairseq_hrt.generation.decoder_pass import EncoderKV, decoder_pass
 from fairseq_hrt.generation.hrt_generator import check_at_mode
-from fairseq_hrt.generation.lean import positional_scores, search_max_len
+from fairseq_hrt.generation.lean import positional_scores
 from fairseq_hrt.generation.options import SearchOptions
 from fairseq_hrt.generation.output_vocab import OutputLayer
 from fairseq_hrt.generation.search_rules import SearchRules
@@ -206,7 +206,7 @@ class ParallelGreedyGenerator:
 
     def max_len(self, src_tokens: Tensor) -> int:
         """fairseq's maximum length (the padded source width), as greedy search has it."""
-        return search_max_len(self.options, src_tokens, self.max_len_cap)
+        return self.options.max_len(src_tokens.size(1), self.max_len_cap)
 
     @torch.no_grad()
     def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict[str, Tensor]]]:

@@ -96,7 +96,7 @@ class LeanSequenceGenerator:
         self.last_vocab: Optional[Tensor] = None
 
     def max_len(self, src_tokens: Tensor) -> int:
-        return search_max_len(self.options, src_tokens, self.max_len_cap)
+        return self.options.max_len(src_tokens.size(1), self.max_len_cap)
 
     @torch.no_grad()
     def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict[str, Tensor]]]:
@@ -255,12 +255,3 @@ class LeanSequenceGenerator:
         for hypos in finalized:
             hypos.sort(key=lambda h: float(h["score"]), reverse=True)
         return finalized
-
-
-def search_max_len(options: SearchOptions, src_tokens: Tensor, cap: int) -> int:
-    """fairseq's maximum output length: ``max_len_a x`` the padded source width ``+ max_len_b``,
-    at most ``cap`` (the decoder's positions), with fairseq's check of ``min_len``."""
-    max_len = min(int(options.max_len_a * src_tokens.size(1) + options.max_len_b), cap)
-    if options.min_len > max_len:
-        raise ValueError("min_len cannot be larger than max_len, please adjust these!")
-    return max_len

@@ -83,7 +83,6 @@ class OnnxRuntimeGenerator:
     def __init__(self, ctx, search, banned: List[int], chunk_size=1, b_nat: int = 1, iterations: int = 0,
                  length_beam: int = 1):
         from hrt_runtime.model import ExportedModel
-        from hrt_runtime.search import SearchConfig
 
         self.model = unwrap(ctx.model)
         try:
@@ -96,9 +95,7 @@ class OnnxRuntimeGenerator:
         else:
             folder = exported_folder(self.model, ctx.task, int8=ctx.options.quantize == "int8")
         self.runtime = ExportedModel(folder, threads=torch.get_num_threads())
-        self.config = SearchConfig(beam=search.beam, max_len_a=search.max_len_a, max_len_b=search.max_len_b,
-                                   min_len=search.min_len, normalize_scores=search.normalize_scores,
-                                   len_penalty=search.len_penalty, unk_penalty=search.unk_penalty)
+        self.config = search  # a SearchOptions is the runtime's SearchConfig (temperature is refused)
         self.banned = list(banned)
         self.chunk_size = chunk_size
         self.b_nat = b_nat

@@ -15,6 +15,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Tuple
 
+from hrt_runtime.search import SearchConfig
+
 # the task options of decoding, with their defaults: the names of HRTTranslationConfig's
 # fields and of DecodingOptions' (one name each)
 TASK_DECODING_DEFAULTS = {
@@ -72,17 +74,12 @@ def flags_in_use(args, table) -> Tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class SearchOptions:
+class SearchOptions(SearchConfig):
     """Left-to-right search options, with fairseq's own defaults
-    (``FairseqTask.build_generator``), so every engine obeys the same values."""
+    (``FairseqTask.build_generator``), so every engine obeys the same values: the exported
+    runtime's :class:`hrt_runtime.search.SearchConfig` (``for_chunk_size``, ``max_len``) and
+    ``--temperature``, which only the PyTorch engines apply."""
 
-    beam: int = 5
-    max_len_a: float = 0.0
-    max_len_b: int = 200
-    min_len: int = 1
-    normalize_scores: bool = True
-    len_penalty: float = 1.0
-    unk_penalty: float = 0.0
     temperature: float = 1.0
 
     @classmethod
@@ -103,12 +100,6 @@ class SearchOptions:
         return {"beam": self.beam, "max_len_a": self.max_len_a, "max_len_b": self.max_len_b, "min_len": self.min_len,
                 "unnormalized": not self.normalize_scores, "lenpen": self.len_penalty, "unkpen": self.unk_penalty,
                 "temperature": self.temperature}
-
-    def for_chunk_size(self, k: int) -> "SearchOptions":
-        """Stage I of chunk size ``k`` makes at most ``L / k`` steps (``L = a * src + b``)."""
-        if k == 1:
-            return self
-        return dataclasses.replace(self, max_len_a=self.max_len_a / k, max_len_b=int(self.max_len_b // k))
 
 
 @dataclass(frozen=True)
