@@ -124,7 +124,13 @@ class ExportedModel:
         self._ort = ort
         self._sessions: Dict[str, object] = {}
         self._output_weight: Optional[np.ndarray] = None
-        self.past_names = [f"past_k{i}" for i in range(self.layers)] + [f"past_v{i}" for i in range(self.layers)]
+        # the step's state: per layer keys and values, or an SSRU decoder's cell
+        self.recurrent = bool(c.get("recurrent", False))
+        self.cell_dim = int(c.get("cell_dim", 0))
+        if self.recurrent:
+            self.past_names = [f"past_c{i}" for i in range(self.layers)]
+        else:
+            self.past_names = [f"past_k{i}" for i in range(self.layers)] + [f"past_v{i}" for i in range(self.layers)]
 
     def session(self, graph: str):
         if graph not in self._sessions:
@@ -146,6 +152,9 @@ class ExportedModel:
         return encoded
 
     def empty_past(self, rows: int) -> List[np.ndarray]:
+        """The state before the first step: no keys/values, or SSRU cells of zeros."""
+        if self.recurrent:
+            return [np.zeros((rows, self.cell_dim), np.float32) for _ in range(self.layers)]
         return [np.zeros((rows, self.heads, 0, self.head_dim), np.float32) for _ in range(2 * self.layers)]
 
     def buckets(self, step: int, stride: int) -> np.ndarray:

@@ -193,3 +193,17 @@ def test_the_runtime_imports_neither_torch_nor_the_plugin():
                     [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
                 for module in modules:
                     assert module.split(".")[0] in allowed, f"hrt_runtime/{name} imports {module}"
+
+
+@pytest.mark.parametrize("extra", [(), ("--decoder-layers", "2", "--decoder-tie-layers")], ids=["ssru", "ssru-tied"])
+def test_ssru_students_equal_lean(tmp_path, extra):
+    """SSRU decoders (Marian's students): the exported step carries one cell per layer."""
+    from tests.hrt_fixtures import build_task_and_model
+
+    task, model = build_task_and_model(str(tmp_path), arch="at_tiny_ssru", extra=("--hrt-mode", "at", *extra), seed=6)
+    sample = make_sample(task, RAGGED)
+    for flags in (("--beam", "1"), ("--beam", "3", "--lenpen", "0.7")):
+        _, ref = build_generator(str(tmp_path), model, "--max-len-b", "12", *flags)
+        _, ours = build_generator(str(tmp_path), model, "--max-len-b", "12", *flags, "--decoder-engine", "onnxruntime")
+        assert ours.runtime.recurrent and "past_c0" in ours.runtime.past_names
+        assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))

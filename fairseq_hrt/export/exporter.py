@@ -46,7 +46,7 @@ CONFIG = "config.json"
 
 def unsupported(model) -> List[str]:
     """Why ``model`` cannot be exported (empty: it can)."""
-    from fairseq_hrt.generation.decoder_pass import DecoderPass, is_recurrent
+    from fairseq_hrt.generation.decoder_pass import DecoderPass
 
     model = unwrap(model)
     kind = model_kind(model)
@@ -56,8 +56,6 @@ def unsupported(model) -> List[str]:
         return reasons
     decoder = model.decoder
     reasons += [reason for reason, bad in DecoderPass._unsupported(decoder).items() if bad]
-    if any(is_recurrent(layer) for layer in decoder.layers):
-        reasons.append("an SSRU decoder (its recurrent cell has no exported step)")
     if getattr(model.encoder, "layers", None) is None:
         reasons.append(f"an encoder of type {type(model.encoder).__name__}")
     weight = getattr(decoder.output_projection, "weight", None)
@@ -73,9 +71,12 @@ def check_exportable(model):
 
 
 def parameters_sha256(model) -> str:
-    """SHA-256 over the model's parameters and buffers (names, shapes, bytes): the content of
-    its checkpoint as far as decoding is concerned."""
+    """SHA-256 over the model's structure (its module tree: layers, sizes, kinds) and its
+    parameters and buffers (names, shapes, bytes): the content of its checkpoint as far as
+    decoding is concerned. The structure counts: tied layers (``--decoder-tie-layers``) share
+    their tensors, so two tied layers have the state dict of one."""
     digest = hashlib.sha256()
+    digest.update(repr(unwrap(model)).encode())
     for name, tensor in sorted(unwrap(model).state_dict().items()):
         tensor = tensor.detach().cpu().contiguous()
         digest.update(name.encode())
@@ -198,7 +199,13 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         return path
 
     S, t, B = 5, 3, 2
-    enc_names, past, present = _names("enc", layers), _names("past", layers), _names("present", layers)
+    recurrent = pass_.recurrent  # SSRU: one cell (N, cell_dim) per layer is the step's state
+    cell_dim = decoder.layers[0].ssru.input_proj.out_features if recurrent else 0
+    enc_names = _names("enc", layers)
+    if recurrent:
+        past, present = [f"past_c{i}" for i in range(layers)], [f"present_c{i}" for i in range(layers)]
+    else:
+        past, present = _names("past", layers), _names("present", layers)
     # one row left-padded: fairseq's encoder passes its padding mask to the layers only when the
     # batch has padding (a Python branch the tracer fixes to the example's case)
     src = torch.full((B, S), src_dict.unk())
@@ -229,12 +236,14 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         relative_in = ["buckets"] if window > 0 else []
         relative_args = [torch.arange(t + 1).clamp(max=2 * window)] if window > 0 else []
         step_in = ["tokens", "position", *relative_in, "logit_bias", "encoder_bias", *enc_names, *past, *rows_in]
-        caches = [torch.zeros(2 * B, heads, t, head_dim) for _ in range(2 * layers)]
+        caches = ([torch.zeros(2 * B, cell_dim) for _ in range(layers)] if recurrent
+                  else [torch.zeros(2 * B, heads, t, head_dim) for _ in range(2 * layers)])
         step_args = (torch.full((2 * B,), tgt_dict.eos()), torch.tensor([t]), *relative_args, bias_arg, *rows_kv, *caches,
                      *rows_args)
         step_dyn = {"tokens": {0: "N"}, "buckets": {0: "t1"}, "logit_bias": {0: "V"}, "encoder_bias": {0: "N", 3: "S"},
-                    **{n: {0: "N", 2: "S"} for n in enc_names}, **{n: {0: "N", 2: "t"} for n in past},
-                    **{n: {0: "N", 2: "t1"} for n in present}, **rows_dyn}
+                    **{n: {0: "N", 2: "S"} for n in enc_names},
+                    **{n: ({0: "N"} if recurrent else {0: "N", 2: "t"}) for n in past},
+                    **{n: ({0: "N"} if recurrent else {0: "N", 2: "t1"}) for n in present}, **rows_dyn}
         if window == 0:
             del step_dyn["buckets"]
         if kind != MASK_PREDICT:  # left to right: AT, HRT's AT mode and Skip-AT
@@ -284,6 +293,8 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         "vocab_size": V,
         "max_target_positions": max_positions,
         "relative_window": window,
+        "recurrent": bool(recurrent),
+        "cell_dim": int(cell_dim),
         "length_classes": int(model.embed_length.weight.size(0)) if length else 0,
         "max_source_positions": int(model.max_positions()[0]) if isinstance(model.max_positions(), tuple) else max_positions,
         "pad": tgt_dict.pad(), "eos": tgt_dict.eos(), "unk": tgt_dict.unk(), "bos": tgt_dict.bos(),

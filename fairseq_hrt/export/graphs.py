@@ -72,12 +72,10 @@ class _DecoderGraph(nn.Module):
         super().__init__()
         decoder = model.decoder
         pass_ = decoder_pass(decoder)
-        if pass_.recurrent:
-            raise ValueError("an SSRU decoder cannot be exported (its cells need a recurrent step graph); "
-                             "decode it with --decoder-engine lean")
+        self.recurrent = pass_.recurrent  # SSRU layers: a cell per layer instead of keys/values
         with torch.no_grad():  # the planned weights become constants of the graph
             self.plan = StepPlan(decoder)
-            self.self_qkv = [scaled_projections(layer.self_attn, True) for layer in decoder.layers]
+            self.self_qkv = [None if self.recurrent else scaled_projections(layer.self_attn, True) for layer in decoder.layers]
             self.encoder_q = [scaled_projections(layer.encoder_attn, False) for layer in decoder.layers]
         self.heads, self.head_dim = pass_.heads, pass_.head_dim
         self.dim = self.heads * self.head_dim
@@ -117,9 +115,10 @@ class StepGraph(_DecoderGraph):
     of the position table: step x stride), [``buckets (t + 1,)``: the relative-key index of
     every key seen from this step, decoders with relative positions], ``logit_bias (V,)``,
     ``encoder_bias (N, 1, 1, S)``, per layer encoder keys, values ``(N, H, S, d)``, per layer
-    past keys, values ``(N, H, t, d)``, and with ``restricted`` the output rows' weight and bias.
-    Outputs: ``score (N,)``, ``token (N,)`` (``top`` 1) or ``top_scores (N, K)``, ``top_rows (N,
-    K)``; then per layer present keys, values ``(N, H, t + 1, d)``."""
+    past keys, values ``(N, H, t, d)`` (SSRU decoders: per layer the past cell ``(N, C)``), and
+    with ``restricted`` the output rows' weight and bias. Outputs: ``score (N,)``, ``token
+    (N,)`` (``top`` 1) or ``top_scores (N, K)``, ``top_rows (N, K)``; then per layer present
+    keys, values ``(N, H, t + 1, d)`` (SSRU: per layer the new cell)."""
 
     def __init__(self, model, max_positions: int, top: int = 1, restricted: bool = False):
         super().__init__(model, max_positions, restricted)
@@ -132,13 +131,22 @@ class StepGraph(_DecoderGraph):
         n_layers = len(self.plan.layers)
         caches = inputs[2:]
         enc_k, enc_v = caches[0:n_layers], caches[n_layers:2 * n_layers]
-        past_k, past_v = caches[2 * n_layers:3 * n_layers], caches[3 * n_layers:4 * n_layers]
+        n_past = n_layers if self.recurrent else 2 * n_layers  # SSRU: one cell per layer; else keys, values
+        past = caches[2 * n_layers:2 * n_layers + n_past]
+        past_k, past_v = past[:n_layers], past[n_layers:]
         out_weight = out_bias = None
         if self.restricted:
-            out_weight, out_bias = caches[4 * n_layers], caches[4 * n_layers + 1]
+            out_weight, out_bias = caches[2 * n_layers + n_past], caches[2 * n_layers + n_past + 1]
         x = self.prologue(tokens, None if self.positions is None else self.positions.index_select(0, position))
         present_k: List[Tensor] = []
         present_v: List[Tensor] = []
+
+        def recurrent_block(layer, i, h):
+            # the SSRU step of DecoderPass._recurrence: c = f c + (1 - f) W x, output ReLU(c)
+            negated_gate, projected = layer.ssru_projections(h)
+            cell = torch.lerp(past_k[i], projected, torch.sigmoid(negated_gate))
+            present_k.append(cell)
+            return torch.relu(cell)
 
         def self_block(layer, i, h):
             q, k, v = F.linear(h, *self.self_qkv[i]).split(self.dim, dim=-1)
@@ -152,7 +160,7 @@ class StepGraph(_DecoderGraph):
 
         encoder_block = self.encoder_block(enc_k, enc_v, encoder_bias, 1)
         for i, layer in enumerate(self.plan.layers):
-            x = layer_forward(layer, i, x, self_block, encoder_block)
+            x = layer_forward(layer, i, x, recurrent_block if self.recurrent else self_block, encoder_block)
         return (*best_allowed(self.logits(x, out_weight, out_bias), logit_bias, self.top), *present_k, *present_v)
 
 
