@@ -7,10 +7,11 @@ random weights (speed does not depend on the weights), on ``--threads`` threads:
 
 * step: a greedy left-to-right pass of ``--steps`` steps (Skip-AT, k = 2: stride 2 and the
   relative keys) at batch 1 and ``--batch``: the lean engine's ``DecoderPass.step`` and its
-  greedy choice against the exported :class:`StepGraph` (the choice inside; past keys/values
-  in, present out) fed from numpy; ms per step;
-* stage II: one non-causal pass over ``2 x --steps`` tokens and its best allowed token per slot:
-  ``DecoderPass.bidirectional`` + ``OutputLayer.best`` against :class:`ParallelGraph`.
+  greedy choice against the exported model's step (``hrt_runtime.ExportedModel.step``: the
+  choice inside, past keys/values in, present out); ms per step;
+* stage II: one non-causal pass over ``2 x --steps`` tokens and the best allowed token of its
+  ``--steps`` masks: ``DecoderPass.bidirectional`` + ``OutputLayer.best`` against
+  ``ExportedModel.parallel``.
 
 Prints a table and writes ``OUT/onnx_gate.json``::
 
@@ -66,63 +67,35 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     import onnxruntime as ort
 
-    from fairseq_hrt.export.graphs import ParallelGraph, StepGraph
+    from fairseq_hrt.export.exporter import export_model
     from fairseq_hrt.generation.decoder_pass import decoder_pass
     from fairseq_hrt.generation.output_vocab import OutputLayer
     from fairseq_hrt.generation.search_rules import greedy_choice
+    from hrt_runtime.model import ExportedModel
 
     work = tempfile.mkdtemp()
     task, model = random_model(a.arch, a.vocab, work)
     tgt = task.target_dictionary
     start = task.chunk_start_idx[2]
     pass_ = decoder_pass(model.decoder)
-    heads, head_dim, layers = pass_.heads, pass_.head_dim, len(model.decoder.layers)
     V = len(tgt)
     banned = torch.zeros(V, dtype=torch.bool)
     banned[[tgt.pad(), tgt.bos(), start]] = True
     logit_bias = np.where(banned.numpy(), -np.inf, 0.0).astype(np.float32)
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = a.threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-
-    def export(graph, args, names_in, names_out, dynamic, path):
-        torch.onnx.export(graph, args, path, dynamo=False, input_names=names_in, output_names=names_out,
-                          dynamic_axes=dynamic, opset_version=17)
-        return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-
-    kv_in = [f"enc_k{i}" for i in range(layers)] + [f"enc_v{i}" for i in range(layers)]
-    past = [f"past_k{i}" for i in range(layers)] + [f"past_v{i}" for i in range(layers)]
-    present = [f"present_k{i}" for i in range(layers)] + [f"present_v{i}" for i in range(layers)]
-    dyn = {"tokens": {0: "N"}, "encoder_bias": {0: "B", 3: "S"}, "score": {0: "N"}, "token": {0: "N"}}
-    dyn.update({n: {0: "B", 2: "S"} for n in kv_in})
-    dyn.update({n: {0: "N", 2: "t"} for n in past})
-    dyn.update({n: {0: "N", 2: "t1"} for n in present})
-    S = a.source_length
-    example = (torch.tensor([5]), torch.tensor(3), torch.tensor(2), torch.from_numpy(logit_bias), torch.zeros(1, 1, 1, S),
-               *[torch.randn(1, heads, S, head_dim) for _ in range(2 * layers)],
-               *[torch.randn(1, heads, 3, head_dim) for _ in range(2 * layers)])
-    step_session = export(StepGraph(model, 1024).eval(), example, ["tokens", "step", "stride", "logit_bias", "encoder_bias", *kv_in, *past],
-                          ["score", "token", *present], dyn, os.path.join(work, "step.onnx"))
-    dyn2 = {"tokens": {0: "B", 1: "T"}, "positions": {0: "B", 1: "T"}, "encoder_bias": {0: "B", 3: "S"},
-            "score": {0: "B", 1: "T"}, "token": {0: "B", 1: "T"}}
-    dyn2.update({n: {0: "B", 2: "S"} for n in kv_in})
-    example2 = (torch.full((1, 6), 7), torch.arange(6).view(1, 6), torch.from_numpy(logit_bias), torch.zeros(1, 1, 1, S),
-                *[torch.randn(1, heads, S, head_dim) for _ in range(2 * layers)])
-    parallel_session = export(ParallelGraph(model, 1024).eval(), example2, ["tokens", "positions", "logit_bias", "encoder_bias", *kv_in],
-                              ["score", "token"], dyn2, os.path.join(work, "parallel.onnx"))
+    folder = os.path.join(work, "onnx")
+    export_model(model, task, folder, restricted=False)
+    runtime = ExportedModel(folder, threads=a.threads)  # the engine's and the deployed runtime's sessions
+    rows_all = runtime.rows(None)
 
     rows = []
+    S = a.source_length
     for bsz in (1, a.batch):
         src = torch.randint(10, V, (bsz, S))
+        src[:, -1] = tgt.eos()
         with torch.no_grad():
             encoder_out = model.encoder(src, src_lengths=torch.full((bsz,), S))
             kv = pass_.encoder(encoder_out)
-        enc_feeds = {"encoder_bias": kv.bias.numpy()}
-        enc_feeds.update({f"enc_k{i}": kv.keys[i].numpy() for i in range(layers)})
-        enc_feeds.update({f"enc_v{i}": kv.values[i].numpy() for i in range(layers)})
-        banned_t = banned
+        encoded = runtime.encode(src.numpy())
 
         def lean_steps():
             with torch.no_grad():
@@ -130,31 +103,30 @@ def main(argv=None):
                 prev = torch.full((bsz,), start)
                 for step in range(a.steps):
                     logits = pass_.step(state, prev, step).float()
-                    _, prev = greedy_choice(logits, banned_t)
+                    _, prev = greedy_choice(logits, banned)
 
-        def ort_steps():
-            caches = {n: np.zeros((bsz, heads, 0, head_dim), np.float32) for n in past}
+        def ort_steps():  # Skip-AT, k = 2: stride 2 and the relative keys, as lean's <s_2> start
+            past = runtime.empty_past(bsz)
             prev = np.full((bsz,), start, np.int64)
-            stride = np.array(2, np.int64)
             for step in range(a.steps):
-                out = step_session.run(None, {"tokens": prev, "step": np.array(step, np.int64), "stride": stride,
-                                              "logit_bias": logit_bias, **enc_feeds, **caches})
-                prev = out[1]
-                caches = dict(zip(past, out[2:]))
+                (_, prev), past = runtime.step(encoded, prev, step, 2, logit_bias, past, rows_all)
 
         T = 2 * a.steps
         tokens = torch.randint(10, V, (bsz, T))
-        positions = torch.arange(T).expand(bsz, T).contiguous()
+        positions = torch.arange(1, T + 1).expand(bsz, T).contiguous()
+        is_mask = torch.zeros(bsz, T, dtype=torch.bool)
+        is_mask[:, 0::2] = True  # k = 2: every other slot is a mask
         out_layer = OutputLayer(model.decoder, banned.nonzero().view(-1))
 
         def lean_parallel():
             with torch.no_grad():
-                out_layer.best(pass_.bidirectional(kv, tokens, positions))
+                out_layer.best(pass_.bidirectional(kv, tokens, positions)[is_mask])
 
-        feeds2 = {"tokens": tokens.numpy(), "positions": positions.numpy(), "logit_bias": logit_bias, **enc_feeds}
+        tokens_np, positions_np = tokens.numpy(), positions.numpy()
+        select = np.flatnonzero(is_mask.numpy())
 
         def ort_parallel():
-            parallel_session.run(None, feeds2)
+            runtime.parallel(encoded, tokens_np, positions_np, select, logit_bias, rows_all)
 
         for what, lean, onnx, units in (("step", lean_steps, ort_steps, a.steps), ("stage II pass", lean_parallel, ort_parallel, 1)):
             # round-robin, the fastest round of each (a shared machine's slow patches hit both)
