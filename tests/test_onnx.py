@@ -207,3 +207,43 @@ def test_ssru_students_equal_lean(tmp_path, extra):
         _, ours = build_generator(str(tmp_path), model, "--max-len-b", "12", *flags, "--decoder-engine", "onnxruntime")
         assert ours.runtime.recurrent and "past_c0" in ours.runtime.past_names
         assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
+
+
+@pytest.mark.parametrize("variant", [("--decoder-normalize-before", "--encoder-normalize-before"), (),
+                                     ("--decoder-learned-pos", "--encoder-learned-pos", "--no-scale-embedding",
+                                      "--layernorm-embedding")], ids=["pre-norm", "post-norm", "learned-pos"])
+def test_fairseq_transformer_variants(tmp_path, variant):
+    """fairseq's own ``transformer`` (post-norm, learned positions, embedding layer norm, two
+    decoder layers): the exported encoder and step are the modules' arithmetic."""
+    from tests.hrt_fixtures import build_task_and_model
+    from tests.test_lean import TINY_TRANSFORMER
+
+    task, model = build_task_and_model(str(tmp_path), arch="transformer", extra=TINY_TRANSFORMER + variant, seed=5)
+    sample = make_sample(task, RAGGED)
+    for beam in ("1", "3"):
+        _, ref = build_generator(str(tmp_path), model, "--max-len-b", "9", "--beam", beam)
+        _, ours = build_generator(str(tmp_path), model, "--max-len-b", "9", "--beam", beam, "--decoder-engine", "onnxruntime")
+        assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["at_tiny", "hrt_tiny"])
+def test_trained_models_and_fairseq_generate(trained, arch, tmp_path, monkeypatch):
+    """Trained models end sentences at different steps; fairseq-generate prints the same
+    hypotheses and scores with --decoder-engine onnxruntime as with lean."""
+    from tests.tiny_data import hyp_lines, run_cli
+
+    monkeypatch.setenv("FAIRSEQ_HRT_ONNX_CACHE", str(tmp_path / "cache"))
+    data, ckpts = trained
+    common = ["generate", data.bin_dir, "--path", ckpts[arch], "--gen-subset", "valid", "--batch-size", "7",
+              "--user-dir", "fairseq_hrt", "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
+    decodes = [("--beam", "1"), ("--beam", "4", "--lenpen", "0.6")]
+    if arch == "hrt_tiny":
+        decodes = [("--decode-chunk-size", "2", "--beam", "1"), ("--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2"),
+                   ("--decode-chunk-size", "1", "--beam", "4")]
+    for flags in decodes:
+        outs = {e: run_cli(common + [*flags, "--decoder-engine", e]).stdout for e in ("lean", "onnxruntime")}
+        assert hyp_lines(outs["lean"]) == hyp_lines(outs["onnxruntime"]) and len(hyp_lines(outs["lean"])) == 40
+        scores = {e: [line.split("\t")[1] for line in out.splitlines() if line.startswith("H-")] for e, out in outs.items()}
+        assert all(abs(float(a) - float(b)) < 1e-3 for a, b in zip(scores["lean"], scores["onnxruntime"]))
+    assert any(line.startswith("H-") for line in outs["lean"].splitlines())

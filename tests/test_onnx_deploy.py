@@ -378,3 +378,15 @@ def test_readme_deploy_example_runs(exported_random, tmp_path):
     assert proc.returncode == 0, proc.stderr
     translations = eval(proc.stdout.strip().splitlines()[-1])  # a printed list of three strings
     assert len(translations) == 3 and translations[1] == "" and translations[0] and translations[2]
+
+
+@pytest.mark.slow
+def test_the_python_api_decodes_with_onnxruntime(deployed, hubs, tmp_path, monkeypatch):
+    """``from_pretrained(...).translate(..., engine="onnxruntime")``: the strings of the lean engine."""
+    monkeypatch.setenv("FAIRSEQ_HRT_ONNX_CACHE", str(tmp_path / "cache"))
+    data, _, models = deployed
+    lines = read_lines(data.raw("valid", "en"))[:12]
+    for arch, options in (("at_tiny", dict(beam=4)), ("hrt_tiny", dict(chunk_size=2, beam=1)),
+                          ("cmlm_tiny", dict(iter_decode_max_iter=3))):
+        ref = hubs[arch].translate(lines, engine="lean", max_len_b=MAX_LEN_B, **options)
+        assert hubs[arch].translate(lines, engine="onnxruntime", max_len_b=MAX_LEN_B, **options) == ref

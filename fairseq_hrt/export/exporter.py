@@ -173,7 +173,12 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     """Write the folder of the module's docstring for a loaded ``model`` of ``task`` (its
     dictionaries); returns the config. The model is not changed (a frozen copy is traced)."""
     check_exportable(model)
-    model = copy.deepcopy(unwrap(model)).float().cpu().eval().requires_grad_(False)
+    model = copy.deepcopy(unwrap(model))
+    # not model.eval(): fairseq's make_generation_fast_ (run by prepare_for_inference_) replaces
+    # the model's train() by a function that returns None
+    model.float().cpu().requires_grad_(False)
+    for module in model.modules():
+        module.training = False
     decoder = model.decoder
     kind = model_kind(model)
     tgt_dict, src_dict = task.target_dictionary, task.source_dictionary

@@ -101,7 +101,8 @@ class OnnxRuntimeGenerator:
         self.b_nat = b_nat
         self.iterations, self.length_beam = iterations, length_beam  # Mask-Predict's I and l
         self.shortlist = ctx.shortlist
-        self.pad = ctx.task.target_dictionary.pad()
+        tgt_dict = ctx.task.target_dictionary
+        self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()  # fairseq-generate reads eos
         self.is_hrt = model_kind(self.model) == HRT
         self.last_vocab: Optional[torch.Tensor] = None
 
