@@ -461,7 +461,7 @@ class _FairseqFamily(Family):
     def refused(self, system: System, ctx: "Context") -> Optional[str]:
         """Why the row's engine cannot decode it: options the engine does not honour (ONNX
         Runtime: HRT's stage-II options of ``--hrt-options`` rows) or a checkpoint it cannot
-        take (ONNX Runtime: one the exporter refuses, e.g. an SSRU student); None: it can."""
+        take (ONNX Runtime: one the exporter refuses); None: it can."""
         engine = system.decoding.get("decoder_engine")
         if not self.engine_rows or engine is None:
             return None

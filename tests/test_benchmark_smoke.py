@@ -199,8 +199,8 @@ def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_outp
 
 def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
     """ONNX Runtime rows of options it does not honour (stage-II options) or of a checkpoint
-    it cannot export (an SSRU student) are refused with the reason; the benchmark leaves
-    them out and lists them as skipped."""
+    it cannot export (a model quantized by PyTorch) are refused with the reason; the benchmark
+    leaves them out and lists them as skipped."""
     from tests.hrt_fixtures import build_task_and_model
 
     args = SimpleNamespace(at=None, at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp=None,
@@ -212,12 +212,15 @@ def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
     row = by_name["HRT k=2 b_at=1 b_nat=1 refine20"]
     assert benchmark.family_of(row).refused(row, None) is None
 
-    task, ssru = build_task_and_model(str(tmp_path), arch="at_tiny_ssru", extra=("--hrt-mode", "at"))
-    ctx = SimpleNamespace(model=lambda checkpoint, quantize="none": (ssru, task))
-    args = SimpleNamespace(at="ssru.pt", at_beams="1", hrt=None, mp=None, ctranslate2="no", engines="lean,onnxruntime")
+    from fairseq_hrt.generation.quantize import quantize_int8
+
+    task, at = build_task_and_model(str(tmp_path), arch="at_tiny", extra=("--hrt-mode", "at"))
+    quantize_int8(at)  # a model the exporter refuses: PyTorch's int8 modules
+    ctx = SimpleNamespace(model=lambda checkpoint, quantize="none": (at, task))
+    args = SimpleNamespace(at="at.pt", at_beams="1", hrt=None, mp=None, ctranslate2="no", engines="lean,onnxruntime")
     lean, onnx = benchmark.systems_from_args(args)[0]
     assert benchmark.family_of(lean).refused(lean, ctx) is None
-    assert "SSRU" in benchmark.family_of(onnx).refused(onnx, ctx)
+    assert "quantized" in benchmark.family_of(onnx).refused(onnx, ctx)
 
 
 def test_ctranslate2_vocabulary_map_of_a_shortlist():
