@@ -93,14 +93,14 @@ class _DecoderGraph(nn.Module):
         return x
 
     def encoder_block(self, enc_k: List[Tensor], enc_v: List[Tensor], encoder_bias: Tensor, queries: int):
-        """Encoder attention over ``(B, H, S, d)`` keys/values for ``x`` ``(B, queries, C)``
-        (``queries`` 1: ``x`` is ``(B, C)``)."""
+        """Encoder attention over ``(B, H, S, d)`` keys/values for ``x`` ``(B x queries, C)``:
+        the graphs keep activations two-dimensional, so that every projection is one ``Gemm``
+        with its bias (a three-dimensional ``MatMul`` + ``Add`` costs two operators)."""
 
         def block(layer, i, x):
             q = F.linear(x, *self.encoder_q[i]).reshape(-1, queries, self.heads, self.head_dim).transpose(1, 2)
             out = attention(q, enc_k[i], enc_v[i], None, None, encoder_bias).transpose(1, 2)
-            out = out.reshape(-1, self.dim) if queries == 1 else out.reshape(-1, queries, self.dim)
-            return layer.encoder_out(out)
+            return layer.encoder_out(out.reshape(-1, self.dim))
 
         return block
 
@@ -182,7 +182,7 @@ class ParallelGraph(_DecoderGraph):
         if self.restricted:
             out_weight, out_bias = caches[2 * n_layers], caches[2 * n_layers + 1]
         n, t = tokens.shape
-        x = self.prologue(tokens, None if self.positions is None else self.positions[positions])
+        x = self.prologue(tokens, None if self.positions is None else self.positions[positions]).reshape(-1, self.dim)
         bias = torch.zeros(n, 1, 1, t, dtype=torch.float32, device=tokens.device).masked_fill(
             tokens.eq(self.padding_idx).view(n, 1, 1, t), -math.inf)
         buckets = None
@@ -194,12 +194,12 @@ class ParallelGraph(_DecoderGraph):
             shape = (n, t, self.heads, self.head_dim)
             q, k, v = (y.reshape(shape).transpose(1, 2) for y in F.linear(h, *self.self_qkv[i]).split(self.dim, dim=-1))
             out = attention(q, k, v, layer.relative_keys, buckets, bias)
-            return layer.self_out(out.transpose(1, 2).reshape(n, t, self.dim))
+            return layer.self_out(out.transpose(1, 2).reshape(-1, self.dim))
 
         encoder_block = self.encoder_block(enc_k, enc_v, encoder_bias, t)
         for i, layer in enumerate(self.plan.layers):
             x = layer_forward(layer, i, x, self_block, encoder_block)
-        selected = x.reshape(-1, self.dim).index_select(0, select)
+        selected = x.index_select(0, select)
         return best_allowed(self.logits(selected, out_weight, out_bias), logit_bias)
 
 
@@ -239,14 +239,14 @@ class EncoderGraph(nn.Module):
             x = x + self.embed_positions(src_tokens)
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
-        x = x * (~padding).unsqueeze(-1).type_as(x)
+        x = (x * (~padding).unsqueeze(-1).type_as(x)).reshape(-1, self.dim)  # (B x S, C): projections are Gemms
         bias = torch.zeros(b, 1, 1, s, dtype=torch.float32).masked_fill(padding.view(b, 1, 1, s), -math.inf)
         shape = (b, s, self.heads, self.head_dim)
         for layer, qkv in self.layers:
             residual = x
             h = layer.self_attn_layer_norm(x) if layer.normalize_before else x
             q, k, v = (y.reshape(shape).transpose(1, 2) for y in F.linear(h, *qkv).split(self.dim, dim=-1))
-            out = attention(q, k, v, None, None, bias).transpose(1, 2).reshape(b, s, self.dim)
+            out = attention(q, k, v, None, None, bias).transpose(1, 2).reshape(-1, self.dim)
             x = residual + layer.self_attn.out_proj(out)
             if not layer.normalize_before:
                 x = layer.self_attn_layer_norm(x)
@@ -266,5 +266,5 @@ class EncoderGraph(nn.Module):
         if self.embed_length is None:
             return (bias, *keys, *values)
         keep = (~padding).unsqueeze(-1).type_as(x)
-        pooled = (x * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
+        pooled = (x.reshape(b, s, -1) * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
         return (bias, *keys, *values, F.log_softmax(F.linear(pooled, self.embed_length), dim=-1))
