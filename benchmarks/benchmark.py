@@ -12,7 +12,8 @@ Systems (each family only when its checkpoint is given):
   for AT speed.
 * ``--hrt`` HRT: chunk size k = 2 (``--hrt-chunk-sizes``, e.g. ``2,3,4`` for a model trained
   for those) with b_at/b_nat = 1/1 and 5/1
-  (``--hrt-beams``), and the same model in AT mode (C_d = 1) with beam b_at.
+  (``--hrt-beams``), and the same model in AT mode (C_d = 1) with beam b_at; the same for every
+  ``--hrt-extra NAME=CKPT`` (rows ``HRT[NAME] ...``, e.g. a second seed).
 * ``--mp``  Mask-Predict with I = 1, 4, 10 iterations (``--mp-iterations``), length beam l.
 * Exact parallel forms of greedy search (``--parallel pj,pgj,hgj,hrt-spec``, default none):
   Jacobi decoding of the AT checkpoint (``AT PJ``, ``AT PGJ b=3``, ``AT HGJ b=3``;
@@ -482,6 +483,9 @@ def parse_args(argv=None):
                    help="another AT checkpoint (e.g. an SSRU student), rows 'AT[NAME] greedy' / 'AT[NAME] beam b'; "
                         "its greedy rows are baseline candidates too (repeatable)")
     g.add_argument("--hrt", help="HRT checkpoint")
+    g.add_argument("--hrt-extra", action="append", default=[], metavar="NAME=CKPT",
+                   help="another HRT checkpoint (e.g. another seed), rows 'HRT[NAME] ...' for every chunk size and "
+                        "beam pair (not the --hrt-options rows; repeatable)")
     g.add_argument("--hrt-chunk-sizes", default="2", help="chunk sizes k (each trained by the model)")
     g.add_argument("--hrt-beams", default="1/1,5/1", help="b_at/b_nat pairs; AT mode is run with each b_at")
     g.add_argument("--hrt-options", nargs="+", metavar="NAME:OPTION=VALUE,...", default=[],
@@ -539,6 +543,7 @@ def parse_args(argv=None):
     try:
         parse_beam_pairs(args.hrt_beams)
         parse_named_checkpoints(args.at_extra)
+        parse_named_checkpoints(args.hrt_extra, "--hrt-extra")
         if not parse_ints(args.batch_sizes) or min(parse_ints(args.batch_sizes)) < 1:
             raise ValueError("--batch-sizes must list positive integers")
     except ValueError as e:

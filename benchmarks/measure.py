@@ -382,17 +382,18 @@ def parse_beam_pairs(text: str) -> List[Tuple[int, int]]:
     return pairs
 
 
-def parse_named_checkpoints(items: Sequence[str]) -> List[Tuple[str, str]]:
-    """``["ssru=a.pt", "ssru-tied=b.pt"]`` -> ``[("ssru", "a.pt"), ...]`` (``--at-extra``)."""
+def parse_named_checkpoints(items: Sequence[str], flag: str = "--at-extra") -> List[Tuple[str, str]]:
+    """``["ssru=a.pt", "ssru-tied=b.pt"]`` -> ``[("ssru", "a.pt"), ...]`` (``--at-extra``,
+    ``--hrt-extra``)."""
     out = []
     for item in items or ():
         name, sep, path = item.partition("=")
         if not sep or not name.strip() or not path.strip():
-            raise ValueError(f"--at-extra {item!r}: expected NAME=CHECKPOINT")
+            raise ValueError(f"{flag} {item!r}: expected NAME=CHECKPOINT")
         out.append((name.strip(), path.strip()))
     names = [n for n, _ in out]
     if len(set(names)) != len(names):
-        raise ValueError(f"--at-extra names must differ: {names}")
+        raise ValueError(f"{flag} names must differ: {names}")
     return out
 
 
@@ -545,7 +546,8 @@ class CT2Family(Family):
 
 
 class HRTFamily(_FairseqFamily):
-    """``--hrt``: AT mode (C_d = 1) with each b_at, and every chunk size with each b_at/b_nat."""
+    """``--hrt``: AT mode (C_d = 1) with each b_at, and every chunk size with each b_at/b_nat;
+    the same for every ``--hrt-extra NAME=CKPT`` (e.g. another seed: rows ``HRT[NAME] ...``)."""
 
     name = "HRT"
 
@@ -554,12 +556,15 @@ class HRTFamily(_FairseqFamily):
             return []
         beams = parse_beam_pairs(args.hrt_beams)
         out = []
-        for b_at in sorted({b for b, _ in beams}):
-            out += self.variants(args, f"HRT AT-mode b={b_at}", args.hrt, {"decode_chunk_size": 1, "beam": b_at, "b_nat": 1})
-        for k in parse_ints(args.hrt_chunk_sizes):
-            for b_at, b_nat in beams:
-                out += self.variants(args, f"HRT k={k} b_at={b_at} b_nat={b_nat}", args.hrt,
-                                     {"decode_chunk_size": k, "beam": b_at, "b_nat": b_nat})
+        checkpoints = [("", args.hrt)] + parse_named_checkpoints(getattr(args, "hrt_extra", None), "--hrt-extra")
+        for label, checkpoint in checkpoints:
+            prefix = f"HRT[{label}]" if label else "HRT"
+            for b_at in sorted({b for b, _ in beams}):
+                out += self.variants(args, f"{prefix} AT-mode b={b_at}", checkpoint, {"decode_chunk_size": 1, "beam": b_at, "b_nat": 1})
+            for k in parse_ints(args.hrt_chunk_sizes):
+                for b_at, b_nat in beams:
+                    out += self.variants(args, f"{prefix} k={k} b_at={b_at} b_nat={b_nat}", checkpoint,
+                                         {"decode_chunk_size": k, "beam": b_at, "b_nat": b_nat})
         k, (b_at, b_nat) = parse_ints(args.hrt_chunk_sizes)[0], beams[0]
         for name, options in parse_row_options(getattr(args, "hrt_options", None) or []).items():
             row = dict({"decode_chunk_size": k, "beam": b_at, "b_nat": b_nat}, **options)

@@ -613,3 +613,12 @@ def test_hrt_rows_with_decoding_options_by_name():
     args.hrt_options = ["bad:chunk_size=2"]
     with pytest.raises(ValueError, match="not a decoding option"):
         benchmark.systems_from_args(args)
+
+
+def test_hrt_extra_checkpoints_get_their_own_rows():
+    args = SimpleNamespace(at=None, at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp=None,
+                           mp_iterations="1", mp_length_beam=1, ctranslate2="no", engines="lean",
+                           hrt_extra=["s2=hrt2.pt"], hrt_options=["refine20:hrt_refine_fraction=0.2"])
+    rows = {s.name: s.checkpoint for s in benchmark.systems_from_args(args)[0]}
+    assert rows["HRT[s2] k=2 b_at=1 b_nat=1"] == "hrt2.pt" and rows["HRT[s2] AT-mode b=1"] == "hrt2.pt"
+    assert rows["HRT k=2 b_at=1 b_nat=1"] == "hrt.pt" and not any(n.startswith("HRT[s2]") and "refine" in n for n in rows)
