@@ -1,4 +1,6 @@
 """--decoder-engine onnxruntime and the exported folder: token-identical to the lean engine."""
+import math
+
 import pytest
 import torch
 
@@ -247,3 +249,21 @@ def test_trained_models_and_fairseq_generate(trained, arch, tmp_path, monkeypatc
         scores = {e: [line.split("\t")[1] for line in out.splitlines() if line.startswith("H-")] for e, out in outs.items()}
         assert all(abs(float(a) - float(b)) < 1e-3 for a, b in zip(scores["lean"], scores["onnxruntime"]))
     assert any(line.startswith("H-") for line in outs["lean"].splitlines())
+
+
+def test_blocked_max_is_max_with_the_first_index():
+    """The greedy choice over blocks: the maximum and the first index holding it, as
+    ``Tensor.max`` gives, for every block size dividing the width (ties included)."""
+    from fairseq_hrt.export.graphs import argmax_block, blocked_max
+
+    torch.manual_seed(0)
+    x = torch.randn(7, 60).round()  # many ties
+    x[2] = 1.0  # a row of one value: index 0
+    x[3, 59] = 9.0
+    x[4, :] = -math.inf
+    x[4, 17] = 0.0
+    expected_value, expected_index = x.max(dim=-1)
+    for block in (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60):
+        value, index = blocked_max(x, block)
+        assert torch.equal(value, expected_value) and torch.equal(index, expected_index), block
+    assert argmax_block(8008) == 88 and argmax_block(60) in (6, 10) and argmax_block(53) == 1
