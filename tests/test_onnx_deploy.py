@@ -125,11 +125,23 @@ def test_translator_equals_fairseq_interactive(deployed, tmp_path):
     lines = raw_lines(data, Translator(str(folder)))
     path = tmp_path / "input.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    out = run_cli(["interactive", data.bin_dir, "--path", ckpt, "--user-dir", USER_DIR, "--task", "hrt_translation",
-                   "--source-lang", "en", "--target-lang", "de", "--cpu", "--bpe", "sentencepiece",
-                   "--sentencepiece-model", spm, "--input", path, "--buffer-size", "4", "--batch-size", "4",
-                   "--decode-chunk-size", "2", "--beam", "1", "--max-len-a", "0", "--max-len-b", MAX_LEN_B,
-                   "--decoder-engine", "lean"]).stdout
+
+    def interactive(engine):
+        return run_cli(["interactive", data.bin_dir, "--path", ckpt, "--user-dir", USER_DIR, "--task", "hrt_translation",
+                        "--source-lang", "en", "--target-lang", "de", "--cpu", "--bpe", "sentencepiece",
+                        "--sentencepiece-model", spm, "--input", path, "--buffer-size", "4", "--batch-size", "4",
+                        "--decode-chunk-size", "2", "--beam", "1", "--max-len-a", "0", "--max-len-b", MAX_LEN_B,
+                        "--decoder-engine", engine], env={"FAIRSEQ_HRT_ONNX_CACHE": str(tmp_path / "cache")}).stdout
+
+    out = interactive("lean")
+    onnx = interactive("onnxruntime")  # fairseq-interactive --decoder-engine onnxruntime: the same H- and D- lines
+    assert hyp_lines(onnx) == hyp_lines(out)
+
+    def detokenised(text):  # (id, score, text) of the D- lines
+        return [(int(i), float(score), words) for i, score, words in re.findall(r"^D-(\d+)\t(\S+)\t?(.*)$", text, re.M)]
+
+    assert [(i, w) for i, _, w in detokenised(onnx)] == [(i, w) for i, _, w in detokenised(out)]
+    assert all(abs(a[1] - b[1]) < 1e-4 for a, b in zip(detokenised(onnx), detokenised(out)))
     pieces = hyp_lines(out)  # H-: pieces; D-: detokenised (SentencePiece decoded)
     detok = {int(m.group(1)): m.group(2) for m in re.finditer(r"^D-(\d+)\t\S+\t?(.*)$", out, re.M)}
     assert sorted(detok) == sorted(pieces) == list(range(len(lines)))
