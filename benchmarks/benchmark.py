@@ -209,6 +209,12 @@ def markdown_report(report: dict) -> str:
     lines.append("")
     for b in bss:
         lines.append(f"Pareto front (BLEU vs words/s), batch {b}: " + ", ".join(report["pareto"][b]))
+    if meta.get("threads", 1) > 1 and any(s.get("family") == CT2_FAMILY for s in report["systems"]):
+        # measured on the `full` AT, batch 1, 2 threads: 660 words/s in a process whose PyTorch
+        # ran first, 2800-3200 alone; loading CTranslate2 before PyTorch's first op avoids it
+        lines += ["", "CTranslate2 rows with more than one thread: CTranslate2's OpenMP threads run several "
+                  "times slower in a process where PyTorch's OpenMP threads started first (as here); "
+                  "read them as a lower bound and compare with a one-thread run."]
     if report.get("agreement"):
         lines += ["", "Engines against lean (identical output sentences, BLEU difference):"]
         lines += [f"- {a['system']}: {a['identical']}/{a['sentences']} identical to {a['reference']} "
