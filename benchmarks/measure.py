@@ -462,20 +462,20 @@ class _FairseqFamily(Family):
     def refused(self, system: System, ctx: "Context") -> Optional[str]:
         """Why the row's engine cannot decode it: options the engine does not honour (ONNX
         Runtime: HRT's stage-II options of ``--hrt-options`` rows) or a checkpoint it cannot
-        take (ONNX Runtime: one the exporter refuses); None: it can."""
+        take (``DecoderEngine.unsupported_model``; ONNX Runtime: one the exporter refuses);
+        None: it can."""
+        from fairseq_hrt.generation.engines import get_engine
+
         engine = system.decoding.get("decoder_engine")
         if not self.engine_rows or engine is None:
             return None
         used = engine_refuses(engine, system.decoding)
         if used:
             return f"--decoder-engine {engine} does not support {', '.join(used)}"
-        if engine == "onnxruntime":
-            from fairseq_hrt.export.exporter import unsupported
-
-            model, _ = ctx.model(system.checkpoint, system.decoding.get("quantize", "none"))
-            reasons = unsupported(model)
-            if reasons:
-                return "--decoder-engine onnxruntime cannot export this checkpoint: " + "; ".join(reasons)
+        model, _ = ctx.model(system.checkpoint, system.decoding.get("quantize", "none"))
+        reasons = get_engine(engine).unsupported_model(model)
+        if reasons:
+            return f"--decoder-engine {engine} cannot decode this checkpoint: " + "; ".join(reasons)
         return None
 
     def generation(self, system: System) -> Tuple[dict, dict]:

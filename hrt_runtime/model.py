@@ -127,7 +127,7 @@ class ExportedModel:
         self._options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._ort = ort
         self._sessions: Dict[str, object] = {}
-        self._output_weight: Optional[np.ndarray] = None
+        self._output_layer = None  # (weight, bias) of the output projection, for shortlists
         # the step's state: per layer keys and values, or an SSRU decoder's cell
         self.recurrent = bool(c.get("recurrent", False))
         self.cell_dim = int(c.get("cell_dim", 0))
@@ -181,11 +181,9 @@ class ExportedModel:
                  **encoded.feeds(), **dict(zip(self.past_names, past)), **rows.feeds()}
         if self.window > 0:
             feeds["buckets"] = self.buckets(step, stride)
-        if top == 1:
-            out = self.session("step" + restricted).run(None, feeds)
-            return (out[0], out[1]), out[2:]
-        feeds["k"] = np.array([top], np.int64)
-        out = self.session("step_top" + restricted).run(None, feeds)
+        if top != 1:
+            feeds["k"] = np.array([top], np.int64)
+        out = self.session(("step" if top == 1 else "step_top") + restricted).run(None, feeds)
         return (out[0], out[1]), out[2:]
 
     def parallel(self, encoded: Encoded, tokens: np.ndarray, positions: np.ndarray, select: np.ndarray,
@@ -199,19 +197,20 @@ class ExportedModel:
 
     # ------------------------------------------------------------------- output rows
 
-    def output_weight(self) -> np.ndarray:
-        """The output projection's weight ``(V, C)`` (read from the step graph once)."""
-        if self._output_weight is None:
-            path = os.path.join(self.folder, "output_weight.npy")
-            self._output_weight = np.load(path, mmap_mode="r")
-        return self._output_weight
+    def output_layer(self):
+        """The output projection's weight ``(V, C)`` (memory-mapped) and bias ``(V,)`` (zeros
+        when it has none), read from ``output_weight.npy`` / ``output_bias.npy`` once."""
+        if self._output_layer is None:
+            weight = np.load(os.path.join(self.folder, "output_weight.npy"), mmap_mode="r")
+            bias_path = os.path.join(self.folder, "output_bias.npy")
+            bias = np.load(bias_path).astype(np.float32) if os.path.isfile(bias_path) else np.zeros(weight.shape[0], np.float32)
+            self._output_layer = (weight, bias)
+        return self._output_layer
 
     def rows(self, ids: Optional[np.ndarray]) -> OutputRows:
         """The output rows ``ids`` (sorted; ``None``: the whole vocabulary)."""
         if ids is None:
             return OutputRows(None)
         ids = np.asarray(ids, np.int64)
-        weight = np.ascontiguousarray(self.output_weight()[ids], dtype=np.float32)
-        bias_path = os.path.join(self.folder, "output_bias.npy")
-        bias = np.load(bias_path)[ids].astype(np.float32) if os.path.isfile(bias_path) else np.zeros(ids.size, np.float32)
-        return OutputRows(ids, weight, bias)
+        weight, bias = self.output_layer()
+        return OutputRows(ids, np.ascontiguousarray(weight[ids], dtype=np.float32), bias[ids])

@@ -201,20 +201,23 @@ def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
     """ONNX Runtime rows of options it does not honour (stage-II options) or of a checkpoint
     it cannot export (a model quantized by PyTorch) are refused with the reason; the benchmark
     leaves them out and lists them as skipped."""
+    from fairseq_hrt.generation.quantize import quantize_int8
     from tests.hrt_fixtures import build_task_and_model
 
+    (tmp_path / "hrt").mkdir()
+    task, hrt = build_task_and_model(str(tmp_path / "hrt"), arch="hrt_tiny")
     args = SimpleNamespace(at=None, at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp=None,
                            mp_iterations="1", mp_length_beam=1, ctranslate2="no", engines="lean,onnxruntime",
                            hrt_options=["refine20:hrt_refine_fraction=0.2"])
     by_name = {s.name: s for s in benchmark.systems_from_args(args)[0]}
+    hrt_ctx = SimpleNamespace(model=lambda checkpoint, quantize="none": (hrt, task))
     row = by_name["HRT k=2 b_at=1 b_nat=1 refine20 (onnxruntime)"]
-    assert "--hrt-refine-fraction" in benchmark.family_of(row).refused(row, None)
+    assert "--hrt-refine-fraction" in benchmark.family_of(row).refused(row, hrt_ctx)
     row = by_name["HRT k=2 b_at=1 b_nat=1 refine20"]
-    assert benchmark.family_of(row).refused(row, None) is None
+    assert benchmark.family_of(row).refused(row, hrt_ctx) is None
 
-    from fairseq_hrt.generation.quantize import quantize_int8
-
-    task, at = build_task_and_model(str(tmp_path), arch="at_tiny", extra=("--hrt-mode", "at"))
+    (tmp_path / "at").mkdir()
+    task, at = build_task_and_model(str(tmp_path / "at"), arch="at_tiny", extra=("--hrt-mode", "at"))
     quantize_int8(at)  # a model the exporter refuses: PyTorch's int8 modules
     ctx = SimpleNamespace(model=lambda checkpoint, quantize="none": (at, task))
     args = SimpleNamespace(at="at.pt", at_beams="1", hrt=None, mp=None, ctranslate2="no", engines="lean,onnxruntime")

@@ -74,11 +74,14 @@ def parameters_sha256(model) -> str:
     """SHA-256 over the model's structure (its module tree: layers, sizes, kinds) and its
     parameters and buffers (names, shapes, bytes): the content of its checkpoint as far as
     decoding is concerned. The structure counts: tied layers (``--decoder-tie-layers``) share
-    their tensors, so two tied layers have the state dict of one."""
+    their tensors, so two tied layers have the state dict of one. Floating-point tensors are
+    hashed as float32 on the CPU, as they are exported: a model decoded in fp16 or on a GPU has
+    the key of its export (which is traced from a float32 CPU copy)."""
     digest = hashlib.sha256()
     digest.update(repr(unwrap(model)).encode())
     for name, tensor in sorted(unwrap(model).state_dict().items()):
-        tensor = tensor.detach().cpu().contiguous()
+        tensor = tensor.detach().cpu()
+        tensor = (tensor.float() if tensor.is_floating_point() else tensor).contiguous()
         digest.update(name.encode())
         digest.update(str(tuple(tensor.shape)).encode() + str(tensor.dtype).encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
@@ -90,13 +93,11 @@ def _names(prefix: str, layers: int) -> List[str]:
     return [f"{prefix}_k{i}" for i in range(layers)] + [f"{prefix}_v{i}" for i in range(layers)]
 
 
-def _constants_to_initializers(path: str):
+def _constants_to_initializers(graph_model):
     """Move the tracer's ``Constant`` tensors (the planned weights it saw as constants) into the
     graph's initializers, where ONNX Runtime's quantization finds weights."""
-    import onnx
     from onnx import numpy_helper
 
-    graph_model = onnx.load(path)
     graph = graph_model.graph
     for node in list(graph.node):
         if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
@@ -104,7 +105,6 @@ def _constants_to_initializers(path: str):
             if tensor.size > 1:  # shapes and scalars stay constants
                 graph.initializer.append(numpy_helper.from_array(tensor, node.output[0]))
                 graph.node.remove(node)
-    onnx.save(graph_model, path)
 
 
 WEIGHTS = "weights.bin"
@@ -144,13 +144,11 @@ def share_weights(folder: str, graphs: List[str]):
             onnx.save(graph_model, path)
 
 
-def _k_as_input(path: str):
+def _k_as_input(graph_model):
     """Make the ``k`` of the step graph's TopK a graph input (``k``, int64 ``(1,)``): the
     tracer writes the Python int it saw as a constant, beam search needs ``2 x beam``."""
-    import onnx
     from onnx import TensorProto, helper
 
-    graph_model = onnx.load(path)
     graph = graph_model.graph
     topk = [node for node in graph.node if node.op_type == "TopK"]
     if len(topk) != 1:
@@ -166,7 +164,6 @@ def _k_as_input(path: str):
         for init in list(graph.initializer):
             if init.name == constant:
                 graph.initializer.remove(init)
-    onnx.save(graph_model, path)
 
 
 def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] = None, restricted: bool = True) -> Dict:
@@ -194,14 +191,21 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     tmp = tempfile.mkdtemp(dir=out_dir, prefix=".export-")
     files: Dict[str, str] = {}
 
-    def export(graph, args, inputs, outputs, dynamic, name):
+    def export(graph, args, inputs, outputs, dynamic, name, k_input=False):
+        """Trace ``graph`` into ``tmp/name``, weights as initializers (``k_input``: TopK's k an input)."""
+        import onnx
+
         path = os.path.join(tmp, name)
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the tracer's notes on shape arithmetic and on its own deprecation
             torch.onnx.export(graph.eval(), args, path, dynamo=False, input_names=inputs, output_names=outputs,
                               dynamic_axes=dynamic, opset_version=OPSET)
-        _constants_to_initializers(path)
-        return path
+        graph_model = onnx.load(path)
+        _constants_to_initializers(graph_model)
+        if k_input:
+            _k_as_input(graph_model)
+        onnx.save(graph_model, path)
+        files[name.rsplit(".", 1)[0]] = name
 
     S, t, B = 5, 3, 2
     recurrent = pass_.recurrent  # SSRU: one cell (N, cell_dim) per layer is the step's state
@@ -225,7 +229,6 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
            {"src_tokens": {0: "B", 1: "S"}, "encoder_bias": {0: "B", 3: "S"}, **{n: {0: "B", 2: "S"} for n in enc_names},
             **({"length_lprobs": {0: "B"}} if length else {})},
            "encoder.onnx")
-    files["encoder"] = "encoder.onnx"
 
     logit_bias = torch.zeros(V)
     window = int(pass_.window)
@@ -254,12 +257,10 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         if kind != MASK_PREDICT:  # left to right: AT, HRT's AT mode and Skip-AT
             export(StepGraph(model, max_positions, top=1, restricted=restricted_rows), step_args, step_in,
                    ["score", "token", *present], {**step_dyn, "score": {0: "N"}, "token": {0: "N"}}, f"step{suffix}.onnx")
-            path = export(StepGraph(model, max_positions, top=4, restricted=restricted_rows), step_args, step_in,
-                          ["top_scores", "top_rows", *present],
-                          {**step_dyn, "top_scores": {0: "N", 1: "K"}, "top_rows": {0: "N", 1: "K"}}, f"step_top{suffix}.onnx")
-            _k_as_input(path)
-            files[f"step{suffix}"] = f"step{suffix}.onnx"
-            files[f"step_top{suffix}"] = f"step_top{suffix}.onnx"
+            export(StepGraph(model, max_positions, top=4, restricted=restricted_rows), step_args, step_in,
+                   ["top_scores", "top_rows", *present],
+                   {**step_dyn, "top_scores": {0: "N", 1: "K"}, "top_rows": {0: "N", 1: "K"}}, f"step_top{suffix}.onnx",
+                   k_input=True)
         if kind in (HRT, MASK_PREDICT):  # non-causal: stage II, Mask-Predict's passes
             T = 6
             par_args = (torch.full((B, T), tgt_dict.unk()), torch.arange(1, T + 1).expand(B, T).contiguous(),
@@ -269,7 +270,6 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
                    {"tokens": {0: "B", 1: "T"}, "positions": {0: "B", 1: "T"}, "select": {0: "M"}, "logit_bias": {0: "V"},
                     "encoder_bias": {0: "B", 3: "S"}, **{n: {0: "B", 2: "S"} for n in enc_names},
                     "score": {0: "M"}, "token": {0: "M"}, **rows_dyn}, f"parallel{suffix}.onnx")
-            files[f"parallel{suffix}"] = f"parallel{suffix}.onnx"
 
     share_weights(tmp, list(files.values()))
     # the output rows as arrays: a shortlist gathers its rows from them once per batch

@@ -29,10 +29,15 @@ class DecoderEngine:
     supports_shortlist: bool = False
     supports_compile: bool = False
     supports_int8: bool = True
+    quantizes_itself: bool = False  # --quantize int8 is the engine's own: the loaded model stays float
 
     def unsupported(self, options: DecodingOptions) -> List[str]:
         """The options in use that this engine cannot honour (flags, as typed)."""
         return ["--onnx-model"] if options.onnx_model else []  # an exported folder is for onnxruntime only
+
+    def unsupported_model(self, model) -> List[str]:
+        """Why this engine cannot decode ``model`` (empty: it can)."""
+        return []
 
     def left_to_right(self, ctx, search: SearchOptions, banned: Sequence[int], keep_encoder_out: bool = False):
         """``keep_encoder_out``: the generator must expose its last batch's encoder output

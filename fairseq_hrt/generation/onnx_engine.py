@@ -1,7 +1,7 @@
 """``--decoder-engine onnxruntime``: decoding over ONNX Runtime sessions of the exported model.
 
 The loaded model is exported on first use (:func:`fairseq_hrt.export.exporter.export_model`)
-into a cache folder keyed by the SHA-256 of its parameters (``$FAIRSEQ_HRT_ONNX_CACHE``,
+into a cache folder keyed by the SHA-256 of its structure and parameters (``$FAIRSEQ_HRT_ONNX_CACHE``,
 default ``~/.cache/fairseq-hrt/onnx``), so a checkpoint is exported once per machine.
 The search is :mod:`hrt_runtime.search`, on numpy arrays: the same code the deployed runtime
 (``hrt-translate``) runs. It serves left-to-right search (AT, HRT's AT mode), HRT's two
@@ -114,14 +114,14 @@ class OnnxRuntimeGenerator:
         src_tokens = sample["net_input"]["src_tokens"]
         src = src_tokens.cpu().numpy()
         width = src.shape[1]
-        rows = self.rows_of(src_tokens)
         encoded = self.runtime.encode(src)
         if self.runtime.kind == MASK_PREDICT:
             found = mask_predict(self.runtime, encoded, src, self.iterations, self.length_beam, self.config.max_len_a,
-                                 self.config.max_len_b, self.banned, rows=rows)
+                                 self.config.max_len_b, self.banned, rows=self.rows_of(src_tokens))
             return self._to_fairseq(found, src_tokens.device)
         if bos_token is not None or not self.is_hrt:
-            found = left_to_right(self.runtime, encoded, width, self.config, self.banned, start=bos_token, rows=rows)
+            found = left_to_right(self.runtime, encoded, width, self.config, self.banned, start=bos_token,
+                                  rows=self.rows_of(src_tokens))
             return self._to_fairseq(found, src_tokens.device)
         if callable(self.chunk_size):
             lengths = src_tokens.ne(self.pad).long().sum(dim=1)
@@ -131,11 +131,11 @@ class OnnxRuntimeGenerator:
         results: List = [None] * len(per_row)
         for k in sorted(set(per_row)):
             index = np.array([i for i, kk in enumerate(per_row) if kk == k])
-            part, part_rows = encoded, rows
+            part, part_src = encoded, src_tokens
             if index.size < len(per_row):  # a group decodes over its own sentences' candidates, as lean's HRTGenerator
                 part = encoded.select(index)
-                part_rows = self.rows_of(src_tokens.index_select(0, torch.from_numpy(index).to(src_tokens.device)))
-            found = hrt(self.runtime, part, width, self.config, k, self.banned, b_nat=self.b_nat, rows=part_rows)
+                part_src = src_tokens.index_select(0, torch.from_numpy(index).to(src_tokens.device))
+            found = hrt(self.runtime, part, width, self.config, k, self.banned, b_nat=self.b_nat, rows=self.rows_of(part_src))
             for i, hypos in zip(index.tolist(), found):
                 results[i] = hypos
         return self._to_fairseq(results, src_tokens.device)
@@ -169,10 +169,15 @@ class OnnxRuntimeEngine(DecoderEngine):
         used = list(options.sequence_generator_only)
         if options.search.temperature != 1.0:
             used.append("--temperature")
-        used += [flag for flag in options.stage2_options_used()]
+        used += options.stage2_options_used()
         if options.print_step:
             used.append("--print-step")
         return used
+
+    def unsupported_model(self, model):
+        from fairseq_hrt.export.exporter import unsupported
+
+        return unsupported(model)
 
     def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
         if len(ctx.models) != 1:

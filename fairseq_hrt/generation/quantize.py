@@ -45,7 +45,8 @@ def engine_quantizes_itself(engine: str) -> bool:
     graphs), so the loaded PyTorch model must stay in float."""
     from fairseq_hrt.generation.engines import ENGINES
 
-    return getattr(ENGINES.get(str(engine)), "quantizes_itself", False)
+    found = ENGINES.get(str(engine))
+    return found is not None and found.quantizes_itself
 
 
 def prepare_for_decoding(model, quantize: str, engine: str = "lean"):
