@@ -25,7 +25,8 @@ Systems (each family only when its checkpoint is given):
 Every AT and HRT system is measured with each engine of ``--engines`` (default lean and
 fairseq: the lean engine's rows keep the plain name, fairseq's ``SequenceGenerator`` rows say
 "(fairseq engine)", ONNX Runtime's ``--decoder-engine onnxruntime`` rows "(onnxruntime)"), on
-CPU also with ``--quantize int8`` (an "int8" row per system, lean engine; ``--int8``), with
+CPU also with ``--quantize int8`` (``--int8``: an "int8" row per system and engine that quantizes,
+lean and onnxruntime, and "CTranslate2 AT greedy int8" beside CTranslate2's float row), with
 ``--shortlist FILE`` also restricted to a lexical shortlist (a "+shortlist" row per system and
 engine of ``--engines`` that supports shortlists, lean and onnxruntime: "AT greedy
 +shortlist" is the lean engine's, "AT greedy (onnxruntime) +shortlist" ONNX Runtime's; and
@@ -518,7 +519,8 @@ def parse_args(argv=None):
                    help="add a compiled (--compile: torch.compile of the lean engine's step) row per AT and HRT "
                         "system; the first batch of each row pays the compilation (its warm-up)")
     g.add_argument("--int8", choices=("auto", "yes", "no"), default="auto",
-                   help="add an int8 (--quantize int8, lean engine) row per system: auto = on CPU")
+                   help="add an int8 (--quantize int8) row per system and engine that quantizes (lean, onnxruntime), "
+                        "and CTranslate2's int8 beside its float row: auto = on CPU")
     g.add_argument("--shortlist", metavar="FILE",
                    help="a lexical shortlist (fairseq-hrt-shortlist): adds a '+shortlist' row per AT, HRT and "
                         "Mask-Predict configuration and engine of --engines that supports shortlists (lean, "

@@ -101,14 +101,15 @@ def convert(checkpoint: str, data_dir: str, out_dir: str, source_lang: str, targ
     return target
 
 
-def load(model_dir: str, use_cuda: bool, fp16: bool, threads: int):
+def load(model_dir: str, use_cuda: bool, fp16: bool, threads: int, compute_type: Optional[str] = None):
+    """A translator of the converted model; ``compute_type`` (default: the precision of the
+    fairseq models it is compared with) e.g. ``int8`` beside the int8 rows."""
     import ctranslate2
 
     return ctranslate2.Translator(
         model_dir,
         device="cuda" if use_cuda else "cpu",
-        # the same precision as the fairseq models it is compared with
-        compute_type="float16" if fp16 else "float32",
+        compute_type=compute_type or ("float16" if fp16 else "float32"),
         inter_threads=1,
         intra_threads=threads,
     )

@@ -196,20 +196,25 @@ class Context:
         self.max_len_a, self.max_len_b, self.lenpen = max_len_a, max_len_b, lenpen
         self._models, self._batches = {}, {}
 
-    def model(self, checkpoint: str, quantize: str = "none"):
+    def model(self, checkpoint: str, quantize: str = "none", engine: str = "lean"):
+        """The checkpoint loaded as ``--decoder-engine engine --quantize quantize`` loads it: an
+        int8 copy for the PyTorch engines, the float model for an engine that quantizes its own
+        graphs (ONNX Runtime)."""
+        from fairseq_hrt.generation.quantize import engine_quantizes_itself, prepare_for_decoding
+
+        if engine_quantizes_itself(engine):
+            quantize = "none"
         key = (checkpoint, quantize)
         if key not in self._models:
             logger.info("loading %s%s", checkpoint, " (int8 copy)" if quantize != "none" else "")
-            from fairseq_hrt.generation.quantize import prepare_for_decoding  # what loading for decoding does
-
             model, task = load(checkpoint, self.data, self.use_cuda, self.fp16)
             self._models[key] = (prepare_for_decoding(model, quantize), task)
         return self._models[key]
 
-    def batches(self, checkpoint: str, quantize: str, lines: List[str], batch_size: int):
-        key = (checkpoint, quantize, len(lines), batch_size, hash(tuple(lines)))
+    def batches(self, checkpoint: str, quantize: str, lines: List[str], batch_size: int, engine: str = "lean"):
+        key = (checkpoint, quantize, engine, len(lines), batch_size, hash(tuple(lines)))
         if key not in self._batches:
-            model, task = self.model(checkpoint, quantize)
+            model, task = self.model(checkpoint, quantize, engine)
             self._batches[key] = make_batches(task, model, lines, batch_size, self.use_cuda)
         return self._batches[key]
 
@@ -251,13 +256,14 @@ class FairseqRunner(Runner):
     def __init__(self, system: System, ctx: Context, gen_args: dict, task_options: dict, greedy: bool):
         self.system, self.ctx, self.greedy = system, ctx, greedy
         self.quantize = task_options.get("quantize", "none")
-        self.model, self.task = ctx.model(system.checkpoint, self.quantize)
+        self.engine = task_options.get("decoder_engine", "lean")
+        self.model, self.task = ctx.model(system.checkpoint, self.quantize, self.engine)
         gen_args = dict(gen_args, max_len_a=ctx.max_len_a, max_len_b=ctx.max_len_b)
         self.generator = build_generator(self.task, self.model, gen_args, task_options)
         self.sync = cuda_sync(ctx.use_cuda)
 
     def prepare(self, lines, batch_size):
-        return self.ctx.batches(self.system.checkpoint, self.quantize, lines, batch_size)
+        return self.ctx.batches(self.system.checkpoint, self.quantize, lines, batch_size, self.engine)
 
     def run(self, prepared, warm_up=False):
         return generate(self.task, self.model, self.generator, prepared[:1] if warm_up else prepared)
@@ -295,7 +301,8 @@ class CT2Runner(Runner):
         self.system, self.ctx, self.ct2 = system, ctx, ct2_reference
         _, task = ctx.model(system.checkpoint)
         shortlist = system.decoding.get("shortlist")
-        key = (system.checkpoint, shortlist)
+        compute_type = system.decoding.get("compute_type")
+        key = (system.checkpoint, shortlist, compute_type)
         if key not in translators:
             model_dir = ct2_reference.convert(
                 system.checkpoint, ctx.data, ctx.out_dir, task.cfg.source_lang, task.cfg.target_lang
@@ -305,7 +312,7 @@ class CT2Runner(Runner):
                 path = ct2_reference.write_vmap(model_dir, task.load_shortlist(shortlist), task.source_dictionary,
                                                 task.target_dictionary)
                 logger.info("CTranslate2 vocabulary map of %s: %s", shortlist, path)
-            translators[key] = ct2_reference.load(model_dir, ctx.use_cuda, ctx.fp16, ctx.threads)
+            translators[key] = ct2_reference.load(model_dir, ctx.use_cuda, ctx.fp16, ctx.threads, compute_type)
         self.translator = translators[key]
         self.use_vmap = bool(shortlist)
         # the map's keys are source symbols: a piece outside the dictionary is looked up as
@@ -420,6 +427,9 @@ class Family:
 
 # what a row decodes with where it says nothing: a row states its whole decoding, whatever
 # the checkpoint's saved task options are
+# the engines with an int8 row each (``--int8``): those with a ``--quantize int8`` of their own
+INT8_ENGINES = ("lean", "onnxruntime")
+
 ROW_DEFAULTS = {"decoding": "auto", "decoder_engine": "lean", "quantize": "none", "shortlist": None, "compile": False,
                 "decode_chunk_size": 1, "b_nat": 1, "jacobi_block_size": None}
 
@@ -446,7 +456,12 @@ class _FairseqFamily(Family):
             out.append(System(name + suffix, self.name, checkpoint, dict(decoding, decoder_engine=engine),
                               baseline_candidate=baseline_candidate))
         if getattr(args, "int8", "no") == "yes":
-            out.append(System(name + " int8", self.name, checkpoint, dict(decoding, decoder_engine="lean", quantize="int8")))
+            # one int8 row per engine that quantizes (lean's PyTorch dynamic quantization, ONNX
+            # Runtime's of its graphs), so that int8 is compared with int8 on each engine
+            for engine in [e for e in engines if e in INT8_ENGINES] or ["lean"]:
+                suffix = ENGINE_SUFFIX[engine] if self.engine_rows else ""
+                out.append(System(name + suffix + " int8", self.name, checkpoint,
+                                  dict(decoding, decoder_engine=engine, quantize="int8")))
         if getattr(args, "shortlist", None):
             shortlisted = [e for e in engines if engine_supports_shortlist(e)] if self.engine_rows else []
             for engine in shortlisted or ["lean"]:
@@ -472,7 +487,7 @@ class _FairseqFamily(Family):
         used = engine_refuses(engine, system.decoding)
         if used:
             return f"--decoder-engine {engine} does not support {', '.join(used)}"
-        model, _ = ctx.model(system.checkpoint, system.decoding.get("quantize", "none"))
+        model, _ = ctx.model(system.checkpoint, system.decoding.get("quantize", "none"), engine)
         reasons = get_engine(engine).unsupported_model(model)
         if reasons:
             return f"--decoder-engine {engine} cannot decode this checkpoint: " + "; ".join(reasons)
@@ -528,6 +543,8 @@ class CT2Family(Family):
         for beam in parse_ints(args.at_beams):
             name = "CTranslate2 AT " + ("greedy" if beam == 1 else f"beam {beam}")
             out.append(System(name, CT2_FAMILY, args.at, {"beam": beam}))
+            if getattr(args, "int8", "no") == "yes":  # beside the int8 rows: CTranslate2's own int8
+                out.append(System(name + " int8", CT2_FAMILY, args.at, {"beam": beam, "compute_type": "int8"}))
             if getattr(args, "shortlist", None):  # beside the "+shortlist" rows: its vocabulary map
                 out.append(System(name + " +vmap", CT2_FAMILY, args.at, {"beam": beam, "shortlist": args.shortlist}))
         return out

@@ -161,8 +161,9 @@ def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_outp
     """--engines with onnxruntime: one row per engine ("(onnxruntime)"); --shortlist: a
     "+shortlist" row per engine that restricts the output layer (lean: the plain name,
     onnxruntime: its suffix before "+shortlist"; none for fairseq's engine) and a CTranslate2
-    "+vmap" row beside each CTranslate2 row; int8 and compiled rows stay lean whatever engine
-    --engines names first; Mask-Predict keeps one row of each."""
+    "+vmap" row beside each CTranslate2 row; --int8: an int8 row per engine that quantizes
+    (onnxruntime's own, lean's) and CTranslate2's int8 beside its float row; compiled rows stay
+    lean whatever engine --engines names first; Mask-Predict keeps one row of each."""
     args = SimpleNamespace(
         at="at.pt", at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp="mp.pt", mp_iterations="1",
         mp_length_beam=5, ctranslate2="auto", engines="onnxruntime,fairseq,lean", int8="yes", compile="yes",
@@ -171,11 +172,12 @@ def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_outp
     systems = benchmark.systems_from_args(args)[0]
 
     def rows(name):
-        return [name + " (onnxruntime)", name + " (fairseq engine)", name, name + " int8",
+        return [name + " (onnxruntime)", name + " (fairseq engine)", name, name + " (onnxruntime) int8", name + " int8",
                 name + " (onnxruntime) +shortlist", name + " +shortlist", name + " compiled"]
 
     assert [s.name for s in systems] == (
-        rows("AT greedy") + ["CTranslate2 AT greedy", "CTranslate2 AT greedy +vmap"] + rows("HRT AT-mode b=1")
+        rows("AT greedy") + ["CTranslate2 AT greedy", "CTranslate2 AT greedy int8", "CTranslate2 AT greedy +vmap"]
+        + rows("HRT AT-mode b=1")
         + rows("HRT k=2 b_at=1 b_nat=1") + ["MP I=1 l=5", "MP I=1 l=5 int8", "MP I=1 l=5 +shortlist"])
     by_name = {s.name: s for s in systems}
 
@@ -186,6 +188,9 @@ def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_outp
     assert options("AT greedy (onnxruntime) +shortlist")["shortlist"] == "s.pt"
     assert options("AT greedy +shortlist")["decoder_engine"] == "lean"
     assert options("HRT k=2 b_at=1 b_nat=1 int8")["decoder_engine"] == "lean"
+    assert options("HRT k=2 b_at=1 b_nat=1 (onnxruntime) int8")["decoder_engine"] == "onnxruntime"
+    assert options("HRT k=2 b_at=1 b_nat=1 (onnxruntime) int8")["quantize"] == "int8"
+    assert by_name["CTranslate2 AT greedy int8"].decoding == {"beam": 1, "compute_type": "int8"}
     assert options("HRT k=2 b_at=1 b_nat=1 compiled")["decoder_engine"] == "lean"
     assert options("AT greedy (onnxruntime)")["shortlist"] is None
     assert by_name["AT greedy (onnxruntime)"].baseline_candidate  # a float AT greedy decoder
@@ -210,7 +215,7 @@ def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
                            mp_iterations="1", mp_length_beam=1, ctranslate2="no", engines="lean,onnxruntime",
                            hrt_options=["refine20:hrt_refine_fraction=0.2"])
     by_name = {s.name: s for s in benchmark.systems_from_args(args)[0]}
-    hrt_ctx = SimpleNamespace(model=lambda checkpoint, quantize="none": (hrt, task))
+    hrt_ctx = SimpleNamespace(model=lambda checkpoint, quantize="none", engine="lean": (hrt, task))
     row = by_name["HRT k=2 b_at=1 b_nat=1 refine20 (onnxruntime)"]
     assert "--hrt-refine-fraction" in benchmark.family_of(row).refused(row, hrt_ctx)
     row = by_name["HRT k=2 b_at=1 b_nat=1 refine20"]
@@ -219,7 +224,7 @@ def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
     (tmp_path / "at").mkdir()
     task, at = build_task_and_model(str(tmp_path / "at"), arch="at_tiny", extra=("--hrt-mode", "at"))
     quantize_int8(at)  # a model the exporter refuses: PyTorch's int8 modules
-    ctx = SimpleNamespace(model=lambda checkpoint, quantize="none": (at, task))
+    ctx = SimpleNamespace(model=lambda checkpoint, quantize="none", engine="lean": (at, task))
     args = SimpleNamespace(at="at.pt", at_beams="1", hrt=None, mp=None, ctranslate2="no", engines="lean,onnxruntime")
     lean, onnx = benchmark.systems_from_args(args)[0]
     assert benchmark.family_of(lean).refused(lean, ctx) is None
@@ -625,3 +630,28 @@ def test_hrt_extra_checkpoints_get_their_own_rows():
     rows = {s.name: s.checkpoint for s in benchmark.systems_from_args(args)[0]}
     assert rows["HRT[s2] k=2 b_at=1 b_nat=1"] == "hrt2.pt" and rows["HRT[s2] AT-mode b=1"] == "hrt2.pt"
     assert rows["HRT k=2 b_at=1 b_nat=1"] == "hrt.pt" and not any(n.startswith("HRT[s2]") and "refine" in n for n in rows)
+
+
+def test_int8_rows_load_the_model_their_engine_quantizes(monkeypatch):
+    """An int8 row of the lean engine decodes PyTorch's int8 copy; one of ONNX Runtime decodes
+    the float model (it quantizes its exported graphs itself), so both share the float copy
+    with the float rows."""
+    import torch
+
+    from benchmarks import measure
+    from fairseq_hrt.generation.quantize import is_quantized
+
+    loads = []
+
+    def fake_load(checkpoint, data, use_cuda, fp16):
+        loads.append(checkpoint)
+        return torch.nn.Sequential(torch.nn.Linear(4, 4)), "task"
+
+    monkeypatch.setattr(measure, "load", fake_load)
+    ctx = measure.Context("data", "spm.model", "out")
+    float_model, _ = ctx.model("m.pt")
+    assert not is_quantized(float_model)
+    assert ctx.model("m.pt", "int8", "onnxruntime")[0] is float_model
+    lean_int8, _ = ctx.model("m.pt", "int8", "lean")
+    assert is_quantized(lean_int8) and lean_int8 is not float_model
+    assert loads == ["m.pt", "m.pt"]

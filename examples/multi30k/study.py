@@ -45,10 +45,13 @@ SCRIPT_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPT_DIR))
 
 import recipe  # noqa: E402
-from recipe import REPO, Budget, Recipe, StepError, log  # noqa: E402
+from recipe import REPO, Budget, Recipe, StepError, last_num_updates, log  # noqa: E402
 
 KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
-KD_BEAM = 5  # beam and n-best of the study's own KD (--variants with {kd})
+KD_BEAM = 5  # beam and n-best of the study's own KD (--variants with {kd}) and the teacher's ({tkd})
+# the teacher's validation BLEU: greedy, with the benchmark's source-relative length cap, so an
+# early runaway neither decides the score nor the validation's time
+TEACHER_EVAL_ARGS = {"beam": 1, "max_len_a": 1.2, "max_len_b": 10}
 
 
 def parse_scales(text: str) -> List[int]:
@@ -100,6 +103,7 @@ class Study(Recipe):
         self.at_variants = parse_variants(args.at_variants)
         self.variant_from = parse_variant_from(args.variant_from, self.variants, self.at_variants)
         self.kd_dir = self.out / "kd"
+        self.tkd_dir = self.out / "tkd"
 
     def budget(self, scale: int) -> Budget:
         b = self.profile.student
@@ -135,10 +139,48 @@ class Study(Recipe):
 
     def variant_args(self, variant: str, variants: Dict[str, str] = None) -> List[str]:
         kd = f"--distill-data {shlex.quote(str(self.kd_dir / 'distill-bin'))}"
-        return shlex.split((variants or self.variants)[variant].replace("{kd}", kd))
+        tkd = f"--distill-data {shlex.quote(str(self.tkd_dir / 'distill-bin'))}"
+        return shlex.split((variants or self.variants)[variant].replace("{kd}", kd).replace("{tkd}", tkd))
 
-    def needs_kd(self) -> bool:
-        return any("{kd}" in extra for extra in [*self.variants.values(), *self.at_variants.values()])
+    def needs_kd(self, placeholder: str = "{kd}") -> bool:
+        return any(placeholder in extra for extra in [*self.variants.values(), *self.at_variants.values()])
+
+    def needs_teacher(self) -> bool:
+        return self.needs_kd("{tkd}")
+
+    def teacher_checkpoint(self) -> Path:
+        # the checkpoint of the best validation BLEU: the teacher trains until that stops rising
+        return self.out / "teacher" / "checkpoint_best.pt"
+
+    def step_teacher(self, i):
+        """An AT teacher with more capacity than the students (``--teacher-arch``,
+        ``--teacher-args``), trained on raw data until its validation BLEU (greedy, detokenized
+        sacreBLEU, every epoch) has not risen for ``--teacher-patience`` validations, or the
+        update / time cap is reached (the report says which)."""
+        a = self.args
+        if not a.teacher_arch:
+            raise StepError("a variant uses {tkd} (the teacher's KD set): give --teacher-arch, e.g. at_small")
+        budget = Budget(max_update=a.teacher_max_update, stop_time_hours=a.teacher_hours, lr=a.teacher_lr,
+                        warmup=a.teacher_warmup)
+        extra = [
+            "--hrt-mode", "at", *shlex.split(a.teacher_args),
+            "--eval-bleu", "--eval-bleu-args", json.dumps(TEACHER_EVAL_ARGS),
+            "--eval-bleu-detok", "space", "--eval-bleu-remove-bpe", "sentencepiece",
+            "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
+            "--patience", str(a.teacher_patience),
+        ]
+        cmd = self.train_cmd("teacher", a.teacher_arch, budget, extra)
+        self.run_step(i, "teacher", cmd, [self.teacher_checkpoint()], train_max_update=budget.max_update)
+
+    def step_teacher_kd(self, i):
+        """The teacher's sequence-level KD of the training set (``{tkd}``): beam 5, of the 5-best
+        the hypothesis closest to the reference (sentence-BLEU), as the study's own KD."""
+        out = self.tkd_dir / "distill" / "train.de"
+        cmd = self.distill_cmd(self.teacher_checkpoint(), out, self.logs / "tkd_distill.log", beam=KD_BEAM, nbest=KD_BEAM)
+        self.run_step(i, "tkd_distill", cmd, [out], own_log=True)
+        dest = self.tkd_dir / "distill-bin"
+        self.run_step(i, "tkd_bin", self.distill_bin_cmd(self.tkd_dir / "distill", dest),
+                      [dest / "train.en-de.de.bin", dest / "train.en-de.de.idx"])
 
     def variant_base(self, variant: str) -> Path:
         """The AT checkpoint an HRT variant is fine-tuned from: the AT of the largest budget, or
@@ -186,6 +228,10 @@ class Study(Recipe):
                 out[name] = {"kind": "HRT", "scale": scale, "updates": scale * self.base, "chunk_sizes": cs,
                              "checkpoint": self.checkpoint(name), "log": self.logs / f"{name}.log"}
         scale = self.scales[-1]
+        if self.needs_teacher():
+            out["teacher"] = {"kind": "AT", "scale": scale, "updates": last_num_updates(self.logs / "teacher.log") if (self.logs / "teacher.log").exists() else None,
+                              "variant": "teacher", "variant_args": f"--arch {self.args.teacher_arch} {self.args.teacher_args}",
+                              "checkpoint": self.teacher_checkpoint(), "log": self.logs / "teacher.log"}
         for variant, extra in self.at_variants.items():
             name = self.at_variant_name(variant)
             out[name] = {"kind": "AT", "scale": scale, "updates": scale * self.base, "variant": variant,
@@ -249,7 +295,8 @@ class Study(Recipe):
         separate processes can train independent models at once, each with its own markers.
         Every step but ``prepare`` needs ``prepare`` done (earlier, or earlier in ``names``)."""
         steps = {"prepare": lambda: self.step_prepare_all(1), "at": lambda: self.step_at(5),
-                 "kd": lambda: self.step_kd(6)}
+                 "kd": lambda: self.step_kd(6), "teacher": lambda: self.step_teacher(6),
+                 "tkd": lambda: self.step_teacher_kd(6)}
         for variant in self.at_variants:
             steps[self.at_variant_name(variant)] = (lambda v=variant: self.step_at_variant(7, v))
         for scale in self.scales:
@@ -279,6 +326,9 @@ class Study(Recipe):
                 self.step_hrt(6, cs, scale)
         if self.needs_kd():
             self.step_kd(7)
+        if self.needs_teacher():
+            self.step_teacher(7)
+            self.step_teacher_kd(7)
         for variant in self.at_variants:
             self.step_at_variant(7, variant)
         for variant in self.variants:
@@ -439,11 +489,21 @@ def parse_args(argv=None):
     p.add_argument("--variant-from", nargs="+", metavar="VARIANT=AT_VARIANT", default=[],
                    help="fine-tune the HRT variant from this AT variant instead of the plain AT, e.g. dl2kd=dl2 "
                         "(HRT with two decoder layers from the AT with two)")
+    p.add_argument("--teacher-arch", help="{tkd} in --variants / --at-variants: the KD set of this AT teacher, "
+                   "trained on raw data in the study (e.g. at_small: d = 256, 6 encoder layers)")
+    p.add_argument("--teacher-args", default="--decoder-layers 3",
+                   help="extra fairseq-train options of the teacher (default: three decoder layers)")
+    p.add_argument("--teacher-max-update", type=int, default=8000, help="the teacher's update cap")
+    p.add_argument("--teacher-hours", type=float, default=2.0, help="the teacher's time cap (--stop-time-hours)")
+    p.add_argument("--teacher-patience", type=int, default=3,
+                   help="stop the teacher after this many validations (one per epoch) without a higher BLEU")
+    p.add_argument("--teacher-lr", type=float, default=2e-3)
+    p.add_argument("--teacher-warmup", type=int, default=300)
     p.add_argument("--skip-raw-hrt", action="store_true",
                    help="train no HRT on raw data (--chunk-size-sets at every budget): a study of the variants only")
     p.add_argument("--only", nargs="+", metavar="STEP",
                    help="run only these steps: prepare (the data; with a teacher, its KD too), kd (the study's "
-                        "KD set, needs at), at, hrt_c2_x1, ... (training steps, need prepare done), e.g. to train "
+                        "KD set, needs at), teacher, tkd (the teacher's KD set, needs teacher), at, hrt_c2_x1, ... (training steps, need prepare done), e.g. to train "
                         "independent models in parallel processes; a run without --only finishes the study")
     args = p.parse_args(argv)
     if not args.out:
