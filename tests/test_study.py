@@ -167,3 +167,33 @@ def test_at_variants_and_hrt_variants_fine_tuned_from_them(tmp_path):
     md = study.markdown_report(report)
     assert "| AT x8 | 2400 | 30.00 |" in md and "| AT x8 kd | 2400 | 31.00 |" in md
     assert "(fine-tuned from AT `dl2`)" in md
+
+
+def test_a_stronger_teacher_trained_until_its_validation_bleu_stops_rising_and_its_kd(tmp_path):
+    """{tkd}: the KD set of an AT teacher of --teacher-arch (raw data, validation BLEU every
+    epoch, early stop by --teacher-patience, the best-BLEU checkpoint distils, beam 5); the
+    teacher is a model of the report; without --teacher-arch a {tkd} variant is refused."""
+    s = _study(tmp_path, "--scales", "8", "--chunk-size-sets", "2", "--skip-raw-hrt",
+               "--teacher-arch", "at_small", "--teacher-patience", "2",
+               "--at-variants", "dl2tkd={tkd} --p-raw 0.5 --decoder-layers 2",
+               "--variants", "dl2tkd={tkd} --p-raw 0.5 --decoder-layers 2")
+    assert s.needs_teacher() and not s.needs_kd()
+    assert s.variant_args("dl2tkd", s.at_variants)[:2] == ["--distill-data", str(tmp_path / "tkd" / "distill-bin")]
+    assert s.models()["teacher"]["kind"] == "AT"
+    ran = {}
+    s.run_step = lambda i, name, cmd, outputs, **kw: ran.setdefault(name, ([str(c) for c in cmd], outputs, kw))
+    s.step_teacher(7)
+    s.step_teacher_kd(7)
+    teacher, outputs, kw = ran["teacher"]
+    assert teacher[teacher.index("--arch") + 1] == "at_small" and teacher[teacher.index("--decoder-layers") + 1] == "3"
+    assert "--eval-bleu" in teacher and teacher[teacher.index("--best-checkpoint-metric") + 1] == "bleu"
+    assert "--maximize-best-checkpoint-metric" in teacher and teacher[teacher.index("--patience") + 1] == "2"
+    assert json.loads(teacher[teacher.index("--eval-bleu-args") + 1])["beam"] == 1
+    assert teacher[teacher.index("--hrt-mode") + 1] == "at" and "--distill-data" not in teacher
+    assert outputs == [tmp_path / "teacher" / "checkpoint_best.pt"] and kw["train_max_update"] == 8000
+    kd = ran["tkd_distill"][0]
+    assert kd[kd.index("--path") + 1] == str(tmp_path / "teacher" / "checkpoint_best.pt")
+    assert kd[kd.index("--beam") + 1] == "5" and kd[kd.index("--out") + 1] == str(tmp_path / "tkd" / "distill" / "train.de")
+    assert ran["tkd_bin"][0][ran["tkd_bin"][0].index("--destdir") + 1] == str(tmp_path / "tkd" / "distill-bin")
+    with pytest.raises(SystemExit):  # refused when the arguments are read, not steps later
+        _study(tmp_path, "--at-variants", "t={tkd}")

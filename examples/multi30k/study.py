@@ -506,6 +506,8 @@ def parse_args(argv=None):
                         "KD set, needs at), teacher, tkd (the teacher's KD set, needs teacher), at, hrt_c2_x1, ... (training steps, need prepare done), e.g. to train "
                         "independent models in parallel processes; a run without --only finishes the study")
     args = p.parse_args(argv)
+    if any("{tkd}" in item for item in [*args.variants, *args.at_variants]) and not args.teacher_arch:
+        p.error("{tkd} (the teacher's KD set) needs --teacher-arch, e.g. --teacher-arch at_small")
     if not args.out:
         args.out = str(REPO / "work" / f"study-{args.profile}")
     args.comet_model, args.until, args.hrt_chunk_sizes = None, None, args.chunk_size_sets[0]
