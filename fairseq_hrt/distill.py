@@ -174,6 +174,9 @@ def parse_args(argv=None):
     p.add_argument("--max-len-a", type=float, default=0, help="max target length = a * source length + b")
     p.add_argument("--max-len-b", type=int, default=200)
     p.add_argument("--lenpen", type=float, default=1.0)
+    p.add_argument("--decoder-engine", default="lean",
+                   help="the engine that decodes (as fairseq-generate's --decoder-engine: lean, fairseq, "
+                        "onnxruntime); the same search and translations, at the engine's speed")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--cpu", action="store_true", help="decode on CPU even if a GPU is present")
     p.add_argument("--fp16", action="store_true", help="half precision (GPU only)")
@@ -212,7 +215,12 @@ def main(argv=None):
             "they must be aligned line by line"
         )
 
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([args.path], arg_overrides={"data": args.data})
+    from fairseq_hrt.generation.engines import engine_choices
+
+    if args.decoder_engine not in engine_choices():
+        raise SystemExit(f"--decoder-engine must be one of {', '.join(engine_choices())}, got {args.decoder_engine!r}")
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [args.path], arg_overrides={"data": args.data, "decoder_engine": args.decoder_engine})
     model = models[0].eval()
     if args.fp16:
         model.half()

@@ -411,17 +411,25 @@ def test_distill_keeps_empty_lines_aligned(tiny_run, tmp_path):
     src = write_lines(tmp_path / "src.en", ["▁A ▁man", "", "▁A ▁dog ▁runs ▁.", ""])
     ref = write_lines(tmp_path / "ref.de", ["Ein Mann", "", "Ein Hund rennt.", ""])
     hyp = tmp_path / "out" / "distilled.de"
-    subprocess.run(
-        [sys.executable, "-m", "fairseq_hrt.distill", "--data", str(out / "data" / "data-bin"),
-         "--path", str(out / "teacher" / "checkpoint_last.pt"), "--src", str(src), "--out", str(hyp),
-         "--beam", "2", "--nbest", "2", "--select-by-bleu", str(ref), "--cpu", "--threads", "1",
-         "--no-progress-bar"],
-        cwd=REPO, check=True, capture_output=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
-    )
+
+    def distill(out_file, *extra):
+        subprocess.run(
+            [sys.executable, "-m", "fairseq_hrt.distill", "--data", str(out / "data" / "data-bin"),
+             "--path", str(out / "teacher" / "checkpoint_last.pt"), "--src", str(src), "--out", str(out_file),
+             "--beam", "2", "--nbest", "2", "--select-by-bleu", str(ref), "--cpu", "--threads", "1",
+             "--no-progress-bar", *extra],
+            cwd=REPO, check=True, capture_output=True,
+            env=dict(os.environ, CUDA_VISIBLE_DEVICES="", FAIRSEQ_HRT_ONNX_CACHE=str(out.parent / "distill-onnx-cache")),
+        )
+
+    distill(hyp)
     lines = hyp.read_text(encoding="utf-8").split("\n")
     assert len(lines) == 5 and lines[-1] == ""  # 4 lines, each ending in a newline
     assert lines[1] == "" and lines[3] == ""
     assert not (tmp_path / "out" / "distilled.de.part").exists()
+    if importlib.util.find_spec("onnxruntime"):  # the same n-best search on ONNX Runtime: the same targets
+        distill(tmp_path / "ort.de", "--decoder-engine", "onnxruntime")
+        assert (tmp_path / "ort.de").read_text(encoding="utf-8") == hyp.read_text(encoding="utf-8")
 
 
 @pytest.mark.slow

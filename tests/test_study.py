@@ -194,6 +194,8 @@ def test_a_stronger_teacher_trained_until_its_validation_bleu_stops_rising_and_i
     kd = ran["tkd_distill"][0]
     assert kd[kd.index("--path") + 1] == str(tmp_path / "teacher" / "checkpoint_best.pt")
     assert kd[kd.index("--beam") + 1] == "5" and kd[kd.index("--out") + 1] == str(tmp_path / "tkd" / "distill" / "train.de")
+    if s.cpu and importlib.util.find_spec("onnxruntime"):  # the teacher's beam search on ONNX Runtime
+        assert kd[kd.index("--decoder-engine") + 1] == "onnxruntime"
     assert ran["tkd_bin"][0][ran["tkd_bin"][0].index("--destdir") + 1] == str(tmp_path / "tkd" / "distill-bin")
     with pytest.raises(SystemExit):  # refused when the arguments are read, not steps later
         _study(tmp_path, "--at-variants", "t={tkd}")

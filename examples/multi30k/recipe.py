@@ -370,9 +370,10 @@ class Recipe:
         self.run_step(i, "distill", self.distill_cmd(self.checkpoint("teacher"), out, self.logs / "distill.log"),
                       [out], own_log=True)
 
-    def distill_cmd(self, teacher: Path, out: Path, log_file: Path, beam: int = 0, nbest: int = 0) -> List[str]:
+    def distill_cmd(self, teacher: Path, out: Path, log_file: Path, beam: int = 0, nbest: int = 0,
+                    engine: Optional[str] = None) -> List[str]:
         """Sequence-level KD of the training set by ``teacher`` into ``out`` (pieces); beam and
-        n-best default to the profile's."""
+        n-best default to the profile's; ``engine``: ``--decoder-engine`` (default lean)."""
         p = self.profile
         cmd = [
             sys.executable, "-m", "fairseq_hrt.distill",
@@ -385,6 +386,8 @@ class Recipe:
             "--max-len-a", "1.5", "--max-len-b", "10",
             "--threads", str(self.threads), "--log-file", str(log_file),
         ]
+        if engine:
+            cmd += ["--decoder-engine", engine]
         return cmd + self.device_args
 
     def step_distill_bin(self, i):

@@ -33,6 +33,7 @@ Example (2 CPU cores, the quickstart's shape, about 1.5 hours)::
     python examples/multi30k/study.py --profile mini --scales 1,8 --chunk-size-sets 2 2,3,4
 """
 import argparse
+import importlib.util
 import json
 import re
 import shlex
@@ -176,7 +177,10 @@ class Study(Recipe):
         """The teacher's sequence-level KD of the training set (``{tkd}``): beam 5, of the 5-best
         the hypothesis closest to the reference (sentence-BLEU), as the study's own KD."""
         out = self.tkd_dir / "distill" / "train.de"
-        cmd = self.distill_cmd(self.teacher_checkpoint(), out, self.logs / "tkd_distill.log", beam=KD_BEAM, nbest=KD_BEAM)
+        # ONNX Runtime on CPU: the same n-best lists as the lean engine, in about half the time
+        engine = "onnxruntime" if self.cpu and importlib.util.find_spec("onnxruntime") else None
+        cmd = self.distill_cmd(self.teacher_checkpoint(), out, self.logs / "tkd_distill.log", beam=KD_BEAM, nbest=KD_BEAM,
+                               engine=engine)
         self.run_step(i, "tkd_distill", cmd, [out], own_log=True)
         dest = self.tkd_dir / "distill-bin"
         self.run_step(i, "tkd_bin", self.distill_bin_cmd(self.tkd_dir / "distill", dest),
