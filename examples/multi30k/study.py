@@ -24,6 +24,11 @@ every chunk-size set (``--chunk-size-sets``, e.g. ``2`` and ``2,3,4``):
                     ARGS stands for ``--distill-data`` of the study's own sequence-level KD: the
                     training set translated by the AT model of the largest budget (steps
                     ``kd_distill`` and ``kd_bin``, made once when a variant asks for it).
+                    ``{tkd}`` stands for the KD set of a stronger AT teacher (``--teacher-arch``,
+                    ``--teacher-args``; steps ``teacher``, ``tkd_distill``, ``tkd_bin``): trained
+                    on raw data until its validation BLEU has not risen for
+                    ``--teacher-patience`` epochs, its best checkpoint translates the training set
+                    (beam 5, n-best picked by sentence-BLEU).
 
 Steps reuse recipe.py's (markers, logs, resuming), so an interrupted study resumes when run
 again with the same command. Output: ``OUT/study/report.{json,md}``, ``OUT/study/losses.png``.
