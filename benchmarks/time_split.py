@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where decoding time goes: encoder, left-to-right decoder steps, HRT's stage II and the
 rest (the search around the steps: argmax, scores, finished sentences leaving the batch; batching),
-per sentence, for AT greedy and HRT with the lean engine.
+per sentence, for AT greedy and HRT with the lean engine or ONNX Runtime (``--engine``).
 
 The speed targets of the benchmark are ratios; this says why a ratio is what it is. Each
 part is read from ``torch.profiler``: the decoder code marks its parts with
@@ -14,6 +14,11 @@ k = 2 sentence takes about half of AT's steps, and whatever else it pays is in t
 Every number is measured under the profiler, which adds overhead to every operator: read
 the split as shares, not as the speed of a run without it (benchmark.py measures that).
 
+With ``--engine onnxruntime`` the parts are the wall-clock time of the exported model's session
+runs (``hrt_runtime.ExportedModel.encode`` / ``step`` / ``parallel``), timed around each call
+during an ordinary run (no profiler): the time a part takes where it runs in the search, after
+the other parts (its weights may have left the CPU's caches), not in a loop of its own.
+
 Example (after examples/multi30k/recipe.py --profile full)::
 
     python -m benchmarks.time_split --data R/data/data-bin --src R/data/spm/test.en \\
@@ -22,7 +27,9 @@ Example (after examples/multi30k/recipe.py --profile full)::
 (``python benchmarks/time_split.py ...`` works too.)
 """
 import argparse
+import contextlib
 import os
+import time
 from typing import Dict, List, Tuple
 
 import torch
@@ -51,16 +58,58 @@ def scope_times(profile) -> Dict[str, Tuple[float, int]]:
     return out
 
 
-def split(checkpoint: str, data: str, lines: List[str], batch_size: int, chunk_size: int, runs: int) -> dict:
+# the ExportedModel method of each timed part (--engine onnxruntime)
+SESSION_RUNS = {"encoder": "encode", "decoder steps": "step", "stage II": "parallel"}
+
+
+@contextlib.contextmanager
+def session_run_times():
+    """``{scope: [seconds, calls]}`` of the exported model's session runs inside the block,
+    keyed like :func:`scope_times`: each :data:`SESSION_RUNS` method of
+    ``hrt_runtime.ExportedModel`` is wrapped in a wall-clock timer for the block's duration."""
+    from hrt_runtime.model import ExportedModel
+
+    times = {SCOPES[part]: [0.0, 0] for part in SESSION_RUNS}
+    originals = {part: getattr(ExportedModel, method) for part, method in SESSION_RUNS.items()}
+
+    def timed(part, original):
+        slot = times[SCOPES[part]]
+
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                slot[0] += time.perf_counter() - start
+                slot[1] += 1
+
+        return run
+
+    for part, method in SESSION_RUNS.items():
+        setattr(ExportedModel, method, timed(part, originals[part]))
+    try:
+        yield times
+    finally:
+        for part, method in SESSION_RUNS.items():
+            setattr(ExportedModel, method, originals[part])
+
+
+def split(checkpoint: str, data: str, lines: List[str], batch_size: int, chunk_size: int, runs: int,
+          engine: str = "lean") -> dict:
     model, task = measure.load(checkpoint, data)
-    options = {"decoder_engine": "lean", "quantize": "none", "decoding": "auto", "jacobi_block_size": None,
+    options = {"decoder_engine": engine, "quantize": "none", "decoding": "auto", "jacobi_block_size": None,
                "b_nat": 1, "shortlist": None, "decode_chunk_size": str(chunk_size)}
     generator = measure.build_generator(task, model, {"beam": 1}, options)
     batches = measure.make_batches(task, model, lines, batch_size, False)
     measure.generate(task, model, generator, batches[:1])  # warm-up
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        timing = time_runs(lambda: measure.generate(task, model, generator, batches), runs=runs)
-    scopes = scope_times(profile)
+    if engine == "onnxruntime":
+        with session_run_times() as times:
+            timing = time_runs(lambda: measure.generate(task, model, generator, batches), runs=runs)
+        scopes = {scope: (seconds, calls) for scope, (seconds, calls) in times.items()}
+    else:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            timing = time_runs(lambda: measure.generate(task, model, generator, batches), runs=runs)
+        scopes = scope_times(profile)
     hyps, total = timing.value, timing.total
     n = len(lines) * runs
     per_sentence = {part: scopes.get(SCOPES[part], (0.0, 0))[0] / n * 1000 for part in PARTS[:-1]}
@@ -88,6 +137,8 @@ def main(argv=None):
     p.add_argument("--bs1-sentences", type=int, default=100, help="sentences at batch 1 (default 100, as benchmark.py)")
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--engine", choices=("lean", "onnxruntime"), default="lean",
+                   help="the decoder engine (onnxruntime: its session runs timed in place, no profiler)")
     p.add_argument("--out-dir", required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -95,13 +146,16 @@ def main(argv=None):
     systems = [("AT greedy", args.at, 1)]
     if args.hrt:
         systems += [("HRT AT-mode b=1", args.hrt, 1), (f"HRT k={args.chunk_size} b_at=1 b_nat=1", args.hrt, args.chunk_size)]
+    onnx = args.engine == "onnxruntime"
     report = {"threads": args.threads, "torch": torch.__version__, "sentences": len(src), "systems": {},
-              "measured_under": "torch.profiler (CPU activity; hrt.* record_function scopes)"}
+              "engine": args.engine,
+              "measured_under": "wall clock around each session run (hrt_runtime.ExportedModel encode/step/parallel)"
+              if onnx else "torch.profiler (CPU activity; hrt.* record_function scopes)"}
     rows = []
     for bs in measure.parse_ints(args.batch_sizes):
         lines = src[: args.bs1_sentences] if bs == 1 else src
         for name, checkpoint, k in systems:
-            result = split(checkpoint, args.data, lines, bs, k, args.runs)
+            result = split(checkpoint, args.data, lines, bs, k, args.runs, args.engine)
             result["sentences"] = len(lines)
             report["systems"].setdefault(name, {})[str(bs)] = result
             parts = result["parts_ms_per_sentence"]
@@ -110,11 +164,21 @@ def main(argv=None):
                         + f" | {result['decoder_steps_per_batch']:.1f} | {result['ms_per_decoder_step']:.3f} |")
     table = ["| system | batch | ms/sentence | " + " | ".join(PARTS) + " | decoder steps/batch | ms/step |",
              "|---|---:|---:|" + "---:|" * len(PARTS) + "---:|---:|"] + rows
-    text = (f"## Where the decoding time goes (lean engine, {args.threads} thread(s), torch {torch.__version__}, "
-            "measured under torch.profiler)\n\n"
-            "ms per sentence (share of the total; the profiler adds overhead to every operator, so read the "
-            "shares, and benchmark.py for speeds); decoder steps: left-to-right steps (AT, HRT stage I) "
-            "per batch, each over the batch's active rows; ms/step: mean time of one step\n\n" + "\n".join(table) + "\n")
+    if onnx:
+        import onnxruntime
+
+        head = (f"## Where the decoding time goes (ONNX Runtime {onnxruntime.__version__}, {args.threads} thread(s), "
+                "session runs timed in place)\n\n"
+                "ms per sentence (share of the total): encoder, decoder steps and stage II are the wall-clock time of "
+                "the exported graphs' session runs where the search makes them; other: the numpy search around them "
+                "and batching")
+    else:
+        head = (f"## Where the decoding time goes (lean engine, {args.threads} thread(s), torch {torch.__version__}, "
+                "measured under torch.profiler)\n\n"
+                "ms per sentence (share of the total; the profiler adds overhead to every operator, so read the "
+                "shares, and benchmark.py for speeds)")
+    text = (head + "; decoder steps: left-to-right steps (AT, HRT stage I) per batch, each over the batch's active "
+            "rows; ms/step: mean time of one step\n\n" + "\n".join(table) + "\n")
     measure.write_report(args.out_dir, "time_split", report, text)
 
 

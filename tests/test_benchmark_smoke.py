@@ -570,15 +570,20 @@ def test_onnxruntime_rows_and_the_ctranslate2_vocabulary_map(tiny_run, tmp_path)
 
 
 @pytest.mark.slow
-def test_time_split_parts_add_up_and_hrt_halves_the_steps(trained, tmp_path):
+@pytest.mark.parametrize("engine", ["lean", "onnxruntime"])
+def test_time_split_parts_add_up_and_hrt_halves_the_steps(trained, tmp_path, monkeypatch, engine):
     """benchmarks/time_split.py: encoder + decoder steps + stage II + other = the measured
-    total; stage II only for k = 2, which takes about half of AT mode's steps per sentence."""
+    total; stage II only for k = 2, which takes about half of AT mode's steps per sentence;
+    the same with ONNX Runtime's session runs timed in place."""
+    if engine == "onnxruntime":
+        pytest.importorskip("onnxruntime")
+        monkeypatch.setenv("FAIRSEQ_HRT_ONNX_CACHE", str(tmp_path / "onnx-cache"))
     from benchmarks import time_split
 
     data, ckpts = trained
     time_split.main(["--data", str(data.bin_dir), "--src", str(data.raw("valid", "en")), "--at", str(ckpts["at_tiny"]),
                      "--hrt", str(ckpts["hrt_tiny"]), "--batch-sizes", "1,8", "--bs1-sentences", "20",
-                     "--out-dir", str(tmp_path)])
+                     "--engine", engine, "--out-dir", str(tmp_path)])
     report = json.loads((tmp_path / "time_split.json").read_text())
     assert (tmp_path / "time_split.md").read_text().count("| HRT k=2 b_at=1 b_nat=1 |") == 2
     for name, by_batch in report["systems"].items():
@@ -589,6 +594,7 @@ def test_time_split_parts_add_up_and_hrt_halves_the_steps(trained, tmp_path):
             assert (parts["stage II"] > 0) == name.startswith("HRT k=2")
     at_mode, k2 = report["systems"]["HRT AT-mode b=1"]["1"], report["systems"]["HRT k=2 b_at=1 b_nat=1"]["1"]
     assert k2["decoder_steps_per_batch"] < 0.75 * at_mode["decoder_steps_per_batch"]
+    assert report["engine"] == engine
 
 
 def test_ctranslate2_outputs_obey_a_source_relative_maximum_length():
