@@ -46,9 +46,9 @@ def with_engine_rows(names, shortlist=False):
 
 # the recipe trains HRT for k = 2 only (one model per k, as the papers) and benchmarks it
 # the recipe builds a lexical shortlist and benchmarks every system with it too (CTranslate2
-# with its vocabulary map of the same shortlist)
+# with its vocabulary map of the same shortlist, and in int8 beside the int8 rows)
 EXPECTED_SYSTEMS = (with_engine_rows(AT_SYSTEMS, shortlist=True)
-                    + ([n for name in CT2_SYSTEMS for n in (name, name + " +vmap")] if HAVE_CT2 else [])
+                    + ([n for name in CT2_SYSTEMS for n in (name, name + " int8", name + " +vmap")] if HAVE_CT2 else [])
                     + with_engine_rows(hrt_mp_systems([2]), shortlist=True))
 
 
