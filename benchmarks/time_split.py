@@ -103,9 +103,8 @@ def split(checkpoint: str, data: str, lines: List[str], batch_size: int, chunk_s
     batches = measure.make_batches(task, model, lines, batch_size, False)
     measure.generate(task, model, generator, batches[:1])  # warm-up
     if engine == "onnxruntime":
-        with session_run_times() as times:
+        with session_run_times() as scopes:
             timing = time_runs(lambda: measure.generate(task, model, generator, batches), runs=runs)
-        scopes = {scope: (seconds, calls) for scope, (seconds, calls) in times.items()}
     else:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
             timing = time_runs(lambda: measure.generate(task, model, generator, batches), runs=runs)

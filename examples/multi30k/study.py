@@ -45,7 +45,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 SCRIPT_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPT_DIR))
@@ -179,16 +179,22 @@ class Study(Recipe):
         self.run_step(i, "teacher", cmd, [self.teacher_checkpoint()], train_max_update=budget.max_update)
 
     def step_teacher_kd(self, i):
-        """The teacher's sequence-level KD of the training set (``{tkd}``): beam 5, of the 5-best
-        the hypothesis closest to the reference (sentence-BLEU), as the study's own KD."""
-        out = self.tkd_dir / "distill" / "train.de"
-        # ONNX Runtime on CPU: the same n-best lists as the lean engine, in about half the time
+        """The teacher's sequence-level KD of the training set (``{tkd}``), made as the study's
+        own KD; on CPU decoded with ONNX Runtime (the same n-best lists as lean, about half the
+        time)."""
         engine = "onnxruntime" if self.cpu and importlib.util.find_spec("onnxruntime") else None
-        cmd = self.distill_cmd(self.teacher_checkpoint(), out, self.logs / "tkd_distill.log", beam=KD_BEAM, nbest=KD_BEAM,
+        self.kd_steps(i, "tkd", self.teacher_checkpoint(), self.tkd_dir, engine)
+
+    def kd_steps(self, i, name: str, teacher: Path, kd_dir: Path, engine: Optional[str] = None):
+        """Steps ``<name>_distill`` and ``<name>_bin``: ``teacher`` translates the training set
+        into ``kd_dir/distill`` (beam and n-best :data:`KD_BEAM`, n-best picked by sentence-BLEU),
+        binarized into ``kd_dir/distill-bin``."""
+        out = kd_dir / "distill" / "train.de"
+        cmd = self.distill_cmd(teacher, out, self.logs / f"{name}_distill.log", beam=KD_BEAM, nbest=KD_BEAM,
                                engine=engine)
-        self.run_step(i, "tkd_distill", cmd, [out], own_log=True)
-        dest = self.tkd_dir / "distill-bin"
-        self.run_step(i, "tkd_bin", self.distill_bin_cmd(self.tkd_dir / "distill", dest),
+        self.run_step(i, f"{name}_distill", cmd, [out], own_log=True)
+        dest = kd_dir / "distill-bin"
+        self.run_step(i, f"{name}_bin", self.distill_bin_cmd(kd_dir / "distill", dest),
                       [dest / "train.en-de.de.bin", dest / "train.en-de.de.idx"])
 
     def variant_base(self, variant: str) -> Path:
@@ -207,13 +213,7 @@ class Study(Recipe):
     def step_kd(self, i):
         """The study's own sequence-level KD (no teacher in the profile): the AT model of the
         largest budget translates the training set (beam, n-best picked by sentence-BLEU)."""
-        out = self.kd_dir / "distill" / "train.de"
-        cmd = self.distill_cmd(self.at_checkpoint(self.scales[-1]), out, self.logs / "kd_distill.log",
-                               beam=KD_BEAM, nbest=KD_BEAM)
-        self.run_step(i, "kd_distill", cmd, [out], own_log=True)
-        dest = self.kd_dir / "distill-bin"
-        self.run_step(i, "kd_bin", self.distill_bin_cmd(self.kd_dir / "distill", dest),
-                      [dest / "train.en-de.de.bin", dest / "train.en-de.de.idx"])
+        self.kd_steps(i, "kd", self.at_checkpoint(self.scales[-1]), self.kd_dir)
 
     def step_variant(self, i, variant: str):
         name, scale = self.variant_name(variant), self.scales[-1]
@@ -238,9 +238,10 @@ class Study(Recipe):
                              "checkpoint": self.checkpoint(name), "log": self.logs / f"{name}.log"}
         scale = self.scales[-1]
         if self.needs_teacher():
-            out["teacher"] = {"kind": "AT", "scale": scale, "updates": last_num_updates(self.logs / "teacher.log") if (self.logs / "teacher.log").exists() else None,
+            log_path = self.logs / "teacher.log"  # the teacher stops early: its updates are read from its log
+            out["teacher"] = {"kind": "AT", "scale": scale, "updates": last_num_updates(log_path) if log_path.exists() else None,
                               "variant": "teacher", "variant_args": f"--arch {self.args.teacher_arch} {self.args.teacher_args}",
-                              "checkpoint": self.teacher_checkpoint(), "log": self.logs / "teacher.log"}
+                              "checkpoint": self.teacher_checkpoint(), "log": log_path}
         for variant, extra in self.at_variants.items():
             name = self.at_variant_name(variant)
             out[name] = {"kind": "AT", "scale": scale, "updates": scale * self.base, "variant": variant,
