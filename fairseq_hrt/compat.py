@@ -181,10 +181,17 @@ def _buffered_read_repairing_bad_lines(buffered_read):
     return wrapper
 
 
+# How fairseq's command-line modules are recognised, computed once at import: the wrappers below
+# run on every checkpoint load, and fairseq's own tests (tests/test_train.py) load checkpoints
+# with ``os.path.join`` mocked, which a join per call turned into a TypeError.
+_INTERACTIVE_FILE = os.path.join("fairseq_cli", "interactive.py")
+_TRAIN_FILE = os.path.join("fairseq_cli", "train.py")
+
+
 def _is_fairseq_interactive(module) -> bool:
     path = getattr(module, "__file__", None) or ""
-    return callable(getattr(module, "buffered_read", None)) and path.endswith(
-        os.path.join("fairseq_cli", "interactive.py")
+    return callable(getattr(module, "buffered_read", None)) and isinstance(path, str) and path.endswith(
+        _INTERACTIVE_FILE
     )
 
 
@@ -242,7 +249,10 @@ def _train_stopping_when_finished(train):
 def _is_fairseq_train(module) -> bool:
     path = getattr(module, "__file__", None) or ""
     return callable(getattr(module, "train", None)) and callable(getattr(module, "validate_and_save", None)) \
-        and path.endswith(os.path.join("fairseq_cli", "train.py"))
+        and isinstance(path, str) and path.endswith(_TRAIN_FILE)
+
+
+_training_loop_patched = False  # set once fairseq-train's loop is wrapped: later loads skip the look-up
 
 
 def patch_training_loop():
@@ -250,22 +260,26 @@ def patch_training_loop():
     fairseq-interactive (:func:`patch_interactive_reading`), only a module already loaded
     (``fairseq_cli.train`` of the console script, ``__main__`` of ``python -m fairseq_cli.train``;
     both load before the user dir) is patched. Idempotent."""
+    global _training_loop_patched
     for name in ("fairseq_cli.train", "__main__"):
         module = sys.modules.get(name)
         if module is not None and _is_fairseq_train(module):
             _expect_parameters(module.train, ["cfg", "trainer", "task", "epoch_itr"], "fairseq_cli.train.train")
             _wrap_once(module, "train", _train_stopping_when_finished)
+            _training_loop_patched = True
 
 
 def _load_checkpoint_patching_the_loop(load_checkpoint):
     """Wrap ``checkpoint_utils.load_checkpoint`` (fairseq-train's restore, just before its
     loop) to apply :func:`patch_training_loop` there too: a fairseq-train that imported the
     plugin before its own module was executed (``runpy``, a warm test process) is covered
-    whatever the task."""
+    whatever the task. Once the loop is wrapped (at import, when fairseq-train loaded first),
+    a load does nothing more than fairseq's: no look-up, no path computed."""
 
     @functools.wraps(load_checkpoint)
     def wrapper(*args, **kwargs):
-        patch_training_loop()
+        if not _training_loop_patched:
+            patch_training_loop()
         return load_checkpoint(*args, **kwargs)
 
     return wrapper

@@ -164,3 +164,32 @@ def test_fairseq_train_module_is_patched_once():
     assert getattr(first, "__fairseq_hrt_compat__", False)
     compat.patch_training_loop()
     assert fairseq_train.train is first
+
+
+def test_a_checkpoint_loads_with_os_path_join_mocked():
+    """fairseq's own tests (tests/test_train.py::TestLoadCheckpoint) load checkpoints with
+    ``os.path.join`` replaced by a MagicMock, in a process that has loaded fairseq_cli.train;
+    the plugin's wrapper of ``load_checkpoint`` used to call it and die with a TypeError."""
+    from unittest import mock
+
+    import fairseq_cli.train  # noqa: F401 - loaded, as in fairseq's whole suite
+    from fairseq import checkpoint_utils
+    from omegaconf import OmegaConf
+
+    assert getattr(checkpoint_utils.load_checkpoint, "__fairseq_hrt_compat__", False)
+    cfg = OmegaConf.create({"save_dir": None, "optimizer_overrides": "{}", "reset_dataloader": False,
+                            "reset_meters": False, "reset_optimizer": False, "reset_lr_scheduler": False,
+                            "finetune_from_model": None, "model_parallel_size": 1,
+                            "restore_file": "checkpoint_last.pt"})
+    trainer = mock.MagicMock()
+    trainer.load_checkpoint.return_value = {"train_iterator": {"epoch": 2, "iterations_in_epoch": 0,
+                                                               "shuffle": False}}
+    trainer.get_num_updates.return_value = 10
+    with mock.patch("os.makedirs"), mock.patch("os.path.join", mock.MagicMock()), \
+            mock.patch("os.path.isfile", mock.MagicMock(return_value=True)), \
+            mock.patch("os.path.isabs", mock.MagicMock(return_value=False)), \
+            mock.patch("fairseq.file_io.PathManager.exists", mock.MagicMock(return_value=False)):
+        extra_state, _ = checkpoint_utils.load_checkpoint(cfg, trainer)
+    assert extra_state["train_iterator"]["epoch"] == 2
+    assert trainer.load_checkpoint.called
+    assert getattr(fairseq_cli.train.train, "__fairseq_hrt_compat__", False)  # fairseq-train still recognised
