@@ -8,7 +8,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-FORMAT, VERSION = "fairseq-hrt-onnx", 2
+# 3: the non-causal pass takes its query columns (its last layer computed there only)
+FORMAT, VERSION = "fairseq-hrt-onnx", 3
 
 
 REQUIRED = ("kind", "layers", "heads", "head_dim", "vocab_size", "max_target_positions", "max_source_positions",
@@ -187,12 +188,20 @@ class ExportedModel:
         return (out[0], out[1]), out[2:]
 
     def parallel(self, encoded: Encoded, tokens: np.ndarray, positions: np.ndarray, select: np.ndarray,
-                 logit_bias: np.ndarray, rows: OutputRows):
+                 logit_bias: np.ndarray, rows: OutputRows, queries: Optional[np.ndarray] = None):
         """One non-causal pass: ``(score (M,), row (M,))`` of the best allowed token of the
-        slots ``select`` (flat indices into ``tokens`` ``(B, T)``); ``encoded`` has B rows."""
+        slots ``select`` (flat indices into ``tokens`` ``(B, T)``); ``encoded`` has B rows.
+        ``queries``: sorted columns holding every selected slot (default: those of ``select``);
+        the pass's last layer computes its output there only."""
         restricted = "_restricted" if rows.ids is not None else ""
-        feeds = {"tokens": tokens, "positions": positions, "select": select, "logit_bias": logit_bias,
-                 **encoded.feeds(), **rows.feeds()}
+        width = tokens.shape[1]
+        row, column = np.divmod(select, width)
+        if queries is None:
+            queries = np.unique(column)
+        # select: flat indices into (B, Q)
+        select = row * queries.size + np.searchsorted(queries, column)
+        feeds = {"tokens": tokens, "positions": positions, "queries": queries, "select": select,
+                 "logit_bias": logit_bias, **encoded.feeds(), **rows.feeds()}
         return tuple(self.session("parallel" + restricted).run(None, feeds))
 
     # ------------------------------------------------------------------- output rows

@@ -248,6 +248,14 @@ def stage2_input(skeleton: np.ndarray, k: int, pad: int, mask: int):
     return tokens.astype(np.int64), positions.astype(np.int64), np.where(final, spread, pad)
 
 
+def mask_columns(width: int, k: int) -> np.ndarray:
+    """The columns of a stage-II input of ``width`` slots that may hold masks: the ``k - 1``
+    first of every chunk (every ``k``-th holds a skeleton token). The non-causal pass
+    computes its last layer at these columns only."""
+    column = np.arange(width, dtype=np.int64)
+    return column[(column + 1) % k != 0]
+
+
 def truncate_at_first_eos(tokens: np.ndarray, eos: int, pad: int) -> np.ndarray:
     is_eos = (tokens == eos).astype(np.int64)
     before = np.cumsum(is_eos, axis=1) - is_eos
@@ -291,7 +299,7 @@ def fill_skeletons(model: ExportedModel, encoded: Encoded, skeletons: List[Hypot
     filled = tokens.copy()
     if select.size:
         mask_scores, mask_rows = model.parallel(encoded.select(np.asarray(sentence_of_row)), tokens, positions, select,
-                                                banned_bias, rows)
+                                                banned_bias, rows, queries=mask_columns(tokens.shape[1], k))
         filled.reshape(-1)[select] = rows.to_full(mask_rows)
         scores.reshape(-1)[select] = mask_scores
     filled = truncate_at_first_eos(filled, eos, pad)

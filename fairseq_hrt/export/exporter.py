@@ -35,11 +35,10 @@ import torch
 
 from fairseq_hrt.export.graphs import EncoderGraph, ParallelGraph, StepGraph
 from fairseq_hrt.models.kinds import AT, HRT, MASK_PREDICT, model_kind, unwrap
+from hrt_runtime.model import FORMAT, VERSION  # the runtime reads what this writes: defined once
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "fairseq-hrt-onnx"
-VERSION = 2
 OPSET = 17
 CONFIG = "config.json"
 
@@ -263,11 +262,14 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
                    k_input=True)
         if kind in (HRT, MASK_PREDICT):  # non-causal: stage II, Mask-Predict's passes
             T = 6
-            par_args = (torch.full((B, T), tgt_dict.unk()), torch.arange(1, T + 1).expand(B, T).contiguous(),
-                        torch.arange(0, B * T, 2), bias_arg, bias, *enc_kv, *rows_args)
+            queries = torch.arange(0, T, 2)
+            par_args = (torch.full((B, T), tgt_dict.unk()), torch.arange(1, T + 1).expand(B, T).contiguous(), queries,
+                        torch.arange(0, B * queries.numel(), 2), bias_arg, bias, *enc_kv, *rows_args)
             export(ParallelGraph(model, max_positions, restricted=restricted_rows), par_args,
-                   ["tokens", "positions", "select", "logit_bias", "encoder_bias", *enc_names, *rows_in], ["score", "token"],
-                   {"tokens": {0: "B", 1: "T"}, "positions": {0: "B", 1: "T"}, "select": {0: "M"}, "logit_bias": {0: "V"},
+                   ["tokens", "positions", "queries", "select", "logit_bias", "encoder_bias", *enc_names, *rows_in],
+                   ["score", "token"],
+                   {"tokens": {0: "B", 1: "T"}, "positions": {0: "B", 1: "T"}, "queries": {0: "Q"}, "select": {0: "M"},
+                    "logit_bias": {0: "V"},
                     "encoder_bias": {0: "B", 3: "S"}, **{n: {0: "B", 2: "S"} for n in enc_names},
                     "score": {0: "M"}, "token": {0: "M"}, **rows_dyn}, f"parallel{suffix}.onnx")
 

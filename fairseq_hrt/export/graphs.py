@@ -29,9 +29,9 @@ Graphs:
   log-probability; with ``top = K`` (the exporter makes K an input) the K best allowed
   log-probabilities and their rows.
 * :class:`ParallelGraph`: one non-causal pass over tokens at given positions (HRT's stage II,
-  Mask-Predict's iterations),
-  the best allowed token and its log-probability for the selected slots only (stage II projects
-  only its masks onto the vocabulary).
+  Mask-Predict's iterations), its last layer computed at the columns read only, and the best
+  allowed token and its log-probability for the selected slots only (stage II projects only
+  its masks onto the vocabulary).
 
 With ``restricted=True`` a decoder graph takes the output layer's rows (weight ``(V', C)``,
 bias ``(V',)``) as inputs: a shortlist's rows, gathered once per batch.
@@ -190,16 +190,18 @@ class StepGraph(_DecoderGraph):
 
 class ParallelGraph(_DecoderGraph):
     """One non-causal pass. Inputs: ``tokens (B, T)``, their ``positions (B, T)`` (rows of the
-    position table), ``select (M,)`` (the slots to predict, flat indices into ``B x T``),
-    ``logit_bias (V,)``, ``encoder_bias (B, 1, 1, S)``, per layer encoder keys, values (and
-    with ``restricted`` the output rows' weight and bias). Outputs: ``score (M,)``, ``token
-    (M,)`` (rows of the output layer)."""
+    position table), ``queries (Q,)`` (the columns whose output is read: the last layer
+    computes its keys and values at every slot, everything else at these columns only),
+    ``select (M,)`` (the slots to predict, flat indices into ``B x Q``), ``logit_bias (V,)``,
+    ``encoder_bias (B, 1, 1, S)``, per layer encoder keys, values (and with ``restricted`` the
+    output rows' weight and bias). Outputs: ``score (M,)``, ``token (M,)`` (rows of the
+    output layer)."""
 
     def __init__(self, model, max_positions: int, restricted: bool = False):
         super().__init__(model, max_positions, restricted)
         self.padding_idx = model.decoder.padding_idx
 
-    def forward(self, tokens, positions, select, logit_bias, encoder_bias, *caches):
+    def forward(self, tokens, positions, queries, select, logit_bias, encoder_bias, *caches):
         n_layers = len(self.plan.layers)
         enc_k, enc_v = caches[0:n_layers], caches[n_layers:2 * n_layers]
         out_weight = out_bias = None
@@ -214,15 +216,29 @@ class ParallelGraph(_DecoderGraph):
             buckets = (positions.unsqueeze(1) - positions.unsqueeze(2)).clamp(-self.window, self.window) + self.window
             buckets = buckets.unsqueeze(1).expand(n, self.heads, t, t)
 
-        def self_block(layer, i, h):
-            shape = (n, t, self.heads, self.head_dim)
-            q, k, v = (y.reshape(shape).transpose(1, 2) for y in F.linear(h, *self.self_qkv[i]).split(self.dim, dim=-1))
-            out = attention(q, k, v, layer.relative_keys, buckets, bias)
+        shape = (n, -1, self.heads, self.head_dim)
+
+        def self_block(layer, i, h, pick=None):
+            q, k, v = F.linear(h, *self.self_qkv[i]).split(self.dim, dim=-1)
+            if pick is not None:
+                q = pick(q)
+            q, k, v = (y.reshape(shape).transpose(1, 2) for y in (q, k, v))
+            picked = buckets
+            if pick is not None and buckets is not None:
+                picked = buckets.index_select(2, queries)
+            out = attention(q, k, v, layer.relative_keys, picked, bias)
             return layer.self_out(out.transpose(1, 2).reshape(-1, self.dim))
 
-        encoder_block = self.encoder_block(enc_k, enc_v, encoder_bias, t)
+        def pick(y):  # (B x T, C) -> (B x Q, C)
+            return y.reshape(n, t, self.dim).index_select(1, queries).reshape(-1, self.dim)
+
+        last = len(self.plan.layers) - 1
         for i, layer in enumerate(self.plan.layers):
-            x = layer_forward(layer, i, x, self_block, encoder_block)
+            if i < last:
+                x = layer_forward(layer, i, x, self_block, self.encoder_block(enc_k, enc_v, encoder_bias, t))
+            else:
+                x = layer_forward(layer, i, x, lambda layer, i, h: self_block(layer, i, h, pick),
+                                  self.encoder_block(enc_k, enc_v, encoder_bias, queries.shape[0]), pick)
         selected = x.index_select(0, select)
         return best_allowed(self.logits(selected, out_weight, out_bias), logit_bias, 1, self.block)
 

@@ -138,12 +138,18 @@ def ssru_projections(ssru):
     return lambda x: (gate_f(x).neg_(), projection_f(x))
 
 
-def layer_forward(layer: "LayerPlan", i: int, x: Tensor, self_block, encoder_block) -> Tensor:
+def layer_forward(layer: "LayerPlan", i: int, x: Tensor, self_block, encoder_block, pick=None) -> Tensor:
     """Decoder layer ``i`` (pre- or post-norm residual blocks) around the given self- and
     encoder-attention blocks, functions ``(layer, i, h) -> output``: the modes of
-    :class:`DecoderPass` differ only in those."""
+    :class:`DecoderPass` differ only in those.
+
+    ``pick``: ``x -> x`` at the query slots only. The layer's output is then computed at those
+    slots alone: ``self_block`` takes its keys and values from every slot of ``h`` and its
+    queries from ``pick(h)``, and the residual, the encoder attention and the feed-forward run
+    on the picked slots (the last layer of a non-causal pass whose output is read at a few
+    slots: HRT's stage II reads only its masks)."""
     pre_norm = layer.pre_norm
-    residual = x
+    residual = x if pick is None else pick(x)
     h = layer.self_attn_norm(x) if pre_norm else x
     x = residual + self_block(layer, i, h)
     if not pre_norm:
@@ -511,12 +517,17 @@ class DecoderPass:
         return state.output(self._layers(state, x, n, index, keys, buckets, bias))
 
     @profiled("hrt.bidirectional")
-    def bidirectional(self, state, tokens: Tensor, positions: Tensor) -> Tensor:
+    def bidirectional(self, state, tokens: Tensor, positions: Tensor, queries: Optional[Tensor] = None) -> Tensor:
         """Decoder features ``(B, T, C)`` of one non-causal pass over ``tokens`` ``(B, T)`` at
         the original target ``positions`` (HRT's stage II and the drafts of ``hrt-spec``:
         ``model.decoder(tokens, positions=positions, causal=False, features_only=True)``
         without its modules' per-call cost). ``<pad>`` keys are masked. ``state``: an
-        :class:`EncoderKV` with one row per row of ``tokens`` (or a state holding one)."""
+        :class:`EncoderKV` with one row per row of ``tokens`` (or a state holding one).
+
+        ``queries`` ``(Q,)``: the columns whose features are wanted (``(B, Q, C)`` then): the
+        last layer computes its keys and values at every slot but everything else at these
+        columns only (:func:`layer_forward`'s ``pick``); the same features as the whole pass
+        at those columns."""
         if self.recurrent:
             raise ValueError("an SSRU decoder has no non-causal pass")
         encoder = state if isinstance(state, EncoderKV) else state.encoder
@@ -530,7 +541,7 @@ class DecoderPass:
         if self.relative:
             buckets = relative_bucket(positions, positions, self.window).unsqueeze(1).expand(n, self.heads, t, t)
         cacheless = DecoderState(plan, encoder, None, None, None, None, None)
-        return plan.features(self._layers(cacheless, x, n, None, None, buckets, bias))
+        return plan.features(self._layers(cacheless, x, n, None, None, buckets, bias, queries))
 
     # ------------------------------------------------------------- the one layer loop
 
@@ -546,10 +557,12 @@ class DecoderPass:
             x = plan.layernorm_embedding(x)
         return x
 
-    def _layers(self, state: DecoderState, x: Tensor, n: int, at, keys: Optional[int], buckets, bias) -> Tensor:
+    def _layers(self, state: DecoderState, x: Tensor, n: int, at, keys: Optional[int], buckets, bias,
+                queries: Optional[Tensor] = None) -> Tensor:
         """The decoder layers over ``x`` ``(N, C)`` (one query per row) or ``(N, W, C)``; the
         queries' keys/values are written into ``state``'s caches ``at`` (see
-        :meth:`_self_attention`); SSRU layers run :meth:`_recurrence` from ``at``."""
+        :meth:`_self_attention`); SSRU layers run :meth:`_recurrence` from ``at``.
+        ``queries`` (no cache only): the last layer's output at these columns only."""
         if self.recurrent:
             def self_block(layer, i, h):
                 return self._recurrence(layer, state.cells[i][:n], h, at)
@@ -560,18 +573,34 @@ class DecoderPass:
             def self_block(layer, i, h):
                 return self._self_attention(layer, h, state.self_k[i][:n], state.self_v[i][:n], at, keys, buckets, bias)
         encoder_block = state.encoder.attention
+        last = len(state.plan.layers) - 1
         for i, layer in enumerate(state.plan.layers):
-            x = layer_forward(layer, i, x, self_block, encoder_block)
+            if i == last and queries is not None:
+                def pick(y):
+                    return y.index_select(1, queries)
+
+                def last_block(layer, i, h):
+                    return self._self_attention(layer, h, None, None, None, None, buckets, bias, pick)
+
+                if buckets is not None:  # (N, H, T, T): the picked queries' rows
+                    buckets = buckets.index_select(2, queries)
+                x = layer_forward(layer, i, x, last_block, encoder_block, pick)
+            else:
+                x = layer_forward(layer, i, x, self_block, encoder_block)
         return x
 
-    def _self_attention(self, layer: "LayerPlan", x: Tensor, cache_k, cache_v, at, keys: Optional[int], buckets, bias) -> Tensor:
+    def _self_attention(self, layer: "LayerPlan", x: Tensor, cache_k, cache_v, at, keys: Optional[int], buckets, bias,
+                        pick=None) -> Tensor:
         """Self-attention of the queries ``x`` ``(N, C)`` or ``(N, W, C)``. Their keys/values are
         written into ``cache_k``/``cache_v`` ``(N, H, T, d)`` at ``at`` -- an int (one
         position for every row; keys: the cache up to it), a ``(1,)`` tensor (the same; keys:
         the whole cache) or an ``(N, H, W, d)`` index (each row's positions; keys: the first
-        ``keys`` of the cache) -- or, ``at`` ``None``, are the keys themselves."""
+        ``keys`` of the cache) -- or, ``at`` ``None``, are the keys themselves. ``pick``
+        (``at`` ``None``): the queries are ``pick(x)``'s slots only."""
         n, one_query = x.size(0), x.dim() == 2
         q, k, v = layer.qkv(x)
+        if pick is not None:
+            q = pick(q)
         q = q * layer.scaling
         if one_query:  # (N, C) -> (N, H, 1, d): a view; keys/values (N, H, d)
             q = q.view(n, self.heads, 1, self.head_dim)
@@ -594,7 +623,7 @@ class DecoderPass:
             cache_v.scatter_(2, at, v)
             key_rows, value_rows = cache_k[:, :, :keys], cache_v[:, :, :keys]
         out = attention(q, key_rows, value_rows, layer.relative_keys, buckets, bias)  # (N, H, W, d)
-        return layer.self_out(out.reshape(n, -1) if one_query else out.transpose(1, 2).reshape(n, x.size(1), -1))
+        return layer.self_out(out.reshape(n, -1) if one_query else out.transpose(1, 2).reshape(n, q.size(2), -1))
 
     @staticmethod
     def _recurrence(layer: "LayerPlan", cells: Tensor, x: Tensor, at) -> Tensor:

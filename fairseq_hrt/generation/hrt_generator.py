@@ -32,7 +32,7 @@ from fairseq_hrt.generation.strategies import (
     select_rows,
 )
 from fairseq_hrt.models.kinds import AT, HRT, is_hrt, model_kind
-from hrt_runtime.search import length_buckets  # noqa: F401  (the runtime's, pure Python; re-exported)
+from hrt_runtime.search import length_buckets, mask_columns  # noqa: F401  (the runtime's, pure; length_buckets re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -292,21 +292,23 @@ def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, enc
     spread_scores = skeleton_scores.new_zeros(stage2.tokens.shape)
     spread_scores[stage2.target.ne(pad)] = skeleton_scores[skeleton.ne(pad)]
 
+    # the masks sit in the k - 1 first columns of every chunk: the pass's last layer computes
+    # its output there only (keys and values at every slot), and the output layer projects
+    # the masks alone, so stage I plus stage II cost no more output-layer work than AT does
+    queries = torch.from_numpy(mask_columns(stage2.tokens.size(1), k)).to(stage2.tokens.device)
+
     def features_of(tokens):
         if bidirectional is not None:
-            return bidirectional(encoder_out, tokens, stage2.positions)
+            return bidirectional(encoder_out, tokens, stage2.positions, queries)
         return model.decoder(tokens, encoder_out=encoder_out, positions=stage2.positions, causal=False,
-                             features_only=True)[0]
+                             features_only=True)[0].index_select(1, queries)
 
-    # only the k - 1 masks of every chunk are predicted: projecting just them onto the
-    # vocabulary keeps stage II's output layer at (k - 1) / k of a full pass, so stage I
-    # plus stage II cost no more output-layer work than AT decoding does
     output = OutputLayer(model.decoder, banned, vocab)
     is_mask = stage2.tokens.eq(mask)
-    mask_lprobs, mask_tokens = output.best(features_of(stage2.tokens)[is_mask])
+    mask_lprobs, mask_tokens = output.best(features_of(stage2.tokens)[is_mask.index_select(1, queries)])
     if refine_fraction > 0:
         mask_tokens, mask_lprobs = refine_fill(stage2.tokens, is_mask, mask_tokens, mask_lprobs, refine_fraction,
-                                               features_of, output, mask)
+                                               features_of, output, mask, queries)
     tokens, pos_scores, lengths = stage2_fill(mask_tokens, mask_lprobs, stage2, spread_scores, mask, eos, pad)
     return stage2, tokens, pos_scores, lengths
 
@@ -317,17 +319,18 @@ def refine_counts(masks: Tensor, fraction: float) -> Tensor:
 
 
 def refine_fill(tokens: Tensor, is_mask: Tensor, mask_tokens: Tensor, mask_lprobs: Tensor, fraction: float,
-                features_of: Callable[[Tensor], Tensor], output: OutputLayer, mask: int):
+                features_of: Callable[[Tensor], Tensor], output: OutputLayer, mask: int, queries: Tensor):
     """One refinement pass over a stage-II fill: the :func:`refine_counts` filled tokens of
     each row with the lowest probability are masked again and predicted from the rest (one
-    non-causal pass). Returns the new ``(mask_tokens, mask_lprobs)``, in the order of
+    non-causal pass; ``features_of`` gives the features at the columns ``queries``, which
+    hold every mask). Returns the new ``(mask_tokens, mask_lprobs)``, in the order of
     ``tokens[is_mask]``."""
     filled = tokens.masked_scatter(is_mask, mask_tokens.to(tokens))
     scores = torch.zeros(tokens.shape, dtype=mask_lprobs.dtype, device=tokens.device).masked_scatter(is_mask, mask_lprobs)
     remask = lowest_confidence_mask(scores, is_mask, refine_counts(is_mask.sum(dim=1), fraction))
     if not bool(remask.any()):
         return mask_tokens, mask_lprobs
-    lprobs, best = output.best(features_of(filled.masked_fill(remask, mask))[remask])
+    lprobs, best = output.best(features_of(filled.masked_fill(remask, mask))[remask.index_select(1, queries)])
     filled = filled.masked_scatter(remask, best.to(filled))
     scores = scores.masked_scatter(remask, lprobs.to(scores))
     return filled[is_mask], scores[is_mask]
