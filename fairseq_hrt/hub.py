@@ -25,6 +25,8 @@ from typing import Dict, List, Optional, Union
 from fairseq import hub_utils
 from omegaconf import open_dict
 
+from hrt_runtime.text_input import repair_lines
+
 logger = logging.getLogger(__name__)
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -154,6 +156,12 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
         batch). Other keywords are fairseq generation options (``max_len_a``, ``iter_decode_max_iter``, ...).
         """
         _check_sentences(sentences)
+        # repaired as every entry point repairs input (NUL removed, control characters to
+        # spaces, lone surrogates to U+FFFD), with the same warning naming the line
+        if isinstance(sentences, str):
+            sentences = list(repair_lines([sentences]))[0]
+        else:
+            sentences = list(repair_lines(sentences))
         # decoding options of this call: they travel with fairseq's generation options (the
         # hub copies its keywords there) into DecodingOptions; the task's configuration is
         # never changed

@@ -8,6 +8,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from hrt_runtime.integrity import check_folder
+
 # 3: the non-causal pass takes its query columns (its last layer computed there only)
 FORMAT, VERSION = "fairseq-hrt-onnx", 3
 
@@ -19,7 +21,8 @@ REQUIRED = ("kind", "layers", "heads", "head_dim", "vocab_size", "max_target_pos
 
 def read_config(folder: str) -> Dict:
     """The ``config.json`` of an exported folder, checked: a folder of this format and version,
-    with every key and every file it names."""
+    with every key and every file it names, each file as the export wrote it
+    (:func:`hrt_runtime.integrity.check_folder`)."""
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{folder}: no such folder (the output folder of fairseq-hrt-export)")
     path = os.path.join(folder, "config.json")
@@ -48,6 +51,7 @@ def read_config(folder: str) -> Dict:
     if absent:
         raise FileNotFoundError(f"{folder}: config.json names {', '.join(absent)}, which "
                                 f"{'is' if len(absent) == 1 else 'are'} missing (an incomplete copy of the folder?)")
+    check_folder(folder, config)  # every file's size, and its SHA-256 once per process
     return config
 
 

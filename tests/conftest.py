@@ -47,3 +47,18 @@ def trained_ssru(tmp_path_factory):
         out = run_cli(train_args(data.bin_dir, root / name, "--hrt-mode", "at", *extra, arch="at_tiny_ssru", max_update=40))
         ckpts[name], logs[name] = root / name / "checkpoint_last.pt", out.stdout
     return data, ckpts, logs
+
+
+@pytest.fixture(scope="session")
+def exported_tiny(tmp_path_factory):
+    """Untrained tiny HRT (k = 2, 3) and AT models exported in-process: ``{"hrt": folder,
+    "at": folder}`` (inputs are pieces ``w0``..``w39``: no SentencePiece model). Read-only:
+    a test that damages a folder copies it first. The runtime and service tests share them."""
+    from fairseq_hrt.export.exporter import export_model
+    from tests.hrt_fixtures import random_tiny_models
+
+    _, task, hrt, at = random_tiny_models(tmp_path_factory, "exported_tiny_models")
+    root = tmp_path_factory.mktemp("exported_tiny")
+    for name, model in (("hrt", hrt), ("at", at)):
+        export_model(model, task, str(root / name), restricted=False)
+    return {"hrt": str(root / "hrt"), "at": str(root / "at")}

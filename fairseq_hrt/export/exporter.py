@@ -320,6 +320,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         "opset": OPSET,
         "exported_with": {"torch": torch.__version__},
     }
+    record_files(tmp, config)
     with open(os.path.join(tmp, CONFIG), "w") as f:
         json.dump(config, f, indent=1)
     # the folder appears whole or not at all: files move in, config.json last
@@ -328,6 +329,17 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     os.rmdir(tmp)
     logger.info("exported %s model (%s) to %s", kind, ", ".join(files.values()), out_dir)
     return config
+
+
+def record_files(folder: str, config: Dict) -> None:
+    """List in ``config`` every file of the finished export in ``folder`` with its size and
+    SHA-256: the runtime compares them when it opens the folder
+    (:func:`hrt_runtime.integrity.check_folder`), so a truncated or altered file, or a
+    config.json of another export, is named at load instead of failing or translating wrongly."""
+    from hrt_runtime.integrity import FILES, FILES_INT8, list_files
+
+    config[FILES] = list_files(folder)
+    config[FILES_INT8] = bool(config.get("int8"))
 
 
 @contextlib.contextmanager

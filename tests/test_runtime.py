@@ -1,0 +1,282 @@
+"""The deployed runtime as dependable as fairseq-interactive (issue 33), on untrained tiny models
+exported in-process (``exported_tiny``):
+
+* a stream: ``hrt-translate`` prints each buffer as soon as it is translated (a waiting writer
+  reads its line's translation before writing the next), ``Translator.translate_iter`` is lazy;
+* one input repair (:mod:`hrt_runtime.text_input`) with the same outputs and warnings on every
+  runtime entry point (fairseq-interactive and the hub: ``tests/test_onnx_deploy.py``, slow);
+* a damaged folder (truncated, altered, another export's config.json) named at load;
+* clear errors; batch invariance; many threads on one Translator; no torch in the runtime.
+"""
+import json
+import logging
+import os
+import random
+import select
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from hrt_runtime import Translator  # noqa: E402
+from hrt_runtime.integrity import DamagedFolderError  # noqa: E402
+from tests.tiny_data import REPO, cli_env  # noqa: E402
+
+
+def _sentences(n, seed=0, max_words=12):
+    rng = random.Random(seed)
+    return [" ".join(f"w{rng.randrange(4, 40)}" for _ in range(rng.randrange(1, max_words))) for _ in range(n)]
+
+
+def _runtime(*args, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "hrt_runtime", *map(str, args)], cwd=str(REPO), env=cli_env(),
+                            **kwargs)
+
+
+def _cli(*args, input_bytes=b""):
+    proc = subprocess.run([sys.executable, "-m", "hrt_runtime", *map(str, args)], input=input_bytes, cwd=str(REPO),
+                          env=cli_env(), capture_output=True, timeout=120)
+    return proc.returncode, proc.stdout.decode("utf-8"), proc.stderr.decode("utf-8")
+
+
+# ------------------------------------------------------------------------------- streaming
+
+
+def test_a_waiting_writer_reads_each_translation_before_writing_the_next(exported_tiny):
+    """``(echo A; sleep; echo B) | hrt-translate``: A's translation is readable while the writer
+    still waits, with the default --buffer-size (a pause of the pipe ends a buffer)."""
+    folder = exported_tiny["hrt"]
+    expected = Translator(folder).translate(["w5 w6 w7", "w8 w9"], beam=1, max_len_b=6)
+    proc = _runtime(folder, "--beam", "1", "--max-len-b", "6", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE)
+    try:
+        proc.stdin.write(b"w5 w6 w7\n")
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "no translation of line A while the writer waits"
+        assert proc.stdout.readline().decode().rstrip("\n") == expected[0]
+        proc.stdin.write(b"w8 w9\n")
+        proc.stdin.close()
+        assert proc.stdout.read().decode().split("\n")[:-1] == expected[1:]
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_buffers_give_the_output_of_one_call(exported_tiny, tmp_path):
+    """--buffer-size 1, 7 and the default on a file: the strings of one translate() call."""
+    folder = exported_tiny["at"]
+    lines = _sentences(40, seed=1)
+    lines[3] = ""
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(lines) + "\n")
+    expected = Translator(folder).translate(lines, beam=2, max_len_b=5)
+    for size in ("1", "7", None):
+        rc, out, err = _cli(folder, "--input", path, "--beam", "2", "--max-len-b", "5",
+                            *(("--buffer-size", size) if size else ()))
+        assert rc == 0, err
+        assert out.split("\n")[:-1] == expected
+    rc, _, err = _cli(folder, "--buffer-size", "0", input_bytes=b"w1\n")
+    assert rc == 2 and "hrt-translate: error: --buffer-size must be >= 1, got 0" in err
+
+
+def test_translate_iter_is_lazy_and_equals_translate(exported_tiny):
+    translator = Translator(exported_tiny["hrt"])
+    lines = _sentences(9, seed=2)
+    read = []
+
+    def source():
+        for line in lines:
+            read.append(line)
+            yield line
+
+    outputs = translator.translate_iter(source(), buffer_size=4, beam=2, max_len_b=6)
+    assert read == []  # nothing read before the first output is asked for
+    first = next(outputs)
+    assert len(read) == 4  # one buffer
+    rest = list(outputs)
+    assert [first, *rest] == translator.translate(lines, beam=2, max_len_b=6)
+    with pytest.raises(ValueError, match="buffer_size must be >= 1, got 0"):
+        translator.translate_iter(lines, buffer_size=0)
+    with pytest.raises(ValueError, match="lenpen must be a finite number"):  # checked before reading
+        translator.translate_iter(source(), lenpen=float("nan"))
+    with pytest.raises(TypeError, match=r"input, line 2 is int"):
+        list(translator.translate_iter(["w1", 5]))
+
+
+# ------------------------------------------------------------------------------- bad input
+
+BAD_LINES = [b"w5 w6", b"w7 \xff\xfe w8", b"w9\x00w10 w11", b"w12\x07w13\x1bw14", b"", b"   ", b"w15 w16"]
+
+
+def test_bad_lines_give_the_same_outputs_and_warnings_on_every_runtime_entry_point(exported_tiny, tmp_path, caplog):
+    """A file of bad lines through hrt-translate (--input, stdin) and Translator.translate (the
+    lines as Python decodes them, with surrogates, or with U+FFFD) and translate_iter: the
+    same outputs, a warning naming each repaired line."""
+    folder = exported_tiny["hrt"]
+    data = b"\n".join(BAD_LINES) + b"\n"
+    path = tmp_path / "bad.txt"
+    path.write_bytes(data)
+    translator = Translator(folder)
+    decoded = data.decode("utf-8", "surrogateescape").split("\n")[:-1]
+    with caplog.at_level(logging.WARNING):
+        ours = translator.translate(decoded, beam=1, max_len_b=5)
+        assert list(translator.translate_iter(iter(decoded), buffer_size=2, beam=1, max_len_b=5)) == ours
+        assert translator.translate(data.decode("utf-8", "replace").split("\n")[:-1], beam=1, max_len_b=5) == ours
+    messages = [r.getMessage() for r in caplog.records]
+    assert "input, line 2: bytes that are not valid UTF-8 replaced by U+FFFD" in messages
+    assert "input, line 3: NUL bytes removed" in messages
+    assert "input, line 4: control characters replaced by spaces" in messages
+    # NUL removed: "w9w10 w11", as fairseq-interactive reads it
+    assert ours[2] == translator.translate("w9w10 w11", beam=1, max_len_b=5)
+    assert ours[4] == ours[5] == ""
+    for args, stdin, name in ((("--input", path), b"", str(path)), ((), data, "<stdin>")):
+        rc, out, err = _cli(folder, "--beam", "1", "--max-len-b", "5", *args, input_bytes=stdin)
+        assert rc == 0, err
+        assert out.split("\n")[:-1] == ours
+        assert f"{name}, line 2: bytes that are not valid UTF-8 (first at byte 3: b'\\xff') replaced by U+FFFD" in err
+        assert f"{name}, line 3: NUL bytes removed" in err
+        assert f"{name}, line 4: control characters replaced by spaces" in err
+
+
+def test_a_truncated_line_is_named(exported_tiny, caplog):
+    translator = Translator(exported_tiny["at"])
+    long_line = " ".join(["w5"] * (translator.max_source_tokens + 10))
+    with caplog.at_level(logging.WARNING):
+        translator.translate(["w1", "", long_line], beam=1, max_len_b=3)
+    assert any(r.getMessage().startswith("input, line 3: a sentence of") and "truncated" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_the_runtime_imports_neither_torch_nor_fairseq():
+    code = ("import sys, hrt_runtime, hrt_runtime.text_input, hrt_runtime.integrity, hrt_runtime.translator; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'fairseq', 'fairseq_hrt', 'fairseq_cli')]; "
+            "assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), env=cli_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ---------------------------------------------------------------------------- clear errors
+
+
+def test_option_errors_say_what_is_expected(exported_tiny, tmp_path):
+    translator = Translator(exported_tiny["hrt"])
+    cases = [
+        (dict(max_len_a=float("nan")), ValueError, r"max_len_a must be a finite number .*got nan"),
+        (dict(max_len_a=float("inf")), ValueError, r"max_len_a must be a finite number .*got inf"),
+        (dict(max_len_a="x"), TypeError, r"max_len_a must be a number .*got 'x'"),
+        (dict(max_len_a=-1.0), ValueError, r"max_len_a must be >= 0"),
+        (dict(lenpen=None), TypeError, r"lenpen must be a number \(the length penalty\), got None"),
+        (dict(lenpen=float("nan"), beam=5), ValueError, r"lenpen must be a finite number"),
+        (dict(unkpen="a"), TypeError, r"unkpen must be a number \(the <unk> penalty\), got 'a'"),
+        (dict(max_len_b=-5), ValueError, r"max_len_b must be >= 0 .*got -5"),
+        (dict(max_len_b=2.5), TypeError, r"max_len_b must be an integer"),
+        (dict(min_len=-1), ValueError, r"min_len must be >= 0"),
+        (dict(iterations=0), ValueError, r"iterations must be >= 1"),
+    ]
+    for options, error, message in cases:
+        with pytest.raises(error, match=message):
+            translator.translate(["w1"], **options)
+    with pytest.raises(TypeError, match=r"Translator\(folder\): folder is the path of a folder written by "
+                                        r"fairseq-hrt-export, got NoneType"):
+        Translator(None)
+    for threads in (0, -1):
+        with pytest.raises(ValueError, match=rf"threads must be >= 1 .*got {threads}"):
+            Translator(exported_tiny["hrt"], threads=threads)
+    for args, message in ((("--max-len-b", "-5"), "max_len_b must be >= 0"),
+                          (("--lenpen", "nan", "--beam", "5"), "lenpen must be a finite number"),
+                          (("--max-len-a", "inf"), "max_len_a must be a finite number"),
+                          (("--threads", "0"), "threads must be >= 1"),
+                          (("--threads", "-1"), "threads must be >= 1")):
+        rc, out, err = _cli(exported_tiny["hrt"], *args, input_bytes=b"w1\n")
+        assert rc == 2 and out == "" and f"hrt-translate: error: {message}" in err and "Traceback" not in err, err
+
+
+# ----------------------------------------------------------------------------- integrity
+
+
+def _damaged(folder, tmp_path, name):
+    target = tmp_path / name
+    shutil.copytree(folder, target)
+    return target
+
+
+def test_a_damaged_folder_is_named_at_load(exported_tiny, tmp_path):
+    config = json.loads(open(os.path.join(exported_tiny["hrt"], "config.json")).read())
+    assert set(config["files"]) >= {"weights.bin", "encoder.onnx", *config["graphs"].values()}
+    assert config["files"]["weights.bin"]["bytes"] == os.path.getsize(os.path.join(exported_tiny["hrt"], "weights.bin"))
+
+    truncated = _damaged(exported_tiny["hrt"], tmp_path, "truncated")
+    size = os.path.getsize(truncated / "weights.bin")
+    os.truncate(truncated / "weights.bin", size // 2)
+    with pytest.raises(DamagedFolderError, match=rf"damaged file: weights.bin has {size // 2} bytes, the export wrote "
+                                                 rf"{size} \(truncated\); export again"):
+        Translator(str(truncated))
+
+    zeroed = _damaged(exported_tiny["hrt"], tmp_path, "zeroed")
+    with open(zeroed / "weights.bin", "r+b") as f:
+        f.seek(size // 3)
+        f.write(bytes(min(4096, size // 3)))
+    with pytest.raises(DamagedFolderError, match=r"damaged file: weights.bin is not the file the export wrote "
+                                                 r"\(its SHA-256 differs; same size\); export again"):
+        Translator(str(zeroed))
+
+    swapped = _damaged(exported_tiny["hrt"], tmp_path, "swapped")
+    shutil.copyfile(os.path.join(exported_tiny["at"], "config.json"), swapped / "config.json")
+    with pytest.raises(DamagedFolderError, match=r"config.json does not describe the files beside it .*another export"
+                                                 r".*export again"):
+        Translator(str(swapped))
+
+    rc, out, err = _cli(str(truncated), input_bytes=b"w1\n")
+    assert rc == 2 and out == "" and "hrt-translate: error: " in err and "weights.bin has" in err
+    assert "export again" in err and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- batch, threads
+
+
+@pytest.mark.parametrize("kind,options", [("hrt", dict(chunk_size=2, beam=1)), ("hrt", dict(chunk_size=2, beam=5)),
+                                          ("hrt", dict(chunk_size=1, beam=1)), ("hrt", dict(chunk_size=1, beam=5)),
+                                          ("at", dict(beam=1)), ("at", dict(beam=5))],
+                         ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()))
+def test_outputs_do_not_depend_on_the_batch(exported_tiny, kind, options):
+    """The README's statement: a sentence's translation is the same at batch 1 and 64 (and in
+    any buffer), ties included, because every batch row is computed alone."""
+    translator = Translator(exported_tiny[kind])
+    lines = _sentences(64, seed=3)
+    alone = [translator.translate(line, batch_size=1, max_len_b=8, **options) for line in lines]
+    assert translator.translate(lines, batch_size=64, max_len_b=8, **options) == alone
+    assert translator.translate(lines, batch_size=5, max_len_b=8, **options) == alone
+
+
+def test_many_threads_share_one_translator(exported_tiny):
+    """8 threads x 6 calls on one fresh Translator (its sessions made on first use, under its
+    lock): every answer is the serial one."""
+    folder = exported_tiny["hrt"]
+    calls = [(_sentences(3, seed=10 + i), dict(beam=1 + i % 3, chunk_size=1 + i % 2, max_len_b=6)) for i in range(6)]
+    serial = [Translator(folder).translate(lines, **options) for lines, options in calls]
+    shared = Translator(folder)
+    results, errors = {}, []
+    start = threading.Barrier(8)
+
+    def worker(t):
+        try:
+            start.wait()
+            for i, (lines, options) in enumerate(calls):
+                results[t, i] = shared.translate(lines, **options)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert all(results[t, i] == serial[i] for t in range(8) for i in range(len(calls)))
