@@ -9,13 +9,15 @@ setup(
     description="Hybrid-Regressive Translation, Mask-Predict and deep-encoder/shallow-decoder "
     "AT models as a fairseq plugin",
     packages=find_packages(include=["fairseq_hrt", "fairseq_hrt.*", "hrt_runtime"]),
+    # the torch-only console scripts start here: they check for PyTorch and fairseq first
+    py_modules=["hrt_commands"],
     python_requires=">=3.9",
     install_requires=["sacrebleu>=2.3", "sentencepiece"],
     entry_points={
         "console_scripts": [
-            "fairseq-hrt-comet=fairseq_hrt.scoring.comet:cli_main",
-            "fairseq-hrt-shortlist=fairseq_hrt.shortlist:cli_main",
-            "fairseq-hrt-export=fairseq_hrt.export.exporter:cli_main",
+            "fairseq-hrt-comet=hrt_commands:comet",
+            "fairseq-hrt-shortlist=hrt_commands:shortlist",
+            "fairseq-hrt-export=hrt_commands:export",
             "hrt-translate=hrt_runtime.translator:cli_main",
         ]
     },

@@ -202,6 +202,7 @@ def test_hrt_translate_in_a_fresh_venv_without_torch(deployed, tmp_path):
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     source.mkdir()
     shutil.copy(REPO / "setup.py", source)
+    shutil.copy(REPO / "hrt_commands.py", source)
     for package in ("hrt_runtime", "fairseq_hrt"):
         shutil.copytree(REPO / package, source / package, ignore=ignore)
     own = _pip(venv_dir, "--no-deps", str(source))
@@ -217,6 +218,10 @@ def test_hrt_translate_in_a_fresh_venv_without_torch(deployed, tmp_path):
     assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
     no_fairseq = subprocess.run([python, "-c", "import fairseq"], capture_output=True, text=True, cwd=str(tmp_path), env=env)
     assert no_fairseq.returncode != 0
+    export = subprocess.run([str(venv_dir / "bin" / "fairseq-hrt-export"), "ckpt.pt", "out"], capture_output=True,
+                            text=True, cwd=str(tmp_path), env=env)
+    assert export.returncode == 2 and "this command belongs on the machine that trains" in export.stderr
+    assert "Traceback" not in export.stderr
 
     for arch, flags, options in (("hrt_tiny", ["--chunk-size", "2", "--beam", "1"], dict(chunk_size=2, beam=1)),
                                  ("at_tiny", ["--beam", "5"], dict(beam=5))):

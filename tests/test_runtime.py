@@ -280,3 +280,36 @@ def test_many_threads_share_one_translator(exported_tiny):
         t.join(120)
     assert not errors, errors
     assert all(results[t, i] == serial[i] for t in range(8) for i in range(len(calls)))
+
+
+# ------------------------------------------------------------------ torch-only commands
+
+
+@pytest.mark.parametrize("command", ["export", "shortlist", "comet"])
+def test_torch_only_commands_say_where_they_belong(command, monkeypatch, capsys):
+    """On the translating machine (no torch: simulated), fairseq-hrt-export / -shortlist /
+    -comet say that they belong on the machine that trains instead of No module named 'torch'."""
+    import importlib.util
+
+    import hrt_commands
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a))
+    with pytest.raises(SystemExit) as exit_:
+        getattr(hrt_commands, command)(["--help"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fairseq-hrt-{command}: this command belongs on the machine that trains (needs PyTorch and "
+                          "fairseq: pip install -r requirements.txt")
+    assert "not installed here: torch." in err
+
+
+def test_torch_only_commands_run_where_torch_is(capsys):
+    import hrt_commands
+
+    with pytest.raises(SystemExit) as exit_:
+        hrt_commands.export(["--help"])
+    assert exit_.value.code == 0 and "fairseq-hrt-export" in capsys.readouterr().out
+    setup = (REPO / "setup.py").read_text()
+    for command in ("export", "shortlist", "comet"):
+        assert f'"fairseq-hrt-{command}=hrt_commands:{command}"' in setup
