@@ -13,12 +13,15 @@ setup(
     py_modules=["hrt_commands"],
     python_requires=">=3.9",
     install_requires=["sacrebleu>=2.3", "sentencepiece"],
+    # hrt-serve's HTTP server (pip install .[serve]); the runtime itself needs onnxruntime, numpy, sentencepiece
+    extras_require={"serve": ["aiohttp>=3.9"]},
     entry_points={
         "console_scripts": [
             "fairseq-hrt-comet=hrt_commands:comet",
             "fairseq-hrt-shortlist=hrt_commands:shortlist",
             "fairseq-hrt-export=hrt_commands:export",
             "hrt-translate=hrt_runtime.translator:cli_main",
+            "hrt-serve=hrt_runtime.serve:cli_main",
         ]
     },
 )
