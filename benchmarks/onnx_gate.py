@@ -72,6 +72,7 @@ def main(argv=None):
     from fairseq_hrt.generation.output_vocab import OutputLayer
     from fairseq_hrt.generation.search_rules import greedy_choice
     from hrt_runtime.model import ExportedModel
+    from hrt_runtime.search import query_select
 
     work = tempfile.mkdtemp()
     task, model = random_model(a.arch, a.vocab, work)
@@ -106,10 +107,10 @@ def main(argv=None):
                     _, prev = greedy_choice(logits, banned)
 
         def ort_steps():  # Skip-AT, k = 2: stride 2 and the relative keys, as lean's <s_2> start
-            past = runtime.empty_past(bsz)
+            state = runtime.begin(encoded, bsz, a.steps + 1, start, rows_all)
             prev = np.full((bsz,), start, np.int64)
             for step in range(a.steps):
-                (_, prev), past = runtime.step(encoded, prev, step, 2, logit_bias, past, rows_all)
+                _, prev = runtime.step(state, prev, step, logit_bias)
 
         T = 2 * a.steps
         tokens = torch.randint(10, V, (bsz, T))
@@ -118,15 +119,17 @@ def main(argv=None):
         is_mask[:, 0::2] = True  # k = 2: every other slot is a mask
         out_layer = OutputLayer(model.decoder, banned.nonzero().view(-1))
 
+        queries = torch.arange(0, T, 2)
+
         def lean_parallel():
             with torch.no_grad():
-                out_layer.best(pass_.bidirectional(kv, tokens, positions)[is_mask])
+                out_layer.best(pass_.bidirectional(kv, tokens, positions, queries)[is_mask[:, queries]])
 
-        tokens_np, positions_np = tokens.numpy(), positions.numpy()
-        select = np.flatnonzero(is_mask.numpy())
+        tokens_np, positions_np, queries_np = tokens.numpy(), positions.numpy(), queries.numpy()
+        select = query_select(np.flatnonzero(is_mask.numpy()), T, queries_np)
 
         def ort_parallel():
-            runtime.parallel(encoded, tokens_np, positions_np, select, logit_bias, rows_all)
+            runtime.parallel(encoded, tokens_np, positions_np, queries_np, select, logit_bias, rows_all)
 
         for what, lean, onnx, units in (("step", lean_steps, ort_steps, a.steps), ("stage II pass", lean_parallel, ort_parallel, 1)):
             # round-robin, the fastest round of each (a shared machine's slow patches hit both)

@@ -95,11 +95,11 @@ def session_run_times():
 
 
 def split(checkpoint: str, data: str, lines: List[str], batch_size: int, chunk_size: int, runs: int,
-          engine: str = "lean") -> dict:
+          engine: str = "lean", max_len_a: float = 0.0, max_len_b: int = 200) -> dict:
     model, task = measure.load(checkpoint, data)
     options = {"decoder_engine": engine, "quantize": "none", "decoding": "auto", "jacobi_block_size": None,
                "b_nat": 1, "shortlist": None, "decode_chunk_size": str(chunk_size)}
-    generator = measure.build_generator(task, model, {"beam": 1}, options)
+    generator = measure.build_generator(task, model, {"beam": 1, "max_len_a": max_len_a, "max_len_b": max_len_b}, options)
     batches = measure.make_batches(task, model, lines, batch_size, False)
     measure.generate(task, model, generator, batches[:1])  # warm-up
     if engine == "onnxruntime":

@@ -66,6 +66,11 @@ class Encoded:
         self.length_lprobs: Optional[np.ndarray] = None  # Mask-Predict models: (B, classes)
         self._feeds: Optional[Dict[str, np.ndarray]] = None
 
+    @property
+    def size(self) -> int:
+        """The number of sentences."""
+        return self.bias.shape[0]
+
     def select(self, index) -> "Encoded":
         """The sentences ``index`` (in that order; repeats allowed)."""
         return Encoded(self.bias[index], [k[index] for k in self.keys], [v[index] for v in self.values])
@@ -104,6 +109,18 @@ class OutputRows:
         return [p for p in found if p is not None]
 
 
+class StepState:
+    """The state of one left-to-right search (:meth:`ExportedModel.begin`): the sentences'
+    encoder side, its rows repeated per hypothesis (made when the rows per sentence change),
+    the past keys/values (or SSRU cells) as the last step returned them, and the stride and
+    output rows of the search."""
+
+    __slots__ = ("encoded", "rows_encoded", "past", "stride", "rows")
+
+    def __init__(self, encoded: "Encoded", past: List[np.ndarray], stride: int, rows: "OutputRows"):
+        self.encoded, self.rows_encoded, self.past, self.stride, self.rows = encoded, encoded, past, stride, rows
+
+
 class ExportedModel:
     """The sessions of an exported folder, made on first use. ``threads``: ONNX Runtime's
     intra-op threads (inter-op 1: the graphs are chains of operators; workers do not spin)."""
@@ -118,6 +135,9 @@ class ExportedModel:
         self.layers, self.heads, self.head_dim = c["layers"], c["heads"], c["head_dim"]
         self.vocab_size = c["vocab_size"]
         self.pad, self.eos, self.unk = c["pad"], c["eos"], c["unk"]
+        self.bos, self.mask = c.get("bos"), c.get("mask")
+        self.source_eos, self.source_pad = c["source_eos"], c["source_pad"]
+        self.max_target_positions = c["max_target_positions"]
         self.chunk_start = {int(k): v for k, v in c["chunk_start"].items()}
         self.threads = threads
         self.window = int(c.get("relative_window", 0))
@@ -175,35 +195,55 @@ class ExportedModel:
             found = self._buckets[key] = (np.clip((np.arange(step + 1) - step) * stride, -w, w) + w).astype(np.int64)
         return found
 
-    def step(self, encoded: Encoded, tokens: np.ndarray, step: int, stride: int, logit_bias: np.ndarray,
-             past: List[np.ndarray], rows: OutputRows, top: int = 1):
-        """One left-to-right step of ``tokens`` ``(N,)`` at position ``step x stride``;
-        ``encoded`` has one row per hypothesis. Returns ``(choice, present)``: ``top`` 1:
-        ``(score (N,), row (N,))``; else ``(scores (N, top), rows (N, top))``, scores
-        normalised log-probabilities; present: the grown past keys/values."""
+    # ------------------------------------------------- the backend of hrt_runtime.search
+
+    def stride_of(self, start: int) -> int:
+        """Distance of consecutive target positions from a start symbol (``<s_k>``: k)."""
+        return next((k for k, s in self.chunk_start.items() if s == start), 1)
+
+    def begin(self, encoded: Encoded, rows: int, steps: int, start: int, out_rows: OutputRows) -> StepState:
+        """The state of a left-to-right search from ``start`` over ``rows`` hypotheses of
+        ``encoded``'s sentences (sentence-major) for at most ``steps`` positions."""
+        return StepState(encoded, None, self.stride_of(start), out_rows)  # the past: made by the first step
+
+    def step(self, state: StepState, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1):
+        """One left-to-right step of ``tokens`` ``(N,)`` (``N / sentences`` rows per sentence)
+        at position ``step x stride``, the state grown by it. Returns ``top`` 1: ``(score (N,),
+        row (N,))``; else ``(scores (N, top), rows (N, top))``, scores normalised
+        log-probabilities of ``log_softmax + logit_bias``."""
+        n, sentences = tokens.shape[0], state.encoded.size
+        if state.rows_encoded is None or state.rows_encoded.size != n:  # a sentence's rows share its encoder rows
+            per = n // sentences
+            state.rows_encoded = state.encoded if per == 1 else state.encoded.select(np.repeat(np.arange(sentences), per))
+        if state.past is None:
+            state.past = self.empty_past(n)
+        rows = state.rows
         restricted = "_restricted" if rows.ids is not None else ""
-        feeds = {"tokens": tokens, "position": np.array([step * stride], np.int64), "logit_bias": logit_bias,
-                 **encoded.feeds(), **dict(zip(self.past_names, past)), **rows.feeds()}
+        feeds = {"tokens": tokens, "position": np.array([step * state.stride], np.int64), "logit_bias": logit_bias,
+                 **state.rows_encoded.feeds(), **dict(zip(self.past_names, state.past)), **rows.feeds()}
         if self.window > 0:
-            feeds["buckets"] = self.buckets(step, stride)
+            feeds["buckets"] = self.buckets(step, state.stride)
         if top != 1:
             feeds["k"] = np.array([top], np.int64)
         out = self.session(("step" if top == 1 else "step_top") + restricted).run(None, feeds)
-        return (out[0], out[1]), out[2:]
+        state.past = out[2:]
+        return out[0], out[1]
 
-    def parallel(self, encoded: Encoded, tokens: np.ndarray, positions: np.ndarray, select: np.ndarray,
-                 logit_bias: np.ndarray, rows: OutputRows, queries: Optional[np.ndarray] = None):
-        """One non-causal pass: ``(score (M,), row (M,))`` of the best allowed token of the
-        slots ``select`` (flat indices into ``tokens`` ``(B, T)``); ``encoded`` has B rows.
-        ``queries``: sorted columns holding every selected slot (default: those of ``select``);
-        the pass's last layer computes its output there only."""
+    def reorder(self, state: StepState, index: np.ndarray, step: int, sentences: Optional[np.ndarray] = None):
+        """Row ``r`` of the state becomes old row ``index[r]``; ``sentences``: only these of
+        the state's sentences remain (finished ones leave the batch)."""
+        state.past = [p[index] for p in state.past]
+        if sentences is not None:
+            state.encoded = state.encoded.select(sentences)
+            state.rows_encoded = None
+
+    def parallel(self, encoded: Encoded, tokens: np.ndarray, positions: np.ndarray, queries: np.ndarray,
+                 select: np.ndarray, logit_bias: np.ndarray, rows: OutputRows):
+        """One non-causal pass over ``tokens`` ``(B, T)`` (``encoded``: B rows) whose output is
+        read at the columns ``queries`` (sorted; the last layer is computed there only):
+        ``(score (M,), row (M,))`` of the best allowed token of the slots ``select`` (flat
+        indices into ``B x Q``)."""
         restricted = "_restricted" if rows.ids is not None else ""
-        width = tokens.shape[1]
-        row, column = np.divmod(select, width)
-        if queries is None:
-            queries = np.unique(column)
-        # select: flat indices into (B, Q)
-        select = row * queries.size + np.searchsorted(queries, column)
         feeds = {"tokens": tokens, "positions": positions, "queries": queries, "select": select,
                  "logit_bias": logit_bias, **encoded.feeds(), **rows.feeds()}
         return tuple(self.session("parallel" + restricted).run(None, feeds))

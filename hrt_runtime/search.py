@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from hrt_runtime.model import Encoded, ExportedModel, OutputRows
+from hrt_runtime.model import OutputRows
 
 Hypothesis = Dict[str, object]  # tokens (T,) int64, score float, positional_scores (T,) float32[, steps]
 
@@ -84,23 +84,22 @@ def positional_scores(cumulative: np.ndarray) -> np.ndarray:
     return scores
 
 
-def left_to_right(model: ExportedModel, encoded: Encoded, source_width: int, config: SearchConfig,
+def left_to_right(model, encoded, source_width: int, config: SearchConfig,
                   banned: Sequence[int], start: Optional[int] = None, rows: Optional[OutputRows] = None) -> List[List[Hypothesis]]:
     """Greedy (``config.beam`` 1) or beam search from ``start`` (default ``</s>``; ``<s_k>``:
-    Skip-AT with stride k) for every sentence of ``encoded``."""
+    Skip-AT with stride k) for every sentence of ``encoded`` (``model``'s encoding of them)."""
     rows = rows or OutputRows(None)
     start = model.eos if start is None else start
-    stride = next((k for k, s in model.chunk_start.items() if s == start), 1)
-    max_len = config.max_len(source_width, model.config["max_target_positions"] - 1)
+    max_len = config.max_len(source_width, model.max_target_positions - 1)
     size = model.vocab_size if rows.ids is None else rows.ids.size
     rules = Rules(config, model.eos, model.unk, banned, rows, size)
     if config.beam < 1:
         raise ValueError("--beam must be >= 1")
     if config.beam == 1:
-        return _greedy(model, encoded, max_len, start, stride, rules, rows, config)
+        return _greedy(model, encoded, max_len, start, rules, rows, config)
     if 2 * config.beam > size - 1:
         raise ValueError(f"--beam {config.beam} is too large for the {size} output rows of this batch")
-    return _beam(model, encoded, max_len, start, stride, rules, rows, config)
+    return _beam(model, encoded, max_len, start, rules, rows, config)
 
 
 def _normalised(config: SearchConfig, cumulative, length: int):
@@ -114,16 +113,16 @@ def _finalize(config, finalized, sentences, tokens, cumulative, step):
         finalized[sent].append({"tokens": tokens[r].copy(), "score": float(scores[r]), "positional_scores": per_token[r].copy()})
 
 
-def _greedy(model, encoded, max_len, start, stride, rules, rows, config):
-    bsz = encoded.bias.shape[0]
+def _greedy(model, encoded, max_len, start, rules, rows, config):
+    bsz = encoded.size
     tokens = np.empty((bsz, max_len + 1), np.int64)
     cumulative = np.empty((bsz, max_len + 1), np.float32)
     sentence = np.arange(bsz)
     prev = np.full(bsz, start, np.int64)
-    past = model.empty_past(bsz)
+    state = model.begin(encoded, bsz, max_len + 1, start, rows)
     finalized: List[List[Hypothesis]] = [[] for _ in range(bsz)]
     for step in range(max_len + 1):
-        (score, row), past = model.step(encoded, prev, step, stride, rules.bias(step, max_len), past, rows)
+        score, row = model.step(state, prev, step, rules.bias(step, max_len))
         token = rows.to_full(row)
         tokens[:, step] = token
         cumulative[:, step] = score if step == 0 else cumulative[:, step - 1] + score
@@ -137,8 +136,7 @@ def _greedy(model, encoded, max_len, start, stride, rules, rows, config):
         if step == max_len or keep.size == 0:
             break
         # finished sentences leave the batch
-        past = [p[keep] for p in past]
-        encoded = encoded.select(keep)
+        model.reorder(state, keep, step, sentences=keep)
         tokens, cumulative = tokens[keep], cumulative[keep]
         sentence, prev = sentence[keep], token[keep]
     return finalized
@@ -150,10 +148,24 @@ def _top(values: np.ndarray, k: int):
     return np.take_along_axis(values, index, axis=1), index
 
 
-def _beam(model, encoded, max_len, start, stride, rules, rows, config):
+def candidates_per_sentence(row_scores: np.ndarray, row_tokens: np.ndarray, rows_per_sentence: int, k: int):
+    """The ``k`` best of each sentence's ``rows_per_sentence`` rows of candidates.
+
+    ``row_scores`` / ``row_tokens``: ``(N, c)`` best candidates of every row (``N`` rows,
+    sentence-major). Returns ``(scores, tokens, beams)``, each ``(N / rows_per_sentence, k)``,
+    ``beams`` the row of the candidate within its sentence -- fairseq's ``BeamSearch.step``
+    over the whole vocabulary gives the same, as no row can hold more than ``k`` of them."""
+    c = row_scores.shape[1]
+    flat = row_scores.reshape(-1, rows_per_sentence * c)
+    scores, index = _top(flat, k)
+    tokens = np.take_along_axis(row_tokens.reshape(flat.shape[0], -1), index, axis=1)
+    return scores, tokens, index // c
+
+
+def _beam(model, encoded, max_len, start, rules, rows, config):
     beam = config.beam
     cand_size = 2 * beam
-    bsz = encoded.bias.shape[0]
+    bsz = encoded.size
     tokens = np.empty((bsz, max_len + 1), np.int64)
     cumulative = np.empty((bsz, max_len + 1), np.float32)
     sentence = np.arange(bsz)
@@ -161,25 +173,23 @@ def _beam(model, encoded, max_len, start, stride, rules, rows, config):
     ignore = np.zeros((bsz, beam), bool)
     cand_offsets = np.arange(cand_size)
     finalized: List[List[Hypothesis]] = [[] for _ in range(bsz)]
-    past = model.empty_past(bsz)
+    # step 0 runs one row per sentence (fairseq's beams are identical there), then `beam`
+    state = model.begin(encoded, bsz * beam, max_len + 1, start, rows)
     rows_per_sentence = 1
-    encoded_rows = encoded  # one row per hypothesis: step 0 has one per sentence
     for step in range(max_len + 1):
-        (row_scores, top_rows), past = model.step(encoded_rows, prev, step, stride, rules.bias(step, max_len), past, rows,
-                                                  top=cand_size)
+        row_scores, top_rows = model.step(state, prev, step, rules.bias(step, max_len), top=cand_size)
         top_tokens = rows.to_full(top_rows)
         if step > 0:
             row_scores = row_scores + cumulative[:, step - 1 : step]
-        n_sent = row_scores.shape[0] // rows_per_sentence
-        flat = row_scores.reshape(n_sent, rows_per_sentence * cand_size)
-        cand_scores, index = _top(flat, cand_size)
-        cand_tokens = np.take_along_axis(top_tokens.reshape(n_sent, -1), index, axis=1)
-        cand_rows = index // cand_size + (np.arange(n_sent) * rows_per_sentence)[:, None]
+        cand_scores, cand_tokens, cand_beams = candidates_per_sentence(row_scores, top_tokens, rows_per_sentence, cand_size)
+        n_sent = cand_scores.shape[0]
+        cand_rows = cand_beams + (np.arange(n_sent) * rows_per_sentence)[:, None]
 
         eos_mask = (cand_tokens == model.eos) & (cand_scores != -np.inf)
         eos_mask[:, :beam] &= ~ignore
         eos_top = eos_mask[:, :beam]
         finished_sent = []
+        kept = None
         if eos_top.any():
             where = np.argwhere(eos_top)  # row-major, as fairseq
             ended_rows = cand_rows[where[:, 0], where[:, 1]]
@@ -207,7 +217,6 @@ def _beam(model, encoded, max_len, start, stride, rules, rows, config):
             kept = np.flatnonzero(keep)
             eos_mask, cand_rows, cand_scores, cand_tokens, ignore = (a[kept] for a in (eos_mask, cand_rows, cand_scores, cand_tokens, ignore))
             sentence = sentence[kept]
-            encoded = encoded.select(kept)
         eos_mask[:, :beam] |= ignore
         active_mask = eos_mask.astype(np.int64) * cand_size + cand_offsets
         active = np.argsort(active_mask, axis=1, kind="stable")[:, :beam]
@@ -218,9 +227,7 @@ def _beam(model, encoded, max_len, start, stride, rules, rows, config):
         cumulative = cumulative[active_rows]
         tokens[:, step] = prev
         cumulative[:, step] = np.take_along_axis(cand_scores, active, axis=1).reshape(-1)
-        past = [p[active_rows] for p in past]
-        if rows_per_sentence != beam or finished_sent:  # a sentence's rows share its encoder rows
-            encoded_rows = encoded.select(np.repeat(np.arange(sentence.size), beam))
+        model.reorder(state, active_rows, step, sentences=kept)
         rows_per_sentence = beam
     for hypos in finalized:
         hypos.sort(key=lambda h: h["score"], reverse=True)
@@ -256,6 +263,13 @@ def mask_columns(width: int, k: int) -> np.ndarray:
     return column[(column + 1) % k != 0]
 
 
+def query_select(select: np.ndarray, width: int, queries: np.ndarray) -> np.ndarray:
+    """Flat indices ``select`` into ``(B, width)`` as flat indices into ``(B, Q)``, the rows of
+    the query columns ``queries`` (sorted, holding every selected column)."""
+    row, column = np.divmod(select, width)
+    return row * queries.size + np.searchsorted(queries, column)
+
+
 def truncate_at_first_eos(tokens: np.ndarray, eos: int, pad: int) -> np.ndarray:
     is_eos = (tokens == eos).astype(np.int64)
     before = np.cumsum(is_eos, axis=1) - is_eos
@@ -278,6 +292,13 @@ def length_buckets(lengths: List[int], max_padding: float) -> List[List[int]]:
     return buckets
 
 
+def chunk_size_groups(per_row: Sequence[int]):
+    """``[(k, rows)]``: the rows of a batch (``rows`` an int64 array) that decode with chunk
+    size ``k``, smallest k first (``--decode-chunk-size by-length`` gives each sentence its own)."""
+    per_row = np.asarray(per_row, np.int64)
+    return [(int(k), np.flatnonzero(per_row == k)) for k in np.unique(per_row)]
+
+
 def _pad_stack(arrays: List[np.ndarray], value, dtype) -> np.ndarray:
     out = np.full((len(arrays), max(a.size for a in arrays)), value, dtype)
     for i, a in enumerate(arrays):
@@ -285,50 +306,98 @@ def _pad_stack(arrays: List[np.ndarray], value, dtype) -> np.ndarray:
     return out
 
 
-def fill_skeletons(model: ExportedModel, encoded: Encoded, skeletons: List[Hypothesis], sentence_of_row: List[int], k: int,
-                   banned_bias: np.ndarray, len_penalty: float, rows: OutputRows) -> List[Hypothesis]:
-    """Stage II over one group of skeletons (each ending in ``</s>``): their hypotheses, in order."""
-    pad, mask, eos = model.pad, model.config["mask"], model.eos
-    skeleton = _pad_stack([h["tokens"] for h in skeletons], pad, np.int64)
-    skeleton_scores = _pad_stack([np.asarray(h["positional_scores"], np.float32) for h in skeletons], 0.0, np.float32)
+def refine_counts(masks, fraction: float) -> np.ndarray:
+    """Masks re-predicted per row by the refinement pass: ``ceil(fraction x masks)``."""
+    return np.ceil(np.asarray(masks, np.float64) * fraction).astype(np.int64)
+
+
+def fill_masks(model, encoded_rows, skeleton: np.ndarray, skeleton_scores: np.ndarray, k: int, banned_bias: np.ndarray,
+               rows: OutputRows, refine_fraction: float = 0.0):
+    """Stage II proper: one non-causal pass over right-padded skeletons ``(B, M)`` (each ending
+    in ``</s>``; ``encoded_rows``: one row per skeleton) with ``k - 1`` masks before every
+    token, the best allowed token in each mask, the output truncated at its first ``</s>``.
+
+    ``skeleton_scores``: the stage-I log-probabilities of the skeleton tokens (zeros for a
+    skeleton that does not come from stage I, e.g. an oracle's). ``refine_fraction`` (beyond
+    the papers): then the filled tokens with the lowest probability, this fraction of each
+    row's masks rounded up, are masked again and predicted from the rest by one more pass.
+    Returns ``(tokens, positions, filled, scores, lengths, confidence)``: stage II's input,
+    the filled rows (pad after the first ``</s>``), per-slot log-probabilities (0 on padding;
+    their sum is eq. (2)), the kept lengths and stage II's confidence (the mean
+    log-probability of the tokens it filled and kept)."""
+    pad, mask, eos = model.pad, model.mask, model.eos
     tokens, positions, target = stage2_input(skeleton, k, pad, mask)
+    width = tokens.shape[1]
     scores = np.zeros(tokens.shape, np.float32)
     scores[target != pad] = skeleton_scores[skeleton != pad]
     is_mask = tokens == mask
     select = np.flatnonzero(is_mask)
     filled = tokens.copy()
     if select.size:
-        mask_scores, mask_rows = model.parallel(encoded.select(np.asarray(sentence_of_row)), tokens, positions, select,
-                                                banned_bias, rows, queries=mask_columns(tokens.shape[1], k))
-        filled.reshape(-1)[select] = rows.to_full(mask_rows)
-        scores.reshape(-1)[select] = mask_scores
+        # the masks sit in the k - 1 first columns of every chunk: the pass's last layer is
+        # computed there only, and the output layer projects the masks alone (stage I plus
+        # stage II then cost no more output-layer work than AT does)
+        queries = mask_columns(width, k)
+        best, best_rows = model.parallel(encoded_rows, tokens, positions, queries, query_select(select, width, queries),
+                                         banned_bias, rows)
+        filled.reshape(-1)[select] = rows.to_full(best_rows)
+        scores.reshape(-1)[select] = best
+        if refine_fraction > 0:
+            remask = lowest_confidence_mask(scores, is_mask, refine_counts(is_mask.sum(axis=1), refine_fraction))
+            again = np.flatnonzero(remask)
+            if again.size:
+                best, best_rows = model.parallel(encoded_rows, np.where(remask, mask, filled), positions, queries,
+                                                 query_select(again, width, queries), banned_bias, rows)
+                filled.reshape(-1)[again] = rows.to_full(best_rows)
+                scores.reshape(-1)[again] = best
     filled = truncate_at_first_eos(filled, eos, pad)
     kept = filled != pad
     scores = np.where(kept, scores, 0.0).astype(np.float32)
     lengths = kept.sum(axis=1)
+    filled_slots = is_mask & kept
+    confidence = (scores * filled_slots).sum(axis=1) / np.maximum(filled_slots.sum(axis=1), 1)
+    return tokens, positions, filled, scores, lengths, confidence
+
+
+def fill_skeletons(model, encoded, skeletons: List[Hypothesis], sentence_of_row: List[int], k: int,
+                   banned_bias: np.ndarray, len_penalty: float, rows: OutputRows,
+                   refine_fraction: float = 0.0) -> List[Hypothesis]:
+    """Stage II over one group of skeletons (each ending in ``</s>``; ``sentence_of_row``:
+    the sentence of ``encoded`` each belongs to): their hypotheses, in order."""
+    skeleton = _pad_stack([np.asarray(h["tokens"], np.int64) for h in skeletons], model.pad, np.int64)
+    skeleton_scores = _pad_stack([np.asarray(h["positional_scores"], np.float32) for h in skeletons], 0.0, np.float32)
+    index = np.asarray(sentence_of_row, np.int64)
+    if index.size == encoded.size and (index == np.arange(index.size)).all():
+        rows_encoded = encoded  # one skeleton per sentence, in order (greedy): no copy
+    else:
+        rows_encoded = encoded.select(index)
+    tokens, _, filled, scores, lengths, confidence = fill_masks(model, rows_encoded, skeleton, skeleton_scores, k,
+                                                                banned_bias, rows, refine_fraction)
     final = scores.sum(axis=1) / lengths.astype(np.float32) ** len_penalty
     out = []
     for r in range(len(skeletons)):
         n = int(lengths[r])
         out.append({"tokens": filled[r, :n].copy(), "score": float(final[r]), "positional_scores": scores[r, :n].copy(),
-                    "steps": int(skeletons[r]["tokens"].size)})
+                    "steps": int(np.asarray(skeletons[r]["tokens"]).size), "stage2_confidence": float(confidence[r])})
     return out
 
 
-def hrt(model: ExportedModel, encoded: Encoded, source_width: int, config: SearchConfig, k: int, banned: Sequence[int],
-        b_nat: int = 1, bucket_padding: float = 0.25, rows: Optional[OutputRows] = None) -> List[List[Hypothesis]]:
-    """Hybrid-regressive decoding with chunk size ``k`` (1: AT mode) and beam ``config.beam``
-    (``b_at``) in stage I, ``b_nat`` skeletons per sentence filled by stage II."""
+def check_b_nat(b_at: int, b_nat: int):
+    """The one check of HRT's beams: ``1 <= b_nat <= b_at``."""
     if b_nat < 1:
         raise ValueError(f"--b-nat must be >= 1, got {b_nat}")
-    if b_nat > config.beam:
-        raise ValueError(f"HRT decoding needs b_at >= b_nat, got --beam {config.beam} < --b-nat {b_nat}")
-    rows = rows or OutputRows(None)
-    if k == 1:
-        return left_to_right(model, encoded, source_width, config, banned, rows=rows)
-    if k not in model.chunk_start:
-        raise ValueError(f"chunk size {k}: this model has start symbols for {sorted(model.chunk_start)} only")
-    skeletons = left_to_right(model, encoded, source_width, config.for_chunk_size(k), banned, start=model.chunk_start[k], rows=rows)
+    if b_nat > b_at:
+        raise ValueError(f"HRT decoding needs b_at >= b_nat, got --beam {b_at} < --b-nat {b_nat}: "
+                         "stage II fills the top b_nat Skip-AT hypotheses")
+
+
+def stage2(model, encoded, skeletons: List[List[Hypothesis]], k: int, banned: Sequence[int], b_nat: int,
+           len_penalty: float, rows: OutputRows, bucket_padding: float = 0.25,
+           refine_fraction: float = 0.0) -> List[List[Hypothesis]]:
+    """HRT's stage II: the top ``b_nat`` skeletons of every sentence (stage I's hypotheses,
+    best first) filled, on groups of skeletons of similar length (:func:`length_buckets`), so
+    that one long skeleton does not make the whole batch pay for its padding; each sentence's
+    hypotheses best first (eq. (2) over ``length ** len_penalty``)."""
     size = model.vocab_size if rows.ids is None else rows.ids.size
     banned_bias = np.zeros(size, np.float32)
     banned_bias[rows.positions(banned)] = -np.inf
@@ -338,14 +407,30 @@ def hrt(model: ExportedModel, encoded: Encoded, source_width: int, config: Searc
             flat.append(hypo)
             sentence_of_row.append(sent)
     out: List[List[Hypothesis]] = [[] for _ in skeletons]
-    for bucket in length_buckets([h["tokens"].size for h in flat], bucket_padding):
+    for bucket in length_buckets([np.asarray(h["tokens"]).size for h in flat], bucket_padding):
         filled = fill_skeletons(model, encoded, [flat[r] for r in bucket], [sentence_of_row[r] for r in bucket], k,
-                                banned_bias, config.len_penalty, rows)
+                                banned_bias, len_penalty, rows, refine_fraction)
         for r, hypo in zip(bucket, filled):
             out[sentence_of_row[r]].append(hypo)
     for hypos in out:
-        hypos.sort(key=lambda h: h["score"], reverse=True)
+        if len(hypos) > 1:
+            hypos.sort(key=lambda h: h["score"], reverse=True)
     return out
+
+
+def hrt(model, encoded, source_width: int, config: SearchConfig, k: int, banned: Sequence[int],
+        b_nat: int = 1, bucket_padding: float = 0.25, rows: Optional[OutputRows] = None) -> List[List[Hypothesis]]:
+    """Hybrid-regressive decoding with chunk size ``k`` (1: AT mode) and beam ``config.beam``
+    (``b_at``) in stage I, ``b_nat`` skeletons per sentence filled by stage II."""
+    check_b_nat(config.beam, b_nat)
+    rows = rows or OutputRows(None)
+    if k == 1:
+        return left_to_right(model, encoded, source_width, config, banned, rows=rows)
+    if k not in model.chunk_start:
+        raise ValueError(f"chunk size {k}: this model has start symbols for {sorted(model.chunk_start)} only")
+    skeletons = left_to_right(model, encoded, source_width, config.for_chunk_size(k), banned, start=model.chunk_start[k],
+                              rows=rows)
+    return stage2(model, encoded, skeletons, k, banned, b_nat, config.len_penalty, rows, bucket_padding)
 
 
 # ----------------------------------------------------------------------- Mask-Predict
@@ -386,7 +471,7 @@ def initial_input(lengths: np.ndarray, mask: int, eos: int, pad: int):
     return tokens, np.where(slot <= n, slot + 1, 0).astype(np.int64)
 
 
-def mask_predict(model: ExportedModel, encoded: Encoded, src_tokens: np.ndarray, iterations: int, length_beam: int,
+def mask_predict(model, encoded, src_tokens: np.ndarray, iterations: int, length_beam: int,
                  max_len_a: float, max_len_b: int, banned: Sequence[int], rows: Optional[OutputRows] = None) -> List[List[Hypothesis]]:
     """Mask-Predict (:mod:`fairseq_hrt.generation.mask_predict`): ``length_beam`` lengths per
     sentence, ``iterations`` non-causal passes each re-predicting the least confident tokens;
@@ -396,12 +481,11 @@ def mask_predict(model: ExportedModel, encoded: Encoded, src_tokens: np.ndarray,
     if length_beam < 1:
         raise ValueError(f"--iter-decode-with-beam (Mask-Predict's length beam l) must be >= 1, got {length_beam}")
     rows = rows or OutputRows(None)
-    c = model.config
-    pad, eos, mask = model.pad, model.eos, c["mask"]
+    pad, eos, mask = model.pad, model.eos, model.mask
     classes = encoded.length_lprobs.shape[-1]
-    src_len = ((src_tokens != c["source_eos"]) & (src_tokens != c["source_pad"])).sum(axis=1)
+    src_len = ((src_tokens != model.source_eos) & (src_tokens != model.source_pad)).sum(axis=1)
     limit = (max_len_a * src_len.astype(np.float64) + max_len_b).astype(np.int64)
-    max_lengths = np.clip(limit, 1, min(classes - 1, c["max_target_positions"] - 1))
+    max_lengths = np.clip(limit, 1, min(classes - 1, model.max_target_positions - 1))
     bsz = src_tokens.shape[0]
     lengths = length_candidates(encoded.length_lprobs, length_beam, max_lengths).reshape(-1)
     sentence_of_row = np.repeat(np.arange(bsz), length_beam)
@@ -411,13 +495,15 @@ def mask_predict(model: ExportedModel, encoded: Encoded, src_tokens: np.ndarray,
     scores = np.zeros(tokens.shape, np.float32)
     size = model.vocab_size if rows.ids is None else rows.ids.size
     bias = np.zeros(size, np.float32)
-    bias[rows.positions(sorted({mask, pad, eos, model.config["bos"], *banned}))] = -np.inf
+    bias[rows.positions(sorted({mask, pad, eos, model.bos, *banned}))] = -np.inf
     for t in range(iterations):
         if t > 0:
             tokens[lowest_confidence_mask(scores, slots, remask_counts(lengths, t, iterations))] = mask
         select = np.flatnonzero(tokens == mask)
         if select.size:
-            best_scores, best_rows = model.parallel(encoded_rows, tokens, positions, select, bias, rows)
+            queries = np.unique(select % tokens.shape[1])
+            best_scores, best_rows = model.parallel(encoded_rows, tokens, positions, queries,
+                                                    query_select(select, tokens.shape[1], queries), bias, rows)
             tokens.reshape(-1)[select] = rows.to_full(best_rows)
             scores.reshape(-1)[select] = best_scores
     average = scores.sum(axis=1) / lengths.astype(np.float32)

@@ -61,7 +61,7 @@ def test_refinement_repredicts_only_the_least_probable_fills(setup):
     first_scores, first = lprobs.max(-1)
     first = torch.where(is_mask, first, stage2.tokens)
     order = first_scores.masked_fill(~is_mask, float("inf")).argsort(dim=1, stable=True).argsort(dim=1)
-    remask = (order < refine_counts(is_mask.sum(1), 0.5).unsqueeze(1)) & is_mask
+    remask = (order < torch.as_tensor(refine_counts(is_mask.sum(1), 0.5)).unsqueeze(1)) & is_mask
     features, _ = model.decoder(first.masked_fill(remask, task.mask_idx), encoder_out=enc, positions=stage2.positions,
                                 causal=False, features_only=True)
     lprobs = torch.log_softmax(model.decoder.output_layer(features).float(), -1)

@@ -49,3 +49,11 @@ class ChunkSizeByLength:
 
     def __call__(self, src_lengths):
         return torch.where(src_lengths < self.short, torch.ones_like(src_lengths), torch.full_like(src_lengths, self.k))
+
+
+def chunk_sizes_of(chunk_size, src_tokens, pad: int) -> List[int]:
+    """Each sentence's chunk size: ``chunk_size`` an int, or a function of the source lengths
+    (:class:`ChunkSizeByLength`)."""
+    if callable(chunk_size):
+        return [int(k) for k in chunk_size(src_tokens.ne(pad).long().sum(dim=1)).tolist()]
+    return [int(chunk_size)] * src_tokens.size(0)

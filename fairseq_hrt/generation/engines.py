@@ -8,11 +8,8 @@ An engine declares what it supports (``supports_shortlist``, ``supports_compile`
   ``generate(models, sample, bos_token=...)`` and ``last_encoder_out`` (HRT's stage I and AT
   mode, AT beam / greedy search);
 * :meth:`DecoderEngine.two_stage` / :meth:`DecoderEngine.mask_predict`: optionally, HRT's two
-  stages or Mask-Predict as one generator of the engine's own runtime;
-* :meth:`DecoderEngine.bidirectional`: the object whose ``encoder(encoder_out)`` and
-  ``bidirectional(encoder, tokens, positions) -> features`` run HRT's stage II (the lean
-  engine: the model's :class:`~fairseq_hrt.generation.decoder_pass.DecoderPass`; ``None``: the
-  decoder module's own forward).
+  stages or Mask-Predict as one generator of the engine's own backend of the one search
+  (:mod:`hrt_runtime.search`).
 
 Registered here: ``lean`` (this plugin's step loop, :mod:`fairseq_hrt.generation.lean`) and
 ``fairseq`` (fairseq's ``SequenceGenerator``); ``onnxruntime`` in
@@ -44,18 +41,15 @@ class DecoderEngine:
         (``last_encoder_out``, for HRT's stage II)."""
         raise NotImplementedError
 
-    def bidirectional(self, model):
-        return None
-
     def mask_predict(self, ctx):
         """A generator that runs Mask-Predict itself, or ``None``: the decoder module runs it
         (:class:`~fairseq_hrt.generation.mask_predict.MaskPredictGenerator`)."""
         return None
 
     def two_stage(self, ctx, chunk_size):
-        """A generator that runs HRT's two stages itself (an engine whose runtime has the whole
-        search, e.g. ``onnxruntime``), or ``None``: HRT's stages are composed from
-        :meth:`left_to_right` and :meth:`bidirectional`."""
+        """A generator that runs HRT's two stages itself (the one search over the engine's
+        backend), or ``None``: :class:`HRTGenerator` composes :meth:`left_to_right` with the
+        one search's stage II."""
         return None
 
 
@@ -102,10 +96,20 @@ class LeanEngine(DecoderEngine):
         return LeanSequenceGenerator(ctx.models[0], ctx.task.target_dictionary, search, banned,
                                      shortlist=ctx.shortlist, compile=ctx.options.compile)
 
-    def bidirectional(self, model):
-        from fairseq_hrt.generation.decoder_pass import decoder_pass
+    def two_stage(self, ctx, chunk_size):
+        """HRT's two stages in the one search (:mod:`hrt_runtime.search`); the stage-II options
+        beyond the papers and ``--print-step`` are :class:`HRTGenerator`'s (``None``)."""
+        from fairseq_hrt.generation.lean import LeanSequenceGenerator
 
-        return decoder_pass(model.decoder)
+        options = ctx.options
+        if options.stage2_options_used() or options.print_step:
+            return None
+        if len(ctx.models) != 1:
+            raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
+        task = ctx.task
+        return LeanSequenceGenerator(ctx.models[0], task.target_dictionary, options.search, ctx.banned(),
+                                     shortlist=ctx.shortlist, compile=options.compile, chunk_start=task.chunk_start_idx,
+                                     mask=task.mask_idx, chunk_size=chunk_size, b_nat=options.b_nat)
 
 
 @register_engine("fairseq")

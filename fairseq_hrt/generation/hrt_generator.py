@@ -1,38 +1,43 @@
 """Two-stage HRT decoding (SPEC section 3) and the left-to-right strategies ``beam`` / ``hrt``.
 
-Stage I (Skip-AT) is a left-to-right search started from ``<s_k>``: the HRT decoder derives
-positions ``0, k, 2k, ..`` from that start symbol. Its engine is ``--decoder-engine``: the
-lean engine (:mod:`fairseq_hrt.generation.lean`) or fairseq's own ``SequenceGenerator``; both
-give the same hypotheses, with fairseq's beam search, length penalty and removal of finished
-sentences from the active batch (exactly what the AT baseline it is compared with uses).
-Stage II is one bidirectional pass over the top ``b_nat`` skeletons with ``k - 1`` masks
-before every ``z_i``, run on groups of skeletons of similar length (:func:`length_buckets`)
-so that one long skeleton does not make the whole batch pay for its padding.
+Both stages are the one search's (:func:`hrt_runtime.search.hrt`): stage I (Skip-AT) a
+left-to-right search started from ``<s_k>`` (the HRT decoder derives positions ``0, k, 2k, ..``
+from that start symbol), stage II one non-causal pass over the top ``b_nat`` skeletons with
+``k - 1`` masks before every ``z_i``, on groups of skeletons of similar length. The ``lean``
+and ``onnxruntime`` engines run them inside their generators; :class:`HRTGenerator` composes
+stage I of another engine (fairseq's ``SequenceGenerator``) or the options beyond the papers
+with the same stage II.
 """
 import logging
 from typing import Callable, Dict, List, Optional
 
+import numpy as np
 import torch
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor
 
 from fairseq_hrt import chunking
-from fairseq_hrt.generation.chunk_size import resolve_decode_chunk_size
-from fairseq_hrt.generation.decoder_pass import profiled
-from fairseq_hrt.generation.mask_predict import lowest_confidence_mask
-from fairseq_hrt.generation.output_vocab import OutputLayer
+from fairseq_hrt.generation.chunk_size import chunk_sizes_of, resolve_decode_chunk_size
+from fairseq_hrt.generation.lean import TorchEncoded
 from fairseq_hrt.generation.search_rules import banned_symbols_of
 from fairseq_hrt.generation.strategies import (
     DecodingContext,
     DecodingStrategy,
     LeftToRightDecoding,
-    hypothesis,
     register_decoding,
     reject_unsupported_inputs,
     select_rows,
+    to_fairseq,
 )
 from fairseq_hrt.models.kinds import AT, HRT, is_hrt, model_kind
-from hrt_runtime.search import length_buckets, mask_columns  # noqa: F401  (the runtime's, pure; length_buckets re-exported)
+from hrt_runtime.search import (  # noqa: F401  (length_buckets, refine_counts: re-exported)
+    check_b_nat,
+    chunk_size_groups,
+    fill_masks,
+    length_buckets,
+    refine_counts,
+    stage2,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,27 +66,13 @@ class EncoderKeepingSequenceGenerator(SequenceGenerator):
         return self.model.last_encoder_outs[0]
 
 
-def stage2_fill(
-    mask_tokens: Tensor, mask_lprobs: Tensor, stage2: chunking.DecoderSample, skeleton_scores: Tensor, mask: int, eos: int, pad: int
-):
-    """Put the stage-II predictions into the masks, truncate at the first ``</s>``, score by eq. (2).
-
-    ``mask_tokens`` / ``mask_lprobs``: the argmax token and its log-probability for every
-    ``<mask>`` of ``stage2.tokens``, in row-major order (``stage2.tokens[stage2.tokens == mask]``);
-    ``skeleton_scores``: ``(B, M)`` stage-I log-probabilities spread onto the skeleton slots.
-    Returns ``(tokens, positional_scores, lengths)`` with everything after the first ``</s>``
-    set to pad / 0; the sum of ``positional_scores`` is eq. (2) over the kept tokens.
-    """
-    is_mask = stage2.tokens.eq(mask)
-    tokens = stage2.tokens.masked_scatter(is_mask, mask_tokens.to(stage2.tokens))
-    scores = skeleton_scores.masked_scatter(is_mask, mask_lprobs.to(skeleton_scores))
-    tokens = chunking.truncate_at_first_eos(tokens, eos, pad)
-    kept = tokens.ne(pad)
-    return tokens, scores.masked_fill(~kept, 0.0), kept.long().sum(dim=1)
-
-
 class HRTGenerator:
-    """Hybrid-regressive decoding with chunk size ``k`` (``k = 1``: plain AT decoding).
+    """Hybrid-regressive decoding composed from an engine's left-to-right generator (stage I)
+    and the one search's stage II (:func:`hrt_runtime.search.stage2` over the model's
+    :class:`~fairseq_hrt.generation.lean.TorchBackend`), with the options beyond the papers.
+    The plain two stages of the ``lean`` and ``onnxruntime`` engines run inside their
+    generators; this one serves ``--decoder-engine fairseq`` (fairseq's ``SequenceGenerator``
+    in stage I) and the options below.
 
     Args:
         stage1: ``k -> `` left-to-right generator for chunk size ``k`` (``generate(models,
@@ -94,10 +85,6 @@ class HRTGenerator:
             by more than this fraction of its length plus one token (:func:`length_buckets`)
         shortlist: a lexical shortlist (:mod:`fairseq_hrt.shortlist`): stage II predicts the
             masks among the batch's candidates, the same ones stage I searched over
-        bidirectional: stage II's decoder pass, the lean engine's
-            :class:`~fairseq_hrt.generation.decoder_pass.DecoderPass` of the model (its
-            encoder keys/values are made once per batch, or taken from a lean stage I);
-            default the decoder module
 
     Beyond the papers (each off by default):
 
@@ -125,19 +112,14 @@ class HRTGenerator:
         print_steps: bool = False,
         bucket_padding: float = 0.25,
         shortlist=None,
-        bidirectional: Optional[Callable] = None,
         refine_fraction: float = 0.0,
         fallback_threshold: Optional[float] = None,
         rescore: bool = False,
     ):
+        from fairseq_hrt.generation.lean import TorchBackend
+
         check_hrt_options(refine_fraction, fallback_threshold)
-        if b_nat < 1:
-            raise ValueError(f"--b-nat must be >= 1, got {b_nat}")
-        if b_nat > b_at:
-            raise ValueError(
-                f"HRT decoding needs b_at >= b_nat, got --beam {b_at} < --b-nat {b_nat}: "
-                "stage II fills the top b_nat Skip-AT hypotheses"
-            )
+        check_b_nat(b_at, b_nat)
         self.stage1 = stage1
         self.model = model
         self.tgt_dict = tgt_dict
@@ -150,11 +132,11 @@ class HRTGenerator:
         self.print_steps = print_steps
         self.bucket_padding = bucket_padding
         self.shortlist = shortlist
-        self.bidirectional = bidirectional
         self.refine_fraction = refine_fraction
         self.fallback_threshold = fallback_threshold
         self.rescore = rescore
-        self.banned = torch.tensor(banned_symbols_of(HRT, tgt_dict, mask, chunk_start))
+        self.backend = TorchBackend(model, tgt_dict, chunk_start, mask)  # stage II's arithmetic
+        self.banned = banned_symbols_of(HRT, tgt_dict, mask, chunk_start)
         # sentences decoded with stage II, and those of them that fell back to AT mode
         self.stage2_stats = {"sentences": 0, "fallbacks": 0}
 
@@ -162,16 +144,11 @@ class HRTGenerator:
     @torch.no_grad()
     def generate(self, models, sample: Dict[str, Dict[str, Tensor]], **kwargs) -> List[List[Dict[str, Tensor]]]:
         reject_unsupported_inputs("HRT decoding", **kwargs)
-        net_input = sample["net_input"]
-        src_lengths = net_input["src_tokens"].ne(self.pad).long().sum(dim=1)
-        if callable(self.chunk_size):
-            per_row = self.chunk_size(src_lengths).tolist()
-        else:
-            per_row = [int(self.chunk_size)] * src_lengths.numel()
-        results: List[Optional[List[Dict[str, Tensor]]]] = [None] * len(per_row)
-        for k in sorted(set(per_row)):
-            rows = [i for i, kk in enumerate(per_row) if kk == k]
-            sub = sample if len(rows) == len(per_row) else select_rows(sample, rows)
+        src_tokens = sample["net_input"]["src_tokens"]
+        results: List[Optional[List[Dict[str, Tensor]]]] = [None] * src_tokens.size(0)
+        for k, rows in chunk_size_groups(chunk_sizes_of(self.chunk_size, src_tokens, self.pad)):
+            rows = rows.tolist()
+            sub = sample if len(rows) == len(results) else select_rows(sample, rows)
             for i, hypos in zip(rows, self._generate_k(sub, k)):
                 results[i] = hypos
         return results
@@ -186,11 +163,11 @@ class HRTGenerator:
             vocab = getattr(stage1, "last_vocab", None)
             if vocab is None:
                 vocab = self.shortlist.candidates(sample["net_input"]["src_tokens"], self.pad)
-        encoder_kv = None
-        if self.bidirectional is not None and getattr(stage1, "decoder_pass", None) is self.bidirectional:
-            encoder_kv = stage1.last_encoder_kv  # stage I's projections of this batch
         encoder_out = stage1.last_encoder_out
-        results = self._stage2(skeletons, k, encoder_out, vocab, encoder_kv)
+        encoder_kv = getattr(stage1, "last_encoder_kv", None)  # a lean stage I's projections of this batch
+        if encoder_kv is None or getattr(stage1, "decoder_pass", None) is not self.backend.decoder_pass:
+            encoder_kv = self.backend.decoder_pass.encoder(encoder_out)
+        results = self._stage2(skeletons, k, TorchEncoded(encoder_out, encoder_kv), vocab)
         if self.rescore:
             results = self._rescore(results, encoder_out)
         self.stage2_stats["sentences"] += len(results)
@@ -217,123 +194,45 @@ class HRTGenerator:
             hypos.sort(key=lambda h: float(h["score"]), reverse=True)
         return results
 
-    @profiled("hrt.stage2")
-    def _stage2(self, skeletons, k: int, encoder_out, vocab: Optional[Tensor] = None, encoder_kv=None):
-        if self.bidirectional is not None and encoder_kv is None:
-            encoder_kv = self.bidirectional.encoder(encoder_out)  # once per batch
-        rows, sentence_of_row = [], []
-        for sent, hypos in enumerate(skeletons):
-            for hypo in hypos[: self.b_nat]:
-                rows.append(hypo)
-                sentence_of_row.append(sent)
-        out: List[List[Dict[str, Tensor]]] = [[] for _ in skeletons]
-        lengths = [int(h["tokens"].numel()) for h in rows]
-        for bucket in length_buckets(lengths, self.bucket_padding):
-            filled = self._fill([rows[r] for r in bucket], [sentence_of_row[r] for r in bucket], k, encoder_out, vocab, encoder_kv)
-            for r, hypo in zip(bucket, filled):
-                out[sentence_of_row[r]].append(hypo)
-        for hypos in out:
-            hypos.sort(key=lambda h: float(h["score"]), reverse=True)
-        return out
-
-    def _fill(self, rows, sentence_of_row: List[int], k: int, encoder_out, vocab: Optional[Tensor] = None, encoder_kv=None):
-        """Stage II on one group of skeletons: their hypotheses, in the order given.
-        ``encoder_kv``: the batch's encoder keys/values for the lean pass."""
-        device = encoder_out["encoder_out"][0].device
-        skeleton = _pad_stack([h["tokens"] for h in rows], self.pad).to(device)
-        skeleton_scores = _pad_stack([h["positional_scores"].float() for h in rows], 0.0).to(device)
-        index = torch.tensor(sentence_of_row, dtype=torch.long, device=device)
-        if self.bidirectional is not None:
-            enc, bidirectional = encoder_kv.select(index), self.bidirectional.bidirectional
-        else:
-            enc, bidirectional = self.model.encoder.reorder_encoder_out(encoder_out, index), None
-        stage2, tokens, pos_scores, lengths = fill_skeletons(
-            self.model, skeleton, skeleton_scores, k, enc, self.banned, self.mask, self.eos, self.pad, vocab,
-            bidirectional=bidirectional, refine_fraction=self.refine_fraction,
-        )
-        final_scores = pos_scores.sum(dim=1) / lengths.float().pow(self.len_penalty)
-        # stage II's confidence: the mean log-probability of the tokens it filled (kept ones)
-        filled_slots = stage2.tokens.eq(self.mask) & tokens.ne(self.pad)
-        confidence = (pos_scores * filled_slots).sum(dim=1) / filled_slots.sum(dim=1).clamp(min=1)
-
-        filled = []
-        for r in range(len(rows)):
-            n = int(lengths[r])
-            hypo = hypothesis(tokens[r, :n], final_scores[r], pos_scores[r, :n], steps=int(rows[r]["tokens"].numel()))
-            hypo["stage2_confidence"] = confidence[r]
-            filled.append(hypo)
-            if self.print_steps:
-                logger.info(
-                    "HRT k=%d stage I: %s | stage II: %s",
-                    k,
-                    self.tgt_dict.string(stage2.tokens[r][stage2.tokens[r].ne(self.pad)]),
-                    self.tgt_dict.string(tokens[r, :n]),
-                )
-        return filled
+    def _stage2(self, skeletons, k: int, encoded, vocab: Optional[Tensor] = None):
+        device = encoded.kv.bias.device
+        found = [[{"tokens": h["tokens"].cpu().numpy(), "positional_scores": h["positional_scores"].float().cpu().numpy()}
+                  for h in hypos] for hypos in skeletons]
+        rows = self.backend.rows(None if vocab is None else vocab.cpu().numpy())
+        filled = stage2(self.backend, encoded, found, k, self.banned, self.b_nat, self.len_penalty, rows,
+                        self.bucket_padding, self.refine_fraction)
+        if self.print_steps:
+            for skeleton, hypos in zip(skeletons, filled):
+                logger.info("HRT k=%d stage I: %s | stage II: %s", k, self.tgt_dict.string(skeleton[0]["tokens"]),
+                            self.tgt_dict.string(torch.from_numpy(hypos[0]["tokens"])))
+        return to_fairseq(filled, device)
 
 
+@torch.no_grad()
 def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, encoder_out, banned: Tensor,
-                   mask: int, eos: int, pad: int, vocab: Optional[Tensor] = None, bidirectional: Optional[Callable] = None,
-                   refine_fraction: float = 0.0):
-    """Stage II proper: one bidirectional pass over right-padded skeletons ``(B, M)`` (each
-    ending in ``</s>``) with ``k - 1`` masks before every token, argmax in the masks.
-    ``vocab``: the sorted target ids the masks may take (a shortlist's candidates; their
-    log-probabilities are normalised over these ids), default all. ``bidirectional``: the
-    decoder pass ``(encoder, tokens, positions) -> features`` (the lean
-    :meth:`DecoderPass.bidirectional`, ``encoder_out`` then its encoder keys/values; default:
-    the decoder module).
+                   mask: int, eos: int, pad: int, vocab: Optional[Tensor] = None, refine_fraction: float = 0.0):
+    """Stage II of right-padded skeletons ``(B, M)`` (each ending in ``</s>``) given as
+    tensors, by the one search (:func:`hrt_runtime.search.fill_masks`) over the model's
+    :class:`~fairseq_hrt.generation.lean.TorchBackend`: the oracles of
+    ``benchmarks/hrt_quality.py`` fill the reference's or AT mode's skeleton with it.
+    ``encoder_out``: fairseq's encoder output, one row per skeleton; ``vocab``: the sorted
+    target ids the masks may take (default all). Returns ``(stage II input as a
+    DecoderSample, tokens, positional_scores, lengths)`` (tokens padded after the first
+    ``</s>``; the sum of ``positional_scores`` is eq. (2) over the kept tokens)."""
+    from fairseq_hrt.generation.lean import TorchBackend
 
-    ``skeleton_scores`` are the stage-I log-probabilities of the skeleton tokens (zeros when
-    a skeleton does not come from stage I, e.g. an oracle's); ``encoder_out`` has one row per
-    skeleton. Returns ``(stage2 input, tokens, positional_scores, lengths)`` as
-    :func:`stage2_fill`. ``refine_fraction``: see :class:`HRTGenerator` (one more pass).
-    """
-    stage2 = chunking.stage2_input(skeleton, k, pad, mask)
-    spread_scores = skeleton_scores.new_zeros(stage2.tokens.shape)
-    spread_scores[stage2.target.ne(pad)] = skeleton_scores[skeleton.ne(pad)]
-
-    # the masks sit in the k - 1 first columns of every chunk: the pass's last layer computes
-    # its output there only (keys and values at every slot), and the output layer projects
-    # the masks alone, so stage I plus stage II cost no more output-layer work than AT does
-    queries = torch.from_numpy(mask_columns(stage2.tokens.size(1), k)).to(stage2.tokens.device)
-
-    def features_of(tokens):
-        if bidirectional is not None:
-            return bidirectional(encoder_out, tokens, stage2.positions, queries)
-        return model.decoder(tokens, encoder_out=encoder_out, positions=stage2.positions, causal=False,
-                             features_only=True)[0].index_select(1, queries)
-
-    output = OutputLayer(model.decoder, banned, vocab)
-    is_mask = stage2.tokens.eq(mask)
-    mask_lprobs, mask_tokens = output.best(features_of(stage2.tokens)[is_mask.index_select(1, queries)])
-    if refine_fraction > 0:
-        mask_tokens, mask_lprobs = refine_fill(stage2.tokens, is_mask, mask_tokens, mask_lprobs, refine_fraction,
-                                               features_of, output, mask, queries)
-    tokens, pos_scores, lengths = stage2_fill(mask_tokens, mask_lprobs, stage2, spread_scores, mask, eos, pad)
-    return stage2, tokens, pos_scores, lengths
-
-
-def refine_counts(masks: Tensor, fraction: float) -> Tensor:
-    """Masks re-predicted per row by the refinement pass: ``ceil(fraction x masks)``."""
-    return torch.ceil(masks.double() * fraction).long()
-
-
-def refine_fill(tokens: Tensor, is_mask: Tensor, mask_tokens: Tensor, mask_lprobs: Tensor, fraction: float,
-                features_of: Callable[[Tensor], Tensor], output: OutputLayer, mask: int, queries: Tensor):
-    """One refinement pass over a stage-II fill: the :func:`refine_counts` filled tokens of
-    each row with the lowest probability are masked again and predicted from the rest (one
-    non-causal pass; ``features_of`` gives the features at the columns ``queries``, which
-    hold every mask). Returns the new ``(mask_tokens, mask_lprobs)``, in the order of
-    ``tokens[is_mask]``."""
-    filled = tokens.masked_scatter(is_mask, mask_tokens.to(tokens))
-    scores = torch.zeros(tokens.shape, dtype=mask_lprobs.dtype, device=tokens.device).masked_scatter(is_mask, mask_lprobs)
-    remask = lowest_confidence_mask(scores, is_mask, refine_counts(is_mask.sum(dim=1), fraction))
-    if not bool(remask.any()):
-        return mask_tokens, mask_lprobs
-    lprobs, best = output.best(features_of(filled.masked_fill(remask, mask))[remask.index_select(1, queries)])
-    filled = filled.masked_scatter(remask, best.to(filled))
-    scores = scores.masked_scatter(remask, lprobs.to(scores))
-    return filled[is_mask], scores[is_mask]
+    backend = TorchBackend(model, model.decoder.dictionary, mask=mask)
+    device = skeleton.device
+    rows = backend.rows(None if vocab is None else vocab.cpu().numpy())
+    size = backend.vocab_size if rows.ids is None else rows.ids.size
+    bias = np.zeros(size, np.float32)
+    bias[rows.positions(banned.tolist())] = -np.inf
+    encoded = TorchEncoded(encoder_out, backend.decoder_pass.encoder(encoder_out))
+    tokens, positions, filled, scores, lengths, _ = fill_masks(
+        backend, encoded, skeleton.cpu().numpy(), skeleton_scores.float().cpu().numpy(), k, bias, rows, refine_fraction)
+    sample = chunking.DecoderSample(torch.from_numpy(tokens).to(device), torch.from_numpy(positions).to(device), None)
+    return (sample, torch.from_numpy(filled).to(device), torch.from_numpy(scores).to(device),
+            torch.from_numpy(lengths).to(device))
 
 
 def at_mode_scores(model, encoder_out, candidates: List[Tensor], eos: int, pad: int, len_penalty: float):
@@ -341,7 +240,8 @@ def at_mode_scores(model, encoder_out, candidates: List[Tensor], eos: int, pad: 
     has one row per candidate): one teacher-forced causal pass from ``</s>``, as AT-mode
     greedy/beam search scores its outputs. Returns ``(scores, per-token log-probabilities)``:
     the sum divided by ``length ** len_penalty``, and ``(N, T)`` padded with 0."""
-    target = _pad_stack(candidates, pad).to(encoder_out["encoder_out"][0].device)
+    target = torch.nn.utils.rnn.pad_sequence(candidates, batch_first=True, padding_value=pad)
+    target = target.to(encoder_out["encoder_out"][0].device)
     prev = torch.cat([target.new_full((target.size(0), 1), eos), target[:, :-1]], dim=1).masked_fill(target.eq(pad), pad)
     logits, _ = model.decoder(prev, encoder_out=encoder_out)
     lprobs = torch.log_softmax(logits.float(), dim=-1).gather(2, target.unsqueeze(2)).squeeze(2)
@@ -356,16 +256,6 @@ def check_hrt_options(refine_fraction: float, fallback_threshold: Optional[float
         raise ValueError(f"--hrt-refine-fraction must be in [0, 1] (0 = no refinement pass), got {refine_fraction}")
     if fallback_threshold is not None and fallback_threshold > 0:
         raise ValueError(f"--hrt-fallback-threshold is a mean log-probability (<= 0), got {fallback_threshold}")
-
-
-def _pad_stack(tensors: List[Tensor], value) -> Tensor:
-    width = max(t.numel() for t in tensors)
-    out = tensors[0].new_full((len(tensors), width), value)
-    for i, t in enumerate(tensors):
-        out[i, : t.numel()] = t
-    return out
-
-
 
 
 # ------------------------------------------------------------------------ strategies
@@ -407,7 +297,6 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
         b_nat=options.b_nat,
         print_steps=options.print_step,
         shortlist=ctx.shortlist,
-        bidirectional=ctx.engine.bidirectional(model),
         refine_fraction=options.hrt_refine_fraction,
         fallback_threshold=options.hrt_fallback_threshold,
         rescore=options.hrt_rescore,

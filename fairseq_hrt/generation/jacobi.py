@@ -45,7 +45,7 @@ from torch import Tensor
 from fairseq_hrt import chunking
 from fairseq_hrt.generation.decoder_pass import EncoderKV, decoder_pass
 from fairseq_hrt.generation.hrt_generator import check_at_mode
-from fairseq_hrt.generation.lean import positional_scores
+from hrt_runtime.search import positional_scores
 from fairseq_hrt.generation.options import SearchOptions
 from fairseq_hrt.generation.output_vocab import OutputLayer
 from fairseq_hrt.generation.search_rules import SearchRules
@@ -314,7 +314,7 @@ class ParallelGreedyGenerator:
                 # steps: every decoder pass (hrt-spec: drafting and verifying ones)
                 steps = int(passes[r]) + int(draft_passes[r])
                 hypo = hypothesis(tokens[r, 1 : length + 1].clone(), total,
-                                  positional_scores(cumulative[i : i + 1, :length])[0], steps=steps)
+                                  torch.from_numpy(positional_scores(cumulative[i : i + 1, :length].cpu().numpy())[0]).to(cumulative.device), steps=steps)
                 if self.drafter is not None:
                     hypo["draft_passes"] = int(draft_passes[r])
                 finalized[int(sentence[r])].append(hypo)

@@ -1,69 +1,166 @@
-"""The lean left-to-right engine (``--decoder-engine lean``): greedy and beam search over a
-Transformer decoder with fairseq's hypotheses at a fraction of fairseq's Python cost.
+"""The lean engine (``--decoder-engine lean``): PyTorch arithmetic under the one search of
+:mod:`hrt_runtime.search`.
 
-fairseq's ``SequenceGenerator`` pays, at every step, for the generality of its incremental
-state (dictionaries of cached tensors grown with ``torch.cat``, reordered by name), a full
-log-softmax over the vocabulary and the bookkeeping of every search strategy. After Amun
-(Junczys-Dowmunt et al. 2016), this engine instead:
+The search -- greedy, beam, HRT's two stages, their rules -- is written once, on numpy arrays,
+in :mod:`hrt_runtime.search`, and run by every engine: ONNX Runtime (the exported graphs,
+:class:`hrt_runtime.model.ExportedModel`) and this one. Here the arithmetic is the decoder's
+own modules through its one :class:`~fairseq_hrt.generation.decoder_pass.DecoderPass` (so
+``--quantize int8``, ``model.half()``, CUDA and ``--compile`` apply), after Amun
+(Junczys-Dowmunt et al. 2016):
 
-* runs its own step function over the decoder's modules (the very modules, so
-  ``--quantize int8`` and ``model.half()`` apply; the step mode of the decoder's one
-  :class:`~fairseq_hrt.generation.decoder_pass.DecoderPass`): self-attention keys/values live in
-  buffers preallocated for the maximum length and written in place; the encoder-side
-  keys/values are projected once per sentence and shared by its beam;
-* drops finished sentences from the active batch and compacts the rest in place;
-* never normalises the whole vocabulary: greedy takes the argmax of the logits, beam search
-  the k best logits per row, and only those are turned into log-probabilities (with one
-  log-sum-exp per row); banned symbols are masked on the logits;
-* with a lexical shortlist (``--shortlist``, :mod:`fairseq_hrt.shortlist`) computes the
-  output layer only for the batch's candidate tokens (the weight rows are sliced once per
-  batch); scores are then log-probabilities over those candidates.
+* self-attention keys/values live in buffers preallocated for the maximum length and written
+  in place; the encoder-side keys/values are projected once per sentence and shared by its
+  beam; finished sentences leave the batch and the rest are compacted in place;
+* the choice is made where the logits are: a step hands the search only the chosen rows and
+  their log-probabilities (``(N,)`` or ``(N, 2 x beam)`` arrays), never the logits -- on a GPU
+  one small copy per step;
+* with a lexical shortlist (``--shortlist``) the output layer is computed for the batch's
+  candidates only (the weight rows are sliced once per batch).
 
-It reproduces ``SequenceGenerator`` (tokens; scores to float rounding): the maximum length
-``min(max_len_a * src_len + max_len_b, max positions - 1)`` with ``src_len`` the padded
-source width, ``</s>`` forced at the maximum length and banned before ``--min-len``, the
-candidate/EOS rules of fairseq's ``BeamSearch`` (2 x beam candidates, EOS only among the
-first beam), cumulative scores normalised by ``len ** lenpen``. It supports fairseq's
-``transformer`` decoder, the HRT decoder (relative self-attention, positions
-``0, k, 2k, ..`` from ``<s_k>``) and the SSRU decoder (``*_ssru``: the recurrence's state is
-one ``(rows, C)`` cell per layer, updated in place); with ``--decoder-tie-layers`` the tied
-layers share one set of fused weights.
+:class:`TorchBackend` is the backend contract of :mod:`hrt_runtime.search` (``begin``,
+``step``, ``reorder``, ``parallel``; see ``docs/design.md``); :class:`LeanSequenceGenerator`
+is fairseq's generator interface over it.
 """
-import math
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_hrt.generation.decoder_pass import decoder_pass, profiled
+from fairseq_hrt.generation.decoder_pass import DecoderState, EncoderKV, decoder_pass, profiled
 from fairseq_hrt.generation.options import SearchOptions
-from fairseq_hrt.generation.output_vocab import OutputVocabulary
-from fairseq_hrt.generation.search_rules import SearchRules, greedy_choice  # noqa: F401  (greedy_choice: re-exported)
-from fairseq_hrt.generation.strategies import hypothesis, reject_unsupported_inputs
-
-# ------------------------------------------------------------------------- pure functions
-
-
-def positional_scores(cumulative: Tensor) -> Tensor:
-    """Cumulative scores ``(R, T)`` -> per-token scores, as fairseq's ``finalize_hypos``."""
-    scores = cumulative.clone()
-    scores[:, 1:] = cumulative[:, 1:] - cumulative[:, :-1]
-    return scores
+from fairseq_hrt.generation.output_vocab import restricted_output_layer
+from fairseq_hrt.generation.search_rules import greedy_choice  # noqa: F401  (re-exported)
+from fairseq_hrt.generation.chunk_size import chunk_sizes_of
+from fairseq_hrt.generation.strategies import reject_unsupported_inputs, to_fairseq
+from hrt_runtime import search
+from hrt_runtime.model import OutputRows
+from hrt_runtime.search import positional_scores  # noqa: F401  (re-exported)
 
 
-def candidates_per_sentence(row_scores: Tensor, row_tokens: Tensor, rows_per_sentence: int, k: int):
-    """The ``k`` best of each sentence's ``rows_per_sentence`` rows of candidates.
+class TorchEncoded:
+    """The encoder side of a batch for :class:`TorchBackend`: the encoder output (kept for
+    fairseq's callers) and every decoder layer's encoder keys/values (:class:`EncoderKV`),
+    one row per sentence."""
 
-    ``row_scores`` / ``row_tokens``: ``(N, c)`` best candidates of every row (``N`` rows,
-    sentence-major). Returns ``(scores, tokens, beams)``, each ``(N / rows_per_sentence, k)``,
-    ``beams`` the row of the candidate within its sentence -- fairseq's ``BeamSearch.step``
-    over the whole vocabulary gives the same, as no row can hold more than ``k`` of them.
-    """
-    c = row_scores.size(1)
-    flat_scores = row_scores.view(-1, rows_per_sentence * c)
-    scores, index = flat_scores.topk(k, dim=1)
-    tokens = row_tokens.view(-1, rows_per_sentence * c).gather(1, index)
-    return scores, tokens, torch.div(index, c, rounding_mode="floor")
+    __slots__ = ("encoder_out", "kv", "length_lprobs")
+
+    def __init__(self, encoder_out, kv: EncoderKV, length_lprobs: Optional[np.ndarray] = None):
+        self.encoder_out, self.kv, self.length_lprobs = encoder_out, kv, length_lprobs
+
+    @property
+    def size(self) -> int:
+        return self.kv.bias.size(0)
+
+    def select(self, index) -> "TorchEncoded":
+        index = torch.as_tensor(np.asarray(index, np.int64), device=self.kv.bias.device)
+        return TorchEncoded(self.encoder_out, self.kv.select(index))
+
+
+class TorchRows(OutputRows):
+    """:class:`~hrt_runtime.model.OutputRows` with the ids as a tensor too (the rows the lean
+    step's output layer computes)."""
+
+    def __init__(self, ids: Optional[np.ndarray], device):
+        super().__init__(ids)
+        self.vocab = None if ids is None else torch.from_numpy(ids).to(device)
+
+
+class TorchBackend:
+    """A model's decoder through its :class:`DecoderPass`, as a backend of
+    :mod:`hrt_runtime.search`. ``temperature``: the logits of a step are divided by it
+    (``--temperature``); ``compile``: the steps run ``torch.compile``'s static step."""
+
+    def __init__(self, model, tgt_dict, chunk_start: Optional[Dict[int, int]] = None, mask: Optional[int] = None,
+                 temperature: float = 1.0, compile: bool = False):
+        if temperature <= 0:
+            raise ValueError("--temperature must be greater than 0")
+        self.model = model
+        self.decoder_pass = decoder_pass(model.decoder)
+        self.compile = compile
+        self._compiled_step = self.decoder_pass.compiled_step() if compile else None
+        self.temperature = temperature
+        self.pad, self.eos, self.unk, self.bos = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk(), tgt_dict.bos()
+        self.mask = mask
+        self.vocab_size = len(tgt_dict)
+        self.max_target_positions = model.max_decoder_positions()
+        self.chunk_start = dict(chunk_start or {})
+        self.device = next(model.parameters()).device
+        self._biases: Dict[int, tuple] = {}  # id(numpy bias) -> (the array, its tensor)
+
+    # ------------------------------------------------------------------------ helpers
+
+    def rows(self, ids: Optional[np.ndarray]) -> TorchRows:
+        return TorchRows(None if ids is None else np.asarray(ids, np.int64), self.device)
+
+    def _bias(self, bias: np.ndarray) -> Tensor:
+        """The search's logit bias as a tensor on the model's device (made once per array: the
+        search's rules hold three)."""
+        found = self._biases.get(id(bias))
+        if found is None or found[0] is not bias:
+            if len(self._biases) > 64:
+                self._biases.clear()
+            found = self._biases[id(bias)] = (bias, torch.from_numpy(bias).to(self.device))
+        return found[1]
+
+    def _tensor(self, array: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+    def _choose(self, logits: Tensor, bias: np.ndarray, top: int):
+        """``(scores, rows)`` as numpy: the ``top`` best of ``log_softmax(logits) + bias``."""
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        logits = logits.float()
+        allowed = logits + self._bias(bias)
+        if top == 1:
+            best, row = allowed.max(dim=1)
+            score = best - torch.logsumexp(logits, dim=1)
+        else:
+            best, row = allowed.topk(top, dim=1)
+            score = best - torch.logsumexp(logits, dim=1, keepdim=True)
+        return score.cpu().numpy(), row.cpu().numpy()
+
+    # ------------------------------------------------------------------------ contract
+
+    @profiled("hrt.encoder")
+    def encode_fairseq(self, net_input) -> TorchEncoded:
+        """A fairseq batch's ``net_input`` encoded, the encoder keys/values projected once."""
+        encoder_out = self.model.encoder.forward_torchscript(net_input)
+        return TorchEncoded(encoder_out, self.decoder_pass.encoder(encoder_out))
+
+    def stride_of(self, start: int) -> int:
+        return self.decoder_pass.stride_of(start)
+
+    def begin(self, encoded: TorchEncoded, rows: int, steps: int, start: int, out_rows: TorchRows) -> DecoderState:
+        return self.decoder_pass.begin(encoded.encoder_out, rows, steps, start, vocab=out_rows.vocab,
+                                       zeroed=self.compile, encoder=encoded.kv)
+
+    def step(self, state: DecoderState, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1):
+        prev = self._tensor(tokens)
+        if self._compiled_step is None:
+            logits = self.decoder_pass.step(state, prev, step)
+        else:
+            logits = self._compiled_step(state, prev, step)
+        return self._choose(logits, logit_bias, top)
+
+    def reorder(self, state: DecoderState, index: np.ndarray, step: int, sentences: Optional[np.ndarray] = None):
+        state.reorder_rows(self._tensor(index), step)
+        if sentences is not None:
+            state.select_sentences(self._tensor(sentences))
+
+    @profiled("hrt.stage2")
+    def parallel(self, encoded: TorchEncoded, tokens: np.ndarray, positions: np.ndarray, queries: np.ndarray,
+                 select: np.ndarray, logit_bias: np.ndarray, out_rows: TorchRows):
+        features = self.decoder_pass.bidirectional(encoded.kv, self._tensor(tokens), self._tensor(positions),
+                                                   self._tensor(queries))
+        picked = features.reshape(-1, features.size(-1)).index_select(0, self._tensor(select))
+        if out_rows.vocab is None:
+            logits = self.model.decoder.output_projection(picked)
+        else:
+            logits = restricted_output_layer(self.model.decoder.output_projection, out_rows.vocab)(picked)
+        best, row = (F.log_softmax(logits.float(), dim=-1) + self._bias(logit_bias)).max(dim=-1)
+        return best.cpu().numpy(), row.cpu().numpy()
 
 
 # ----------------------------------------------------------------------------- generator
@@ -71,187 +168,75 @@ def candidates_per_sentence(row_scores: Tensor, row_tokens: Tensor, rows_per_sen
 
 class LeanSequenceGenerator:
     """fairseq's ``SequenceGenerator`` interface (``generate(models, sample, bos_token=...)``)
-    over the model decoder's :class:`~fairseq_hrt.generation.decoder_pass.DecoderPass`, for one model. ``banned``: symbols never generated (``<pad>``
-    always). ``shortlist``: each batch decodes over the candidates of its source tokens only
-    (:meth:`Shortlist.candidates`, kept as ``last_vocab``)."""
+    over :mod:`hrt_runtime.search` with a :class:`TorchBackend`, for one model. ``banned``:
+    symbols never generated (``<pad>`` always). ``shortlist``: each batch decodes over the
+    candidates of its source tokens only (:meth:`Shortlist.candidates`, kept as
+    ``last_vocab``). ``chunk_size`` (an HRT model, with ``chunk_start`` and ``mask``): HRT's
+    two stages with ``b_nat`` skeletons per sentence (``chunk_size`` an int, or a function of
+    the source lengths giving each sentence's); default left to right."""
 
     def __init__(self, model, tgt_dict, options: SearchOptions, banned: Sequence[int] = (),
-                 shortlist=None, compile: bool = False):
+                 shortlist=None, compile: bool = False, chunk_start: Optional[Dict[int, int]] = None,
+                 mask: Optional[int] = None, chunk_size=None, b_nat: int = 1):
         if options.beam < 1:
             raise ValueError("--beam must be >= 1")
+        if chunk_size is not None:
+            search.check_b_nat(options.beam, b_nat)
         self.model = model
-        self.rules = SearchRules(options, tgt_dict, banned)
-        # the decoder's one pass (shared with every engine of the model); --compile: this
-        # engine's own compiled static step
-        self.decoder_pass = decoder_pass(model.decoder)
-        self.compile = compile
-        self._compiled_step = self.decoder_pass.compiled_step() if compile else None
+        self.backend = TorchBackend(model, tgt_dict, chunk_start, mask, options.temperature, compile)
+        self.decoder_pass = self.backend.decoder_pass  # the decoder's one pass (HRT's stage II may share it)
         self.options = options
+        self.config = options  # a SearchOptions is the search's SearchConfig
+        self.banned = sorted(set(banned) | {tgt_dict.pad()})
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
-        self.vocab_size = len(tgt_dict)
-        self.max_len_cap = model.max_decoder_positions() - 1
+        self.chunk_size, self.b_nat = chunk_size, b_nat
+        self._stage1: Dict[int, "LeanSequenceGenerator"] = {}
         self.last_encoder_out = None
         self.last_encoder_kv = None  # the last batch's encoder keys/values (HRT's stage II reuses them)
         self.shortlist = shortlist
         self.last_vocab: Optional[Tensor] = None
 
+    def stage1(self, k: int) -> "LeanSequenceGenerator":
+        """The left-to-right generator of HRT's stage I at chunk size ``k`` (at most ``L / k``
+        steps, from ``<s_k>`` when given as ``bos_token``), sharing this one's backend."""
+        if k not in self._stage1:
+            stage1 = LeanSequenceGenerator.__new__(LeanSequenceGenerator)
+            stage1.__dict__.update(self.__dict__)
+            stage1.options = stage1.config = self.options.for_chunk_size(k)
+            stage1.chunk_size, stage1._stage1 = None, {}
+            self._stage1[k] = stage1
+        return self._stage1[k]
+
     def max_len(self, src_tokens: Tensor) -> int:
-        return self.options.max_len(src_tokens.size(1), self.max_len_cap)
+        return self.options.max_len(src_tokens.size(1), self.backend.max_target_positions - 1)
+
+    def rows_of(self, src_tokens: Tensor) -> TorchRows:
+        """The output rows of a batch: all, or its shortlist candidates (kept as ``last_vocab``)."""
+        if self.shortlist is None:
+            return self.backend.rows(None)
+        self.last_vocab = self.shortlist.candidates(src_tokens, self.pad)
+        return self.backend.rows(self.last_vocab.cpu().numpy())
 
     @torch.no_grad()
     def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict[str, Tensor]]]:
         reject_unsupported_inputs("--decoder-engine lean", **kwargs)
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
-        encoder_out = self._encode(net_input)
-        self.last_encoder_out = encoder_out
-        start = self.eos if bos_token is None else bos_token
-        max_len = self.max_len(src_tokens)
-        out = self.rules.full_vocab
-        if self.shortlist is not None:
-            out = OutputVocabulary(self.shortlist.candidates(src_tokens, self.pad), self.vocab_size, self.eos, self.unk)
-        self.last_vocab = out.ids
-        if self.options.beam == 1:
-            return self._greedy(encoder_out, src_tokens.size(0), max_len, start, out)
-        return self._beam(encoder_out, src_tokens.size(0), max_len, start, out)
-
-    @profiled("hrt.encoder")
-    def _encode(self, net_input):
-        return self.model.encoder.forward_torchscript(net_input)
-
-    def _begin(self, encoder_out, rows: int, max_len: int, start: int, out: OutputVocabulary):
-        state = self.decoder_pass.begin(encoder_out, rows, max_len + 1, start, vocab=out.ids, zeroed=self.compile)
-        self.last_encoder_kv = state.encoder
-        return state
-
-    def _logits(self, state, tokens: Tensor, step: int) -> Tensor:
-        if self._compiled_step is None:
-            logits = self.decoder_pass.step(state, tokens, step)
-        else:
-            logits = self._compiled_step(state, tokens, step)
-        return self.rules.logits(logits)
-
-    def _normalised(self, cumulative: Tensor, length: int) -> Tensor:
-        if self.options.normalize_scores:
-            return cumulative / length**self.options.len_penalty
-        return cumulative
-
-    def _greedy(self, encoder_out, bsz: int, max_len: int, start: int, out: OutputVocabulary):
-        device = encoder_out["encoder_out"][0].device
-        state = self._begin(encoder_out, bsz, max_len, start, out)
-        tokens = torch.empty(bsz, max_len + 1, dtype=torch.long, device=device)
-        cumulative = torch.empty(bsz, max_len + 1, dtype=torch.float32, device=device)
-        sentence = torch.arange(bsz, device=device)  # original sentence of each active row
-        prev = torch.full((bsz,), start, dtype=torch.long, device=device)
-        finalized: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
-        for step in range(max_len + 1):
-            logits = self._logits(state, prev, step)
-            score, token = self.rules.greedy(logits, step, max_len, out)
-            token = out.to_full(token)
-            tokens[:, step] = token
-            cumulative[:, step] = score if step == 0 else cumulative[:, step - 1] + score
-            done = token.eq(self.eos)
-            if step < max_len and not bool(done.any()):
-                prev = token
-                continue
-            finished = done.nonzero().view(-1) if step < max_len else torch.arange(token.numel(), device=device)
-            self._finalize(finalized, sentence[finished].tolist(), tokens[finished, : step + 1], cumulative[finished, : step + 1], step)
-            keep = (~done).nonzero().view(-1)
-            if step == max_len or keep.numel() == 0:
-                break
-            # finished sentences leave the batch: the rest move to the front of every buffer
-            state.reorder_rows(keep, step)
-            state.select_sentences(keep)
-            tokens[: keep.numel(), : step + 1] = tokens.index_select(0, keep)[:, : step + 1]
-            cumulative[: keep.numel(), : step + 1] = cumulative.index_select(0, keep)[:, : step + 1]
-            tokens, cumulative = tokens[: keep.numel()], cumulative[: keep.numel()]
-            sentence, prev = sentence[keep], token[keep]
-        return finalized
-
-    def _finalize(self, finalized, sentences: List[int], tokens: Tensor, cumulative: Tensor, step: int):
-        scores = self._normalised(cumulative[:, step], step + 1)
-        per_token = positional_scores(cumulative)
-        for r, sent in enumerate(sentences):
-            finalized[sent].append(hypothesis(tokens[r], scores[r], per_token[r]))
-
-    def _beam(self, encoder_out, bsz: int, max_len: int, start: int, out: OutputVocabulary):
-        beam = self.options.beam
-        cand_size = 2 * beam
-        if cand_size > out.size - 1:
-            what = f"a vocabulary of {self.vocab_size}" if out.ids is None else f"the shortlist's {out.size} candidates of this batch"
-            raise ValueError(f"--beam {beam} is too large for {what}")
-        device = encoder_out["encoder_out"][0].device
-        # step 0 runs one row per sentence (fairseq's beams are identical there); from step 1
-        # on every sentence has `beam` rows
-        state = self._begin(encoder_out, bsz * beam, max_len, start, out)
-        tokens = torch.empty(bsz, max_len + 1, dtype=torch.long, device=device)
-        cumulative = torch.empty(bsz, max_len + 1, dtype=torch.float32, device=device)
-        sentence = torch.arange(bsz, device=device)
-        prev = torch.full((bsz,), start, dtype=torch.long, device=device)
-        ignore = torch.zeros(bsz, beam, dtype=torch.bool, device=device)
-        cand_offsets = torch.arange(cand_size, device=device)
-        finalized: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
-        rows_per_sentence = 1
-        for step in range(max_len + 1):
-            logits = self._logits(state, prev, step)
-            top_logits, top_tokens = self.rules.masked(logits, step, max_len, out).topk(cand_size, dim=1)
-            top_tokens = out.to_full(top_tokens)
-            row_scores = top_logits - torch.logsumexp(logits, dim=1, keepdim=True)
-            if step > 0:
-                row_scores = row_scores + cumulative[:, step - 1 : step]
-            cand_scores, cand_tokens, cand_beams = candidates_per_sentence(row_scores, top_tokens, rows_per_sentence, cand_size)
-            n_sent = cand_scores.size(0)
-            cand_rows = cand_beams + torch.arange(n_sent, device=device).unsqueeze(1) * rows_per_sentence
-
-            # finalize hypotheses that end in </s> among the first `beam` candidates
-            eos_mask = cand_tokens.eq(self.eos) & cand_scores.ne(-math.inf)
-            eos_mask[:, :beam] &= ~ignore
-            eos_top = eos_mask[:, :beam]
-            finished_sent = []
-            if bool(eos_top.any()):
-                where = eos_top.nonzero()  # row-major, as fairseq's masked_select
-                rows = cand_rows[where[:, 0], where[:, 1]]
-                ended = torch.cat([tokens.index_select(0, rows)[:, :step], rows.new_full((rows.numel(), 1), self.eos)], dim=1)
-                ended_scores = cand_scores[where[:, 0], where[:, 1]]
-                if step > 0:
-                    ended_cum = torch.cat([cumulative.index_select(0, rows)[:, :step], ended_scores.unsqueeze(1)], dim=1)
-                else:
-                    ended_cum = ended_scores.unsqueeze(1)
-                scores = self._normalised(ended_scores, step + 1)
-                per_token = positional_scores(ended_cum)
-                for j, s in enumerate(where[:, 0].tolist()):
-                    sent = int(sentence[s])
-                    if len(finalized[sent]) < beam:
-                        finalized[sent].append(hypothesis(ended[j], scores[j], per_token[j]))
-                    if len(finalized[sent]) == beam or step == max_len:
-                        finished_sent.append(s)
-            if step == max_len:
-                break
-            if finished_sent:
-                keep = torch.ones(n_sent, dtype=torch.bool, device=device)
-                keep[finished_sent] = False
-                if not bool(keep.any()):
-                    break
-                kept = keep.nonzero().view(-1)
-                eos_mask, cand_rows, cand_scores, cand_tokens, ignore = (
-                    t.index_select(0, kept) for t in (eos_mask, cand_rows, cand_scores, cand_tokens, ignore)
-                )
-                sentence = sentence[kept]
-                state.select_sentences(kept)
-
-            # the first `beam` candidates that do not end in </s> continue
-            eos_mask[:, :beam] |= ignore
-            active_mask = eos_mask.long() * cand_size + cand_offsets
-            new_ignore, active = active_mask.topk(beam, dim=1, largest=False)
-            ignore = new_ignore.ge(cand_size)
-            active_rows = cand_rows.gather(1, active).view(-1)
-            prev = cand_tokens.gather(1, active).view(-1)
-            tokens = tokens.index_select(0, active_rows)
-            cumulative = cumulative.index_select(0, active_rows)
-            tokens[:, step] = prev
-            cumulative[:, step] = cand_scores.gather(1, active).view(-1)
-            state.reorder_rows(active_rows, step)
-            rows_per_sentence = beam
-        for hypos in finalized:
-            hypos.sort(key=lambda h: float(h["score"]), reverse=True)
-        return finalized
+        encoded = self.backend.encode_fairseq(net_input)
+        self.last_encoder_out, self.last_encoder_kv = encoded.encoder_out, encoded.kv
+        width = src_tokens.size(1)
+        if self.chunk_size is None or bos_token is not None:
+            found = search.left_to_right(self.backend, encoded, width, self.config, self.banned, start=bos_token,
+                                         rows=self.rows_of(src_tokens))
+            return to_fairseq(found, src_tokens.device)
+        results: List = [None] * src_tokens.size(0)
+        for k, index in search.chunk_size_groups(chunk_sizes_of(self.chunk_size, src_tokens, self.pad)):
+            part, part_src = encoded, src_tokens
+            if index.size < len(results):  # a group decodes over its own sentences' candidates
+                part = encoded.select(index)
+                part_src = src_tokens.index_select(0, torch.from_numpy(index).to(src_tokens.device))
+            found = search.hrt(self.backend, part, width, self.config, k, self.banned, b_nat=self.b_nat,
+                               rows=self.rows_of(part_src))
+            for i, hypos in zip(index.tolist(), found):
+                results[i] = hypos
+        return to_fairseq(results, src_tokens.device)

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from fairseq_hrt.generation.engines import DecoderEngine, register_engine
-from fairseq_hrt.generation.strategies import hypothesis, reject_unsupported_inputs
+from fairseq_hrt.generation.chunk_size import chunk_sizes_of
+from fairseq_hrt.generation.strategies import reject_unsupported_inputs, to_fairseq
 from fairseq_hrt.models.kinds import HRT, MASK_PREDICT, model_kind, unwrap
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class OnnxRuntimeGenerator:
 
     @torch.no_grad()
     def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict]]:
-        from hrt_runtime.search import hrt, left_to_right, mask_predict
+        from hrt_runtime.search import chunk_size_groups, hrt, left_to_right, mask_predict
 
         reject_unsupported_inputs("--decoder-engine onnxruntime", **kwargs)
         src_tokens = sample["net_input"]["src_tokens"]
@@ -118,19 +119,14 @@ class OnnxRuntimeGenerator:
         if self.runtime.kind == MASK_PREDICT:
             found = mask_predict(self.runtime, encoded, src, self.iterations, self.length_beam, self.config.max_len_a,
                                  self.config.max_len_b, self.banned, rows=self.rows_of(src_tokens))
-            return self._to_fairseq(found, src_tokens.device)
+            return to_fairseq(found, src_tokens.device)
         if bos_token is not None or not self.is_hrt:
             found = left_to_right(self.runtime, encoded, width, self.config, self.banned, start=bos_token,
                                   rows=self.rows_of(src_tokens))
-            return self._to_fairseq(found, src_tokens.device)
-        if callable(self.chunk_size):
-            lengths = src_tokens.ne(self.pad).long().sum(dim=1)
-            per_row = [int(k) for k in self.chunk_size(lengths).tolist()]
-        else:
-            per_row = [int(self.chunk_size)] * src.shape[0]
+            return to_fairseq(found, src_tokens.device)
+        per_row = chunk_sizes_of(self.chunk_size, src_tokens, self.pad)
         results: List = [None] * len(per_row)
-        for k in sorted(set(per_row)):
-            index = np.array([i for i, kk in enumerate(per_row) if kk == k])
+        for k, index in chunk_size_groups(per_row):
             part, part_src = encoded, src_tokens
             if index.size < len(per_row):  # a group decodes over its own sentences' candidates, as lean's HRTGenerator
                 part = encoded.select(index)
@@ -138,7 +134,7 @@ class OnnxRuntimeGenerator:
             found = hrt(self.runtime, part, width, self.config, k, self.banned, b_nat=self.b_nat, rows=self.rows_of(part_src))
             for i, hypos in zip(index.tolist(), found):
                 results[i] = hypos
-        return self._to_fairseq(results, src_tokens.device)
+        return to_fairseq(results, src_tokens.device)
 
     def rows_of(self, src_tokens):
         """The output rows of a batch: all, or its shortlist candidates (kept as ``last_vocab``)."""
@@ -146,12 +142,6 @@ class OnnxRuntimeGenerator:
             return self.runtime.rows(None)
         self.last_vocab = self.shortlist.candidates(src_tokens, self.pad)
         return self.runtime.rows(self.last_vocab.cpu().numpy())
-
-    @staticmethod
-    def _to_fairseq(found, device) -> List[List[Dict]]:
-        return [[hypothesis(torch.from_numpy(np.asarray(h["tokens"], np.int64)).to(device), torch.tensor(h["score"]),
-                            torch.from_numpy(np.asarray(h["positional_scores"], np.float32)).to(device), steps=h.get("steps"))
-                 for h in hypos] for hypos in found]
 
 
 @register_engine("onnxruntime")

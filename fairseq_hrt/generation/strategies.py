@@ -47,6 +47,20 @@ def hypothesis(tokens: Tensor, score: Tensor, positional_scores: Tensor, steps: 
     return hypo
 
 
+def to_fairseq(found, device) -> List[List[Dict]]:
+    """Hypotheses of :mod:`hrt_runtime.search` (numpy) in fairseq's format, on ``device``."""
+    import numpy as np
+
+    def one(h):
+        hypo = hypothesis(torch.from_numpy(np.asarray(h["tokens"], np.int64)).to(device), torch.tensor(h["score"]),
+                          torch.from_numpy(np.asarray(h["positional_scores"], np.float32)).to(device), steps=h.get("steps"))
+        if "stage2_confidence" in h:
+            hypo["stage2_confidence"] = torch.tensor(h["stage2_confidence"])
+        return hypo
+
+    return [[one(h) for h in hypos] for hypos in found]
+
+
 def reject_unsupported_inputs(what: str, prefix_tokens=None, constraints=None, **_):
     """Generators that do not implement fairseq's --prefix-size / lexical constraints say so."""
     if prefix_tokens is not None:
