@@ -11,7 +11,7 @@ import logging
 import math
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
@@ -49,6 +49,25 @@ def _is_real(value) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
+# a batch's source tokens at most (sentences x the longest), by default: 16 lines of the longest
+# source (1024 positions) per batch instead of 64; sentences of usual lengths batch as before
+MAX_TOKENS = 16384
+
+
+def _batches(todo, batch_size: int, max_tokens: Optional[int]):
+    """``todo`` (sorted by length) cut into batches of at most ``batch_size`` sentences and
+    ``max_tokens`` padded source tokens (at least one sentence each)."""
+    batch = []
+    for item in todo:
+        if batch and (len(batch) >= batch_size or
+                      (max_tokens is not None and (len(batch) + 1) * max(item[1].size, batch[-1][1].size) > max_tokens)):
+            yield batch
+            batch = []
+        batch.append(item)
+    if batch:
+        yield batch
+
+
 @dataclass(frozen=True)
 class CallOptions:
     """The checked options of one ``translate`` call (see :meth:`Translator.translate`)."""
@@ -59,6 +78,7 @@ class CallOptions:
     batch_size: int
     iterations: int
     length_beam: int
+    max_tokens: Optional[int] = None
 
 
 class Translator:
@@ -142,6 +162,13 @@ class Translator:
         if self.model.kind == "mask-predict":
             return mask_predict(self.model, encoded, src, iterations, length_beam, config.max_len_a, config.max_len_b, banned)
         if self.model.kind == "hrt":
+            # L is capped at the decoder's positions anyway; stated as that cap (less one chunk),
+            # stage I's L // k steps and stage II's positions 1..m x k stay within them too:
+            # hrt_runtime.search caps the steps, not their positions, and a batch of very long
+            # lines reached position 1024 of 1024 (a traceback from ONNX Runtime)
+            limit = chunk_size * ((int(self.model.config["max_target_positions"]) - 1) // chunk_size - 1)
+            if chunk_size > 1 and config.max_len_a * width + config.max_len_b > limit:
+                config = replace(config, max_len_a=0.0, max_len_b=limit)
             return hrt(self.model, encoded, width, config, chunk_size, banned, b_nat=b_nat)
         if chunk_size != 1:
             raise ValueError(f"chunk_size {chunk_size}: an AT model decodes left to right only (chunk_size 1)")
@@ -167,8 +194,11 @@ class Translator:
 
     def options(self, beam: int = 5, chunk_size: Optional[int] = None, b_nat: int = 1, max_len_a: float = 0.0,
                 max_len_b: int = 200, min_len: int = 1, lenpen: float = 1.0, unkpen: float = 0.0, batch_size: int = 64,
-                iterations: int = 10, length_beam: int = 1) -> CallOptions:
-        """The options of a call, checked before anything is read or decoded (one message each)."""
+                iterations: int = 10, length_beam: int = 1, max_tokens: Optional[int] = MAX_TOKENS) -> CallOptions:
+        """The options of a call, checked before anything is read or decoded (one message each).
+        ``max_tokens``: a batch holds at most this many source tokens (its sentences x the
+        longest), as fairseq's ``--max-tokens``: memory stays bounded when lines are very long
+        (``None``: only ``batch_size`` counts)."""
         k = self.chunk_size(chunk_size)
         for name, value in (("beam", beam), ("b_nat", b_nat), ("batch_size", batch_size), ("min_len", min_len),
                             ("max_len_b", max_len_b), ("iterations", iterations), ("length_beam", length_beam)):
@@ -178,6 +208,8 @@ class Translator:
                             ("length_beam", length_beam)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
+            raise ValueError(f"max_tokens must be an integer >= 1 or None, got {max_tokens!r}")
         if min_len < 0:
             raise ValueError(f"min_len must be >= 0, got {min_len}")
         if max_len_b < 0:
@@ -197,15 +229,17 @@ class Translator:
                              "Skip-AT hypotheses, so b_nat must be <= beam (b_at)")
         search = SearchConfig(beam=beam, max_len_a=float(max_len_a), max_len_b=int(max_len_b), min_len=int(min_len),
                               len_penalty=float(lenpen), unk_penalty=float(unkpen))
-        return CallOptions(search, k, int(b_nat), int(batch_size), int(iterations), int(length_beam))
+        return CallOptions(search, k, int(b_nat), int(batch_size), int(iterations), int(length_beam),
+                           None if max_tokens is None else int(max_tokens))
 
     def translate(self, lines: Union[str, List[str]], beam: int = 5, chunk_size: Optional[int] = None, b_nat: int = 1,
                   max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1, lenpen: float = 1.0,
-                  unkpen: float = 0.0, batch_size: int = 64, iterations: int = 10, length_beam: int = 1) -> Union[str, List[str]]:
+                  unkpen: float = 0.0, batch_size: int = 64, iterations: int = 10, length_beam: int = 1,
+                  max_tokens: Optional[int] = MAX_TOKENS) -> Union[str, List[str]]:
         """The translations of one string or a list of strings (the whole list in one buffer:
-        similar lengths share a batch)."""
+        similar lengths share a batch). ``max_tokens``: see :meth:`options`."""
         options = self.options(beam, chunk_size, b_nat, max_len_a, max_len_b, min_len, lenpen, unkpen, batch_size,
-                               iterations, length_beam)
+                               iterations, length_beam, max_tokens)
         if isinstance(lines, str):
             return self.translate_buffer([lines], options)[0]
         if not isinstance(lines, (list, tuple)):
@@ -255,8 +289,7 @@ class Translator:
         out = [""] * len(lines)
         todo = [(i, self.encode(line, f"{name}, line {first_line + i}")) for i, line in enumerate(lines) if line.strip()]
         todo.sort(key=lambda item: item[1].size)  # similar lengths share a batch
-        for start in range(0, len(todo), options.batch_size):
-            batch = todo[start:start + options.batch_size]
+        for batch in _batches(todo, options.batch_size, options.max_tokens):
             hypos = self.search([s for _, s in batch], options.search, options.chunk_size, options.b_nat,
                                 options.iterations, options.length_beam)
             for (i, _), best in zip(batch, hypos):
@@ -288,6 +321,8 @@ def cli_main(argv=None):
     p.add_argument("--iter-decode-max-iter", type=int, default=10, help="Mask-Predict's iterations I")
     p.add_argument("--iter-decode-with-beam", type=int, default=1, help="Mask-Predict's length beam l")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
+                   help="source tokens per batch at most (sentences x the longest; bounds memory on very long lines)")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s | %(name)s | %(message)s")
@@ -300,7 +335,7 @@ def cli_main(argv=None):
         options = translator.options(beam=a.beam, chunk_size=a.chunk_size, b_nat=a.b_nat, max_len_a=a.max_len_a,
                                      max_len_b=a.max_len_b, min_len=a.min_len, lenpen=a.lenpen, unkpen=a.unkpen,
                                      batch_size=a.batch_size, iterations=a.iter_decode_max_iter,
-                                     length_beam=a.iter_decode_with_beam)
+                                     length_beam=a.iter_decode_with_beam, max_tokens=a.max_tokens)
         name = "<stdin>" if a.input == "-" else a.input
         first = 1
         for group in iter_line_groups(sys.stdin.buffer if a.input == "-" else a.input, a.buffer_size, name=name):

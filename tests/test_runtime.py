@@ -313,3 +313,17 @@ def test_torch_only_commands_run_where_torch_is(capsys):
     setup = (REPO / "setup.py").read_text()
     for command in ("export", "shortlist", "comet"):
         assert f'"fairseq-hrt-{command}=hrt_commands:{command}"' in setup
+
+
+def test_very_long_lines_stay_within_the_positions_and_memory(exported_tiny):
+    """Lines of the model's full source length with a length limit beyond the decoder's
+    positions, HRT k = 2 (stage I once reached position 1024 of 1024 in ONNX Runtime), in
+    batches cut by max_tokens; the same strings with and without the cut."""
+    translator = Translator(exported_tiny["hrt"])
+    width = translator.max_source_tokens
+    lines = [" ".join(f"w{4 + (i * j) % 30}" for j in range(width + 5)) for i in range(3)]
+    cut = translator.translate(lines, chunk_size=2, beam=1, max_len_a=1.2, max_len_b=10, max_tokens=width)
+    assert len(cut) == 3 and all(cut)
+    assert translator.translate(lines, chunk_size=2, beam=1, max_len_a=1.2, max_len_b=10, max_tokens=None) == cut
+    with pytest.raises(ValueError, match="max_tokens must be an integer >= 1 or None, got 0"):
+        translator.translate(lines, max_tokens=0)
