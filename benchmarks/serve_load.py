@@ -163,8 +163,9 @@ def main(argv=None):
     p.add_argument("--lines", type=int, default=1, help="sentences per request")
     p.add_argument("--beam", type=int, default=1)
     p.add_argument("--chunk-size", type=int, default=None)
-    p.add_argument("--max-len-a", type=float, default=1.2)
-    p.add_argument("--max-len-b", type=int, default=10)
+    p.add_argument("--max-len-a", type=float, default=0.0,
+                   help="> 0: each request is batched alone by the service (its length limit depends on the batch)")
+    p.add_argument("--max-len-b", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--max-wait-ms", type=float, default=5.0)

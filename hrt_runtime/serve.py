@@ -17,7 +17,8 @@ lines. The queue is bounded (``--max-queue`` requests): a request that finds it 
 answered at once with 503 and ``Retry-After``, never dropped silently. A client that
 disconnects while it waits is skipped (or its answer dropped); the others are not affected.
 Sentences of a request may be translated in a batch with other requests' sentences: outputs do
-not depend on the batch (see docs/deploy.md).
+not depend on the batch (see docs/deploy.md), except where ``max_len_a`` > 0 makes the length
+limit depend on the batch's width (as in fairseq): such a request is batched alone.
 """
 import argparse
 import asyncio
@@ -104,9 +105,20 @@ class Batcher:
         self._arrived.set()
         return await future
 
+    @staticmethod
+    def _mergeable(request: _Request) -> bool:
+        """Whether a request may share its batch with others: not with ``max_len_a`` > 0, where
+        fairseq's length limit L = a x the batch's padded source width + b makes an output that
+        reaches L depend on the other sentences of its batch; alone it is exactly the
+        Translator's answer for its lines."""
+        return request.options.search.max_len_a == 0
+
     def _batch(self) -> List[_Request]:
         """The oldest waiting request and the later ones of the same options that fit."""
         first = self.queue[0]
+        if not self._mergeable(first):
+            self.queue.popleft()
+            return [first]
         taken, size = [], 0
         for request in list(self.queue):
             if request.key != first.key:
@@ -121,6 +133,8 @@ class Batcher:
 
     def _ready(self) -> bool:
         first = self.queue[0]
+        if not self._mergeable(first):
+            return True
         size = sum(len(r.lines) for r in self.queue if r.key == first.key)
         return size >= self.max_batch or time.monotonic() - first.arrived >= self.max_wait
 

@@ -246,13 +246,24 @@ def test_a_damaged_folder_is_named_at_load(exported_tiny, tmp_path):
                                           ("at", dict(beam=1)), ("at", dict(beam=5))],
                          ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()))
 def test_outputs_do_not_depend_on_the_batch(exported_tiny, kind, options):
-    """The README's statement: a sentence's translation is the same at batch 1 and 64 (and in
-    any buffer), ties included, because every batch row is computed alone."""
+    """docs/deploy.md's statement: with max_len_a 0 (the default) a sentence's translation is
+    the same at batch 1, 5 and 64 (and in any buffer or service batch)."""
     translator = Translator(exported_tiny[kind])
     lines = _sentences(64, seed=3)
     alone = [translator.translate(line, batch_size=1, max_len_b=8, **options) for line in lines]
     assert translator.translate(lines, batch_size=64, max_len_b=8, **options) == alone
     assert translator.translate(lines, batch_size=5, max_len_b=8, **options) == alone
+
+
+def test_with_max_len_a_the_limit_follows_the_batch_width_as_in_fairseq(exported_tiny):
+    """The exception, stated in docs/deploy.md: L = max_len_a x the batch's padded source width
+    + max_len_b (fairseq's rule), so an output that runs to L (an untrained model's does) is
+    longer beside a longer sentence."""
+    translator = Translator(exported_tiny["at"])
+    long_line = " ".join(f"w{5 + i % 30}" for i in range(20))
+    alone = translator.translate("w5 w6", max_len_a=1.0, max_len_b=2, beam=1)
+    beside = translator.translate(["w5 w6", long_line], max_len_a=1.0, max_len_b=2, beam=1)[0]
+    assert len(alone.split()) <= 5 < len(beside.split())
 
 
 def test_many_threads_share_one_translator(exported_tiny):

@@ -86,6 +86,22 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(translator
         server.close()
 
 
+def test_requests_with_max_len_a_are_batched_alone(translator):
+    """max_len_a > 0 makes the length limit depend on the batch's width: such requests get
+    batches of their own, so each answer is still the Translator's for its lines."""
+    server = Server(translator, max_batch=32, max_wait_ms=20)
+    try:
+        requests = [_sentences(1 + i % 3, seed=200 + i, max_words=4 + 6 * (i % 2)) for i in range(12)]
+        options = dict(beam=1, max_len_a=1.0, max_len_b=2, chunk_size=1)
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda lines: post(server.url, {"text": lines, **options}), requests))
+        assert answers == [(200, {"translations": translator.translate(lines, **options)}) for lines in requests]
+        stats = get(server.url, "/info")["stats"]
+        assert stats["batches"] == stats["requests"] == len(requests)
+    finally:
+        server.close()
+
+
 def test_info_and_bad_requests(translator):
     server = Server(translator)
     try:
