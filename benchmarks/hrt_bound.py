@@ -62,7 +62,7 @@ def backend_of(engine: str, model, task, threads: int):
 def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: int, k: int, runs: int) -> dict:
     """ms of the encoder, N AT steps, N / k Skip-AT steps and one stage-II pass (the fastest
     of ``runs``, round-robin), and the HRT / AT ratio they bound."""
-    from hrt_runtime.search import mask_columns, query_select
+    from hrt_runtime.search import mask_columns
 
     tgt = task.target_dictionary
     vocab = backend.vocab_size
@@ -79,7 +79,7 @@ def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: i
     queries = mask_columns(width, k)
     tokens[:, queries] = task.mask_idx
     positions = np.broadcast_to(np.arange(1, width + 1), (bsz, width)).astype(np.int64).copy()
-    select = query_select(np.flatnonzero(tokens == task.mask_idx), width, queries)
+    select = np.flatnonzero(tokens[:, queries] == task.mask_idx)
 
     def steps(n, first):
         state = backend.begin(encoded, bsz, n + 1, first, rows)

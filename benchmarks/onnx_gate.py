@@ -72,7 +72,6 @@ def main(argv=None):
     from fairseq_hrt.generation.output_vocab import OutputLayer
     from fairseq_hrt.generation.search_rules import greedy_choice
     from hrt_runtime.model import ExportedModel
-    from hrt_runtime.search import query_select
 
     work = tempfile.mkdtemp()
     task, model = random_model(a.arch, a.vocab, work)
@@ -126,7 +125,7 @@ def main(argv=None):
                 out_layer.best(pass_.bidirectional(kv, tokens, positions, queries)[is_mask[:, queries]])
 
         tokens_np, positions_np, queries_np = tokens.numpy(), positions.numpy(), queries.numpy()
-        select = query_select(np.flatnonzero(is_mask.numpy()), T, queries_np)
+        select = np.flatnonzero(is_mask.numpy()[:, queries_np])
 
         def ort_parallel():
             runtime.parallel(encoded, tokens_np, positions_np, queries_np, select, logit_bias, rows_all)

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hrt_runtime import search
+
 IntOrTensor = Union[int, Tensor]
 
 
@@ -361,27 +363,17 @@ def stage2_input(skeleton: Tensor, k: IntOrTensor, pad: int, mask: int) -> Decod
     """Stage II input: ``k - 1`` masks before every stage-I token ``z_i`` (``z`` right-padded).
 
     Returns tokens/positions ``1..m*k`` for the bidirectional pass; ``target`` is the
-    skeleton spread onto its slots (pad elsewhere) so callers can check it is kept.
+    skeleton spread onto its slots (pad elsewhere) so callers can check it is kept. The
+    decoding search's own definition (:func:`hrt_runtime.search.stage2_input`), on tensors.
     """
-    bsz, m = skeleton.shape
-    k = _row_chunk_sizes(k, bsz, skeleton.device)
-    steps = skeleton.ne(pad).long().sum(dim=1)
-    width = int((steps * k).max().item()) if bsz else 0
-    slot = torch.arange(width, device=skeleton.device).unsqueeze(0)
-    real = slot < (steps * k).unsqueeze(1)
-    final = ((slot + 1) % k.unsqueeze(1) == 0) & real
-    source_index = ((slot + 1) // k.unsqueeze(1) - 1).clamp(min=0, max=max(m - 1, 0))
-    spread = skeleton.gather(1, source_index) if m else skeleton.new_full((bsz, width), pad)
-    tokens = torch.where(final, spread, torch.full_like(spread, mask)).masked_fill(~real, pad)
-    return DecoderSample(tokens, nat_positions(real), spread.masked_fill(~final, pad))
+    rows_k = _row_chunk_sizes(k, skeleton.size(0), skeleton.device)  # checked
+    k = rows_k.cpu().numpy() if torch.is_tensor(k) else int(k)
+    tokens, positions, target = search.stage2_input(skeleton.cpu().numpy(), k, pad, mask)
+    device = skeleton.device
+    return DecoderSample(*(torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in (tokens, positions, target)))
 
 
 def truncate_at_first_eos(tokens: Tensor, eos: int, pad: int) -> Tensor:
-    """Keep everything up to and including the first ``</s>`` of each row; pad the rest.
-
-    A row without ``</s>`` is kept whole.
-    """
-    is_eos = tokens.eq(eos)
-    # number of eos strictly before each slot
-    before = is_eos.long().cumsum(dim=1) - is_eos.long()
-    return tokens.masked_fill(before > 0, pad)
+    """Keep everything up to and including the first ``</s>`` of each row; pad the rest (a
+    row without ``</s>`` is kept whole): :func:`hrt_runtime.search.truncate_at_first_eos`."""
+    return torch.from_numpy(search.truncate_at_first_eos(tokens.cpu().numpy(), eos, pad)).to(tokens.device)

@@ -78,6 +78,37 @@ class Rules:
         return self.early if step < self.config.min_len else self.usual
 
 
+_MADE: Dict[tuple, object] = {}  # rules and biases over the whole vocabulary, made once per configuration
+
+
+def _once(key, make):
+    if key[-1] is not None:  # a shortlist's rows: its own, per batch
+        return make()
+    found = _MADE.get(key)
+    if found is None:
+        if len(_MADE) > 256:
+            _MADE.clear()
+        found = _MADE[key] = make()
+    return found
+
+
+def rules_of(config: SearchConfig, eos: int, unk: int, banned: Sequence[int], rows: OutputRows, size: int) -> Rules:
+    """:class:`Rules` of a search (those over the whole vocabulary made once: a search of one
+    sentence would spend a tenth of its own time making them)."""
+    return _once(("rules", config, eos, unk, tuple(banned), size, rows.ids),
+                 lambda: Rules(config, eos, unk, banned, rows, size))
+
+
+def banned_bias_of(banned: Sequence[int], rows: OutputRows, size: int) -> np.ndarray:
+    """The additive bias banning ``banned`` among the output rows (made once over the whole vocabulary)."""
+    def make():
+        bias = np.zeros(size, np.float32)
+        bias[rows.positions(banned)] = -np.inf
+        return bias
+
+    return _once(("banned", tuple(banned), size, rows.ids), make)
+
+
 def positional_scores(cumulative: np.ndarray) -> np.ndarray:
     scores = cumulative.copy()
     scores[:, 1:] = cumulative[:, 1:] - cumulative[:, :-1]
@@ -92,7 +123,7 @@ def left_to_right(model, encoded, source_width: int, config: SearchConfig,
     start = model.eos if start is None else start
     max_len = config.max_len(source_width, model.max_target_positions - 1)
     size = model.vocab_size if rows.ids is None else rows.ids.size
-    rules = Rules(config, model.eos, model.unk, banned, rows, size)
+    rules = rules_of(config, model.eos, model.unk, banned, rows, size)
     if config.beam < 1:
         raise ValueError("--beam must be >= 1")
     if config.beam == 1:
@@ -237,37 +268,52 @@ def _beam(model, encoded, max_len, start, rules, rows, config):
 # ------------------------------------------------------------------------------- HRT
 
 
-def stage2_input(skeleton: np.ndarray, k: int, pad: int, mask: int):
-    """``(tokens, positions, target)`` of stage II: ``k - 1`` masks before every skeleton token
-    (``skeleton`` ``(B, M)`` right-padded); positions ``1..m k`` (0 on padding); ``target``:
-    the skeleton spread onto its slots, pad elsewhere."""
+def stage2_input(skeleton: np.ndarray, k, pad: int, mask: int):
+    """``(tokens, positions, target)`` of stage II (SPEC section 3): ``k - 1`` masks before
+    every skeleton token (``skeleton`` ``(B, M)`` right-padded; ``k`` an int or one per row);
+    positions ``1..m k`` (0 on padding); ``target``: the skeleton spread onto its slots, pad
+    elsewhere. The one definition: :func:`fairseq_hrt.chunking.stage2_input` wraps it."""
     bsz, m = skeleton.shape
+    if isinstance(k, (int, np.integer)):  # one k: every k-th slot of a (B, M, k) block is a skeleton token
+        k = int(k)
+        tokens = np.full((bsz, m, k), mask, np.int64)
+        tokens[:, :, k - 1] = skeleton
+        tokens = tokens.reshape(bsz, m * k)
+        if bsz == 1 and m and skeleton[0, -1] != pad:  # one unpadded skeleton (greedy, batch 1): no padding
+            positions = np.arange(1, m * k + 1)[None, :]
+        else:
+            steps = (skeleton != pad).sum(axis=1)
+            width = int(steps.max()) * k if bsz else 0
+            tokens = tokens[:, :width]
+            slot = np.arange(width)
+            real = slot < (steps * k)[:, None]
+            tokens[~real] = pad
+            positions = np.where(real, slot + 1, 0)
+        return tokens, positions, np.where(tokens == mask, pad, tokens)
     steps = (skeleton != pad).sum(axis=1)
-    width = int((steps * k).max()) if bsz else 0
+    k = np.asarray(k, np.int64)[:, None]
+    width = int((steps[:, None] * k).max()) if bsz else 0
     slot = np.arange(width)[None, :]
-    real = slot < (steps * k)[:, None]
+    real = slot < steps[:, None] * k
     final = ((slot + 1) % k == 0) & real
     source_index = np.clip((slot + 1) // k - 1, 0, max(m - 1, 0))
-    spread = np.take_along_axis(skeleton, np.broadcast_to(source_index, (bsz, width)), axis=1) if m else np.full((bsz, width), pad)
+    spread = np.take_along_axis(skeleton, source_index, axis=1) if m else np.full((bsz, width), pad)
     tokens = np.where(final, spread, mask)
     tokens[~real] = pad
     positions = np.where(real, slot + 1, 0)
-    return tokens.astype(np.int64), positions.astype(np.int64), np.where(final, spread, pad)
+    return tokens.astype(np.int64), positions.astype(np.int64), np.where(final, spread, pad).astype(np.int64)
 
 
 def mask_columns(width: int, k: int) -> np.ndarray:
     """The columns of a stage-II input of ``width`` slots that may hold masks: the ``k - 1``
     first of every chunk (every ``k``-th holds a skeleton token). The non-causal pass
     computes its last layer at these columns only."""
-    column = np.arange(width, dtype=np.int64)
-    return column[(column + 1) % k != 0]
-
-
-def query_select(select: np.ndarray, width: int, queries: np.ndarray) -> np.ndarray:
-    """Flat indices ``select`` into ``(B, width)`` as flat indices into ``(B, Q)``, the rows of
-    the query columns ``queries`` (sorted, holding every selected column)."""
-    row, column = np.divmod(select, width)
-    return row * queries.size + np.searchsorted(queries, column)
+    found = _MADE.get(("columns", width, k))
+    if found is None:
+        column = np.arange(width, dtype=np.int64)
+        found = _MADE[("columns", width, k)] = column[(column + 1) % k != 0]
+        found.flags.writeable = False
+    return found
 
 
 def truncate_at_first_eos(tokens: np.ndarray, eos: int, pad: int) -> np.ndarray:
@@ -295,6 +341,8 @@ def length_buckets(lengths: List[int], max_padding: float) -> List[List[int]]:
 def chunk_size_groups(per_row: Sequence[int]):
     """``[(k, rows)]``: the rows of a batch (``rows`` an int64 array) that decode with chunk
     size ``k``, smallest k first (``--decode-chunk-size by-length`` gives each sentence its own)."""
+    if len(set(per_row)) == 1:  # the usual case: one k for the batch
+        return [(int(per_row[0]), np.arange(len(per_row)))]
     per_row = np.asarray(per_row, np.int64)
     return [(int(k), np.flatnonzero(per_row == k)) for k in np.unique(per_row)]
 
@@ -327,29 +375,30 @@ def fill_masks(model, encoded_rows, skeleton: np.ndarray, skeleton_scores: np.nd
     log-probability of the tokens it filled and kept)."""
     pad, mask, eos = model.pad, model.mask, model.eos
     tokens, positions, target = stage2_input(skeleton, k, pad, mask)
-    width = tokens.shape[1]
-    scores = np.zeros(tokens.shape, np.float32)
-    scores[target != pad] = skeleton_scores[skeleton != pad]
+    bsz, width = tokens.shape
+    # the skeleton's scores spread onto its slots, as its tokens
+    scores = np.zeros((bsz, skeleton.shape[1], k), np.float32)
+    scores[:, :, k - 1] = skeleton_scores
+    scores = scores.reshape(bsz, -1)[:, :width].copy()
     is_mask = tokens == mask
-    select = np.flatnonzero(is_mask)
+    # the masks sit in the k - 1 first columns of every chunk: the pass's last layer is
+    # computed there only, and the output layer projects the masks alone (stage I plus
+    # stage II then cost no more output-layer work than AT does)
+    queries = mask_columns(width, k)
+    select = np.flatnonzero(is_mask[:, queries])  # flat into (B, Q)
     filled = tokens.copy()
     if select.size:
-        # the masks sit in the k - 1 first columns of every chunk: the pass's last layer is
-        # computed there only, and the output layer projects the masks alone (stage I plus
-        # stage II then cost no more output-layer work than AT does)
-        queries = mask_columns(width, k)
-        best, best_rows = model.parallel(encoded_rows, tokens, positions, queries, query_select(select, width, queries),
-                                         banned_bias, rows)
-        filled.reshape(-1)[select] = rows.to_full(best_rows)
-        scores.reshape(-1)[select] = best
+        best, best_rows = model.parallel(encoded_rows, tokens, positions, queries, select, banned_bias, rows)
+        filled[is_mask] = rows.to_full(best_rows)
+        scores[is_mask] = best
         if refine_fraction > 0:
             remask = lowest_confidence_mask(scores, is_mask, refine_counts(is_mask.sum(axis=1), refine_fraction))
-            again = np.flatnonzero(remask)
+            again = np.flatnonzero(remask[:, queries])
             if again.size:
-                best, best_rows = model.parallel(encoded_rows, np.where(remask, mask, filled), positions, queries,
-                                                 query_select(again, width, queries), banned_bias, rows)
-                filled.reshape(-1)[again] = rows.to_full(best_rows)
-                scores.reshape(-1)[again] = best
+                best, best_rows = model.parallel(encoded_rows, np.where(remask, mask, filled), positions, queries, again,
+                                                 banned_bias, rows)
+                filled[remask] = rows.to_full(best_rows)
+                scores[remask] = best
     filled = truncate_at_first_eos(filled, eos, pad)
     kept = filled != pad
     scores = np.where(kept, scores, 0.0).astype(np.float32)
@@ -364,13 +413,16 @@ def fill_skeletons(model, encoded, skeletons: List[Hypothesis], sentence_of_row:
                    refine_fraction: float = 0.0) -> List[Hypothesis]:
     """Stage II over one group of skeletons (each ending in ``</s>``; ``sentence_of_row``:
     the sentence of ``encoded`` each belongs to): their hypotheses, in order."""
-    skeleton = _pad_stack([np.asarray(h["tokens"], np.int64) for h in skeletons], model.pad, np.int64)
-    skeleton_scores = _pad_stack([np.asarray(h["positional_scores"], np.float32) for h in skeletons], 0.0, np.float32)
-    index = np.asarray(sentence_of_row, np.int64)
-    if index.size == encoded.size and (index == np.arange(index.size)).all():
+    if len(skeletons) == 1:
+        skeleton = np.asarray(skeletons[0]["tokens"], np.int64)[None, :]
+        skeleton_scores = np.asarray(skeletons[0]["positional_scores"], np.float32)[None, :]
+    else:
+        skeleton = _pad_stack([np.asarray(h["tokens"], np.int64) for h in skeletons], model.pad, np.int64)
+        skeleton_scores = _pad_stack([np.asarray(h["positional_scores"], np.float32) for h in skeletons], 0.0, np.float32)
+    if list(sentence_of_row) == list(range(encoded.size)):
         rows_encoded = encoded  # one skeleton per sentence, in order (greedy): no copy
     else:
-        rows_encoded = encoded.select(index)
+        rows_encoded = encoded.select(np.asarray(sentence_of_row, np.int64))
     tokens, _, filled, scores, lengths, confidence = fill_masks(model, rows_encoded, skeleton, skeleton_scores, k,
                                                                 banned_bias, rows, refine_fraction)
     final = scores.sum(axis=1) / lengths.astype(np.float32) ** len_penalty
@@ -399,15 +451,15 @@ def stage2(model, encoded, skeletons: List[List[Hypothesis]], k: int, banned: Se
     that one long skeleton does not make the whole batch pay for its padding; each sentence's
     hypotheses best first (eq. (2) over ``length ** len_penalty``)."""
     size = model.vocab_size if rows.ids is None else rows.ids.size
-    banned_bias = np.zeros(size, np.float32)
-    banned_bias[rows.positions(banned)] = -np.inf
+    banned_bias = banned_bias_of(banned, rows, size)
     flat, sentence_of_row = [], []
     for sent, hypos in enumerate(skeletons):
         for hypo in hypos[:b_nat]:
             flat.append(hypo)
             sentence_of_row.append(sent)
     out: List[List[Hypothesis]] = [[] for _ in skeletons]
-    for bucket in length_buckets([np.asarray(h["tokens"]).size for h in flat], bucket_padding):
+    buckets = [[0]] if len(flat) == 1 else length_buckets([np.asarray(h["tokens"]).size for h in flat], bucket_padding)
+    for bucket in buckets:
         filled = fill_skeletons(model, encoded, [flat[r] for r in bucket], [sentence_of_row[r] for r in bucket], k,
                                 banned_bias, len_penalty, rows, refine_fraction)
         for r, hypo in zip(bucket, filled):
@@ -428,8 +480,8 @@ def hrt(model, encoded, source_width: int, config: SearchConfig, k: int, banned:
         return left_to_right(model, encoded, source_width, config, banned, rows=rows)
     if k not in model.chunk_start:
         raise ValueError(f"chunk size {k}: this model has start symbols for {sorted(model.chunk_start)} only")
-    skeletons = left_to_right(model, encoded, source_width, config.for_chunk_size(k), banned, start=model.chunk_start[k],
-                              rows=rows)
+    stage1 = _once(("stage I", config, k, None), lambda: config.for_chunk_size(k))
+    skeletons = left_to_right(model, encoded, source_width, stage1, banned, start=model.chunk_start[k], rows=rows)
     return stage2(model, encoded, skeletons, k, banned, b_nat, config.len_penalty, rows, bucket_padding)
 
 
@@ -501,9 +553,10 @@ def mask_predict(model, encoded, src_tokens: np.ndarray, iterations: int, length
             tokens[lowest_confidence_mask(scores, slots, remask_counts(lengths, t, iterations))] = mask
         select = np.flatnonzero(tokens == mask)
         if select.size:
-            queries = np.unique(select % tokens.shape[1])
+            masked = tokens == mask
+            queries = np.flatnonzero(masked.any(axis=0))  # the columns holding masks
             best_scores, best_rows = model.parallel(encoded_rows, tokens, positions, queries,
-                                                    query_select(select, tokens.shape[1], queries), bias, rows)
+                                                    np.flatnonzero(masked[:, queries]), bias, rows)
             tokens.reshape(-1)[select] = rows.to_full(best_rows)
             scores.reshape(-1)[select] = best_scores
     average = scores.sum(axis=1) / lengths.astype(np.float32)
