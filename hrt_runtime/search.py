@@ -489,7 +489,10 @@ def hrt(model, encoded, source_width: int, config: SearchConfig, k: int, banned:
 
 
 def remask_counts(lengths: np.ndarray, t: int, iterations: int) -> np.ndarray:
-    """Tokens re-masked before iteration ``t + 1``: ``floor(N (I - t) / I)``."""
+    """Tokens re-masked before iteration ``t + 1`` (``t = 1..I-1``): ``floor(N (I - t) / I)``,
+    in integers (exact at multiples of ``I``)."""
+    if not 1 <= t < iterations:
+        raise ValueError(f"re-masking happens for t = 1..{iterations - 1}, got t = {t}")
     return lengths * (iterations - t) // iterations
 
 
@@ -500,9 +503,13 @@ def lowest_confidence_mask(scores: np.ndarray, eligible: np.ndarray, counts: np.
     return (ranks < counts[:, None]) & eligible
 
 
-def length_candidates(length_lprobs: np.ndarray, beam: int, max_lengths: np.ndarray) -> np.ndarray:
-    """The ``beam`` most probable lengths within ``1..max_lengths[b]`` (best first; a sentence
-    with fewer allowed lengths repeats its best)."""
+def length_candidates(length_lprobs: np.ndarray, beam: int, max_lengths: np.ndarray):
+    """The ``beam`` most probable target lengths per sentence within ``1..max_lengths[b]``.
+
+    ``length_lprobs``: ``(B, C)`` log-probabilities of lengths ``0..C-1``. Lengths outside the
+    allowed range are never candidates (clamping them would duplicate a candidate); a sentence
+    with fewer than ``beam`` allowed lengths repeats its best one. Returns ``(lengths,
+    lprobs)``, both ``(B, beam)``, best first (ties: the shorter length)."""
     classes = length_lprobs.shape[-1]
     if beam > classes:
         raise ValueError(f"length beam {beam} exceeds the {classes} length classes")
@@ -510,8 +517,9 @@ def length_candidates(length_lprobs: np.ndarray, beam: int, max_lengths: np.ndar
     allowed = (length >= 1) & (length <= max_lengths[:, None])
     masked = np.where(allowed, length_lprobs, -np.inf)
     top = np.argsort(-masked, axis=1, kind="stable")[:, :beam]
-    missing = np.isinf(np.take_along_axis(masked, top, axis=1))
-    return np.where(missing, top[:, :1], top)
+    top_lprobs = np.take_along_axis(masked, top, axis=1)
+    missing = np.isinf(top_lprobs)
+    return np.where(missing, top[:, :1], top), np.where(missing, top_lprobs[:, :1], top_lprobs)
 
 
 def initial_input(lengths: np.ndarray, mask: int, eos: int, pad: int):
@@ -524,10 +532,14 @@ def initial_input(lengths: np.ndarray, mask: int, eos: int, pad: int):
 
 
 def mask_predict(model, encoded, src_tokens: np.ndarray, iterations: int, length_beam: int,
-                 max_len_a: float, max_len_b: int, banned: Sequence[int], rows: Optional[OutputRows] = None) -> List[List[Hypothesis]]:
-    """Mask-Predict (:mod:`fairseq_hrt.generation.mask_predict`): ``length_beam`` lengths per
-    sentence, ``iterations`` non-causal passes each re-predicting the least confident tokens;
-    the candidate with the best average log-probability first."""
+                 max_len_a: float, max_len_b: int, banned: Sequence[int], rows: Optional[OutputRows] = None,
+                 on_iteration=None) -> List[List[Hypothesis]]:
+    """Mask-Predict (Ghazvininejad et al. 2019; :mod:`fairseq_hrt.generation.mask_predict`):
+    ``length_beam`` lengths per sentence (``encoded.length_lprobs``), ``iterations``
+    non-causal passes each re-predicting the least confident tokens; the candidate with the
+    best average log-probability first. Every sentence gets exactly ``iterations`` passes (a
+    pass whose schedule re-masks nothing still runs: MP(I) costs what its name says).
+    ``on_iteration(t, before, after)``: called with the first row's tokens of every pass."""
     if iterations < 1:
         raise ValueError(f"--iter-decode-max-iter (Mask-Predict's I) must be >= 1, got {iterations}")
     if length_beam < 1:
@@ -539,7 +551,7 @@ def mask_predict(model, encoded, src_tokens: np.ndarray, iterations: int, length
     limit = (max_len_a * src_len.astype(np.float64) + max_len_b).astype(np.int64)
     max_lengths = np.clip(limit, 1, min(classes - 1, model.max_target_positions - 1))
     bsz = src_tokens.shape[0]
-    lengths = length_candidates(encoded.length_lprobs, length_beam, max_lengths).reshape(-1)
+    lengths = length_candidates(encoded.length_lprobs, length_beam, max_lengths)[0].reshape(-1)
     sentence_of_row = np.repeat(np.arange(bsz), length_beam)
     encoded_rows = encoded.select(sentence_of_row)
     tokens, positions = initial_input(lengths, mask, eos, pad)
@@ -551,14 +563,17 @@ def mask_predict(model, encoded, src_tokens: np.ndarray, iterations: int, length
     for t in range(iterations):
         if t > 0:
             tokens[lowest_confidence_mask(scores, slots, remask_counts(lengths, t, iterations))] = mask
-        select = np.flatnonzero(tokens == mask)
-        if select.size:
-            masked = tokens == mask
-            queries = np.flatnonzero(masked.any(axis=0))  # the columns holding masks
-            best_scores, best_rows = model.parallel(encoded_rows, tokens, positions, queries,
-                                                    np.flatnonzero(masked[:, queries]), bias, rows)
-            tokens.reshape(-1)[select] = rows.to_full(best_rows)
-            scores.reshape(-1)[select] = best_scores
+        masked = tokens == mask
+        queries = np.flatnonzero(masked.any(axis=0))  # the columns holding masks
+        if not queries.size:  # nothing re-masked in any row: the pass runs, and changes nothing
+            queries = np.arange(min(1, tokens.shape[1]), dtype=np.int64)
+        before = tokens[0].copy() if on_iteration is not None else None
+        best_scores, best_rows = model.parallel(encoded_rows, tokens, positions, queries,
+                                                np.flatnonzero(masked[:, queries]), bias, rows)
+        tokens[masked] = rows.to_full(best_rows)
+        scores[masked] = best_scores
+        if on_iteration is not None:
+            on_iteration(t, before, tokens[0])
     average = scores.sum(axis=1) / lengths.astype(np.float32)
     order = np.argsort(-average.reshape(bsz, length_beam), axis=1, kind="stable")
     out = []

@@ -27,13 +27,25 @@ from tiny_data import SRC, TGT, USER_DIR, hyp_lines, make_tiny_data, parse_logs,
 
 from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, length_loss  # noqa: E402
-from fairseq_hrt.generation.mask_predict import (  # noqa: E402
-    MaskPredictGenerator,
-    initial_input,
-    length_candidates,
-    lowest_confidence_mask,
-    remask_counts,
-)
+from fairseq_hrt.generation.decoder_pass import decoder_pass  # noqa: E402
+from fairseq_hrt.generation.mask_predict import MaskPredictGenerator  # noqa: E402
+from hrt_runtime import search  # noqa: E402  (the one search's Mask-Predict functions, on numpy arrays)
+
+
+def remask_counts(lengths, t, iterations):
+    return torch.from_numpy(search.remask_counts(lengths.numpy(), t, iterations))
+
+
+def lowest_confidence_mask(scores, eligible, counts):
+    return torch.from_numpy(search.lowest_confidence_mask(scores.numpy(), eligible.numpy(), counts.numpy()))
+
+
+def length_candidates(lprobs, beam, max_lengths):
+    return tuple(torch.from_numpy(a) for a in search.length_candidates(lprobs.numpy(), beam, max_lengths.numpy()))
+
+
+def initial_input(lengths, mask, eos, pad):
+    return tuple(torch.from_numpy(a) for a in search.initial_input(lengths.numpy(), mask, eos, pad))
 from fairseq_hrt.models.cmlm_transformer import LENGTH_CLASSES, CMLMTransformerModel  # noqa: E402
 
 SENTENCES = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 14], [20]]
@@ -314,18 +326,19 @@ def test_batch_equals_one_by_one(setup):
 def test_exactly_i_decoder_passes(setup, iterations):
     _, task, model = setup
     calls = []
-    forward = model.decoder.forward
+    the_pass = decoder_pass(model.decoder)
+    bidirectional = the_pass.bidirectional
 
-    def counting(*args, **kwargs):
-        calls.append(kwargs.get("causal"))
-        return forward(*args, **kwargs)
+    def counting(state, tokens, *args, **kwargs):
+        calls.append(tokens.size(0))
+        return bidirectional(state, tokens, *args, **kwargs)
 
-    model.decoder.forward = counting
+    the_pass.bidirectional = counting
     try:
         hypos = mp_decode(task, model, make_sample(task, SENTENCES), iterations, 3)
     finally:
-        del model.decoder.forward
-    assert calls == [False] * iterations  # one bidirectional pass per iteration, whole batch
+        del the_pass.bidirectional
+    assert calls == [3 * len(SENTENCES)] * iterations  # one bidirectional pass per iteration, whole batch
     assert all(h["steps"] == iterations for hs in hypos for h in hs)
 
 

@@ -44,7 +44,7 @@ class TorchEncoded:
     fairseq's callers) and every decoder layer's encoder keys/values (:class:`EncoderKV`),
     one row per sentence."""
 
-    __slots__ = ("encoder_out", "kv", "length_lprobs")
+    __slots__ = ("encoder_out", "kv", "length_lprobs")  # length_lprobs: Mask-Predict's (B, classes)
 
     def __init__(self, encoder_out, kv: EncoderKV, length_lprobs: Optional[np.ndarray] = None):
         self.encoder_out, self.kv, self.length_lprobs = encoder_out, kv, length_lprobs
@@ -83,6 +83,8 @@ class TorchBackend:
         self.temperature = temperature
         self.pad, self.eos, self.unk, self.bos = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk(), tgt_dict.bos()
         self.mask = mask
+        source = getattr(model.encoder, "dictionary", None) or tgt_dict
+        self.source_eos, self.source_pad = source.eos(), source.pad()
         self.vocab_size = len(tgt_dict)
         self.max_target_positions = model.max_decoder_positions()
         self.chunk_start = dict(chunk_start or {})
@@ -156,7 +158,7 @@ class TorchBackend:
                                                    self._tensor(queries))
         picked = features.reshape(-1, features.size(-1)).index_select(0, self._tensor(select))
         if out_rows.vocab is None:
-            logits = self.model.decoder.output_projection(picked)
+            logits = self.model.decoder.output_layer(picked)
         else:
             logits = restricted_output_layer(self.model.decoder.output_projection, out_rows.vocab)(picked)
         best, row = (F.log_softmax(logits.float(), dim=-1) + self._bias(logit_bias)).max(dim=-1)
