@@ -168,7 +168,7 @@ def main(argv=None):
     p.add_argument("--max-len-b", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-batch", type=int, default=64)
-    p.add_argument("--max-wait-ms", type=float, default=5.0)
+    p.add_argument("--max-wait-ms", type=float, default=0.0)
     p.add_argument("--max-queue", type=int, default=256)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)

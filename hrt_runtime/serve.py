@@ -10,7 +10,8 @@ aiohttp (``pip install .[serve]``; no PyTorch), for callers that cannot link the
 
 Dynamic batching, as Triton's dynamic batcher: requests wait in one queue; the batcher takes the
 oldest and, with it, every later waiting request with the same options, up to ``--max-batch``
-sentences, waiting at most ``--max-wait-ms`` after the oldest arrived for more to come. One
+sentences, waiting at most ``--max-wait-ms`` (default 0) after the oldest arrived for more to
+come; requests that arrive while a batch is being translated wait for it and form the next. One
 batch is translated at a time, in a worker thread (the event loop keeps answering), and its
 translations are handed back to each request by position: a request never gets another's
 lines. The queue is bounded (``--max-queue`` requests): a request that finds it full is
@@ -60,7 +61,7 @@ class Batcher:
     """Gathers queued requests into batches (see the module's docstring) and translates them
     one batch at a time in a worker thread."""
 
-    def __init__(self, translator: Translator, max_batch: int = 64, max_wait_ms: float = 5.0, max_queue: int = 256):
+    def __init__(self, translator: Translator, max_batch: int = 64, max_wait_ms: float = 0.0, max_queue: int = 256):
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -185,7 +186,7 @@ def _error(status: int, message: str, **headers):
     return web.json_response({"error": message}, status=status, headers=headers or None)
 
 
-def make_app(translator: Translator, max_batch: int = 64, max_wait_ms: float = 5.0, max_queue: int = 256,
+def make_app(translator: Translator, max_batch: int = 64, max_wait_ms: float = 0.0, max_queue: int = 256,
              max_request_lines: int = 256):
     """The aiohttp application of the service (``web.run_app(make_app(...))``)."""
     batcher = Batcher(translator, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue)
@@ -267,8 +268,10 @@ def cli_main(argv=None):
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime's threads per batch")
     p.add_argument("--max-batch", type=int, default=64, help="sentences per batch, at most")
-    p.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="how long the oldest waiting request waits for others to join its batch")
+    p.add_argument("--max-wait-ms", type=float, default=0.0,
+                   help="how long the oldest waiting request waits for others to join its batch (0: none; requests "
+                        "that arrive while a batch is translated form the next one, which measured best on 2 CPU "
+                        "cores: benchmarks/results/serve-mini-cpu)")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting, at most (then 503)")
     p.add_argument("--max-request-lines", type=int, default=256, help="lines in one request, at most (then 413)")
     a = p.parse_args(argv)

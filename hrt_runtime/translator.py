@@ -52,6 +52,9 @@ def _is_real(value) -> bool:
 # a batch's source tokens at most (sentences x the longest), by default: 16 lines of the longest
 # source (1024 positions) per batch instead of 64; sentences of usual lengths batch as before
 MAX_TOKENS = 16384
+# lines per buffer, by default (--buffer-size): 20,000 lines in buffers of 1024 took 12.7 s against
+# 12.1 s in one (sorted by length once), with buffers of 256 14.2 s; memory alike (quickstart model)
+BUFFER_SIZE = 1024
 
 
 def _batches(todo, batch_size: int, max_tokens: Optional[int]):
@@ -250,7 +253,7 @@ class Translator:
                             f"{type(lines[bad[0]]).__name__}")
         return self.translate_buffer(list(lines), options)
 
-    def translate_iter(self, lines: Iterable[str], buffer_size: int = 256, name: str = "input",
+    def translate_iter(self, lines: Iterable[str], buffer_size: int = BUFFER_SIZE, name: str = "input",
                        **options) -> Iterator[str]:
         """The translations of ``lines`` (any iterable of strings, e.g. an open text file or a
         generator), yielded one by one in input order as soon as their buffer of
@@ -307,7 +310,7 @@ def cli_main(argv=None):
                                 "and each buffer is printed as soon as it is translated.")
     p.add_argument("folder")
     p.add_argument("--input", default="-", help="a text file (default: standard input)")
-    p.add_argument("--buffer-size", type=int, default=256,
+    p.add_argument("--buffer-size", type=int, default=BUFFER_SIZE,
                    help="lines read before translating (as fairseq-interactive's; a pipe or terminal that pauses "
                         "ends a buffer early, so a waiting writer gets each translation at once)")
     p.add_argument("--beam", type=int, default=5)

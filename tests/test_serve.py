@@ -107,7 +107,7 @@ def test_info_and_bad_requests(translator):
     try:
         info = get(server.url, "/info")
         assert info["kind"] == "hrt" and info["trained_chunk_sizes"] == [2, 3] and "beam" in info["options"]
-        assert info["batching"]["max_batch"] == 64
+        assert info["batching"]["max_batch"] == 64 and info["batching"]["max_wait_ms"] == 0
         assert post(server.url, {"text": "w5 w6", "beam": 1, "max_len_b": 4}) == (
             200, {"translations": translator.translate(["w5 w6"], beam=1, max_len_b=4)})
         assert post(server.url, {"text": []}) == (200, {"translations": []})
