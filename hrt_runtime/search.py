@@ -14,7 +14,6 @@ most ``L / k`` steps; stage II puts ``k - 1`` masks before every skeleton token
 (:func:`stage2_input`, the numpy twin of :func:`fairseq_hrt.chunking.stage2_input`) and fills
 them in one non-causal pass, on groups of skeletons of similar length (:func:`length_buckets`).
 """
-import math
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 

@@ -21,7 +21,7 @@ own modules through its one :class:`~fairseq_hrt.generation.decoder_pass.Decoder
 ``step``, ``reorder``, ``parallel``; see ``docs/design.md``); :class:`LeanSequenceGenerator`
 is fairseq's generator interface over it.
 """
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import torch
@@ -32,11 +32,8 @@ from fairseq_hrt.generation.decoder_pass import DecoderState, EncoderKV, decoder
 from fairseq_hrt.generation.options import SearchOptions
 from fairseq_hrt.generation.output_vocab import restricted_output_layer
 from fairseq_hrt.generation.search_rules import greedy_choice  # noqa: F401  (re-exported)
-from fairseq_hrt.generation.chunk_size import chunk_sizes_of
-from fairseq_hrt.generation.strategies import reject_unsupported_inputs, to_fairseq
-from hrt_runtime import search
+from fairseq_hrt.generation.search_generator import SearchGenerator
 from hrt_runtime.model import OutputRows
-from hrt_runtime.search import positional_scores  # noqa: F401  (re-exported)
 
 
 class TorchEncoded:
@@ -168,77 +165,26 @@ class TorchBackend:
 # ----------------------------------------------------------------------------- generator
 
 
-class LeanSequenceGenerator:
-    """fairseq's ``SequenceGenerator`` interface (``generate(models, sample, bos_token=...)``)
-    over :mod:`hrt_runtime.search` with a :class:`TorchBackend`, for one model. ``banned``:
-    symbols never generated (``<pad>`` always). ``shortlist``: each batch decodes over the
-    candidates of its source tokens only (:meth:`Shortlist.candidates`, kept as
-    ``last_vocab``). ``chunk_size`` (an HRT model, with ``chunk_start`` and ``mask``): HRT's
-    two stages with ``b_nat`` skeletons per sentence (``chunk_size`` an int, or a function of
-    the source lengths giving each sentence's); default left to right."""
+class LeanSequenceGenerator(SearchGenerator):
+    """The one search (:class:`SearchGenerator`) over the model's :class:`TorchBackend`, for one
+    model. ``compile``: the steps run ``torch.compile``'s static step (``--compile``);
+    ``chunk_start`` / ``mask``: an HRT model's start symbols and ``<mask>`` (HRT's two stages
+    with ``chunk_size``). The last batch's encoder output and encoder keys/values are kept
+    (``last_encoder_out``, ``last_encoder_kv``: :class:`HRTGenerator`'s stage II reuses them)."""
+
+    engine = "lean"
 
     def __init__(self, model, tgt_dict, options: SearchOptions, banned: Sequence[int] = (),
                  shortlist=None, compile: bool = False, chunk_start: Optional[Dict[int, int]] = None,
                  mask: Optional[int] = None, chunk_size=None, b_nat: int = 1):
-        if options.beam < 1:
-            raise ValueError("--beam must be >= 1")
-        if chunk_size is not None:
-            search.check_b_nat(options.beam, b_nat)
+        backend = TorchBackend(model, tgt_dict, chunk_start, mask, options.temperature, compile)
+        super().__init__(backend, tgt_dict, options, banned, shortlist, chunk_size, b_nat)
         self.model = model
-        self.backend = TorchBackend(model, tgt_dict, chunk_start, mask, options.temperature, compile)
-        self.decoder_pass = self.backend.decoder_pass  # the decoder's one pass (HRT's stage II may share it)
-        self.options = options
-        self.config = options  # a SearchOptions is the search's SearchConfig
-        self.banned = sorted(set(banned) | {tgt_dict.pad()})
-        self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
-        self.chunk_size, self.b_nat = chunk_size, b_nat
-        self._stage1: Dict[int, "LeanSequenceGenerator"] = {}
+        self.decoder_pass = backend.decoder_pass  # the decoder's one pass (HRT's stage II may share it)
         self.last_encoder_out = None
-        self.last_encoder_kv = None  # the last batch's encoder keys/values (HRT's stage II reuses them)
-        self.shortlist = shortlist
-        self.last_vocab: Optional[Tensor] = None
+        self.last_encoder_kv = None
 
-    def stage1(self, k: int) -> "LeanSequenceGenerator":
-        """The left-to-right generator of HRT's stage I at chunk size ``k`` (at most ``L / k``
-        steps, from ``<s_k>`` when given as ``bos_token``), sharing this one's backend."""
-        if k not in self._stage1:
-            stage1 = LeanSequenceGenerator.__new__(LeanSequenceGenerator)
-            stage1.__dict__.update(self.__dict__)
-            stage1.options = stage1.config = self.options.for_chunk_size(k)
-            stage1.chunk_size, stage1._stage1 = None, {}
-            self._stage1[k] = stage1
-        return self._stage1[k]
-
-    def max_len(self, src_tokens: Tensor) -> int:
-        return self.options.max_len(src_tokens.size(1), self.backend.max_target_positions - 1)
-
-    def rows_of(self, src_tokens: Tensor) -> TorchRows:
-        """The output rows of a batch: all, or its shortlist candidates (kept as ``last_vocab``)."""
-        if self.shortlist is None:
-            return self.backend.rows(None)
-        self.last_vocab = self.shortlist.candidates(src_tokens, self.pad)
-        return self.backend.rows(self.last_vocab.cpu().numpy())
-
-    @torch.no_grad()
-    def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict[str, Tensor]]]:
-        reject_unsupported_inputs("--decoder-engine lean", **kwargs)
-        net_input = sample["net_input"]
-        src_tokens = net_input["src_tokens"]
+    def encode(self, net_input) -> TorchEncoded:
         encoded = self.backend.encode_fairseq(net_input)
         self.last_encoder_out, self.last_encoder_kv = encoded.encoder_out, encoded.kv
-        width = src_tokens.size(1)
-        if self.chunk_size is None or bos_token is not None:
-            found = search.left_to_right(self.backend, encoded, width, self.config, self.banned, start=bos_token,
-                                         rows=self.rows_of(src_tokens))
-            return to_fairseq(found, src_tokens.device)
-        results: List = [None] * src_tokens.size(0)
-        for k, index in search.chunk_size_groups(chunk_sizes_of(self.chunk_size, src_tokens, self.pad)):
-            part, part_src = encoded, src_tokens
-            if index.size < len(results):  # a group decodes over its own sentences' candidates
-                part = encoded.select(index)
-                part_src = src_tokens.index_select(0, torch.from_numpy(index).to(src_tokens.device))
-            found = search.hrt(self.backend, part, width, self.config, k, self.banned, b_nat=self.b_nat,
-                               rows=self.rows_of(part_src))
-            for i, hypos in zip(index.tolist(), found):
-                results[i] = hypos
-        return to_fairseq(results, src_tokens.device)
+        return encoded

@@ -11,15 +11,13 @@ stages and Mask-Predict as a whole; ONNX Runtime uses ``torch.get_num_threads()`
 import logging
 import os
 import threading
-from typing import Dict, List, Optional
+from typing import List
 
-import numpy as np
 import torch
 
 from fairseq_hrt.generation.engines import DecoderEngine, register_engine
-from fairseq_hrt.generation.chunk_size import chunk_sizes_of
-from fairseq_hrt.generation.strategies import reject_unsupported_inputs, to_fairseq
-from fairseq_hrt.models.kinds import HRT, MASK_PREDICT, model_kind, unwrap
+from fairseq_hrt.generation.search_generator import SearchGenerator
+from fairseq_hrt.models.kinds import unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -76,72 +74,32 @@ def given_folder(folder: str, model, int8: bool) -> str:
     return folder
 
 
-class OnnxRuntimeGenerator:
-    """fairseq's ``generate(models, sample, bos_token=...)`` over :mod:`hrt_runtime.search`:
-    left to right (``chunk_size`` 1 or a start symbol) or HRT's two stages (``chunk_size``: an
-    int or a function of the source lengths, as :class:`HRTGenerator` takes it)."""
+class OnnxRuntimeGenerator(SearchGenerator):
+    """The one search (:class:`SearchGenerator`) over the exported model's ONNX Runtime
+    sessions (:class:`hrt_runtime.model.ExportedModel`): the code the deployed runtime runs."""
 
-    def __init__(self, ctx, search, banned: List[int], chunk_size=1, b_nat: int = 1, iterations: int = 0,
-                 length_beam: int = 1):
+    engine = "onnxruntime"
+
+    def __init__(self, ctx, search, banned: List[int], **kwargs):
         from hrt_runtime.model import ExportedModel
 
-        self.model = unwrap(ctx.model)
+        model = unwrap(ctx.model)
         try:
             import onnxruntime  # noqa: F401
         except ImportError as e:
             raise ValueError(f"--decoder-engine onnxruntime needs the onnxruntime and onnx packages ({e}); "
                              "pip install -r requirements.txt") from e
         if ctx.options.onnx_model:
-            folder = given_folder(ctx.options.onnx_model, self.model, ctx.options.quantize == "int8")
+            folder = given_folder(ctx.options.onnx_model, model, ctx.options.quantize == "int8")
         else:
-            folder = exported_folder(self.model, ctx.task, int8=ctx.options.quantize == "int8")
-        self.runtime = ExportedModel(folder, threads=torch.get_num_threads())
-        self.config = search  # a SearchOptions is the runtime's SearchConfig (temperature is refused)
-        self.banned = list(banned)
-        self.chunk_size = chunk_size
-        self.b_nat = b_nat
-        self.iterations, self.length_beam = iterations, length_beam  # Mask-Predict's I and l
-        self.shortlist = ctx.shortlist
-        tgt_dict = ctx.task.target_dictionary
-        self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()  # fairseq-generate reads eos
-        self.is_hrt = model_kind(self.model) == HRT
-        self.last_vocab: Optional[torch.Tensor] = None
+            folder = exported_folder(model, ctx.task, int8=ctx.options.quantize == "int8")
+        runtime = ExportedModel(folder, threads=torch.get_num_threads())
+        super().__init__(runtime, ctx.task.target_dictionary, search, banned, ctx.shortlist, **kwargs)
+        self.model = model
+        self.runtime = runtime
 
-    @torch.no_grad()
-    def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict]]:
-        from hrt_runtime.search import chunk_size_groups, hrt, left_to_right, mask_predict
-
-        reject_unsupported_inputs("--decoder-engine onnxruntime", **kwargs)
-        src_tokens = sample["net_input"]["src_tokens"]
-        src = src_tokens.cpu().numpy()
-        width = src.shape[1]
-        encoded = self.runtime.encode(src)
-        if self.runtime.kind == MASK_PREDICT:
-            found = mask_predict(self.runtime, encoded, src, self.iterations, self.length_beam, self.config.max_len_a,
-                                 self.config.max_len_b, self.banned, rows=self.rows_of(src_tokens))
-            return to_fairseq(found, src_tokens.device)
-        if bos_token is not None or not self.is_hrt:
-            found = left_to_right(self.runtime, encoded, width, self.config, self.banned, start=bos_token,
-                                  rows=self.rows_of(src_tokens))
-            return to_fairseq(found, src_tokens.device)
-        per_row = chunk_sizes_of(self.chunk_size, src_tokens, self.pad)
-        results: List = [None] * len(per_row)
-        for k, index in chunk_size_groups(per_row):
-            part, part_src = encoded, src_tokens
-            if index.size < len(per_row):  # a group decodes over its own sentences' candidates, as lean's HRTGenerator
-                part = encoded.select(index)
-                part_src = src_tokens.index_select(0, torch.from_numpy(index).to(src_tokens.device))
-            found = hrt(self.runtime, part, width, self.config, k, self.banned, b_nat=self.b_nat, rows=self.rows_of(part_src))
-            for i, hypos in zip(index.tolist(), found):
-                results[i] = hypos
-        return to_fairseq(results, src_tokens.device)
-
-    def rows_of(self, src_tokens):
-        """The output rows of a batch: all, or its shortlist candidates (kept as ``last_vocab``)."""
-        if self.shortlist is None:
-            return self.runtime.rows(None)
-        self.last_vocab = self.shortlist.candidates(src_tokens, self.pad)
-        return self.runtime.rows(self.last_vocab.cpu().numpy())
+    def encode(self, net_input):
+        return self.runtime.encode(net_input["src_tokens"].cpu().numpy())
 
 
 @register_engine("onnxruntime")

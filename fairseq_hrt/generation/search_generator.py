@@ -1,0 +1,99 @@
+"""fairseq's generator interface over the one search (:mod:`hrt_runtime.search`) and a backend.
+
+Every engine of this plugin that runs the search itself is a :class:`SearchGenerator` with its
+backend: ``lean`` (:class:`~fairseq_hrt.generation.lean.TorchBackend`, the model's own
+modules) and ``onnxruntime`` (:class:`hrt_runtime.model.ExportedModel`, the exported graphs).
+The search -- greedy, beam, HRT's two stages, Mask-Predict -- and the way a batch is split by
+chunk size are written here and there once; an engine only says how it encodes a batch.
+"""
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from fairseq_hrt.generation.chunk_size import chunk_sizes_of
+from fairseq_hrt.generation.options import SearchOptions
+from fairseq_hrt.generation.strategies import reject_unsupported_inputs, to_fairseq
+from hrt_runtime import search
+
+
+class SearchGenerator:
+    """``generate(models, sample, bos_token=...)`` as fairseq's generators: left to right
+    (``chunk_size`` ``None``, or a start symbol ``bos_token`` given: HRT's stage I), HRT's two
+    stages (``chunk_size`` an int, or a function of the source lengths giving each sentence's:
+    ``--decode-chunk-size by-length``) with ``b_nat`` skeletons per sentence filled, or
+    Mask-Predict (``iterations`` > 0, with ``length_beam``). ``banned``: symbols never generated;
+    ``shortlist``: each batch decodes over its candidates only (kept as ``last_vocab``).
+
+    A subclass sets :attr:`engine` (its ``--decoder-engine`` name) and implements
+    :meth:`encode`."""
+
+    engine = ""
+
+    def __init__(self, backend, tgt_dict, options: SearchOptions, banned: Sequence[int], shortlist=None,
+                 chunk_size=None, b_nat: int = 1, iterations: int = 0, length_beam: int = 1):
+        if options.beam < 1:
+            raise ValueError("--beam must be >= 1")
+        if chunk_size is not None:
+            search.check_b_nat(options.beam, b_nat)
+        self.backend = backend
+        self.options = options  # a SearchOptions is the search's SearchConfig
+        self.banned = sorted(set(banned) | {tgt_dict.pad()})
+        self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()  # fairseq-generate reads eos
+        self.shortlist = shortlist
+        self.chunk_size, self.b_nat = chunk_size, b_nat
+        self.iterations, self.length_beam = iterations, length_beam  # Mask-Predict's I and l
+        self.last_vocab: Optional[torch.Tensor] = None
+        self._stage1: Dict[int, "SearchGenerator"] = {}
+
+    def encode(self, net_input):
+        """The backend's encoding of a fairseq batch (``length_lprobs`` set for Mask-Predict)."""
+        raise NotImplementedError
+
+    def stage1(self, k: int) -> "SearchGenerator":
+        """The left-to-right generator of HRT's stage I at chunk size ``k`` (at most ``L / k``
+        steps, from ``<s_k>`` given as ``bos_token``), on the same backend."""
+        if k not in self._stage1:
+            stage1 = type(self).__new__(type(self))
+            stage1.__dict__.update(self.__dict__)
+            stage1.options = self.options.for_chunk_size(k)
+            stage1.chunk_size, stage1._stage1 = None, {}
+            self._stage1[k] = stage1
+        return self._stage1[k]
+
+    def max_len(self, src_tokens) -> int:
+        return self.options.max_len(src_tokens.size(1), self.backend.max_target_positions - 1)
+
+    def rows_of(self, src_tokens):
+        """The output rows of a batch: all, or its shortlist candidates (kept as ``last_vocab``)."""
+        if self.shortlist is None:
+            return self.backend.rows(None)
+        self.last_vocab = self.shortlist.candidates(src_tokens, self.pad)
+        return self.backend.rows(self.last_vocab.cpu().numpy())
+
+    @torch.no_grad()
+    def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict]]:
+        reject_unsupported_inputs(f"--decoder-engine {self.engine}", **kwargs)
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        encoded = self.encode(net_input)
+        width = src_tokens.size(1)
+        if self.iterations:
+            found = search.mask_predict(self.backend, encoded, src_tokens.cpu().numpy(), self.iterations, self.length_beam,
+                                        self.options.max_len_a, self.options.max_len_b, self.banned,
+                                        rows=self.rows_of(src_tokens))
+            return to_fairseq(found, src_tokens.device)
+        if self.chunk_size is None or bos_token is not None:
+            found = search.left_to_right(self.backend, encoded, width, self.options, self.banned, start=bos_token,
+                                         rows=self.rows_of(src_tokens))
+            return to_fairseq(found, src_tokens.device)
+        results: List = [None] * src_tokens.size(0)
+        for k, index in search.chunk_size_groups(chunk_sizes_of(self.chunk_size, src_tokens, self.pad)):
+            part, part_src = encoded, src_tokens
+            if index.size < len(results):  # a group decodes over its own sentences' candidates
+                part = encoded.select(index)
+                part_src = src_tokens.index_select(0, torch.from_numpy(index).to(src_tokens.device))
+            found = search.hrt(self.backend, part, width, self.options, k, self.banned, b_nat=self.b_nat,
+                               rows=self.rows_of(part_src))
+            for i, hypos in zip(index.tolist(), found):
+                results[i] = hypos
+        return to_fairseq(results, src_tokens.device)
