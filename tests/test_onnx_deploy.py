@@ -154,6 +154,47 @@ def test_translator_equals_fairseq_interactive(deployed, tmp_path):
     assert "truncated" in proc.stderr
 
 
+@pytest.mark.slow
+def test_bad_lines_give_the_same_output_and_warnings_on_every_entry_point(deployed, hubs, tmp_path, caplog):
+    """One file of bad lines (invalid UTF-8, a NUL inside a line, control characters, blank
+    lines) through fairseq-interactive, the hub, Translator.translate and hrt-translate: the
+    same strings, and a warning naming each repaired line (hrt_runtime/text_input.py)."""
+    data, spm, models = deployed
+    ckpt, folder, _ = models["hrt_tiny"]
+    good = read_lines(data.raw("valid", "en"))[:4]
+    raw = [good[0].encode(), good[1].encode() + b" \xff\xfe", b"", good[2][:9].encode() + b"\x00" + good[2][9:].encode(),
+           good[3].encode() + b"\x07\x1b end", b"   "]
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"\n".join(raw) + b"\n")
+    options = dict(chunk_size=2, beam=1, max_len_b=MAX_LEN_B)
+    out = run_cli(["interactive", data.bin_dir, "--path", ckpt, "--user-dir", USER_DIR, "--task", "hrt_translation",
+                   "--source-lang", "en", "--target-lang", "de", "--cpu", "--bpe", "sentencepiece",
+                   "--sentencepiece-model", spm, "--input", path, "--buffer-size", "4", "--batch-size", "4",
+                   "--decode-chunk-size", "2", "--beam", "1", "--max-len-a", "0", "--max-len-b", MAX_LEN_B,
+                   "--decoder-engine", "lean"]).stdout
+    detok = {int(m.group(1)): m.group(2) for m in re.finditer(r"^D-(\d+)\t\S+\t?(.*)$", out, re.M)}
+    interactive = [detok.get(i, "") for i in range(len(raw))]
+    decoded = [line.decode("utf-8", "surrogateescape") for line in raw]  # as Python reads them
+    with caplog.at_level(logging.WARNING):
+        hub = hubs["hrt_tiny"].translate(decoded, engine="lean", max_len_a=0, **options)
+        translator = Translator(str(folder)).translate(decoded, max_len_a=0, **options)
+    proc = subprocess.run([sys.executable, "-m", "hrt_runtime", str(folder), "--input", str(path), "--chunk-size", "2",
+                           "--beam", "1", "--max-len-b", str(MAX_LEN_B)], cwd=str(REPO), env=cli_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert interactive == hub == translator == proc.stdout.split("\n")[:-1]
+    assert translator[2] == translator[5] == "" and all(translator[i] for i in (0, 1, 3, 4))
+    for where, log in ((str(path), out), (str(path), proc.stderr)):
+        assert f"{where}, line 2: bytes that are not valid UTF-8" in log
+        assert f"{where}, line 4: NUL bytes removed" in log
+        assert f"{where}, line 5: control characters replaced by spaces" in log
+    messages = [r.getMessage() for r in caplog.records]
+    # the hub's and the Translator's warnings, alike: one each
+    assert messages.count("input, line 2: bytes that are not valid UTF-8 replaced by U+FFFD") == 2
+    assert messages.count("input, line 4: NUL bytes removed") == 2
+    assert messages.count("input, line 5: control characters replaced by spaces") == 2
+
+
 # ------------------------------------------------------------------ a fresh virtual environment
 
 
