@@ -50,7 +50,8 @@ def read_config(folder: str) -> Dict:
     absent = [name for name in files if not os.path.isfile(os.path.join(folder, name))]
     if absent:
         raise FileNotFoundError(f"{folder}: config.json names {', '.join(absent)}, which "
-                                f"{'is' if len(absent) == 1 else 'are'} missing (an incomplete copy of the folder?)")
+                                f"{'is' if len(absent) == 1 else 'are'} missing (an incomplete copy of the folder, or a "
+                                "config.json of another export?); copy the whole folder again, or export again")
     check_folder(folder, config)  # every file's size, and its SHA-256 once per process
     return config
 
