@@ -18,7 +18,12 @@ Every row is a run of this script on tiny models (CPU, one thread per process, m
   resuming with a data directory binarized with **another dictionary** (another size, and the
   same symbols in another order); a **distilled set with another line count**;
 * the **recipe** (examples/multi30k/recipe.py, ``--profile tiny``) SIGKILLed in the middle of
-  distillation and of a training step, then re-run.
+  distillation and of a training step, then re-run;
+* the **deployed runtime and service** (``--cases runtime``, about 20 s): the bad input lines
+  through ``hrt-translate``; exported folders damaged (``weights.bin`` truncated, zeroed at the
+  same size, a ``config.json`` of another export); ``fairseq-hrt-export`` SIGKILLed over an
+  earlier export; 8 threads on one ``Translator``; ``hrt-serve`` with a full queue and with
+  clients that disconnect. Its latest table: benchmarks/results/fault-table/runtime/.
 
 Checks per killed run: the resumed run loads the newest complete checkpoint, loses at most one
 save interval (``--save-interval-updates``), continues the curriculum (p_k of every update
@@ -47,7 +52,7 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 from benchmarks.faults import (  # noqa: E402
     KIND_NAMES, KINDS, MAX_UPDATE, N_TRAIN, REPO, SAVE_INTERVAL, Setting, bad_input, child_main, full_disk,
     kill_recipe, kill_while_copying, kill_while_writing, other_dictionary, random_kills, reference_runs, relative,
-    set_report_root, short, short_distilled_set, truncated_checkpoint,
+    runtime_and_service, set_report_root, short, short_distilled_set, truncated_checkpoint,
 )
 from benchmarks.measure import write_files  # noqa: E402
 
@@ -221,8 +226,71 @@ def build_table(args) -> Table:
             and r["at_resumed_from"][-1] == t["checkpoint_updates"] < 60
             and "mp.done" in r["markers"], **r,
         )
+    if "runtime" in cases:
+        add_runtime_rows(table, runtime_and_service(work))
     table.seconds = time.time() - t0
     return table
+
+
+def add_runtime_rows(table: Table, r: dict):
+    """The deployed runtime's and the service's rows (benchmarks/faults.py: runtime_and_service)."""
+    b = r["bad_input"]
+    table.add(
+        "bad input lines, hrt-translate",
+        "the fairseq-interactive row's lines on stdin: invalid UTF-8, NUL + control characters, a line of spaces, a "
+        "100k-character line, mixed scripts and emoji",
+        f"exit {b['returncode']}, {b['output_lines']} of {b['input_lines']} lines translated; warnings: "
+        + "; ".join(b["warnings"][:3]),
+        "nothing: repaired as fairseq-interactive repairs them (one module), the long line truncated with a warning "
+        "naming it",
+        b["returncode"] == 0 and b["output_lines"] == b["input_lines"] and not b["traceback"] and len(b["warnings"]) >= 2,
+        **b,
+    )
+    what = {"truncated": "weights.bin cut to half its bytes", "zeroed": "1 MiB of weights.bin zeroed (same size)",
+            "swapped": "config.json of another export (an HRT model of the same data) copied in"}
+    for name, d in r["damaged"].items():
+        table.add(
+            f"damaged exported folder: {name}", f"{what[name]}, then hrt-translate", d["message"],
+            "nothing translated with it; the message says to export again",
+            d["message"].startswith("exit 2") and "export again" in d["message"], **d,
+        )
+    k = r["killed_export"]
+    table.add(
+        "fairseq-hrt-export SIGKILLed over an earlier export",
+        "the export of a newer checkpoint into the folder of an older one, SIGKILLed right after its new weights.bin "
+        "moved in (files move one by one, config.json last), then hrt-translate; then the same export again",
+        f"moved before the kill: {', '.join(k['moved_before_kill'])}; then {k['after_kill']} (temporary folders left: "
+        f"{', '.join(k['temporary_folders_left']) or 'none'});"
+        f" export again: exit {k['export_again_returncode']}, then {k['after_export_again']}",
+        "the interrupted export (refused at load, never translated with mixed files)",
+        k["after_kill"].startswith("exit 2") and "export again" in k["after_kill"]
+        and k["export_again_returncode"] == 0 and k["after_export_again"].startswith("exit 0"), **k,
+    )
+    t = r["threads"]
+    table.add(
+        "many callers on one Translator", f"{t['threads']} threads, {t['calls']} translate() calls of mixed beams",
+        f"{t['equal_to_serial']} of {t['calls']} answers equal to the same calls made one after another",
+        "nothing", t["equal_to_serial"] == t["calls"], **t,
+    )
+    f = r["full_queue"]
+    table.add(
+        "hrt-serve: a full queue",
+        f"{f['requests']} concurrent slow requests (beam 5, 4 sentences) to hrt-serve --max-queue 2 --max-batch 8",
+        f"{f['rejected_503']} answered 503 at once (\"{short(f['message_503'], 120)}\"), {f['answered']} answered, "
+        f"{f['answers_equal']} of them equal to the Translator's for their lines",
+        "nothing silently: a refused request is told to retry",
+        f["rejected_503"] > 0 and f["rejected_503"] + f["answered"] == f["requests"]
+        and f["answers_equal"] == f["answered"], **f,
+    )
+    d = r["disconnect"]
+    table.add(
+        "hrt-serve: clients that disconnect",
+        f"{d['disconnected']} clients hang up (4 after sending a request, 1 in the middle of one), then "
+        f"{d['others']} other requests",
+        f"the others: {d['others_equal']} of {d['others']} answered with the Translator's strings; the service "
+        f"{'keeps running' if d['service_alive'] else 'DIED'}",
+        "the disconnected clients' answers only", d["others_equal"] == d["others"] and d["service_alive"], **d,
+    )
 
 
 def parse_args(argv=None):
@@ -230,9 +298,9 @@ def parse_args(argv=None):
     p.add_argument("--out", default=str(REPO / "work" / "fault-table"), help="output folder (its work/ is recreated)")
     p.add_argument("--kills", type=int, default=2, help="random SIGKILLs per model kind")
     p.add_argument("--seed", type=int, default=1, help="seed of the random kill moments")
-    p.add_argument("--cases", default="input,AT,HRT,MP,copy,truncated,disk,dictionary,distilled,recipe",
+    p.add_argument("--cases", default="input,AT,HRT,MP,copy,truncated,disk,dictionary,distilled,recipe,runtime",
                    help="comma-separated subset of: input, AT, HRT, MP (or training = all three), copy, truncated, "
-                        "disk, dictionary, distilled, recipe")
+                        "disk, dictionary, distilled, recipe, runtime (hrt-translate, Translator and hrt-serve)")
     return p.parse_args(argv)
 
 

@@ -561,3 +561,174 @@ if __name__ == "__main__":
     if argv[:1] != ["--child"] or "--" not in argv:
         raise SystemExit("usage: python -m benchmarks.faults --child SPEC -- TRAIN ARGS")
     child_main(argv[1], argv[argv.index("--") + 1:])
+
+
+# ------------------------------------------------------------- the deployed runtime and service
+
+BAD_LINES = [b"a man rides a horse .", b"hello \xff\xfe world", b"nul\x00here and a \x07bell \x1b[31m", b"      ",
+             ("a horse " * 12_500).encode(), "Ein Mann 👨‍👩‍👧 läuft — 東京 Москва مرحبا".encode(), b"two dogs play ."]
+
+# the exporter SIGKILLed right after the file named argv[1] moved into the output folder (files
+# move in one by one, config.json last): the files moved so far are printed first
+_KILLED_EXPORT = """
+import os, signal, sys
+real = os.replace
+def replace(src, dst):
+    real(src, dst)
+    print("moved", os.path.basename(dst), flush=True)
+    if os.path.basename(dst) == sys.argv[1]:
+        os.kill(os.getpid(), signal.SIGKILL)
+os.replace = replace
+from fairseq_hrt.export.exporter import cli_main
+cli_main(sys.argv[2:])
+"""
+
+
+def _runtime_error(folder: Path) -> str:
+    proc = subprocess.run([sys.executable, "-m", "hrt_runtime", str(folder), "--beam", "1", "--max-len-b", "5"],
+                          input=b"a man rides a horse .\n", capture_output=True, env=cli_env(), cwd=str(REPO), timeout=300)
+    return f"exit {proc.returncode}: " + (proc.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
+
+
+def _post(port: int, body: dict, timeout: float = 300):
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request("POST", "/translate", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        connection.close()
+
+
+def runtime_and_service(work: Path) -> dict:
+    """hrt-translate, Translator and hrt-serve on a tiny AT model (SentencePiece) exported with
+    fairseq-hrt-export: bad input, damaged folders, a killed export, many threads on one
+    Translator, a full queue, clients that disconnect."""
+    import socket
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hrt_runtime import Translator
+
+    data = make_tiny_spm_data(work / "rt")
+    ckpt_dir = work / "rt" / "ck"
+    run_cli(train_args(data.bin_dir, ckpt_dir, "--hrt-mode", "at", arch="at_tiny", max_update=3))
+    folder = work / "rt" / "onnx"
+    run_cli(["fairseq_hrt.export.exporter", ckpt_dir / "checkpoint_last.pt", folder])
+    out: Dict[str, dict] = {}
+
+    # bad input through hrt-translate, as fairseq-interactive's row
+    proc = subprocess.run([sys.executable, "-m", "hrt_runtime", str(folder), "--beam", "2", "--max-len-b", "10"],
+                          input=b"\n".join(BAD_LINES) + b"\n", capture_output=True, env=cli_env(), cwd=str(REPO),
+                          timeout=600)
+    err = proc.stderr.decode("utf-8", "replace")
+    out["bad_input"] = {"returncode": proc.returncode, "input_lines": len(BAD_LINES),
+                        "output_lines": proc.stdout.count(b"\n"), "traceback": "Traceback" in err,
+                        "warnings": [short(line.split(" | ")[-1], 200) for line in err.splitlines()
+                                     if "<stdin>, line" in line]}
+
+    # damaged folders
+    damaged = {}
+    size = (folder / "weights.bin").stat().st_size
+    for name in ("truncated", "zeroed", "swapped"):
+        copy = work / "rt" / f"onnx-{name}"
+        shutil.copytree(folder, copy)
+        if name == "truncated":
+            os.truncate(copy / "weights.bin", size // 2)
+        elif name == "zeroed":
+            with open(copy / "weights.bin", "r+b") as f:
+                f.seek(size // 3)
+                f.write(bytes(min(1 << 20, size // 3)))
+        damaged[name] = copy
+    # another export's config.json: the same data, another architecture
+    other = work / "rt" / "ck-hrt"
+    run_cli(train_args(data.bin_dir, other, arch="hrt_tiny", max_update=2))
+    run_cli(["fairseq_hrt.export.exporter", other / "checkpoint_last.pt", work / "rt" / "onnx-hrt"])
+    shutil.copyfile(work / "rt" / "onnx-hrt" / "config.json", damaged["swapped"] / "config.json")
+    out["damaged"] = {name: {"message": relative(_runtime_error(path))} for name, path in damaged.items()}
+
+    # an export SIGKILLed while its files move in, over an earlier export of another checkpoint
+    killed = work / "rt" / "onnx-killed"
+    shutil.copytree(folder, killed)
+    run_cli(train_args(data.bin_dir, ckpt_dir, "--hrt-mode", "at", arch="at_tiny", max_update=6))  # resumes: new weights
+    export_args = [str(ckpt_dir / "checkpoint_last.pt"), str(killed)]
+    kill = subprocess.run([sys.executable, "-c", _KILLED_EXPORT, "weights.bin", *export_args], capture_output=True,
+                          env=cli_env(), cwd=str(REPO), timeout=600)
+    moved = re.findall(r"^moved (\S+)$", kill.stdout.decode(), re.M)
+    after_kill = _runtime_error(killed)
+    leftovers = sorted(p.name for p in killed.iterdir() if p.name.startswith(".export-"))
+    again = run_cli(["fairseq_hrt.export.exporter", *export_args], check=False)
+    out["killed_export"] = {"kill_returncode": kill.returncode, "moved_before_kill": moved,
+                            "after_kill": relative(after_kill),
+                            "temporary_folders_left": leftovers, "export_again_returncode": again.returncode,
+                            "after_export_again": relative(_runtime_error(killed))}
+
+    # many threads on one Translator
+    lines = read_lines(data.raw("valid", "en"))[:24]
+    calls = [(lines[i:i + 6], dict(beam=1 + i % 3, max_len_b=12)) for i in range(0, 24, 3)]
+    serial = [Translator(str(folder)).translate(ls, **o) for ls, o in calls]
+    shared = Translator(str(folder))
+    with ThreadPoolExecutor(8) as pool:
+        parallel = list(pool.map(lambda c: shared.translate(c[0], **c[1]), calls * 8))
+    out["threads"] = {"threads": 8, "calls": len(calls) * 8,
+                      "equal_to_serial": sum(p == serial[i % len(calls)] for i, p in enumerate(parallel))}
+
+    # the service: a full queue, clients that disconnect
+    def serve(*options):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        service = subprocess.Popen([sys.executable, "-m", "hrt_runtime.serve", str(folder), "--port", str(port), *options],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=cli_env(), cwd=str(REPO))
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return service, port
+            except OSError:
+                if time.monotonic() > deadline or service.poll() is not None:
+                    service.kill()
+                    raise RuntimeError("hrt-serve did not start")
+                time.sleep(0.2)
+
+    service, port = serve("--max-batch", "8", "--max-queue", "2")
+    try:
+        heavy = dict(beam=5, max_len_b=200)  # an untrained model runs to the length limit: slow requests
+        requests = [lines[i % 20:i % 20 + 4] for i in range(24)]
+        translator = Translator(str(folder))
+        with ThreadPoolExecutor(24) as pool:
+            answers = list(pool.map(lambda ls: _post(port, {"text": ls, **heavy}), requests))
+        full = {"requests": len(requests), "rejected_503": sum(s == 503 for s, _ in answers),
+                "answered": sum(s == 200 for s, _ in answers),
+                "answers_equal": sum(s == 200 and a["translations"] == translator.translate(ls, **heavy)
+                                     for (s, a), ls in zip(answers, requests)),
+                "message_503": next((a["error"] for s, a in answers if s == 503), "")}
+    finally:
+        service.terminate()
+        service.wait(30)
+    service, port = serve()  # the default queue
+    try:
+        body = json.dumps({"text": lines[:6], **heavy}).encode()
+        for _ in range(4):
+            c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            c.close()
+        c = socket.create_connection(("127.0.0.1", port))
+        c.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"text\"")
+        c.close()
+        time.sleep(0.5)
+        others = [lines[i:i + 3] for i in range(0, 12, 3)]
+        with ThreadPoolExecutor(4) as pool:
+            later = list(pool.map(lambda ls: _post(port, {"text": ls, "beam": 1, "max_len_b": 12}), others))
+        disconnect = {"disconnected": 5, "others": len(others),
+                      "others_equal": sum(s == 200 and a["translations"] == translator.translate(ls, beam=1, max_len_b=12)
+                                          for (s, a), ls in zip(later, others)),
+                      "service_alive": service.poll() is None}
+    finally:
+        service.terminate()
+        service.wait(30)
+    out["full_queue"], out["disconnect"] = full, disconnect
+    return out
