@@ -182,8 +182,14 @@ class Batcher:
 BATCHER = web.AppKey("batcher", Batcher) if web is not None else "batcher"  # app[BATCHER]: the service's batcher
 
 
+def _json(body, status: int = 200, **headers):
+    """A JSON answer in UTF-8 (translations unescaped)."""
+    return web.json_response(body, status=status, headers=headers or None,
+                             dumps=lambda value: json.dumps(value, ensure_ascii=False))
+
+
 def _error(status: int, message: str, **headers):
-    return web.json_response({"error": message}, status=status, headers=headers or None)
+    return _json({"error": message}, status, **headers)
 
 
 def make_app(translator: Translator, max_batch: int = 64, max_wait_ms: float = 0.0, max_queue: int = 256,
@@ -215,20 +221,20 @@ def make_app(translator: Translator, max_batch: int = 64, max_wait_ms: float = 0
         except (TypeError, ValueError) as e:
             return _error(400, str(e))
         if not text:
-            return web.json_response({"translations": []})
+            return _json({"translations": []})
         try:
             translations = await batcher.translate(text, options)
         except QueueFull as e:
             return _error(503, str(e), **{"Retry-After": "1"})
         except ValueError as e:  # an option that only the batch's lengths refuse (min_len > max_len)
             return _error(400, str(e))
-        return web.json_response({"translations": translations})
+        return _json({"translations": translations})
 
     async def health(request):
-        return web.json_response({"status": "ok", "queued": len(batcher.queue)})
+        return _json({"status": "ok", "queued": len(batcher.queue)})
 
     async def info(request):
-        return web.json_response({
+        return _json({
             "folder": os.path.abspath(translator.model.folder),
             "kind": config["kind"],
             "trained_chunk_sizes": config["trained_chunk_sizes"],
