@@ -338,3 +338,16 @@ def test_very_long_lines_stay_within_the_positions_and_memory(exported_tiny):
     assert translator.translate(lines, chunk_size=2, beam=1, max_len_a=1.2, max_len_b=10, max_tokens=None) == cut
     with pytest.raises(ValueError, match="max_tokens must be an integer >= 1 or None, got 0"):
         translator.translate(lines, max_tokens=0)
+
+
+def test_an_int8_copy_loads_and_its_unchanged_files_are_checked(exported_tiny, tmp_path):
+    """quantize_folder (--int8) rewrites the graphs and weights.bin after the float export listed
+    them: the copy loads, and the files it copied unchanged are still checked."""
+    from fairseq_hrt.export.exporter import quantize_folder
+
+    quantize_folder(exported_tiny["at"], str(tmp_path / "int8"))
+    assert Translator(str(tmp_path / "int8")).translate(["w5 w6"], beam=1, max_len_b=4)[0]
+    size = os.path.getsize(tmp_path / "int8" / "output_weight.npy")
+    os.truncate(tmp_path / "int8" / "output_weight.npy", size - 8)
+    with pytest.raises(DamagedFolderError, match="damaged file: output_weight.npy has"):
+        Translator(str(tmp_path / "int8"))
