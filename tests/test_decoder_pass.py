@@ -106,3 +106,25 @@ def test_profiler_labels(random_models):
     names = {event.name for event in prof.events()}
     assert {"hrt.encoder", "hrt.step", "hrt.stage2", "hrt.bidirectional", "hrt.block"} <= names
     assert_same_hypotheses(ref, ours)
+
+
+def test_a_module_the_plan_does_not_know_is_refused_by_name(tmp_path):
+    """Support is an allow-list: a module of a class the plan does not read -- here a subclass
+    of nn.Linear that computes otherwise -- is refused by name by the lean engine and by the
+    exporter, never planned as the class it derives from."""
+    import copy
+
+    from fairseq_hrt.export.exporter import unsupported
+
+    class ScaledLinear(torch.nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    _, model = build_task_and_model(str(tmp_path), arch="hrt_tiny", seed=3)
+    odd = copy.deepcopy(model)
+    fc1 = odd.decoder.layers[0].fc1
+    odd.decoder.layers[0].fc1 = ScaledLinear(fc1.in_features, fc1.out_features)
+    with pytest.raises(ValueError, match=r"decoder\.layers\.0\.fc1 \(ScaledLinear\).*--decoder-engine fairseq"):
+        DecoderPass(odd.decoder)
+    assert any("decoder.layers.0.fc1 (ScaledLinear)" in reason for reason in unsupported(odd))
+    assert unsupported(model) == [] and DecoderPass(model.decoder) is not None

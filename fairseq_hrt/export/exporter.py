@@ -45,7 +45,7 @@ CONFIG = "config.json"
 
 def unsupported(model) -> List[str]:
     """Why ``model`` cannot be exported (empty: it can)."""
-    from fairseq_hrt.generation.decoder_pass import DecoderPass
+    from fairseq_hrt.generation.decoder_pass import DecoderPass, unplanned_modules
 
     model = unwrap(model)
     kind = model_kind(model)
@@ -54,9 +54,10 @@ def unsupported(model) -> List[str]:
         reasons.append(f"a {type(model).__name__} (AT, HRT and Mask-Predict models are exported)")
         return reasons
     decoder = model.decoder
+    unknown = unplanned_modules(decoder, "decoder") + unplanned_modules(model.encoder, "encoder")
+    if unknown:
+        reasons.append(f"module(s) the exported graphs do not know: {', '.join(unknown)}")
     reasons += [reason for reason, bad in DecoderPass._unsupported(decoder).items() if bad]
-    if getattr(model.encoder, "layers", None) is None:
-        reasons.append(f"an encoder of type {type(model.encoder).__name__}")
     weight = getattr(decoder.output_projection, "weight", None)
     if not isinstance(weight, torch.Tensor):
         reasons.append("a quantized model (--quantize int8): export the float checkpoint; ONNX Runtime quantizes it itself")

@@ -43,7 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fairseq_hrt.generation.decoder_pass import StepPlan, attention, decoder_pass, layer_forward
+from fairseq_hrt.generation.decoder_pass import DecoderPass, StepPlan, attention, decoder_pass, layer_forward, ssru_step
+from fairseq_hrt.modules.relative_attention import relative_bucket
 
 
 def scaled_projections(attn, with_kv: bool):
@@ -109,12 +110,7 @@ class _DecoderGraph(nn.Module):
         self.block = 1 if restricted else argmax_block(decoder.output_projection.weight.size(0))
 
     def prologue(self, tokens: Tensor, position_rows: Optional[Tensor]) -> Tensor:
-        x = self.plan.embed(tokens)
-        if position_rows is not None:
-            x = x + position_rows
-        if self.plan.layernorm_embedding is not None:
-            x = self.plan.layernorm_embedding(x)
-        return x
+        return DecoderPass._prologue(self.plan, tokens, position_rows)
 
     def encoder_block(self, enc_k: List[Tensor], enc_v: List[Tensor], encoder_bias: Tensor, queries: int):
         """Encoder attention over ``(B, H, S, d)`` keys/values for ``x`` ``(B x queries, C)``:
@@ -166,9 +162,8 @@ class StepGraph(_DecoderGraph):
         present_v: List[Tensor] = []
 
         def recurrent_block(layer, i, h):
-            # the SSRU step of DecoderPass._recurrence: c = f c + (1 - f) W x, output ReLU(c)
-            negated_gate, projected = layer.ssru_projections(h)
-            cell = torch.lerp(past_k[i], projected, torch.sigmoid(negated_gate))
+            # the SSRU step of DecoderPass._recurrence (a new cell: an exported graph writes no input)
+            cell = ssru_step(layer.ssru_projections(h), past_k[i])
             present_k.append(cell)
             return torch.relu(cell)
 
@@ -213,8 +208,7 @@ class ParallelGraph(_DecoderGraph):
             tokens.eq(self.padding_idx).view(n, 1, 1, t), -math.inf)
         buckets = None
         if self.window > 0:
-            buckets = (positions.unsqueeze(1) - positions.unsqueeze(2)).clamp(-self.window, self.window) + self.window
-            buckets = buckets.unsqueeze(1).expand(n, self.heads, t, t)
+            buckets = relative_bucket(positions, positions, self.window).unsqueeze(1).expand(n, self.heads, t, t)
 
         shape = (n, -1, self.heads, self.head_dim)
 

@@ -115,6 +115,12 @@ def is_recurrent(layer) -> bool:
     return hasattr(layer, "ssru")
 
 
+def ssru_step(projections, cell: Tensor) -> Tensor:
+    """:func:`ssru_step_` into a new tensor (the exported step's: a graph writes no input)."""
+    negated_gate, projected = projections
+    return torch.lerp(cell, projected, torch.sigmoid(negated_gate))
+
+
 def ssru_step_(projections, cell: Tensor) -> Tensor:
     """The SSRU's next cell, in place: ``c <- c + (1 - f) (W x - c) = f c + (1 - f) W x``
     (one ``lerp``), from ``(-(W_f x + b_f), W x)``: ``sigmoid`` of the negated gate is
@@ -346,11 +352,74 @@ class DecoderState:
 # ---------------------------------------------------------------------------- the pass
 
 
+@functools.lru_cache(maxsize=None)
+def _planned_classes():
+    """The module classes the planned passes read, exactly (a subclass may compute otherwise)."""
+    from fairseq.models.transformer import TransformerDecoder, TransformerDecoderBase, TransformerEncoder, TransformerEncoderBase
+    from fairseq.modules import (
+        FairseqDropout,
+        LearnedPositionalEmbedding,
+        MultiheadAttention,
+        SinusoidalPositionalEmbedding,
+        TransformerDecoderLayer,
+        TransformerEncoderLayer,
+    )
+    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+    from fairseq_hrt.models.hrt_transformer import HRTDecoder, HRTDecoderLayer
+    from fairseq_hrt.models.ssru_transformer import SSRUDecoder, SSRUDecoderLayer
+    from fairseq_hrt.modules.ssru import SSRU
+
+    # modules the plan calls as they are (it reads their arithmetic, not their insides)
+    calls = {nn.Linear, nn.LayerNorm, nn.Embedding, FairseqDropout, SinusoidalPositionalEmbedding, LearnedPositionalEmbedding}
+    classes = calls | {nn.ModuleList, MultiheadAttention, RelativeSelfAttention, SSRU}
+    decoder = {TransformerDecoderBase, TransformerDecoder, HRTDecoder, SSRUDecoder, TransformerDecoderLayerBase,
+               TransformerDecoderLayer, HRTDecoderLayer, SSRUDecoderLayer}
+    encoder = {TransformerEncoderBase, TransformerEncoder, TransformerEncoderLayerBase, TransformerEncoderLayer}
+    try:  # --quantize int8 (the lean engine runs the quantized linears as they are)
+        from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
+
+        classes.add(QuantizedLinear)
+        calls.add(QuantizedLinear)
+    except ImportError:  # pragma: no cover
+        pass
+    try:  # fairseq's LayerNorm on a GPU with apex
+        from fairseq.modules.layer_norm import FusedLayerNorm
+
+        classes.add(FusedLayerNorm)
+        calls.add(FusedLayerNorm)
+    except ImportError:  # pragma: no cover
+        pass
+    return {"decoder": classes | decoder, "encoder": classes | encoder, "calls": calls}
+
+
+def unplanned_modules(module, part: str = "decoder") -> List[str]:
+    """The submodules of a decoder (``part`` "decoder") or encoder (``"encoder"``) that the
+    planned passes do not know, as ``name (Class)``: support is an allow-list, so a module the
+    plan would skip without a word is refused by name instead."""
+    known, calls = _planned_classes()[part], _planned_classes()["calls"]
+    unknown: List[str] = []
+
+    def visit(m, name):
+        if type(m) not in known:
+            unknown.append(f"{part}.{name or '(itself)'} ({type(m).__name__})")
+        elif type(m) not in calls:  # a module the plan calls is its own business inside
+            for child_name, child in m.named_children():
+                visit(child, f"{name}.{child_name}" if name else child_name)
+
+    visit(module, "")
+    return unknown
+
+
 class DecoderPass:
     """The planned passes of one decoder (see the module's docstring). Get it with
     :func:`decoder_pass`: one per decoder, shared by the engines that decode it."""
 
     def __init__(self, decoder):
+        unknown = unplanned_modules(decoder)
+        if unknown:
+            raise ValueError(f"--decoder-engine lean does not know the module(s) {', '.join(unknown)}; "
+                             "use --decoder-engine fairseq")
         for reason, bad in self._unsupported(decoder).items():
             if bad:
                 raise ValueError(f"--decoder-engine lean does not support {reason}; use --decoder-engine fairseq")
