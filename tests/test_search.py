@@ -1,0 +1,69 @@
+"""The one search (hrt_runtime.search) on its own, with backends that do no arithmetic: what
+every engine shares must not depend on how a batch is formed."""
+import numpy as np
+import pytest
+
+from hrt_runtime import search
+from hrt_runtime.model import OutputRows
+
+PAD, EOS, MASK = 1, 2, 4
+
+
+class Arithmetic:
+    """A backend whose non-causal pass predicts, for every selected slot, a token and a score
+    that depend on the slot's column, its row's tokens and the query columns it was given (so
+    a slot read from the wrong place, or a wrong select, changes the output)."""
+
+    pad, eos, mask = PAD, EOS, MASK
+
+    def __init__(self, eos_at=None):
+        self.eos_at = eos_at  # a column at which the pass predicts </s>
+
+    def parallel(self, encoded, tokens, positions, queries, select, bias, rows):
+        row, column = np.divmod(select, queries.size)
+        column = queries[column]
+        context = tokens.sum(axis=1)[row]
+        token = 10 + (column * 7 + context) % 50
+        if self.eos_at is not None:
+            token = np.where(column == self.eos_at, EOS, token)
+        score = -((column + 1) * 0.013 + (context % 5) * 0.1).astype(np.float32)
+        assert (positions.reshape(-1)[select // queries.size * tokens.shape[1] + column] == column + 1).all()
+        return score, token
+
+
+@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("eos_at", [None, 2, 7])
+def test_one_skeleton_equals_its_row_in_a_batch(k, eos_at):
+    """fill_masks of one unpadded skeleton (the batch-1 path) gives what the same skeleton
+    gives as a row of a padded batch (the general path), tokens, scores, length and
+    confidence alike, with and without a </s> predicted inside it."""
+    backend = Arithmetic(eos_at)
+    bias, rows = np.zeros(60, np.float32), OutputRows(None)
+    one = np.array([[11, 13, 17, 19, 23, EOS]])
+    other = np.array([[29, 31, EOS, PAD, PAD, PAD]])
+    one_scores = -np.linspace(0.1, 0.6, 6, dtype=np.float32)[None, :]
+    alone = search.fill_masks(backend, None, one, one_scores, k, bias, rows)
+    batch = search.fill_masks(backend, None, np.concatenate([one, other]),
+                              np.concatenate([one_scores, np.zeros((1, 6), np.float32)]), k, bias, rows)
+    tokens, positions, filled, scores, lengths, confidence = alone
+    assert tokens.tolist() == batch[0][:1].tolist() and positions.tolist() == batch[1][:1].tolist()
+    assert filled.tolist() == batch[2][:1].tolist()
+    assert scores.tolist() == batch[3][:1].tolist()
+    assert lengths.tolist() == batch[4][:1].tolist() and confidence[0] == batch[5][0]
+    assert filled[0, lengths[0] - 1] == EOS and (filled[0, lengths[0]:] == PAD).all()
+    if eos_at is not None and eos_at % k != k - 1:
+        assert lengths[0] == eos_at + 1  # stage II's own </s> ends the output
+
+
+def test_chunk_size_groups():
+    assert [(k, rows.tolist()) for k, rows in search.chunk_size_groups([2, 2, 2])] == [(2, [0, 1, 2])]
+    assert [(k, rows.tolist()) for k, rows in search.chunk_size_groups([2, 1, 2, 1])] == [(1, [1, 3]), (2, [0, 2])]
+
+
+def test_mask_columns_hold_every_mask_of_stage_two():
+    skeleton = np.array([[11, 12, 13, EOS], [14, EOS, PAD, PAD]])
+    for k in (2, 3, 4):
+        tokens, _, _ = search.stage2_input(skeleton, k, PAD, MASK)
+        columns = search.mask_columns(tokens.shape[1], k)
+        assert set(np.flatnonzero((tokens == MASK).any(axis=0))) <= set(columns.tolist())
+        assert not (tokens[:, columns] != MASK)[tokens[:, columns] != PAD].any()
