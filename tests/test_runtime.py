@@ -155,7 +155,8 @@ def test_a_truncated_line_is_named(exported_tiny, caplog):
 
 
 def test_the_runtime_imports_neither_torch_nor_fairseq():
-    code = ("import sys, hrt_runtime, hrt_runtime.text_input, hrt_runtime.integrity, hrt_runtime.translator; "
+    code = ("import sys, hrt_runtime, hrt_runtime.text_input, hrt_runtime.integrity, hrt_runtime.translator, "
+            "hrt_runtime.serve; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'fairseq', 'fairseq_hrt', 'fairseq_cli')]; "
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), env=cli_env(), capture_output=True, text=True)
