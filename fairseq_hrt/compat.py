@@ -252,34 +252,29 @@ def _is_fairseq_train(module) -> bool:
         and isinstance(path, str) and path.endswith(_TRAIN_FILE)
 
 
-_training_loop_patched = False  # set once fairseq-train's loop is wrapped: later loads skip the look-up
-
-
 def patch_training_loop():
     """Apply :func:`_train_stopping_when_finished` to fairseq-train when it runs: as for
     fairseq-interactive (:func:`patch_interactive_reading`), only a module already loaded
     (``fairseq_cli.train`` of the console script, ``__main__`` of ``python -m fairseq_cli.train``;
     both load before the user dir) is patched. Idempotent."""
-    global _training_loop_patched
     for name in ("fairseq_cli.train", "__main__"):
         module = sys.modules.get(name)
         if module is not None and _is_fairseq_train(module):
             _expect_parameters(module.train, ["cfg", "trainer", "task", "epoch_itr"], "fairseq_cli.train.train")
             _wrap_once(module, "train", _train_stopping_when_finished)
-            _training_loop_patched = True
 
 
 def _load_checkpoint_patching_the_loop(load_checkpoint):
     """Wrap ``checkpoint_utils.load_checkpoint`` (fairseq-train's restore, just before its
     loop) to apply :func:`patch_training_loop` there too: a fairseq-train that imported the
     plugin before its own module was executed (``runpy``, a warm test process) is covered
-    whatever the task. Once the loop is wrapped (at import, when fairseq-train loaded first),
-    a load does nothing more than fairseq's: no look-up, no path computed."""
+    whatever the task. The look-up is two dictionary reads and a string comparison with the
+    file names computed at import (a module run later, e.g. a new ``__main__`` in a forked
+    test process, is still found)."""
 
     @functools.wraps(load_checkpoint)
     def wrapper(*args, **kwargs):
-        if not _training_loop_patched:
-            patch_training_loop()
+        patch_training_loop()
         return load_checkpoint(*args, **kwargs)
 
     return wrapper
