@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Dict, List
 
-if __package__ in (None, ""):
+if not __package__:  # python benchmarks/NAME.py (a file): the repository root on sys.path, as -m benchmarks.NAME has it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.measure import write_files  # noqa: E402
@@ -70,7 +70,6 @@ def memory(root: str, folder: str, path: str, name: str) -> Dict:
 
 
 def integrity_cost(folder: str) -> Dict:
-    sys.path.insert(0, REPO)
     from hrt_runtime import integrity
     from hrt_runtime.translator import Translator
 

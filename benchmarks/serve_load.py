@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Dict, List
 
-if __package__ in (None, ""):
+if not __package__:  # python benchmarks/NAME.py (a file): the repository root on sys.path, as -m benchmarks.NAME has it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.measure import write_files  # noqa: E402
