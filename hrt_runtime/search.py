@@ -114,13 +114,22 @@ def positional_scores(cumulative: np.ndarray) -> np.ndarray:
     return scores
 
 
+def position_cap(max_positions: int, stride: int) -> int:
+    """The most steps a left-to-right search of ``stride`` may make: fairseq's ``max positions
+    - 1`` for AT; for Skip-AT with stride k, step t sits at position t k and stage II fills
+    positions up to (steps + 1) k, so ``(max positions - 1) // k - 1``."""
+    if stride == 1:
+        return max_positions - 1
+    return (max_positions - 1) // stride - 1
+
+
 def left_to_right(model, encoded, source_width: int, config: SearchConfig,
                   banned: Sequence[int], start: Optional[int] = None, rows: Optional[OutputRows] = None) -> List[List[Hypothesis]]:
     """Greedy (``config.beam`` 1) or beam search from ``start`` (default ``</s>``; ``<s_k>``:
     Skip-AT with stride k) for every sentence of ``encoded`` (``model``'s encoding of them)."""
     rows = rows or OutputRows(None)
     start = model.eos if start is None else start
-    max_len = config.max_len(source_width, model.max_target_positions - 1)
+    max_len = config.max_len(source_width, position_cap(model.max_target_positions, model.stride_of(start)))
     size = model.vocab_size if rows.ids is None else rows.ids.size
     rules = rules_of(config, model.eos, model.unk, banned, rows, size)
     if config.beam < 1:

@@ -67,3 +67,45 @@ def test_mask_columns_hold_every_mask_of_stage_two():
         columns = search.mask_columns(tokens.shape[1], k)
         assert set(np.flatnonzero((tokens == MASK).any(axis=0))) <= set(columns.tolist())
         assert not (tokens[:, columns] != MASK)[tokens[:, columns] != PAD].any()
+
+
+class NeverEnds:
+    """A left-to-right backend that never predicts </s> and records every position it runs."""
+
+    pad, eos, unk, bos, mask = PAD, EOS, 3, 0, MASK
+    vocab_size, max_target_positions, chunk_start = 60, 24, {2: 5, 3: 6}
+
+    def __init__(self):
+        self.positions = []
+
+    def stride_of(self, start):
+        return {5: 2, 6: 3}.get(start, 1)
+
+    def begin(self, encoded, rows, steps, start, out_rows):
+        return self.stride_of(start)
+
+    def step(self, stride, tokens, step, bias, top=1):
+        self.positions.append(step * stride)
+        token = np.full(tokens.shape[0], 10, np.int64)
+        token[bias[token] == -np.inf] = EOS  # forced </s> at the maximum length
+        return np.full(tokens.shape[0], -0.1, np.float32), token
+
+    def reorder(self, state, index, step, sentences=None):
+        pass
+
+
+@pytest.mark.parametrize("start,k", [(None, 1), (5, 2), (6, 3)])
+def test_skip_at_stays_within_the_decoders_positions(start, k):
+    """A runaway Skip-AT skeleton of stride k stops before its steps (positions t k) or its
+    stage-II input (positions 1..m k) pass the decoder's positions."""
+    class Encoded:
+        size = 1
+
+    backend = NeverEnds()
+    config = search.SearchConfig(beam=1, max_len_a=0.0, max_len_b=1000)
+    (hypo,), = search.left_to_right(backend, Encoded(), 5, config, [PAD], start=start)
+    m = hypo["tokens"].size
+    assert max(backend.positions) < backend.max_target_positions
+    if k > 1:  # stage II's positions 1..m k
+        assert m * k <= backend.max_target_positions - 1
+    assert m == search.position_cap(backend.max_target_positions, k) + 1  # it ran to the cap
