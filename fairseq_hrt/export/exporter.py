@@ -376,6 +376,7 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
             shutil.copyfile(source, os.path.join(tmp, name))
     share_weights(tmp, sorted(graphs))
     config = dict(config, int8=True)
+    record_files(tmp, config)  # the int8 graphs' and weights' own sizes and checksums
     with open(os.path.join(tmp, CONFIG), "w") as f:
         json.dump(config, f, indent=1)
     for name in sorted(os.listdir(tmp), key=lambda n: n == CONFIG):
