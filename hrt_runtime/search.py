@@ -77,12 +77,11 @@ class Rules:
         return self.early if step < self.config.min_len else self.usual
 
 
-_MADE: Dict[tuple, object] = {}  # rules and biases over the whole vocabulary, made once per configuration
+_MADE: Dict[tuple, object] = {}  # what a search reuses across batches, made once per configuration
 
 
 def _once(key, make):
-    if key[-1] is not None:  # a shortlist's rows: its own, per batch
-        return make()
+    """``make()``, made once per ``key`` (a small cache: cleared when it grows past 256)."""
     found = _MADE.get(key)
     if found is None:
         if len(_MADE) > 256:
@@ -94,8 +93,9 @@ def _once(key, make):
 def rules_of(config: SearchConfig, eos: int, unk: int, banned: Sequence[int], rows: OutputRows, size: int) -> Rules:
     """:class:`Rules` of a search (those over the whole vocabulary made once: a search of one
     sentence would spend a tenth of its own time making them)."""
-    return _once(("rules", config, eos, unk, tuple(banned), size, rows.ids),
-                 lambda: Rules(config, eos, unk, banned, rows, size))
+    if rows.ids is not None:  # a shortlist's rows: its own, per batch
+        return Rules(config, eos, unk, banned, rows, size)
+    return _once(("rules", config, eos, unk, tuple(banned), size), lambda: Rules(config, eos, unk, banned, rows, size))
 
 
 def banned_bias_of(banned: Sequence[int], rows: OutputRows, size: int) -> np.ndarray:
@@ -105,7 +105,7 @@ def banned_bias_of(banned: Sequence[int], rows: OutputRows, size: int) -> np.nda
         bias[rows.positions(banned)] = -np.inf
         return bias
 
-    return _once(("banned", tuple(banned), size, rows.ids), make)
+    return make() if rows.ids is not None else _once(("banned", tuple(banned), size), make)
 
 
 def positional_scores(cumulative: np.ndarray) -> np.ndarray:
@@ -316,12 +316,13 @@ def mask_columns(width: int, k: int) -> np.ndarray:
     """The columns of a stage-II input of ``width`` slots that may hold masks: the ``k - 1``
     first of every chunk (every ``k``-th holds a skeleton token). The non-causal pass
     computes its last layer at these columns only."""
-    found = _MADE.get(("columns", width, k))
-    if found is None:
+    def make():
         column = np.arange(width, dtype=np.int64)
-        found = _MADE[("columns", width, k)] = column[(column + 1) % k != 0]
-        found.flags.writeable = False
-    return found
+        columns = column[(column + 1) % k != 0]
+        columns.flags.writeable = False  # shared by every caller
+        return columns
+
+    return _once(("columns", width, k), make)
 
 
 def truncate_at_first_eos(tokens: np.ndarray, eos: int, pad: int) -> np.ndarray:
@@ -516,7 +517,7 @@ def hrt(model, encoded, source_width: int, config: SearchConfig, k: int, banned:
         return left_to_right(model, encoded, source_width, config, banned, rows=rows)
     if k not in model.chunk_start:
         raise ValueError(f"chunk size {k}: this model has start symbols for {sorted(model.chunk_start)} only")
-    stage1 = _once(("stage I", config, k, None), lambda: config.for_chunk_size(k))
+    stage1 = _once(("stage I", config, k), lambda: config.for_chunk_size(k))
     skeletons = left_to_right(model, encoded, source_width, stage1, banned, start=model.chunk_start[k], rows=rows)
     return stage2(model, encoded, skeletons, k, banned, b_nat, config.len_penalty, rows, bucket_padding)
 

@@ -25,27 +25,22 @@ run here over the model's :class:`~fairseq_hrt.generation.lean.TorchBackend` and
 Runtime by ``--decoder-engine onnxruntime``.
 """
 import logging
-from typing import Dict, Iterable, List
+from typing import Iterable
 
 import numpy as np
 import torch
-from torch import Tensor
 
-from fairseq_hrt.generation.strategies import (
-    DecodingContext,
-    DecodingStrategy,
-    register_decoding,
-    reject_unsupported_inputs,
-    to_fairseq,
-)
+from fairseq_hrt.generation.options import SearchOptions
+from fairseq_hrt.generation.search_generator import SearchGenerator
+from fairseq_hrt.generation.strategies import DecodingContext, DecodingStrategy, register_decoding
 from fairseq_hrt.models.kinds import is_mask_predict
-from hrt_runtime.search import mask_predict
 
 logger = logging.getLogger(__name__)
 
 
-class MaskPredictGenerator:
-    """Mask-Predict with ``iterations`` (I) decoder passes and a length beam of ``length_beam`` (l).
+class MaskPredictGenerator(SearchGenerator):
+    """Mask-Predict with ``iterations`` (I) decoder passes and a length beam of ``length_beam`` (l),
+    the one search's (:class:`SearchGenerator`) over the model's ``TorchBackend``.
 
     Args:
         models: one ``cmlm_*`` model (no ensembles)
@@ -57,6 +52,9 @@ class MaskPredictGenerator:
         shortlist: a lexical shortlist (:mod:`fairseq_hrt.shortlist`): every pass computes the
             output layer for the batch's candidates only (log-probabilities over them)
     """
+
+    engine = "lean"
+    what = "Mask-Predict decoding"
 
     def __init__(
         self,
@@ -82,32 +80,20 @@ class MaskPredictGenerator:
         if length_beam < 1:
             raise ValueError(f"--iter-decode-with-beam (Mask-Predict's length beam l) must be >= 1, got {length_beam}")
         self.model = models[0]
-        self.backend = TorchBackend(self.model, tgt_dict, mask=mask)
+        super().__init__(TorchBackend(self.model, tgt_dict, mask=mask), tgt_dict,
+                         SearchOptions(beam=1, max_len_a=max_len_a, max_len_b=max_len_b), banned, shortlist,
+                         iterations=iterations, length_beam=length_beam)
         self.tgt_dict = tgt_dict
-        self.pad, self.eos = tgt_dict.pad(), tgt_dict.eos()
         self.mask = mask
-        self.iterations = iterations
-        self.length_beam = length_beam
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.print_steps = print_steps
-        self.shortlist = shortlist
-        self.banned = sorted(set(banned))
+        if print_steps:
+            self.on_iteration = self._log_step
 
-    # fairseq's generate loop calls generator.generate(models, sample, prefix_tokens=..., ...);
-    # like fairseq's SequenceGenerator it decodes with the model it was built with
-    @torch.no_grad()
-    def generate(self, models, sample: Dict[str, Dict[str, Tensor]], **kwargs) -> List[List[Dict[str, Tensor]]]:
-        reject_unsupported_inputs("Mask-Predict decoding", **kwargs)
-        net_input = sample["net_input"]
-        src_tokens = net_input["src_tokens"]
+    def encode(self, net_input):
         encoded = self.backend.encode_fairseq(net_input)
         encoded.length_lprobs = self.model.forward_length(encoded.encoder_out).float().cpu().numpy()
-        rows = self.backend.rows(None if self.shortlist is None
-                                 else self.shortlist.candidates(src_tokens, self.pad).cpu().numpy())
-        found = mask_predict(self.backend, encoded, src_tokens.cpu().numpy(), self.iterations, self.length_beam,
-                             self.max_len_a, self.max_len_b, self.banned, rows,
-                             on_iteration=self._log_step if self.print_steps else None)
-        return to_fairseq(found, src_tokens.device)
+        return encoded
 
     def _log_step(self, t: int, before: np.ndarray, after: np.ndarray):
         keep = before != self.pad

@@ -28,6 +28,7 @@ class SearchGenerator:
     :meth:`encode`."""
 
     engine = ""
+    what = ""  # how refusals name this generator (default: "--decoder-engine ENGINE")
 
     def __init__(self, backend, tgt_dict, options: SearchOptions, banned: Sequence[int], shortlist=None,
                  chunk_size=None, b_nat: int = 1, iterations: int = 0, length_beam: int = 1):
@@ -43,6 +44,7 @@ class SearchGenerator:
         self.chunk_size, self.b_nat = chunk_size, b_nat
         self.iterations, self.length_beam = iterations, length_beam  # Mask-Predict's I and l
         self.last_vocab: Optional[torch.Tensor] = None
+        self.on_iteration = None  # Mask-Predict: called with the first row before and after each pass
         self._stage1: Dict[int, "SearchGenerator"] = {}
 
     def encode(self, net_input):
@@ -60,9 +62,6 @@ class SearchGenerator:
             self._stage1[k] = stage1
         return self._stage1[k]
 
-    def max_len(self, src_tokens) -> int:
-        return self.options.max_len(src_tokens.size(1), self.backend.max_target_positions - 1)
-
     def rows_of(self, src_tokens):
         """The output rows of a batch: all, or its shortlist candidates (kept as ``last_vocab``)."""
         if self.shortlist is None:
@@ -72,7 +71,7 @@ class SearchGenerator:
 
     @torch.no_grad()
     def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict]]:
-        reject_unsupported_inputs(f"--decoder-engine {self.engine}", **kwargs)
+        reject_unsupported_inputs(self.what or f"--decoder-engine {self.engine}", **kwargs)
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         encoded = self.encode(net_input)
@@ -80,7 +79,7 @@ class SearchGenerator:
         if self.iterations:
             found = search.mask_predict(self.backend, encoded, src_tokens.cpu().numpy(), self.iterations, self.length_beam,
                                         self.options.max_len_a, self.options.max_len_b, self.banned,
-                                        rows=self.rows_of(src_tokens))
+                                        rows=self.rows_of(src_tokens), on_iteration=self.on_iteration)
             return to_fairseq(found, src_tokens.device)
         if self.chunk_size is None or bos_token is not None:
             found = search.left_to_right(self.backend, encoded, width, self.options, self.banned, start=bos_token,
