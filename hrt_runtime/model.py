@@ -14,6 +14,21 @@ from hrt_runtime.integrity import check_folder
 FORMAT, VERSION = "fairseq-hrt-onnx", 3
 
 
+# the greedy loop graph (greedy.onnx, fairseq_hrt/export/loop.py): the settings it reads beside the
+# encoder side, and the name of its input holding a state's start (``past_k0`` -> ``initial_k0``)
+LOOP_SETTINGS = ("stride", "max_len", "min_len", "usual_bias", "early_bias", "final_bias", "encoder_bias")
+
+
+def loop_state_name(past_name: str) -> str:
+    return "initial_" + past_name.split("_", 1)[1]
+
+
+# the most rows the greedy loop decodes: it runs rows that have ended until the last one ends,
+# where the search's own steps drop them (mini AT, 1 thread, ms per sentence, loop / steps:
+# batch 1 1.64 / 1.84, 2 1.29 / 1.42, 4 0.96 / 0.94, 8 0.94 / 0.83). int8 graphs: one row, as
+# their activations are quantized with one scale per batch, which rows that ended would change
+LOOP_ROWS, LOOP_ROWS_INT8 = 2, 1
+
 REQUIRED = ("kind", "layers", "heads", "head_dim", "vocab_size", "max_target_positions", "max_source_positions",
             "pad", "eos", "unk", "source_eos", "source_pad", "source_unk", "chunk_start", "trained_chunk_sizes",
             "banned", "source_dictionary", "target_dictionary", "graphs")
@@ -142,6 +157,7 @@ class ExportedModel:
         self.max_target_positions = c["max_target_positions"]
         self.chunk_start = {int(k): v for k, v in c["chunk_start"].items()}
         self.threads = threads
+        self.loop_rows = LOOP_ROWS_INT8 if c.get("int8") else LOOP_ROWS
         self.window = int(c.get("relative_window", 0))
         self._buckets: Dict = {}
         self._options = ort.SessionOptions()
@@ -255,6 +271,23 @@ class ExportedModel:
         out = self.runner(("step" if top == 1 else "step_top") + ("_restricted" if state.rows.ids is not None else ""))(feeds)
         state.past = out[2:]
         return out[0], out[1]
+
+    def greedy_loop(self, encoded: Encoded, start: int, max_len: int, rules, out_rows: OutputRows):
+        """Every step of a greedy search from ``start`` in one run of ``greedy.onnx``: ``(tokens,
+        scores)``, each ``(N, T)``, the steps' tokens and log-probabilities (a row is read up to
+        its first ``</s>``), under ``rules`` (:class:`hrt_runtime.search.Rules`: its three biases,
+        ``min_len``) and ``max_len``. ``None`` where the loop does not serve the batch (a folder
+        exported without it, a shortlist's rows, more than :data:`LOOP_ROWS` rows): the search
+        then makes the steps itself, with the same result."""
+        n = encoded.size
+        if out_rows.ids is not None or n > self.loop_rows or "greedy" not in self.config["graphs"]:
+            return None
+        feeds = {"start": np.full(n, start, np.int64), "stride": np.array(self.stride_of(start), np.int64),
+                 "max_len": np.array(max_len, np.int64), "min_len": np.array(rules.config.min_len, np.int64),
+                 "usual_bias": rules.usual, "early_bias": rules.early, "final_bias": rules.final, **encoded.feeds()}
+        feeds.update((loop_state_name(name), past) for name, past in zip(self.past_names, self.empty_past(n)))
+        tokens, scores = self.runner("greedy")(feeds)
+        return tokens.T, scores.T
 
     def reorder(self, state: StepState, index: np.ndarray, step: int, sentences: Optional[np.ndarray] = None):
         """Row ``r`` of the state becomes old row ``index[r]``; ``sentences``: only these of

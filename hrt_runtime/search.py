@@ -152,7 +152,23 @@ def _finalize(config, finalized, sentences, tokens, cumulative, step):
         finalized[sent].append({"tokens": tokens[r].copy(), "score": float(scores[r]), "positional_scores": per_token[r].copy()})
 
 
+def _looped(config, eos: int, tokens: np.ndarray, scores: np.ndarray) -> List[List[Hypothesis]]:
+    """The hypotheses of a backend's greedy loop (``tokens``, ``scores``: ``(N, T)``, every
+    step of every row): each row up to its first ``</s>`` (the loop's last step: the maximum
+    length), scored as :func:`_greedy` scores its own steps (the same float32 running sum)."""
+    cumulative = np.cumsum(scores, axis=1, dtype=np.float32)
+    ended = tokens == eos
+    ends = np.where(ended.any(axis=1), ended.argmax(axis=1), tokens.shape[1] - 1)
+    finalized: List[List[Hypothesis]] = [[] for _ in range(tokens.shape[0])]
+    for r, end in enumerate(ends.tolist()):
+        _finalize(config, finalized, [r], tokens[r:r + 1, :end + 1], cumulative[r:r + 1, :end + 1], end)
+    return finalized
+
+
 def _greedy(model, encoded, max_len, start, rules, rows, config):
+    looped = model.greedy_loop(encoded, start, max_len, rules, rows)
+    if looped is not None:
+        return _looped(config, model.eos, *looped)
     bsz = encoded.size
     tokens = np.empty((bsz, max_len + 1), np.int64)
     cumulative = np.empty((bsz, max_len + 1), np.float32)

@@ -131,6 +131,13 @@ def test_int8_quantizes_the_exported_graphs_not_the_model(tmp_path):
     assert ops & {"MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul"}
     hypos = gen.generate([model], make_sample(task, RAGGED[:6]))
     assert len(hypos) == 6 and all(h[0]["tokens"].numel() >= 1 for h in hypos)
+    # the greedy loop's body is quantized as the step is: one sentence gives what the steps give
+    loop = next(n for n in onnx.load(gen.runtime.folder + "/greedy.onnx").graph.node if n.op_type == "Loop")
+    assert {n.op_type for n in loop.attribute[0].g.node} & {"MatMulInteger", "DynamicQuantizeMatMul"}
+    one = make_sample(task, RAGGED[:1])
+    looped = gen.generate([model], one)
+    gen.runtime.loop_rows = 0
+    assert_same_hypotheses(looped, gen.generate([model], one))
     with pytest.raises(ValueError, match="needs the model loaded in float"):
         prepare_for_decoding(model, "int8", "lean")
         build_generator(str(tmp_path), model, "--quantize", "int8", "--decoder-engine", "onnxruntime")
@@ -211,6 +218,8 @@ def test_ssru_students_equal_lean(tmp_path, extra):
         _, ours = build_generator(str(tmp_path), model, "--max-len-b", "12", *flags, "--decoder-engine", "onnxruntime")
         assert ours.runtime.recurrent and "past_c0" in ours.runtime.past_names
         assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
+        for few in (RAGGED[:1], RAGGED[1:3]):  # greedy: the loop graph, carrying the cells
+            assert_same_hypotheses(ref.generate([model], make_sample(task, few)), ours.generate([model], make_sample(task, few)))
 
 
 @pytest.mark.parametrize("variant", [("--decoder-normalize-before", "--encoder-normalize-before"), (),
@@ -269,3 +278,54 @@ def test_blocked_max_is_max_with_the_first_index():
         value, index = blocked_max(x, block)
         assert torch.equal(value, expected_value) and torch.equal(index, expected_index), block
     assert argmax_block(8008) == 88 and argmax_block(60) in (6, 10) and argmax_block(53) == 1
+
+
+LOOP_CASES = [
+    ("at", ("--beam", "1")),
+    ("at", ("--beam", "1", "--min-len", "3", "--unkpen", "0.5", "--max-len-a", "0.5")),
+    ("hrt", ("--decode-chunk-size", "1", "--beam", "1")),
+    ("hrt", ("--decode-chunk-size", "2", "--beam", "1")),
+    ("hrt", ("--decode-chunk-size", "3", "--beam", "1")),
+]
+
+
+@pytest.mark.parametrize("which,flags", LOOP_CASES, ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_the_greedy_loop_equals_lean(random_models, which, flags):
+    """Greedy search and HRT's Skip-AT on batches of one and two sentences run as one ONNX
+    ``Loop`` (``greedy.onnx``: the rules and the end inside the graph; the HRT model's relative
+    keys from the loop's step): the lean engine's hypotheses and scores. (Rows that end before
+    the others: tests/test_search.py.)"""
+    data_dir, task, hrt, at = random_models
+    model = hrt if which == "hrt" else at
+    _, ref = build_generator(data_dir, model, "--max-len-b", "12", *flags)
+    _, ours = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--decoder-engine", "onnxruntime")
+    runtime = ours.runtime
+    looped = []
+    real = runtime.greedy_loop
+    runtime.greedy_loop = lambda *a: looped.append(real(*a)) or looped[-1]
+    for sentences in ([RAGGED[0]], [RAGGED[3]], RAGGED[1:3], RAGGED[4:6], [[]]):
+        sample = make_sample(task, sentences)
+        assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
+    assert looped and all(result is not None for result in looped)
+
+
+def test_the_greedy_loop_serves_few_rows_only(random_models):
+    """More rows than ``LOOP_ROWS`` (the loop would decode rows that ended), a shortlist's rows
+    or a folder without the loop: the search makes its own steps."""
+    from hrt_runtime.model import LOOP_ROWS
+
+    data_dir, task, hrt, at = random_models
+    _, ours = build_generator(data_dir, at, "--max-len-b", "12", "--beam", "1", "--decoder-engine", "onnxruntime")
+    runtime = ours.runtime
+    calls = []
+    real = runtime.greedy_loop
+    runtime.greedy_loop = lambda *a: calls.append(real(*a)) or calls[-1]
+    ours.generate([at], make_sample(task, RAGGED[:LOOP_ROWS + 1]))
+    assert calls == [None]
+    graphs = dict(runtime.config["graphs"])
+    del runtime.config["graphs"]["greedy"]
+    try:
+        ours.generate([at], make_sample(task, RAGGED[:1]))
+    finally:
+        runtime.config["graphs"] = graphs
+    assert calls[-1] is None

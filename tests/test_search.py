@@ -90,6 +90,9 @@ class NeverEnds:
         token[bias[token] == -np.inf] = EOS  # forced </s> at the maximum length
         return np.full(tokens.shape[0], -0.1, np.float32), token
 
+    def greedy_loop(self, encoded, start, max_len, rules, rows):
+        return None
+
     def reorder(self, state, index, step, sentences=None):
         pass
 
@@ -109,3 +112,65 @@ def test_skip_at_stays_within_the_decoders_positions(start, k):
     if k > 1:  # stage II's positions 1..m k
         assert m * k <= backend.max_target_positions - 1
     assert m == search.position_cap(backend.max_target_positions, k) + 1  # it ran to the cap
+
+
+class Scripted:
+    """A left-to-right backend whose row r emits ``script[r]`` (then token 9 for ever), with
+    scores -0.1 x (step + 1); ``loop``: it also offers the whole search as one loop, which goes
+    on for rows that ended until every row has."""
+
+    pad, eos, unk, bos, mask = PAD, EOS, 3, 0, MASK
+    vocab_size, max_target_positions, chunk_start = 60, 64, {}
+
+    def __init__(self, script, loop):
+        self.script, self.loop, self.looped = script, loop, 0
+
+    def stride_of(self, start):
+        return 1
+
+    def token(self, row, step, bias):
+        script = self.script[row]
+        token = script[step] if step < len(script) else 9
+        return EOS if bias[token] == -np.inf else token
+
+    def begin(self, encoded, rows, steps, start, out_rows):
+        return list(range(rows))  # the state: which script each row follows
+
+    def step(self, rows, tokens, step, bias, top=1):
+        token = np.array([self.token(r, step, bias) for r in rows], np.int64)
+        return np.full(len(rows), -0.1 * (step + 1), np.float32), token
+
+    def reorder(self, rows, index, step, sentences=None):
+        rows[:] = [rows[i] for i in index]
+
+    def greedy_loop(self, encoded, start, max_len, rules, rows):
+        if not self.loop:
+            return None
+        self.looped += 1
+        tokens, scores, finished, step = [], [], np.zeros(encoded.size, bool), 0
+        while step <= max_len and not finished.all():
+            token = np.array([self.token(r, step, rules.bias(step, max_len)) for r in range(encoded.size)], np.int64)
+            tokens.append(token)
+            scores.append(np.full(encoded.size, -0.1 * (step + 1), np.float32))
+            finished |= token == EOS
+            step += 1
+        return np.stack(tokens, axis=1), np.stack(scores, axis=1)
+
+
+def test_a_greedy_loop_gives_the_searchs_hypotheses():
+    """A backend's greedy loop (every step of every row, rows that ended going on) gives the
+    hypotheses of the search's own steps: each row cut at its first </s>, the maximum length
+    forcing </s>, the same scores."""
+    class Encoded:
+        size = 3
+
+    script = [[11, 12, EOS], [13, EOS], [14, 15, 16, 17, 18, 19, 20, 21]]  # the last one runs to max_len
+    config = search.SearchConfig(beam=1, max_len_a=0.0, max_len_b=5, len_penalty=0.7)
+    ours = Scripted(script, loop=True)
+    looped = search.left_to_right(ours, Encoded(), 4, config, [PAD])
+    stepped = search.left_to_right(Scripted(script, loop=False), Encoded(), 4, config, [PAD])
+    assert ours.looped == 1
+    assert [h[0]["tokens"].tolist() for h in looped] == [[11, 12, EOS], [13, EOS], [14, 15, 16, 17, 18, EOS]]
+    for (a,), (b,) in zip(looped, stepped):
+        assert a["tokens"].tolist() == b["tokens"].tolist() and a["score"] == b["score"]
+        assert np.array_equal(a["positional_scores"], b["positional_scores"])

@@ -33,7 +33,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from fairseq_hrt.export.graphs import EncoderGraph, ParallelGraph, StepGraph
+from fairseq_hrt.export.graphs import EncoderGraph, GreedyLoopBody, ParallelGraph, StepGraph
+from fairseq_hrt.export.loop import body_inputs, greedy_loop
 from fairseq_hrt.models.kinds import AT, HRT, MASK_PREDICT, model_kind, unwrap
 from hrt_runtime.model import FORMAT, VERSION  # the runtime reads what this writes: defined once
 
@@ -191,8 +192,9 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     tmp = tempfile.mkdtemp(dir=out_dir, prefix=".export-")
     files: Dict[str, str] = {}
 
-    def export(graph, args, inputs, outputs, dynamic, name, k_input=False):
-        """Trace ``graph`` into ``tmp/name``, weights as initializers (``k_input``: TopK's k an input)."""
+    def export(graph, args, inputs, outputs, dynamic, name, k_input=False, wrap=None):
+        """Trace ``graph`` into ``tmp/name``, weights as initializers (``k_input``: TopK's k an
+        input; ``wrap``: the traced model -> the model to save)."""
         import onnx
 
         path = os.path.join(tmp, name)
@@ -204,6 +206,8 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         _constants_to_initializers(graph_model)
         if k_input:
             _k_as_input(graph_model)
+        if wrap is not None:
+            graph_model = wrap(graph_model)
         onnx.save(graph_model, path)
         files[name.rsplit(".", 1)[0]] = name
 
@@ -273,6 +277,21 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
                     "logit_bias": {0: "V"},
                     "encoder_bias": {0: "B", 3: "S"}, **{n: {0: "B", 2: "S"} for n in enc_names},
                     "score": {0: "M"}, "token": {0: "M"}, **rows_dyn}, f"parallel{suffix}.onnx")
+
+    if kind != MASK_PREDICT:  # the greedy search (AT, AT mode, Skip-AT) as one run: export/loop.py
+        n = 2 * B
+        loop_past = ([torch.zeros(n, cell_dim) for _ in range(layers)] if recurrent
+                     else [torch.zeros(n, heads, t, head_dim) for _ in range(2 * layers)])
+        lengths = [torch.tensor(1), torch.tensor(10), torch.tensor(1)]  # stride, max_len, min_len
+        body_args = (torch.tensor(t), torch.tensor(True), torch.zeros(n, dtype=torch.bool),
+                     torch.full((n,), tgt_dict.eos()), *loop_past, *lengths, logit_bias, logit_bias, logit_bias, *rows_kv)
+        row_axes = {n: ({0: "N"} if recurrent else {0: "N", 2: "t"}) for n in past}
+        export(GreedyLoopBody(model, max_positions, tgt_dict.eos()), body_args, body_inputs(past, enc_names),
+               ["cond_out", "finished_out", "token", *present, "score"],
+               {"finished": {0: "N"}, "prev": {0: "N"}, **row_axes, "encoder_bias": {0: "N", 3: "S"},
+                **{n: {0: "N", 2: "S"} for n in enc_names}, "finished_out": {0: "N"}, "token": {0: "N"},
+                **{n: ({0: "N"} if recurrent else {0: "N", 2: "t1"}) for n in present}, "score": {0: "N"}},
+               "greedy.onnx", wrap=lambda body: greedy_loop(body, past, present, enc_names))
 
     share_weights(tmp, list(files.values()))
     # the output rows as arrays: a shortlist gathers its rows from them once per batch
@@ -371,7 +390,9 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
         if name in graphs:
             with warnings.catch_warnings(), _quiet_root_logger():
                 warnings.simplefilter("ignore")
-                quantize_dynamic(source, os.path.join(tmp, name), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+                # EnableSubgraph: the greedy loop's body (greedy.onnx) is quantized as the step is
+                quantize_dynamic(source, os.path.join(tmp, name), weight_type=QuantType.QInt8,
+                                 op_types_to_quantize=["MatMul", "Gemm"], extra_options={"EnableSubgraph": True})
         elif name not in (CONFIG, WEIGHTS) and os.path.isfile(source):
             shutil.copyfile(source, os.path.join(tmp, name))
     share_weights(tmp, sorted(graphs))

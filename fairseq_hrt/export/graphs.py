@@ -91,7 +91,7 @@ class _DecoderGraph(nn.Module):
     """What every decoder graph holds: the planned pass, the fused and scaled projections,
     the position table, the output rows."""
 
-    def __init__(self, model, max_positions: int, restricted: bool = False):
+    def __init__(self, model, max_positions: int, restricted: bool = False, blocked: bool = True):
         super().__init__()
         decoder = model.decoder
         pass_ = decoder_pass(decoder)
@@ -106,8 +106,10 @@ class _DecoderGraph(nn.Module):
         self.positions = table.detach() if table is not None else None
         self.window = pass_.window
         self.restricted = restricted
-        # the greedy choice's blocks over the whole output layer (restricted rows: their number varies)
-        self.block = 1 if restricted else argmax_block(decoder.output_projection.weight.size(0))
+        # the greedy choice's blocks over the whole output layer (restricted rows: their number
+        # varies; ``blocked`` False: a graph for few rows, where the blocks' 17 operators cost
+        # more than one ArgMax over the vocabulary)
+        self.block = 1 if restricted or not blocked else argmax_block(decoder.output_projection.weight.size(0))
 
     def prologue(self, tokens: Tensor, position_rows: Optional[Tensor]) -> Tensor:
         return DecoderPass._prologue(self.plan, tokens, position_rows)
@@ -140,8 +142,8 @@ class StepGraph(_DecoderGraph):
     (N,)`` (``top`` 1) or ``top_scores (N, K)``, ``top_rows (N, K)``; then per layer present
     keys, values ``(N, H, t + 1, d)`` (SSRU: per layer the new cell)."""
 
-    def __init__(self, model, max_positions: int, top: int = 1, restricted: bool = False):
-        super().__init__(model, max_positions, restricted)
+    def __init__(self, model, max_positions: int, top: int = 1, restricted: bool = False, blocked: bool = True):
+        super().__init__(model, max_positions, restricted, blocked)
         self.top = top
 
     def forward(self, tokens, position, *inputs):
@@ -181,6 +183,44 @@ class StepGraph(_DecoderGraph):
         for i, layer in enumerate(self.plan.layers):
             x = layer_forward(layer, i, x, recurrent_block if self.recurrent else self_block, encoder_block)
         return (*best_allowed(self.logits(x, out_weight, out_bias), logit_bias, self.top, self.block), *present_k, *present_v)
+
+
+class GreedyLoopBody(nn.Module):
+    """The body of the greedy loop (``greedy.onnx``, :func:`~fairseq_hrt.export.loop.greedy_loop`):
+    one :class:`StepGraph` step of the whole greedy search, its rules and its end inside the
+    graph, so a sentence's steps are one ONNX Runtime run instead of one run each from Python
+    (a run and the search's numpy work around it cost more than a small model's step).
+
+    Inputs (an ONNX ``Loop`` body's): the iteration ``i`` (the step), the loop condition, then
+    the carried ``finished (N,)``, ``prev (N,)`` (the last tokens) and the past keys, values (SSRU:
+    cells); the search's settings ``stride``, ``max_len``, ``min_len`` and its three biases
+    (:class:`hrt_runtime.search.Rules`: ``usual``, ``early`` before ``min_len``, ``final`` at
+    ``max_len``) and the encoder side are read from the loop's graph by name. Outputs: the
+    condition (some row has not reached ``</s>``), the carried values, then ``score (N,)`` of
+    the step (the step's token is both carried and collected)."""
+
+    def __init__(self, model, max_positions: int, eos: int):
+        super().__init__()
+        # one ArgMax: the loop decodes few rows (``hrt_runtime.model.LOOP_ROWS``)
+        self.step = StepGraph(model, max_positions, top=1, blocked=False)
+        self.eos = eos
+        self.window = self.step.window
+        self.layers = len(self.step.plan.layers)
+        self.n_past = self.layers if self.step.recurrent else 2 * self.layers
+
+    def forward(self, i, cond, finished, prev, *rest):
+        past = rest[:self.n_past]
+        stride, max_len, min_len, usual, early, final, encoder_bias = rest[self.n_past:self.n_past + 7]
+        enc = rest[self.n_past + 7:]
+        position = (i * stride).reshape(1)
+        bias = torch.where(i >= max_len, final, torch.where(i < min_len, early, usual))
+        buckets = []
+        if self.window > 0:  # hrt_runtime.model.ExportedModel.buckets
+            keys = torch.arange(i + 1, dtype=torch.int64)
+            buckets = [((keys - i) * stride).clamp(-self.window, self.window) + self.window]
+        score, token, *present = self.step(prev, position, *buckets, bias, encoder_bias, *enc, *past)
+        finished = finished | token.eq(self.eos)
+        return (~finished.all(), finished, token, *present, score)
 
 
 class ParallelGraph(_DecoderGraph):

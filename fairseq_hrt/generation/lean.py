@@ -143,6 +143,10 @@ class TorchBackend:
             logits = self._compiled_step(state, prev, step)
         return self._choose(logits, logit_bias, top)
 
+    def greedy_loop(self, encoded: TorchEncoded, start: int, max_len: int, rules, out_rows: TorchRows):
+        """No whole-search loop: the search makes the steps (a step here costs no Python run)."""
+        return None
+
     def reorder(self, state: DecoderState, index: np.ndarray, step: int, sentences: Optional[np.ndarray] = None):
         state.reorder_rows(self._tensor(index), step)
         if sentences is not None:
