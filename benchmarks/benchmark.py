@@ -82,10 +82,10 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 
 from benchmarks import ct2_reference  # noqa: E402
 from benchmarks.measure import (  # noqa: E402,F401  (the pure parts are part of this script's interface)
-    BASELINE, CT2_FAMILY, ENGINE_SUFFIX, PARALLEL_METHODS, Context, System, cuda_sync, family_of, fastest_baseline,
-    parse_beam_pairs, parse_engines, parse_ints, parse_named_checkpoints, read_lines, systems_from_args, write_file,
-    write_files,
+    BASELINE, CT2_FAMILY, Context, System, cuda_sync, engine_suffixes, family_of, fastest_baseline, parse_beam_pairs,
+    parse_engines, parse_ints, parse_named_checkpoints, read_lines, systems_from_args,
 )
+from benchmarks.report_files import write_file, write_files  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
 
@@ -146,7 +146,7 @@ def engine_agreement(hyps: Dict[str, List[str]], bleu: Dict[str, float]) -> List
     runtimes, so a near-tie may flip a token; the counts say how often."""
     out = []
     for name, texts in hyps.items():
-        for suffix in (s for s in ENGINE_SUFFIX.values() if s):
+        for suffix in engine_suffixes():
             if suffix in name:
                 reference = name.replace(suffix, "", 1)
                 if reference in hyps:
@@ -508,19 +508,21 @@ def parse_args(argv=None):
     g.add_argument("--mp-iterations", default="1,4,10", help="Mask-Predict iterations I")
     g.add_argument("--mp-length-beam", type=int, default=5, help="Mask-Predict length candidates l")
     g.add_argument("--parallel", default="",
-                   help="exact parallel greedy rows, comma-separated: Jacobi (pj, pgj, hgj) of --at, hrt-spec of "
-                        "--hrt (default none; pj decodes the whole maximum length per pass: slow)")
+                   help="rows of the strategies that decode with their own passes, comma-separated (every such "
+                        "registered strategy: Jacobi pj, pgj, hgj of --at, hrt-spec of --hrt); default none; pj decodes "
+                        "the whole maximum length per pass: slow")
     g.add_argument("--jacobi-block-size", type=int, default=3, help="b of the PGJ / HGJ rows")
     g.add_argument("--spec-block-size", type=int, default=4, help="drafted tokens per pass of the hrt-spec row")
     g.add_argument("--engines", default="lean,fairseq",
-                   help="decoder engines of the AT and HRT rows (--decoder-engine), comma-separated: lean, fairseq, "
-                        "onnxruntime (exports each checkpoint once to $FAIRSEQ_HRT_ONNX_CACHE)")
+                   help="decoder engines of the AT and HRT rows (--decoder-engine), comma-separated: any registered "
+                        "engine (lean, fairseq, onnxruntime: it exports each checkpoint once to $FAIRSEQ_HRT_ONNX_CACHE)")
     g.add_argument("--compile", choices=("no", "yes"), default="no",
                    help="add a compiled (--compile: torch.compile of the lean engine's step) row per AT and HRT "
                         "system; the first batch of each row pays the compilation (its warm-up)")
     g.add_argument("--int8", choices=("auto", "yes", "no"), default="auto",
-                   help="add an int8 (--quantize int8) row per system and engine that quantizes (lean, onnxruntime), "
-                        "and CTranslate2's int8 beside its float row: auto = on CPU")
+                   help="add an int8 (--quantize int8) row per system on the default engine (PyTorch's int8) and on "
+                        "each engine of --engines that quantizes its own graphs (onnxruntime), and CTranslate2's int8 "
+                        "beside its float row: auto = on CPU")
     g.add_argument("--shortlist", metavar="FILE",
                    help="a lexical shortlist (fairseq-hrt-shortlist): adds a '+shortlist' row per AT, HRT and "
                         "Mask-Predict configuration and engine of --engines that supports shortlists (lean, "

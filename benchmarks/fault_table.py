@@ -54,7 +54,7 @@ from benchmarks.faults import (  # noqa: E402
     kill_recipe, kill_while_copying, kill_while_writing, other_dictionary, random_kills, reference_runs, relative,
     runtime_and_service, set_report_root, short, short_distilled_set, truncated_checkpoint,
 )
-from benchmarks.measure import write_files  # noqa: E402
+from benchmarks.report_files import write_files  # noqa: E402
 
 
 class Table:

@@ -35,7 +35,8 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.measure import build_generator, decode, detok, load, make_batches, read_lines, write_file  # noqa: E402
+from benchmarks.measure import build_generator, decode, detok, load, make_batches, read_lines  # noqa: E402
+from benchmarks.report_files import write_file  # noqa: E402
 
 from fairseq.data import data_utils  # noqa: E402
 
@@ -43,7 +44,7 @@ from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
 from fairseq_hrt.generation.hrt_generator import fill_skeletons  # noqa: E402
 from fairseq_hrt.generation.search_rules import banned_symbols  # noqa: E402
-from fairseq_hrt.models.kinds import is_hrt  # noqa: E402
+from fairseq_hrt.models.kinds import family_of  # noqa: E402
 from fairseq_hrt.scoring.metrics import sacrebleu_score  # noqa: E402
 
 logger = logging.getLogger("hrt_quality")
@@ -122,7 +123,7 @@ def run(args) -> dict:
         raise SystemExit(f"--src, --raw-ref, --raw-src have {len(src)}, {len(refs)}, {len(raw_src)} lines; they must be aligned")
     buckets = length_buckets(raw_src)
     batches = make_batches(task, model, src, args.batch_size, use_cuda)
-    hrt = is_hrt(model)
+    hrt = family_of(model).chunk_sizes
     k = args.chunk_size
     report = {"checkpoint": os.path.basename(args.path), "sentences": len(src), "systems": {}}
 

@@ -16,15 +16,14 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
+from benchmarks.report_files import write_file, write_report  # noqa: F401  (time_split.py and ct2_reference.py,
+#   issue 31's files, take them from here until they import benchmarks.report_files)
 from benchmarks.timing import time_runs
 
 logger = logging.getLogger("measure")
 
 BASELINE = "AT greedy"
-# row-name suffix of each --engines value (the lean engine, fairseq-hrt's default, has none)
-ENGINE_SUFFIX = {"lean": "", "fairseq": " (fairseq engine)", "onnxruntime": " (onnxruntime)"}
 CT2_FAMILY = "CT2"
-PARALLEL_METHODS = ("pj", "pgj", "hgj", "hrt-spec")
 
 
 @dataclass
@@ -46,48 +45,6 @@ class System:
 
 
 # --------------------------------------------------------------------------- text and models
-
-
-def write_files(out_dir: str, files: Mapping[str, Union[str, bytes]]):
-    """The one way the measuring scripts write their outputs (reports, tables, hypotheses):
-    atomically. Every ``{name: text or bytes}`` is first written whole to a temporary file in
-    ``out_dir`` (the same file system), then the temporary files replace their targets with
-    ``os.replace``, in the order given (put the file whose presence means "complete" last).
-    A write that fails or is interrupted leaves the old files intact and no temporary file."""
-    os.makedirs(out_dir or ".", exist_ok=True)
-    parts = []
-    try:
-        for name, content in files.items():
-            path = os.path.join(out_dir, name)
-            part = f"{path}.{os.getpid()}.part"
-            parts.append((part, path))
-            if isinstance(content, bytes):
-                with open(part, "wb") as f:
-                    f.write(content)
-            else:
-                with open(part, "w", encoding="utf-8") as f:
-                    f.write(content)
-        for part, path in parts:
-            os.replace(part, path)
-    finally:
-        for part, _ in parts:
-            if os.path.exists(part):
-                os.remove(part)
-
-
-def write_file(path: str, content: Union[str, bytes]):
-    """One file, atomically (:func:`write_files`)."""
-    write_files(os.path.dirname(path), {os.path.basename(path): content})
-
-
-def write_report(out_dir: str, stem: str, report: dict, text: str, echo: bool = True, json_text: Optional[str] = None):
-    """``OUT/STEM.md`` and ``OUT/STEM.json`` of a measuring script, atomically, the JSON last
-    (the markdown is also printed unless ``echo`` is false). ``json_text``: the JSON as the
-    script formats it (default ``json.dumps(report, indent=2)``)."""
-    if echo:
-        print(text)
-    write_files(out_dir, {stem + ".md": text, stem + ".json": json.dumps(report, indent=2) if json_text is None
-                          else json_text})
 
 
 def read_lines(path, limit=0) -> List[str]:
@@ -350,12 +307,74 @@ def parse_ints(text: str) -> List[int]:
     return [int(x) for x in str(text).split(",") if x.strip()]
 
 
+# --------------------------------------------------------------- rows from the registries
+# Engines and strategies are the plugin's registries': a registered engine gets its rows by
+# its name (--engines), an engine-free strategy by its name (--parallel).
+
+
+def default_engine() -> str:
+    from fairseq_hrt.generation.options import DecodingOptions
+
+    return DecodingOptions.decoder_engine
+
+
+def engine_suffix(engine: str) -> str:
+    """A row's name suffix for ``--decoder-engine engine``: none for the default engine
+    (lean), else the engine's name in parentheses (its ``row_name`` where it has one)."""
+    from fairseq_hrt.generation.engines import get_engine
+
+    return "" if engine == default_engine() else f" ({get_engine(engine).row_name or engine})"
+
+
+def engine_suffixes() -> List[str]:
+    """The suffixes of every registered engine but the default."""
+    from fairseq_hrt.generation.engines import engine_choices
+
+    return [engine_suffix(e) for e in engine_choices() if e != default_engine()]
+
+
 def parse_engines(text: str) -> List[str]:
+    from fairseq_hrt.generation.engines import engine_choices
+
     engines = [e.strip() for e in str(text).split(",") if e.strip()]
-    bad = [e for e in engines if e not in ENGINE_SUFFIX]
+    bad = [e for e in engines if e not in engine_choices()]
     if bad or not engines:
-        raise ValueError(f"--engines {text!r}: a comma-separated list of {', '.join(ENGINE_SUFFIX)}")
+        raise ValueError(f"--engines {text!r}: a comma-separated list of {', '.join(engine_choices())}")
     return engines
+
+
+def int8_engines(engines: Sequence[str]) -> List[str]:
+    """The engines of ``engines`` with an int8 row each (``--int8``): every engine that quantizes
+    its own graphs (``quantizes_itself``: onnxruntime), and the default engine for PyTorch's
+    dynamic quantization, which the other engines decode alike (one row of it is enough)."""
+    from fairseq_hrt.generation.engines import get_engine
+
+    return [e for e in engines if get_engine(e).quantizes_itself or e == default_engine()] or [default_engine()]
+
+
+def compiled_engines(engines: Sequence[str]) -> List[str]:
+    """The engines of ``engines`` that compile their step (``supports_compile``), else the default."""
+    from fairseq_hrt.generation.engines import get_engine
+
+    return [e for e in engines if get_engine(e).supports_compile] or [default_engine()]
+
+
+def parallel_methods() -> List[str]:
+    """The strategies that decode with their own passes, on no engine (Jacobi decoding,
+    hrt-spec): a row each, not one per engine."""
+    from fairseq_hrt.generation.engines import ENGINES
+    from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
+
+    return [n for n, s in DECODING_STRATEGIES.items() if not any(s.uses_engine(e) for e in ENGINES.values())]
+
+
+def row_defaults() -> dict:
+    """What a row decodes with where it says nothing: every task option of decoding at its
+    default (a row states its whole decoding, whatever the checkpoint's saved task options
+    are), AT mode for HRT checkpoints (chunk size 1) unless the row says otherwise."""
+    from fairseq_hrt.generation.options import task_defaults
+
+    return dict(task_defaults(), decode_chunk_size=1)
 
 
 def engine_supports_shortlist(engine: str) -> bool:
@@ -372,7 +391,7 @@ def engine_refuses(engine: str, decoding: dict) -> List[str]:
     from fairseq_hrt.generation.engines import get_engine
     from fairseq_hrt.generation.options import DecodingOptions
 
-    options = dict(ROW_DEFAULTS, **dict(decoding, decoder_engine=engine))
+    options = dict(row_defaults(), **dict(decoding, decoder_engine=engine))
     options["decode_chunk_size"] = str(options["decode_chunk_size"])
     return list(get_engine(engine).unsupported(DecodingOptions().replace(**options)))
 
@@ -425,15 +444,6 @@ class Family:
         return None
 
 
-# what a row decodes with where it says nothing: a row states its whole decoding, whatever
-# the checkpoint's saved task options are
-# the engines with an int8 row each (``--int8``): those with a ``--quantize int8`` of their own
-INT8_ENGINES = ("lean", "onnxruntime")
-
-ROW_DEFAULTS = {"decoding": "auto", "decoder_engine": "lean", "quantize": "none", "shortlist": None, "compile": False,
-                "decode_chunk_size": 1, "b_nat": 1, "jacobi_block_size": None}
-
-
 class _FairseqFamily(Family):
     """Families decoded by the plugin's generators, with one row per ``--engines`` value, an
     int8 row (``--int8``), a shortlist row (``--shortlist``) and a compiled row (``--compile``,
@@ -443,35 +453,36 @@ class _FairseqFamily(Family):
     compile_rows = True
 
     def variants(self, args, name, checkpoint, decoding, baseline_candidate=False) -> List[System]:
-        """The rows of one configuration: one per ``--engines`` value, ``int8`` (lean), one
-        ``+shortlist`` row per engine of ``--engines`` that restricts the output layer (the
-        engine's suffix before "+shortlist"; lean when none of them does) and ``compiled``
-        (lean). A row whose engine cannot decode it is left out when measuring
-        (:meth:`refused`)."""
+        """The rows of one configuration: one per ``--engines`` value, ``int8`` rows
+        (:func:`int8_engines`), one ``+shortlist`` row per engine of ``--engines`` that restricts
+        the output layer (the engine's suffix before "+shortlist"; the default engine when none
+        of them does) and ``compiled`` rows (:func:`compiled_engines`). A row whose engine
+        cannot decode it is left out when measuring (:meth:`refused`)."""
         # a family without engine rows (Mask-Predict) decodes with its own generator: one row
-        engines = parse_engines(getattr(args, "engines", "lean")) if self.engine_rows else ["lean"]
+        default = default_engine()
+        engines = parse_engines(getattr(args, "engines", default)) if self.engine_rows else [default]
+
+        def suffix(engine):
+            return engine_suffix(engine) if self.engine_rows else ""
+
         out = []
         for engine in engines:
-            suffix = ENGINE_SUFFIX[engine] if self.engine_rows else ""
-            out.append(System(name + suffix, self.name, checkpoint, dict(decoding, decoder_engine=engine),
+            out.append(System(name + suffix(engine), self.name, checkpoint, dict(decoding, decoder_engine=engine),
                               baseline_candidate=baseline_candidate))
         if getattr(args, "int8", "no") == "yes":
-            # one int8 row per engine that quantizes (lean's PyTorch dynamic quantization, ONNX
-            # Runtime's of its graphs), so that int8 is compared with int8 on each engine
-            for engine in [e for e in engines if e in INT8_ENGINES] or ["lean"]:
-                suffix = ENGINE_SUFFIX[engine] if self.engine_rows else ""
-                out.append(System(name + suffix + " int8", self.name, checkpoint,
+            for engine in int8_engines(engines):  # int8 compared with int8 on each engine
+                out.append(System(name + suffix(engine) + " int8", self.name, checkpoint,
                                   dict(decoding, decoder_engine=engine, quantize="int8")))
         if getattr(args, "shortlist", None):
             shortlisted = [e for e in engines if engine_supports_shortlist(e)] if self.engine_rows else []
-            for engine in shortlisted or ["lean"]:
-                suffix = ENGINE_SUFFIX[engine] if self.engine_rows else ""
-                out.append(System(name + suffix + " +shortlist", self.name, checkpoint,
+            for engine in shortlisted or [default]:
+                out.append(System(name + suffix(engine) + " +shortlist", self.name, checkpoint,
                                   dict(decoding, decoder_engine=engine, shortlist=args.shortlist)))
         if getattr(args, "compile", "no") == "yes" and self.compile_rows:
             # a float row of the same search: an AT greedy one may be the run's baseline
-            out.append(System(name + " compiled", self.name, checkpoint, dict(decoding, decoder_engine="lean", compile=True),
-                              baseline_candidate=baseline_candidate))
+            for engine in compiled_engines(engines):
+                out.append(System(name + suffix(engine) + " compiled", self.name, checkpoint,
+                                  dict(decoding, decoder_engine=engine, compile=True), baseline_candidate=baseline_candidate))
         return out
 
     def refused(self, system: System, ctx: "Context") -> Optional[str]:
@@ -497,7 +508,7 @@ class _FairseqFamily(Family):
         """(GenerationConfig arguments, the row's :class:`DecodingOptions` changes): a row's
         ``decoding`` holds decoding options by their one name (``decoder_engine``,
         ``decode_chunk_size``, ``jacobi_block_size``, ``beam``, ...)."""
-        options = dict(ROW_DEFAULTS, **system.decoding)
+        options = dict(row_defaults(), **system.decoding)
         options["decode_chunk_size"] = str(options["decode_chunk_size"])
         return {"beam": options.pop("beam")}, options
 
@@ -654,27 +665,40 @@ class MPFamily(_FairseqFamily):
 
 
 class ParallelFamily(_FairseqFamily):
-    """``--parallel``: exact parallel forms of greedy search -- Jacobi decoding (PJ, PGJ, HGJ)
-    of the ``--at`` checkpoint and hrt-spec of the ``--hrt`` one (lean block engine only)."""
+    """``--parallel``: the strategies that decode with their own passes (:func:`parallel_methods`:
+    Jacobi decoding PJ / PGJ / HGJ, hrt-spec), each on the first checkpoint kind it decodes:
+    ``--at``, else ``--hrt`` (in AT mode)."""
 
     name = "parallel"
 
     def systems(self, args):
+        from fairseq.models.transformer import TransformerModel
+
+        from fairseq_hrt.generation.jacobi import JACOBI_METHODS, SPEC_METHOD
+        from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
+        from fairseq_hrt.models.hrt_transformer import HRTTransformerModel
+
         methods = [m.strip() for m in str(getattr(args, "parallel", "")).split(",") if m.strip()]
-        bad = [m for m in methods if m not in PARALLEL_METHODS]
+        known = parallel_methods()
+        bad = [m for m in methods if m not in known]
         if bad:
-            raise ValueError(f"--parallel {bad}: choose among {', '.join(PARALLEL_METHODS)}")
+            raise ValueError(f"--parallel {bad}: choose among {', '.join(known)}")
+        kinds = (("AT", args.at, TransformerModel), ("HRT", args.hrt, HRTTransformerModel))
         out = []
-        b = getattr(args, "jacobi_block_size", 3)
         for m in methods:
-            if m in ("pj", "pgj", "hgj") and args.at:
-                name = "AT PJ" if m == "pj" else f"AT {m.upper()} b={b}"
-                out.append(System(name, "AT", args.at,
-                                  {"beam": 1, "decoding": m, "jacobi_block_size": None if m == "pj" else b}))
-            if m == "hrt-spec" and args.hrt:
-                sb = getattr(args, "spec_block_size", 4)
-                out.append(System(f"HRT hrt-spec b={sb}", "HRT", args.hrt,
-                                  {"decode_chunk_size": 1, "beam": 1, "b_nat": 1, "decoding": m, "jacobi_block_size": sb}))
+            family, checkpoint = next(((k, path) for k, path, cls in kinds if DECODING_STRATEGIES[m].supports(cls) is None),
+                                      (None, None))
+            if not checkpoint:
+                continue
+            if m == "pj":  # one block of the whole sentence
+                block = None
+            else:
+                block = getattr(args, "spec_block_size", 4) if m == SPEC_METHOD else getattr(args, "jacobi_block_size", 3)
+            name = f"{family} {m.upper() if m in JACOBI_METHODS else m}" + (f" b={block}" if block else "")
+            decoding = {"beam": 1, "decoding": m, "jacobi_block_size": block}
+            if family == "HRT":
+                decoding.update(decode_chunk_size=1, b_nat=1)
+            out.append(System(name, family, checkpoint, decoding))
         return out
 
 
@@ -696,7 +720,7 @@ def systems_from_args(args) -> Tuple[List[System], List[dict]]:
 
 def family_of(system: System) -> Family:
     """The adapter that decodes ``system`` (parallel rows carry their strategy in ``decoding``)."""
-    if system.decoding.get("decoding") in PARALLEL_METHODS:
+    if system.decoding.get("decoding") in parallel_methods():
         return ADAPTERS[ParallelFamily.name]
     return ADAPTERS[system.family]
 

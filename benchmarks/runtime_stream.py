@@ -28,7 +28,7 @@ from typing import Dict, List
 if not __package__:  # python benchmarks/NAME.py (a file): the repository root on sys.path, as -m benchmarks.NAME has it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.measure import write_files  # noqa: E402
+from benchmarks.report_files import write_files  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPTIONS = ["--beam", "1", "--max-len-a", "1.2", "--max-len-b", "10"]

@@ -33,7 +33,8 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.measure import Context, FairseqRunner, System, read_lines, write_report  # noqa: E402
+from benchmarks.measure import Context, FairseqRunner, System, read_lines  # noqa: E402
+from benchmarks.report_files import write_report  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
 
 from fairseq_hrt import shortlist as sl  # noqa: E402

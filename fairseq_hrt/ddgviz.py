@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from fairseq_hrt.models.kinds import is_hrt
+from fairseq_hrt.models.kinds import family_of
 
 logger = logging.getLogger("fairseq_hrt.ddgviz")
 
@@ -224,7 +224,7 @@ def trace(task, model, sample, method: str, block_size: Optional[int], max_len_b
     every pass recorded: ``(hypotheses, records)``."""
     from fairseq_hrt.generation.options import DecodingOptions
 
-    if method == "hrt-spec" and not is_hrt(model):
+    if method == "hrt-spec" and not family_of(model).chunk_sizes:
         raise ValueError("--method hrt-spec needs an HRT model (it drafts with the non-autoregressive mode)")
     options = DecodingOptions(decoding=method, jacobi_block_size=block_size).replace(beam=1, max_len_b=max_len_b)
     gen = task.build_decoding([model], options)

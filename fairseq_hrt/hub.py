@@ -25,28 +25,12 @@ from typing import Dict, List, Optional, Union
 from fairseq import hub_utils
 from omegaconf import open_dict
 
+from fairseq_hrt.symbols import find_sentencepiece_model
 from hrt_runtime.text_input import repair_lines
 
 logger = logging.getLogger(__name__)
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
-
-SENTENCEPIECE_NAMES = ("spm.model", "sentencepiece.bpe.model", "sentencepiece.model")
-
-
-def find_sentencepiece_model(*folders: Optional[str]) -> Optional[str]:
-    """The first SentencePiece model in the given folders or a ``spm/`` folder beside them
-    (the layout of ``examples/multi30k/prepare.sh``: ``DATA/data-bin`` and ``DATA/spm``)."""
-    for folder in folders:
-        if not folder:
-            continue
-        for place in (folder, os.path.join(folder, "spm"), os.path.join(os.path.dirname(os.path.abspath(folder)), "spm")):
-            for name in SENTENCEPIECE_NAMES:
-                path = os.path.join(place, name)
-                if os.path.isfile(path):
-                    return path
-    return None
-
 
 def _dictionary_folder(model_dir: str, data_name_or_path: Optional[str]) -> str:
     """The folder with the dictionaries: ``data_name_or_path`` as given (or relative to

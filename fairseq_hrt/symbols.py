@@ -2,9 +2,13 @@
 
 They are appended in a fixed order after fairseq's dictionary is loaded, at training and at
 inference alike, so AT, CMLM and HRT models trained on the same binarized data share one
-vocabulary (an HRT model fine-tunes from an AT checkpoint only if they do).
+vocabulary (an HRT model fine-tunes from an AT checkpoint only if they do). The
+SentencePiece model that segments a vocabulary's text is found here too (the hub and the
+exporter look for it the same way).
 """
+import os
 import zlib
+from typing import Optional
 
 MASK_SYMBOL = "<mask>"
 # <s2> .. <s8>: start symbols of Skip-AT for every chunk size a model may be trained with
@@ -37,3 +41,20 @@ def dictionary_fingerprint(source_dictionary, target_dictionary) -> str:
     for d in (source_dictionary, target_dictionary):
         crc = zlib.crc32("\n".join(d.symbols).encode("utf-8", "surrogatepass"), crc)
     return f"{crc:08x}"
+
+
+SENTENCEPIECE_NAMES = ("spm.model", "sentencepiece.bpe.model", "sentencepiece.model")
+
+
+def find_sentencepiece_model(*folders: Optional[str]) -> Optional[str]:
+    """The first SentencePiece model in the given folders or a ``spm/`` folder beside them
+    (the layout of ``examples/multi30k/prepare.sh``: ``DATA/data-bin`` and ``DATA/spm``)."""
+    for folder in folders:
+        if not folder:
+            continue
+        for place in (folder, os.path.join(folder, "spm"), os.path.join(os.path.dirname(os.path.abspath(folder)), "spm")):
+            for name in SENTENCEPIECE_NAMES:
+                path = os.path.join(place, name)
+                if os.path.isfile(path):
+                    return path
+    return None

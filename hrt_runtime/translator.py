@@ -16,6 +16,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
+from hrt_runtime.families import DESCRIPTION, HRT, MASK_PREDICT
 from hrt_runtime.model import ExportedModel
 from hrt_runtime.search import SearchConfig, hrt, left_to_right, mask_predict
 from hrt_runtime.text_input import iter_line_groups, repair_lines
@@ -162,9 +163,9 @@ class Translator:
             src[i, width - s.size:] = s
         encoded = self.model.encode(src)
         banned = self.model.config["banned"]
-        if self.model.kind == "mask-predict":
+        if self.model.kind == MASK_PREDICT:
             return mask_predict(self.model, encoded, src, iterations, length_beam, config.max_len_a, config.max_len_b, banned)
-        if self.model.kind == "hrt":
+        if self.model.kind == HRT:
             # L is capped at the decoder's positions anyway; stated as that cap (less one chunk),
             # stage I's L // k steps and stage II's positions 1..m x k stay within them too:
             # hrt_runtime.search caps the steps, not their positions, and a batch of very long
@@ -187,9 +188,9 @@ class Translator:
             raise TypeError(f"chunk_size must be an integer (1: AT mode) or None, got {chunk_size!r}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1 (1: AT mode), got {chunk_size}")
-        if chunk_size > 1 and self.model.kind != "hrt":
-            raise ValueError(f"chunk_size {chunk_size}: this is {'a Mask-Predict' if self.model.kind == 'mask-predict' else 'an AT'} "
-                             "model, it has no chunk size (chunk_size 1 or None)")
+        if chunk_size > 1 and self.model.kind != HRT:
+            raise ValueError(f"chunk_size {chunk_size}: this is {DESCRIPTION[self.model.kind]}, it has no chunk size "
+                             "(chunk_size 1 or None)")
         if chunk_size > 1 and chunk_size not in trained:
             raise ValueError(f"chunk_size {chunk_size}: this model was trained for chunk sizes "
                              f"{', '.join(map(str, trained)) or 'none'}; use one of them, or 1 for AT mode")
@@ -227,7 +228,7 @@ class Translator:
         if max_len_a < 0:
             raise ValueError(f"max_len_a must be >= 0 (the output length limit's factor of the source length), "
                              f"got {max_len_a}")
-        if self.model.kind == "hrt" and b_nat > beam:
+        if self.model.kind == HRT and b_nat > beam:
             raise ValueError(f"b_nat {b_nat} > beam {beam}: stage II fills the top b_nat of the beam's "
                              "Skip-AT hypotheses, so b_nat must be <= beam (b_at)")
         search = SearchConfig(beam=beam, max_len_a=float(max_len_a), max_len_b=int(max_len_b), min_len=int(min_len),

@@ -152,7 +152,7 @@ def test_python_api_says_what_it_expects(tmp_path):
 
 
 def test_sentencepiece_model_found_beside_the_data(tmp_path):
-    from fairseq_hrt.hub import find_sentencepiece_model
+    from fairseq_hrt.symbols import find_sentencepiece_model
 
     (tmp_path / "data-bin").mkdir()
     (tmp_path / "ckpt").mkdir()

@@ -6,7 +6,7 @@ import torch
 
 from fairseq_hrt.generation import decoder_pass
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
-from fairseq_hrt.generation.strategies import SearchOptions
+from fairseq_hrt.generation.options import SearchOptions
 from tests.hrt_fixtures import build_generator, make_sample, random_tiny_models
 from tests.test_generator import SPECIALS
 from tests.test_lean import RAGGED, assert_same_hypotheses

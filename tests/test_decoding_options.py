@@ -8,7 +8,8 @@ import torch
 
 from fairseq_hrt.generation import engines as engines_module
 from fairseq_hrt.generation import strategies
-from fairseq_hrt.generation.engines import ENGINES, LeanEngine, register_engine
+from fairseq_hrt.generation.engines import ENGINES, register_engine
+from fairseq_hrt.generation.lean import LeanEngine
 from fairseq_hrt.generation.options import DecodingOptions, SearchOptions
 from fairseq_hrt.generation.output_vocab import OutputVocabulary
 from fairseq_hrt.generation.quantize import is_quantized

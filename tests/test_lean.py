@@ -9,7 +9,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hrt.generation import decoder_pass, lean
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
-from fairseq_hrt.generation.strategies import SearchOptions
+from fairseq_hrt.generation.options import SearchOptions
 from fairseq_hrt.modules.relative_attention import relative_bucket
 from hrt_runtime import search as numpy_search
 from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample, random_tiny_models

@@ -250,7 +250,7 @@ def test_greedy_with_a_shortlist_picks_what_a_ban_of_the_other_tokens_picks(rand
     """Greedy search over the candidates = greedy search over the vocabulary with every other
     token banned (the same argmax; only the normaliser of the scores differs)."""
     from fairseq_hrt.generation.lean import LeanSequenceGenerator
-    from fairseq_hrt.generation.strategies import SearchOptions
+    from fairseq_hrt.generation.options import SearchOptions
 
     data_dir, task, _, at = random_models
     d = task.target_dictionary

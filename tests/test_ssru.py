@@ -9,7 +9,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hrt.generation.jacobi import ParallelGreedyGenerator
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
-from fairseq_hrt.generation.strategies import SearchOptions
+from fairseq_hrt.generation.options import SearchOptions
 from fairseq_hrt.models.ssru_transformer import SSRUDecoderLayer, SSRUTransformerModel
 from fairseq_hrt.modules.ssru import SSRU, linear_recurrence
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample

@@ -5,7 +5,8 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hrt.generation.hrt_generator import HRTGenerator, length_buckets
 from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
-from fairseq_hrt.generation.strategies import DECODING_STRATEGIES, select_rows
+from fairseq_hrt.generation.hypotheses import select_rows
+from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
 
 

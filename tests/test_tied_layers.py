@@ -6,7 +6,7 @@ from fairseq import checkpoint_utils
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
-from fairseq_hrt.generation.strategies import SearchOptions
+from fairseq_hrt.generation.options import SearchOptions
 from fairseq_hrt.models.tied_layers import layers_are_tied
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
 from tests.test_generator import SPECIALS

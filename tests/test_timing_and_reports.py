@@ -1,5 +1,5 @@
 """benchmarks/timing.py (the one timing loop) and the one atomic report writer
-(benchmarks/measure.py: write_files / write_file / write_report)."""
+(benchmarks/report_files.py: write_files / write_file / write_report)."""
 import ast
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import measure, timing
+from benchmarks import measure, report_files, timing
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,17 +41,17 @@ def test_time_runs_goes_round_robin_over_a_mapping():
 
 def test_write_files_replaces_all_targets_and_leaves_no_temporary_file(tmp_path):
     (tmp_path / "r.json").write_text("old")
-    measure.write_files(str(tmp_path / "new"), {"a.md": "text", "b.png": b"\x89PNG"})
+    report_files.write_files(str(tmp_path / "new"), {"a.md": "text", "b.png": b"\x89PNG"})
     assert (tmp_path / "new" / "a.md").read_text() == "text" and (tmp_path / "new" / "b.png").read_bytes() == b"\x89PNG"
-    measure.write_report(str(tmp_path), "r", {"x": 1}, "| table |", echo=False)
+    report_files.write_report(str(tmp_path), "r", {"x": 1}, "| table |", echo=False)
     assert json.loads((tmp_path / "r.json").read_text()) == {"x": 1} and (tmp_path / "r.md").read_text() == "| table |"
-    measure.write_file(str(tmp_path / "one.txt"), "line\n")
+    report_files.write_file(str(tmp_path / "one.txt"), "line\n")
     assert (tmp_path / "one.txt").read_text() == "line\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "one.txt", "r.json", "r.md"]
 
 
 def test_an_interrupted_write_keeps_the_old_report_and_no_temporary_file(tmp_path, monkeypatch):
-    measure.write_report(str(tmp_path), "report", {"run": 1}, "old table", echo=False)
+    report_files.write_report(str(tmp_path), "report", {"run": 1}, "old table", echo=False)
 
     def replace_then_fail(src, dst, _real=os.replace, _calls=[]):
         _calls.append(dst)
@@ -59,18 +59,18 @@ def test_an_interrupted_write_keeps_the_old_report_and_no_temporary_file(tmp_pat
             raise KeyboardInterrupt
         return _real(src, dst)
 
-    monkeypatch.setattr(measure.os, "replace", replace_then_fail)
+    monkeypatch.setattr(report_files.os, "replace", replace_then_fail)
     with pytest.raises(KeyboardInterrupt):
-        measure.write_report(str(tmp_path), "report", {"run": 2}, "new table", echo=False)
+        report_files.write_report(str(tmp_path), "report", {"run": 2}, "new table", echo=False)
     assert json.loads((tmp_path / "report.json").read_text()) == {"run": 1}  # report.json: old and whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "report.md"]  # no stray .part file
 
     def fail(src, dst):
         raise OSError("disk gone")
 
-    monkeypatch.setattr(measure.os, "replace", fail)
+    monkeypatch.setattr(report_files.os, "replace", fail)
     with pytest.raises(OSError):
-        measure.write_file(str(tmp_path / "report.json"), "{}")
+        report_files.write_file(str(tmp_path / "report.json"), "{}")
     assert json.loads((tmp_path / "report.json").read_text()) == {"run": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "report.md"]
 
@@ -78,7 +78,7 @@ def test_an_interrupted_write_keeps_the_old_report_and_no_temporary_file(tmp_pat
 def test_a_failed_temporary_write_replaces_nothing(tmp_path):
     (tmp_path / "a.md").write_text("old a")
     with pytest.raises(TypeError):
-        measure.write_files(str(tmp_path), {"a.md": "new a", "b.json": object()})  # b cannot be written
+        report_files.write_files(str(tmp_path), {"a.md": "new a", "b.json": object()})  # b cannot be written
     assert (tmp_path / "a.md").read_text() == "old a" and sorted(p.name for p in tmp_path.iterdir()) == ["a.md"]
 
 

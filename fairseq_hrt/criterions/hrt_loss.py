@@ -22,7 +22,7 @@ from fairseq.dataclass import FairseqDataclass
 
 from fairseq_hrt import chunking
 from fairseq_hrt.models.hrt_transformer import HRTDecoder
-from fairseq_hrt.models.kinds import is_mask_predict
+from fairseq_hrt.models.kinds import family_of
 
 KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
 
@@ -86,7 +86,7 @@ def parse_kind_weights(text: str) -> dict:
 def check_mode_matches_model(hrt_mode: str, model):
     """``--hrt-mode cmlm`` trains Mask-Predict and needs a length predictor; a Mask-Predict
     model (``cmlm_*``) trains with ``--hrt-mode cmlm`` only."""
-    has_length = is_mask_predict(model)
+    has_length = family_of(model).length_predictor
     if hrt_mode == "cmlm" and not has_length:
         raise ValueError(
             "--hrt-mode cmlm trains a Mask-Predict baseline, which needs a target-length "
@@ -182,7 +182,7 @@ class HRTLossCriterion(FairseqCriterion):
             total_loss = total_loss + trained.sum()
             total_nll = total_nll + row_nll.sum()
             sample_size += int(ntok.sum().item())
-        if is_mask_predict(model):
+        if family_of(model).length_predictor:
             target = sample["target"]
             length_nll = length_loss(model, encoder_out, target, self.padding_idx, self.task.target_dictionary.eos())
             # fairseq's weighting: factor x mean over sentences, next to a per-token loss; the

@@ -414,7 +414,7 @@ def export_checkpoint(checkpoint: str, out_dir: str, data: Optional[str] = None,
     from fairseq import checkpoint_utils
 
     import fairseq_hrt  # noqa: F401  (registers the task and models)
-    from fairseq_hrt.hub import find_sentencepiece_model
+    from fairseq_hrt.symbols import find_sentencepiece_model
 
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"no checkpoint {checkpoint}")

@@ -112,7 +112,9 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, relative_keys: Optional[T
 
 def is_recurrent(layer) -> bool:
     """Whether a decoder layer is an SSRU layer (no self-attention)."""
-    return hasattr(layer, "ssru")
+    from fairseq_hrt.models.ssru_transformer import SSRUDecoderLayer
+
+    return isinstance(layer, SSRUDecoderLayer)
 
 
 def ssru_step(projections, cell: Tensor) -> Tensor:
@@ -480,7 +482,9 @@ class DecoderPass:
         if decoder.embed_positions is None:
             return None
         tokens = torch.full((1, steps), start_token, dtype=torch.long, device=device)
-        if hasattr(decoder, "embed_target_positions"):
+        from fairseq_hrt.models.hrt_transformer import HRTDecoder
+
+        if isinstance(decoder, HRTDecoder):  # positions 0, k, 2k, .. from <s_k>
             positions = (torch.arange(steps, device=device) * stride).unsqueeze(0)
             table = decoder.embed_target_positions(tokens, positions)
         else:

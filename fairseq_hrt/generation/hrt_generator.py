@@ -13,23 +13,15 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
-from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor
 
 from fairseq_hrt import chunking
 from fairseq_hrt.generation.chunk_size import chunk_sizes_of, resolve_decode_chunk_size
 from fairseq_hrt.generation.lean import TorchEncoded
 from fairseq_hrt.generation.search_rules import banned_symbols_of
-from fairseq_hrt.generation.strategies import (
-    DecodingContext,
-    DecodingStrategy,
-    LeftToRightDecoding,
-    register_decoding,
-    reject_unsupported_inputs,
-    select_rows,
-    to_fairseq,
-)
-from fairseq_hrt.models.kinds import AT, HRT, is_hrt, model_kind
+from fairseq_hrt.generation.hypotheses import reject_unsupported_inputs, select_rows, to_fairseq
+from fairseq_hrt.generation.strategies import DecodingContext, DecodingStrategy, LeftToRightDecoding, register_decoding
+from fairseq_hrt.models.kinds import family_of
 from hrt_runtime.search import (  # noqa: F401  (length_buckets, refine_counts: re-exported)
     check_b_nat,
     chunk_size_groups,
@@ -40,30 +32,6 @@ from hrt_runtime.search import (  # noqa: F401  (length_buckets, refine_counts: 
 )
 
 logger = logging.getLogger(__name__)
-
-
-class _EncoderCachingEnsemble(EnsembleModel):
-    """fairseq's ensemble wrapper that keeps the last encoder output for stage II."""
-
-    def __init__(self, models):
-        super().__init__(models)
-        self.last_encoder_outs = None
-
-    @torch.jit.unused
-    def forward_encoder(self, net_input: Dict[str, Tensor]):
-        self.last_encoder_outs = super().forward_encoder(net_input)
-        return self.last_encoder_outs
-
-
-class EncoderKeepingSequenceGenerator(SequenceGenerator):
-    """fairseq's ``SequenceGenerator`` that keeps the encoder output of its last batch."""
-
-    def __init__(self, models, tgt_dict, **kwargs):
-        super().__init__(_EncoderCachingEnsemble(models), tgt_dict, **kwargs)
-
-    @property
-    def last_encoder_out(self):
-        return self.model.last_encoder_outs[0]
 
 
 class HRTGenerator:
@@ -136,7 +104,7 @@ class HRTGenerator:
         self.fallback_threshold = fallback_threshold
         self.rescore = rescore
         self.backend = TorchBackend(model, tgt_dict, chunk_start, mask)  # stage II's arithmetic
-        self.banned = banned_symbols_of(HRT, tgt_dict, mask, chunk_start)
+        self.banned = banned_symbols_of(family_of(model), tgt_dict, mask, chunk_start)
         # sentences decoded with stage II, and those of them that fell back to AT mode
         self.stage2_stats = {"sentences": 0, "fallbacks": 0}
 
@@ -312,7 +280,7 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
 def check_at_mode(ctx: DecodingContext, what: str):
     """Strategies that decode left to right from ``</s>`` (an HRT model in its AT mode)
     refuse another chunk size and stage II's options."""
-    if is_hrt(ctx.model) and ctx.options.decode_chunk_size not in ("auto-trained", "1"):
+    if family_of(ctx.model).chunk_sizes and ctx.options.decode_chunk_size not in ("auto-trained", "1"):
         raise ValueError(f"{what} decodes an HRT model in AT mode; drop --decode-chunk-size or use --decoding hrt")
     used = ctx.options.stage2_options_used()
     if used:
@@ -324,17 +292,19 @@ class BeamDecoding(LeftToRightDecoding):
     """Left-to-right beam search (greedy at --beam 1) from ``</s>``: the default of AT models;
     an HRT model decodes so in its AT mode (chunk size 1)."""
 
+    summary = "left-to-right beam search (an HRT model in its AT mode)"
+
     supports_shortlist = True
     supports_compile = True
 
     @classmethod
     def is_default_for(cls, model):
-        return model_kind(model) == AT
+        return family_of(model).left_to_right
 
     @classmethod
     def build(cls, ctx: DecodingContext):
         check_at_mode(ctx, "--decoding beam")
-        if is_hrt(ctx.model):
+        if family_of(ctx.model).chunk_sizes:
             return build_hrt_generator(ctx, 1)
         logger.info("left-to-right decoding (beam %s), %s engine", ctx.options.search.beam, ctx.engine.name)
         return left_to_right_generators(ctx, ctx.banned(), keep_encoder_out=False)(1)
@@ -344,18 +314,22 @@ class BeamDecoding(LeftToRightDecoding):
 class HRTDecoding(DecodingStrategy):
     """Two-stage hybrid-regressive decoding (``--decode-chunk-size``, ``--b-nat``)."""
 
+    summary = "two-stage HRT (--decode-chunk-size, --b-nat)"
+
+    priority = 1  # above beam's claim of every left-to-right model
     supports_shortlist = True
     supports_compile = True  # stage I and AT mode; stage II is one pass
 
     @classmethod
     def supports(cls, model):
-        if not is_hrt(model):
+        family = family_of(model)
+        if not (family.chunk_sizes and family.non_causal):
             return f"HRT decoding needs an HRT model (--arch hrt_*), not a {type(model).__name__}"
         return None
 
     @classmethod
     def is_default_for(cls, model):
-        return is_hrt(model)
+        return cls.supports(model) is None
 
     @classmethod
     def build(cls, ctx: DecodingContext):

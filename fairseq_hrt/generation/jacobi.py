@@ -49,14 +49,9 @@ from hrt_runtime.search import positional_scores
 from fairseq_hrt.generation.options import SearchOptions
 from fairseq_hrt.generation.output_vocab import OutputLayer
 from fairseq_hrt.generation.search_rules import SearchRules
-from fairseq_hrt.generation.strategies import (
-    DecodingContext,
-    LeftToRightDecoding,
-    hypothesis,
-    register_decoding,
-    reject_unsupported_inputs,
-)
-from fairseq_hrt.models.kinds import is_hrt, is_mask_predict
+from fairseq_hrt.generation.hypotheses import hypothesis, reject_unsupported_inputs
+from fairseq_hrt.generation.strategies import DecodingContext, LeftToRightDecoding, register_decoding
+from fairseq_hrt.models.kinds import family_of
 
 logger = logging.getLogger(__name__)
 
@@ -374,7 +369,7 @@ def build_parallel_generator(ctx: DecodingContext, method: str) -> ParallelGreed
         block_size = DEFAULT_BLOCK_SIZE.get(method, 1)
     parallel_length = int(options.jacobi_parallel_length or 0)
     check_parallel_options(method, options.search.beam, block_size, parallel_length)
-    hrt = is_hrt(model)
+    hrt = family_of(model).chunk_sizes
     check_at_mode(ctx, f"--decoding {method}")
     # the symbols greedy search of the same model never produces (HRT's AT mode bans its
     # special symbols, AT models only <pad>)
@@ -398,25 +393,36 @@ def build_parallel_generator(ctx: DecodingContext, method: str) -> ParallelGreed
 
 class _ParallelDecoding(LeftToRightDecoding):
     @classmethod
+    def uses_engine(cls, engine):
+        return False  # its own block passes over the lean engine's caches, whatever --decoder-engine says
+
+    @classmethod
     def build(cls, ctx: DecodingContext):
         return build_parallel_generator(ctx, cls.name)
 
 
+JACOBI_NAMES = {"pj": "parallel Jacobi", "pgj": "parallel GS-Jacobi", "hgj": "hybrid GS-Jacobi"}
 for _method in JACOBI_METHODS:
     register_decoding(_method)(type(f"{_method.upper()}Decoding", (_ParallelDecoding,), {
-        "__doc__": f"Jacobi decoding ({_method}): greedy search's output in fewer decoder passes."}))
+        "__doc__": f"Jacobi decoding ({_method}): greedy search's output in fewer decoder passes.",
+        "summary": f"Jacobi decoding ({JACOBI_NAMES[_method]}): greedy search's output in fewer decoder passes "
+                   "(needs --beam 1)"}))
 
 
 @register_decoding(SPEC_METHOD)
 class HRTSpeculativeDecoding(_ParallelDecoding):
     """HRT drafts with its non-autoregressive mode, verifies with its AT mode: AT-mode greedy."""
 
+    summary = ("an HRT model drafts blocks with its non-autoregressive mode and verifies them with its AT mode: "
+               "AT-mode greedy output (needs --beam 1)")
+
     @classmethod
     def supports(cls, model):
-        if not is_hrt(model):
+        family = family_of(model)
+        if not (family.non_causal and family.left_to_right):
             return (
                 f"hrt-spec drafts with the model's non-autoregressive mode and verifies with its AT mode: "
                 f"it needs an HRT model (--arch hrt_*), not a {type(model).__name__}"
-                + (" (an AT model has no non-autoregressive mode; use --decoding pgj/hgj)" if not is_mask_predict(model) else "")
+                + (" (an AT model has no non-autoregressive mode; use --decoding pgj/hgj)" if family.left_to_right else "")
             )
         return None

@@ -19,7 +19,8 @@ own modules through its one :class:`~fairseq_hrt.generation.decoder_pass.Decoder
 
 :class:`TorchBackend` is the backend contract of :mod:`hrt_runtime.search` (``begin``,
 ``step``, ``reorder``, ``parallel``; see ``docs/design.md``); :class:`LeanSequenceGenerator`
-is fairseq's generator interface over it.
+is fairseq's generator interface over it; :class:`LeanEngine` registers them as
+``--decoder-engine lean``.
 """
 from typing import Dict, Optional, Sequence
 
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fairseq_hrt.generation.engines import DecoderEngine, register_engine
 from fairseq_hrt.generation.decoder_pass import DecoderState, EncoderKV, decoder_pass, profiled
 from fairseq_hrt.generation.options import SearchOptions
 from fairseq_hrt.generation.output_vocab import restricted_output_layer
@@ -192,3 +194,36 @@ class LeanSequenceGenerator(SearchGenerator):
         encoded = self.backend.encode_fairseq(net_input)
         self.last_encoder_out, self.last_encoder_kv = encoded.encoder_out, encoded.kv
         return encoded
+
+
+@register_engine("lean")
+class LeanEngine(DecoderEngine):
+    """This plugin's step loop: preallocated caches, finished sentences leave the batch,
+    top-k on the logits, lexical shortlists, ``--compile``."""
+
+    summary = ("this plugin's step loop (preallocated caches, finished sentences leave the batch, top-k on the "
+               "logits; --shortlist, --compile, --quantize int8), HRT's two stages included")
+    supports_shortlist = True
+    supports_compile = True
+
+    def unsupported(self, options):
+        return list(options.sequence_generator_only) + super().unsupported(options)
+
+    def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
+        if len(ctx.models) != 1:
+            raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
+        return LeanSequenceGenerator(ctx.models[0], ctx.task.target_dictionary, search, banned,
+                                     shortlist=ctx.shortlist, compile=ctx.options.compile)
+
+    def two_stage(self, ctx, chunk_size):
+        """HRT's two stages in the one search (:mod:`hrt_runtime.search`); the stage-II options
+        beyond the papers and ``--print-step`` are :class:`HRTGenerator`'s (``None``)."""
+        options = ctx.options
+        if options.stage2_options_used() or options.print_step:
+            return None
+        if len(ctx.models) != 1:
+            raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
+        task = ctx.task
+        return LeanSequenceGenerator(ctx.models[0], task.target_dictionary, options.search, ctx.banned(),
+                                     shortlist=ctx.shortlist, compile=options.compile, chunk_start=task.chunk_start_idx,
+                                     mask=task.mask_idx, chunk_size=chunk_size, b_nat=options.b_nat)

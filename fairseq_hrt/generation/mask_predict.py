@@ -33,7 +33,7 @@ import torch
 from fairseq_hrt.generation.options import SearchOptions
 from fairseq_hrt.generation.search_generator import SearchGenerator
 from fairseq_hrt.generation.strategies import DecodingContext, DecodingStrategy, register_decoding
-from fairseq_hrt.models.kinds import is_mask_predict
+from fairseq_hrt.models.kinds import family_of
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class MaskPredictGenerator(SearchGenerator):
 
         if len(models) != 1:
             raise ValueError("Mask-Predict decoding supports a single model (no ensembles)")
-        if not is_mask_predict(models[0]):
+        if not family_of(models[0]).length_predictor:
             raise ValueError("Mask-Predict decoding needs a model with a length predictor (--arch cmlm_*)")
         if iterations < 1:
             raise ValueError(f"--iter-decode-max-iter (Mask-Predict's I) must be >= 1, got {iterations}")
@@ -110,20 +110,24 @@ class MaskPredictGenerator(SearchGenerator):
 class MaskPredictDecoding(DecodingStrategy):
     """Mask-Predict for ``cmlm_*`` models (fairseq's iterative-refinement options)."""
 
+    summary = "Mask-Predict (cmlm_* models; --iter-decode-max-iter, --iter-decode-with-beam)"
     supports_shortlist = True
-    # no left-to-right search: --decoder-engine applies only to an engine that runs Mask-Predict
-    # itself (onnxruntime); the others decode with the model's own decoder
-    uses_decoder_engine = False
 
     @classmethod
     def supports(cls, model):
-        if not is_mask_predict(model):
+        if not family_of(model).length_predictor:
             return "Mask-Predict needs a model with a length predictor (--arch cmlm_*)"
         return None
 
     @classmethod
     def is_default_for(cls, model):
-        return is_mask_predict(model)
+        return family_of(model).length_predictor
+
+    @classmethod
+    def uses_engine(cls, engine):
+        # an engine that runs Mask-Predict itself (onnxruntime); the others leave it to the
+        # model's own decoder
+        return engine.runs_mask_predict
 
     @classmethod
     def build(cls, ctx: DecodingContext):
@@ -138,11 +142,10 @@ class MaskPredictDecoding(DecodingStrategy):
                 f"{', '.join(options.iterative_only)} belong(s) to fairseq's iterative refinement "
                 "generator; Mask-Predict decoding does not support it"
             )
-        own = ctx.engine.mask_predict(ctx)
-        if own is not None:
+        if cls.uses_engine(ctx.engine):
             logger.info("Mask-Predict decoding: I = %d iterations, length beam l = %d, %s engine",
                         options.iter_decode_max_iter, options.iter_decode_with_beam, ctx.engine.name)
-            return own
+            return ctx.engine.mask_predict(ctx)
         generator = MaskPredictGenerator(
             ctx.models, ctx.task.target_dictionary, mask=ctx.task.mask_idx, banned=ctx.banned(),
             iterations=options.iter_decode_max_iter, length_beam=options.iter_decode_with_beam,

@@ -29,13 +29,14 @@ def cache_root() -> str:
 
 
 def _cached(folder: str, digest: str, int8: bool) -> bool:
-    from hrt_runtime.model import read_config
+    from hrt_runtime.model import VERSION, read_config
 
     try:
         config = read_config(folder)
     except (FileNotFoundError, ValueError):
         return False
-    return config["parameters_sha256"] == digest and bool(config.get("int8")) == int8
+    # an export of an earlier version is made again: it would decode, without the newer graphs
+    return config["parameters_sha256"] == digest and bool(config.get("int8")) == int8 and config["version"] == VERSION
 
 
 def exported_folder(model, task, int8: bool = False) -> str:
@@ -108,10 +109,11 @@ class OnnxRuntimeEngine(DecoderEngine):
     the output rows gathered once per batch and fed to the step; ``--quantize int8``: the graphs
     quantized by ONNX Runtime, the PyTorch model stays in float)."""
 
+    summary = ("the model exported to ONNX (on first use, cached; see --onnx-model) and decoded by ONNX Runtime, "
+               "HRT's two stages and Mask-Predict included")
     supports_shortlist = True
-    supports_compile = False
-    supports_int8 = True
     quantizes_itself = True  # --quantize int8: ONNX Runtime's dynamic quantization of the exported graphs
+    runs_mask_predict = True
 
     def unsupported(self, options):
         used = list(options.sequence_generator_only)
@@ -133,9 +135,6 @@ class OnnxRuntimeEngine(DecoderEngine):
         return OnnxRuntimeGenerator(ctx, search, banned)
 
     def mask_predict(self, ctx):
-        used = self.unsupported(ctx.options)
-        if used:
-            raise ValueError(f"--decoder-engine onnxruntime does not support {', '.join(used)}")
         options = ctx.options
         return OnnxRuntimeGenerator(ctx, options.search, ctx.banned(), iterations=options.iter_decode_max_iter,
                                     length_beam=options.iter_decode_with_beam)

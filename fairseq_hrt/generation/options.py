@@ -11,29 +11,12 @@ hub copies its keywords there), so nothing sets and restores a shared configurat
 
 Each option has one name: the task option's (``decoder_engine`` for ``--decoder-engine``).
 """
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Tuple
 
 from hrt_runtime.search import SearchConfig
-
-# the task options of decoding, with their defaults: the names of HRTTranslationConfig's
-# fields and of DecodingOptions' (one name each)
-TASK_DECODING_DEFAULTS = {
-    "decoding": "auto",
-    "decoder_engine": "lean",
-    "quantize": "none",
-    "compile": False,
-    "shortlist": None,
-    "decode_chunk_size": "auto-trained",
-    "b_nat": 1,
-    "jacobi_block_size": None,
-    "jacobi_parallel_length": 0,
-    "hrt_refine_fraction": 0.0,
-    "hrt_fallback_threshold": None,
-    "hrt_rescore": False,
-    "onnx_model": None,
-}
 
 QUANTIZE_CHOICES = ("none", "int8")
 
@@ -73,10 +56,19 @@ def flags_in_use(args, table) -> Tuple[str, ...]:
     return tuple(used)
 
 
+# fairseq's generation option of each search option (``--unnormalized`` is the negation
+# of ``normalize_scores``): the one table from_args and fairseq_values read
+FAIRSEQ_NAMES = {"beam": "beam", "max_len_a": "max_len_a", "max_len_b": "max_len_b", "min_len": "min_len",
+                 "normalize_scores": "unnormalized", "len_penalty": "lenpen", "unk_penalty": "unkpen",
+                 "temperature": "temperature"}
+NEGATED = ("normalize_scores",)
+
+
 @dataclass(frozen=True)
 class SearchOptions(SearchConfig):
     """Left-to-right search options, with fairseq's own defaults
-    (``FairseqTask.build_generator``), so every engine obeys the same values: the exported
+    (``FairseqTask.build_generator``; ``tests/test_decoding_options.py`` compares them with
+    fairseq's ``GenerationConfig``), so every engine obeys the same values: the exported
     runtime's :class:`hrt_runtime.search.SearchConfig` (``for_chunk_size``, ``max_len``) and
     ``--temperature``, which only the PyTorch engines apply."""
 
@@ -84,22 +76,25 @@ class SearchOptions(SearchConfig):
 
     @classmethod
     def from_args(cls, args) -> "SearchOptions":
-        return cls(
-            beam=getattr(args, "beam", 5),
-            max_len_a=getattr(args, "max_len_a", 0),
-            max_len_b=getattr(args, "max_len_b", 200),
-            min_len=getattr(args, "min_len", 1),
-            normalize_scores=not getattr(args, "unnormalized", False),
-            len_penalty=getattr(args, "lenpen", 1),
-            unk_penalty=getattr(args, "unkpen", 0),
-            temperature=getattr(args, "temperature", 1.0),
-        )
+        values = {}
+        for name, flag in FAIRSEQ_NAMES.items():
+            default = cls.__dataclass_fields__[name].default
+            if name in NEGATED:
+                values[name] = not getattr(args, flag, not default)
+            else:
+                values[name] = getattr(args, flag, default)
+        return cls(**values)
 
     def fairseq_values(self) -> dict:
         """These options under fairseq's generation option names."""
-        return {"beam": self.beam, "max_len_a": self.max_len_a, "max_len_b": self.max_len_b, "min_len": self.min_len,
-                "unnormalized": not self.normalize_scores, "lenpen": self.len_penalty, "unkpen": self.unk_penalty,
-                "temperature": self.temperature}
+        return {flag: (not getattr(self, name)) if name in NEGATED else getattr(self, name)
+                for name, flag in FAIRSEQ_NAMES.items()}
+
+
+def task_option(help: str, default=None):
+    """A field of :class:`DecodingOptions` that is also a task option (``--decoding``, ...):
+    its default and help are the task's (:func:`task_field`), written here once."""
+    return field(default=default, metadata={"help": help, "task": True})
 
 
 @dataclass(frozen=True)
@@ -109,19 +104,52 @@ class DecodingOptions:
     ``sequence_generator_only`` / ``iterative_only``: the flags of those options in use that
     only fairseq's generators implement (strategies that cannot honour them refuse them)."""
 
-    decoding: str = "auto"
-    decoder_engine: str = "lean"
-    quantize: str = "none"
-    compile: bool = False
-    shortlist: Optional[str] = None
-    decode_chunk_size: str = "auto-trained"
-    b_nat: int = 1
-    jacobi_block_size: Optional[int] = None
-    jacobi_parallel_length: int = 0
-    hrt_refine_fraction: float = 0.0
-    hrt_fallback_threshold: Optional[float] = None
-    hrt_rescore: bool = False
-    onnx_model: Optional[str] = None
+    decoding: str = task_option(
+        "decoding strategy: 'auto' = the model's default; a registered strategy by name", "auto")
+    decoder_engine: str = task_option(
+        "engine of left-to-right search (AT beam/greedy, HRT stage I and AT mode), of HRT's two stages and "
+        "Mask-Predict where it runs them", "lean")
+    quantize: str = task_option(
+        "'int8' = dynamic int8 quantization of the linear layers for CPU decoding, applied when the model is "
+        "loaded", "none")
+    compile: bool = task_option(
+        "compile the lean engine's decoder step with torch.compile (one graph for every step and "
+        "batch: self-attention over the whole preallocated cache, future masked; a CUDA graph on a GPU); "
+        "for --decoding beam/hrt with --decoder-engine lean, not with --quantize. The first batch pays "
+        "the compilation (tens of seconds; a C++ compiler is needed on CPU)", False)
+    shortlist: Optional[str] = task_option(
+        "lexical shortlist file (built by fairseq-hrt-shortlist from this data directory): the "
+        "output layer of every batch is computed only for the shortlists of its source tokens plus "
+        "the frequent target tokens, and scores are log-probabilities over those candidates; for "
+        "--decoding beam/hrt with --decoder-engine lean (AT search, HRT stage I and II) and "
+        "--decoding mask-predict")
+    decode_chunk_size: str = task_option(
+        "HRT decoding chunk size: an integer k the model was trained for, 1 = AT "
+        "mode (the HRT model decodes causally from </s>, like an AT model), "
+        "'auto-trained' = the smallest k the model was trained for, "
+        "'by-length' = chosen per sentence from the source length (docs/how-it-works.md)", "auto-trained")
+    b_nat: int = task_option("HRT: number of Skip-AT hypotheses (of --beam = b_at) filled by stage II", 1)
+    jacobi_block_size: Optional[int] = task_option(
+        "block size b of --decoding pgj / hgj (default 3, the paper's best) and the "
+        "number of drafted tokens per verifying pass of --decoding hrt-spec (default 4); "
+        "pj decodes the whole sentence as one block")
+    jacobi_parallel_length: int = task_option(
+        "--decoding hgj: target positions decoded by GS-Jacobi blocks before it "
+        "continues one token per pass; 0 = 1.1 x the source length", 0)
+    # HRT decoding beyond the papers (each off by default)
+    hrt_refine_fraction: float = task_option(
+        "HRT: after stage II, mask again this fraction of each sentence's filled tokens (those "
+        "of lowest probability, rounded up) and predict them by one more non-causal pass; 0 = off", 0.0)
+    hrt_fallback_threshold: Optional[float] = task_option(
+        "HRT: decode a sentence again in AT mode when the mean log-probability of the tokens "
+        "stage II filled is below this (e.g. -1.5); default: never")
+    hrt_rescore: bool = task_option(
+        "HRT: score every stage-II candidate (b_nat per sentence) by the model in AT mode in one "
+        "teacher-forced pass and rank them by that exact score (useful with --b-nat > 1)", False)
+    onnx_model: Optional[str] = task_option(
+        "--decoder-engine onnxruntime: decode this folder written by fairseq-hrt-export instead of "
+        "exporting the loaded model into the cache ($FAIRSEQ_HRT_ONNX_CACHE, default ~/.cache/fairseq-hrt/onnx); "
+        "it must be the export of the same checkpoint (its parameters' SHA-256 is checked)")
     search: SearchOptions = field(default_factory=SearchOptions)
     print_step: bool = False
     iter_decode_max_iter: int = 10
@@ -135,7 +163,7 @@ class DecodingOptions:
         """From the task's configuration and fairseq's generation options; a task option
         present in ``gen_args`` (a per-call value, e.g. from ``hub.translate``) wins."""
         values = {}
-        for name, default in TASK_DECODING_DEFAULTS.items():
+        for name, default in task_defaults().items():
             value = getattr(task_cfg, name, default) if task_cfg is not None else default
             if gen_args is not None and _has(gen_args, name):
                 value = getattr(gen_args, name)
@@ -148,8 +176,8 @@ class DecodingOptions:
             **values,
             search=SearchOptions.from_args(args),
             print_step=bool(getattr(args, "print_step", False)),
-            iter_decode_max_iter=getattr(args, "iter_decode_max_iter", 10),
-            iter_decode_with_beam=getattr(args, "iter_decode_with_beam", 1),
+            iter_decode_max_iter=getattr(args, "iter_decode_max_iter", cls.iter_decode_max_iter),
+            iter_decode_with_beam=getattr(args, "iter_decode_with_beam", cls.iter_decode_with_beam),
             sequence_generator_only=flags_in_use(args, SEQUENCE_GENERATOR_ONLY),
             iterative_only=flags_in_use(args, ITERATIVE_REFINEMENT_ONLY),
             fairseq_args=gen_args,
@@ -169,13 +197,26 @@ class DecodingOptions:
     def stage2_options_used(self) -> Tuple[str, ...]:
         """The flags of HRT's stage-II options in use (only two-stage HRT decoding has them)."""
         return tuple("--" + name.replace("_", "-") for name in STAGE2_OPTIONS
-                     if getattr(self, name) != TASK_DECODING_DEFAULTS[name])
+                     if getattr(self, name) != task_defaults()[name])
 
     @property
     def is_default_hrt_decoding(self) -> bool:
         """Whether the HRT-only options keep their defaults (other models must not set them)."""
         return not self.stage2_options_used() and all(
-            getattr(self, name) == TASK_DECODING_DEFAULTS[name] for name in ("decode_chunk_size", "b_nat"))
+            getattr(self, name) == task_defaults()[name] for name in ("decode_chunk_size", "b_nat"))
+
+
+def task_defaults() -> dict:
+    """The task options of decoding (the fields of :class:`DecodingOptions` made with
+    :func:`task_option`), with their defaults."""
+    return {f.name: f.default for f in dataclasses.fields(DecodingOptions) if f.metadata.get("task")}
+
+
+def task_field(name: str, help: Optional[str] = None):
+    """``HRTTranslationConfig``'s field of the task option ``name``: the default and help of
+    :class:`DecodingOptions`' field (``help``: a help made from a registry instead)."""
+    own = DecodingOptions.__dataclass_fields__[name]
+    return field(default=own.default, metadata={"help": help or own.metadata["help"]})
 
 
 def _has(args, name: str) -> bool:
@@ -193,3 +234,12 @@ def _plain(value):
     if isinstance(value, str):
         return str(value)
     return value
+
+
+def with_options(args, **overrides):
+    """A copy of fairseq's generation options (Namespace, dataclass or DictConfig) with some
+    values replaced; the caller's options stay as they are."""
+    args = copy.deepcopy(args)
+    for name, value in overrides.items():
+        setattr(args, name, value)
+    return args

@@ -12,7 +12,7 @@ import torch
 
 from fairseq_hrt.generation.chunk_size import chunk_sizes_of
 from fairseq_hrt.generation.options import SearchOptions
-from fairseq_hrt.generation.strategies import reject_unsupported_inputs, to_fairseq
+from fairseq_hrt.generation.hypotheses import reject_unsupported_inputs, to_fairseq
 from hrt_runtime import search
 
 

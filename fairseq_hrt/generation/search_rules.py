@@ -17,24 +17,24 @@ from torch import Tensor
 
 from fairseq_hrt.generation.options import SearchOptions
 from fairseq_hrt.generation.output_vocab import OutputVocabulary
-from fairseq_hrt.models.kinds import HRT, MASK_PREDICT, model_kind
+from fairseq_hrt.models.kinds import ModelFamily, family_of
 
 
 def banned_symbols(task, model) -> List[int]:
-    """Symbols no hypothesis of ``model`` may contain (:func:`banned_symbols_of` its kind),
+    """Symbols no hypothesis of ``model`` may contain (:func:`banned_symbols_of` its family),
     with the task's ``<mask>`` and ``<s_k>``."""
-    return banned_symbols_of(model_kind(model), task.target_dictionary, task.mask_idx, task.chunk_start_idx)
+    return banned_symbols_of(family_of(model), task.target_dictionary, task.mask_idx, task.chunk_start_idx)
 
 
-def banned_symbols_of(kind: str, tgt_dict, mask: int, chunk_start: Dict[int, int]) -> List[int]:
-    """``<pad>`` always; for an HRT model (``kind`` :data:`~fairseq_hrt.models.kinds.HRT`)
-    ``<mask>`` and the start symbols ``<s>``, ``<s_k>`` too (no stage produces them); for a
-    Mask-Predict model also ``</s>`` (given at the predicted length, never predicted). AT
-    models ban only ``<pad>``, as fairseq's own search does."""
+def banned_symbols_of(family: ModelFamily, tgt_dict, mask: int, chunk_start: Dict[int, int]) -> List[int]:
+    """``<pad>`` always; ``<mask>`` and the start symbols ``<s>``, ``<s_k>`` too for a model
+    trained with them as inputs (:meth:`ModelFamily.banned_by_search`: no stage produces them);
+    ``</s>`` too where it is given at a predicted length (Mask-Predict). AT models ban only
+    ``<pad>``, as fairseq's own search does."""
     banned = {tgt_dict.pad()}
-    if kind in (HRT, MASK_PREDICT):
+    if family.banned_by_search():
         banned |= {mask, tgt_dict.bos(), *chunk_start.values()}
-    if kind == MASK_PREDICT:
+    if not family.predicts_eos():
         banned.add(tgt_dict.eos())
     return sorted(banned)
 

@@ -6,94 +6,24 @@ engine of ``--decoder-engine``, the shortlist) into a generator with fairseq's
 whether it is the model's default; a named strategy is checked against the model and fails
 with one clear message when it cannot decode it. :func:`build_generator` is the one factory:
 the task, the Python API, the benchmarks and ``ddgviz`` all get their generators from it.
-The pieces every generator needs -- the hypothesis dictionary, the refusal of inputs it does
-not support, the selection of batch rows -- live here once.
 
 Registered in this package: ``beam`` and ``hrt`` (:mod:`.hrt_generator`), ``greedy-at-mode``,
 ``mask-predict``, and the exact parallel forms of greedy search ``pj`` / ``pgj`` / ``hgj`` and
 ``hrt-spec`` (:mod:`.jacobi`). A further strategy registers with :func:`register_decoding` in
 its own module of this package (docs/design.md).
 """
-import copy
 import logging
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Type
 
-import torch
-from torch import Tensor
-
 from fairseq_hrt.generation.engines import ENGINES, DecoderEngine, get_engine
-from fairseq_hrt.generation.options import DecodingOptions, SearchOptions  # noqa: F401  (SearchOptions: re-exported)
+from fairseq_hrt.generation.options import DecodingOptions
 from fairseq_hrt.generation.quantize import check_quantization, is_quantized
 from fairseq_hrt.generation.search_rules import banned_symbols
-from fairseq_hrt.models.kinds import is_mask_predict
+from fairseq_hrt.models.kinds import family_of, unwrap
+from hrt_runtime.families import DESCRIPTION
 
 logger = logging.getLogger(__name__)
-
-# ------------------------------------------------------------------- shared pieces
-
-
-def hypothesis(tokens: Tensor, score: Tensor, positional_scores: Tensor, steps: Optional[int] = None) -> Dict:
-    """One finished hypothesis in fairseq's format (no attention / alignment)."""
-    hypo = {
-        "tokens": tokens,
-        "score": score,
-        "positional_scores": positional_scores,
-        "attention": None,
-        "alignment": None,
-    }
-    if steps is not None:
-        hypo["steps"] = steps
-    return hypo
-
-
-def to_fairseq(found, device) -> List[List[Dict]]:
-    """Hypotheses of :mod:`hrt_runtime.search` (numpy) in fairseq's format, on ``device``."""
-    import numpy as np
-
-    def one(h):
-        hypo = hypothesis(torch.from_numpy(np.asarray(h["tokens"], np.int64)).to(device), torch.tensor(h["score"]),
-                          torch.from_numpy(np.asarray(h["positional_scores"], np.float32)).to(device), steps=h.get("steps"))
-        if "stage2_confidence" in h:
-            hypo["stage2_confidence"] = torch.tensor(h["stage2_confidence"])
-        return hypo
-
-    return [[one(h) for h in hypos] for hypos in found]
-
-
-def reject_unsupported_inputs(what: str, prefix_tokens=None, constraints=None, **_):
-    """Generators that do not implement fairseq's --prefix-size / lexical constraints say so."""
-    if prefix_tokens is not None:
-        raise ValueError(f"{what} does not support --prefix-size")
-    if constraints is not None:
-        raise ValueError(f"{what} does not support lexical constraints")
-
-
-def select_rows(sample, rows: List[int]):
-    """The sub-batch of ``sample`` with the given rows (net_input and per-row entries)."""
-    index = torch.tensor(rows, dtype=torch.long, device=sample["net_input"]["src_tokens"].device)
-    bsz = sample["net_input"]["src_tokens"].size(0)
-
-    def select(value):
-        if isinstance(value, Tensor) and value.dim() > 0 and value.size(0) == bsz:
-            return value.index_select(0, index)
-        if isinstance(value, dict):
-            return {k: select(v) for k, v in value.items()}
-        return value
-
-    return {k: select(v) for k, v in sample.items()}
-
-
-def with_options(args, **overrides):
-    """A copy of fairseq's generation options (Namespace, dataclass or DictConfig) with some
-    values replaced; the caller's options stay as they are."""
-    args = copy.deepcopy(args)
-    for name, value in overrides.items():
-        setattr(args, name, value)
-    return args
-
-
-# ------------------------------------------------------------------------ registry
 
 
 @dataclass
@@ -122,15 +52,17 @@ class DecodingContext:
 
 class DecodingStrategy:
     """A way of decoding: ``supports`` says whether it can decode a model (``None``) or why
-    not (a message); ``is_default_for`` picks it under ``--decoding auto``;
-    ``supports_shortlist``: whether its generator restricts the output layer to
-    ``ctx.shortlist``'s candidates (``--shortlist`` is refused otherwise);
-    ``uses_decoder_engine``: whether ``--decoder-engine`` picks its search;
-    ``supports_compile``: whether its search runs the lean engine's step (``--compile``)."""
+    not (a message); ``is_default_for`` claims a model for ``--decoding auto``, where the claim
+    of the highest ``priority`` wins (a specific strategy above a general one; two claims of
+    one priority are an error); ``supports_shortlist``: whether its generator restricts the
+    output layer to ``ctx.shortlist``'s candidates (``--shortlist`` is refused otherwise);
+    ``supports_compile``: whether its search runs the lean engine's step (``--compile``);
+    :meth:`uses_engine`: whether ``--decoder-engine`` runs its search."""
 
     name: str = ""
+    summary: str = ""  # one line of --decoding's help
+    priority: int = 0
     supports_shortlist: bool = False
-    uses_decoder_engine: bool = True
     supports_compile: bool = False
 
     @classmethod
@@ -142,17 +74,23 @@ class DecodingStrategy:
         return False
 
     @classmethod
+    def uses_engine(cls, engine: DecoderEngine) -> bool:
+        return True
+
+    @classmethod
     def build(cls, ctx: DecodingContext):
         raise NotImplementedError
 
 
 class LeftToRightDecoding(DecodingStrategy):
-    """Strategies that decode left to right from ``</s>``: every model but Mask-Predict's."""
+    """Strategies that decode left to right from ``</s>``: the models that declare it."""
 
     @classmethod
     def supports(cls, model):
-        if is_mask_predict(model):
-            return "a Mask-Predict (cmlm_*) model has no left-to-right decoder; use --decoding mask-predict"
+        family = family_of(model)
+        if not family.left_to_right:
+            return (f"{DESCRIPTION[family.kind]} ({type(unwrap(model)).__name__}) has no left-to-right decoder; use "
+                    f"--decoding {pick_strategy('auto', model).name}")
         return None
 
 
@@ -170,6 +108,12 @@ def register_decoding(name: str):
     return register
 
 
+def decoding_help() -> str:
+    """``--decoding``'s help, from the registry."""
+    return ("decoding strategy: 'auto' = the model's default (AT models: beam, HRT models: hrt, cmlm_* models: "
+            "mask-predict); " + "; ".join(f"'{n}' = {s.summary}" for n, s in DECODING_STRATEGIES.items()))
+
+
 def decoding_choices() -> List[str]:
     """``--decoding``'s values: ``auto`` and every registered strategy."""
     return ["auto", *DECODING_STRATEGIES]
@@ -178,10 +122,7 @@ def decoding_choices() -> List[str]:
 def pick_strategy(name: str, model) -> Type[DecodingStrategy]:
     """``--decoding NAME`` (``auto``: the model's default) -> the strategy class."""
     if name == "auto":
-        for strategy in DECODING_STRATEGIES.values():
-            if strategy.is_default_for(model):
-                return strategy
-        raise ValueError(f"no decoding strategy decodes a {type(model).__name__} by default")
+        return default_strategy(model)
     if name not in DECODING_STRATEGIES:
         raise ValueError(f"--decoding {name!r}: choose one of {', '.join(decoding_choices())}")
     strategy = DECODING_STRATEGIES[name]
@@ -191,9 +132,24 @@ def pick_strategy(name: str, model) -> Type[DecodingStrategy]:
     return strategy
 
 
+def default_strategy(model) -> Type[DecodingStrategy]:
+    """The strategy of ``--decoding auto``: the claim (``is_default_for``) of the highest
+    priority; two claims of that priority are refused by name."""
+    claims = [s for s in DECODING_STRATEGIES.values() if s.is_default_for(model)]
+    if not claims:
+        raise ValueError(f"no decoding strategy decodes a {type(unwrap(model)).__name__} by default")
+    top = max(s.priority for s in claims)
+    winners = [s.name for s in claims if s.priority == top]
+    if len(winners) > 1:
+        raise ValueError(f"--decoding auto: strategies {', '.join(winners)} all claim a {type(unwrap(model)).__name__} "
+                         f"with priority {top}; give one of them a higher priority")
+    return next(s for s in claims if s.priority == top)
+
+
 def check_supported(strategy: Type[DecodingStrategy], engine: DecoderEngine, options: DecodingOptions, models,
                     shortlist) -> None:
     """One clear error for each option this strategy and engine cannot honour."""
+    uses_engine = strategy.uses_engine(engine)
     if shortlist is not None:
         if not strategy.supports_shortlist:
             raise ValueError(
@@ -201,7 +157,7 @@ def check_supported(strategy: Type[DecodingStrategy], engine: DecoderEngine, opt
                 "left-to-right search (--decoding beam), HRT decoding (--decoding hrt) with an engine that supports "
                 f"it ({', '.join(n for n, e in ENGINES.items() if e.supports_shortlist)}), and Mask-Predict"
             )
-        if strategy.uses_decoder_engine and not engine.supports_shortlist:
+        if uses_engine and not engine.supports_shortlist:
             raise ValueError(
                 f"--shortlist restricts the output layer of --decoder-engine "
                 f"{'/'.join(n for n, e in ENGINES.items() if e.supports_shortlist)}; --decoder-engine {engine.name} "
@@ -217,16 +173,27 @@ def check_supported(strategy: Type[DecodingStrategy], engine: DecoderEngine, opt
             reasons.append("--quantize int8 replaces the linear layers by quantized modules (drop one of the two)")
         if reasons:
             raise ValueError("--compile is not supported here: " + "; ".join(reasons))
-    if options.quantize != "none" and not engine.supports_int8:
-        raise ValueError(f"--decoder-engine {engine.name} does not run int8-quantized models (--quantize)")
-    if strategy.uses_decoder_engine:
-        used = engine.unsupported(options)
-        if used:
-            others = [n for n, e in ENGINES.items() if n != engine.name and not e.unsupported(options)]
+    if not uses_engine:
+        # the strategy decodes the PyTorch model as loaded: an engine's own int8 graphs or
+        # exported folder would be silently ignored
+        if options.quantize != "none" and engine.quantizes_itself:
             raise ValueError(
-                f"--decoder-engine {engine.name} does not support {', '.join(used)}; decode with "
-                + (f"--decoder-engine {others[0]}" if others else "another engine") + " for these options"
+                f"--decoding {strategy.name} decodes the PyTorch model itself, not with --decoder-engine {engine.name}, "
+                f"and --decoder-engine {engine.name} --quantize {options.quantize} leaves that model in float (the "
+                f"engine quantizes its own graphs): it would decode in float; use --decoder-engine lean --quantize "
+                f"{options.quantize}"
             )
+        if options.onnx_model:
+            raise ValueError(f"--onnx-model is the exported folder of --decoder-engine onnxruntime; --decoding "
+                             f"{strategy.name} does not decode with an engine (drop --onnx-model)")
+        return
+    used = engine.unsupported(options)
+    if used:
+        others = [n for n, e in ENGINES.items() if n != engine.name and not e.unsupported(options)]
+        raise ValueError(
+            f"--decoder-engine {engine.name} does not support {', '.join(used)}; decode with "
+            + (f"--decoder-engine {others[0]}" if others else "another engine") + " for these options"
+        )
 
 
 def build_generator(task, models, options: DecodingOptions, fairseq_generator: Optional[Callable] = None,

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from fairseq.models import register_model, register_model_architecture
 from torch import Tensor, nn
 
+from fairseq_hrt.models.kinds import MASK_PREDICT, ModelFamily, declare
 from fairseq_hrt.models.hrt_transformer import (
     HRTTransformerModel,
     check_dictionary_compatible,
@@ -48,6 +49,7 @@ DEFAULT_LENGTH_LOSS_FACTOR = 0.1
 
 
 @register_model("cmlm_transformer_hrt")
+@declare(ModelFamily(MASK_PREDICT, left_to_right=False, non_causal=True, length_predictor=True))
 class CMLMTransformerModel(HRTTransformerModel):
     """Mask-Predict CMLM with a length predictor (``--arch cmlm_*``)."""
 

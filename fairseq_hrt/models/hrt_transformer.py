@@ -19,6 +19,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
+from fairseq_hrt.models.kinds import HRT, ModelFamily, declare
 from fairseq_hrt.models.shapes import set_shape_defaults
 from fairseq_hrt.models.ssru_transformer import is_ssru_state_dict, refuse_ssru_for_bidirectional
 from fairseq_hrt.modules.decoder_layer_blocks import encoder_attention_and_ffn
@@ -238,6 +239,7 @@ class HRTDecoder(TransformerDecoderBase):
 
 
 @register_model("hrt_transformer")
+@declare(ModelFamily(HRT, left_to_right=True, non_causal=True, chunk_sizes=True))
 class HRTTransformerModel(TransformerModel):
     """Hybrid-Regressive Translation model (``--arch hrt_*``)."""
 

@@ -1,15 +1,66 @@
-"""What kind of model a decoder is handed: the one place that decides.
+"""What a model is and what it allows, declared by its class: the one place every other module
+reads (strategies, engines, the task, the criterion, the exporter, the benchmarks).
 
-Decoding strategies, the criterion, the task and the benchmarks ask these questions; they
-answer from the model classes of this plugin (and fairseq's own ``transformer`` for AT
-models), never from ``hasattr`` guesses spread over the code.
+A model class declares a :class:`ModelFamily` with :func:`declare`; fairseq's own
+``transformer`` is declared here (an AT model). The declaration belongs to that exact class:
+a subclass computes what it likes, so it declares itself too, and a model whose class
+declares nothing is refused by name (:func:`family_of`) -- never taken for an AT model.
 """
+from dataclasses import dataclass
+from typing import Dict
+
+from fairseq.models.transformer import TransformerModel
 from torch import nn
 
-from fairseq_hrt.models.cmlm_transformer import CMLMTransformerModel
-from fairseq_hrt.models.hrt_transformer import HRTTransformerModel
+from hrt_runtime.families import AT, HRT, MASK_PREDICT  # noqa: F401  (the exported config's names)
 
-AT, HRT, MASK_PREDICT = "at", "hrt", "mask-predict"
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """What a model class is and allows.
+
+    ``kind``: its name in logs and in an exported folder's ``config.json`` (``at``, ``hrt``,
+    ``mask-predict``); ``left_to_right``: it decodes left to right from ``</s>`` (beam,
+    greedy, Jacobi decoding); ``non_causal``: its decoder also runs one non-causal pass over
+    ``<mask>`` slots (CMLM / HRT's stage II); ``chunk_sizes``: it is trained for chunk sizes
+    ``k`` (Skip-AT from ``<s_k>``; ``mark_trained_chunk_sizes`` / ``get_trained_chunk_sizes``);
+    ``length_predictor``: it predicts target lengths (``forward_length``); ``recurrent_decoder``:
+    its decoder layers are recurrent (SSRU: causal only)."""
+
+    kind: str
+    left_to_right: bool
+    non_causal: bool = False
+    chunk_sizes: bool = False
+    length_predictor: bool = False
+    recurrent_decoder: bool = False
+
+    def banned_by_search(self) -> bool:
+        """Whether the search bans ``<mask>``, ``<s>`` and ``<s_k>`` (a model that was trained
+        with them as inputs never outputs them); an AT model bans only ``<pad>``, as fairseq's
+        own search does."""
+        return self.non_causal or self.chunk_sizes
+
+    def predicts_eos(self) -> bool:
+        """Whether ``</s>`` is a token the model chooses (not given at a predicted length)."""
+        return not self.length_predictor
+
+
+AT_FAMILY = ModelFamily(AT, left_to_right=True)
+
+FAMILIES: Dict[type, ModelFamily] = {}
+
+
+def declare(family: ModelFamily):
+    """Class decorator: ``cls`` is a model of ``family`` (this exact class, not its subclasses)."""
+
+    def register(cls):
+        FAMILIES[cls] = family
+        return cls
+
+    return register
+
+
+declare(AT_FAMILY)(TransformerModel)  # fairseq's transformer and this plugin's at_* archs
 
 
 def unwrap(model):
@@ -20,21 +71,21 @@ def unwrap(model):
     return model
 
 
-def is_mask_predict(model) -> bool:
-    """A CMLM model with a length predictor (``cmlm_*``), decoded by Mask-Predict."""
-    return isinstance(unwrap(model), CMLMTransformerModel)
-
-
-def is_hrt(model) -> bool:
-    """An HRT model (``hrt_*``): one decoder with causal, Skip-AT and non-causal modes."""
-    return isinstance(unwrap(model), HRTTransformerModel) and not is_mask_predict(model)
+def family_of(model) -> ModelFamily:
+    """The declared :class:`ModelFamily` of ``model``'s class (or of a model class); a class
+    that declares none is refused by name."""
+    cls = model if isinstance(model, type) else type(unwrap(model))
+    found = FAMILIES.get(cls)
+    if found is None:
+        raise ValueError(
+            f"{cls.__module__}.{cls.__name__} is not a model family of fairseq-hrt: this plugin decodes, trains and "
+            f"exports the model classes that declare what they are (fairseq's transformer, "
+            f"{', '.join(sorted(c.__name__ for c in FAMILIES if c is not TransformerModel))}); a new family declares "
+            "itself with fairseq_hrt.models.kinds.declare (docs/design.md, 'Adding a model family')"
+        )
+    return found
 
 
 def model_kind(model) -> str:
-    """``"hrt"``, ``"mask-predict"`` or ``"at"`` (every other left-to-right model: fairseq's
-    ``transformer``, the ``at_*`` and ``*_ssru`` students)."""
-    if is_mask_predict(model):
-        return MASK_PREDICT
-    if is_hrt(model):
-        return HRT
-    return AT
+    """``family_of(model).kind``: ``"at"``, ``"hrt"`` or ``"mask-predict"``."""
+    return family_of(model).kind

@@ -22,6 +22,7 @@ from fairseq.modules import LayerNorm
 from torch import Tensor
 
 from fairseq_hrt.models import at_transformer
+from fairseq_hrt.models.kinds import AT, ModelFamily, declare
 from fairseq_hrt.modules.decoder_layer_blocks import encoder_attention_and_ffn
 from fairseq_hrt.modules.ssru import SSRU
 
@@ -113,6 +114,7 @@ class SSRUDecoder(TransformerDecoderBase):
 
 
 @register_model("transformer_ssru")
+@declare(ModelFamily(AT, left_to_right=True, recurrent_decoder=True))
 class SSRUTransformerModel(TransformerModel):
     """Transformer with an SSRU decoder (``--arch *_ssru``)."""
 

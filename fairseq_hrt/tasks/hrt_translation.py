@@ -25,10 +25,12 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from fairseq_hrt import chunking, compat, text_input
-from fairseq_hrt.generation import strategies
-from fairseq_hrt.generation.options import QUANTIZE_CHOICES, DecodingOptions
+from fairseq_hrt.generation import hypotheses, strategies
+from fairseq_hrt.generation.engines import engines_help
+from fairseq_hrt.generation.options import QUANTIZE_CHOICES, DecodingOptions, task_field
 from fairseq_hrt.generation.quantize import prepare_for_decoding
 from fairseq_hrt.models import ssru_transformer, tied_layers
+from fairseq_hrt.models.kinds import family_of
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
 from fairseq_hrt import checkpoint_checks, shortlist as shortlists
 from fairseq_hrt.data import mixdistill
@@ -112,108 +114,22 @@ class HRTTranslationConfig(TranslationConfig):
             "model of this task (at_*, *_ssru, hrt_*, cmlm_*)"
         },
     )
-    # decoding (fairseq-generate / fairseq-interactive)
-    decode_chunk_size: str = field(
-        default="auto-trained",
-        metadata={
-            "help": "HRT decoding chunk size: an integer k the model was trained for, 1 = AT "
-            "mode (the HRT model decodes causally from </s>, like an AT model), "
-            "'auto-trained' = the smallest k the model was trained for, "
-            "'by-length' = chosen per sentence from the source length (docs/how-it-works.md)"
-        },
-    )
-    b_nat: int = field(
-        default=1,
-        metadata={"help": "HRT: number of Skip-AT hypotheses (of --beam = b_at) filled by stage II"},
-    )
-    # HRT decoding beyond the papers (each off by default)
-    hrt_refine_fraction: float = field(
-        default=0.0,
-        metadata={"help": "HRT: after stage II, mask again this fraction of each sentence's filled tokens (those "
-                          "of lowest probability, rounded up) and predict them by one more non-causal pass; 0 = off"},
-    )
-    hrt_fallback_threshold: Optional[float] = field(
-        default=None,
-        metadata={"help": "HRT: decode a sentence again in AT mode when the mean log-probability of the tokens "
-                          "stage II filled is below this (e.g. -1.5); default: never"},
-    )
-    hrt_rescore: bool = field(
-        default=False,
-        metadata={"help": "HRT: score every stage-II candidate (b_nat per sentence) by the model in AT mode in one "
-                          "teacher-forced pass and rank them by that exact score (useful with --b-nat > 1)"},
-    )
-    # --decoding and --decoder-engine take the names of the strategy and engine registries
-    # (fairseq_hrt.generation.strategies / .engines): checked when the generator is built
-    decoding: str = field(
-        default="auto",
-        metadata={
-            "help": "decoding strategy: 'auto' = the model's default (AT models: beam, HRT "
-            "models: hrt, cmlm_* models: mask-predict); 'beam' = left-to-right beam search "
-            "(an HRT model in its AT mode); 'hrt' = two-stage HRT; 'mask-predict'; "
-            "'pj' / 'pgj' / 'hgj' = Jacobi decoding (parallel Jacobi, parallel GS-Jacobi, hybrid "
-            "GS-Jacobi): greedy search's output in fewer decoder passes (needs --beam 1); "
-            "'hrt-spec' = an HRT model drafts blocks with its non-autoregressive mode and "
-            "verifies them with its AT mode: AT-mode greedy output (needs --beam 1)"
-        },
-    )
-    jacobi_block_size: Optional[int] = field(
-        default=None,
-        metadata={
-            "help": "block size b of --decoding pgj / hgj (default 3, the paper's best) and the "
-            "number of drafted tokens per verifying pass of --decoding hrt-spec (default 4); "
-            "pj decodes the whole sentence as one block"
-        },
-    )
-    jacobi_parallel_length: int = field(
-        default=0,
-        metadata={
-            "help": "--decoding hgj: target positions decoded by GS-Jacobi blocks before it "
-            "continues one token per pass; 0 = 1.1 x the source length"
-        },
-    )
-    decoder_engine: str = field(
-        default="lean",
-        metadata={
-            "help": "engine of left-to-right search (AT beam/greedy, HRT stage I and AT mode): "
-            "'lean' = this plugin's step loop (preallocated caches, finished sentences leave "
-            "the batch, top-k on the logits), same hypotheses as 'fairseq' = fairseq's "
-            "SequenceGenerator (needed for --prefix-size, constraints, sampling, alignments); "
-            "'onnxruntime' = the model exported to ONNX (on first use, cached) and decoded by ONNX "
-            "Runtime, HRT's two stages and Mask-Predict included (see --onnx-model)"
-        },
-    )
-    onnx_model: Optional[str] = field(
-        default=None,
-        metadata={
-            "help": "--decoder-engine onnxruntime: decode this folder written by fairseq-hrt-export instead of "
-            "exporting the loaded model into the cache ($FAIRSEQ_HRT_ONNX_CACHE, default ~/.cache/fairseq-hrt/onnx); "
-            "it must be the export of the same checkpoint (its parameters' SHA-256 is checked)"
-        },
-    )
-    quantize: QUANTIZATIONS = field(
-        default="none",
-        metadata={"help": "'int8' = dynamic int8 quantization of the linear layers for CPU decoding, applied "
-                  "when the model is loaded"},
-    )
-    compile: bool = field(
-        default=False,
-        metadata={
-            "help": "compile the lean engine's decoder step with torch.compile (one graph for every step and "
-            "batch: self-attention over the whole preallocated cache, future masked; a CUDA graph on a GPU); "
-            "for --decoding beam/hrt with --decoder-engine lean, not with --quantize. The first batch pays "
-            "the compilation (tens of seconds; a C++ compiler is needed on CPU)"
-        },
-    )
-    shortlist: Optional[str] = field(
-        default=None,
-        metadata={
-            "help": "lexical shortlist file (built by fairseq-hrt-shortlist from this data directory): the "
-            "output layer of every batch is computed only for the shortlists of its source tokens plus "
-            "the frequent target tokens, and scores are log-probabilities over those candidates; for "
-            "--decoding beam/hrt with --decoder-engine lean (AT search, HRT stage I and II) and "
-            "--decoding mask-predict"
-        },
-    )
+    # decoding (fairseq-generate / fairseq-interactive): default and help are DecodingOptions'
+    # (one definition); --decoding's and --decoder-engine's help and names come from the
+    # strategy and engine registries and are checked when the generator is built
+    decoding: str = task_field("decoding", help=strategies.decoding_help())
+    decoder_engine: str = task_field("decoder_engine", help=engines_help())
+    quantize: QUANTIZATIONS = task_field("quantize")
+    compile: bool = task_field("compile")
+    shortlist: Optional[str] = task_field("shortlist")
+    decode_chunk_size: str = task_field("decode_chunk_size")
+    b_nat: int = task_field("b_nat")
+    jacobi_block_size: Optional[int] = task_field("jacobi_block_size")
+    jacobi_parallel_length: int = task_field("jacobi_parallel_length")
+    hrt_refine_fraction: float = task_field("hrt_refine_fraction")
+    hrt_fallback_threshold: Optional[float] = task_field("hrt_fallback_threshold")
+    hrt_rescore: bool = task_field("hrt_rescore")
+    onnx_model: Optional[str] = task_field("onnx_model")
     max_update: int = II("optimization.max_update")
     seed: int = II("common.seed")
 
@@ -300,13 +216,14 @@ class HRTTranslationTask(TranslationTask):
         if tie:
             tied_layers.check_tie_options(cfg)
         model = super().build_model(cfg, from_checkpoint)
-        if isinstance(getattr(model, "decoder", None), ssru_transformer.SSRUDecoder):
+        family = family_of(model)
+        if family.recurrent_decoder:
             mode = getattr(cfg, "hrt_mode", "at")
             if mode != "at":
                 ssru_transformer.refuse_ssru_for_bidirectional(f"--arch {getattr(cfg, 'arch', '*_ssru')} --hrt-mode {mode}")
         if tie:
             tied_layers.tie_decoder_layers(model.decoder)
-        if not from_checkpoint and self.cfg.hrt_mode == "hrt" and hasattr(model, "mark_trained_chunk_sizes"):
+        if not from_checkpoint and self.cfg.hrt_mode == "hrt" and family.chunk_sizes:
             model.mark_trained_chunk_sizes(self.chunk_sizes)
         checkpoint_checks.check_dictionary_when_loading(model)
         if from_checkpoint:
@@ -366,7 +283,7 @@ class HRTTranslationTask(TranslationTask):
         super().begin_epoch(epoch, model)
         # after --restore-file / --finetune-from-model the flags come from the checkpoint:
         # add the chunk sizes this run trains
-        if self.cfg.hrt_mode == "hrt" and hasattr(model, "mark_trained_chunk_sizes"):
+        if self.cfg.hrt_mode == "hrt" and family_of(model).chunk_sizes:
             model.mark_trained_chunk_sizes(self.chunk_sizes)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
@@ -490,10 +407,10 @@ class HRTTranslationTask(TranslationTask):
         results = [None] * src.size(0)
         eos = self.target_dictionary.eos()
         for i in empty.nonzero().view(-1).tolist():
-            results[i] = [strategies.hypothesis(src.new_tensor([eos]), torch.tensor(0.0), torch.zeros(1))]
+            results[i] = [hypotheses.hypothesis(src.new_tensor([eos]), torch.tensor(0.0), torch.zeros(1))]
         rest = (~empty).nonzero().view(-1).tolist()
         if rest:
-            sub = strategies.select_rows(sample, rest)
+            sub = hypotheses.select_rows(sample, rest)
             sub_prefix = prefix_tokens[rest] if prefix_tokens is not None else None
             sub_constraints = constraints[rest] if constraints is not None else None
             for i, hypos in zip(rest, super().inference_step(generator, models, sub, sub_prefix, sub_constraints)):

@@ -1,0 +1,117 @@
+"""What a model is comes from its class's declaration (models/kinds.py); what a decoding
+option is, from one definition (generation/options.py); which strategy ``auto`` picks, from
+declared priorities; what an engine or strategy does, from flags that are true."""
+import dataclasses
+import typing
+
+import pytest
+from fairseq.dataclass.configs import GenerationConfig
+from fairseq.models.transformer import TransformerModel
+
+from fairseq_hrt.generation import strategies
+from fairseq_hrt.generation.engines import ENGINES
+from fairseq_hrt.generation.options import DecodingOptions, SearchOptions, task_defaults
+from fairseq_hrt.generation.strategies import DECODING_STRATEGIES, DecodingStrategy, register_decoding
+from fairseq_hrt.models.cmlm_transformer import CMLMTransformerModel
+from fairseq_hrt.models.hrt_transformer import HRTTransformerModel
+from fairseq_hrt.models.kinds import AT, FAMILIES, HRT, MASK_PREDICT, family_of, model_kind
+from fairseq_hrt.models.ssru_transformer import SSRUTransformerModel
+from fairseq_hrt.tasks.hrt_translation import HRTTranslationConfig
+from tests.hrt_fixtures import build_generator, build_task_and_model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    data_dir = str(tmp_path_factory.mktemp("model_families"))
+    built = {arch: build_task_and_model(data_dir, arch=arch, seed=5)[1] for arch in ("hrt_tiny", "at_tiny", "cmlm_tiny")}
+    return data_dir, built
+
+
+def test_every_model_class_declares_its_family():
+    assert {cls: f.kind for cls, f in FAMILIES.items()} == {
+        TransformerModel: AT, SSRUTransformerModel: AT, HRTTransformerModel: HRT, CMLMTransformerModel: MASK_PREDICT}
+    assert FAMILIES[SSRUTransformerModel].recurrent_decoder and not FAMILIES[SSRUTransformerModel].non_causal
+    assert FAMILIES[HRTTransformerModel].chunk_sizes and FAMILIES[HRTTransformerModel].non_causal
+    assert FAMILIES[CMLMTransformerModel].length_predictor and not FAMILIES[CMLMTransformerModel].left_to_right
+
+
+def test_an_undeclared_model_is_refused_by_name_never_taken_for_at(models):
+    data_dir, built = models
+    at = built["at_tiny"]
+
+    class MyTransformer(TransformerModel):  # a subclass may compute otherwise: it declares itself
+        pass
+
+    at.__class__ = MyTransformer
+    try:
+        for ask in (family_of, model_kind):
+            with pytest.raises(ValueError, match="MyTransformer is not a model family of fairseq-hrt"):
+                ask(at)
+        with pytest.raises(ValueError, match="MyTransformer is not a model family"):
+            build_generator(data_dir, at)
+    finally:
+        at.__class__ = TransformerModel
+
+
+def test_auto_takes_the_claim_of_highest_priority_and_refuses_a_tie(models, monkeypatch):
+    _, built = models
+    assert [strategies.pick_strategy("auto", built[a]).name for a in ("at_tiny", "hrt_tiny", "cmlm_tiny")] == [
+        "beam", "hrt", "mask-predict"]
+    monkeypatch.setattr(strategies, "DECODING_STRATEGIES", dict(DECODING_STRATEGIES))
+
+    @register_decoding("also-hrt")
+    class AlsoHRT(DecodingStrategy):
+        priority = DECODING_STRATEGIES["hrt"].priority
+
+        @classmethod
+        def is_default_for(cls, model):
+            return family_of(model).chunk_sizes
+
+    with pytest.raises(ValueError, match="strategies hrt, also-hrt all claim a HRTTransformerModel with priority 1"):
+        strategies.pick_strategy("auto", built["hrt_tiny"])
+    assert strategies.pick_strategy("auto", built["at_tiny"]).name == "beam"  # no claim on AT models
+    AlsoHRT.priority = 2
+    assert strategies.pick_strategy("auto", built["hrt_tiny"]) is AlsoHRT
+
+
+def test_flags_are_true_only_where_true(models):
+    """Jacobi decoding runs its own passes: an engine that would quantize its own graphs leaves
+    the model in float, so pgj + onnxruntime + int8 would decode in float PyTorch; refused."""
+    data_dir, built = models
+    jacobi = DECODING_STRATEGIES["pgj"]
+    assert not any(jacobi.uses_engine(e) for e in ENGINES.values())
+    assert [n for n, e in ENGINES.items() if DECODING_STRATEGIES["mask-predict"].uses_engine(e)] == ["onnxruntime"]
+    assert all(DECODING_STRATEGIES["beam"].uses_engine(e) for e in ENGINES.values())
+    with pytest.raises(ValueError, match="--decoding pgj decodes the PyTorch model itself, not with --decoder-engine "
+                                         "onnxruntime.*it would decode in float; use --decoder-engine lean --quantize int8"):
+        build_generator(data_dir, built["at_tiny"], "--decoding", "pgj", "--beam", "1", "--decoder-engine", "onnxruntime",
+                        "--quantize", "int8")
+    with pytest.raises(ValueError, match="--decoding pgj does not decode with an engine"):
+        build_generator(data_dir, built["at_tiny"], "--decoding", "pgj", "--beam", "1", "--onnx-model", "/nowhere")
+
+
+def test_each_decoding_option_is_defined_once():
+    """The task's decoding options are DecodingOptions' fields: the same defaults, help and
+    types (quantize: fairseq's ChoiceEnum of the same choices); --decoding's and
+    --decoder-engine's help name every registered strategy and engine."""
+    task = {f.name: f for f in dataclasses.fields(HRTTranslationConfig)}
+    ours = {f.name: f for f in dataclasses.fields(DecodingOptions)}
+    hints, task_hints = typing.get_type_hints(DecodingOptions), typing.get_type_hints(HRTTranslationConfig)
+    assert set(task_defaults()) <= set(task)
+    for name, default in task_defaults().items():
+        assert task[name].default == default == ours[name].default, name
+        if name not in ("decoding", "decoder_engine"):
+            assert task[name].metadata["help"] == ours[name].metadata["help"], name
+        if name != "quantize":
+            assert task_hints[name] == hints[name], name
+    assert all(f"'{n}' = " in task["decoding"].metadata["help"] for n in DECODING_STRATEGIES)
+    assert all(f"'{n}' = " in task["decoder_engine"].metadata["help"] for n in ENGINES)
+    assert all(s.summary for s in DECODING_STRATEGIES.values()) and all(e.summary for e in ENGINES.values())
+
+
+def test_search_options_have_fairseqs_defaults():
+    fairseq = GenerationConfig()
+    assert SearchOptions.from_args(fairseq) == SearchOptions()
+    assert SearchOptions.from_args(object()) == SearchOptions()
+    for flag, value in SearchOptions().fairseq_values().items():
+        assert getattr(fairseq, flag) == value, flag
