@@ -10,8 +10,10 @@ import numpy as np
 
 from hrt_runtime.integrity import check_folder
 
-# 3: the non-causal pass takes its query columns (its last layer computed there only)
-FORMAT, VERSION = "fairseq-hrt-onnx", 3
+# 3: the non-causal pass takes its query columns (its last layer computed there only);
+# 4: greedy.onnx, the greedy search as one Loop (a folder of version 3 decodes without it)
+FORMAT, VERSION = "fairseq-hrt-onnx", 4
+READABLE_VERSIONS = (3, 4)
 
 
 # the greedy loop graph (greedy.onnx, fairseq_hrt/export/loop.py): the settings it reads beside the
@@ -51,9 +53,9 @@ def read_config(folder: str) -> Dict:
     if not isinstance(config, dict):
         raise ValueError(f"{path} is not a fairseq-hrt-export configuration (a JSON {type(config).__name__}, "
                          "not an object); export the checkpoint again")
-    if config.get("format") != FORMAT or config.get("version") != VERSION:
+    if config.get("format") != FORMAT or config.get("version") not in READABLE_VERSIONS:
         raise ValueError(f"{folder}: format {config.get('format')!r} version {config.get('version')!r}, "
-                         f"this runtime reads {FORMAT!r} version {VERSION}; export the checkpoint again "
+                         f"this runtime reads {FORMAT!r} versions {', '.join(map(str, READABLE_VERSIONS))}; export the checkpoint again "
                          "with the fairseq-hrt-export of this version")
     missing = [key for key in REQUIRED if key not in config]
     if missing:

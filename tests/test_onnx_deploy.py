@@ -321,12 +321,13 @@ def test_folder_errors(exported_random, tmp_path):
         Translator(str(tmp_path))
     folder = _copy(exported_random["at"], tmp_path)
     config = json.loads((folder / "config.json").read_text())
-    from hrt_runtime.model import VERSION
+    from hrt_runtime.model import READABLE_VERSIONS, VERSION
 
     other = VERSION + 1
+    readable = ", ".join(map(str, READABLE_VERSIONS))
     for bad, message in (({**config, "format": "ctranslate2"}, rf"format 'ctranslate2' version {VERSION}, this runtime reads "
-                                                              rf"'fairseq-hrt-onnx' version {VERSION}; export the checkpoint again"),
-                         ({**config, "version": other}, rf"version {other}, this runtime reads 'fairseq-hrt-onnx' version {VERSION}"),
+                                                              rf"'fairseq-hrt-onnx' versions {readable}; export the checkpoint again"),
+                         ({**config, "version": other}, rf"version {other}, this runtime reads 'fairseq-hrt-onnx' versions {readable}"),
                          ([1, 2], r"not a fairseq-hrt-export configuration \(a JSON list"),
                          ({k: v for k, v in config.items() if k != "graphs"}, r"lacks graphs; export the checkpoint again")):
         (folder / "config.json").write_text(json.dumps(bad))
@@ -339,6 +340,23 @@ def test_folder_errors(exported_random, tmp_path):
     (folder / "step.onnx").unlink()
     with pytest.raises(FileNotFoundError, match=r"config.json names step.onnx, which is missing"):
         Translator(str(folder))
+
+
+def test_a_folder_of_the_previous_version_decodes_without_the_loop(exported_random, tmp_path):
+    """A version-3 folder (exported before greedy.onnx) still translates, the search making
+    its own steps, to the same output; the engine's cache exports such a folder again."""
+    from fairseq_hrt.generation.onnx_engine import _cached
+
+    folder = _copy(exported_random["hrt"], tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    del config["graphs"]["greedy"]
+    (folder / "config.json").write_text(json.dumps({**config, "version": 3}))
+    lines = ["w1 w2 w3", "w4 w5 w6 w7 w8"]
+    current, previous = Translator(exported_random["hrt"]), Translator(str(folder))
+    for options in ({"beam": 1}, {"beam": 1, "chunk_size": 2}):
+        assert previous.translate(lines, batch_size=1, **options) == current.translate(lines, batch_size=1, **options)
+    assert not _cached(str(folder), config["parameters_sha256"], False)
+    assert _cached(exported_random["hrt"], config["parameters_sha256"], False)
 
 
 def test_option_errors(exported_random):

@@ -5,6 +5,9 @@ The folder (format :data:`FORMAT`, version :data:`VERSION`) holds:
 * ``encoder.onnx`` (:class:`~fairseq_hrt.export.graphs.EncoderGraph`),
 * ``step.onnx`` and ``step_top.onnx`` (:class:`~fairseq_hrt.export.graphs.StepGraph`: the greedy
   choice, and the ``k`` best for beam search with ``k`` an input),
+* ``greedy.onnx`` (AT and HRT models): the greedy search (and HRT's Skip-AT) as one ONNX ``Loop``
+  over :class:`~fairseq_hrt.export.graphs.GreedyLoopBody` (:mod:`fairseq_hrt.export.loop`), which
+  the runtime runs for batches of few rows,
 * ``parallel.onnx`` (:class:`~fairseq_hrt.export.graphs.ParallelGraph`, HRT models: stage II),
 * with ``restricted`` graphs (``*_restricted.onnx``) the same with the output rows as inputs (shortlists),
 * ``weights.bin``: every graph's weights, each stored once (:func:`share_weights`),
