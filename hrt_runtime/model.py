@@ -19,6 +19,7 @@ READABLE_VERSIONS = (3, 4)
 # the greedy loop graph (greedy.onnx, fairseq_hrt/export/loop.py): the settings it reads beside the
 # encoder side, and the name of its input holding a state's start (``past_k0`` -> ``initial_k0``)
 LOOP_SETTINGS = ("stride", "max_len", "min_len", "usual_bias", "early_bias", "final_bias", "encoder_bias")
+LOOP_ROWS_INPUTS = ("out_weight", "out_bias", "out_ids")  # greedy_restricted.onnx: a shortlist's rows
 
 
 def loop_state_name(past_name: str) -> str:
@@ -278,17 +279,22 @@ class ExportedModel:
         """Every step of a greedy search from ``start`` in one run of ``greedy.onnx``: ``(tokens,
         scores)``, each ``(N, T)``, the steps' tokens and log-probabilities (a row is read up to
         its first ``</s>``), under ``rules`` (:class:`hrt_runtime.search.Rules`: its three biases,
-        ``min_len``) and ``max_len``. ``None`` where the loop does not serve the batch (a folder
-        exported without it, a shortlist's rows, more than :data:`LOOP_ROWS` rows): the search
-        then makes the steps itself, with the same result."""
+        ``min_len``) and ``max_len``, over the output rows ``out_rows`` (a shortlist's:
+        ``greedy_restricted.onnx``). ``None`` where the loop does not serve the batch (a folder
+        exported without it, more than :data:`LOOP_ROWS` rows): the search then makes the steps
+        itself, with the same result."""
         n = encoded.size
-        if out_rows.ids is not None or n > self.loop_rows or "greedy" not in self.config["graphs"]:
+        graph = "greedy" if out_rows.ids is None else "greedy_restricted"
+        if n > self.loop_rows or graph not in self.config["graphs"]:
             return None
         feeds = {"start": np.full(n, start, np.int64), "stride": np.array(self.stride_of(start), np.int64),
                  "max_len": np.array(max_len, np.int64), "min_len": np.array(rules.config.min_len, np.int64),
-                 "usual_bias": rules.usual, "early_bias": rules.early, "final_bias": rules.final, **encoded.feeds()}
+                 "usual_bias": rules.usual, "early_bias": rules.early, "final_bias": rules.final,
+                 **encoded.feeds(), **out_rows.feeds()}
+        if out_rows.ids is not None:
+            feeds["out_ids"] = out_rows.ids
         feeds.update((loop_state_name(name), past) for name, past in zip(self.past_names, self.empty_past(n)))
-        tokens, scores = self.runner("greedy")(feeds)
+        tokens, scores = self.runner(graph)(feeds)  # tokens: ids, not rows
         return tokens.T, scores.T
 
     def reorder(self, state: StepState, index: np.ndarray, step: int, sentences: Optional[np.ndarray] = None):

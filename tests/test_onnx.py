@@ -309,9 +309,31 @@ def test_the_greedy_loop_equals_lean(random_models, which, flags):
     assert looped and all(result is not None for result in looped)
 
 
+@pytest.mark.parametrize("which,flags", [("at", ("--beam", "1")), ("hrt", ("--decode-chunk-size", "2", "--beam", "1"))],
+                         ids=["at", "hrt k=2"])
+def test_the_greedy_loop_over_a_shortlists_rows_equals_lean(random_models, tmp_path, which, flags):
+    """greedy_restricted.onnx: the loop over a batch's candidate rows (the row chosen is mapped
+    to its id inside the loop, where the next step embeds it and ``</s>`` is tested)."""
+    from tests.test_shortlist import shortlist_file
+
+    data_dir, task, hrt, at = random_models
+    model = hrt if which == "hrt" else at
+    path = shortlist_file(task, tmp_path / "s.pt", keep_per_source=2, always=[task.target_dictionary.index("w0")])
+    _, ref = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path)
+    _, ours = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path,
+                              "--decoder-engine", "onnxruntime")
+    looped = []
+    real = ours.runtime.greedy_loop
+    ours.runtime.greedy_loop = lambda *a: looped.append(real(*a)) or looped[-1]
+    for sentences in ([RAGGED[0]], RAGGED[1:3], [RAGGED[5]]):
+        sample = make_sample(task, sentences)
+        assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
+    assert looped and all(result is not None for result in looped)
+
+
 def test_the_greedy_loop_serves_few_rows_only(random_models):
-    """More rows than ``LOOP_ROWS`` (the loop would decode rows that ended), a shortlist's rows
-    or a folder without the loop: the search makes its own steps."""
+    """More rows than ``LOOP_ROWS`` (the loop would decode rows that ended) or a folder
+    without the loop: the search makes its own steps."""
     from hrt_runtime.model import LOOP_ROWS
 
     data_dir, task, hrt, at = random_models

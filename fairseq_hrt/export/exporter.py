@@ -287,14 +287,21 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
                      else [torch.zeros(n, heads, t, head_dim) for _ in range(2 * layers)])
         lengths = [torch.tensor(1), torch.tensor(10), torch.tensor(1)]  # stride, max_len, min_len
         body_args = (torch.tensor(t), torch.tensor(True), torch.zeros(n, dtype=torch.bool),
-                     torch.full((n,), tgt_dict.eos()), *loop_past, *lengths, logit_bias, logit_bias, logit_bias, *rows_kv)
+                     torch.full((n,), tgt_dict.eos()), *loop_past, *lengths)
         row_axes = {n: ({0: "N"} if recurrent else {0: "N", 2: "t"}) for n in past}
-        export(GreedyLoopBody(model, max_positions, tgt_dict.eos()), body_args, body_inputs(past, enc_names),
-               ["cond_out", "finished_out", "token", *present, "score"],
-               {"finished": {0: "N"}, "prev": {0: "N"}, **row_axes, "encoder_bias": {0: "N", 3: "S"},
-                **{n: {0: "N", 2: "S"} for n in enc_names}, "finished_out": {0: "N"}, "token": {0: "N"},
-                **{n: ({0: "N"} if recurrent else {0: "N", 2: "t1"}) for n in present}, "score": {0: "N"}},
-               "greedy.onnx", wrap=lambda body: greedy_loop(body, past, present, enc_names))
+        for restricted_rows in ((False, True) if restricted else (False,)):
+            rows_args, bias_arg = ((out_rows + [torch.arange(r)], logit_bias[:r]) if restricted_rows else ([], logit_bias))
+            export(GreedyLoopBody(model, max_positions, tgt_dict.eos(), restricted=restricted_rows),
+                   (*body_args, bias_arg, bias_arg, bias_arg, *rows_kv, *rows_args),
+                   body_inputs(past, enc_names, restricted_rows),
+                   ["cond_out", "finished_out", "token", *present, "score"],
+                   {"finished": {0: "N"}, "prev": {0: "N"}, **row_axes, "encoder_bias": {0: "N", 3: "S"},
+                    **{n: {0: "N", 2: "S"} for n in enc_names}, "finished_out": {0: "N"}, "token": {0: "N"},
+                    **{n: ({0: "N"} if recurrent else {0: "N", 2: "t1"}) for n in present}, "score": {0: "N"},
+                    **({"usual_bias": {0: "V"}, "early_bias": {0: "V"}, "final_bias": {0: "V"}, "out_weight": {0: "V"},
+                        "out_bias": {0: "V"}, "out_ids": {0: "V"}} if restricted_rows else {})},
+                   "greedy_restricted.onnx" if restricted_rows else "greedy.onnx",
+                   wrap=lambda body: greedy_loop(body, past, present, enc_names))
 
     share_weights(tmp, list(files.values()))
     # the output rows as arrays: a shortlist gathers its rows from them once per batch

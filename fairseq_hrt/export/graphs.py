@@ -80,8 +80,13 @@ def best_allowed(logits: Tensor, logit_bias: Tensor, top: int = 1, block: int = 
     """``(log-probabilities, rows)`` of the ``top`` best rows of ``log_softmax(logits) +
     logit_bias``: the choice of :class:`SearchRules` (banned rows at ``-inf``, ``--unkpen``
     taken off ``<unk>``'s score, normalised over every row). ``block``: see :func:`blocked_max`
-    (``top`` 1; a number of rows known at export, so not for restricted output rows)."""
+    (``top`` 1; a number of rows known at export, so not for restricted output rows); 0: one
+    ``TopK(1)`` (a graph for few rows: at batch 1 the max and its row in 2.6 us, where ``ArgMax``
+    and ``ReduceMax`` take 3.2 us and the blocks' 17 operators more)."""
     allowed = F.log_softmax(logits.float(), dim=-1) + logit_bias
+    if top == 1 and block == 0:
+        best, row = allowed.topk(1, dim=-1)
+        return best.reshape(-1), row.reshape(-1)
     if top == 1:  # no TopK(1) (slower) and no squeeze (an If node when traced)
         return blocked_max(allowed, block)
     return allowed.topk(top, dim=-1)
@@ -107,9 +112,8 @@ class _DecoderGraph(nn.Module):
         self.window = pass_.window
         self.restricted = restricted
         # the greedy choice's blocks over the whole output layer (restricted rows: their number
-        # varies; ``blocked`` False: a graph for few rows, where the blocks' 17 operators cost
-        # more than one ArgMax over the vocabulary)
-        self.block = 1 if restricted or not blocked else argmax_block(decoder.output_projection.weight.size(0))
+        # varies; ``blocked`` False: a graph for few rows, one TopK: see best_allowed)
+        self.block = 0 if not blocked else 1 if restricted else argmax_block(decoder.output_projection.weight.size(0))
 
     def prologue(self, tokens: Tensor, position_rows: Optional[Tensor]) -> Tensor:
         return DecoderPass._prologue(self.plan, tokens, position_rows)
@@ -197,28 +201,34 @@ class GreedyLoopBody(nn.Module):
     (:class:`hrt_runtime.search.Rules`: ``usual``, ``early`` before ``min_len``, ``final`` at
     ``max_len``) and the encoder side are read from the loop's graph by name. Outputs: the
     condition (some row has not reached ``</s>``), the carried values, then ``score (N,)`` of
-    the step (the step's token is both carried and collected)."""
+    the step (the step's token is both carried and collected). With ``restricted`` the output
+    rows' ``out_weight``, ``out_bias`` and ``out_ids`` are read from the loop's graph too."""
 
-    def __init__(self, model, max_positions: int, eos: int):
+    def __init__(self, model, max_positions: int, eos: int, restricted: bool = False):
         super().__init__()
-        # one ArgMax: the loop decodes few rows (``hrt_runtime.model.LOOP_ROWS``)
-        self.step = StepGraph(model, max_positions, top=1, blocked=False)
+        # one TopK(1): the loop decodes few rows (``hrt_runtime.model.LOOP_ROWS``)
+        self.step = StepGraph(model, max_positions, top=1, restricted=restricted, blocked=False)
         self.eos = eos
         self.window = self.step.window
+        self.restricted = restricted
         self.layers = len(self.step.plan.layers)
         self.n_past = self.layers if self.step.recurrent else 2 * self.layers
 
     def forward(self, i, cond, finished, prev, *rest):
         past = rest[:self.n_past]
         stride, max_len, min_len, usual, early, final, encoder_bias = rest[self.n_past:self.n_past + 7]
-        enc = rest[self.n_past + 7:]
+        enc = rest[self.n_past + 7:self.n_past + 7 + 2 * self.layers]
+        # restricted: the output rows' weight, bias and ids (a row's token is its id)
+        rows = rest[self.n_past + 7 + 2 * self.layers:]
         position = (i * stride).reshape(1)
         bias = torch.where(i >= max_len, final, torch.where(i < min_len, early, usual))
         buckets = []
         if self.window > 0:  # hrt_runtime.model.ExportedModel.buckets
             keys = torch.arange(i + 1, dtype=torch.int64)
             buckets = [((keys - i) * stride).clamp(-self.window, self.window) + self.window]
-        score, token, *present = self.step(prev, position, *buckets, bias, encoder_bias, *enc, *past)
+        score, token, *present = self.step(prev, position, *buckets, bias, encoder_bias, *enc, *past, *rows[:2])
+        if self.restricted:
+            token = rows[2].index_select(0, token)
         finished = finished | token.eq(self.eos)
         return (~finished.all(), finished, token, *present, score)
 

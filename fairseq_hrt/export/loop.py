@@ -11,7 +11,8 @@ makes its hypotheses as it does from its own steps.
 
 Graph inputs: ``start (N,)`` (the first tokens: ``</s>`` or ``<s_k>``), ``stride``, ``max_len``,
 ``min_len`` (int64 scalars), ``usual_bias``, ``early_bias``, ``final_bias`` ``(V,)``,
-``encoder_bias (N, 1, 1, S)``, per layer encoder keys, values ``(N, H, S, d)``, and the empty
+``encoder_bias (N, 1, 1, S)``, per layer encoder keys, values ``(N, H, S, d)`` (``greedy_restricted``:
+the output rows' ``out_weight (V', C)``, ``out_bias (V',)`` and ``out_ids (V',)``), and the empty
 state the steps grow (per layer ``initial_k*``, ``initial_v*`` ``(N, H, 0, d)``; SSRU:
 ``initial_c*`` cells of zeros). Outputs: ``tokens (T, N)`` and ``scores (T, N)`` of the steps
 made, ``T <= max_len + 1`` (the loop ends when every row has produced ``</s>``; rows that ended
@@ -21,12 +22,12 @@ from typing import List, Sequence
 
 # what the body reads from the loop's graph after the carried state (GreedyLoopBody.forward's
 # order), and the names of the state's start: the runtime feeds them
-from hrt_runtime.model import LOOP_SETTINGS as SETTINGS, loop_state_name
+from hrt_runtime.model import LOOP_ROWS_INPUTS, LOOP_SETTINGS as SETTINGS, loop_state_name
 
 
-def body_inputs(past: Sequence[str], enc_names: Sequence[str]) -> List[str]:
+def body_inputs(past: Sequence[str], enc_names: Sequence[str], restricted: bool = False) -> List[str]:
     """The input names :class:`GreedyLoopBody` is traced with, in its order."""
-    return ["i", "cond", "finished", "prev", *past, *SETTINGS, *enc_names]
+    return ["i", "cond", "finished", "prev", *past, *SETTINGS, *enc_names, *(LOOP_ROWS_INPUTS if restricted else ())]
 
 
 def greedy_loop(body_model, past: Sequence[str], present: Sequence[str], enc_names: Sequence[str]):
@@ -38,7 +39,7 @@ def greedy_loop(body_model, past: Sequence[str], present: Sequence[str], enc_nam
     from onnx import TensorProto, helper
 
     body = body_model.graph
-    outer_names = set(SETTINGS) | set(enc_names)
+    outer_names = set(SETTINGS) | set(enc_names) | set(LOOP_ROWS_INPUTS)
     outer_inputs = [value for value in body.input if value.name in outer_names]
     carried = [value for value in body.input if value.name not in outer_names]
     if [value.name for value in carried][:1] == ["i"] and "cond" not in {value.name for value in carried}:
