@@ -2,7 +2,9 @@
 
 Run them as modules from the repository root (``python -m benchmarks.benchmark ...``) or as
 files (``python benchmarks/benchmark.py ...``). Shared parts: :mod:`benchmarks.timing` (the one
-timing loop), :mod:`benchmarks.measure` (decoding and the one atomic report writer),
-:mod:`benchmarks.faults` (the reliability scenarios of the fault table) and
-:mod:`benchmarks.tiny_data` (tiny corpora and fairseq command-line helpers, also used by the tests).
+timing loop), :mod:`benchmarks.measure` (decoding, rows from the plugin's registries),
+:mod:`benchmarks.report_files` (the one atomic report writer), :mod:`benchmarks.faults` (the
+reliability scenarios of the fault table) and :mod:`benchmarks.tiny_runs` (tiny corpora and
+fairseq command lines; the tests' harness, tests/tiny_data.py, builds on it). Nothing here
+imports ``tests/``.
 """

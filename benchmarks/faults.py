@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from benchmarks.tiny_data import (
+from benchmarks.tiny_runs import (
     REPO,
     SRC,
     TGT,

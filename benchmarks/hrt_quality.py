@@ -7,7 +7,7 @@ For an HRT checkpoint (``--chunk-size k``, default 2):
   ``D = BLEU(AT mode) - BLEU(k)`` at the same beam;
 * per system: outputs that ran to the length limit, BLEU by source length in words
   (< 10, 10-20, > 20);
-* two stage-II oracles, each one bidirectional pass of the model's own stage II over a given
+* two stage-II oracles, each one non-causal pass of the model's own stage II over a given
   skeleton (every k-th token, ``</s>``-padded as in training):
   - ``reference``: the reference's skeleton, the ceiling of the non-autoregressive stage;
   - ``at_mode``: the skeleton of AT mode's own greedy output. Its BLEU against AT mode's

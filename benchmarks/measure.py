@@ -8,11 +8,9 @@ reference, HRT, Mask-Predict and the exact parallel strategies (Jacobi, hrt-spec
 :class:`Runner` per row. The measuring loop only talks to runners, so a new family or
 strategy is a new adapter, never a new branch in the loop.
 """
-import json
 import logging
-import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -607,9 +605,10 @@ class HRTFamily(_FairseqFamily):
 def parse_row_options(items: List[str]) -> Dict[str, dict]:
     """``NAME:OPTION=VALUE,OPTION=VALUE`` rows (decoding options by their one name, e.g.
     ``refine20:hrt_refine_fraction=0.2`` or ``rescore:hrt_rescore=true,beam=5,b_nat=5``)."""
-    from fairseq_hrt.generation.options import DecodingOptions, SearchOptions
+    from fairseq_hrt.generation.options import DecodingOptions
+    from hrt_runtime.search import SearchConfig
 
-    known = set(DecodingOptions.__dataclass_fields__) | set(SearchOptions.__dataclass_fields__)
+    known = set(DecodingOptions.__dataclass_fields__) | set(SearchConfig.__dataclass_fields__)
     rows = {}
     for item in items:
         name, sep, text = item.partition(":")

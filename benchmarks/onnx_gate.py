@@ -10,7 +10,7 @@ random weights (speed does not depend on the weights), on ``--threads`` threads:
   greedy choice against the exported model's step (``hrt_runtime.ExportedModel.step``: the
   choice inside, past keys/values in, present out); ms per step;
 * stage II: one non-causal pass over ``2 x --steps`` tokens and the best allowed token of its
-  ``--steps`` masks: ``DecoderPass.bidirectional`` + ``OutputLayer.best`` against
+  ``--steps`` masks: ``DecoderPass.non_causal`` + ``OutputLayer.best`` against
   ``ExportedModel.parallel``.
 
 Prints a table and writes ``OUT/onnx_gate.json``::
@@ -122,7 +122,7 @@ def main(argv=None):
 
         def lean_parallel():
             with torch.no_grad():
-                out_layer.best(pass_.bidirectional(kv, tokens, positions, queries)[is_mask[:, queries]])
+                out_layer.best(pass_.non_causal(kv, tokens, positions, queries)[is_mask[:, queries]])
 
         tokens_np, positions_np, queries_np = tokens.numpy(), positions.numpy(), queries.numpy()
         select = np.flatnonzero(is_mask.numpy()[:, queries_np])

@@ -1,39 +1,29 @@
-"""Tiny parallel data and fairseq command-line helpers for the end-to-end tests and the fault
-table (benchmarks/faults.py).
-
-It lives in ``benchmarks/`` so that the benchmarks never import ``tests/``; the tests import it
-as ``tests.tiny_data`` (tests/tiny_data.py is this module under that name too).
+"""Tiny parallel data and fairseq command lines: the fault table's setting (benchmarks/faults.py),
+which the tests' harness (tests/tiny_data.py) builds on.
 
 * :func:`write_raw_corpus` writes a small line-aligned en-de corpus: the first lines of
   ``../shared/data/multi30k-en-de`` when that directory exists, else a deterministic synthetic
   corpus (a "translation" that maps every source word to a target word and reverses the order)
-  so the tests run without the shared data.
+  so everything runs without the shared data.
 * :func:`binarize` runs ``fairseq-preprocess`` (joined dictionary, or given dictionaries).
 * :func:`make_tiny_data` does both and returns a :class:`TinyData` with every path.
 * :func:`run_cli` runs ``fairseq-train`` / ``-preprocess`` / ``-generate`` / ... as a
   child process of this Python (so the active virtual environment is used), captures the
-  output, and raises :class:`CLIError` carrying the output on a non-zero exit. The children
-  are forked from one process that has imported torch, fairseq and the plugin already
-  (:class:`WarmProcess`): each command runs exactly as ``python -m MODULE ARGS`` would, in a
-  process of its own, without paying the 3-5 s of imports again (``HRT_TEST_FRESH=1`` runs
-  every command in a fresh interpreter instead).
+  output, and raises :class:`CLIError` carrying the output on a non-zero exit; each command
+  runs exactly as ``python -m MODULE ARGS`` would, in a process of its own (a fresh
+  interpreter, or the launcher installed with :func:`use_launcher`).
 * :func:`parse_logs` reads the ``--log-format json`` (or ``simple``) metric lines back.
 """
 import json
-import multiprocessing
 import os
 import random
 import re
-import runpy
-import socket
 import subprocess
 import sys
 import tempfile
-import traceback
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "fairseq_hrt")
@@ -96,105 +86,17 @@ def _command(args: Sequence[str]) -> List[str]:
     raise ValueError(f"unknown fairseq command {args[0]!r}; one of {sorted(CLI_MODULES)}")
 
 
-# what every command imports first; the forked children find it imported already
-WARM_MODULES = ["torch", "fairseq", "fairseq.models.transformer", "fairseq_cli.train", "fairseq_cli.generate",
-                "fairseq_cli.interactive", "fairseq_cli.preprocess", "fairseq_hrt", "benchmarks.tiny_data"]
-_WARM_CONTEXT = None
+# how a command starts: a fresh interpreter, unless a launcher is installed (the tests' fork
+# server, tests/tiny_data.py, which saves every command the 3-5 s of imports).
+# ``launcher(cmd, env, cwd, log_path, input_text)`` returns a started process with ``wait``,
+# ``kill`` and ``returncode``, its stdout and stderr in ``log_path``
+_launcher: Optional[Callable] = None
 
 
-def _warm_context():
-    global _WARM_CONTEXT
-    if _WARM_CONTEXT is None:
-        ctx = multiprocessing.get_context("forkserver")
-        # the fork server imports these once, with the environment of cli_env()
-        saved = dict(os.environ)
-        os.environ.update(cli_env())
-        try:
-            ctx.set_forkserver_preload(WARM_MODULES)
-            from multiprocessing import forkserver
-
-            forkserver.ensure_running()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        _WARM_CONTEXT = ctx
-    return _WARM_CONTEXT
-
-
-def _run_forked(cmd: List[str], env: Dict[str, str], cwd: str, log_path: str, input_path: Optional[str]):
-    """``python -m MODULE ARGS`` / ``python -c CODE ARGS`` in a child of the warm process:
-    the command's environment, working directory, standard streams and exit status."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(cwd)
-    # a child of the fork server inherits "forkserver" as its start method; a command that
-    # starts worker processes (fairseq-preprocess --workers, data loaders) would then start a
-    # fork server of its own that outlives it (one leaked 250 MB process per command). A
-    # fresh interpreter on Linux forks its workers: so do these commands
-    multiprocessing.set_start_method("fork", force=True)
-    sys.stdin = open(input_path or os.devnull, encoding="utf-8")
-    if env.get("PYTHONWARNINGS") == "ignore":
-        warnings.simplefilter("ignore")
-    import torch
-
-    torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or 1))
-    code = 0
-    try:
-        if cmd[1] == "-m":
-            sys.argv = [cmd[2], *cmd[3:]]
-            runpy.run_module(cmd[2], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = ["-c", *cmd[3:]]
-            exec(compile(cmd[2], "<string>", "exec"), {"__name__": "__main__"})
-    except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            code = e.code or 0
-        else:  # sys.exit("message"): the interpreter prints it and exits 1
-            print(e.code, file=sys.stderr)
-            code = 1
-    except BaseException:  # noqa: B902 - as the interpreter does: traceback, exit 1
-        traceback.print_exc()
-        code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
-
-
-class WarmProcess:
-    """One command forked from the warm process; the ``subprocess.Popen`` subset the helpers
-    use (``wait``, ``kill``, ``returncode``)."""
-
-    def __init__(self, cmd: List[str], env: Dict[str, str], cwd: str, log_path: str, input_text: Optional[str] = None):
-        self.input_path = None
-        if input_text is not None:
-            fd, self.input_path = tempfile.mkstemp(prefix="hrt-test-stdin-")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(input_text)
-        self.process = _warm_context().Process(target=_run_forked, args=(cmd, env, cwd, str(log_path), self.input_path))
-        self.process.start()
-        self.returncode = None
-
-    def wait(self, timeout: Optional[float] = None):
-        self.process.join(timeout)
-        if self.process.exitcode is None:
-            raise subprocess.TimeoutExpired(self.process.name, timeout)
-        self.returncode = self.process.exitcode
-        if self.input_path:
-            os.unlink(self.input_path)
-            self.input_path = None
-        return self.returncode
-
-    def kill(self):
-        self.process.kill()
-
-
-def _fresh() -> bool:
-    return os.environ.get("HRT_TEST_FRESH") == "1"
+def use_launcher(launcher: Optional[Callable]):
+    """Start the commands of this module with ``launcher`` (``None``: fresh interpreters)."""
+    global _launcher
+    _launcher = launcher
 
 
 def run_cli(args: Sequence[str], env: Optional[Dict[str, str]] = None, cwd=None, timeout: float = 600, check=True,
@@ -206,13 +108,13 @@ def run_cli(args: Sequence[str], env: Optional[Dict[str, str]] = None, cwd=None,
     Raises :class:`CLIError` with the output when the command fails and ``check`` is true.
     """
     cmd = _command(args)
-    if _fresh():
+    if _launcher is None:
         proc = subprocess.run(cmd, env=cli_env(env), cwd=str(cwd or REPO), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout, input=input)
     else:
-        with tempfile.TemporaryDirectory(prefix="hrt-test-cli-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="hrt-cli-") as tmp:
             log_path = os.path.join(tmp, "output.log")
-            child = WarmProcess(cmd, cli_env(env), str(cwd or REPO), log_path, input)
+            child = _launcher(cmd, cli_env(env), str(cwd or REPO), log_path, input)
             try:
                 child.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -233,12 +135,12 @@ def start_cli(args: Sequence[str], env: Optional[Dict[str, str]] = None, cwd=Non
     Returns ``(process, cmd)``; use :func:`wait_cli` to collect it.
     """
     cmd = _command(args)
-    if _fresh():
+    if _launcher is None:
         log = open(log_path, "w") if log_path else subprocess.DEVNULL
         proc = subprocess.Popen(cmd, env=cli_env(env), cwd=str(cwd or REPO), stdout=log, stderr=subprocess.STDOUT)
         proc._tiny_log = (log, log_path)  # noqa: SLF001 - closed by wait_cli
         return proc, cmd
-    proc = WarmProcess(cmd, cli_env(env), str(cwd or REPO), log_path or os.devnull)
+    proc = _launcher(cmd, cli_env(env), str(cwd or REPO), log_path or os.devnull)
     proc._tiny_log = (None, log_path)  # noqa: SLF001
     return proc, cmd
 
@@ -290,12 +192,6 @@ def run_cli_many(
     return results
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # --------------------------------------------------------------------------------- logs
 
 # "... | INFO | train_inner | {...}" (fairseq's format) or "INFO:train_inner:{...}"
@@ -312,11 +208,6 @@ def _number(value):
     except (TypeError, ValueError):
         return value
     return int(f) if re.fullmatch(r"-?\d+", str(value).strip()) else f
-
-
-def hyp_lines(output: str) -> Dict[int, str]:
-    """``{sentence id: hypothesis}`` from the ``H-`` lines of fairseq-generate / interactive."""
-    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^H-(\d+)\t\S+\t?(.*)$", output, re.M)}
 
 
 def parse_logs(output: str, tag: str = "train_inner") -> List[Dict[str, object]]:

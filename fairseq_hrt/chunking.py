@@ -362,7 +362,7 @@ def batch_decoder_samples(
 def stage2_input(skeleton: Tensor, k: IntOrTensor, pad: int, mask: int) -> DecoderSample:
     """Stage II input: ``k - 1`` masks before every stage-I token ``z_i`` (``z`` right-padded).
 
-    Returns tokens/positions ``1..m*k`` for the bidirectional pass; ``target`` is the
+    Returns tokens/positions ``1..m*k`` for the non-causal pass; ``target`` is the
     skeleton spread onto its slots (pad elsewhere) so callers can check it is kept. The
     decoding search's own definition (:func:`hrt_runtime.search.stage2_input`), on tensors.
     """

@@ -6,7 +6,7 @@ import torch
 
 from fairseq_hrt.generation import decoder_pass
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
-from fairseq_hrt.generation.options import SearchOptions
+from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, make_sample, random_tiny_models
 from tests.test_generator import SPECIALS
 from tests.test_lean import RAGGED, assert_same_hypotheses
@@ -41,7 +41,7 @@ def test_static_step_gives_the_lean_hypotheses(random_models, uncompiled, which,
     model = at if which == "at" else hrt
     banned = [] if which == "at" else [d.index(s) for s in SPECIALS]
     bos = task.chunk_start_idx[2] if which == "hrt-skip-at-k2" else None
-    options = SearchOptions(beam=beam, max_len_b=9, len_penalty=0.8)
+    options = SearchConfig(beam=beam, max_len_b=9, len_penalty=0.8)
     ref = LeanSequenceGenerator(model, d, options, banned).generate([model], make_sample(task, RAGGED), bos_token=bos)
     static = LeanSequenceGenerator(model, d, options, banned, compile=True)
     assert_same_hypotheses(ref, static.generate([model], make_sample(task, RAGGED), bos_token=bos))

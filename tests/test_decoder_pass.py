@@ -104,7 +104,7 @@ def test_profiler_labels(random_models):
         ours = two_stage.generate([hrt], sample)
         spec.generate([hrt], sample)
     names = {event.name for event in prof.events()}
-    assert {"hrt.encoder", "hrt.step", "hrt.stage2", "hrt.bidirectional", "hrt.block"} <= names
+    assert {"hrt.encoder", "hrt.step", "hrt.stage2", "hrt.non_causal", "hrt.block"} <= names
     assert_same_hypotheses(ref, ours)
 
 

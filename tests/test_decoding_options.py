@@ -10,7 +10,8 @@ from fairseq_hrt.generation import engines as engines_module
 from fairseq_hrt.generation import strategies
 from fairseq_hrt.generation.engines import ENGINES, register_engine
 from fairseq_hrt.generation.lean import LeanEngine
-from fairseq_hrt.generation.options import DecodingOptions, SearchOptions
+from fairseq_hrt.generation.options import DecodingOptions
+from hrt_runtime.search import SearchConfig
 from fairseq_hrt.generation.output_vocab import OutputVocabulary
 from fairseq_hrt.generation.quantize import is_quantized
 from fairseq_hrt.generation.search_rules import SearchRules, banned_symbols
@@ -34,7 +35,7 @@ def test_options_from_the_task_and_per_call_generation_options(models):
     task, _ = built["hrt_tiny"]
     options = DecodingOptions.from_fairseq(args, args)
     assert (options.decode_chunk_size, options.decoder_engine, options.b_nat) == ("2", "fairseq", 1)
-    assert options.search == SearchOptions(beam=3, max_len_a=1.2, max_len_b=10)
+    assert options.search == SearchConfig(beam=3, max_len_a=1.2, max_len_b=10)
     # a task option given with the generation options (the hub's per-call keywords) wins
     from omegaconf import OmegaConf
     call = OmegaConf.create({"beam": 1, "decoding": "beam", "decode_chunk_size": "1"})
@@ -99,8 +100,8 @@ def test_search_rules_one_step_for_every_row_or_one_per_slot(models):
     torch.manual_seed(0)
     logits = torch.randn(4, len(d))
     logits[:, d.pad()] += 20  # banned: must never win
-    for options in (SearchOptions(beam=1, min_len=2), SearchOptions(beam=1, unk_penalty=3.0, temperature=0.7)):
-        rules = SearchRules(options, d, banned=[task.mask_idx])
+    for options, temperature in ((SearchConfig(beam=1, min_len=2), 1.0), (SearchConfig(beam=1, unk_penalty=3.0), 0.7)):
+        rules = SearchRules(options, d, banned=[task.mask_idx], temperature=temperature)
         for step in (0, 1, 3, 5):
             shared = rules.greedy(rules.logits(logits), step, max_len=5)
             per_slot = rules.greedy(rules.logits(logits), torch.full((4,), step), max_len=5)
@@ -111,7 +112,7 @@ def test_search_rules_one_step_for_every_row_or_one_per_slot(models):
             if step < options.min_len:
                 assert not bool(shared[1].eq(d.eos()).any())
     # over a shortlist's rows the choice is the same token when the best one is a candidate
-    rules = SearchRules(SearchOptions(beam=1), d)
+    rules = SearchRules(SearchConfig(beam=1), d)
     best = rules.greedy(logits, 1, 5)[1]
     out = OutputVocabulary(torch.unique(torch.cat([best, torch.tensor([d.eos(), d.unk()])])), len(d), d.eos(), d.unk())
     restricted = rules.greedy(logits.index_select(1, out.ids), 1, 5, out)[1]

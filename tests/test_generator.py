@@ -99,7 +99,7 @@ def test_hrt_keeps_stage1_tokens_and_fills_only_masks(setup, k):
 
 def test_hrt_score_is_equation_2(setup):
     """Recompute eq. (2) independently: teacher-forced Skip-AT log-probs of the skeleton plus
-    one bidirectional pass for the filled tokens, over the kept tokens, / len ** lenpen."""
+    one non-causal pass for the filled tokens, over the kept tokens, / len ** lenpen."""
     data_dir, task, model = setup
     d = task.target_dictionary
     k, lenpen = 2, 0.6

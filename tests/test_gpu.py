@@ -21,7 +21,7 @@ from tests.tiny_data import REPO, SRC, TGT, USER_DIR, hyp_lines, make_tiny_data,
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# tiny_data.cli_env hides the GPU from fairseq subprocesses; these runs want it back
+# tiny_runs.cli_env hides the GPU from fairseq subprocesses; these runs want it back
 GPU_ENV = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES") or "0"}
 GEN = ["--user-dir", USER_DIR, "--task", "hrt_translation", "--source-lang", SRC, "--target-lang", TGT]
 N_VALID = 40

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from fairseq_hrt import chunking
-from fairseq_hrt.generation.hrt_generator import at_mode_scores, fill_skeletons, refine_counts
+from fairseq_hrt.generation.hrt_generator import at_mode_scores, fill_skeletons
 from fairseq_hrt.generation.search_rules import banned_symbols
+from hrt_runtime.search import refine_counts
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
 
 SENTENCES = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 14]]

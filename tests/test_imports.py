@@ -108,7 +108,7 @@ def test_the_layer_rules_of_docs_design():
     # export/ builds on the decoder pass; the one module of generation/ above it is its engine
     assert importers("fairseq_hrt.generation", "fairseq_hrt.export") == ["fairseq_hrt.generation.onnx_engine"]
     # the engine registry is below every engine and strategy
-    assert graph["fairseq_hrt.generation.engines"] <= {"fairseq_hrt.generation.options"}
+    assert graph["fairseq_hrt.generation.engines"] <= {"fairseq_hrt.generation.options", "hrt_runtime.search"}
     assert importers("fairseq_hrt", "benchmarks") == [] and importers("hrt_runtime", "benchmarks") == []
 
 
@@ -118,3 +118,4 @@ def test_benchmarks_import_nothing_of_the_tests():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n == "tests" or n.startswith("tests.") or n == "tiny_data" for n in names), path
+    assert not (REPO / "benchmarks" / "tiny_data.py").exists()  # the tests' harness is tests/tiny_data.py

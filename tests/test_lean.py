@@ -7,9 +7,9 @@ from fairseq import checkpoint_utils
 from fairseq.search import BeamSearch
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_hrt.generation import decoder_pass, lean
+from fairseq_hrt.generation import decoder_pass, lean, search_rules
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
-from fairseq_hrt.generation.options import SearchOptions
+from hrt_runtime.search import SearchConfig
 from fairseq_hrt.modules.relative_attention import relative_bucket
 from hrt_runtime import search as numpy_search
 from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample, random_tiny_models
@@ -98,12 +98,11 @@ def test_lean_equals_sequence_generator(random_models, which, search):
     bos = {"hrt-skip-at-k2": task.chunk_start_idx[2], "hrt-skip-at-k3": task.chunk_start_idx[3]}.get(which)
     search = dict(max_len_b=9, **search)
     ref = SequenceGenerator([model], d, tokens_to_suppress=suppress, **search).generate([model], make_sample(task, RAGGED), bos_token=bos)
-    options = SearchOptions(
+    options = SearchConfig(
         beam=search["beam_size"], max_len_a=search.get("max_len_a", 0), max_len_b=9, min_len=search.get("min_len", 1),
         len_penalty=search.get("len_penalty", 1.0), unk_penalty=search.get("unk_penalty", 0.0),
-        temperature=search.get("temperature", 1.0),
     )
-    ours = LeanSequenceGenerator(model, d, options, [d.index(s) for s in suppress])
+    ours = LeanSequenceGenerator(model, d, options, [d.index(s) for s in suppress], temperature=search.get("temperature", 1.0))
     assert_same_hypotheses(ref, ours.generate([model], make_sample(task, RAGGED), bos_token=bos))
 
 
@@ -185,7 +184,7 @@ def test_greedy_choice_skips_banned_maxima():
     logits = torch.tensor([[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 1.0, 2.0], [0.5, 0.5, 4.0, 0.0]])
     banned = torch.tensor([False, True, False, False])
     lprobs = torch.log_softmax(logits, dim=1)
-    score, token = lean.greedy_choice(logits, banned)
+    score, token = search_rules.greedy_choice(logits, banned)
     assert token.tolist() == [3, 0, 2]  # row 0's maximum (token 1) is banned
     assert torch.allclose(score, lprobs.gather(1, token.unsqueeze(1)).squeeze(1), atol=1e-6)
 
@@ -209,7 +208,7 @@ def test_lean_on_fairseq_transformer_variants(tmp_path, variant):
     sample = make_sample(task, RAGGED)
     for beam in (1, 3):
         ref = SequenceGenerator([model], d, beam_size=beam, max_len_b=7).generate([model], sample)
-        ours = LeanSequenceGenerator(model, d, SearchOptions(beam=beam, max_len_b=7)).generate([model], sample)
+        ours = LeanSequenceGenerator(model, d, SearchConfig(beam=beam, max_len_b=7)).generate([model], sample)
         assert_same_hypotheses(ref, ours)
 
 
@@ -218,7 +217,7 @@ def test_lean_sees_weights_loaded_after_it_was_built(random_models):
     data_dir, task, hrt, at = random_models
     d = task.target_dictionary
     sample = make_sample(task, RAGGED[:6])
-    gen = LeanSequenceGenerator(at, d, SearchOptions(beam=1, max_len_b=6))
+    gen = LeanSequenceGenerator(at, d, SearchConfig(beam=1, max_len_b=6))
     gen.generate([at], sample)
     original = {k: v.clone() for k, v in at.state_dict().items()}
     try:
@@ -231,7 +230,7 @@ def test_lean_sees_weights_loaded_after_it_was_built(random_models):
         at.load_state_dict(original)
 
 
-def test_bidirectional_pass_equals_the_decoder_module(random_models):
+def test_non_causal_pass_equals_the_decoder_module(random_models):
     """The lean non-causal pass (stage II, hrt-spec drafts) gives the HRT decoder's features
     on a ragged batch of stage-II inputs (masks, pads, positions 1, 2, .. per row)."""
     from fairseq_hrt import chunking
@@ -248,7 +247,7 @@ def test_bidirectional_pass_equals_the_decoder_module(random_models):
     stage2 = chunking.stage2_input(skeleton, 2, d.pad(), task.mask_idx)
     ref, _ = hrt.decoder(stage2.tokens, encoder_out=encoder_out, positions=stage2.positions, causal=False, features_only=True)
     the_pass = decoder_pass.decoder_pass(hrt.decoder)
-    ours = the_pass.bidirectional(the_pass.encoder(encoder_out), stage2.tokens, stage2.positions)
+    ours = the_pass.non_causal(the_pass.encoder(encoder_out), stage2.tokens, stage2.positions)
     real = stage2.tokens.ne(d.pad())
     assert stage2.tokens.eq(d.pad()).any() and stage2.tokens.eq(task.mask_idx).any()
     assert torch.allclose(ours[real], ref[real], atol=1e-5)

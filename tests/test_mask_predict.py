@@ -23,7 +23,7 @@ from fairseq.dataclass.configs import GenerationConfig
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hrt_fixtures import build_generator, build_task_and_model, make_sample  # noqa: E402
-from tiny_data import SRC, TGT, USER_DIR, hyp_lines, make_tiny_data, parse_logs, run_cli, run_cli_many, train_args  # noqa: E402
+from tests.tiny_data import SRC, TGT, USER_DIR, hyp_lines, make_tiny_data, parse_logs, run_cli, run_cli_many, train_args  # noqa: E402
 
 from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, length_loss  # noqa: E402
@@ -327,18 +327,18 @@ def test_exactly_i_decoder_passes(setup, iterations):
     _, task, model = setup
     calls = []
     the_pass = decoder_pass(model.decoder)
-    bidirectional = the_pass.bidirectional
+    non_causal = the_pass.non_causal
 
     def counting(state, tokens, *args, **kwargs):
         calls.append(tokens.size(0))
-        return bidirectional(state, tokens, *args, **kwargs)
+        return non_causal(state, tokens, *args, **kwargs)
 
-    the_pass.bidirectional = counting
+    the_pass.non_causal = counting
     try:
         hypos = mp_decode(task, model, make_sample(task, SENTENCES), iterations, 3)
     finally:
-        del the_pass.bidirectional
-    assert calls == [3 * len(SENTENCES)] * iterations  # one bidirectional pass per iteration, whole batch
+        del the_pass.non_causal
+    assert calls == [3 * len(SENTENCES)] * iterations  # one non-causal pass per iteration, whole batch
     assert all(h["steps"] == iterations for hs in hypos for h in hs)
 
 

@@ -234,7 +234,7 @@ def test_default_positions_follow_the_start_symbol(hrt1):
     assert dec.default_positions(mixed, causal=True).tolist() == [[0, 1, 2, 3], [0, 3, 6, 9]]
 
 
-# ---------------------------------------------------------------------- causal vs bidirectional
+# ---------------------------------------------------------------------- causal vs non-causal
 
 
 def test_modes_share_every_parameter(hrt1):
@@ -259,7 +259,7 @@ def test_modes_share_every_parameter(hrt1):
 
 
 @pytest.mark.parametrize("fixture", ["hrt1", "hrt2"])
-def test_causal_ignores_future_bidirectional_does_not(fixture, request):
+def test_causal_ignores_future_non_causal_does_not(fixture, request):
     task, model = request.getfixturevalue(fixture)
     _, _, enc = encode(task, model, [[1, 2, 3]])
     eos = task.target_dictionary.eos()
@@ -273,7 +273,7 @@ def test_causal_ignores_future_bidirectional_does_not(fixture, request):
     assert not torch.allclose(na[:, :3], nb[:, :3], atol=1e-4)  # everything sees position 3
 
 
-def test_bidirectional_right_padding_does_not_leak(hrt2):
+def test_non_causal_right_padding_does_not_leak(hrt2):
     task, model = hrt2
     d = task.target_dictionary
     _, _, enc = encode(task, model, [[1, 2, 3], [1, 2, 3]])

@@ -10,7 +10,8 @@ from fairseq.models.transformer import TransformerModel
 
 from fairseq_hrt.generation import strategies
 from fairseq_hrt.generation.engines import ENGINES
-from fairseq_hrt.generation.options import DecodingOptions, SearchOptions, task_defaults
+from fairseq_hrt.generation.options import DecodingOptions, fairseq_values, search_config, task_defaults
+from hrt_runtime.search import SearchConfig
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES, DecodingStrategy, register_decoding
 from fairseq_hrt.models.cmlm_transformer import CMLMTransformerModel
 from fairseq_hrt.models.hrt_transformer import HRTTransformerModel
@@ -109,9 +110,9 @@ def test_each_decoding_option_is_defined_once():
     assert all(s.summary for s in DECODING_STRATEGIES.values()) and all(e.summary for e in ENGINES.values())
 
 
-def test_search_options_have_fairseqs_defaults():
+def test_search_settings_have_fairseqs_defaults():
     fairseq = GenerationConfig()
-    assert SearchOptions.from_args(fairseq) == SearchOptions()
-    assert SearchOptions.from_args(object()) == SearchOptions()
-    for flag, value in SearchOptions().fairseq_values().items():
+    assert search_config(fairseq) == SearchConfig() == search_config(object())
+    assert DecodingOptions.from_fairseq(None, fairseq) == DecodingOptions()
+    for flag, value in fairseq_values(SearchConfig(), DecodingOptions.temperature).items():
         assert getattr(fairseq, flag) == value, flag

@@ -250,7 +250,7 @@ def test_greedy_with_a_shortlist_picks_what_a_ban_of_the_other_tokens_picks(rand
     """Greedy search over the candidates = greedy search over the vocabulary with every other
     token banned (the same argmax; only the normaliser of the scores differs)."""
     from fairseq_hrt.generation.lean import LeanSequenceGenerator
-    from fairseq_hrt.generation.options import SearchOptions
+    from hrt_runtime.search import SearchConfig
 
     data_dir, task, _, at = random_models
     d = task.target_dictionary
@@ -259,7 +259,7 @@ def test_greedy_with_a_shortlist_picks_what_a_ban_of_the_other_tokens_picks(rand
         sample = make_sample(task, sentences)
         allowed = short.candidates(sample["net_input"]["src_tokens"], d.pad())
         banned = sorted(set(range(len(d))) - set(allowed.tolist()))
-        options = SearchOptions(beam=1, max_len_b=10)
+        options = SearchConfig(beam=1, max_len_b=10)
         ours = LeanSequenceGenerator(at, d, options, shortlist=short).generate([at], sample)
         ref = LeanSequenceGenerator(at, d, options, banned=banned).generate([at], sample)
         for o, r in zip(ours, ref):

@@ -9,7 +9,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hrt.generation.jacobi import ParallelGreedyGenerator
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
-from fairseq_hrt.generation.options import SearchOptions
+from hrt_runtime.search import SearchConfig
 from fairseq_hrt.models.ssru_transformer import SSRUDecoderLayer, SSRUTransformerModel
 from fairseq_hrt.modules.ssru import SSRU, linear_recurrence
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
@@ -170,7 +170,7 @@ def test_lean_equals_sequence_generator(models, which, search):
     model, d = by_name[which], task.target_dictionary
     sample = make_sample(task, RAGGED)
     ref = SequenceGenerator([model], d, max_len_b=9, **search).generate([model], sample)
-    options = SearchOptions(beam=search["beam_size"], max_len_b=9, min_len=search.get("min_len", 1),
+    options = SearchConfig(beam=search["beam_size"], max_len_b=9, min_len=search.get("min_len", 1),
                             len_penalty=search.get("len_penalty", 1.0))
     assert_same_hypotheses(ref, LeanSequenceGenerator(model, d, options).generate([model], sample))
 
@@ -233,7 +233,7 @@ def test_hrt_or_mask_predict_from_an_ssru_checkpoint_is_refused(models, tmp_path
     ("mask-predict", "Mask-Predict needs a model with a length predictor"),
     ("hrt-spec", "it needs an HRT model"),
 ])
-def test_bidirectional_decoding_of_an_ssru_student_is_refused(models, decoding, message):
+def test_non_causal_decoding_of_an_ssru_student_is_refused(models, decoding, message):
     data_dir, _, by_name = models
     with pytest.raises(ValueError, match=message):
         build_generator(data_dir, by_name["ssru"], "--decoding", decoding, "--beam", "1")

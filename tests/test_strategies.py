@@ -3,10 +3,11 @@ import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_hrt.generation.hrt_generator import HRTGenerator, length_buckets
+from fairseq_hrt.generation.hrt_generator import HRTGenerator
 from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
 from fairseq_hrt.generation.hypotheses import select_rows
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
+from hrt_runtime.search import length_buckets
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
 
 

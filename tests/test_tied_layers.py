@@ -6,7 +6,7 @@ from fairseq import checkpoint_utils
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
-from fairseq_hrt.generation.options import SearchOptions
+from hrt_runtime.search import SearchConfig
 from fairseq_hrt.models.tied_layers import layers_are_tied
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
 from tests.test_generator import SPECIALS
@@ -92,10 +92,10 @@ def test_lean_engine_decodes_tied_layers_as_fairseq(tmp_path, arch):
     sample = make_sample(task, RAGGED)
     for beam in (1, 5):
         ref = SequenceGenerator([model], d, beam_size=beam, max_len_b=9, tokens_to_suppress=suppress).generate([model], sample)
-        ours = LeanSequenceGenerator(model, d, SearchOptions(beam=beam, max_len_b=9), [d.index(s) for s in suppress])
+        ours = LeanSequenceGenerator(model, d, SearchConfig(beam=beam, max_len_b=9), [d.index(s) for s in suppress])
         assert_same_hypotheses(ref, ours.generate([model], sample))
     # the lean engine builds one plan (one set of fused weights) for the tied layers
-    plan = LeanSequenceGenerator(model, d, SearchOptions(beam=1)).decoder_pass.plan()
+    plan = LeanSequenceGenerator(model, d, SearchConfig(beam=1)).decoder_pass.plan()
     assert len({id(layer) for layer in plan.layers}) == 1
 
 

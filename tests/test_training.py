@@ -11,20 +11,14 @@ input; fine-tuning HRT from an AT checkpoint; fp16 / memory-efficient fp16 / AMP
 --update-freq on CPU; a 2-rank gloo run whose ranks end with identical parameters.
 """
 import math
-import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from tiny_data import (  # noqa: E402
+from tests.tiny_data import (
     SRC,
     TGT,
     USER_DIR,
-    binarize,
     free_port,
     make_tiny_data,
     parse_logs,

@@ -1,9 +1,164 @@
-"""The tests' tiny data and fairseq command-line helpers: :mod:`benchmarks.tiny_data`, which the
-fault table (benchmarks/faults.py) shares, under its old name (``from tests.tiny_data import ...``
-or ``from tiny_data import ...``). This module *is* that one (same object), so monkeypatching
-either name patches both."""
+"""The tests' harness: the tiny-data setting and fairseq command lines of
+:mod:`benchmarks.tiny_runs` (shared with the fault table), with the commands forked from one
+warm process, and the helpers only tests need.
+
+Every fairseq command of the tests is forked from one process that has imported torch,
+fairseq and the plugin already (:class:`WarmProcess`, installed as
+:mod:`benchmarks.tiny_runs`' launcher when this module is imported): it runs exactly as
+``python -m MODULE ARGS`` would, in a process of its own, without paying the 3-5 s of imports
+again. ``HRT_TEST_FRESH=1`` runs every command in a fresh interpreter instead.
+"""
+import multiprocessing
+import os
+import re
+import runpy
+import socket
+import subprocess
 import sys
+import tempfile
+import traceback
+import warnings
+from typing import Dict, List, Optional
 
-from benchmarks import tiny_data as _tiny_data
+from benchmarks import tiny_runs
+from benchmarks.tiny_runs import (  # noqa: F401  (the tests take the whole setting from their harness)
+    REPO,
+    SHARED_MULTI30K,
+    SRC,
+    TGT,
+    USER_DIR,
+    CLIError,
+    TinyData,
+    binarize,
+    cli_env,
+    corpus_source,
+    default_prefer,
+    make_tiny_data,
+    make_tiny_spm_data,
+    parse_logs,
+    preprocess_args,
+    read_lines,
+    run_cli,
+    run_cli_many,
+    start_cli,
+    train_args,
+    wait_cli,
+    write_lines,
+    write_raw_corpus,
+)
 
-sys.modules[__name__] = _tiny_data
+
+# what every command imports first; the forked children find it imported already
+WARM_MODULES = ["torch", "fairseq", "fairseq.models.transformer", "fairseq_cli.train", "fairseq_cli.generate",
+                "fairseq_cli.interactive", "fairseq_cli.preprocess", "fairseq_hrt", "benchmarks.tiny_runs"]
+_WARM_CONTEXT = None
+
+
+def _warm_context():
+    global _WARM_CONTEXT
+    if _WARM_CONTEXT is None:
+        ctx = multiprocessing.get_context("forkserver")
+        # the fork server imports these once, with the environment of cli_env()
+        saved = dict(os.environ)
+        os.environ.update(cli_env())
+        try:
+            ctx.set_forkserver_preload(WARM_MODULES)
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        _WARM_CONTEXT = ctx
+    return _WARM_CONTEXT
+
+
+def _run_forked(cmd: List[str], env: Dict[str, str], cwd: str, log_path: str, input_path: Optional[str]):
+    """``python -m MODULE ARGS`` / ``python -c CODE ARGS`` in a child of the warm process:
+    the command's environment, working directory, standard streams and exit status."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    # a child of the fork server inherits "forkserver" as its start method; a command that
+    # starts worker processes (fairseq-preprocess --workers, data loaders) would then start a
+    # fork server of its own that outlives it (one leaked 250 MB process per command). A
+    # fresh interpreter on Linux forks its workers: so do these commands
+    multiprocessing.set_start_method("fork", force=True)
+    sys.stdin = open(input_path or os.devnull, encoding="utf-8")
+    if env.get("PYTHONWARNINGS") == "ignore":
+        warnings.simplefilter("ignore")
+    import torch
+
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or 1))
+    code = 0
+    try:
+        if cmd[1] == "-m":
+            sys.argv = [cmd[2], *cmd[3:]]
+            runpy.run_module(cmd[2], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = ["-c", *cmd[3:]]
+            exec(compile(cmd[2], "<string>", "exec"), {"__name__": "__main__"})
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:  # sys.exit("message"): the interpreter prints it and exits 1
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: B902 - as the interpreter does: traceback, exit 1
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+class WarmProcess:
+    """One command forked from the warm process; the ``subprocess.Popen`` subset the helpers
+    use (``wait``, ``kill``, ``returncode``)."""
+
+    def __init__(self, cmd: List[str], env: Dict[str, str], cwd: str, log_path: str, input_text: Optional[str] = None):
+        self.input_path = None
+        if input_text is not None:
+            fd, self.input_path = tempfile.mkstemp(prefix="hrt-test-stdin-")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(input_text)
+        self.process = _warm_context().Process(target=_run_forked, args=(cmd, env, cwd, str(log_path), self.input_path))
+        self.process.start()
+        self.returncode = None
+
+    def wait(self, timeout: Optional[float] = None):
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.process.name, timeout)
+        self.returncode = self.process.exitcode
+        if self.input_path:
+            os.unlink(self.input_path)
+            self.input_path = None
+        return self.returncode
+
+    def kill(self):
+        self.process.kill()
+
+
+def _fresh() -> bool:
+    return os.environ.get("HRT_TEST_FRESH") == "1"
+
+
+if not _fresh():
+    tiny_runs.use_launcher(WarmProcess)
+
+
+def hyp_lines(output: str) -> Dict[int, str]:
+    """``{sentence id: hypothesis}`` from the ``H-`` lines of fairseq-generate / interactive."""
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^H-(\d+)\t\S+\t?(.*)$", output, re.M)}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

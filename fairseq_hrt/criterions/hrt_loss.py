@@ -1,7 +1,7 @@
 """``--criterion hrt_loss``: label-smoothed cross-entropy of HRT's four sample kinds, summed.
 
 The task attaches ``sample['hrt']`` (see ``HRTTranslationTask.build_decoder_samples``): one
-causal pass (Skip-AT rows first, then AT rows) and one bidirectional pass (Skip-CMLM rows, then
+causal pass (Skip-AT rows first, then AT rows) and one non-causal pass (Skip-CMLM rows, then
 CMLM rows) over a shared encoder output. Every kind's loss and token count is logged
 separately, with ``p_k``, so training curves show the curriculum.
 

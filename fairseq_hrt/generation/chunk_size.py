@@ -39,7 +39,7 @@ class ChunkSizeByLength:
     """Per-sentence chunk size from the source length (beyond the papers).
 
     Rule: sources of fewer than ``short`` tokens decode in AT mode (k = 1): their Skip-AT
-    skeleton would be a couple of tokens, the saving is small and the bidirectional pass has
+    skeleton would be a couple of tokens, the saving is small and the non-causal pass has
     little context; longer sources use the smallest trained k. See README for measurements.
     """
 

@@ -9,7 +9,7 @@ own modules (so ``--quantize int8`` and ``model.half()`` apply), in four modes:
 * :meth:`DecoderPass.block` -- a causal pass over a block of ``W`` tokens per row, written
   into the cache at each row's own positions (Jacobi decoding and ``hrt-spec``'s verifying
   passes, :mod:`fairseq_hrt.generation.jacobi`);
-* :meth:`DecoderPass.bidirectional` -- a non-causal pass without cache over tokens at given
+* :meth:`DecoderPass.non_causal` -- a non-causal pass without cache over tokens at given
   positions (HRT's stage II, ``hrt-spec``'s drafts).
 
 Every mode runs :meth:`DecoderPass._layers` with one self-attention function
@@ -23,7 +23,7 @@ The encoder-side keys/values of a batch are projected once (:meth:`DecoderPass.e
 :class:`EncoderKV`) and held by the batch's :class:`DecoderState`.
 
 The modes are labelled for ``torch.profiler`` (``hrt.step``, ``hrt.block``,
-``hrt.bidirectional``) while a profiler runs (:func:`profiled`; a label costs a few
+``hrt.non_causal``) while a profiler runs (:func:`profiled`; a label costs a few
 microseconds, so none is made otherwise).
 """
 import functools
@@ -589,8 +589,8 @@ class DecoderPass:
         index = positions.view(n, 1, w, 1).expand(n, self.heads, w, self.head_dim)
         return state.output(self._layers(state, x, n, index, keys, buckets, bias))
 
-    @profiled("hrt.bidirectional")
-    def bidirectional(self, state, tokens: Tensor, positions: Tensor, queries: Optional[Tensor] = None) -> Tensor:
+    @profiled("hrt.non_causal")
+    def non_causal(self, state, tokens: Tensor, positions: Tensor, queries: Optional[Tensor] = None) -> Tensor:
         """Decoder features ``(B, T, C)`` of one non-causal pass over ``tokens`` ``(B, T)`` at
         the original target ``positions`` (HRT's stage II and the drafts of ``hrt-spec``:
         ``model.decoder(tokens, positions=positions, causal=False, features_only=True)``

@@ -20,7 +20,8 @@ help, and in the benchmark's rows. This module imports no engine.
 """
 from typing import Dict, List, Sequence
 
-from fairseq_hrt.generation.options import DecodingOptions, SearchOptions
+from fairseq_hrt.generation.options import DecodingOptions
+from hrt_runtime.search import SearchConfig
 
 
 class DecoderEngine:
@@ -40,7 +41,7 @@ class DecoderEngine:
         """Why this engine cannot decode ``model`` (empty: it can)."""
         return []
 
-    def left_to_right(self, ctx, search: SearchOptions, banned: Sequence[int], keep_encoder_out: bool = False):
+    def left_to_right(self, ctx, search: SearchConfig, banned: Sequence[int], keep_encoder_out: bool = False):
         """``keep_encoder_out``: the generator must expose its last batch's encoder output
         (``last_encoder_out``, for HRT's stage II)."""
         raise NotImplementedError

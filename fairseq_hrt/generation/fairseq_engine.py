@@ -9,7 +9,7 @@ from torch import Tensor
 
 from fairseq_hrt.generation import lean  # noqa: F401  (registers lean first: the default engine leads the choices)
 from fairseq_hrt.generation.engines import DecoderEngine, register_engine
-from fairseq_hrt.generation.options import with_options
+from fairseq_hrt.generation.options import fairseq_values, with_options
 
 
 class _EncoderCachingEnsemble(EnsembleModel):
@@ -50,7 +50,7 @@ class FairseqEngine(DecoderEngine):
         suppress = [ctx.task.target_dictionary[i] for i in banned if i != pad]  # fairseq bans <pad> itself
         args = ctx.options.fairseq_args
         # the search options win over the command line's (stage I's L / k, a strategy's beam)
-        changed = {k: v for k, v in search.fairseq_values().items() if getattr(args, k, None) != v}
+        changed = {k: v for k, v in fairseq_values(search, ctx.options.temperature).items() if getattr(args, k, None) != v}
         if changed:
             args = with_options(args, **changed)
         if not keep_encoder_out and not suppress:  # the caller's own generator class (fairseq's convention)

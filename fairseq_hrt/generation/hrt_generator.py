@@ -22,14 +22,7 @@ from fairseq_hrt.generation.search_rules import banned_symbols_of
 from fairseq_hrt.generation.hypotheses import reject_unsupported_inputs, select_rows, to_fairseq
 from fairseq_hrt.generation.strategies import DecodingContext, DecodingStrategy, LeftToRightDecoding, register_decoding
 from fairseq_hrt.models.kinds import family_of
-from hrt_runtime.search import (  # noqa: F401  (length_buckets, refine_counts: re-exported)
-    check_b_nat,
-    chunk_size_groups,
-    fill_masks,
-    length_buckets,
-    refine_counts,
-    stage2,
-)
+from hrt_runtime.search import check_b_nat, chunk_size_groups, fill_masks, stage2
 
 logger = logging.getLogger(__name__)
 

@@ -45,8 +45,7 @@ from torch import Tensor
 from fairseq_hrt import chunking
 from fairseq_hrt.generation.decoder_pass import EncoderKV, decoder_pass
 from fairseq_hrt.generation.hrt_generator import check_at_mode
-from hrt_runtime.search import positional_scores
-from fairseq_hrt.generation.options import SearchOptions
+from hrt_runtime.search import SearchConfig, positional_scores
 from fairseq_hrt.generation.output_vocab import OutputLayer
 from fairseq_hrt.generation.search_rules import SearchRules
 from fairseq_hrt.generation.hypotheses import hypothesis, reject_unsupported_inputs
@@ -118,7 +117,7 @@ def hgj_parallel_end(src_lengths: Tensor, parallel_length: int) -> Tensor:
 
 
 class NATDrafter:
-    """Drafts of ``hrt-spec``: one bidirectional pass of an HRT model over the final prefix
+    """Drafts of ``hrt-spec``: one non-causal pass of an HRT model over the final prefix
     followed by masks (the CMLM / stage-II fill of :func:`hrt_generator.fill_skeletons`),
     argmax in the masks, never a banned symbol. The pass is the decoder's one
     (:func:`~fairseq_hrt.generation.decoder_pass.decoder_pass`); the encoder keys/values of
@@ -151,7 +150,7 @@ class NATDrafter:
         if not bool(drafted.any()):
             return drafted
         inputs = tokens[:, 1 : width + 1].masked_fill(masked, self.mask).masked_fill(~real, self.pad)
-        features = self.decoder_pass.bidirectional(self.encoder, inputs, chunking.nat_positions(real))
+        features = self.decoder_pass.non_causal(self.encoder, inputs, chunking.nat_positions(real))
         _, drafts = self.output.best(features[masked])
         tokens[:, 1 : width + 1] = inputs.masked_scatter(masked, drafts.to(inputs))
         return drafted
@@ -182,9 +181,9 @@ class ParallelGreedyGenerator:
     in ``self.trace`` (:class:`PassRecord`, for DDGviz).
     """
 
-    def __init__(self, model, tgt_dict, options: SearchOptions, method: str, block_size: int,
+    def __init__(self, model, tgt_dict, options: SearchConfig, method: str, block_size: int,
                  banned: Sequence[int] = (), parallel_length: int = 0, drafter: Optional[NATDrafter] = None,
-                 trace: bool = False):
+                 trace: bool = False, temperature: float = 1.0):
         check_parallel_options(method, options.beam, block_size, parallel_length)
         if method == SPEC_METHOD and drafter is None:
             raise ValueError("hrt-spec needs a drafter (an HRT model's non-autoregressive mode)")
@@ -194,7 +193,7 @@ class ParallelGreedyGenerator:
         self.method, self.block_size, self.parallel_length = method, block_size, parallel_length
         self.drafter = drafter
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
-        self.rules = SearchRules(options, tgt_dict, banned)
+        self.rules = SearchRules(options, tgt_dict, banned, temperature)
         self.max_len_cap = model.max_decoder_positions() - 1
         self.trace: Optional[List[PassRecord]] = [] if trace else None
         self.stats = {"sentences": 0, "passes": 0, "draft_passes": 0, "tokens": 0}
@@ -377,7 +376,7 @@ def build_parallel_generator(ctx: DecodingContext, method: str) -> ParallelGreed
     banned = ctx.banned()
     drafter = NATDrafter(model, task.mask_idx, tgt_dict.pad(), torch.tensor(banned)) if method == SPEC_METHOD else None
     generator = ParallelGreedyGenerator(model, tgt_dict, options.search, method, block_size, banned, parallel_length,
-                                        drafter)
+                                        drafter, temperature=options.temperature)
     if ctx.engine.name != "lean":
         logger.info("--decoding %s runs its own block passes (the lean engine's caches); --decoder-engine %s "
                     "is not used", method, ctx.engine.name)

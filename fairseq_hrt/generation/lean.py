@@ -31,9 +31,8 @@ from torch import Tensor
 
 from fairseq_hrt.generation.engines import DecoderEngine, register_engine
 from fairseq_hrt.generation.decoder_pass import DecoderState, EncoderKV, decoder_pass, profiled
-from fairseq_hrt.generation.options import SearchOptions
+from hrt_runtime.search import SearchConfig
 from fairseq_hrt.generation.output_vocab import restricted_output_layer
-from fairseq_hrt.generation.search_rules import greedy_choice  # noqa: F401  (re-exported)
 from fairseq_hrt.generation.search_generator import SearchGenerator
 from hrt_runtime.model import OutputRows
 
@@ -157,7 +156,7 @@ class TorchBackend:
     @profiled("hrt.stage2")
     def parallel(self, encoded: TorchEncoded, tokens: np.ndarray, positions: np.ndarray, queries: np.ndarray,
                  select: np.ndarray, logit_bias: np.ndarray, out_rows: TorchRows):
-        features = self.decoder_pass.bidirectional(encoded.kv, self._tensor(tokens), self._tensor(positions),
+        features = self.decoder_pass.non_causal(encoded.kv, self._tensor(tokens), self._tensor(positions),
                                                    self._tensor(queries))
         picked = features.reshape(-1, features.size(-1)).index_select(0, self._tensor(select))
         if out_rows.vocab is None:
@@ -180,10 +179,10 @@ class LeanSequenceGenerator(SearchGenerator):
 
     engine = "lean"
 
-    def __init__(self, model, tgt_dict, options: SearchOptions, banned: Sequence[int] = (),
+    def __init__(self, model, tgt_dict, options: SearchConfig, banned: Sequence[int] = (),
                  shortlist=None, compile: bool = False, chunk_start: Optional[Dict[int, int]] = None,
-                 mask: Optional[int] = None, chunk_size=None, b_nat: int = 1):
-        backend = TorchBackend(model, tgt_dict, chunk_start, mask, options.temperature, compile)
+                 mask: Optional[int] = None, chunk_size=None, b_nat: int = 1, temperature: float = 1.0):
+        backend = TorchBackend(model, tgt_dict, chunk_start, mask, temperature, compile)
         super().__init__(backend, tgt_dict, options, banned, shortlist, chunk_size, b_nat)
         self.model = model
         self.decoder_pass = backend.decoder_pass  # the decoder's one pass (HRT's stage II may share it)
@@ -213,7 +212,8 @@ class LeanEngine(DecoderEngine):
         if len(ctx.models) != 1:
             raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
         return LeanSequenceGenerator(ctx.models[0], ctx.task.target_dictionary, search, banned,
-                                     shortlist=ctx.shortlist, compile=ctx.options.compile)
+                                     shortlist=ctx.shortlist, compile=ctx.options.compile,
+                                     temperature=ctx.options.temperature)
 
     def two_stage(self, ctx, chunk_size):
         """HRT's two stages in the one search (:mod:`hrt_runtime.search`); the stage-II options
@@ -226,4 +226,5 @@ class LeanEngine(DecoderEngine):
         task = ctx.task
         return LeanSequenceGenerator(ctx.models[0], task.target_dictionary, options.search, ctx.banned(),
                                      shortlist=ctx.shortlist, compile=options.compile, chunk_start=task.chunk_start_idx,
-                                     mask=task.mask_idx, chunk_size=chunk_size, b_nat=options.b_nat)
+                                     mask=task.mask_idx, chunk_size=chunk_size, b_nat=options.b_nat,
+                                     temperature=options.temperature)

@@ -30,10 +30,10 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from fairseq_hrt.generation.options import SearchOptions
 from fairseq_hrt.generation.search_generator import SearchGenerator
 from fairseq_hrt.generation.strategies import DecodingContext, DecodingStrategy, register_decoding
 from fairseq_hrt.models.kinds import family_of
+from hrt_runtime.search import SearchConfig
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class MaskPredictGenerator(SearchGenerator):
             raise ValueError(f"--iter-decode-with-beam (Mask-Predict's length beam l) must be >= 1, got {length_beam}")
         self.model = models[0]
         super().__init__(TorchBackend(self.model, tgt_dict, mask=mask), tgt_dict,
-                         SearchOptions(beam=1, max_len_a=max_len_a, max_len_b=max_len_b), banned, shortlist,
+                         SearchConfig(beam=1, max_len_a=max_len_a, max_len_b=max_len_b), banned, shortlist,
                          iterations=iterations, length_beam=length_beam)
         self.tgt_dict = tgt_dict
         self.mask = mask

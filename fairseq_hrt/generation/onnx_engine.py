@@ -117,7 +117,7 @@ class OnnxRuntimeEngine(DecoderEngine):
 
     def unsupported(self, options):
         used = list(options.sequence_generator_only)
-        if options.search.temperature != 1.0:
+        if options.temperature != 1.0:
             used.append("--temperature")
         used += options.stage2_options_used()
         if options.print_step:

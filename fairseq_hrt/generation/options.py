@@ -56,39 +56,29 @@ def flags_in_use(args, table) -> Tuple[str, ...]:
     return tuple(used)
 
 
-# fairseq's generation option of each search option (``--unnormalized`` is the negation
-# of ``normalize_scores``): the one table from_args and fairseq_values read
+# fairseq's generation option of each search setting (``--unnormalized`` is the negation
+# of ``normalize_scores``): the one table search_config and fairseq_values read
 FAIRSEQ_NAMES = {"beam": "beam", "max_len_a": "max_len_a", "max_len_b": "max_len_b", "min_len": "min_len",
-                 "normalize_scores": "unnormalized", "len_penalty": "lenpen", "unk_penalty": "unkpen",
-                 "temperature": "temperature"}
+                 "normalize_scores": "unnormalized", "len_penalty": "lenpen", "unk_penalty": "unkpen"}
 NEGATED = ("normalize_scores",)
 
 
-@dataclass(frozen=True)
-class SearchOptions(SearchConfig):
-    """Left-to-right search options, with fairseq's own defaults
-    (``FairseqTask.build_generator``; ``tests/test_decoding_options.py`` compares them with
-    fairseq's ``GenerationConfig``), so every engine obeys the same values: the exported
-    runtime's :class:`hrt_runtime.search.SearchConfig` (``for_chunk_size``, ``max_len``) and
-    ``--temperature``, which only the PyTorch engines apply."""
+def search_config(args) -> SearchConfig:
+    """The search settings (:class:`hrt_runtime.search.SearchConfig`, the one search's, with
+    fairseq's defaults: ``tests/test_model_families.py`` compares them) of fairseq's generation
+    options ``args``."""
+    values = {}
+    for name, flag in FAIRSEQ_NAMES.items():
+        default = SearchConfig.__dataclass_fields__[name].default
+        values[name] = (not getattr(args, flag, not default)) if name in NEGATED else getattr(args, flag, default)
+    return SearchConfig(**values)
 
-    temperature: float = 1.0
 
-    @classmethod
-    def from_args(cls, args) -> "SearchOptions":
-        values = {}
-        for name, flag in FAIRSEQ_NAMES.items():
-            default = cls.__dataclass_fields__[name].default
-            if name in NEGATED:
-                values[name] = not getattr(args, flag, not default)
-            else:
-                values[name] = getattr(args, flag, default)
-        return cls(**values)
-
-    def fairseq_values(self) -> dict:
-        """These options under fairseq's generation option names."""
-        return {flag: (not getattr(self, name)) if name in NEGATED else getattr(self, name)
-                for name, flag in FAIRSEQ_NAMES.items()}
+def fairseq_values(search: SearchConfig, temperature: float) -> dict:
+    """The search settings and ``--temperature`` under fairseq's generation option names."""
+    values = {flag: (not getattr(search, name)) if name in NEGATED else getattr(search, name)
+              for name, flag in FAIRSEQ_NAMES.items()}
+    return dict(values, temperature=temperature)
 
 
 def task_option(help: str, default=None):
@@ -150,7 +140,8 @@ class DecodingOptions:
         "--decoder-engine onnxruntime: decode this folder written by fairseq-hrt-export instead of "
         "exporting the loaded model into the cache ($FAIRSEQ_HRT_ONNX_CACHE, default ~/.cache/fairseq-hrt/onnx); "
         "it must be the export of the same checkpoint (its parameters' SHA-256 is checked)")
-    search: SearchOptions = field(default_factory=SearchOptions)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    temperature: float = 1.0  # --temperature: only the PyTorch engines apply it
     print_step: bool = False
     iter_decode_max_iter: int = 10
     iter_decode_with_beam: int = 1
@@ -174,7 +165,8 @@ class DecodingOptions:
         args = gen_args if gen_args is not None else object()
         return cls(
             **values,
-            search=SearchOptions.from_args(args),
+            search=search_config(args),
+            temperature=getattr(args, "temperature", cls.temperature),
             print_step=bool(getattr(args, "print_step", False)),
             iter_decode_max_iter=getattr(args, "iter_decode_max_iter", cls.iter_decode_max_iter),
             iter_decode_with_beam=getattr(args, "iter_decode_with_beam", cls.iter_decode_with_beam),
@@ -184,9 +176,9 @@ class DecodingOptions:
         )
 
     def replace(self, **changes) -> "DecodingOptions":
-        """A copy with some options changed; search options by their own names
+        """A copy with some options changed; search settings by their own names
         (``beam=1``, ``max_len_b=50``)."""
-        search = {k: changes.pop(k) for k in list(changes) if k in SearchOptions.__dataclass_fields__}
+        search = {k: changes.pop(k) for k in list(changes) if k in SearchConfig.__dataclass_fields__}
         unknown = [k for k in changes if k not in DecodingOptions.__dataclass_fields__]
         if unknown:
             raise ValueError(f"unknown decoding option(s): {', '.join(unknown)}")

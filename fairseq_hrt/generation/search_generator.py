@@ -11,9 +11,9 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from fairseq_hrt.generation.chunk_size import chunk_sizes_of
-from fairseq_hrt.generation.options import SearchOptions
 from fairseq_hrt.generation.hypotheses import reject_unsupported_inputs, to_fairseq
 from hrt_runtime import search
+from hrt_runtime.search import SearchConfig
 
 
 class SearchGenerator:
@@ -30,14 +30,14 @@ class SearchGenerator:
     engine = ""
     what = ""  # how refusals name this generator (default: "--decoder-engine ENGINE")
 
-    def __init__(self, backend, tgt_dict, options: SearchOptions, banned: Sequence[int], shortlist=None,
+    def __init__(self, backend, tgt_dict, options: SearchConfig, banned: Sequence[int], shortlist=None,
                  chunk_size=None, b_nat: int = 1, iterations: int = 0, length_beam: int = 1):
         if options.beam < 1:
             raise ValueError("--beam must be >= 1")
         if chunk_size is not None:
             search.check_b_nat(options.beam, b_nat)
         self.backend = backend
-        self.options = options  # a SearchOptions is the search's SearchConfig
+        self.options = options
         self.banned = sorted(set(banned) | {tgt_dict.pad()})
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()  # fairseq-generate reads eos
         self.shortlist = shortlist

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from fairseq_hrt.generation.options import SearchOptions
+from hrt_runtime.search import SearchConfig
 from fairseq_hrt.generation.output_vocab import OutputVocabulary
 from fairseq_hrt.models.kinds import ModelFamily, family_of
 
@@ -63,10 +63,11 @@ class SearchRules:
     (:func:`banned_symbols`; ``<pad>`` is added). Columns of the logits are the rows of an
     :class:`OutputVocabulary` (all of the vocabulary, or a shortlist's candidates)."""
 
-    def __init__(self, options: SearchOptions, tgt_dict, banned: Sequence[int] = ()):
-        if options.temperature <= 0:
+    def __init__(self, options: SearchConfig, tgt_dict, banned: Sequence[int] = (), temperature: float = 1.0):
+        if temperature <= 0:
             raise ValueError("--temperature must be greater than 0")
         self.options = options
+        self.temperature = temperature
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
         self.vocab_size = len(tgt_dict)
         self.banned = torch.tensor(sorted(set(banned) | {self.pad}), dtype=torch.long)
@@ -75,8 +76,8 @@ class SearchRules:
 
     def logits(self, raw: Tensor) -> Tensor:
         """A step's logits as float, divided by ``--temperature``."""
-        if self.options.temperature != 1.0:
-            raw = raw / self.options.temperature
+        if self.temperature != 1.0:
+            raw = raw / self.temperature
         return raw.float()
 
     def banned_table(self, early: bool, device, out: OutputVocabulary) -> Tensor:

@@ -3,7 +3,7 @@ target-length predictor (Ghazvininejad et al. 2019), built on the HRT model.
 
 Model ``cmlm_transformer_hrt`` (fairseq's own ``cmlm_transformer`` keeps its name), archs
 ``cmlm_*``. It *is* :class:`HRTTransformerModel` -- the same pre-norm encoder, the same decoder
-run in its bidirectional (CMLM) mode, the same AT-checkpoint loading -- plus a length
+run in its non-causal (CMLM) mode, the same AT-checkpoint loading -- plus a length
 predictor, so the HRT paper's appendix-E improvements are options of this baseline:
 
 * fine-tuning from an AT checkpoint of the same shape (fairseq's ``--finetune-from-model``);

@@ -1,5 +1,5 @@
 """The HRT model: a Transformer whose one decoder runs causally (AT / Skip-AT) or
-bidirectionally (CMLM / Skip-CMLM), with key-only relative positions in its self-attention.
+non-causally (CMLM / Skip-CMLM), with key-only relative positions in its self-attention.
 
 SPEC section 1. The encoder is fairseq's own :class:`TransformerEncoderBase` and every decoder
 parameter keeps the name it has in fairseq's transformer, so an AT checkpoint of the same shape
@@ -21,7 +21,7 @@ from torch import Tensor
 
 from fairseq_hrt.models.kinds import HRT, ModelFamily, declare
 from fairseq_hrt.models.shapes import set_shape_defaults
-from fairseq_hrt.models.ssru_transformer import is_ssru_state_dict, refuse_ssru_for_bidirectional
+from fairseq_hrt.models.ssru_transformer import is_ssru_state_dict, refuse_ssru_for_non_causal
 from fairseq_hrt.modules.decoder_layer_blocks import encoder_attention_and_ffn
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention
 from fairseq_hrt.symbols import MAX_CHUNK_SIZE, chunk_start_symbol
@@ -379,7 +379,7 @@ def fill_missing_hrt_keys(model, state_dict) -> List[str]:
     trains from the first update.
     """
     if is_ssru_state_dict(state_dict):
-        refuse_ssru_for_bidirectional(f"loading an SSRU checkpoint into {type(model).__name__}")
+        refuse_ssru_for_non_causal(f"loading an SSRU checkpoint into {type(model).__name__}")
     own = model.state_dict()
     new = []
     if "trained_chunk_sizes" in own and "trained_chunk_sizes" not in state_dict:

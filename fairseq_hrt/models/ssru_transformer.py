@@ -9,7 +9,7 @@ hrt_translation --hrt-mode at`` and decoded with fairseq-generate (fairseq's
 ``SequenceGenerator`` through fairseq's incremental state, or the lean engine).
 
 Only left-to-right (AT) decoding can use a recurrence: HRT and Mask-Predict decode (partly)
-bidirectionally, so an SSRU decoder is refused there (:func:`refuse_ssru_for_bidirectional`).
+non-causally, so an SSRU decoder is refused there (:func:`refuse_ssru_for_non_causal`).
 """
 from typing import Dict, List, Optional
 
@@ -45,11 +45,11 @@ def is_ssru_state_dict(state_dict) -> bool:
     return any(SSRU_KEY in key for key in state_dict)
 
 
-def refuse_ssru_for_bidirectional(what: str):
+def refuse_ssru_for_non_causal(what: str):
     """The one error for SSRU with HRT / Mask-Predict (a model, a mode or a checkpoint)."""
     raise ValueError(
         f"{what}: an SSRU decoder is a left-to-right recurrence, but HRT and Mask-Predict decode "
-        "(partly) bidirectionally (CMLM / Skip-CMLM passes see later positions), which a recurrence "
+        "(partly) non-causally (CMLM / Skip-CMLM passes see later positions), which a recurrence "
         "cannot. Use SSRU only for AT students (--arch *_ssru --hrt-mode at); fine-tune HRT / "
         "Mask-Predict from an attention AT checkpoint (at_*)"
     )

@@ -220,7 +220,7 @@ class HRTTranslationTask(TranslationTask):
         if family.recurrent_decoder:
             mode = getattr(cfg, "hrt_mode", "at")
             if mode != "at":
-                ssru_transformer.refuse_ssru_for_bidirectional(f"--arch {getattr(cfg, 'arch', '*_ssru')} --hrt-mode {mode}")
+                ssru_transformer.refuse_ssru_for_non_causal(f"--arch {getattr(cfg, 'arch', '*_ssru')} --hrt-mode {mode}")
         if tie:
             tied_layers.tie_decoder_layers(model.decoder)
         if not from_checkpoint and self.cfg.hrt_mode == "hrt" and family.chunk_sizes:
