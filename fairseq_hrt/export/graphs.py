@@ -124,8 +124,12 @@ class _DecoderGraph(nn.Module):
         with its bias (a three-dimensional ``MatMul`` + ``Add`` costs two operators)."""
 
         def block(layer, i, x):
-            q = F.linear(x, *self.encoder_q[i]).reshape(-1, queries, self.heads, self.head_dim).transpose(1, 2)
-            out = attention(q, enc_k[i], enc_v[i], None, None, encoder_bias).transpose(1, 2)
+            q = F.linear(x, *self.encoder_q[i])
+            if queries == 1:  # (N, 1, H, d) and (N, H, 1, d) are one layout: no Transpose (a copy) either way
+                out = attention(q.reshape(-1, self.heads, 1, self.head_dim), enc_k[i], enc_v[i], None, None, encoder_bias)
+            else:
+                q = q.reshape(-1, queries, self.heads, self.head_dim).transpose(1, 2)
+                out = attention(q, enc_k[i], enc_v[i], None, None, encoder_bias).transpose(1, 2)
             return layer.encoder_out(out.reshape(-1, self.dim))
 
         return block
