@@ -58,40 +58,68 @@ def scope_times(profile) -> Dict[str, Tuple[float, int]]:
     return out
 
 
-# the ExportedModel method of each timed part (--engine onnxruntime)
-SESSION_RUNS = {"encoder": "encode", "decoder steps": "step", "stage II": "parallel"}
+# the ExportedModel methods of each timed part (--engine onnxruntime); a greedy loop
+# (greedy.onnx: every step of a batch in one run) counts as decoder steps, as many as it made
+SESSION_RUNS = {"encoder": ("encode",), "decoder steps": ("step", "greedy_loop"), "stage II": ("parallel",)}
+RUN_ONLY = "hrt.step_runs"  # the decoder steps' session runs alone (without the step's feeds and state)
 
 
 @contextlib.contextmanager
 def session_run_times():
     """``{scope: [seconds, calls]}`` of the exported model's session runs inside the block,
     keyed like :func:`scope_times`: each :data:`SESSION_RUNS` method of
-    ``hrt_runtime.ExportedModel`` is wrapped in a wall-clock timer for the block's duration."""
+    ``hrt_runtime.ExportedModel`` is wrapped in a wall-clock timer for the block's duration
+    (a greedy loop's calls: the steps it made). :data:`RUN_ONLY`: the decoder steps' session
+    runs alone, so that a step's own work around its run (feeds, the state) is the difference."""
     from hrt_runtime.model import ExportedModel
 
     times = {SCOPES[part]: [0.0, 0] for part in SESSION_RUNS}
-    originals = {part: getattr(ExportedModel, method) for part, method in SESSION_RUNS.items()}
+    times[RUN_ONLY] = [0.0, 0]
+    originals = {(part, method): getattr(ExportedModel, method) for part, methods in SESSION_RUNS.items() for method in methods}
+    original_runner = ExportedModel.runner
 
     def timed(part, original):
         slot = times[SCOPES[part]]
 
         def run(*args, **kwargs):
             start = time.perf_counter()
+            result = None
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
+                return result
             finally:
                 slot[0] += time.perf_counter() - start
-                slot[1] += 1
+                if original is originals.get(("decoder steps", "greedy_loop")):
+                    slot[1] += 0 if result is None else result[0].shape[1]
+                else:
+                    slot[1] += 1
 
         return run
 
-    for part, method in SESSION_RUNS.items():
-        setattr(ExportedModel, method, timed(part, originals[part]))
+    def runner(self, graph):
+        run = original_runner(self, graph)
+        if not graph.startswith(("step", "greedy")):
+            return run
+        slot = times[RUN_ONLY]
+
+        def timed_run(feeds):
+            start = time.perf_counter()
+            try:
+                return run(feeds)
+            finally:
+                slot[0] += time.perf_counter() - start
+
+        return timed_run
+
+    for (part, method), original in originals.items():
+        setattr(ExportedModel, method, timed(part, original))
+    ExportedModel.runner = runner
     try:
         yield times
     finally:
-        for part, method in SESSION_RUNS.items():
-            setattr(ExportedModel, method, originals[part])
+        for (part, method), original in originals.items():
+            setattr(ExportedModel, method, original)
+        ExportedModel.runner = original_runner
 
 
 def split(checkpoint: str, data: str, lines: List[str], batch_size: int, chunk_size: int, runs: int,
@@ -114,7 +142,7 @@ def split(checkpoint: str, data: str, lines: List[str], batch_size: int, chunk_s
     per_sentence = {part: scopes.get(SCOPES[part], (0.0, 0))[0] / n * 1000 for part in PARTS[:-1]}
     per_sentence["other"] = total / n * 1000 - sum(per_sentence.values())
     step_seconds, steps = scopes.get(SCOPES["decoder steps"], (0.0, 0))
-    return {
+    result = {
         "ms_per_sentence": total / n * 1000,
         "parts_ms_per_sentence": per_sentence,
         "decoder_steps_per_batch": steps / runs / len(batches),
@@ -122,6 +150,9 @@ def split(checkpoint: str, data: str, lines: List[str], batch_size: int, chunk_s
         "ms_per_decoder_step": step_seconds / max(steps, 1) * 1000,
         "output_tokens_per_sentence": sum(h.numel() for h in hyps.values()) / len(lines),
     }
+    if RUN_ONLY in scopes:  # ONNX Runtime: a step's session run, and the step's own work around it
+        result["run_ms_per_decoder_step"] = scopes[RUN_ONLY][0] / max(steps, 1) * 1000
+    return result
 
 
 def main(argv=None):
@@ -158,19 +189,23 @@ def main(argv=None):
             result["sentences"] = len(lines)
             report["systems"].setdefault(name, {})[str(bs)] = result
             parts = result["parts_ms_per_sentence"]
+            run_cell = f" {result['run_ms_per_decoder_step']:.3f} |" if onnx else ""
             rows.append(f"| {name} | {bs} | {result['ms_per_sentence']:.3f} | "
                         + " | ".join(f"{parts[part]:.3f} ({parts[part] / result['ms_per_sentence']:.0%})" for part in PARTS)
-                        + f" | {result['decoder_steps_per_batch']:.1f} | {result['ms_per_decoder_step']:.3f} |")
-    table = ["| system | batch | ms/sentence | " + " | ".join(PARTS) + " | decoder steps/batch | ms/step |",
-             "|---|---:|---:|" + "---:|" * len(PARTS) + "---:|---:|"] + rows
+                        + f" | {result['decoder_steps_per_batch']:.1f} | {result['ms_per_decoder_step']:.3f} |" + run_cell)
+    run_head, run_rule = (" of which session run |", "---:|") if onnx else ("", "")
+    table = ["| system | batch | ms/sentence | " + " | ".join(PARTS) + " | decoder steps/batch | ms/step |" + run_head,
+             "|---|---:|---:|" + "---:|" * len(PARTS) + "---:|---:|" + run_rule] + rows
     if onnx:
         import onnxruntime
 
         head = (f"## Where the decoding time goes (ONNX Runtime {onnxruntime.__version__}, {args.threads} thread(s), "
                 "session runs timed in place)\n\n"
                 "ms per sentence (share of the total): encoder, decoder steps and stage II are the wall-clock time of "
-                "the exported graphs' session runs where the search makes them; other: the numpy search around them "
-                "and batching")
+                "the exported model's calls where the search makes them (a greedy loop, greedy.onnx, is one call for "
+                "all of a batch's steps, counted as the steps it made); other: the numpy search around them and "
+                "batching; of which session run: a step's session run alone (the rest of ms/step: its feeds and "
+                "state)")
     else:
         head = (f"## Where the decoding time goes (lean engine, {args.threads} thread(s), torch {torch.__version__}, "
                 "measured under torch.profiler)\n\n"
