@@ -35,10 +35,11 @@ import numpy as np  # noqa: E402
 
 from benchmarks.report_files import write_report  # noqa: E402
 
-# the groups of the step graph's operators (the output layer: the matrix product with the
-# largest weight; the choice: everything after it)
+# the groups of the step graph's operators (the output layer: the matrix product whose logits
+# the log-softmax reads; the choice: everything after it)
 GROUPS = ("embedding", "layer norms", "projections", "attention", "residuals and reshapes", "output layer", "choice")
 ATTENTION_OPS = {"MatMul", "FusedMatMul", "Softmax", "Concat", "Transpose", "Where"}
+MATRIX_PRODUCTS = {"MatMul", "Gemm", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
 PROJECTION_OPS = {"Gemm", "FusedGemm", "MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear",
                   "MatMulIntegerToFloat", "Relu"}
 
@@ -141,10 +142,10 @@ def step_graph_prefixes(model, source: np.ndarray, past_steps: int, calls: int, 
         graph = graph_model.graph
         nodes = list(graph.node)
         producer = {out: i for i, node in enumerate(nodes) for out in node.output}
-        sizes = {init.name: int(np.prod(init.dims)) for init in graph.initializer}
-        output_layer = max((i for i, node in enumerate(nodes) if node.op_type in ("MatMul", "Gemm", "MatMulInteger",
-                                                                                    "DynamicQuantizeMatMul")),
-                           key=lambda i: max(sizes.get(name, 0) for name in nodes[i].input))
+        # the output layer: the matrix product the log-softmax reads (through a bias or a cast)
+        output_layer = producer[next(node for node in nodes if node.op_type == "LogSoftmax").input[0]]
+        while nodes[output_layer].op_type not in MATRIX_PRODUCTS:
+            output_layer = producer[nodes[output_layer].input[0]]
 
         def group(i: int) -> str:
             op = nodes[i].op_type
@@ -251,7 +252,9 @@ def main(argv: Optional[List[str]] = None):
     report = {"folder": os.path.relpath(args.onnx, args.out_dir), "onnxruntime": onnxruntime.__version__,
               "threads": args.threads, "source_length": args.source_length, "int8": bool(model.config.get("int8"))}
     loops = {"whole vocabulary": loop_step_cost(model, source, short, long, args.calls, args.repeats)}
-    if args.rows:
+    if args.rows and "greedy_restricted" not in model.config["graphs"]:
+        report["loop_rows_skipped"] = "the folder has no greedy_restricted graph (exported with --no-restricted)"
+    elif args.rows:
         rng = np.random.default_rng(0)
         ids = np.unique(np.concatenate([[model.eos, model.unk], rng.choice(np.arange(8, model.vocab_size), args.rows - 2, replace=False)]))
         loops[f"{ids.size} rows"] = loop_step_cost(model, source, short, long, args.calls, args.repeats, ids.astype(np.int64))
@@ -274,6 +277,8 @@ def main(argv: Optional[List[str]] = None):
         lines.append(f"| ONNX Runtime greedy loop, {name} | {cost['us_per_step']:.1f} |")
     for name, cost in report.get("ctranslate2", {}).items():
         lines.append(f"| CTranslate2 greedy, {name} | {cost['us_per_step']:.1f} |")
+    if "loop_rows_skipped" in report:
+        lines += ["", f"No loop over {args.rows} rows: {report['loop_rows_skipped']}."]
     lines += ["", f"Inside `step.onnx` after {args.past} steps (one run from Python: {total:.1f} us; "
               f"{len(added) + 1} operators after ONNX Runtime's optimisation; what each group adds, summed over "
               "prefix sessions of the graph):", "", "| part | operators | us |", "|---|---:|---:|",

@@ -101,7 +101,7 @@ def test_benchmarks_never_import_tests_and_edit_sys_path_only_in_the_file_shim()
 
 
 @pytest.mark.parametrize("script", ["benchmark", "shortlist_sweep", "time_split", "hrt_quality", "fault_table", "serve_load",
-                                    "runtime_stream"])
+                                    "runtime_stream", "step_anatomy"])
 def test_every_script_runs_as_a_module_and_as_a_file(script, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     as_module = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--help"], cwd=REPO, env=env,
@@ -125,3 +125,24 @@ def test_engine_agreement_pairs_every_engine_row_with_its_lean_row():
     assert rows["AT greedy (onnxruntime) +shortlist"]["reference"] == "AT greedy +shortlist"
     assert rows["AT greedy (onnxruntime) +shortlist"]["identical"] == 3 and rows["HRT k=2 (fairseq engine)"]["identical"] == 2
     assert rows["AT greedy (onnxruntime)"]["bleu_difference"] == 1.0 and rows["AT greedy (onnxruntime)"]["sentences"] == 3
+
+
+def test_step_anatomy_adds_up_to_the_step(exported_tiny, tmp_path):
+    """benchmarks/step_anatomy.py on an exported HRT model (relative keys): the groups and the
+    run's own cost add up to about one run of the step graph, the output layer is one operator,
+    and the loop's cost per step is measured (a folder without restricted graphs: no loop over
+    a shortlist's rows, and the report says why)."""
+    import json
+
+    pytest.importorskip("onnxruntime")
+    from benchmarks import step_anatomy
+
+    step_anatomy.main(["--onnx", exported_tiny["hrt"], "--rows", "12", "--calls", "20", "--repeats", "2",
+                       "--steps", "2,6", "--out-dir", str(tmp_path)])
+    report = json.loads((tmp_path / "step_anatomy.json").read_text())
+    graph = report["step_graph"]
+    assert graph["groups"]["output layer"]["operators"] == 1 and graph["groups"]["projections"]["operators"] >= 4
+    summed = graph["us_first_operator_run"] + sum(g["us"] for g in graph["groups"].values())
+    assert summed == pytest.approx(graph["us_total"], rel=1.0)  # prefix sessions: the same order of magnitude
+    assert set(report["loop"]) == {"whole vocabulary"} and report["loop"]["whole vocabulary"]["us_per_step"] > 0
+    assert "No loop over 12 rows: the folder has no greedy_restricted graph" in (tmp_path / "step_anatomy.md").read_text()
