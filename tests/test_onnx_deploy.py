@@ -466,3 +466,25 @@ def test_the_python_api_decodes_with_onnxruntime(deployed, hubs, tmp_path, monke
                           ("cmlm_tiny", dict(iter_decode_max_iter=3))):
         ref = hubs[arch].translate(lines, engine="lean", max_len_b=MAX_LEN_B, **options)
         assert hubs[arch].translate(lines, engine="onnxruntime", max_len_b=MAX_LEN_B, **options) == ref
+
+
+def test_an_export_removes_what_a_killed_export_left(tmp_path):
+    """A killed export leaves its temporary folder (``.export-<pid>-*``, ``.int8-<pid>-*``);
+    the next export into that folder removes those of processes that are gone, and keeps those
+    of a live process (an export running beside it)."""
+    import subprocess
+    import sys
+
+    from fairseq_hrt.export.exporter import _temporary_folder
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = [tmp_path / f".export-{gone.pid}-x1", tmp_path / f".int8-{gone.pid}-x2"]
+    running = tmp_path / f".export-{os.getppid()}-x3"
+    for folder in (*left, running):
+        folder.mkdir()
+        (folder / "encoder.onnx").write_text("half written")
+    made = _temporary_folder(str(tmp_path), ".export-")
+    _temporary_folder(str(tmp_path), ".int8-")
+    assert not any(folder.exists() for folder in left) and running.exists()
+    assert os.path.basename(made).startswith(f".export-{os.getpid()}-")

@@ -148,6 +148,29 @@ def share_weights(folder: str, graphs: List[str]):
             onnx.save(graph_model, path)
 
 
+def _temporary_folder(out_dir: str, prefix: str) -> str:
+    """A new folder ``out_dir/<prefix><pid>-*`` where an export writes before its files move
+    in, after removing those of exports whose process is gone (killed midway: nothing else
+    would ever delete them)."""
+    for name in os.listdir(out_dir):
+        if not name.startswith(prefix):
+            continue
+        pid = name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+    return tempfile.mkdtemp(dir=out_dir, prefix=f"{prefix}{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _k_as_input(graph_model):
     """Make the ``k`` of the step graph's TopK a graph input (``k``, int64 ``(1,)``): the
     tracer writes the Python int it saw as a constant, beam search needs ``2 x beam``."""
@@ -192,7 +215,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     max_positions = int(model.max_decoder_positions())
     V, C = len(tgt_dict), decoder.output_projection.weight.size(1)
     os.makedirs(out_dir, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=out_dir, prefix=".export-")
+    tmp = _temporary_folder(out_dir, ".export-")
     files: Dict[str, str] = {}
 
     def export(graph, args, inputs, outputs, dynamic, name, k_input=False, wrap=None):
@@ -393,7 +416,7 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
     with open(os.path.join(folder, CONFIG)) as f:
         config = json.load(f)
     os.makedirs(out_dir, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=out_dir, prefix=".int8-")
+    tmp = _temporary_folder(out_dir, ".int8-")
     graphs = set(config["graphs"].values())
     for name in os.listdir(folder):
         source = os.path.join(folder, name)
