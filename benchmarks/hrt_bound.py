@@ -8,7 +8,8 @@ depend on the weights), and each engine (``--engines lean,onnxruntime``), at eac
   sentence, so no runaway plays a part) the time of the encoder, of N AT steps (from
   ``</s>``), of N / k Skip-AT steps (from ``<s_k>``) and of one stage-II pass (N slots, the
   masks read) -- each the engine's own calls of the one search's backend contract
-  (``encode``, ``begin`` + ``step``, ``parallel``), the fastest of ``--runs`` -- and the HRT /
+  (``encode``, ``greedy_loop`` where the backend has one for the batch, else ``begin`` +
+  ``step``, ``parallel``), the fastest of ``--runs`` -- and the HRT /
   AT ratio they allow: ``(encoder + N steps) / (encoder + N/k steps + stage II)``;
 * **delivered** (a checkpoint and ``--src``): the same model decoding that text in AT mode
   (greedy) and with HRT k, source words/second (``--max-len-a`` / ``--max-len-b`` for both),
@@ -62,7 +63,7 @@ def backend_of(engine: str, model, task, threads: int):
 def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: int, k: int, runs: int) -> dict:
     """ms of the encoder, N AT steps, N / k Skip-AT steps and one stage-II pass (the fastest
     of ``runs``, round-robin), and the HRT / AT ratio they bound."""
-    from hrt_runtime.search import mask_columns
+    from hrt_runtime.search import Rules, SearchConfig, mask_columns
 
     tgt = task.target_dictionary
     vocab = backend.vocab_size
@@ -81,7 +82,16 @@ def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: i
     positions = np.broadcast_to(np.arange(1, width + 1), (bsz, width)).astype(np.int64).copy()
     select = np.flatnonzero(tokens[:, queries] == task.mask_idx)
 
+    # the greedy loop of a backend that has one (ONNX Runtime, few rows: greedy.onnx), as the
+    # search runs it: n steps, </s> banned until the last, which the rules force
+    loop_rules = {n: Rules(SearchConfig(beam=1, max_len_b=n - 1), tgt.eos(), tgt.unk(), [], rows, vocab) for n in
+                  (tgt_len, tgt_len // k)}
+    for n, rules in loop_rules.items():
+        rules.usual = rules.early = np.where(rules.early == -np.inf, -np.inf, bias).astype(np.float32)
+
     def steps(n, first):
+        if backend.greedy_loop(encoded, first, n - 1, loop_rules[n], rows) is not None:
+            return
         state = backend.begin(encoded, bsz, n + 1, first, rows)
         prev = np.full((bsz,), first, np.int64)
         for step in range(n):

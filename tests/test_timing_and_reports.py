@@ -101,7 +101,7 @@ def test_benchmarks_never_import_tests_and_edit_sys_path_only_in_the_file_shim()
 
 
 @pytest.mark.parametrize("script", ["benchmark", "shortlist_sweep", "time_split", "hrt_quality", "fault_table", "serve_load",
-                                    "runtime_stream", "step_anatomy"])
+                                    "runtime_stream", "step_anatomy", "hrt_bound"])
 def test_every_script_runs_as_a_module_and_as_a_file(script, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     as_module = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--help"], cwd=REPO, env=env,
