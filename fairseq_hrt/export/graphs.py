@@ -200,7 +200,7 @@ class GreedyLoopBody(nn.Module):
     (a run and the search's numpy work around it cost more than a small model's step).
 
     Inputs (an ONNX ``Loop`` body's): the iteration ``i`` (the step), the loop condition, then
-    the carried ``finished (N,)``, ``prev (N,)`` (the last tokens) and the past keys, values (SSRU:
+    the carried ``alive (N,)`` (rows without ``</s>`` yet), ``prev (N,)`` (the last tokens) and the past keys, values (SSRU:
     cells); the search's settings ``stride``, ``max_len``, ``min_len`` and its three biases
     (:class:`hrt_runtime.search.Rules`: ``usual``, ``early`` before ``min_len``, ``final`` at
     ``max_len``) and the encoder side are read from the loop's graph by name. Outputs: the
@@ -218,7 +218,7 @@ class GreedyLoopBody(nn.Module):
         self.layers = len(self.step.plan.layers)
         self.n_past = self.layers if self.step.recurrent else 2 * self.layers
 
-    def forward(self, i, cond, finished, prev, *rest):
+    def forward(self, i, cond, alive, prev, *rest):
         past = rest[:self.n_past]
         stride, max_len, min_len, usual, early, final, encoder_bias = rest[self.n_past:self.n_past + 7]
         enc = rest[self.n_past + 7:self.n_past + 7 + 2 * self.layers]
@@ -233,8 +233,8 @@ class GreedyLoopBody(nn.Module):
         score, token, *present = self.step(prev, position, *buckets, bias, encoder_bias, *enc, *past, *rows[:2])
         if self.restricted:
             token = rows[2].index_select(0, token)
-        finished = finished | token.eq(self.eos)
-        return (~finished.all(), finished, token, *present, score)
+        alive = alive & token.ne(self.eos)  # six operators to the condition (finished.all() takes eight)
+        return (alive.any(), alive, token, *present, score)
 
 
 class ParallelGraph(_DecoderGraph):

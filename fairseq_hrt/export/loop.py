@@ -27,12 +27,12 @@ from hrt_runtime.model import LOOP_ROWS_INPUTS, LOOP_SETTINGS as SETTINGS, loop_
 
 def body_inputs(past: Sequence[str], enc_names: Sequence[str], restricted: bool = False) -> List[str]:
     """The input names :class:`GreedyLoopBody` is traced with, in its order."""
-    return ["i", "cond", "finished", "prev", *past, *SETTINGS, *enc_names, *(LOOP_ROWS_INPUTS if restricted else ())]
+    return ["i", "cond", "alive", "prev", *past, *SETTINGS, *enc_names, *(LOOP_ROWS_INPUTS if restricted else ())]
 
 
 def greedy_loop(body_model, past: Sequence[str], present: Sequence[str], enc_names: Sequence[str]):
     """The loop graph (a ``ModelProto``) around the traced body ``body_model`` (inputs
-    :func:`body_inputs`; outputs ``cond_out``, ``finished_out``, ``token``, ``present``,
+    :func:`body_inputs`; outputs ``cond_out``, ``alive_out``, ``token``, ``present``,
     ``score``). The body's weights move to the loop's graph (where :func:`share_weights` stores
     them with every other graph's), the settings and encoder inputs become the loop graph's
     own, read by the body from the enclosing scope."""
@@ -46,15 +46,15 @@ def greedy_loop(body_model, past: Sequence[str], present: Sequence[str], enc_nam
         # the tracer drops inputs nothing reads; a Loop body takes its condition all the same
         carried.insert(1, helper.make_tensor_value_info("cond", TensorProto.BOOL, []))
     names = [value.name for value in carried]
-    if names[:4] != ["i", "cond", "finished", "prev"]:
-        raise RuntimeError(f"the traced loop body has inputs {names}, expected i, cond, finished, prev, ...")
+    if names[:4] != ["i", "cond", "alive", "prev"]:
+        raise RuntimeError(f"the traced loop body has inputs {names}, expected i, cond, alive, prev, ...")
     del body.input[:]
     body.input.extend(carried)
     initializers = list(body.initializer)
     del body.initializer[:]
     outputs = {value.name: value for value in body.output}
     body.node.append(helper.make_node("Identity", ["token"], ["token_scan"]))
-    order = [outputs["cond_out"], outputs["finished_out"], outputs["token"], *(outputs[n] for n in present)]
+    order = [outputs["cond_out"], outputs["alive_out"], outputs["token"], *(outputs[n] for n in present)]
     del body.output[:]
     body.output.extend(order)
     body.output.extend([helper.make_tensor_value_info("token_scan", TensorProto.INT64, None), outputs["score"]])
@@ -64,13 +64,11 @@ def greedy_loop(body_model, past: Sequence[str], present: Sequence[str], enc_nam
     start = helper.make_tensor_value_info("start", TensorProto.INT64, ["N"])
     nodes = [
         helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", TensorProto.INT64, [], [1])),
-        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", TensorProto.INT64, [], [0])),
         helper.make_node("Constant", [], ["go"], value=helper.make_tensor("go", TensorProto.BOOL, [], [True])),
         helper.make_node("Add", ["max_len", "one"], ["trips"]),
-        helper.make_node("Mul", ["start", "zero"], ["zeros"]),
-        helper.make_node("Cast", ["zeros"], ["not_finished"], to=TensorProto.BOOL),
-        helper.make_node("Loop", ["trips", "go", "not_finished", "start", *initial],
-                         ["last_finished", "last_token", *("last_" + n for n in present), "tokens", "scores"], body=body),
+        helper.make_node("Equal", ["start", "start"], ["alive"]),  # every row: no </s> yet
+        helper.make_node("Loop", ["trips", "go", "alive", "start", *initial],
+                         ["last_alive", "last_token", *("last_" + n for n in present), "tokens", "scores"], body=body),
     ]
     graph = helper.make_graph(
         nodes, "greedy_loop", [start, *outer_inputs, *state_inputs],
