@@ -309,7 +309,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         loop_past = ([torch.zeros(n, cell_dim) for _ in range(layers)] if recurrent
                      else [torch.zeros(n, heads, t, head_dim) for _ in range(2 * layers)])
         lengths = [torch.tensor(1), torch.tensor(10), torch.tensor(1)]  # stride, max_len, min_len
-        body_args = (torch.tensor(t), torch.tensor(True), torch.zeros(n, dtype=torch.bool),
+        body_args = (torch.tensor(t), torch.tensor(True), torch.ones(n, dtype=torch.bool),
                      torch.full((n,), tgt_dict.eos()), *loop_past, *lengths)
         row_axes = {n: ({0: "N"} if recurrent else {0: "N", 2: "t"}) for n in past}
         for restricted_rows in ((False, True) if restricted else (False,)):
