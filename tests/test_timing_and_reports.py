@@ -101,7 +101,7 @@ def test_benchmarks_never_import_tests_and_edit_sys_path_only_in_the_file_shim()
 
 
 @pytest.mark.parametrize("script", ["benchmark", "shortlist_sweep", "time_split", "hrt_quality", "fault_table", "serve_load",
-                                    "runtime_stream", "step_anatomy", "hrt_bound"])
+                                    "runtime_stream", "step_anatomy", "hrt_bound", "runtime_vs_ct2"])
 def test_every_script_runs_as_a_module_and_as_a_file(script, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     as_module = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--help"], cwd=REPO, env=env,
@@ -146,3 +146,27 @@ def test_step_anatomy_adds_up_to_the_step(exported_tiny, tmp_path):
     assert summed == pytest.approx(graph["us_total"], rel=1.0)  # prefix sessions: the same order of magnitude
     assert set(report["loop"]) == {"whole vocabulary"} and report["loop"]["whole vocabulary"]["us_per_step"] > 0
     assert "No loop over 12 rows: the folder has no greedy_restricted graph" in (tmp_path / "step_anatomy.md").read_text()
+
+
+def test_runtime_vs_ct2_runs_without_pytorch(exported_tiny, tmp_path):
+    """benchmarks/runtime_vs_ct2.py: a process that never imports PyTorch decodes the exported
+    AT and HRT folders (greedy; the HRT model in AT mode and with k = 2) at batch 1 and 2, with
+    BLEU and words/s per row and batch size."""
+    import json
+
+    pytest.importorskip("onnxruntime")
+    lines = [" ".join(f"w{(3 * i + j) % 40}" for j in range(1 + i % 7)) for i in range(6)]
+    for name in ("src", "ref"):
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "runtime_vs_ct2.py"), "--onnx", f"AT={exported_tiny['at']}",
+                           "--onnx", f"HRT={exported_tiny['hrt']}", "--src", str(tmp_path / "src"), "--raw-src",
+                           str(tmp_path / "src"), "--raw-ref", str(tmp_path / "ref"), "--batch-sizes", "1,2", "--runs", "1",
+                           "--runs-large", "1", "--max-len-b", "5", "--out-dir", str(tmp_path / "out")],
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "out" / "runtime_vs_ct2.json").read_text())
+    assert set(report["rows"]) == {"AT greedy (hrt_runtime)", "HRT AT-mode b=1 (hrt_runtime)",
+                                   "HRT k=2 b_at=1 b_nat=1 (hrt_runtime)"}
+    for row in report["rows"].values():
+        assert row["1"]["words_per_second"] > 0 and row["2"]["sentences"] == 6 and "bleu" in row
