@@ -7,7 +7,6 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from hrt_runtime.search import SearchConfig
-from fairseq_hrt.models.tied_layers import layers_are_tied
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
 from tests.test_generator import SPECIALS
 from tests.test_lean import RAGGED, assert_same_hypotheses
@@ -19,6 +18,16 @@ ARCHS = {
     "cmlm_tiny": ("--hrt-mode", "cmlm"),
 }
 TIED = ("--decoder-layers", "3", "--decoder-tie-layers")
+
+
+def layers_are_tied(decoder: torch.nn.Module) -> bool:
+    """Whether every decoder layer runs the weights of layer 0."""
+    layers = list(decoder.layers)
+    first = dict(layers[0].named_parameters())
+    return all(
+        all(param is first.get(name) for name, param in layer.named_parameters(remove_duplicate=False))
+        for layer in layers[1:]
+    )
 
 
 def count(module) -> int:

@@ -63,11 +63,6 @@ def profiled(name: str):
 # ------------------------------------------------------------------------- pure functions
 
 
-def split_heads(x: Tensor, heads: int) -> Tensor:
-    """``(N, C)`` -> ``(N, H, d)``."""
-    return x.view(x.size(0), heads, -1)
-
-
 def relative_buckets(steps: int, stride: int, window: int) -> Tensor:
     """``(steps, steps)``: row ``t`` holds the relative-key index of keys ``0..t`` seen from
     query step ``t`` when step ``j`` sits at position ``j * stride``."""

@@ -85,13 +85,3 @@ def tie_decoder_layers(decoder: nn.Module):
     decoder.tied_layers = True
     logger.info("--decoder-tie-layers: %d decoder layers share one set of weights", len(layers))
     return decoder
-
-
-def layers_are_tied(decoder: nn.Module) -> bool:
-    """Whether every decoder layer runs the weights of layer 0."""
-    layers = list(decoder.layers)
-    first = dict(layers[0].named_parameters())
-    return all(
-        all(param is first.get(name) for name, param in layer.named_parameters(remove_duplicate=False))
-        for layer in layers[1:]
-    )
