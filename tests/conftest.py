@@ -8,6 +8,8 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
+import tests.tiny_data  # noqa: E402,F401  (the fork server starts every fairseq command of the tests)
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: end-to-end test that trains tiny models (deselect with -m 'not slow')")
@@ -18,7 +20,7 @@ def trained(tmp_path_factory):
     """Tiny AT and HRT (k = 2, 3) models trained for 40 updates on the tiny corpus: their
     sentences end at different steps. ``(TinyData, {arch: checkpoint})``; the lean-engine and
     Jacobi tests share them."""
-    from tests.tiny_data import make_tiny_data, run_cli, train_args
+    from benchmarks.tiny_runs import make_tiny_data, run_cli, train_args
 
     root = tmp_path_factory.mktemp("lean_trained")
     data = make_tiny_data(root, n_train=300, n_valid=40)
@@ -34,7 +36,7 @@ def trained_ssru(tmp_path_factory):
     """Tiny SSRU students trained for 40 updates on the tiny corpus: ``at_tiny_ssru`` (one SSRU
     layer) and ``at_tiny_ssru_tied`` (two tied SSRU layers, Marian's tied student). ``(TinyData,
     {name: checkpoint}, {name: training log})``; the SSRU and tied-layer tests share them."""
-    from tests.tiny_data import make_tiny_data, run_cli, train_args
+    from benchmarks.tiny_runs import make_tiny_data, run_cli, train_args
 
     root = tmp_path_factory.mktemp("ssru_trained")
     data = make_tiny_data(root, n_train=300, n_valid=40)

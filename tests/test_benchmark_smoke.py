@@ -19,7 +19,7 @@ import pytest
 
 from benchmarks import benchmark
 from fairseq_hrt.distill import select_by_sentence_bleu, sentence_bleu_scores
-from tests.tiny_data import REPO, SHARED_MULTI30K, corpus_source, default_prefer, write_lines, write_raw_corpus
+from benchmarks.tiny_runs import REPO, SHARED_MULTI30K, corpus_source, default_prefer, write_lines, write_raw_corpus
 
 HAVE_CT2 = importlib.util.find_spec("ctranslate2") is not None
 AT_SYSTEMS = ["AT greedy", "AT beam 5"]

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from tests.tiny_data import REPO, USER_DIR, hyp_lines, make_tiny_data, run_cli
+from benchmarks.tiny_runs import REPO, USER_DIR, make_tiny_data, run_cli
+from tests.tiny_data import hyp_lines
 
 GEN = ["--user-dir", USER_DIR, "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
 

@@ -10,7 +10,8 @@ from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, make_sample, random_tiny_models
 from tests.test_generator import SPECIALS
 from tests.test_lean import RAGGED, assert_same_hypotheses
-from tests.tiny_data import hyp_lines, run_cli
+from benchmarks.tiny_runs import run_cli
+from tests.tiny_data import hyp_lines
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from tests.hrt_fixtures import build_task_and_model, make_sample
 from tests.test_generator import SENTENCES, SPECIALS, generate
-from tests.tiny_data import REPO, SRC, TGT, USER_DIR, hyp_lines, make_tiny_data, parse_logs, run_cli, train_args
+from benchmarks.tiny_runs import REPO, SRC, TGT, USER_DIR, make_tiny_data, parse_logs, run_cli, train_args
+from tests.tiny_data import hyp_lines
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -15,7 +15,8 @@ from fairseq_hrt.generation import jacobi
 from fairseq_hrt.generation.jacobi import PassRecord, ParallelGreedyGenerator
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES, decoding_choices
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
-from tests.tiny_data import hyp_lines, run_cli
+from benchmarks.tiny_runs import run_cli
+from tests.tiny_data import hyp_lines
 
 random.seed(12)
 RAGGED = [[random.randrange(0, 40) for _ in range(random.randint(0, 14))] for _ in range(20)]

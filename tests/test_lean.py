@@ -7,14 +7,15 @@ from fairseq import checkpoint_utils
 from fairseq.search import BeamSearch
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_hrt.generation import decoder_pass, lean, search_rules
+from fairseq_hrt.generation import decoder_pass, search_rules
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from hrt_runtime.search import SearchConfig
 from fairseq_hrt.modules.relative_attention import relative_bucket
 from hrt_runtime import search as numpy_search
 from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample, random_tiny_models
 from tests.test_generator import SPECIALS
-from tests.tiny_data import hyp_lines, run_cli
+from benchmarks.tiny_runs import run_cli
+from tests.tiny_data import hyp_lines
 
 random.seed(11)
 RAGGED = [[random.randrange(0, 40) for _ in range(random.randint(0, 14))] for _ in range(24)]

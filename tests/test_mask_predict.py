@@ -23,7 +23,17 @@ from fairseq.dataclass.configs import GenerationConfig
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hrt_fixtures import build_generator, build_task_and_model, make_sample  # noqa: E402
-from tests.tiny_data import SRC, TGT, USER_DIR, hyp_lines, make_tiny_data, parse_logs, run_cli, run_cli_many, train_args  # noqa: E402
+from benchmarks.tiny_runs import (  # noqa: E402
+    SRC,
+    TGT,
+    USER_DIR,
+    make_tiny_data,
+    parse_logs,
+    run_cli,
+    run_cli_many,
+    train_args,
+)
+from tests.tiny_data import hyp_lines  # noqa: E402
 
 from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, length_loss  # noqa: E402

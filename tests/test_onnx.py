@@ -244,7 +244,8 @@ def test_fairseq_transformer_variants(tmp_path, variant):
 def test_trained_models_and_fairseq_generate(trained, arch, tmp_path, monkeypatch):
     """Trained models end sentences at different steps; fairseq-generate prints the same
     hypotheses and scores with --decoder-engine onnxruntime as with lean."""
-    from tests.tiny_data import hyp_lines, run_cli
+    from benchmarks.tiny_runs import run_cli
+    from tests.tiny_data import hyp_lines
 
     monkeypatch.setenv("FAIRSEQ_HRT_ONNX_CACHE", str(tmp_path / "cache"))
     data, ckpts = trained

@@ -22,8 +22,17 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from hrt_runtime import Translator  # noqa: E402
-from tests.tiny_data import (REPO, USER_DIR, cli_env, hyp_lines, make_tiny_spm_data, read_lines, run_cli,  # noqa: E402
-                             run_cli_many, train_args)
+from benchmarks.tiny_runs import (  # noqa: E402
+    REPO,
+    USER_DIR,
+    cli_env,
+    make_tiny_spm_data,
+    read_lines,
+    run_cli,
+    run_cli_many,
+    train_args,
+)
+from tests.tiny_data import hyp_lines  # noqa: E402
 
 MAX_LEN_B = 30
 

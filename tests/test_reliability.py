@@ -20,7 +20,7 @@ import fairseq_hrt  # noqa: F401  (applies compat)
 from fairseq import checkpoint_utils
 from fairseq_hrt import compat
 from benchmarks import faults
-from tests.tiny_data import make_tiny_data, parse_logs, train_args
+from benchmarks.tiny_runs import make_tiny_data, parse_logs, train_args
 
 
 def _save(path, value=1.0):

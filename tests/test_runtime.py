@@ -25,7 +25,7 @@ pytest.importorskip("onnxruntime")
 
 from hrt_runtime import Translator  # noqa: E402
 from hrt_runtime.integrity import DamagedFolderError  # noqa: E402
-from tests.tiny_data import REPO, cli_env  # noqa: E402
+from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
 
 
 def _sentences(n, seed=0, max_words=12):

@@ -21,7 +21,7 @@ pytest.importorskip("aiohttp")
 from hrt_runtime import Translator  # noqa: E402
 from hrt_runtime.serve import BATCHER, make_app  # noqa: E402
 from tests.test_runtime import _sentences  # noqa: E402
-from tests.tiny_data import REPO, cli_env  # noqa: E402
+from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
 
 
 class Server:

@@ -9,7 +9,8 @@ from fairseq.data import Dictionary
 from fairseq_hrt import shortlist as sl
 from fairseq_hrt.symbols import add_hrt_symbols, dictionary_fingerprint
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
-from tests.tiny_data import hyp_lines, run_cli
+from benchmarks.tiny_runs import run_cli
+from tests.tiny_data import hyp_lines
 
 random.seed(5)
 RAGGED = [[random.randrange(0, 40) for _ in range(random.randint(1, 12))] for _ in range(12)]
@@ -339,7 +340,7 @@ def test_mask_predict_with_shortlist(cmlm_model, tmp_path):
 
 
 def test_builder_cli_on_binarized_and_text_data(tmp_path):
-    from tests.tiny_data import make_tiny_data
+    from benchmarks.tiny_runs import make_tiny_data
 
     data = make_tiny_data(tmp_path, n_train=60, n_valid=10, prefer="synthetic")
     out_bin, out_text = tmp_path / "bin.pt", tmp_path / "text.pt"

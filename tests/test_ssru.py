@@ -14,7 +14,8 @@ from fairseq_hrt.models.ssru_transformer import SSRUDecoderLayer, SSRUTransforme
 from fairseq_hrt.modules.ssru import SSRU, linear_recurrence
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
 from tests.test_lean import assert_same_hypotheses
-from tests.tiny_data import hyp_lines, parse_logs, run_cli
+from benchmarks.tiny_runs import parse_logs, run_cli
+from tests.tiny_data import hyp_lines
 
 random.seed(13)
 RAGGED = [[random.randrange(0, 40) for _ in range(random.randint(0, 14))] for _ in range(20)]

@@ -14,7 +14,8 @@ import pytest
 import fairseq_hrt  # noqa: F401  (applies compat)
 from fairseq_hrt import compat, text_input
 from fairseq_hrt.text_input import CONTROL, NUL, REPLACEMENT_CHARACTER, UNDECODABLE, InputTextError
-from tests.tiny_data import REPO, USER_DIR, cli_env, hyp_lines, make_tiny_spm_data, run_cli, train_args
+from benchmarks.tiny_runs import REPO, USER_DIR, cli_env, make_tiny_spm_data, run_cli, train_args
+from tests.tiny_data import hyp_lines
 
 MIXED = "Ein Mann 👨‍👩‍👧 läuft — 東京 Москва مرحبا שלום नमस्ते ½ café"
 

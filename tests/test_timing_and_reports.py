@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import measure, report_files, timing
+from benchmarks import report_files, timing
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,11 +15,10 @@ import math
 import pytest
 import torch
 
-from tests.tiny_data import (
+from benchmarks.tiny_runs import (
     SRC,
     TGT,
     USER_DIR,
-    free_port,
     make_tiny_data,
     parse_logs,
     preprocess_args,
@@ -32,6 +31,7 @@ from tests.tiny_data import (
     write_lines,
     write_raw_corpus,
 )
+from tests.tiny_data import free_port
 
 KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
 N_TRAIN = 300

@@ -1,6 +1,6 @@
-"""The tests' harness: the tiny-data setting and fairseq command lines of
-:mod:`benchmarks.tiny_runs` (shared with the fault table), with the commands forked from one
-warm process, and the helpers only tests need.
+"""The tests' harness: the fairseq commands of :mod:`benchmarks.tiny_runs` (the tiny-data
+setting the tests share with the fault table) forked from one warm process, and the helpers
+only tests need. tests/conftest.py imports it, so every test's commands run so.
 
 Every fairseq command of the tests is forked from one process that has imported torch,
 fairseq and the plugin already (:class:`WarmProcess`, installed as
@@ -21,31 +21,7 @@ import warnings
 from typing import Dict, List, Optional
 
 from benchmarks import tiny_runs
-from benchmarks.tiny_runs import (  # noqa: F401  (the tests take the whole setting from their harness)
-    REPO,
-    SHARED_MULTI30K,
-    SRC,
-    TGT,
-    USER_DIR,
-    CLIError,
-    TinyData,
-    binarize,
-    cli_env,
-    corpus_source,
-    default_prefer,
-    make_tiny_data,
-    make_tiny_spm_data,
-    parse_logs,
-    preprocess_args,
-    read_lines,
-    run_cli,
-    run_cli_many,
-    start_cli,
-    train_args,
-    wait_cli,
-    write_lines,
-    write_raw_corpus,
-)
+from benchmarks.tiny_runs import cli_env
 
 
 # what every command imports first; the forked children find it imported already
