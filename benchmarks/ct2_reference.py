@@ -20,10 +20,14 @@ layer to the same candidates (each source token's shortlist and the frequent tok
 import os
 from typing import Dict, List, Optional, Sequence
 
+from benchmarks.report_files import write_file
+
 USER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_hrt")
 
 # symbols of the hrt_translation dictionary that fairseq's decoders never output (the
-# plugin's SequenceGenerator suppresses them too)
+# plugin's SequenceGenerator suppresses them too): fairseq_hrt.symbols.hrt_symbols(), written
+# out here because this module runs in processes without PyTorch (runtime_vs_ct2.py), which
+# importing the plugin would load; tests/test_benchmark_smoke.py checks that they agree
 SPECIAL_SYMBOLS = ("<mask>",) + tuple(f"<s{k}>" for k in range(2, 9))
 
 
@@ -95,8 +99,6 @@ def convert(checkpoint: str, data_dir: str, out_dir: str, source_lang: str, targ
         checkpoint, data_dir, source_lang=source_lang, target_lang=target_lang, user_dir=USER_DIR,
         unsafe_deserialization=True,  # fairseq checkpoints pickle their configs (as compat.py allows)
     ).convert(target, force=True)
-    from benchmarks.measure import write_file
-
     write_file(stamp_file, _stamp(checkpoint))
     return target
 
@@ -163,8 +165,6 @@ def write_vmap(model_dir: str, shortlist, source_dictionary, target_dictionary) 
     loads the model; ``translate_batch(use_vmap=True)`` uses it); returns its path. The
     model's target vocabulary must be fairseq's, id for id (but ``<pad>``, which CTranslate2
     names ``<blank>``)."""
-    from benchmarks.measure import write_file
-
     symbols = list(target_dictionary.symbols)
     vocabulary = target_vocabulary(model_dir)
     if vocabulary is not None:

@@ -34,6 +34,7 @@ if not __package__:  # python benchmarks/hrt_bound.py (a file): the repository r
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.report_files import write_report  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
 
 ENGINES = ("lean", "onnxruntime")
@@ -205,7 +206,7 @@ def main(argv=None):
             rows.append(row)
             print(row, flush=True)
     text = report_text(rows, args)
-    measure.write_report(args.out, "hrt_bound", {"config": vars(args), "threads": args.threads, "rows": rows}, text)
+    write_report(args.out, "hrt_bound", {"config": vars(args), "threads": args.threads, "rows": rows}, text)
 
 
 def report_text(rows, args) -> str:

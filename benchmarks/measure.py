@@ -14,8 +14,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from benchmarks.report_files import write_file, write_report  # noqa: F401  (time_split.py and ct2_reference.py,
-#   issue 31's files, take them from here until they import benchmarks.report_files)
 from benchmarks.timing import time_runs
 
 logger = logging.getLogger("measure")

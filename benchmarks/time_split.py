@@ -40,6 +40,7 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import measure  # noqa: E402
+from benchmarks.report_files import write_report  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
 
 PARTS = ("encoder", "decoder steps", "stage II", "other")
@@ -213,7 +214,7 @@ def main(argv=None):
                 "shares, and benchmark.py for speeds)")
     text = (head + "; decoder steps: left-to-right steps (AT, HRT stage I) per batch, each over the batch's active "
             "rows; ms/step: mean time of one step\n\n" + "\n".join(table) + "\n")
-    measure.write_report(args.out_dir, "time_split", report, text)
+    write_report(args.out_dir, "time_split", report, text)
 
 
 if __name__ == "__main__":

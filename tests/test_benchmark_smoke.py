@@ -599,6 +599,15 @@ def test_time_split_parts_add_up_and_hrt_halves_the_steps(trained, tmp_path, mon
     assert report["engine"] == engine
 
 
+def test_ctranslate2_suppresses_the_plugins_special_symbols():
+    """ct2_reference.SPECIAL_SYMBOLS (written out: the module runs without PyTorch) are the
+    symbols the task adds to every dictionary."""
+    from benchmarks import ct2_reference
+    from fairseq_hrt.symbols import hrt_symbols
+
+    assert list(ct2_reference.SPECIAL_SYMBOLS) == hrt_symbols()
+
+
 def test_ctranslate2_outputs_obey_a_source_relative_maximum_length():
     """--max-len-a: CTranslate2's batches get fairseq's limit, a x the batch's longest source
     (with </s>) + b, and the outputs come back in input order."""

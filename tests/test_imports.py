@@ -81,18 +81,8 @@ def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
     return found
 
 
-# benchmarks/ct2_reference.py (issue 31's file while this was written) still takes the report
-# writer from benchmarks.measure, which imports it for the CTranslate2 rows; it is to import
-# benchmarks.report_files instead. Remove the edge here when it does (the test says so).
-PENDING = {("benchmarks.ct2_reference", "benchmarks.measure")}
-
-
 def test_no_import_cycle_function_level_imports_included():
-    graph = import_graph()
-    for module, imported in PENDING:
-        assert imported in graph[module], f"{module} no longer imports {imported}: remove it from PENDING"
-        graph[module].discard(imported)
-    assert cycles(graph) == []
+    assert cycles(import_graph()) == []
 
 
 def test_the_layer_rules_of_docs_design():

@@ -50,6 +50,10 @@ def test_an_undeclared_model_is_refused_by_name_never_taken_for_at(models):
                 ask(at)
         with pytest.raises(ValueError, match="MyTransformer is not a model family"):
             build_generator(data_dir, at)
+        from fairseq_hrt.export.exporter import check_exportable
+
+        with pytest.raises(ValueError, match="cannot export this model to ONNX: .*MyTransformer is not a model family"):
+            check_exportable(at)
     finally:
         at.__class__ = TransformerModel
 

@@ -38,7 +38,7 @@ import torch
 
 from fairseq_hrt.export.graphs import EncoderGraph, GreedyLoopBody, ParallelGraph, StepGraph
 from fairseq_hrt.export.loop import body_inputs, greedy_loop
-from fairseq_hrt.models.kinds import AT, HRT, MASK_PREDICT, model_kind, unwrap
+from fairseq_hrt.models.kinds import family_of, unwrap
 from hrt_runtime.model import FORMAT, VERSION  # the runtime reads what this writes: defined once
 
 logger = logging.getLogger(__name__)
@@ -52,11 +52,11 @@ def unsupported(model) -> List[str]:
     from fairseq_hrt.generation.decoder_pass import DecoderPass, unplanned_modules
 
     model = unwrap(model)
-    kind = model_kind(model)
+    try:
+        family_of(model)  # an undeclared model class is refused by name
+    except ValueError as e:
+        return [str(e)]
     reasons = []
-    if kind not in (AT, HRT, MASK_PREDICT):
-        reasons.append(f"a {type(model).__name__} (AT, HRT and Mask-Predict models are exported)")
-        return reasons
     decoder = model.decoder
     unknown = unplanned_modules(decoder, "decoder") + unplanned_modules(model.encoder, "encoder")
     if unknown:
@@ -204,7 +204,8 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     for module in model.modules():
         module.training = False
     decoder = model.decoder
-    kind = model_kind(model)
+    family = family_of(model)  # what it is decides the graphs: left to right, non-causal, a length predictor
+    kind = family.kind
     tgt_dict, src_dict = task.target_dictionary, task.source_dictionary
     from fairseq_hrt.generation.decoder_pass import decoder_pass
     from fairseq_hrt.generation.search_rules import banned_symbols
@@ -250,7 +251,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     src = torch.full((B, S), src_dict.unk())
     src[:, -1] = src_dict.eos()
     src[1, :2] = src_dict.pad()
-    length = kind == MASK_PREDICT  # the encoder graph ends in the length predictor's log-probabilities too
+    length = family.length_predictor  # the encoder graph ends in the length predictor's log-probabilities too
     with torch.no_grad():
         encoder_outputs = EncoderGraph(model, length=length)(src)
     bias, enc_kv = encoder_outputs[0], list(encoder_outputs[1:1 + 2 * layers])
@@ -284,14 +285,14 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
                     **{n: ({0: "N"} if recurrent else {0: "N", 2: "t1"}) for n in present}, **rows_dyn}
         if window == 0:
             del step_dyn["buckets"]
-        if kind != MASK_PREDICT:  # left to right: AT, HRT's AT mode and Skip-AT
+        if family.left_to_right:  # AT, HRT's AT mode and Skip-AT
             export(StepGraph(model, max_positions, top=1, restricted=restricted_rows), step_args, step_in,
                    ["score", "token", *present], {**step_dyn, "score": {0: "N"}, "token": {0: "N"}}, f"step{suffix}.onnx")
             export(StepGraph(model, max_positions, top=4, restricted=restricted_rows), step_args, step_in,
                    ["top_scores", "top_rows", *present],
                    {**step_dyn, "top_scores": {0: "N", 1: "K"}, "top_rows": {0: "N", 1: "K"}}, f"step_top{suffix}.onnx",
                    k_input=True)
-        if kind in (HRT, MASK_PREDICT):  # non-causal: stage II, Mask-Predict's passes
+        if family.non_causal:  # stage II, Mask-Predict's passes
             T = 6
             queries = torch.arange(0, T, 2)
             par_args = (torch.full((B, T), tgt_dict.unk()), torch.arange(1, T + 1).expand(B, T).contiguous(), queries,
@@ -304,7 +305,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
                     "encoder_bias": {0: "B", 3: "S"}, **{n: {0: "B", 2: "S"} for n in enc_names},
                     "score": {0: "M"}, "token": {0: "M"}, **rows_dyn}, f"parallel{suffix}.onnx")
 
-    if kind != MASK_PREDICT:  # the greedy search (AT, AT mode, Skip-AT) as one run: export/loop.py
+    if family.left_to_right:  # the greedy search (AT, AT mode, Skip-AT) as one run: export/loop.py
         n = 2 * B
         loop_past = ([torch.zeros(n, cell_dim) for _ in range(layers)] if recurrent
                      else [torch.zeros(n, heads, t, head_dim) for _ in range(2 * layers)])
@@ -361,7 +362,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         "source_eos": src_dict.eos(), "source_pad": src_dict.pad(), "source_unk": src_dict.unk(),
         "mask": getattr(task, "mask_idx", None),
         "chunk_start": {str(k): v for k, v in chunk_start.items()},
-        "trained_chunk_sizes": sorted(int(k) for k in model.get_trained_chunk_sizes()) if kind == HRT else [],
+        "trained_chunk_sizes": sorted(int(k) for k in model.get_trained_chunk_sizes()) if family.chunk_sizes else [],
         "banned": banned_symbols(task, model),
         "source_lang": src_lang,
         "target_lang": tgt_lang,
