@@ -34,10 +34,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-# the decoders' side of a shortlist (they import it without importing this module, which
-# ``python -m fairseq_hrt.shortlist`` runs as a script); re-exported here for convenience
-from fairseq_hrt.generation.output_vocab import OutputVocabulary, output_rows, positions_in  # noqa: F401
-
 logger = logging.getLogger(__name__)
 
 FILE_FORMAT = "fairseq-hrt-shortlist"

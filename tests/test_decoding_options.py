@@ -3,6 +3,7 @@ registries, the search rules and banned symbols have one home, quantization happ
 time: the structure the generators are built on."""
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,8 +12,8 @@ from fairseq_hrt.generation import strategies
 from fairseq_hrt.generation.engines import ENGINES, register_engine
 from fairseq_hrt.generation.lean import LeanEngine
 from fairseq_hrt.generation.options import DecodingOptions
+from hrt_runtime.model import OutputRows
 from hrt_runtime.search import SearchConfig
-from fairseq_hrt.generation.output_vocab import OutputVocabulary
 from fairseq_hrt.generation.quantize import is_quantized
 from fairseq_hrt.generation.search_rules import SearchRules, banned_symbols
 from fairseq_hrt.models.kinds import AT, HRT, MASK_PREDICT, model_kind
@@ -114,9 +115,9 @@ def test_search_rules_one_step_for_every_row_or_one_per_slot(models):
     # over a shortlist's rows the choice is the same token when the best one is a candidate
     rules = SearchRules(SearchConfig(beam=1), d)
     best = rules.greedy(logits, 1, 5)[1]
-    out = OutputVocabulary(torch.unique(torch.cat([best, torch.tensor([d.eos(), d.unk()])])), len(d), d.eos(), d.unk())
-    restricted = rules.greedy(logits.index_select(1, out.ids), 1, 5, out)[1]
-    assert torch.equal(out.to_full(restricted), best)
+    rows = OutputRows(np.unique(np.concatenate([best.numpy(), [d.eos(), d.unk()]])).astype(np.int64))
+    restricted = rules.greedy(logits.index_select(1, torch.from_numpy(rows.ids)), 1, 5, rows)[1]
+    assert np.array_equal(rows.to_full(restricted.numpy()), best.numpy())
 
 
 def test_an_engine_registers_and_is_picked_by_name(models, monkeypatch):

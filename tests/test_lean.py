@@ -7,7 +7,7 @@ from fairseq import checkpoint_utils
 from fairseq.search import BeamSearch
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_hrt.generation import decoder_pass, search_rules
+from fairseq_hrt.generation import decoder_pass
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from hrt_runtime.search import SearchConfig
 from fairseq_hrt.modules.relative_attention import relative_bucket
@@ -179,15 +179,6 @@ def test_fairseq_generate_same_output_with_both_engines(trained):
               "--user-dir", "fairseq_hrt", "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
     outs = {e: run_cli(common + ["--beam", "4", "--decoder-engine", e]).stdout for e in ("lean", "fairseq")}
     assert hyp_lines(outs["lean"]) == hyp_lines(outs["fairseq"]) and len(hyp_lines(outs["lean"])) == 40
-
-
-def test_greedy_choice_skips_banned_maxima():
-    logits = torch.tensor([[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 1.0, 2.0], [0.5, 0.5, 4.0, 0.0]])
-    banned = torch.tensor([False, True, False, False])
-    lprobs = torch.log_softmax(logits, dim=1)
-    score, token = search_rules.greedy_choice(logits, banned)
-    assert token.tolist() == [3, 0, 2]  # row 0's maximum (token 1) is banned
-    assert torch.allclose(score, lprobs.gather(1, token.unsqueeze(1)).squeeze(1), atol=1e-6)
 
 
 TINY_TRANSFORMER = ("--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",

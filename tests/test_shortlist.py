@@ -163,15 +163,6 @@ def test_file_round_trip_and_bad_files(tmp_path):
         sl.Shortlist.load(str(tmp_path / "other.pt"))
 
 
-def test_output_vocabulary_maps_rows_and_ids():
-    out = sl.OutputVocabulary(torch.tensor([0, 2, 5, 9]), 12, eos=2, unk=3)
-    assert out.size == 4 and out.eos == 1 and out.unk is None
-    assert out.positions(torch.tensor([9, 3, 0])).tolist() == [3, 0]
-    assert out.to_full(torch.tensor([[3, 1]])).tolist() == [[9, 2]]
-    with pytest.raises(ValueError, match="lack </s>"):
-        sl.OutputVocabulary(torch.tensor([0, 5]), 12, eos=2, unk=3)
-
-
 # ------------------------------------------------------------------------- decoding
 
 

@@ -2,7 +2,7 @@
 (:mod:`fairseq_hrt.shortlist`): mapping between row indices and vocabulary ids, and the
 rows of an output projection."""
 import math
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -35,44 +35,6 @@ def positions_in(ids: Tensor, tokens: Tensor) -> Tensor:
     tokens = tokens.to(ids.device)
     i = torch.searchsorted(ids, tokens).clamp_(max=ids.numel() - 1)
     return i[ids[i].eq(tokens)]
-
-
-class OutputVocabulary:
-    """The output-layer rows one batch decodes over (``ids``, sorted; ``None`` = all of them)
-    and where the symbols the search treats specially sit among them."""
-
-    def __init__(self, ids: Optional[Tensor], size: int, eos: int, unk: int):
-        self.ids = ids
-        self.size = size if ids is None else ids.numel()
-        self._memo: Dict = {}
-        if ids is None:
-            self.eos, self.unk = eos, unk
-        else:
-            self.eos = self.position(eos)
-            if self.eos is None:
-                raise ValueError("the shortlist's candidates lack </s>")
-            self.unk = self.position(unk)
-
-    def position(self, token: int) -> Optional[int]:
-        """Index of ``token`` among the rows, ``None`` if it is not one of them."""
-        if self.ids is None:
-            return token
-        i = int(torch.searchsorted(self.ids, torch.tensor(token, device=self.ids.device)))
-        return i if i < self.ids.numel() and int(self.ids[i]) == token else None
-
-    def positions(self, tokens: Tensor) -> Tensor:
-        """Indices of those of ``tokens`` that are among the rows."""
-        return tokens if self.ids is None else positions_in(self.ids, tokens)
-
-    def memo(self, key, compute):
-        """``compute()``, once per ``key`` for these rows (tables the search reuses every step)."""
-        if key not in self._memo:
-            self._memo[key] = compute()
-        return self._memo[key]
-
-    def to_full(self, index: Tensor) -> Tensor:
-        """Row indices -> vocabulary ids."""
-        return index if self.ids is None else self.ids[index]
 
 
 class OutputLayer:

@@ -1,23 +1,20 @@
 """The rules every search of this plugin obeys, in one place.
 
 * :func:`banned_symbols`: the symbols a model's hypotheses never contain.
-* :class:`SearchRules`: fairseq's rules of left-to-right search applied to one step's logits
-  (temperature, banned symbols, ``</s>`` banned before ``--min-len`` and forced at the maximum
-  length, ``--unkpen``), for the lean engine's greedy and beam search and for Jacobi
-  decoding's slots; scores are log-probabilities of the chosen tokens.
-
-The rules are applied on logits before normalising: banning and forcing commute with the
-log-softmax, so only the chosen tokens are normalised (one log-sum-exp per row).
+* :class:`SearchRules`: the one search's rules (:mod:`hrt_runtime.search`: temperature, banned
+  symbols, ``</s>`` banned before ``--min-len`` and forced at the maximum length, ``--unkpen``,
+  as three additive biases) on torch logits whose rows may each be at their own step, for
+  Jacobi decoding's slots; scores are log-probabilities of the chosen tokens.
 """
-import math
 from typing import Dict, List, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from hrt_runtime.search import SearchConfig
-from fairseq_hrt.generation.output_vocab import OutputVocabulary
 from fairseq_hrt.models.kinds import ModelFamily, family_of
+from hrt_runtime.model import OutputRows
+from hrt_runtime.search import SearchConfig, rules_of
 
 
 def banned_symbols(task, model) -> List[int]:
@@ -39,29 +36,15 @@ def banned_symbols_of(family: ModelFamily, tgt_dict, mask: int, chunk_start: Dic
     return sorted(banned)
 
 
-def greedy_choice(logits: Tensor, banned: Tensor):
-    """``(log-probability, token)`` of the best allowed token of every row of ``logits``.
-
-    One pass finds the row maximum, which serves both as the argmax and as the shift of the
-    log-sum-exp; only rows whose maximum is a ``banned`` (``(V,)`` bool) symbol -- rare --
-    are searched again with the banned symbols masked.
-    """
-    row_max, token = logits.max(dim=1)
-    log_norm = row_max + (logits - row_max.unsqueeze(1)).exp_().sum(dim=1).log_()
-    best = row_max
-    redo = banned[token]
-    if bool(redo.any()):
-        rows = redo.nonzero().view(-1)
-        masked = logits.index_select(0, rows).masked_fill_(banned, -math.inf)
-        best_redo, token_redo = masked.max(dim=1)
-        best, token = best.index_copy(0, rows, best_redo), token.index_copy(0, rows, token_redo)
-    return best - log_norm, token
-
-
 class SearchRules:
-    """fairseq's search rules for one target dictionary. ``banned``: symbols never generated
-    (:func:`banned_symbols`; ``<pad>`` is added). Columns of the logits are the rows of an
-    :class:`OutputVocabulary` (all of the vocabulary, or a shortlist's candidates)."""
+    """The one search's rules (:func:`hrt_runtime.search.rules_of`: the usual bias, the one
+    before ``--min-len`` with ``</s>`` banned too, the one at the maximum length that leaves
+    only ``</s>``; ``--unkpen`` and the banned symbols in them) on a step's torch logits, where
+    every row may be at its own step: Jacobi decoding's slots. The choice is the lean
+    engine's (:meth:`~fairseq_hrt.generation.lean.TorchBackend.step`): the best of ``logits +
+    bias``, scored by its log-softmax. ``banned``: symbols never generated (``<pad>`` is
+    added); ``rows``: the output rows the logits' columns are (default all, or a shortlist's
+    :class:`hrt_runtime.model.OutputRows`)."""
 
     def __init__(self, options: SearchConfig, tgt_dict, banned: Sequence[int] = (), temperature: float = 1.0):
         if temperature <= 0:
@@ -70,9 +53,8 @@ class SearchRules:
         self.temperature = temperature
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
         self.vocab_size = len(tgt_dict)
-        self.banned = torch.tensor(sorted(set(banned) | {self.pad}), dtype=torch.long)
-        self.banned_with_eos = torch.tensor(sorted(set(banned) | {self.pad, self.eos}), dtype=torch.long)
-        self.full_vocab = OutputVocabulary(None, self.vocab_size, self.eos, self.unk)
+        self.banned = sorted(set(banned) | {self.pad})
+        self._tables: Dict = {}
 
     def logits(self, raw: Tensor) -> Tensor:
         """A step's logits as float, divided by ``--temperature``."""
@@ -80,55 +62,26 @@ class SearchRules:
             raw = raw / self.temperature
         return raw.float()
 
-    def banned_table(self, early: bool, device, out: OutputVocabulary) -> Tensor:
-        """``(V,)`` bool over the rows of ``out``: the symbols banned (``</s>`` too when
-        ``early``, before --min-len)."""
+    def table(self, rows: OutputRows, device) -> Tensor:
+        """``(3, V)``: the usual, early and final biases over ``rows`` (made once per rows and device)."""
+        key = (None if rows.ids is None else rows.ids.tobytes(), str(device))
+        found = self._tables.get(key)
+        if found is None:
+            size = self.vocab_size if rows.ids is None else rows.ids.size
+            rules = rules_of(self.options, self.eos, self.unk, self.banned, rows, size)
+            if len(self._tables) > 16:
+                self._tables.clear()
+            found = self._tables[key] = torch.from_numpy(np.stack([rules.usual, rules.early, rules.final])).to(device)
+        return found
 
-        def table():
-            full = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
-            full[(self.banned_with_eos if early else self.banned).to(device)] = True
-            return full if out.ids is None else full[out.ids.to(device)]
-
-        return out.memo(("table", early, device), table)
-
-    def masked(self, logits: Tensor, step: int, max_len: int, out: OutputVocabulary) -> Tensor:
-        """The logits that may be chosen at ``step``, the others at ``-inf``."""
-        if step >= max_len:
-            only_eos = torch.full_like(logits, -math.inf)
-            only_eos[:, out.eos] = logits[:, out.eos]
-            return only_eos
-        return self._allowed(logits, step < self.options.min_len, out)
-
-    def _allowed(self, logits: Tensor, early: bool, out: OutputVocabulary) -> Tensor:
-        """``logits`` with the banned symbols at ``-inf`` (``</s>`` too when ``early``) and
-        ``--unkpen`` taken off ``<unk>``."""
-        banned = out.memo(("banned", early, logits.device),
-                          lambda: out.positions((self.banned_with_eos if early else self.banned).to(logits.device)))
-        masked = logits.index_fill(1, banned, -math.inf)
-        if self.options.unk_penalty and out.unk is not None:
-            masked[:, out.unk] -= self.options.unk_penalty
-        return masked
-
-    def greedy(self, logits: Tensor, steps: Union[int, Tensor], max_len: int,
-               out: Optional[OutputVocabulary] = None):
-        """``(log-probability, row of out)`` of greedy's choice in every row of ``logits``
+    def greedy(self, logits: Tensor, steps: Union[int, Tensor], max_len: int, rows: Optional[OutputRows] = None):
+        """``(log-probability, row of rows)`` of greedy's choice in every row of ``logits``
         (float, after :meth:`logits`). ``steps``: the step of every row (an int: all rows)."""
-        out = out or self.full_vocab
-        if isinstance(steps, int):
-            if steps < max_len and not self.options.unk_penalty:  # the common case: one pass
-                return greedy_choice(logits, self.banned_table(steps < self.options.min_len, logits.device, out))
-            best, token = self.masked(logits, steps, max_len, out).max(dim=1)
-            return best - torch.logsumexp(logits, dim=1), token
-        early = steps < self.options.min_len
-        at_max = steps >= max_len
-        if not self.options.unk_penalty and not bool(early.any()) and not bool(at_max.any()):
-            return greedy_choice(logits, self.banned_table(False, logits.device, out))
-        masked = self._allowed(logits, False, out)
-        if bool(early.any()):
-            masked[early, out.eos] = -math.inf
-        if bool(at_max.any()):
-            eos_logit = logits[at_max, out.eos]
-            masked[at_max] = -math.inf
-            masked[at_max, out.eos] = eos_logit
-        best, token = masked.max(dim=1)
-        return best - torch.logsumexp(logits, dim=1), token
+        table = self.table(rows or OutputRows(None), logits.device)
+        if isinstance(steps, int):  # Rules.bias
+            bias = table[2 if steps >= max_len else 1 if steps < self.options.min_len else 0]
+        else:
+            which = torch.where(steps >= max_len, 2, torch.where(steps < self.options.min_len, 1, 0))
+            bias = table.index_select(0, which.to(logits.device))
+        best, row = (logits + bias).max(dim=1)
+        return best - torch.logsumexp(logits, dim=1), row
