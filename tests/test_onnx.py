@@ -52,10 +52,9 @@ SHORTLIST_CASES = [
 ]
 
 
-@pytest.mark.parametrize("which,flags", SHORTLIST_CASES, ids=lambda v: v if isinstance(v, str) else " ".join(v))
-def test_onnxruntime_with_a_shortlist_equals_lean(random_models, tmp_path, which, flags):
-    """--shortlist: ONNX Runtime scores the batch's candidate rows only, as the lean engine
-    does: the same hypotheses and scores, with a shortlist that changes the output."""
+def with_a_shortlist(random_models, tmp_path, which, flags):
+    """``(task, model, lean, onnxruntime)``: generators of one model restricted to a shortlist
+    that changes its output."""
     from tests.test_shortlist import shortlist_file
 
     data_dir, task, hrt, at = random_models
@@ -64,7 +63,23 @@ def test_onnxruntime_with_a_shortlist_equals_lean(random_models, tmp_path, which
     _, ref = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path)
     _, ours = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path,
                               "--decoder-engine", "onnxruntime")
-    _, unrestricted = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--decoder-engine", "onnxruntime")
+    return task, model, ref, ours
+
+
+def record_loops(runtime) -> list:
+    """The results of ``runtime.greedy_loop`` from now on (``None``: the search made its own steps)."""
+    results = []
+    real = runtime.greedy_loop
+    runtime.greedy_loop = lambda *a: results.append(real(*a)) or results[-1]
+    return results
+
+
+@pytest.mark.parametrize("which,flags", SHORTLIST_CASES, ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_onnxruntime_with_a_shortlist_equals_lean(random_models, tmp_path, which, flags):
+    """--shortlist: ONNX Runtime scores the batch's candidate rows only, as the lean engine
+    does: the same hypotheses and scores, with a shortlist that changes the output."""
+    task, model, ref, ours = with_a_shortlist(random_models, tmp_path, which, flags)
+    _, unrestricted = build_generator(random_models[0], model, "--max-len-b", "12", *flags, "--decoder-engine", "onnxruntime")
     changed = 0
     for sentences in (RAGGED[:1], RAGGED[1:4], RAGGED):
         sample = make_sample(task, sentences)
@@ -300,10 +315,7 @@ def test_the_greedy_loop_equals_lean(random_models, which, flags):
     model = hrt if which == "hrt" else at
     _, ref = build_generator(data_dir, model, "--max-len-b", "12", *flags)
     _, ours = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--decoder-engine", "onnxruntime")
-    runtime = ours.runtime
-    looped = []
-    real = runtime.greedy_loop
-    runtime.greedy_loop = lambda *a: looped.append(real(*a)) or looped[-1]
+    looped = record_loops(ours.runtime)
     for sentences in ([RAGGED[0]], [RAGGED[3]], RAGGED[1:3], RAGGED[4:6], [[]]):
         sample = make_sample(task, sentences)
         assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
@@ -315,17 +327,8 @@ def test_the_greedy_loop_equals_lean(random_models, which, flags):
 def test_the_greedy_loop_over_a_shortlists_rows_equals_lean(random_models, tmp_path, which, flags):
     """greedy_restricted.onnx: the loop over a batch's candidate rows (the row chosen is mapped
     to its id inside the loop, where the next step embeds it and ``</s>`` is tested)."""
-    from tests.test_shortlist import shortlist_file
-
-    data_dir, task, hrt, at = random_models
-    model = hrt if which == "hrt" else at
-    path = shortlist_file(task, tmp_path / "s.pt", keep_per_source=2, always=[task.target_dictionary.index("w0")])
-    _, ref = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path)
-    _, ours = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path,
-                              "--decoder-engine", "onnxruntime")
-    looped = []
-    real = ours.runtime.greedy_loop
-    ours.runtime.greedy_loop = lambda *a: looped.append(real(*a)) or looped[-1]
+    task, model, ref, ours = with_a_shortlist(random_models, tmp_path, which, flags)
+    looped = record_loops(ours.runtime)
     for sentences in ([RAGGED[0]], RAGGED[1:3], [RAGGED[5]]):
         sample = make_sample(task, sentences)
         assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
@@ -340,9 +343,7 @@ def test_the_greedy_loop_serves_few_rows_only(random_models):
     data_dir, task, hrt, at = random_models
     _, ours = build_generator(data_dir, at, "--max-len-b", "12", "--beam", "1", "--decoder-engine", "onnxruntime")
     runtime = ours.runtime
-    calls = []
-    real = runtime.greedy_loop
-    runtime.greedy_loop = lambda *a: calls.append(real(*a)) or calls[-1]
+    calls = record_loops(runtime)
     ours.generate([at], make_sample(task, RAGGED[:LOOP_ROWS + 1]))
     assert calls == [None]
     graphs = dict(runtime.config["graphs"])
