@@ -2,11 +2,12 @@
 """The deployed runtime (``hrt_runtime``: ONNX Runtime, no PyTorch) against CTranslate2, in one
 process without PyTorch.
 
-``benchmark.py`` measures every engine through fairseq, in a process where PyTorch runs; there
-CTranslate2's OpenMP threads slow down several times on 2 threads (2 threads, batch 1, `mini`
-AT: 1.18 ms a sentence alone, 4.8 ms after PyTorch's first parallel operation, 3.5 ms with
-``OMP_WAIT_POLICY=PASSIVE``). This process imports neither PyTorch nor fairseq, so every thread
-count is measured as a user deploying either runtime would see it.
+``benchmark.py`` measures every engine through fairseq, in a process where PyTorch runs, and
+CTranslate2's OpenMP threads are sensitive to other thread pools in their process (2 threads,
+batch 1, `mini` AT, the other core busy: 1.18 ms a sentence alone, 4.8 ms after a PyTorch
+operation, 3.5 ms with ``OMP_WAIT_POLICY=PASSIVE``). This process imports neither PyTorch nor
+fairseq: each runtime is measured as a user deploying it would run it. (Run CTranslate2's rows
+alone, without ``--onnx``, to see it without ONNX Runtime's threads too.)
 
 Rows:
 
