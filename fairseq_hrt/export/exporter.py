@@ -266,6 +266,12 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     r = min(16, V)  # an example shortlist's rows
     out_rows = [decoder.output_projection.weight[:r].clone(), torch.zeros(r)]
     rows_kv = [x.repeat_interleave(2, dim=0) for x in (bias, *enc_kv)]  # step graphs: one row per hypothesis
+    # what the step graphs and the greedy loop share: their past state and its axes, the encoder side's axes
+    caches = ([torch.zeros(2 * B, cell_dim) for _ in range(layers)] if recurrent
+              else [torch.zeros(2 * B, heads, t, head_dim) for _ in range(2 * layers)])
+    state_axes = {**{n: ({0: "N"} if recurrent else {0: "N", 2: "t"}) for n in past},
+                  **{n: ({0: "N"} if recurrent else {0: "N", 2: "t1"}) for n in present}}
+    encoder_axes = {"encoder_bias": {0: "N", 3: "S"}, **{n: {0: "N", 2: "S"} for n in enc_names}}
     for restricted_rows in ((False, True) if restricted else (False,)):
         suffix = "_restricted" if restricted_rows else ""
         rows_in = ["out_weight", "out_bias"] if restricted_rows else []
@@ -275,14 +281,10 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         relative_in = ["buckets"] if window > 0 else []
         relative_args = [torch.arange(t + 1).clamp(max=2 * window)] if window > 0 else []
         step_in = ["tokens", "position", *relative_in, "logit_bias", "encoder_bias", *enc_names, *past, *rows_in]
-        caches = ([torch.zeros(2 * B, cell_dim) for _ in range(layers)] if recurrent
-                  else [torch.zeros(2 * B, heads, t, head_dim) for _ in range(2 * layers)])
         step_args = (torch.full((2 * B,), tgt_dict.eos()), torch.tensor([t]), *relative_args, bias_arg, *rows_kv, *caches,
                      *rows_args)
-        step_dyn = {"tokens": {0: "N"}, "buckets": {0: "t1"}, "logit_bias": {0: "V"}, "encoder_bias": {0: "N", 3: "S"},
-                    **{n: {0: "N", 2: "S"} for n in enc_names},
-                    **{n: ({0: "N"} if recurrent else {0: "N", 2: "t"}) for n in past},
-                    **{n: ({0: "N"} if recurrent else {0: "N", 2: "t1"}) for n in present}, **rows_dyn}
+        step_dyn = {"tokens": {0: "N"}, "buckets": {0: "t1"}, "logit_bias": {0: "V"}, **encoder_axes, **state_axes,
+                    **rows_dyn}
         if window == 0:
             del step_dyn["buckets"]
         if family.left_to_right:  # AT, HRT's AT mode and Skip-AT
@@ -306,24 +308,19 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
                     "score": {0: "M"}, "token": {0: "M"}, **rows_dyn}, f"parallel{suffix}.onnx")
 
     if family.left_to_right:  # the greedy search (AT, AT mode, Skip-AT) as one run: export/loop.py
-        n = 2 * B
-        loop_past = ([torch.zeros(n, cell_dim) for _ in range(layers)] if recurrent
-                     else [torch.zeros(n, heads, t, head_dim) for _ in range(2 * layers)])
         lengths = [torch.tensor(1), torch.tensor(10), torch.tensor(1)]  # stride, max_len, min_len
-        body_args = (torch.tensor(t), torch.tensor(True), torch.ones(n, dtype=torch.bool),
-                     torch.full((n,), tgt_dict.eos()), *loop_past, *lengths)
-        row_axes = {n: ({0: "N"} if recurrent else {0: "N", 2: "t"}) for n in past}
+        body_args = (torch.tensor(t), torch.tensor(True), torch.ones(2 * B, dtype=torch.bool),
+                     torch.full((2 * B,), tgt_dict.eos()), *caches, *lengths)
+        loop_axes = {"alive": {0: "N"}, "prev": {0: "N"}, "alive_out": {0: "N"}, "token": {0: "N"}, "score": {0: "N"},
+                     **encoder_axes, **state_axes}
         for restricted_rows in ((False, True) if restricted else (False,)):
             rows_args, bias_arg = ((out_rows + [torch.arange(r)], logit_bias[:r]) if restricted_rows else ([], logit_bias))
+            rows_dyn = {name: {0: "V"} for name in ("usual_bias", "early_bias", "final_bias", "out_weight", "out_bias",
+                                                    "out_ids")} if restricted_rows else {}
             export(GreedyLoopBody(model, max_positions, tgt_dict.eos(), restricted=restricted_rows),
                    (*body_args, bias_arg, bias_arg, bias_arg, *rows_kv, *rows_args),
                    body_inputs(past, enc_names, restricted_rows),
-                   ["cond_out", "alive_out", "token", *present, "score"],
-                   {"alive": {0: "N"}, "prev": {0: "N"}, **row_axes, "encoder_bias": {0: "N", 3: "S"},
-                    **{n: {0: "N", 2: "S"} for n in enc_names}, "alive_out": {0: "N"}, "token": {0: "N"},
-                    **{n: ({0: "N"} if recurrent else {0: "N", 2: "t1"}) for n in present}, "score": {0: "N"},
-                    **({"usual_bias": {0: "V"}, "early_bias": {0: "V"}, "final_bias": {0: "V"}, "out_weight": {0: "V"},
-                        "out_bias": {0: "V"}, "out_ids": {0: "V"}} if restricted_rows else {})},
+                   ["cond_out", "alive_out", "token", *present, "score"], {**loop_axes, **rows_dyn},
                    "greedy_restricted.onnx" if restricted_rows else "greedy.onnx",
                    wrap=lambda body: greedy_loop(body, past, present, enc_names))
 
