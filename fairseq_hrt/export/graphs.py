@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq_hrt.generation.decoder_pass import DecoderPass, StepPlan, attention, decoder_pass, layer_forward, ssru_step
+from fairseq_hrt.generation.search_rules import bias_at
 from fairseq_hrt.modules.relative_attention import relative_bucket
 
 
@@ -225,7 +226,7 @@ class GreedyLoopBody(nn.Module):
         # restricted: the output rows' weight, bias and ids (a row's token is its id)
         rows = rest[self.n_past + 7 + 2 * self.layers:]
         position = (i * stride).reshape(1)
-        bias = torch.where(i >= max_len, final, torch.where(i < min_len, early, usual))
+        bias = bias_at(i, max_len, min_len, usual, early, final)
         buckets = []
         if self.window > 0:  # hrt_runtime.model.ExportedModel.buckets
             keys = torch.arange(i + 1, dtype=torch.int64)

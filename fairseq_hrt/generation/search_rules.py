@@ -36,6 +36,13 @@ def banned_symbols_of(family: ModelFamily, tgt_dict, mask: int, chunk_start: Dic
     return sorted(banned)
 
 
+def bias_at(steps: Tensor, max_len, min_len, usual: Tensor, early: Tensor, final: Tensor) -> Tensor:
+    """:meth:`hrt_runtime.search.Rules.bias` in torch, for a step (a scalar: ``(V,)``; ``(N,
+    1)``: ``(N, V)``) that may be a traced value: ``final`` at ``max_len`` and after, ``early``
+    before ``min_len``, else ``usual`` (Jacobi decoding's slots, the exported greedy loop)."""
+    return torch.where(steps >= max_len, final, torch.where(steps < min_len, early, usual))
+
+
 class SearchRules:
     """The one search's rules (:func:`hrt_runtime.search.rules_of`: the usual bias, the one
     before ``--min-len`` with ``</s>`` banned too, the one at the maximum length that leaves
@@ -77,11 +84,8 @@ class SearchRules:
     def greedy(self, logits: Tensor, steps: Union[int, Tensor], max_len: int, rows: Optional[OutputRows] = None):
         """``(log-probability, row of rows)`` of greedy's choice in every row of ``logits``
         (float, after :meth:`logits`). ``steps``: the step of every row (an int: all rows)."""
-        table = self.table(rows or OutputRows(None), logits.device)
-        if isinstance(steps, int):  # Rules.bias
-            bias = table[2 if steps >= max_len else 1 if steps < self.options.min_len else 0]
-        else:
-            which = torch.where(steps >= max_len, 2, torch.where(steps < self.options.min_len, 1, 0))
-            bias = table.index_select(0, which.to(logits.device))
+        usual, early, final = self.table(rows or OutputRows(None), logits.device)
+        steps = torch.as_tensor(steps, device=logits.device)
+        bias = bias_at(steps.unsqueeze(-1), max_len, self.options.min_len, usual, early, final)
         best, row = (logits + bias).max(dim=1)
         return best - torch.logsumexp(logits, dim=1), row
