@@ -77,32 +77,22 @@ def source_ids(model, length: int) -> np.ndarray:
 def loop_step_cost(model, source: np.ndarray, short: int, long: int, calls: int, repeats: int,
                    rows: Optional[np.ndarray] = None) -> Dict[str, float]:
     """us per step of the greedy loop (``greedy.onnx``, or ``greedy_restricted.onnx`` over
-    ``rows``): two runs of ``short`` and ``long`` forced steps, the difference per step."""
-    from hrt_runtime.model import loop_state_name
+    ``rows``), called as the search calls it (``ExportedModel.greedy_loop``): two runs of
+    ``short`` and ``long`` forced steps, the difference per step."""
     from hrt_runtime.search import Rules, SearchConfig
 
     encoded = model.encode(source)
     out_rows = model.rows(rows)
     size = model.vocab_size if rows is None else rows.size
-    graph = "greedy" if rows is None else "greedy_restricted"
-    run = model.runner(graph)
 
-    def feeds(steps: int):
+    def run(steps: int):
         rules = Rules(SearchConfig(beam=1, max_len_b=steps - 1), model.eos, model.unk, model.config["banned"], out_rows, size)
-        usual = rules.usual.copy()
-        usual[out_rows.position(model.eos)] = -np.inf  # the loop runs to its last step, which forces </s>
-        f = {"start": np.full(1, model.eos, np.int64), "stride": np.array(1, np.int64),
-             "max_len": np.array(steps - 1, np.int64), "min_len": np.array(1, np.int64),
-             "usual_bias": usual, "early_bias": rules.early, "final_bias": rules.final, **encoded.feeds(), **out_rows.feeds()}
-        if rows is not None:
-            f["out_ids"] = out_rows.ids
-        f.update((loop_state_name(name), past) for name, past in zip(model.past_names, model.empty_past(1)))
-        return f
+        rules.usual = rules.early  # </s> banned until the last step, which forces it
+        return lambda: model.greedy_loop(encoded, model.eos, steps - 1, rules, out_rows)
 
-    short_feeds, long_feeds = feeds(short), feeds(long)
-    assert run(long_feeds)[0].shape[0] == long
-    t_short = best_time(lambda: run(short_feeds), calls, repeats)
-    t_long = best_time(lambda: run(long_feeds), max(1, calls * short // long), repeats)
+    assert run(long)()[0].shape[1] == long
+    t_short = best_time(run(short), calls, repeats)
+    t_long = best_time(run(long), max(1, calls * short // long), repeats)
     return {"us_per_step": (t_long - t_short) / (long - short) * 1e6, "us_run_of_short": t_short * 1e6,
             "steps": [short, long], "rows": int(size)}
 
