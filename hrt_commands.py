@@ -7,6 +7,7 @@ with ``ModuleNotFoundError: No module named 'torch'``. Now they say where they b
 module imports nothing of the plugin before the check (importing ``fairseq_hrt`` imports
 torch and fairseq).
 """
+
 import importlib
 import importlib.util
 import sys
@@ -26,7 +27,8 @@ def _run(prog: str, module: str, argv=None):
             f"{prog}: this command belongs on the machine that trains (needs PyTorch and fairseq: pip install -r "
             "requirements.txt && pip install --no-deps -r requirements-fairseq.txt, see README.md's set-up); "
             f"not installed here: {', '.join(missing)}. On a machine without them, translate an exported folder "
-            "with hrt-translate or hrt-serve.\n")
+            "with hrt-translate or hrt-serve.\n"
+        )
         sys.exit(2)
     return importlib.import_module(module).cli_main(argv)
 

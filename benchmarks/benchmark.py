@@ -63,6 +63,7 @@ Example (after examples/multi30k/recipe.py)::
         --at R/at/checkpoint_last.pt --hrt R/hrt/checkpoint_last.pt --mp R/mp/checkpoint_last.pt \\
         --threads 2 --out-dir R/benchmark
 """
+
 import argparse
 import datetime
 import functools
@@ -82,8 +83,20 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 
 from benchmarks import ct2_reference  # noqa: E402
 from benchmarks.measure import (  # noqa: E402,F401  (the pure parts are part of this script's interface)
-    BASELINE, CT2_FAMILY, Context, System, cuda_sync, engine_suffixes, family_of, fastest_baseline, parse_beam_pairs,
-    parse_engines, parse_ints, parse_named_checkpoints, read_lines, systems_from_args,
+    BASELINE,
+    CT2_FAMILY,
+    Context,
+    System,
+    cuda_sync,
+    engine_suffixes,
+    family_of,
+    fastest_baseline,
+    parse_beam_pairs,
+    parse_engines,
+    parse_ints,
+    parse_named_checkpoints,
+    read_lines,
+    systems_from_args,
 )
 from benchmarks.report_files import write_file, write_files  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
@@ -118,7 +131,8 @@ def pareto_front(points: Sequence[tuple]) -> List[int]:
         si, qi = points[i]
         dominated = any(
             points[j][0] >= si and points[j][1] >= qi and (points[j][0] > si or points[j][1] > qi)
-            for j in valid if j != i
+            for j in valid
+            if j != i
         )
         if not dominated:
             front.append(i)
@@ -151,8 +165,15 @@ def engine_agreement(hyps: Dict[str, List[str]], bleu: Dict[str, float]) -> List
                 reference = name.replace(suffix, "", 1)
                 if reference in hyps:
                     same = sum(a == b for a, b in zip(texts, hyps[reference]))
-                    out.append({"system": name, "reference": reference, "identical": same, "sentences": len(texts),
-                                "bleu_difference": round(bleu[name] - bleu[reference], 2)})
+                    out.append(
+                        {
+                            "system": name,
+                            "reference": reference,
+                            "identical": same,
+                            "sentences": len(texts),
+                            "bleu_difference": round(bleu[name] - bleu[reference], 2),
+                        }
+                    )
     return out
 
 
@@ -170,10 +191,14 @@ def markdown_report(report: dict) -> str:
         f"- device: {meta['device']}, {meta['threads']} torch thread(s); torch {meta['torch']}, "
         f"fairseq {meta['fairseq']}, Python {meta['python']}; {meta['date']}",
         f"- BLEU: sacreBLEU on detokenised output, signature `{report['bleu_signature']}`",
-        "- COMET: " + (f"{comet['model']}" if comet["available"] else f"not available ({short_reason(comet['reason'])})"),
+        "- COMET: "
+        + (f"{comet['model']}" if comet["available"] else f"not available ({short_reason(comet['reason'])})"),
         f"- speed: source words/s; in brackets the ratio to {meta['baseline'] or 'AT greedy (not measured)'}"
-        + (" (" + ", ".join(f"bs={b}: {n}" for b, n in meta.get("baseline_per_batch_size", {}).items()) + ")"
-           if meta.get("baseline_per_batch_size") else ""),
+        + (
+            " (" + ", ".join(f"bs={b}: {n}" for b, n in meta.get("baseline_per_batch_size", {}).items()) + ")"
+            if meta.get("baseline_per_batch_size")
+            else ""
+        ),
         "- engines: rows without a suffix use the lean engine (`--decoder-engine lean`); '(fairseq engine)' "
         "rows use fairseq's SequenceGenerator; '(onnxruntime)' rows ONNX Runtime over the exported model "
         "(`--decoder-engine onnxruntime`); 'int8' rows add `--quantize int8`; 'compiled' rows `--compile` "
@@ -184,7 +209,8 @@ def markdown_report(report: dict) -> str:
         "drafting + verifying passes, accepted tokens per verifying pass in brackets)",
         "",
         f"- lengths: every system's output is at most {meta.get('max_len_a', 0)} x source length + "
-        f"{meta['max_len_b']} tokens; len: hypothesis / reference length (sacreBLEU tokens), BP: BLEU's brevity penalty",
+        f"{meta['max_len_b']} tokens; len: hypothesis / reference length (sacreBLEU tokens), "
+        "BP: BLEU's brevity penalty",
         "",
         "| system | BLEU | len (BP) | COMET | passes/sent | " + " | ".join(f"bs={b} words/s" for b in bss) + " |",
         "|---|---:|---:|---:|---:|" + "---:|" * len(bss),
@@ -200,27 +226,37 @@ def markdown_report(report: dict) -> str:
         passes_cell = f"{passes:.2f}" if passes is not None else "-"
         if s.get("accepted_per_verify_pass") is not None:
             passes_cell += f" ({s['accepted_per_verify_pass']:.2f})"
-        length_cell = (f"{s['length_ratio']:.3f} ({s['brevity_penalty']:.3f})"
-                       if s.get("length_ratio") is not None else "-")
-        lines.append(f"| {s['name']} | {s['bleu']:.2f} | {length_cell} | {comet_cell} | {passes_cell} | "
-                     + " | ".join(cells) + " |")
+        length_cell = (
+            f"{s['length_ratio']:.3f} ({s['brevity_penalty']:.3f})" if s.get("length_ratio") is not None else "-"
+        )
+        lines.append(
+            f"| {s['name']} | {s['bleu']:.2f} | {length_cell} | {comet_cell} | {passes_cell} | "
+            + " | ".join(cells)
+            + " |"
+        )
     for sk in report["skipped"]:
-        lines.append(f"| {sk.get('system') or sk['family']}: skipped | - | - | - | - | "
-                     + " | ".join("-" for _ in bss) + " |")
+        lines.append(
+            f"| {sk.get('system') or sk['family']}: skipped | - | - | - | - | " + " | ".join("-" for _ in bss) + " |"
+        )
     lines.append("")
     for b in bss:
         lines.append(f"Pareto front (BLEU vs words/s), batch {b}: " + ", ".join(report["pareto"][b]))
     if meta.get("threads", 1) > 1 and any(s.get("family") == CT2_FAMILY for s in report["systems"]):
         # measured on the `full` AT, batch 1, 2 threads: 660 words/s in a process whose PyTorch
         # ran first, 2800-3200 alone; loading CTranslate2 before PyTorch's first op avoids it
-        lines += ["", "CTranslate2 rows with more than one thread: CTranslate2's OpenMP threads run several "
-                  "times slower in a process where PyTorch's OpenMP threads started first (as here); "
-                  "read them as a lower bound and compare with a one-thread run."]
+        lines += [
+            "",
+            "CTranslate2 rows with more than one thread: CTranslate2's OpenMP threads run several "
+            "times slower in a process where PyTorch's OpenMP threads started first (as here); "
+            "read them as a lower bound and compare with a one-thread run.",
+        ]
     if report.get("agreement"):
         lines += ["", "Engines against lean (identical output sentences, BLEU difference):"]
-        lines += [f"- {a['system']}: {a['identical']}/{a['sentences']} identical to {a['reference']} "
-                  f"({100.0 * a['identical'] / max(1, a['sentences']):.1f} %), BLEU {a['bleu_difference']:+.2f}"
-                  for a in report["agreement"]]
+        lines += [
+            f"- {a['system']}: {a['identical']}/{a['sentences']} identical to {a['reference']} "
+            f"({100.0 * a['identical'] / max(1, a['sentences']):.1f} %), BLEU {a['bleu_difference']:+.2f}"
+            for a in report["agreement"]
+        ]
     if report["skipped"]:
         lines += [""] + [f"Skipped {sk.get('system') or sk['family']}: {sk['reason']}" for sk in report["skipped"]]
     return "\n".join(lines) + "\n"
@@ -257,8 +293,9 @@ def pareto_plot(report: dict, path):
         ys = [s["bleu"] for s in systems]
         on_front = set(report["pareto"][b])
         for number, (s, x, y) in enumerate(zip(systems, xs, ys), 1):
-            ax.scatter(x, y, color=colors[s["family"]], s=30, zorder=3,
-                       edgecolors="black" if s["name"] in on_front else "none")
+            ax.scatter(
+                x, y, color=colors[s["family"]], s=30, zorder=3, edgecolors="black" if s["name"] in on_front else "none"
+            )
             ax.annotate(str(number), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         front = [systems.index(next(s for s in systems if s["name"] == n)) for n in report["pareto"][b]]
         ax.plot([xs[i] for i in front], [ys[i] for i in front], "k--", lw=1, zorder=2, label="Pareto front")
@@ -272,14 +309,21 @@ def pareto_plot(report: dict, path):
             if any(s["family"] == fam for s in systems):
                 ax.scatter([], [], color=c, label=fam)
         ax.legend(fontsize=8, loc="best")
-    for ax in axes[len(bss):]:
+    for ax in axes[len(bss) :]:
         ax.axis("off")
     key = fig.add_subplot(grid[nrows, :])
     key.axis("off")
     for number, s in enumerate(systems, 1):
         column, row = divmod(number - 1, key_rows)
-        key.text(0.01 + 0.5 * column, 1 - (row + 0.5) / key_rows, f"{number}  {s['name']}", fontsize=7,
-                 color=colors[s["family"]], va="center", transform=key.transAxes)
+        key.text(
+            0.01 + 0.5 * column,
+            1 - (row + 0.5) / key_rows,
+            f"{number}  {s['name']}",
+            fontsize=7,
+            color=colors[s["family"]],
+            va="center",
+            transform=key.transAxes,
+        )
     meta = report["meta"]
     fig.suptitle(f"BLEU vs speed ({meta['device']}, {meta['threads']} thread(s))", fontsize=10)
     fig.tight_layout()
@@ -308,7 +352,9 @@ def comet_for(systems: List[System], raw_src, refs, hyps, args) -> dict:
     try:
         model = resolve_comet_model(args.comet_model)
         for s in systems:
-            s.comet = comet_score(raw_src, hyps[s.name], refs, model_path=model, encoder_path=args.comet_encoder)["score"]
+            s.comet = comet_score(raw_src, hyps[s.name], refs, model_path=model, encoder_path=args.comet_encoder)[
+                "score"
+            ]
     except CometUnavailable as e:
         for s in systems:
             s.comet = None
@@ -318,10 +364,10 @@ def comet_for(systems: List[System], raw_src, refs, hyps, args) -> dict:
 
 
 def run(args) -> dict:
+    import fairseq
     import torch
     from tqdm import tqdm
 
-    import fairseq
     import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
     from fairseq_hrt.scoring.metrics import sacrebleu_score, source_words
 
@@ -350,11 +396,22 @@ def run(args) -> dict:
     raw_src = read_lines(args.raw_src, args.max_sentences)
     refs = read_lines(args.raw_ref, args.max_sentences)
     if not len(src) == len(raw_src) == len(refs):
-        raise SystemExit(f"--src, --raw-src, --raw-ref have {len(src)}, {len(raw_src)}, {len(refs)} lines; they must be aligned")
+        raise SystemExit(
+            f"--src, --raw-src, --raw-ref have {len(src)}, {len(raw_src)}, {len(refs)} lines; they must be aligned"
+        )
     n_bs1 = min(args.bs1_sentences, len(src)) if args.bs1_sentences else len(src)
 
-    ctx = Context(args.data, args.spm, args.out_dir, use_cuda=use_cuda, fp16=args.fp16, threads=args.threads,
-                  max_len_b=args.max_len_b, lenpen=args.lenpen, max_len_a=args.max_len_a)
+    ctx = Context(
+        args.data,
+        args.spm,
+        args.out_dir,
+        use_cuda=use_cuda,
+        fp16=args.fp16,
+        threads=args.threads,
+        max_len_b=args.max_len_b,
+        lenpen=args.lenpen,
+        max_len_a=args.max_len_a,
+    )
     shared, runners = {}, {}
     for s in systems:
         reason = family_of(s).refused(s, ctx)
@@ -389,8 +446,12 @@ def run(args) -> dict:
                 bar.update(1)
             bar.set_postfix_str(f"bs={bs} {name}")
 
-        timings = time_runs({s.name: functools.partial(runners[s.name].run, prepared[s.name]) for s in systems},
-                            runs=runs, sync=cuda_sync(use_cuda), before_each=progress)
+        timings = time_runs(
+            {s.name: functools.partial(runners[s.name].run, prepared[s.name]) for s in systems},
+            runs=runs,
+            sync=cuda_sync(use_cuda),
+            before_each=progress,
+        )
         bar.update(1)
         for s in systems:
             t = timings[s.name]
@@ -465,8 +526,9 @@ def run(args) -> dict:
         },
         "bleu_signature": signature,
         "comet": comet,
-        "systems": [dict(asdict(s), checkpoint=rel(s.checkpoint), decoding=relative_paths(s.decoding, rel))
-                    for s in systems],
+        "systems": [
+            dict(asdict(s), checkpoint=rel(s.checkpoint), decoding=relative_paths(s.decoding, rel)) for s in systems
+        ],
         "skipped": skipped,
         "pareto": pareto,
         "agreement": engine_agreement(hyps, {s.name: s.bleu for s in systems}),
@@ -486,52 +548,90 @@ def parse_args(argv=None):
     g = p.add_argument_group("systems (a family is skipped when its checkpoint is not given)")
     g.add_argument("--at", help="AT checkpoint (fairseq transformer / at_* arch)")
     g.add_argument("--at-beams", default="1,5", help="AT beam sizes; beam 1 = AT greedy, the speed baseline")
-    g.add_argument("--at-extra", action="append", default=[], metavar="NAME=CKPT",
-                   help="another AT checkpoint (e.g. an SSRU student), rows 'AT[NAME] greedy' / 'AT[NAME] beam b'; "
-                        "its greedy rows are baseline candidates too (repeatable)")
+    g.add_argument(
+        "--at-extra",
+        action="append",
+        default=[],
+        metavar="NAME=CKPT",
+        help="another AT checkpoint (e.g. an SSRU student), rows 'AT[NAME] greedy' / 'AT[NAME] beam b'; "
+        "its greedy rows are baseline candidates too (repeatable)",
+    )
     g.add_argument("--hrt", help="HRT checkpoint")
-    g.add_argument("--hrt-extra", action="append", default=[], metavar="NAME=CKPT",
-                   help="another HRT checkpoint (e.g. another seed), rows 'HRT[NAME] ...' for every chunk size and "
-                        "beam pair (not the --hrt-options rows; repeatable)")
+    g.add_argument(
+        "--hrt-extra",
+        action="append",
+        default=[],
+        metavar="NAME=CKPT",
+        help="another HRT checkpoint (e.g. another seed), rows 'HRT[NAME] ...' for every chunk size and "
+        "beam pair (not the --hrt-options rows; repeatable)",
+    )
     g.add_argument("--hrt-chunk-sizes", default="2", help="chunk sizes k (each trained by the model)")
     g.add_argument("--hrt-beams", default="1/1,5/1", help="b_at/b_nat pairs; AT mode is run with each b_at")
-    g.add_argument("--hrt-options", nargs="+", metavar="NAME:OPTION=VALUE,...", default=[],
-                   help="more HRT rows (first chunk size and b_at/b_nat pair) with decoding options by name, e.g. "
-                        "refine20:hrt_refine_fraction=0.2 fallback:hrt_fallback_threshold=-1.0 "
-                        "rescore:hrt_rescore=true,beam=5,b_nat=5")
     g.add_argument(
-        "--ctranslate2", choices=("auto", "yes", "no"), default="auto",
+        "--hrt-options",
+        nargs="+",
+        metavar="NAME:OPTION=VALUE,...",
+        default=[],
+        help="more HRT rows (first chunk size and b_at/b_nat pair) with decoding options by name, e.g. "
+        "refine20:hrt_refine_fraction=0.2 fallback:hrt_fallback_threshold=-1.0 "
+        "rescore:hrt_rescore=true,beam=5,b_nat=5",
+    )
+    g.add_argument(
+        "--ctranslate2",
+        choices=("auto", "yes", "no"),
+        default="auto",
         help="also decode the --at checkpoint with CTranslate2 (the outside AT speed reference): auto = when "
-             "the ctranslate2 package is installed (else the report says why not), yes = required, no = never",
+        "the ctranslate2 package is installed (else the report says why not), yes = required, no = never",
     )
     g.add_argument("--mp", help="Mask-Predict (CMLM) checkpoint")
     g.add_argument("--mp-iterations", default="1,4,10", help="Mask-Predict iterations I")
     g.add_argument("--mp-length-beam", type=int, default=5, help="Mask-Predict length candidates l")
-    g.add_argument("--parallel", default="",
-                   help="rows of the strategies that decode with their own passes, comma-separated (every such "
-                        "registered strategy: Jacobi pj, pgj, hgj of --at, hrt-spec of --hrt); default none; pj decodes "
-                        "the whole maximum length per pass: slow")
+    g.add_argument(
+        "--parallel",
+        default="",
+        help="rows of the strategies that decode with their own passes, comma-separated (every such "
+        "registered strategy: Jacobi pj, pgj, hgj of --at, hrt-spec of --hrt); default none; pj decodes "
+        "the whole maximum length per pass: slow",
+    )
     g.add_argument("--jacobi-block-size", type=int, default=3, help="b of the PGJ / HGJ rows")
     g.add_argument("--spec-block-size", type=int, default=4, help="drafted tokens per pass of the hrt-spec row")
-    g.add_argument("--engines", default="lean,fairseq",
-                   help="decoder engines of the AT and HRT rows (--decoder-engine), comma-separated: any registered "
-                        "engine (lean, fairseq, onnxruntime: it exports each checkpoint once to $FAIRSEQ_HRT_ONNX_CACHE)")
-    g.add_argument("--compile", choices=("no", "yes"), default="no",
-                   help="add a compiled (--compile: torch.compile of the lean engine's step) row per AT and HRT "
-                        "system; the first batch of each row pays the compilation (its warm-up)")
-    g.add_argument("--int8", choices=("auto", "yes", "no"), default="auto",
-                   help="add an int8 (--quantize int8) row per system on the default engine (PyTorch's int8) and on "
-                        "each engine of --engines that quantizes its own graphs (onnxruntime), and CTranslate2's int8 "
-                        "beside its float row: auto = on CPU")
-    g.add_argument("--shortlist", metavar="FILE",
-                   help="a lexical shortlist (fairseq-hrt-shortlist): adds a '+shortlist' row per AT, HRT and "
-                        "Mask-Predict configuration and engine of --engines that supports shortlists (lean, "
-                        "onnxruntime), and a CTranslate2 '+vmap' row per CTranslate2 row (its vocabulary map of the "
-                        "same shortlist)")
-    g.add_argument("--max-len-a", type=float, default=0.0,
-                   help="maximum target length a x source length + b (fairseq's --max-len-a) for every system, "
-                        "the same for AT, HRT and CTranslate2: a runaway output then decides neither BLEU nor "
-                        "its batch's time; 0 = L = --max-len-b")
+    g.add_argument(
+        "--engines",
+        default="lean,fairseq",
+        help="decoder engines of the AT and HRT rows (--decoder-engine), comma-separated: any registered "
+        "engine (lean, fairseq, onnxruntime: it exports each checkpoint once to $FAIRSEQ_HRT_ONNX_CACHE)",
+    )
+    g.add_argument(
+        "--compile",
+        choices=("no", "yes"),
+        default="no",
+        help="add a compiled (--compile: torch.compile of the lean engine's step) row per AT and HRT "
+        "system; the first batch of each row pays the compilation (its warm-up)",
+    )
+    g.add_argument(
+        "--int8",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="add an int8 (--quantize int8) row per system on the default engine (PyTorch's int8) and on "
+        "each engine of --engines that quantizes its own graphs (onnxruntime), and CTranslate2's int8 "
+        "beside its float row: auto = on CPU",
+    )
+    g.add_argument(
+        "--shortlist",
+        metavar="FILE",
+        help="a lexical shortlist (fairseq-hrt-shortlist): adds a '+shortlist' row per AT, HRT and "
+        "Mask-Predict configuration and engine of --engines that supports shortlists (lean, "
+        "onnxruntime), and a CTranslate2 '+vmap' row per CTranslate2 row (its vocabulary map of the "
+        "same shortlist)",
+    )
+    g.add_argument(
+        "--max-len-a",
+        type=float,
+        default=0.0,
+        help="maximum target length a x source length + b (fairseq's --max-len-a) for every system, "
+        "the same for AT, HRT and CTranslate2: a runaway output then decides neither BLEU nor "
+        "its batch's time; 0 = L = --max-len-b",
+    )
     g.add_argument("--max-len-b", type=int, default=200, help="L, the maximum target length (b of a x src + b)")
     g.add_argument("--lenpen", type=float, default=1.0, help="length penalty of the beam searches")
     g = p.add_argument_group("measuring")
@@ -542,7 +642,9 @@ def parse_args(argv=None):
     g.add_argument("--threads", type=int, default=1, help="torch CPU threads (recorded in the report)")
     g.add_argument("--cpu", action="store_true", help="decode on CPU even if a GPU is present")
     g.add_argument("--fp16", action="store_true", help="half precision (GPU only)")
-    g.add_argument("--comet-model", help="local COMET model dir or .ckpt (default: $COMET_MODEL; nothing is downloaded)")
+    g.add_argument(
+        "--comet-model", help="local COMET model dir or .ckpt (default: $COMET_MODEL; nothing is downloaded)"
+    )
     g.add_argument("--comet-encoder", help="local files of the COMET model's encoder (see fairseq-hrt-comet --help)")
     g = p.add_argument_group("output")
     g.add_argument("--out-dir", required=True, help="report.json, report.md, pareto.png and hyps/ go here")
@@ -570,8 +672,10 @@ def main(argv=None):
     report["meta"]["benchmark_seconds"] = round(timed.total, 1)
     md = markdown_report(report)
     # written together, report.json last: it exists only for a complete run
-    write_files(args.out_dir, {"pareto.png": pareto_png(report), "report.md": md,
-                               "report.json": json.dumps(report, indent=2) + "\n"})
+    write_files(
+        args.out_dir,
+        {"pareto.png": pareto_png(report), "report.md": md, "report.json": json.dumps(report, indent=2) + "\n"},
+    )
     print(md)
     logger.info("wrote %s in %.0fs", os.path.join(args.out_dir, "report.{json,md}, pareto.png"), timed.total)
     return report

@@ -17,6 +17,7 @@ Beside the benchmark's "+shortlist" rows, CTranslate2 decodes with its vocabular
 model's folder from the same lexical shortlist, so both runtimes restrict a batch's output
 layer to the same candidates (each source token's shortlist and the frequent tokens).
 """
+
 import os
 from typing import Dict, List, Optional, Sequence
 
@@ -39,8 +40,10 @@ def unavailable_reason(use_cuda: bool = False) -> Optional[str]:
         return f"the ctranslate2 package is not installed ({e}); pip install ctranslate2==4.8.5"
     if use_cuda and ctranslate2.get_cuda_device_count() == 0:
         # the PyPI wheel is built for one CUDA major version; it sees no GPU with another
-        return (f"ctranslate2 {ctranslate2.__version__} sees no CUDA device (its wheel needs the CUDA "
-                "libraries it was built for); run the benchmark with --ctranslate2 no, or install a matching build")
+        return (
+            f"ctranslate2 {ctranslate2.__version__} sees no CUDA device (its wheel needs the CUDA "
+            "libraries it was built for); run the benchmark with --ctranslate2 no, or install a matching build"
+        )
     return None
 
 
@@ -62,7 +65,6 @@ def unsupported_checkpoint_reason(checkpoint: str) -> Optional[str]:
 def _unsupported_reason(checkpoint: str) -> Optional[str]:
     import torch
 
-
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # fairseq pickles its args
     cfg = state.get("cfg") or {}
     model_cfg = cfg.get("model") if hasattr(cfg, "get") else None
@@ -70,11 +72,15 @@ def _unsupported_reason(checkpoint: str) -> Optional[str]:
         model_cfg = state.get("args")
     arch = getattr(model_cfg, "arch", None) or "?"
     if getattr(model_cfg, "_name", None) == "transformer_ssru" or any(".ssru." in k for k in state.get("model", {})):
-        return (f"{checkpoint} is an SSRU student (--arch {arch}): CTranslate2 has no SSRU decoder layer "
-                "(its converter knows self-attention Transformers only); no CTranslate2 row for it")
+        return (
+            f"{checkpoint} is an SSRU student (--arch {arch}): CTranslate2 has no SSRU decoder layer "
+            "(its converter knows self-attention Transformers only); no CTranslate2 row for it"
+        )
     if getattr(model_cfg, "decoder_tie_layers", False):
-        return (f"{checkpoint} was trained with --decoder-tie-layers (the checkpoint stores one decoder "
-                "layer); CTranslate2's converter expects every layer's weights; no CTranslate2 row for it")
+        return (
+            f"{checkpoint} was trained with --decoder-tie-layers (the checkpoint stores one decoder "
+            "layer); CTranslate2's converter expects every layer's weights; no CTranslate2 row for it"
+        )
     return None
 
 
@@ -96,7 +102,11 @@ def convert(checkpoint: str, data_dir: str, out_dir: str, source_lang: str, targ
     if os.path.exists(stamp_file) and open(stamp_file).read() == _stamp(checkpoint):
         return target
     FairseqConverter(
-        checkpoint, data_dir, source_lang=source_lang, target_lang=target_lang, user_dir=USER_DIR,
+        checkpoint,
+        data_dir,
+        source_lang=source_lang,
+        target_lang=target_lang,
+        user_dir=USER_DIR,
         unsafe_deserialization=True,  # fairseq checkpoints pickle their configs (as compat.py allows)
     ).convert(target, force=True)
     write_file(stamp_file, _stamp(checkpoint))
@@ -144,19 +154,24 @@ def vmap_text(shortlist, source_dictionary, target_symbols: Sequence[str], leave
     def symbol(symbols, i, side):
         token = symbols[i]
         if not token or any(c.isspace() for c in token):
-            raise ValueError(f"{side} symbol {i} ({token!r}) is empty or holds white space: it cannot be written "
-                             "in a CTranslate2 vocabulary map")
+            raise ValueError(
+                f"{side} symbol {i} ({token!r}) is empty or holds white space: it cannot be written "
+                "in a CTranslate2 vocabulary map"
+            )
         return token
 
     eos, pad = source_dictionary.eos(), source_dictionary.pad()
     dropped = set(leave_out)
     always = set(shortlist.always.tolist()) | {t for t in translations[eos] if t >= 0}
-    lines = ["\t" + " ".join(symbol(target_symbols, t, "target") for t in sorted(always)
-                             if target_symbols[t] not in dropped)]
+    lines = [
+        "\t" + " ".join(symbol(target_symbols, t, "target") for t in sorted(always) if target_symbols[t] not in dropped)
+    ]
     for s, row in enumerate(translations):
         targets = [t for t in row if t >= 0 and target_symbols[t] not in dropped]
         if targets and s not in (eos, pad):
-            lines.append(symbol(src, s, "source") + "\t" + " ".join(symbol(target_symbols, t, "target") for t in targets))
+            lines.append(
+                symbol(src, s, "source") + "\t" + " ".join(symbol(target_symbols, t, "target") for t in targets)
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -170,9 +185,11 @@ def write_vmap(model_dir: str, shortlist, source_dictionary, target_dictionary) 
     if vocabulary is not None:
         differ = [i for i, (a, b) in enumerate(zip(vocabulary, symbols)) if a != b and i != target_dictionary.pad()]
         if len(vocabulary) != len(symbols) or differ:
-            raise ValueError(f"the CTranslate2 model {model_dir} has another target vocabulary than the fairseq "
-                             f"dictionary ({len(vocabulary)} / {len(symbols)} tokens, first difference at "
-                             f"{differ[:1]})")
+            raise ValueError(
+                f"the CTranslate2 model {model_dir} has another target vocabulary than the fairseq "
+                f"dictionary ({len(vocabulary)} / {len(symbols)} tokens, first difference at "
+                f"{differ[:1]})"
+            )
         symbols = vocabulary
     path = os.path.join(model_dir, VMAP_FILE)
     write_file(path, vmap_text(shortlist, source_dictionary, symbols, leave_out=SPECIAL_SYMBOLS))
@@ -200,8 +217,16 @@ def suppressed(vocabulary: Sequence[str]) -> List[List[str]]:
     return [[s] for s in SPECIAL_SYMBOLS if s in present]
 
 
-def translate(translator, sources: List[List[str]], batch_size: int, beam: int, max_len: int,
-              suppress: List[List[str]], max_len_a: float = 0.0, use_vmap: bool = False) -> Dict[int, List[str]]:
+def translate(
+    translator,
+    sources: List[List[str]],
+    batch_size: int,
+    beam: int,
+    max_len: int,
+    suppress: List[List[str]],
+    max_len_a: float = 0.0,
+    use_vmap: bool = False,
+) -> Dict[int, List[str]]:
     """Translate pieces, ``batch_size`` sentences at a time (CTranslate2 sorts the inputs by
     length before splitting them into batches, as fairseq's batching does). Returns
     ``{sentence index: output pieces}`` (untimed: the benchmark times it with
@@ -216,16 +241,21 @@ def translate(translator, sources: List[List[str]], batch_size: int, beam: int, 
     if use_vmap:
         options.update(use_vmap=True, suppress_sequences=None)
     if not max_len_a:
-        results = translator.translate_batch(sources, max_batch_size=batch_size, batch_type="examples",
-                                             max_decoding_length=max_len, **options)
+        results = translator.translate_batch(
+            sources, max_batch_size=batch_size, batch_type="examples", max_decoding_length=max_len, **options
+        )
         return {i: r.hypotheses[0] for i, r in enumerate(results)}
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     out = {}
     for start in range(0, len(order), batch_size):
-        batch = order[start:start + batch_size]
+        batch = order[start : start + batch_size]
         longest = max(len(sources[i]) for i in batch) + 1
-        results = translator.translate_batch([sources[i] for i in batch], max_batch_size=batch_size,
-                                             batch_type="examples",
-                                             max_decoding_length=int(max_len_a * longest + max_len), **options)
+        results = translator.translate_batch(
+            [sources[i] for i in batch],
+            max_batch_size=batch_size,
+            batch_type="examples",
+            max_decoding_length=int(max_len_a * longest + max_len),
+            **options,
+        )
         out.update({i: r.hypotheses[0] for i, r in zip(batch, results)})
     return out

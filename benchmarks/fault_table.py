@@ -36,6 +36,7 @@ Output: the table (markdown) on stdout, ``fault_table.json`` and ``fault_table.m
 
 The cases themselves are in benchmarks/faults.py (shared with tests/test_reliability.py).
 """
+
 import argparse
 import json
 import os
@@ -50,9 +51,28 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.faults import (  # noqa: E402
-    KIND_NAMES, KINDS, MAX_UPDATE, N_TRAIN, REPO, SAVE_INTERVAL, Setting, bad_input, child_main, full_disk,
-    kill_recipe, kill_while_copying, kill_while_writing, other_dictionary, random_kills, reference_runs, relative,
-    runtime_and_service, set_report_root, short, short_distilled_set, truncated_checkpoint,
+    KIND_NAMES,
+    KINDS,
+    MAX_UPDATE,
+    N_TRAIN,
+    REPO,
+    SAVE_INTERVAL,
+    Setting,
+    bad_input,
+    child_main,
+    full_disk,
+    kill_recipe,
+    kill_while_copying,
+    kill_while_writing,
+    other_dictionary,
+    random_kills,
+    reference_runs,
+    relative,
+    runtime_and_service,
+    set_report_root,
+    short,
+    short_distilled_set,
+    truncated_checkpoint,
 )
 from benchmarks.report_files import write_files  # noqa: E402
 
@@ -63,8 +83,7 @@ class Table:
 
     def add(self, case: str, tried: str, happens: str, lost: str, check_passed: bool, **details):
         ok = bool(check_passed)
-        self.rows.append({"case": case, "tried": tried, "happens": happens, "lost": lost, "ok": ok,
-                          "details": details})
+        self.rows.append({"case": case, "tried": tried, "happens": happens, "lost": lost, "ok": ok, "details": details})
         print(f"[fault-table] {'ok  ' if ok else 'FAIL'} {case}: {short(happens, 160)}", file=sys.stderr, flush=True)
 
     def markdown(self) -> str:
@@ -117,16 +136,19 @@ def build_table(args) -> Table:
     refs = reference_runs(s, work, sorted(set(kinds) | ({"HRT"} if "copy" in cases else set()))) if s else {}
     for kind in kinds:
         r = random_kills(s, work, kind, refs[kind], args.kills, rng)
-        at = ", ".join(f"update {e['last_update']} -> resumed at {n['resumed_from']}"
-                       for e, n in zip(r["events"], r["events"][1:]))
+        at = ", ".join(
+            f"update {e['last_update']} -> resumed at {n['resumed_from']}" for e, n in zip(r["events"], r["events"][1:])
+        )
         table.add(
             f"{KIND_NAMES[kind]}: SIGKILL at random moments",
             f"fairseq-train --max-update {MAX_UPDATE} --save-interval-updates {SAVE_INTERVAL}, SIGKILL {args.kills}x a "
             "random 0-2.5 s after its first update, the same command after each",
-            f"{r['killed']} kills; {at}; finished at update {r['events'][-1]['last_update']}; p_k of every update = the "
-            f"uninterrupted run's (max diff {r['max_p_k_difference']:.1e}), loss max diff {r['max_loss_difference']:.3f}",
+            f"{r['killed']} kills; {at}; finished at update {r['events'][-1]['last_update']}; "
+            f"p_k of every update = the uninterrupted run's (max diff {r['max_p_k_difference']:.1e}), "
+            f"loss max diff {r['max_loss_difference']:.3f}",
             f"{', '.join(map(str, r['lost_updates']))} updates redone (at most one save interval, {SAVE_INTERVAL})",
-            r["ok"], **r,
+            r["ok"],
+            **r,
         )
         w = kill_while_writing(s, work, kind, refs[kind])
         table.add(
@@ -137,28 +159,36 @@ def build_table(args) -> Table:
             f"{w['resumed_from']} (killed at {w['last_update_before_kill']}), finished; p_k max diff "
             f"{w['max_p_k_difference']:.1e}",
             f"{w['lost_updates']} updates redone",
-            w["ok"], **w,
+            w["ok"],
+            **w,
         )
     if "copy" in cases:
         for stock in (True, False):
             c = kill_while_copying(s, work, refs["HRT"], stock)
             who = "fairseq 0.12 alone (plugin's copy undone)" if stock else "with the plugin"
             if stock:
-                happens = (f"checkpoint_last.pt truncated ({c['files_after_kill'].get('checkpoint_last.pt')}); the "
-                           f"same command stops: \"{short(c.get('message', ''), 150)}\"; following its advice "
-                           f"(--restore-file {Path(c.get('followed_advice', '?')).name}) resumed at update "
-                           f"{c.get('resumed_from')} and finished")
+                happens = (
+                    f"checkpoint_last.pt truncated ({c['files_after_kill'].get('checkpoint_last.pt')}); the "
+                    f'same command stops: "{short(c.get("message", ""), 150)}"; following its advice '
+                    f"(--restore-file {Path(c.get('followed_advice', '?')).name}) resumed at update "
+                    f"{c.get('resumed_from')} and finished"
+                )
                 ok = c.get("completed", False) and "cannot read the checkpoint" in c.get("message", "")
             else:
-                happens = (f"checkpoint_last.pt intact ({c['files_after_kill'].get('checkpoint_last.pt')}), partial "
-                           f"copy left in checkpoint_last.pt.tmp; the same command resumed at update "
-                           f"{c.get('resumed_from')} and finished")
+                happens = (
+                    f"checkpoint_last.pt intact ({c['files_after_kill'].get('checkpoint_last.pt')}), partial "
+                    f"copy left in checkpoint_last.pt.tmp; the same command resumed at update "
+                    f"{c.get('resumed_from')} and finished"
+                )
                 ok = c["returncodes"][-1] == 0 and isinstance(c["files_after_kill"].get("checkpoint_last.pt"), int)
             table.add(
                 f"SIGKILL while checkpoint_last.pt is copied, {who}",
                 f"HRT run killed half-way through copying {Path(c['kill'].get('src', '?')).name} to "
                 "checkpoint_last.pt (fault-table launcher), then the same command",
-                happens, f"{c.get('lost_updates')} updates redone", ok, **c,
+                happens,
+                f"{c.get('lost_updates')} updates redone",
+                ok,
+                **c,
             )
     if "truncated" in cases:
         t = truncated_checkpoint(s, work)
@@ -166,28 +196,37 @@ def build_table(args) -> Table:
             "checkpoint_last.pt truncated",
             "a finished AT run's checkpoint_last.pt cut to half its bytes; fairseq-train (same save dir) and "
             "fairseq-generate --path it",
-            f"train exit {t['train_returncode']}: \"{short(t['train_message'], 170)}\" {short(t['advice'], 200)}; "
+            f'train exit {t["train_returncode"]}: "{short(t["train_message"], 170)}" {short(t["advice"], 200)}; '
             f"generate exit {t['generate_returncode']}, same message; following the advice resumed at update "
             f"{t['followed_advice_resumed_from']}",
-            "the updates after the last complete checkpoint", t["train_returncode"] != 0 and bool(t["train_message"])
-            and t["followed_advice_returncode"] == 0 and bool(t["generate_message"]), **t,
+            "the updates after the last complete checkpoint",
+            t["train_returncode"] != 0
+            and bool(t["train_message"])
+            and t["followed_advice_returncode"] == 0
+            and bool(t["generate_message"]),
+            **t,
         )
     if "disk" in cases:
-        ckpt_bytes = (work / "ref_AT" / "checkpoint_last.pt").stat().st_size if (work / "ref_AT").exists() else 1_300_000
+        ckpt_bytes = (
+            (work / "ref_AT" / "checkpoint_last.pt").stat().st_size if (work / "ref_AT").exists() else 1_300_000
+        )
         f = full_disk(s, work, ckpt_bytes)
         if "skipped" in f:
             table.add("full disk while saving", "not run", f["skipped"], "-", True, **f)
         else:
             table.add(
                 "full disk while saving",
-                f"AT run saving into a {f['tmpfs_kb']} kB tmpfs (1.5 checkpoints; private mount namespace via unshare), "
+                f"AT run saving into a {f['tmpfs_kb']} kB tmpfs "
+                "(1.5 checkpoints; private mount namespace via unshare), "
                 "then the same command after the tmpfs is remounted larger",
-                f"exit {f['returncodes'][0]}: \"{short(f['message'], 200)}\"; files left: "
+                f'exit {f["returncodes"][0]}: "{short(f["message"], 200)}"; files left: '
                 f"{', '.join(n for _, n in f['files_after_failure'])}; the same command resumed at update "
                 f"{f['resumed_from']} and finished at {f['final_update']}",
                 f"{f['last_update_before_failure'] - f['resumed_from']} updates redone (since the last complete save)",
-                f["returncodes"] == [1, 0] and "could not write" in f["message"]
-                and not any(n.endswith(".tmp") for _, n in f["files_after_failure"]), **f,
+                f["returncodes"] == [1, 0]
+                and "could not write" in f["message"]
+                and not any(n.endswith(".tmp") for _, n in f["files_after_failure"]),
+                **f,
             )
     if "dictionary" in cases:
         d = other_dictionary(s, work)
@@ -195,16 +234,22 @@ def build_table(args) -> Table:
             table.add(
                 f"resume with a data directory of another dictionary ({name})",
                 "fairseq-train on checkpoint_last.pt of a run, with another data-bin",
-                f"exit {r['returncode']}: \"{short(r['message'], 230)}\"",
-                "nothing (refused before any update)" if not r["trained_updates"] else f"trained {r['trained_updates']}",
-                r["returncode"] != 0 and not r["trained_updates"], **r,
+                f'exit {r["returncode"]}: "{short(r["message"], 230)}"',
+                "nothing (refused before any update)"
+                if not r["trained_updates"]
+                else f"trained {r['trained_updates']}",
+                r["returncode"] != 0 and not r["trained_updates"],
+                **r,
             )
     if "distilled" in cases:
         r = short_distilled_set(s, work)
         table.add(
-            "distilled set with another line count", f"--distill-data binarized from {N_TRAIN - 10} of {N_TRAIN} lines",
-            f"exit {r['returncode']}: \"{short(r['message'], 230)}\"", "nothing (refused before training)",
-            r["returncode"] != 0 and bool(r["message"]), **r,
+            "distilled set with another line count",
+            f"--distill-data binarized from {N_TRAIN - 10} of {N_TRAIN} lines",
+            f'exit {r["returncode"]}: "{short(r["message"], 230)}"',
+            "nothing (refused before training)",
+            r["returncode"] != 0 and bool(r["message"]),
+            **r,
         )
     if "recipe" in cases:
         r = kill_recipe(work)
@@ -216,15 +261,20 @@ def build_table(args) -> Table:
             f"step processes alive after each kill: {d['step_processes_alive_after_kill']}, "
             f"{t['step_processes_alive_after_kill']} (they die with the recipe); no distilled output after the first "
             f"kill ({'none' if not d['distilled_output_exists'] else 'PRESENT'}); the re-run skipped the done steps, "
-            f"redid distillation ({r['distilled_lines']} lines for {r['train_lines']}), resumed the AT student at update "
+            f"redid distillation ({r['distilled_lines']} lines for {r['train_lines']}), "
+            "resumed the AT student at update "
             f"{r['at_resumed_from'][-1] if r['at_resumed_from'] else None} of 60 (its checkpoint at the kill: "
             f"{t['checkpoint_updates']}) and finished every step (exit {r['rerun_returncode']})",
             "the distillation in progress; the AT updates since its last checkpoint",
-            r["rerun_returncode"] == 0 and d["step_processes_alive_after_kill"] == 0
-            and t["step_processes_alive_after_kill"] == 0 and not d["distilled_output_exists"]
-            and r["distilled_lines"] == r["train_lines"] and bool(r["at_resumed_from"])
+            r["rerun_returncode"] == 0
+            and d["step_processes_alive_after_kill"] == 0
+            and t["step_processes_alive_after_kill"] == 0
+            and not d["distilled_output_exists"]
+            and r["distilled_lines"] == r["train_lines"]
+            and bool(r["at_resumed_from"])
             and r["at_resumed_from"][-1] == t["checkpoint_updates"] < 60
-            and "mp.done" in r["markers"], **r,
+            and "mp.done" in r["markers"],
+            **r,
         )
     if "runtime" in cases:
         add_runtime_rows(table, runtime_and_service(work))
@@ -243,16 +293,25 @@ def add_runtime_rows(table: Table, r: dict):
         + "; ".join(b["warnings"][:3]),
         "nothing: repaired as fairseq-interactive repairs them (one module), the long line truncated with a warning "
         "naming it",
-        b["returncode"] == 0 and b["output_lines"] == b["input_lines"] and not b["traceback"] and len(b["warnings"]) >= 2,
+        b["returncode"] == 0
+        and b["output_lines"] == b["input_lines"]
+        and not b["traceback"]
+        and len(b["warnings"]) >= 2,
         **b,
     )
-    what = {"truncated": "weights.bin cut to half its bytes", "zeroed": "1 MiB of weights.bin zeroed (same size)",
-            "swapped": "config.json of another export (an HRT model of the same data) copied in"}
+    what = {
+        "truncated": "weights.bin cut to half its bytes",
+        "zeroed": "1 MiB of weights.bin zeroed (same size)",
+        "swapped": "config.json of another export (an HRT model of the same data) copied in",
+    }
     for name, d in r["damaged"].items():
         table.add(
-            f"damaged exported folder: {name}", f"{what[name]}, then hrt-translate", d["message"],
+            f"damaged exported folder: {name}",
+            f"{what[name]}, then hrt-translate",
+            d["message"],
             "nothing translated with it; the message says to export again",
-            d["message"].startswith("exit 2") and "export again" in d["message"], **d,
+            d["message"].startswith("exit 2") and "export again" in d["message"],
+            **d,
         )
     k = r["killed_export"]
     table.add(
@@ -263,24 +322,32 @@ def add_runtime_rows(table: Table, r: dict):
         f"{', '.join(k['temporary_folders_left']) or 'none'});"
         f" export again: exit {k['export_again_returncode']}, then {k['after_export_again']}",
         "the interrupted export (refused at load, never translated with mixed files)",
-        k["after_kill"].startswith("exit 2") and "export again" in k["after_kill"]
-        and k["export_again_returncode"] == 0 and k["after_export_again"].startswith("exit 0"), **k,
+        k["after_kill"].startswith("exit 2")
+        and "export again" in k["after_kill"]
+        and k["export_again_returncode"] == 0
+        and k["after_export_again"].startswith("exit 0"),
+        **k,
     )
     t = r["threads"]
     table.add(
-        "many callers on one Translator", f"{t['threads']} threads, {t['calls']} translate() calls of mixed beams",
+        "many callers on one Translator",
+        f"{t['threads']} threads, {t['calls']} translate() calls of mixed beams",
         f"{t['equal_to_serial']} of {t['calls']} answers equal to the same calls made one after another",
-        "nothing", t["equal_to_serial"] == t["calls"], **t,
+        "nothing",
+        t["equal_to_serial"] == t["calls"],
+        **t,
     )
     f = r["full_queue"]
     table.add(
         "hrt-serve: a full queue",
         f"{f['requests']} concurrent slow requests (beam 5, 4 sentences) to hrt-serve --max-queue 2 --max-batch 8",
-        f"{f['rejected_503']} answered 503 at once (\"{short(f['message_503'], 120)}\"), {f['answered']} answered, "
+        f'{f["rejected_503"]} answered 503 at once ("{short(f["message_503"], 120)}"), {f["answered"]} answered, '
         f"{f['answers_equal']} of them equal to the Translator's for their lines",
         "nothing silently: a refused request is told to retry",
-        f["rejected_503"] > 0 and f["rejected_503"] + f["answered"] == f["requests"]
-        and f["answers_equal"] == f["answered"], **f,
+        f["rejected_503"] > 0
+        and f["rejected_503"] + f["answered"] == f["requests"]
+        and f["answers_equal"] == f["answered"],
+        **f,
     )
     d = r["disconnect"]
     table.add(
@@ -289,7 +356,9 @@ def add_runtime_rows(table: Table, r: dict):
         f"{d['others']} other requests",
         f"the others: {d['others_equal']} of {d['others']} answered with the Translator's strings; the service "
         f"{'keeps running' if d['service_alive'] else 'DIED'}",
-        "the disconnected clients' answers only", d["others_equal"] == d["others"] and d["service_alive"], **d,
+        "the disconnected clients' answers only",
+        d["others_equal"] == d["others"] and d["service_alive"],
+        **d,
     )
 
 
@@ -298,9 +367,12 @@ def parse_args(argv=None):
     p.add_argument("--out", default=str(REPO / "work" / "fault-table"), help="output folder (its work/ is recreated)")
     p.add_argument("--kills", type=int, default=2, help="random SIGKILLs per model kind")
     p.add_argument("--seed", type=int, default=1, help="seed of the random kill moments")
-    p.add_argument("--cases", default="input,AT,HRT,MP,copy,truncated,disk,dictionary,distilled,recipe,runtime",
-                   help="comma-separated subset of: input, AT, HRT, MP (or training = all three), copy, truncated, "
-                        "disk, dictionary, distilled, recipe, runtime (hrt-translate, Translator and hrt-serve)")
+    p.add_argument(
+        "--cases",
+        default="input,AT,HRT,MP,copy,truncated,disk,dictionary,distilled,recipe,runtime",
+        help="comma-separated subset of: input, AT, HRT, MP (or training = all three), copy, truncated, "
+        "disk, dictionary, distilled, recipe, runtime (hrt-translate, Translator and hrt-serve)",
+    )
     return p.parse_args(argv)
 
 
@@ -308,7 +380,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         sep = argv.index("--")
-        return child_main(argv[1], argv[sep + 1:])
+        return child_main(argv[1], argv[sep + 1 :])
     args = parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     set_report_root(args.out)
@@ -316,8 +388,14 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     md = table.markdown()
-    report = {"rows": table.rows, "seconds": round(table.seconds, 1), "save_interval_updates": SAVE_INTERVAL,
-              "max_update": MAX_UPDATE, "kills_per_kind": args.kills, "seed": args.seed}
+    report = {
+        "rows": table.rows,
+        "seconds": round(table.seconds, 1),
+        "save_interval_updates": SAVE_INTERVAL,
+        "max_update": MAX_UPDATE,
+        "kills_per_kind": args.kills,
+        "seed": args.seed,
+    }
     text = json.dumps(report, indent=1, default=str)
     write_files(str(out), {"fault_table.md": relative(md) + "\n", "fault_table.json": relative(text) + "\n"})
     print(relative(md))

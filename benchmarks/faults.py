@@ -6,6 +6,7 @@ happened (a dict). No reporting here.
 ``python -m benchmarks.faults --child SPEC -- TRAIN ARGS`` is the kill-point launcher
 (:func:`launch` starts it).
 """
+
 import io
 import json
 import os
@@ -60,14 +61,15 @@ def _die(info: dict):
 
 def install_kill_point(spec: str):
     import torch
+    from fairseq import checkpoint_utils
 
     import fairseq_hrt  # noqa: F401  (the plugin, as --user-dir would load it)
-    from fairseq import checkpoint_utils
 
     parts = spec.split(",")
     if "stock-copy" in parts:
-        checkpoint_utils.PathManager = getattr(checkpoint_utils.PathManager, "_path_manager",
-                                               checkpoint_utils.PathManager)
+        checkpoint_utils.PathManager = getattr(
+            checkpoint_utils.PathManager, "_path_manager", checkpoint_utils.PathManager
+        )
     for part in parts:
         if ":" not in part:
             continue
@@ -208,15 +210,20 @@ class Setting:
         shuffled = symbols[:]
         random.Random(3).shuffle(shuffled)
         write_lines(root / "shuffled.dict.txt", shuffled)
-        self.distill, self.short, self.other, self.shuffled = (root / d for d in ("distill_bin", "short_bin",
-                                                                                 "other_bin", "shuffled_bin"))
+        self.distill, self.short, self.other, self.shuffled = (
+            root / d for d in ("distill_bin", "short_bin", "other_bin", "shuffled_bin")
+        )
         run_cli_many(
             [
                 preprocess_args(self.distill, root / "distill_raw" / "train", srcdict=self.data.dict_path),
                 preprocess_args(self.short, root / "short_raw" / "train", srcdict=self.data.dict_path),
                 preprocess_args(self.other, other["train"], other["valid"]),
-                preprocess_args(self.shuffled, self.data.raw_dir / "train", self.data.raw_dir / "valid",
-                                srcdict=root / "shuffled.dict.txt"),
+                preprocess_args(
+                    self.shuffled,
+                    self.data.raw_dir / "train",
+                    self.data.raw_dir / "valid",
+                    srcdict=root / "shuffled.dict.txt",
+                ),
             ],
             log_dir=root / "logs_preprocess",
         )
@@ -224,8 +231,20 @@ class Setting:
     def train(self, kind: str, save: Path, *extra, max_update: int = MAX_UPDATE, data_dir=None) -> List[str]:
         k = KINDS[kind]
         args = [a.format(distill=self.distill) for a in k["args"]]
-        return train_args(data_dir or self.data.bin_dir, save, *args, "--save-interval-updates", SAVE_INTERVAL,
-                          "--source-lang", SRC, "--target-lang", TGT, *extra, arch=k["arch"], max_update=max_update)
+        return train_args(
+            data_dir or self.data.bin_dir,
+            save,
+            *args,
+            "--save-interval-updates",
+            SAVE_INTERVAL,
+            "--source-lang",
+            SRC,
+            "--target-lang",
+            TGT,
+            *extra,
+            arch=k["arch"],
+            max_update=max_update,
+        )
 
 
 def launch(args: List[str], log_path: Path, kill_point: Optional[str] = None, info: Optional[Path] = None):
@@ -296,8 +315,11 @@ def random_kills(s: Setting, work: Path, kind: str, ref: Dict[int, dict], kills:
         out = finish(proc, log_path)
         this = updates_logged(out)
         logged.update(this)
-        event.update(returncode=proc.returncode, resumed_from=resumed_from(out),
-                     last_update=max(this) if this else resumed_from(out))
+        event.update(
+            returncode=proc.returncode,
+            resumed_from=resumed_from(out),
+            last_update=max(this) if this else resumed_from(out),
+        )
         events.append(event)
     lost = [max(0, events[i]["last_update"] - events[i + 1]["resumed_from"]) for i in range(kills)]
     final_ok = events[-1]["returncode"] == 0 and events[-1]["last_update"] == MAX_UPDATE
@@ -321,10 +343,24 @@ def kill_while_writing(s: Setting, work: Path, kind: str, ref: Dict[int, dict], 
     back = resumed_from(out2)
     lost = (max(done) if done else 0) - back
     cmp = compare_to_reference(logged, ref)
-    ok = (rc == -signal.SIGKILL and rc2 == 0 and max(logged) == MAX_UPDATE and 0 <= lost <= SAVE_INTERVAL
-          and cmp["max_p_k_difference"] < 1e-6 and all(isinstance(v, int) for k, v in state.items() if k.endswith(".pt")))
-    return {"kill": kill, "files_after_kill": state, "resumed_from": back, "last_update_before_kill": max(done) if done else 0,
-            "lost_updates": lost, "returncodes": [rc, rc2], "ok": ok, **cmp}
+    ok = (
+        rc == -signal.SIGKILL
+        and rc2 == 0
+        and max(logged) == MAX_UPDATE
+        and 0 <= lost <= SAVE_INTERVAL
+        and cmp["max_p_k_difference"] < 1e-6
+        and all(isinstance(v, int) for k, v in state.items() if k.endswith(".pt"))
+    )
+    return {
+        "kill": kill,
+        "files_after_kill": state,
+        "resumed_from": back,
+        "last_update_before_kill": max(done) if done else 0,
+        "lost_updates": lost,
+        "returncodes": [rc, rc2],
+        "ok": ok,
+        **cmp,
+    }
 
 
 def kill_while_copying(s: Setting, work: Path, ref: Dict[int, dict], stock: bool) -> dict:
@@ -333,8 +369,9 @@ def kill_while_copying(s: Setting, work: Path, ref: Dict[int, dict], stock: bool
     name = "copy_stock" if stock else "copy_plugin"
     save = work / name
     info = work / f"{name}.json"
-    rc, out = run_logged(s.train("HRT", save), work / f"{name}_0.log",
-                         kill_point="copy:1" + (",stock-copy" if stock else ""), info=info)
+    rc, out = run_logged(
+        s.train("HRT", save), work / f"{name}_0.log", kill_point="copy:1" + (",stock-copy" if stock else ""), info=info
+    )
     kill = json.loads(info.read_text()) if info.exists() else {}
     state = dir_state(save)
     rc2, out2 = run_logged(s.train("HRT", save), work / f"{name}_1.log")
@@ -342,8 +379,11 @@ def kill_while_copying(s: Setting, work: Path, ref: Dict[int, dict], stock: bool
     done = updates_logged(out)
     if rc2 == 0:
         logged = {**done, **updates_logged(out2)}
-        result.update(resumed_from=resumed_from(out2), lost_updates=max(done) - resumed_from(out2),
-                      **compare_to_reference(logged, ref))
+        result.update(
+            resumed_from=resumed_from(out2),
+            lost_updates=max(done) - resumed_from(out2),
+            **compare_to_reference(logged, ref),
+        )
         return result
     message = error_line(out2, "cannot read the checkpoint") or error_line(out2, "Error")
     suggested = re.search(r"--restore-file (\S+)", out2)
@@ -352,9 +392,14 @@ def kill_while_copying(s: Setting, work: Path, ref: Dict[int, dict], stock: bool
     if suggested:
         rc3, out3 = run_logged(s.train("HRT", save, "--restore-file", suggested.group(1)), work / f"{name}_2.log")
         logged = {**done, **updates_logged(out3)}
-        result.update(followed_advice=suggested.group(1), returncodes=[rc, rc2, rc3], resumed_from=resumed_from(out3),
-                      lost_updates=max(done) - resumed_from(out3), **compare_to_reference(logged, ref),
-                      completed=rc3 == 0 and max(logged) == MAX_UPDATE)
+        result.update(
+            followed_advice=suggested.group(1),
+            returncodes=[rc, rc2, rc3],
+            resumed_from=resumed_from(out3),
+            lost_updates=max(done) - resumed_from(out3),
+            **compare_to_reference(logged, ref),
+            completed=rc3 == 0 and max(logged) == MAX_UPDATE,
+        )
     return result
 
 
@@ -366,15 +411,38 @@ def truncated_checkpoint(s: Setting, work: Path) -> dict:
     data = last.read_bytes()
     last.write_bytes(data[: len(data) // 2])
     train = run_cli(s.train("AT", save, max_update=15), check=False)
-    gen = run_cli(["generate", s.data.bin_dir, "--path", last, "--user-dir", str(REPO / "fairseq_hrt"),
-                   "--task", "hrt_translation", "--gen-subset", "valid", "--cpu", "--source-lang", SRC,
-                   "--target-lang", TGT], check=False)
+    gen = run_cli(
+        [
+            "generate",
+            s.data.bin_dir,
+            "--path",
+            last,
+            "--user-dir",
+            str(REPO / "fairseq_hrt"),
+            "--task",
+            "hrt_translation",
+            "--gen-subset",
+            "valid",
+            "--cpu",
+            "--source-lang",
+            SRC,
+            "--target-lang",
+            TGT,
+        ],
+        check=False,
+    )
     suggested = re.search(r"--restore-file (\S+)", train.stdout)
-    follow = run_cli(s.train("AT", save, "--restore-file", suggested.group(1), max_update=15), check=False) if suggested else None
+    follow = (
+        run_cli(s.train("AT", save, "--restore-file", suggested.group(1), max_update=15), check=False)
+        if suggested
+        else None
+    )
     return {
-        "train_returncode": train.returncode, "train_message": error_line(train.stdout, "cannot read the checkpoint"),
+        "train_returncode": train.returncode,
+        "train_message": error_line(train.stdout, "cannot read the checkpoint"),
         "advice": error_line(train.stdout, "What to do"),
-        "generate_returncode": gen.returncode, "generate_message": error_line(gen.stdout, "cannot read the checkpoint"),
+        "generate_returncode": gen.returncode,
+        "generate_message": error_line(gen.stdout, "cannot read the checkpoint"),
         "followed_advice_returncode": follow.returncode if follow else None,
         "followed_advice_resumed_from": resumed_from(follow.stdout) if follow else None,
     }
@@ -400,8 +468,14 @@ mount -o remount,size=64m {save}
 {q} > {work}/fulldisk_1.log 2>&1; echo "rc1=$?"
 ls -l {save} | tail -n +2 | awk '{{print "after", $5, $9}}'
 """
-    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script],
-                          capture_output=True, text=True, env=cli_env(), cwd=str(REPO), timeout=900)
+    proc = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=str(REPO),
+        timeout=900,
+    )
     if "MOUNT_FAILED" in proc.stdout or proc.returncode == 9:
         return {"skipped": f"could not mount a tmpfs in a user namespace: {short(proc.stderr)}"}
     out0 = (work / "fulldisk_0.log").read_text(errors="replace")
@@ -409,12 +483,14 @@ ls -l {save} | tail -n +2 | awk '{{print "after", $5, $9}}'
     rcs = dict(re.findall(r"^(rc\d)=(\d+)", proc.stdout, re.M))
     done = updates_logged(out0)
     return {
-        "tmpfs_kb": size_kb, "checkpoint_bytes": checkpoint_bytes,
+        "tmpfs_kb": size_kb,
+        "checkpoint_bytes": checkpoint_bytes,
         "returncodes": [int(rcs.get("rc0", -1)), int(rcs.get("rc1", -1))],
         "message": error_line(out0, "could not write the checkpoint") or error_line(out0, "Error"),
         "files_after_failure": re.findall(r"^file (\d+) (\S+)", proc.stdout, re.M),
         "last_update_before_failure": max(done) if done else 0,
-        "resumed_from": resumed_from(out1), "final_update": max(updates_logged(out1) or {0: None}),
+        "resumed_from": resumed_from(out1),
+        "final_update": max(updates_logged(out1) or {0: None}),
     }
 
 
@@ -426,10 +502,16 @@ def other_dictionary(s: Setting, work: Path) -> dict:
         run_cli(s.train(kind, save, max_update=5))
         for name, data_dir in (("other size", s.other), ("same size, other order", s.shuffled)):
             proc = run_cli(s.train(kind, save, max_update=10, data_dir=data_dir), check=False)
-            msg = (error_line(proc.stdout, "another dictionary") or error_line(proc.stdout, "size mismatch")
-                   or error_line(proc.stdout, "Error"))
-            out[f"{kind}, {name}"] = {"returncode": proc.returncode, "message": msg,
-                                      "trained_updates": sorted(updates_logged(proc.stdout))}
+            msg = (
+                error_line(proc.stdout, "another dictionary")
+                or error_line(proc.stdout, "size mismatch")
+                or error_line(proc.stdout, "Error")
+            )
+            out[f"{kind}, {name}"] = {
+                "returncode": proc.returncode,
+                "message": msg,
+                "trained_updates": sorted(updates_logged(proc.stdout)),
+            }
     return out
 
 
@@ -445,32 +527,88 @@ def bad_input(work: Path) -> dict:
     data = make_tiny_spm_data(work / "spm")
     ckpt_dir = work / "spm" / "ck"
     run_cli(train_args(data.bin_dir, ckpt_dir, "--hrt-mode", "at", arch="at_tiny", max_update=3))
-    lines = [b"a man rides a horse .", b"hello \xff\xfe world", b"nul\x00here and a \x07bell \x1b[31m", b"      ",
-             ("a horse " * 12_500).encode(), "Ein Mann 👨‍👩‍👧 läuft — 東京 Москва مرحبا".encode(), b"two dogs play ."]
-    cmd = [sys.executable, "-m", "fairseq_cli.interactive", str(data.bin_dir), "--path", str(ckpt_dir / "checkpoint_last.pt"),
-           "--user-dir", str(REPO / "fairseq_hrt"), "--task", "hrt_translation", "--source-lang", SRC,
-           "--target-lang", TGT, "--cpu", "--bpe", "sentencepiece", "--sentencepiece-model",
-           str(work / "spm" / "spm" / "spm.model"), "--max-source-positions", "64", "--buffer-size", "2",
-           "--batch-size", "2"]
-    proc = subprocess.run(cmd, input=b"\n".join(lines) + b"\n", capture_output=True, env=cli_env(), cwd=str(REPO),
-                          timeout=600)
+    lines = [
+        b"a man rides a horse .",
+        b"hello \xff\xfe world",
+        b"nul\x00here and a \x07bell \x1b[31m",
+        b"      ",
+        ("a horse " * 12_500).encode(),
+        "Ein Mann 👨‍👩‍👧 läuft — 東京 Москва مرحبا".encode(),
+        b"two dogs play .",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fairseq_cli.interactive",
+        str(data.bin_dir),
+        "--path",
+        str(ckpt_dir / "checkpoint_last.pt"),
+        "--user-dir",
+        str(REPO / "fairseq_hrt"),
+        "--task",
+        "hrt_translation",
+        "--source-lang",
+        SRC,
+        "--target-lang",
+        TGT,
+        "--cpu",
+        "--bpe",
+        "sentencepiece",
+        "--sentencepiece-model",
+        str(work / "spm" / "spm" / "spm.model"),
+        "--max-source-positions",
+        "64",
+        "--buffer-size",
+        "2",
+        "--batch-size",
+        "2",
+    ]
+    proc = subprocess.run(
+        cmd, input=b"\n".join(lines) + b"\n", capture_output=True, env=cli_env(), cwd=str(REPO), timeout=600
+    )
     out = proc.stdout.decode("utf-8", "replace") + proc.stderr.decode("utf-8", "replace")
     hyps = sorted(int(m) for m in re.findall(r"^H-(\d+)\t", out, re.M))
     interactive = {
-        "returncode": proc.returncode, "input_lines": len(lines), "translated_lines": hyps,
-        "warnings": [short(log_message(line), 200) for line in out.splitlines()
-                     if "<stdin>, line" in line or "truncated" in line],
+        "returncode": proc.returncode,
+        "input_lines": len(lines),
+        "translated_lines": hyps,
+        "warnings": [
+            short(log_message(line), 200) for line in out.splitlines() if "<stdin>, line" in line or "truncated" in line
+        ],
         "traceback": "Traceback" in out,
     }
     src = work / "distill_src.en"
     pieces = (data.bin_dir.parent / "spm" / "valid.en").read_bytes().splitlines()[:3]
     src.write_bytes(b"\n".join([pieces[0], pieces[1] + b" \xff", pieces[2] + b"\x00"]) + b"\n")
-    dist = run_cli(["fairseq_hrt.distill", "--data", data.bin_dir, "--path", ckpt_dir / "checkpoint_last.pt",
-                    "--src", src, "--out", work / "distill_out.de", "--beam", "1", "--cpu", "--threads", "1",
-                    "--no-progress-bar", "--max-len-b", "10"], check=False)
+    dist = run_cli(
+        [
+            "fairseq_hrt.distill",
+            "--data",
+            data.bin_dir,
+            "--path",
+            ckpt_dir / "checkpoint_last.pt",
+            "--src",
+            src,
+            "--out",
+            work / "distill_out.de",
+            "--beam",
+            "1",
+            "--cpu",
+            "--threads",
+            "1",
+            "--no-progress-bar",
+            "--max-len-b",
+            "10",
+        ],
+        check=False,
+    )
     out_lines = (work / "distill_out.de").read_text().splitlines() if (work / "distill_out.de").exists() else []
-    distill = {"returncode": dist.returncode, "output_lines": len(out_lines), "input_lines": 3,
-               "warnings": [short(log_message(line), 200) for line in dist.stdout.splitlines() if f"{src}, line" in line]}
+    distill = {
+        "returncode": dist.returncode,
+        "output_lines": len(out_lines),
+        "input_lines": 3,
+        "warnings": [short(log_message(line), 200) for line in dist.stdout.splitlines() if f"{src}, line" in line],
+    }
     return {"interactive": interactive, "distill": distill}
 
 
@@ -482,8 +620,18 @@ def kill_recipe(work: Path) -> dict:
     during the AT student's training, then run to the end."""
     out = work / "recipe"
     raw = None
-    cmd = [sys.executable, str(REPO / "examples" / "multi30k" / "recipe.py"), "--profile", "tiny", "--out", str(out),
-           "--threads", "1", "--until", "mp"]
+    cmd = [
+        sys.executable,
+        str(REPO / "examples" / "multi30k" / "recipe.py"),
+        "--profile",
+        "tiny",
+        "--out",
+        str(out),
+        "--threads",
+        "1",
+        "--until",
+        "mp",
+    ]
     if not (REPO.parent / "shared" / "data" / "multi30k-en-de" / "test.en").is_file():
         raw = write_raw_corpus(work / "recipe_raw", n_train=300, n_valid=20, prefer="synthetic")
         for lang in (SRC, TGT):
@@ -506,12 +654,16 @@ def kill_recipe(work: Path) -> dict:
             proc.wait()
         time.sleep(1.0)
         orphans = [pid for pid in children if Path(f"/proc/{pid}").exists() and _alive(pid)]
-        return {"killed_after_s": round(time.time() - start, 1), "step_processes_at_kill": len(children),
-                "step_processes_alive_after_kill": len(orphans)}
+        return {
+            "killed_after_s": round(time.time() - start, 1),
+            "step_processes_at_kill": len(children),
+            "step_processes_alive_after_kill": len(orphans),
+        }
 
     distill_log = out / "logs" / "distill.log"
     result["kill_in_distill"] = run_until(
-        lambda: distill_log.exists() and "distilling" in distill_log.read_text(errors="replace"), "distill")
+        lambda: distill_log.exists() and "distilling" in distill_log.read_text(errors="replace"), "distill"
+    )
     result["kill_in_distill"]["distilled_output_exists"] = (out / "distill" / "train.de").exists()
     at_log = out / "logs" / "at.log"
     # the first checkpoint is saved at the end of the first epoch (a few updates of 60)
@@ -560,13 +712,20 @@ if __name__ == "__main__":
     argv = sys.argv[1:]
     if argv[:1] != ["--child"] or "--" not in argv:
         raise SystemExit("usage: python -m benchmarks.faults --child SPEC -- TRAIN ARGS")
-    child_main(argv[1], argv[argv.index("--") + 1:])
+    child_main(argv[1], argv[argv.index("--") + 1 :])
 
 
 # ------------------------------------------------------------- the deployed runtime and service
 
-BAD_LINES = [b"a man rides a horse .", b"hello \xff\xfe world", b"nul\x00here and a \x07bell \x1b[31m", b"      ",
-             ("a horse " * 12_500).encode(), "Ein Mann 👨‍👩‍👧 läuft — 東京 Москва مرحبا".encode(), b"two dogs play ."]
+BAD_LINES = [
+    b"a man rides a horse .",
+    b"hello \xff\xfe world",
+    b"nul\x00here and a \x07bell \x1b[31m",
+    b"      ",
+    ("a horse " * 12_500).encode(),
+    "Ein Mann 👨‍👩‍👧 läuft — 東京 Москва مرحبا".encode(),
+    b"two dogs play .",
+]
 
 # the exporter SIGKILLed right after the file named argv[1] moved into the output folder (files
 # move in one by one, config.json last): the files moved so far are printed first
@@ -585,8 +744,14 @@ cli_main(sys.argv[2:])
 
 
 def _runtime_error(folder: Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "hrt_runtime", str(folder), "--beam", "1", "--max-len-b", "5"],
-                          input=b"a man rides a horse .\n", capture_output=True, env=cli_env(), cwd=str(REPO), timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hrt_runtime", str(folder), "--beam", "1", "--max-len-b", "5"],
+        input=b"a man rides a horse .\n",
+        capture_output=True,
+        env=cli_env(),
+        cwd=str(REPO),
+        timeout=300,
+    )
     return f"exit {proc.returncode}: " + (proc.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
 
 
@@ -607,7 +772,6 @@ def runtime_and_service(work: Path) -> dict:
     fairseq-hrt-export: bad input, damaged folders, a killed export, many threads on one
     Translator, a full queue, clients that disconnect."""
     import socket
-    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     from hrt_runtime import Translator
@@ -620,14 +784,22 @@ def runtime_and_service(work: Path) -> dict:
     out: Dict[str, dict] = {}
 
     # bad input through hrt-translate, as fairseq-interactive's row
-    proc = subprocess.run([sys.executable, "-m", "hrt_runtime", str(folder), "--beam", "2", "--max-len-b", "10"],
-                          input=b"\n".join(BAD_LINES) + b"\n", capture_output=True, env=cli_env(), cwd=str(REPO),
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hrt_runtime", str(folder), "--beam", "2", "--max-len-b", "10"],
+        input=b"\n".join(BAD_LINES) + b"\n",
+        capture_output=True,
+        env=cli_env(),
+        cwd=str(REPO),
+        timeout=600,
+    )
     err = proc.stderr.decode("utf-8", "replace")
-    out["bad_input"] = {"returncode": proc.returncode, "input_lines": len(BAD_LINES),
-                        "output_lines": proc.stdout.count(b"\n"), "traceback": "Traceback" in err,
-                        "warnings": [short(line.split(" | ")[-1], 200) for line in err.splitlines()
-                                     if "<stdin>, line" in line]}
+    out["bad_input"] = {
+        "returncode": proc.returncode,
+        "input_lines": len(BAD_LINES),
+        "output_lines": proc.stdout.count(b"\n"),
+        "traceback": "Traceback" in err,
+        "warnings": [short(line.split(" | ")[-1], 200) for line in err.splitlines() if "<stdin>, line" in line],
+    }
 
     # damaged folders
     damaged = {}
@@ -652,36 +824,55 @@ def runtime_and_service(work: Path) -> dict:
     # an export SIGKILLed while its files move in, over an earlier export of another checkpoint
     killed = work / "rt" / "onnx-killed"
     shutil.copytree(folder, killed)
-    run_cli(train_args(data.bin_dir, ckpt_dir, "--hrt-mode", "at", arch="at_tiny", max_update=6))  # resumes: new weights
+    run_cli(
+        train_args(data.bin_dir, ckpt_dir, "--hrt-mode", "at", arch="at_tiny", max_update=6)
+    )  # resumes: new weights
     export_args = [str(ckpt_dir / "checkpoint_last.pt"), str(killed)]
-    kill = subprocess.run([sys.executable, "-c", _KILLED_EXPORT, "weights.bin", *export_args], capture_output=True,
-                          env=cli_env(), cwd=str(REPO), timeout=600)
+    kill = subprocess.run(
+        [sys.executable, "-c", _KILLED_EXPORT, "weights.bin", *export_args],
+        capture_output=True,
+        env=cli_env(),
+        cwd=str(REPO),
+        timeout=600,
+    )
     moved = re.findall(r"^moved (\S+)$", kill.stdout.decode(), re.M)
     after_kill = _runtime_error(killed)
     leftovers = sorted(p.name for p in killed.iterdir() if p.name.startswith(".export-"))
     again = run_cli(["fairseq_hrt.export.exporter", *export_args], check=False)
-    out["killed_export"] = {"kill_returncode": kill.returncode, "moved_before_kill": moved,
-                            "after_kill": relative(after_kill),
-                            "temporary_folders_left": leftovers, "export_again_returncode": again.returncode,
-                            "after_export_again": relative(_runtime_error(killed))}
+    out["killed_export"] = {
+        "kill_returncode": kill.returncode,
+        "moved_before_kill": moved,
+        "after_kill": relative(after_kill),
+        "temporary_folders_left": leftovers,
+        "export_again_returncode": again.returncode,
+        "after_export_again": relative(_runtime_error(killed)),
+    }
 
     # many threads on one Translator
     lines = read_lines(data.raw("valid", "en"))[:24]
-    calls = [(lines[i:i + 6], dict(beam=1 + i % 3, max_len_b=12)) for i in range(0, 24, 3)]
+    calls = [(lines[i : i + 6], dict(beam=1 + i % 3, max_len_b=12)) for i in range(0, 24, 3)]
     serial = [Translator(str(folder)).translate(ls, **o) for ls, o in calls]
     shared = Translator(str(folder))
     with ThreadPoolExecutor(8) as pool:
         parallel = list(pool.map(lambda c: shared.translate(c[0], **c[1]), calls * 8))
-    out["threads"] = {"threads": 8, "calls": len(calls) * 8,
-                      "equal_to_serial": sum(p == serial[i % len(calls)] for i, p in enumerate(parallel))}
+    out["threads"] = {
+        "threads": 8,
+        "calls": len(calls) * 8,
+        "equal_to_serial": sum(p == serial[i % len(calls)] for i, p in enumerate(parallel)),
+    }
 
     # the service: a full queue, clients that disconnect
     def serve(*options):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        service = subprocess.Popen([sys.executable, "-m", "hrt_runtime.serve", str(folder), "--port", str(port), *options],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=cli_env(), cwd=str(REPO))
+        service = subprocess.Popen(
+            [sys.executable, "-m", "hrt_runtime.serve", str(folder), "--port", str(port), *options],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=cli_env(),
+            cwd=str(REPO),
+        )
         deadline = time.monotonic() + 120
         while True:
             try:
@@ -696,15 +887,20 @@ def runtime_and_service(work: Path) -> dict:
     service, port = serve("--max-batch", "8", "--max-queue", "2")
     try:
         heavy = dict(beam=5, max_len_b=200)  # an untrained model runs to the length limit: slow requests
-        requests = [lines[i % 20:i % 20 + 4] for i in range(24)]
+        requests = [lines[i % 20 : i % 20 + 4] for i in range(24)]
         translator = Translator(str(folder))
         with ThreadPoolExecutor(24) as pool:
             answers = list(pool.map(lambda ls: _post(port, {"text": ls, **heavy}), requests))
-        full = {"requests": len(requests), "rejected_503": sum(s == 503 for s, _ in answers),
-                "answered": sum(s == 200 for s, _ in answers),
-                "answers_equal": sum(s == 200 and a["translations"] == translator.translate(ls, **heavy)
-                                     for (s, a), ls in zip(answers, requests)),
-                "message_503": next((a["error"] for s, a in answers if s == 503), "")}
+        full = {
+            "requests": len(requests),
+            "rejected_503": sum(s == 503 for s, _ in answers),
+            "answered": sum(s == 200 for s, _ in answers),
+            "answers_equal": sum(
+                s == 200 and a["translations"] == translator.translate(ls, **heavy)
+                for (s, a), ls in zip(answers, requests)
+            ),
+            "message_503": next((a["error"] for s, a in answers if s == 503), ""),
+        }
     finally:
         service.terminate()
         service.wait(30)
@@ -713,20 +909,28 @@ def runtime_and_service(work: Path) -> dict:
         body = json.dumps({"text": lines[:6], **heavy}).encode()
         for _ in range(4):
             c = socket.create_connection(("127.0.0.1", port))
-            c.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            c.sendall(
+                b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             c.close()
         c = socket.create_connection(("127.0.0.1", port))
-        c.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"text\"")
+        c.sendall(b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{"text"')
         c.close()
         time.sleep(0.5)
-        others = [lines[i:i + 3] for i in range(0, 12, 3)]
+        others = [lines[i : i + 3] for i in range(0, 12, 3)]
         with ThreadPoolExecutor(4) as pool:
             later = list(pool.map(lambda ls: _post(port, {"text": ls, "beam": 1, "max_len_b": 12}), others))
-        disconnect = {"disconnected": 5, "others": len(others),
-                      "others_equal": sum(s == 200 and a["translations"] == translator.translate(ls, beam=1, max_len_b=12)
-                                          for (s, a), ls in zip(later, others)),
-                      "service_alive": service.poll() is None}
+        disconnect = {
+            "disconnected": 5,
+            "others": len(others),
+            "others_equal": sum(
+                s == 200 and a["translations"] == translator.translate(ls, beam=1, max_len_b=12)
+                for (s, a), ls in zip(later, others)
+            ),
+            "service_alive": service.poll() is None,
+        }
     finally:
         service.terminate()
         service.wait(30)

@@ -22,6 +22,7 @@ Prints a table and writes ``OUT/hrt_bound.md`` and ``OUT/hrt_bound.json``::
     python -m benchmarks.hrt_bound --arch hrt_mini --vocab 4008 --out OUT            # random weights
     python -m benchmarks.hrt_bound --path ckpt.pt --data data-bin --src test.en --out OUT
 """
+
 import argparse
 import os
 import sys
@@ -85,8 +86,10 @@ def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: i
 
     # the greedy loop of a backend that has one (ONNX Runtime, few rows: greedy.onnx), as the
     # search runs it: n steps, </s> banned until the last, which the rules force
-    loop_rules = {n: Rules(SearchConfig(beam=1, max_len_b=n - 1), tgt.eos(), tgt.unk(), [], rows, vocab) for n in
-                  (tgt_len, tgt_len // k)}
+    loop_rules = {
+        n: Rules(SearchConfig(beam=1, max_len_b=n - 1), tgt.eos(), tgt.unk(), [], rows, vocab)
+        for n in (tgt_len, tgt_len // k)
+    }
     for n, rules in loop_rules.items():
         rules.usual = rules.early = np.where(rules.early == -np.inf, -np.inf, bias).astype(np.float32)
 
@@ -99,17 +102,25 @@ def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: i
             _, prev = backend.step(state, prev, step, bias)
 
     with torch.no_grad():
-        timed = time_runs({
-            "encoder": lambda: encode(src),
-            "at_steps": lambda: steps(tgt_len, tgt.eos()),
-            "skip_at_steps": lambda: steps(tgt_len // k, start),
-            "stage2": lambda: backend.parallel(encoded, tokens, positions, queries, select, bias, rows),
-        }, warmup=1, runs=runs)
+        timed = time_runs(
+            {
+                "encoder": lambda: encode(src),
+                "at_steps": lambda: steps(tgt_len, tgt.eos()),
+                "skip_at_steps": lambda: steps(tgt_len // k, start),
+                "stage2": lambda: backend.parallel(encoded, tokens, positions, queries, select, bias, rows),
+            },
+            warmup=1,
+            runs=runs,
+        )
     ms = {name: t.min * 1000 for name, t in timed.items()}
     at = ms["encoder"] + ms["at_steps"]
     hrt = ms["encoder"] + ms["skip_at_steps"] + ms["stage2"]
-    return {**{f"{name}_ms": round(v, 4) for name, v in ms.items()}, "at_ms": round(at, 4), "hrt_ms": round(hrt, 4),
-            "bound": round(at / hrt, 3)}
+    return {
+        **{f"{name}_ms": round(v, 4) for name, v in ms.items()},
+        "at_ms": round(at, 4),
+        "hrt_ms": round(hrt, 4),
+        "bound": round(at / hrt, 3),
+    }
 
 
 def delivered(path: str, data: str, lines, engine: str, bsz: int, k: int, runs: int, max_len_a: float, max_len_b: int):
@@ -122,13 +133,18 @@ def delivered(path: str, data: str, lines, engine: str, bsz: int, k: int, runs: 
     out = {}
     for name, chunk in (("at_mode", 1), ("hrt", k)):
         options = {"decoder_engine": engine, "decode_chunk_size": str(chunk), "b_nat": 1}
-        generator = measure.build_generator(task, model, {"beam": 1, "max_len_a": max_len_a, "max_len_b": max_len_b},
-                                            options)
+        generator = measure.build_generator(
+            task, model, {"beam": 1, "max_len_a": max_len_a, "max_len_b": max_len_b}, options
+        )
         measure.generate(task, model, generator, batches[:2])  # warm-up
         timing = time_runs(lambda: measure.generate(task, model, generator, batches), runs=runs)
-        out[name] = {"words_per_second": round(words / timing.min, 1), "ms_per_sentence": round(timing.min / len(lines) * 1000, 4)}
-        split = time_split.split(path, data, lines, bsz, chunk, 1, engine=engine, max_len_a=max_len_a,
-                                 max_len_b=max_len_b)
+        out[name] = {
+            "words_per_second": round(words / timing.min, 1),
+            "ms_per_sentence": round(timing.min / len(lines) * 1000, 4),
+        }
+        split = time_split.split(
+            path, data, lines, bsz, chunk, 1, engine=engine, max_len_a=max_len_a, max_len_b=max_len_b
+        )
         out[name]["split_ms_per_sentence"] = {part: round(v, 4) for part, v in split["parts_ms_per_sentence"].items()}
         out[name]["decoder_steps_per_batch"] = round(split["decoder_steps_per_batch"], 2)
     out["ratio"] = round(out["hrt"]["words_per_second"] / out["at_mode"]["words_per_second"], 3)
@@ -156,7 +172,9 @@ def model_and_task(args, workdir: str):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--path", help="an HRT checkpoint (with --data); else --arch")
     p.add_argument("--data", help="the checkpoint's binarized data (its dictionaries)")
     p.add_argument("--arch", default="hrt_mini", help="a random model of this architecture (without --path)")
@@ -193,14 +211,22 @@ def main(argv=None):
     for engine in engines:
         backend, encode = backend_of(engine, model, task, args.threads)
         for bsz in batches:
-            row = {"model": name, "engine": engine, "batch": bsz, "k": k, "src_len": args.src_len, "tgt_len": args.tgt_len,
-                   **fixed_length_times(backend, encode, task, bsz, args.src_len, args.tgt_len, k, args.runs)}
+            row = {
+                "model": name,
+                "engine": engine,
+                "batch": bsz,
+                "k": k,
+                "src_len": args.src_len,
+                "tgt_len": args.tgt_len,
+                **fixed_length_times(backend, encode, task, bsz, args.src_len, args.tgt_len, k, args.runs),
+            }
             if args.src:
                 lines = measure.read_lines(args.src)
                 if bsz == 1 and args.limit_batch1:
                     lines = lines[: args.limit_batch1]
-                row["delivered"] = delivered(args.path, args.data, lines, engine, bsz, k, args.delivered_runs,
-                                             args.max_len_a, args.max_len_b)
+                row["delivered"] = delivered(
+                    args.path, args.data, lines, engine, bsz, k, args.delivered_runs, args.max_len_a, args.max_len_b
+                )
                 row["delivered"]["share_of_bound"] = round(row["delivered"]["ratio"] / row["bound"], 3)
                 row["delivered"]["sentences"] = len(lines)
             rows.append(row)
@@ -211,32 +237,46 @@ def main(argv=None):
 
 def report_text(rows, args) -> str:
     n, k = args.tgt_len, args.chunk_size
-    out = [f"## HRT k = {k} against AT greedy: the fixed-length bound ({args.src_len} source, {n} target tokens, "
-           f"{args.threads} thread(s), ms, fastest of {args.runs})", "",
-           f"| model | engine | batch | encoder | AT {n} steps | Skip-AT {n // k} steps | stage II | AT | HRT | bound |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        f"## HRT k = {k} against AT greedy: the fixed-length bound ({args.src_len} source, {n} target tokens, "
+        f"{args.threads} thread(s), ms, fastest of {args.runs})",
+        "",
+        f"| model | engine | batch | encoder | AT {n} steps | Skip-AT {n // k} steps | stage II | AT | HRT | bound |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        out.append(f"| {r['model']} | {r['engine']} | {r['batch']} | {r['encoder_ms']:.3f} | {r['at_steps_ms']:.3f} | "
-                   f"{r['skip_at_steps_ms']:.3f} | {r['stage2_ms']:.3f} | {r['at_ms']:.3f} | {r['hrt_ms']:.3f} | "
-                   f"{r['bound']:.2f}x |")
+        out.append(
+            f"| {r['model']} | {r['engine']} | {r['batch']} | {r['encoder_ms']:.3f} | {r['at_steps_ms']:.3f} | "
+            f"{r['skip_at_steps_ms']:.3f} | {r['stage2_ms']:.3f} | {r['at_ms']:.3f} | {r['hrt_ms']:.3f} | "
+            f"{r['bound']:.2f}x |"
+        )
     delivered_rows = [r for r in rows if "delivered" in r]
     if delivered_rows:
-        out += ["", f"## Delivered on `{os.path.basename(args.src)}` (at most {args.max_len_a} x source + "
-                f"{args.max_len_b} tokens; ms per sentence split as benchmarks/time_split.py)", "",
-                "| engine | batch | sentences | AT mode words/s | HRT words/s | ratio | bound | share of bound | "
-                "AT mode: encoder / steps / other | HRT: encoder / steps / stage II / other | steps per batch (AT / HRT) |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+        out += [
+            "",
+            f"## Delivered on `{os.path.basename(args.src)}` (at most {args.max_len_a} x source + "
+            f"{args.max_len_b} tokens; ms per sentence split as benchmarks/time_split.py)",
+            "",
+            "| engine | batch | sentences | AT mode words/s | HRT words/s | ratio | bound | share of bound | "
+            "AT mode: encoder / steps / other | HRT: encoder / steps / stage II / other | steps per batch (AT / HRT) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
+        ]
         for r in delivered_rows:
             d = r["delivered"]
             a, h = d["at_mode"]["split_ms_per_sentence"], d["hrt"]["split_ms_per_sentence"]
-            out.append(f"| {r['engine']} | {r['batch']} | {d['sentences']} | {d['at_mode']['words_per_second']:.0f} | "
-                       f"{d['hrt']['words_per_second']:.0f} | {d['ratio']:.2f}x | {r['bound']:.2f}x | "
-                       f"{d['share_of_bound']:.0%} | {a['encoder']:.3f} / {a['decoder steps']:.3f} / {a['other']:.3f} | "
-                       f"{h['encoder']:.3f} / {h['decoder steps']:.3f} / {h['stage II']:.3f} / {h['other']:.3f} | "
-                       f"{d['at_mode']['decoder_steps_per_batch']:.1f} / {d['hrt']['decoder_steps_per_batch']:.1f} |")
-        out += ["", "The bound uses fixed lengths; delivered outputs have their own lengths (a Skip-AT skeleton may "
-                "run longer or shorter than half of AT mode's output), and the search around the steps is in "
-                "'other' (argmax bookkeeping, finished sentences leaving the batch, stage II's input)."]
+            out.append(
+                f"| {r['engine']} | {r['batch']} | {d['sentences']} | {d['at_mode']['words_per_second']:.0f} | "
+                f"{d['hrt']['words_per_second']:.0f} | {d['ratio']:.2f}x | {r['bound']:.2f}x | "
+                f"{d['share_of_bound']:.0%} | {a['encoder']:.3f} / {a['decoder steps']:.3f} / {a['other']:.3f} | "
+                f"{h['encoder']:.3f} / {h['decoder steps']:.3f} / {h['stage II']:.3f} / {h['other']:.3f} | "
+                f"{d['at_mode']['decoder_steps_per_batch']:.1f} / {d['hrt']['decoder_steps_per_batch']:.1f} |"
+            )
+        out += [
+            "",
+            "The bound uses fixed lengths; delivered outputs have their own lengths (a Skip-AT skeleton may "
+            "run longer or shorter than half of AT mode's output), and the search around the steps is in "
+            "'other' (argmax bookkeeping, finished sentences leaving the batch, stage II's input).",
+        ]
     return "\n".join(out) + "\n"
 
 

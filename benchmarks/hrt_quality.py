@@ -22,6 +22,7 @@ Example::
         --src D/spm/test.en --ref-pieces D/spm/test.de --raw-src D/raw/test.en \\
         --raw-ref D/raw/test.de --path R/hrt/checkpoint_last.pt --json out.json
 """
+
 import argparse
 import json
 import logging
@@ -35,11 +36,10 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.measure import build_generator, decode, detok, load, make_batches, read_lines  # noqa: E402
-from benchmarks.report_files import write_file  # noqa: E402
-
 from fairseq.data import data_utils  # noqa: E402
 
+from benchmarks.measure import build_generator, decode, detok, load, make_batches, read_lines  # noqa: E402
+from benchmarks.report_files import write_file  # noqa: E402
 from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
 from fairseq_hrt.generation.hrt_generator import fill_skeletons  # noqa: E402
@@ -89,8 +89,15 @@ def oracle_fill(model, task, sample, skeletons: List[torch.Tensor], k: int) -> L
     enc = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
     banned = torch.tensor(banned_symbols(task, model))
     _, tokens, _, lengths = fill_skeletons(
-        model, skeleton, torch.zeros(skeleton.shape, device=skeleton.device), k, enc, banned,
-        task.mask_idx, d.eos(), d.pad(),
+        model,
+        skeleton,
+        torch.zeros(skeleton.shape, device=skeleton.device),
+        k,
+        enc,
+        banned,
+        task.mask_idx,
+        d.eos(),
+        d.pad(),
     )
     return [tokens[i, : int(lengths[i])] for i in range(tokens.size(0))]
 
@@ -120,7 +127,9 @@ def run(args) -> dict:
     refs = read_lines(args.raw_ref, args.max_sentences)
     raw_src = read_lines(args.raw_src, args.max_sentences)
     if not len(src) == len(refs) == len(raw_src):
-        raise SystemExit(f"--src, --raw-ref, --raw-src have {len(src)}, {len(refs)}, {len(raw_src)} lines; they must be aligned")
+        raise SystemExit(
+            f"--src, --raw-ref, --raw-src have {len(src)}, {len(refs)}, {len(raw_src)} lines; they must be aligned"
+        )
     buckets = length_buckets(raw_src)
     batches = make_batches(task, model, src, args.batch_size, use_cuda)
     hrt = family_of(model).chunk_sizes
@@ -128,13 +137,21 @@ def run(args) -> dict:
     report = {"checkpoint": os.path.basename(args.path), "sentences": len(src), "systems": {}}
 
     def run_system(name, chunk_size, beam):
-        gen = build_generator(task, model, {"beam": beam, "max_len_b": args.max_len_b, "lenpen": 1.0},
-                              {"decoder_engine": "lean", "decode_chunk_size": str(chunk_size), "b_nat": 1})
+        gen = build_generator(
+            task,
+            model,
+            {"beam": beam, "max_len_b": args.max_len_b, "lenpen": 1.0},
+            {"decoder_engine": "lean", "decode_chunk_size": str(chunk_size), "b_nat": 1},
+        )
         hyps, seconds = decode(task, model, gen, batches, use_cuda)
         report["systems"][name] = score(task, hyps, args.spm, refs, raw_src, buckets, args.max_len_b, chunk_size)
         report["systems"][name]["seconds"] = round(seconds, 2)
-        logger.info("%-12s BLEU %.2f, %d at the length limit", name, report["systems"][name]["bleu"],
-                    report["systems"][name]["limit_hits"])
+        logger.info(
+            "%-12s BLEU %.2f, %d at the length limit",
+            name,
+            report["systems"][name]["bleu"],
+            report["systems"][name]["limit_hits"],
+        )
         return hyps
 
     if not hrt:

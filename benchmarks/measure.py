@@ -8,6 +8,7 @@ reference, HRT, Mask-Predict and the exact parallel strategies (Jacobi, hrt-spec
 :class:`Runner` per row. The measuring loop only talks to runners, so a new family or
 strategy is a new adapter, never a new branch in the loop.
 """
+
 import logging
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -54,8 +55,9 @@ def read_lines(path, limit=0) -> List[str]:
 
 def load(path, data, use_cuda=False, fp16=False):
     """``(model, task)`` of one checkpoint, in eval mode, with ``data``'s dictionaries."""
-    import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
     from fairseq import checkpoint_utils
+
+    import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
 
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
     model = models[0]
@@ -141,8 +143,18 @@ class Context:
     """What the runners of one measuring run share: loaded models (one copy per checkpoint
     and precision) and prepared batches (one set per checkpoint, test subset and size)."""
 
-    def __init__(self, data: str, spm: str, out_dir: str, use_cuda=False, fp16=False, threads=1,
-                 max_len_b=200, lenpen=1.0, max_len_a=0.0):
+    def __init__(
+        self,
+        data: str,
+        spm: str,
+        out_dir: str,
+        use_cuda=False,
+        fp16=False,
+        threads=1,
+        max_len_b=200,
+        lenpen=1.0,
+        max_len_a=0.0,
+    ):
         self.data, self.spm, self.out_dir = data, spm, out_dir
         self.use_cuda, self.fp16, self.threads = use_cuda, fp16, threads
         # the maximum output length of every system: max_len_a x source length + max_len_b
@@ -262,8 +274,9 @@ class CT2Runner(Runner):
             )
             logger.info("CTranslate2 model of %s: %s", system.checkpoint, model_dir)
             if shortlist:  # CTranslate2 reads the map when it loads the model: written first
-                path = ct2_reference.write_vmap(model_dir, task.load_shortlist(shortlist), task.source_dictionary,
-                                                task.target_dictionary)
+                path = ct2_reference.write_vmap(
+                    model_dir, task.load_shortlist(shortlist), task.source_dictionary, task.target_dictionary
+                )
                 logger.info("CTranslate2 vocabulary map of %s: %s", shortlist, path)
             translators[key] = ct2_reference.load(model_dir, ctx.use_cuda, ctx.fp16, ctx.threads, compute_type)
         self.translator = translators[key]
@@ -282,9 +295,16 @@ class CT2Runner(Runner):
 
     def run(self, prepared, warm_up=False):
         pieces, bs = prepared
-        return self.ct2.translate(self.translator, pieces[:bs] if warm_up else pieces, bs,
-                                  self.system.decoding["beam"], self.ctx.max_len_b, self.suppress,
-                                  max_len_a=self.ctx.max_len_a, use_vmap=self.use_vmap)
+        return self.ct2.translate(
+            self.translator,
+            pieces[:bs] if warm_up else pieces,
+            bs,
+            self.system.decoding["beam"],
+            self.ctx.max_len_b,
+            self.suppress,
+            max_len_a=self.ctx.max_len_a,
+            use_vmap=self.use_vmap,
+        )
 
     def texts(self, hyps, n):
         sp = sentencepiece(self.ctx.spm)
@@ -463,22 +483,48 @@ class _FairseqFamily(Family):
 
         out = []
         for engine in engines:
-            out.append(System(name + suffix(engine), self.name, checkpoint, dict(decoding, decoder_engine=engine),
-                              baseline_candidate=baseline_candidate))
+            out.append(
+                System(
+                    name + suffix(engine),
+                    self.name,
+                    checkpoint,
+                    dict(decoding, decoder_engine=engine),
+                    baseline_candidate=baseline_candidate,
+                )
+            )
         if getattr(args, "int8", "no") == "yes":
             for engine in int8_engines(engines):  # int8 compared with int8 on each engine
-                out.append(System(name + suffix(engine) + " int8", self.name, checkpoint,
-                                  dict(decoding, decoder_engine=engine, quantize="int8")))
+                out.append(
+                    System(
+                        name + suffix(engine) + " int8",
+                        self.name,
+                        checkpoint,
+                        dict(decoding, decoder_engine=engine, quantize="int8"),
+                    )
+                )
         if getattr(args, "shortlist", None):
             shortlisted = [e for e in engines if engine_supports_shortlist(e)] if self.engine_rows else []
             for engine in shortlisted or [default]:
-                out.append(System(name + suffix(engine) + " +shortlist", self.name, checkpoint,
-                                  dict(decoding, decoder_engine=engine, shortlist=args.shortlist)))
+                out.append(
+                    System(
+                        name + suffix(engine) + " +shortlist",
+                        self.name,
+                        checkpoint,
+                        dict(decoding, decoder_engine=engine, shortlist=args.shortlist),
+                    )
+                )
         if getattr(args, "compile", "no") == "yes" and self.compile_rows:
             # a float row of the same search: an AT greedy one may be the run's baseline
             for engine in compiled_engines(engines):
-                out.append(System(name + suffix(engine) + " compiled", self.name, checkpoint,
-                                  dict(decoding, decoder_engine=engine, compile=True), baseline_candidate=baseline_candidate))
+                out.append(
+                    System(
+                        name + suffix(engine) + " compiled",
+                        self.name,
+                        checkpoint,
+                        dict(decoding, decoder_engine=engine, compile=True),
+                        baseline_candidate=baseline_candidate,
+                    )
+                )
         return out
 
     def refused(self, system: System, ctx: "Context") -> Optional[str]:
@@ -584,16 +630,23 @@ class HRTFamily(_FairseqFamily):
         for label, checkpoint in checkpoints:
             prefix = f"HRT[{label}]" if label else "HRT"
             for b_at in sorted({b for b, _ in beams}):
-                out += self.variants(args, f"{prefix} AT-mode b={b_at}", checkpoint, {"decode_chunk_size": 1, "beam": b_at, "b_nat": 1})
+                out += self.variants(
+                    args, f"{prefix} AT-mode b={b_at}", checkpoint, {"decode_chunk_size": 1, "beam": b_at, "b_nat": 1}
+                )
             for k in parse_ints(args.hrt_chunk_sizes):
                 for b_at, b_nat in beams:
-                    out += self.variants(args, f"{prefix} k={k} b_at={b_at} b_nat={b_nat}", checkpoint,
-                                         {"decode_chunk_size": k, "beam": b_at, "b_nat": b_nat})
+                    out += self.variants(
+                        args,
+                        f"{prefix} k={k} b_at={b_at} b_nat={b_nat}",
+                        checkpoint,
+                        {"decode_chunk_size": k, "beam": b_at, "b_nat": b_nat},
+                    )
         k, (b_at, b_nat) = parse_ints(args.hrt_chunk_sizes)[0], beams[0]
         for name, options in parse_row_options(getattr(args, "hrt_options", None) or []).items():
             row = dict({"decode_chunk_size": k, "beam": b_at, "b_nat": b_nat}, **options)
-            out += self.variants(args, f"HRT k={row['decode_chunk_size']} b_at={row['beam']} b_nat={row['b_nat']} {name}",
-                                 args.hrt, row)
+            out += self.variants(
+                args, f"HRT k={row['decode_chunk_size']} b_at={row['beam']} b_nat={row['b_nat']} {name}", args.hrt, row
+            )
         return out
 
     def skipped(self, args):
@@ -644,9 +697,18 @@ class MPFamily(_FairseqFamily):
     def systems(self, args):
         if not args.mp:
             return []
-        return sum((self.variants(args, f"MP I={it} l={args.mp_length_beam}", args.mp,
-                                  {"iter_decode_max_iter": it, "iter_decode_with_beam": args.mp_length_beam})
-                    for it in parse_ints(args.mp_iterations)), [])
+        return sum(
+            (
+                self.variants(
+                    args,
+                    f"MP I={it} l={args.mp_length_beam}",
+                    args.mp,
+                    {"iter_decode_max_iter": it, "iter_decode_with_beam": args.mp_length_beam},
+                )
+                for it in parse_ints(args.mp_iterations)
+            ),
+            [],
+        )
 
     def skipped(self, args):
         return None if args.mp else "no --mp checkpoint given"
@@ -654,7 +716,10 @@ class MPFamily(_FairseqFamily):
     def generation(self, system):
         d = system.decoding
         options = {"quantize": d.get("quantize", "none"), "shortlist": d.get("shortlist")}
-        return {"iter_decode_max_iter": d["iter_decode_max_iter"], "iter_decode_with_beam": d["iter_decode_with_beam"]}, options
+        return {
+            "iter_decode_max_iter": d["iter_decode_max_iter"],
+            "iter_decode_with_beam": d["iter_decode_with_beam"],
+        }, options
 
     def runner(self, system, ctx, shared):
         gen_args, options = self.generation(system)
@@ -683,14 +748,17 @@ class ParallelFamily(_FairseqFamily):
         kinds = (("AT", args.at, TransformerModel), ("HRT", args.hrt, HRTTransformerModel))
         out = []
         for m in methods:
-            family, checkpoint = next(((k, path) for k, path, cls in kinds if DECODING_STRATEGIES[m].supports(cls) is None),
-                                      (None, None))
+            family, checkpoint = next(
+                ((k, path) for k, path, cls in kinds if DECODING_STRATEGIES[m].supports(cls) is None), (None, None)
+            )
             if not checkpoint:
                 continue
             if m == "pj":  # one block of the whole sentence
                 block = None
             else:
-                block = getattr(args, "spec_block_size", 4) if m == SPEC_METHOD else getattr(args, "jacobi_block_size", 3)
+                block = (
+                    getattr(args, "spec_block_size", 4) if m == SPEC_METHOD else getattr(args, "jacobi_block_size", 3)
+                )
             name = f"{family} {m.upper() if m in JACOBI_METHODS else m}" + (f" b={block}" if block else "")
             decoding = {"beam": 1, "decoding": m, "jacobi_block_size": block}
             if family == "HRT":

@@ -17,6 +17,7 @@ Prints a table and writes ``OUT/onnx_gate.json``::
 
     python benchmarks/onnx_gate.py --out benchmarks/results/onnx-gate-cpu
 """
+
 import argparse
 import json
 import os
@@ -44,9 +45,27 @@ def random_model(arch: str, vocab: int, workdir: str):
     for lang in ("src", "tgt"):
         d.save(os.path.join(workdir, f"dict.{lang}.txt"))
     user_dir = str(Path(__file__).resolve().parents[1] / "fairseq_hrt")
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        workdir, "--user-dir", user_dir, "--task", "hrt_translation", "--source-lang", "src", "--target-lang", "tgt",
-        "--arch", arch, "--chunk-sizes", "2", "--share-all-embeddings", "--dropout", "0"])
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [
+            workdir,
+            "--user-dir",
+            user_dir,
+            "--task",
+            "hrt_translation",
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--arch",
+            arch,
+            "--chunk-sizes",
+            "2",
+            "--share-all-embeddings",
+            "--dropout",
+            "0",
+        ],
+    )
     torch.manual_seed(1)
     task = tasks.setup_task(args)
     model = task.build_model(args).eval()
@@ -129,14 +148,26 @@ def main(argv=None):
         def ort_parallel():
             runtime.parallel(encoded, tokens_np, positions_np, queries_np, select, logit_bias, rows_all)
 
-        for what, lean, onnx, units in (("step", lean_steps, ort_steps, a.steps), ("stage II pass", lean_parallel, ort_parallel, 1)):
+        for what, lean, onnx, units in (
+            ("step", lean_steps, ort_steps, a.steps),
+            ("stage II pass", lean_parallel, ort_parallel, 1),
+        ):
             # round-robin, the fastest round of each (a shared machine's slow patches hit both)
             timed = time_runs({"lean": lean, "ort": onnx}, warmup=1, runs=a.rounds)
             t_lean, t_ort = timed["lean"].min / units * 1000, timed["ort"].min / units * 1000
-            rows.append({"what": what, "batch": bsz, "lean_ms": round(t_lean, 4), "onnxruntime_ms": round(t_ort, 4),
-                         "speedup": round(t_lean / t_ort, 2)})
-    print(f"{a.arch}, vocabulary {V}, {a.threads} thread(s), {a.steps} steps / {2 * a.steps} stage-II slots, "
-          f"onnxruntime {ort.__version__}, torch {torch.__version__}")
+            rows.append(
+                {
+                    "what": what,
+                    "batch": bsz,
+                    "lean_ms": round(t_lean, 4),
+                    "onnxruntime_ms": round(t_ort, 4),
+                    "speedup": round(t_lean / t_ort, 2),
+                }
+            )
+    print(
+        f"{a.arch}, vocabulary {V}, {a.threads} thread(s), {a.steps} steps / {2 * a.steps} stage-II slots, "
+        f"onnxruntime {ort.__version__}, torch {torch.__version__}"
+    )
     print("| pass | batch | lean ms | ONNX Runtime ms | ONNX Runtime speed-up |")
     print("|---|---:|---:|---:|---:|")
     for r in rows:
@@ -144,8 +175,19 @@ def main(argv=None):
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "onnx_gate.json"), "w") as f:
-            json.dump({"arch": a.arch, "vocab": V, "threads": a.threads, "steps": a.steps, "rows": rows,
-                       "onnxruntime": ort.__version__, "torch": torch.__version__}, f, indent=1)
+            json.dump(
+                {
+                    "arch": a.arch,
+                    "vocab": V,
+                    "threads": a.threads,
+                    "steps": a.steps,
+                    "rows": rows,
+                    "onnxruntime": ort.__version__,
+                    "torch": torch.__version__,
+                },
+                f,
+                indent=1,
+            )
     return rows
 
 

@@ -1,6 +1,7 @@
 """The one way the measuring scripts write their outputs (reports, tables, hypotheses):
 atomically, so an interrupted run never leaves a half-written report. Below every other
 module of ``benchmarks/`` (the CTranslate2 reference writes its vocabulary map with it too)."""
+
 import json
 import os
 from typing import Mapping, Optional, Union
@@ -44,5 +45,6 @@ def write_report(out_dir: str, stem: str, report: dict, text: str, echo: bool = 
     script formats it (default ``json.dumps(report, indent=2)``)."""
     if echo:
         print(text)
-    write_files(out_dir, {stem + ".md": text, stem + ".json": json.dumps(report, indent=2) if json_text is None
-                          else json_text})
+    write_files(
+        out_dir, {stem + ".md": text, stem + ".json": json.dumps(report, indent=2) if json_text is None else json_text}
+    )

@@ -14,10 +14,10 @@ Writes ``runtime_stream.json`` and ``runtime_stream.md`` to ``--out``.
 
     python -m benchmarks.runtime_stream --folder model-onnx --input test.en --lines 2000 20000 --out DIR
 """
+
 import argparse
 import json
 import os
-import resource
 import select
 import statistics
 import subprocess
@@ -39,8 +39,14 @@ def _env(root: str) -> Dict[str, str]:
 
 
 def latency(root: str, folder: str, pause: float = 4.0) -> Dict:
-    proc = subprocess.Popen([sys.executable, "-m", "hrt_runtime", os.path.abspath(folder), *OPTIONS], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env(root), cwd="/")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hrt_runtime", os.path.abspath(folder), *OPTIONS],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=_env(root),
+        cwd="/",
+    )
     time.sleep(3.0)  # loaded
     started = time.perf_counter()
     proc.stdin.write(b"A man is riding a bike.\n")
@@ -60,12 +66,30 @@ def latency(root: str, folder: str, pause: float = 4.0) -> Dict:
 
 def memory(root: str, folder: str, path: str, name: str) -> Dict:
     """Peak RSS of one hrt-translate run (measured alone: ru_maxrss of the child that ran)."""
-    code = ("import resource, subprocess, sys, json, time; t = time.perf_counter(); "
-            "p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL); "
-            "print(json.dumps({'rc': p.returncode, 'lines_out': p.stdout.count(b'\\n'), 'wall_s': time.perf_counter() - t, "
-            "'peak_rss_mib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))")
-    out = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "hrt_runtime", os.path.abspath(folder), "--input", path,
-                          *OPTIONS], capture_output=True, text=True, env=_env(root), cwd="/")
+    code = (
+        "import resource, subprocess, sys, json, time; t = time.perf_counter(); "
+        "p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL); "
+        "print(json.dumps({'rc': p.returncode, 'lines_out': p.stdout.count(b'\\n'), 'wall_s': time.perf_counter() - t, "
+        "'peak_rss_mib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            sys.executable,
+            "-m",
+            "hrt_runtime",
+            os.path.abspath(folder),
+            "--input",
+            path,
+            *OPTIONS,
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(root),
+        cwd="/",
+    )
     return {"root": root.split("=", 1)[0], "input": name, **json.loads(out.stdout)}
 
 
@@ -89,23 +113,42 @@ def integrity_cost(folder: str) -> Dict:
     started = time.perf_counter()
     Translator(folder).translate("a", beam=1)
     load = time.perf_counter() - started
-    return {"folder": folder, "files_mib": total / 2**20, "sizes_ms": 1000 * statistics.median(sizes),
-            "sha256_ms": 1000 * statistics.median(sums), "load_and_first_call_ms": 1000 * load}
+    return {
+        "folder": folder,
+        "files_mib": total / 2**20,
+        "sizes_ms": 1000 * statistics.median(sizes),
+        "sha256_ms": 1000 * statistics.median(sums),
+        "load_and_first_call_ms": 1000 * load,
+    }
 
 
 def markdown(result: Dict) -> str:
     out = ["| runtime | A readable after (s) | all output after (s) |", "| --- | ---: | ---: |"]
     for r in result["latency"]:
-        first = f"{r['first_line_s']:.3f}" if r["first_line_s"] is not None else f"not within {r['pause_s']:.0f} (at EOF)"
+        first = (
+            f"{r['first_line_s']:.3f}" if r["first_line_s"] is not None else f"not within {r['pause_s']:.0f} (at EOF)"
+        )
         out.append(f"| {r['root']} | {first} | {r['all_output_s']:.2f} |")
-    out += ["", "| runtime | input | exit | lines out | peak RSS (MiB) | wall (s) |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    out += [
+        "",
+        "| runtime | input | exit | lines out | peak RSS (MiB) | wall (s) |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for r in result["memory"]:
-        out.append(f"| {r['root']} | {r['input']} | {r['rc']} | {r['lines_out']} | {r['peak_rss_mib']:.0f} | {r['wall_s']:.1f} |")
-    out += ["", "| folder | files (MiB) | sizes check (ms) | SHA-256 check (ms) | Translator load + first call (ms) |",
-            "| --- | ---: | ---: | ---: | ---: |"]
+        out.append(
+            f"| {r['root']} | {r['input']} | {r['rc']} | {r['lines_out']} "
+            f"| {r['peak_rss_mib']:.0f} | {r['wall_s']:.1f} |"
+        )
+    out += [
+        "",
+        "| folder | files (MiB) | sizes check (ms) | SHA-256 check (ms) | Translator load + first call (ms) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     for r in result["integrity"]:
-        out.append(f"| {r['folder']} | {r['files_mib']:.1f} | {r['sizes_ms']:.2f} | {r['sha256_ms']:.1f} | "
-                   f"{r['load_and_first_call_ms']:.0f} |")
+        out.append(
+            f"| {r['folder']} | {r['files_mib']:.1f} | {r['sizes_ms']:.2f} | {r['sha256_ms']:.1f} | "
+            f"{r['load_and_first_call_ms']:.0f} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -114,8 +157,9 @@ def main(argv=None):
     p.add_argument("--folder", required=True, help="the exported folder the stream rows translate with")
     p.add_argument("--input", required=True, help="sentences, repeated to --lines")
     p.add_argument("--lines", type=int, nargs="+", default=[2000, 20000])
-    p.add_argument("--roots", nargs="+", default=[f"this={REPO}"],
-                   help="runtime copies to compare, NAME=PATH (PYTHONPATH roots)")
+    p.add_argument(
+        "--roots", nargs="+", default=[f"this={REPO}"], help="runtime copies to compare, NAME=PATH (PYTHONPATH roots)"
+    )
     p.add_argument("--integrity-folders", nargs="*", default=None, help="default: --folder")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
@@ -133,10 +177,13 @@ def main(argv=None):
     with open(binary, "wb") as f:
         f.write(os.urandom(200_000))
     inputs.append((binary, "200 KB of random bytes"))
-    result = {"latency": [latency(root, a.folder) for root in a.roots],
-              "memory": [memory(root, a.folder, path, name) for path, name in inputs for root in a.roots],
-              "integrity": [integrity_cost(f) for f in (a.integrity_folders or [a.folder])],
-              "options": OPTIONS, "machine": f"{os.cpu_count()} CPUs"}
+    result = {
+        "latency": [latency(root, a.folder) for root in a.roots],
+        "memory": [memory(root, a.folder, path, name) for path, name in inputs for root in a.roots],
+        "integrity": [integrity_cost(f) for f in (a.integrity_folders or [a.folder])],
+        "options": OPTIONS,
+        "machine": f"{os.cpu_count()} CPUs",
+    }
     for path, _ in inputs:
         os.remove(path)
     os.rmdir(work)

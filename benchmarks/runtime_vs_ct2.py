@@ -29,6 +29,7 @@ output against ``--raw-ref``. Prints a table and writes ``OUT/runtime_vs_ct2.{md
         --ctranslate2 AT=ct2-at --src test.en.pieces --raw-src test.en --raw-ref test.de \\
         --spm spm.model --batch-sizes 1,8,128 --threads 2 --out-dir R/runtime-vs-ct2
 """
+
 import argparse
 import os
 import sys
@@ -57,11 +58,18 @@ def length_sorted_batches(lengths: List[int], batch_size: int) -> List[List[int]
     """Sentence indices, by source length, cut into batches of ``batch_size`` (fairseq's order
     of batching, and the order CTranslate2 sorts a call's inputs in)."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def runtime_rows(name: str, folder: str, pieces: List[List[str]], threads: int, chunk_sizes: List[int],
-                 max_len_a: float, max_len_b: int) -> Dict[str, Tuple[Callable, Callable]]:
+def runtime_rows(
+    name: str,
+    folder: str,
+    pieces: List[List[str]],
+    threads: int,
+    chunk_sizes: List[int],
+    max_len_a: float,
+    max_len_b: int,
+) -> Dict[str, Tuple[Callable, Callable]]:
     """``{row: (decode(batches) -> {index: pieces}, ...)}`` of one exported folder."""
     from hrt_runtime.search import SearchConfig
     from hrt_runtime.translator import Translator
@@ -81,6 +89,7 @@ def runtime_rows(name: str, folder: str, pieces: List[List[str]], threads: int, 
                 for i, sentence in zip(batch, hypos):
                     out[i] = [translator.target_symbols[t] for t in sentence[0]["tokens"].tolist() if t != model.eos]
             return out
+
         return decode
 
     rows = {}
@@ -90,8 +99,15 @@ def runtime_rows(name: str, folder: str, pieces: List[List[str]], threads: int, 
     return rows
 
 
-def ctranslate2_rows(name: str, model_dir: str, pieces: List[List[str]], threads: int, compute_types: List[str],
-                     max_len_a: float, max_len_b: int) -> Dict[str, Callable]:
+def ctranslate2_rows(
+    name: str,
+    model_dir: str,
+    pieces: List[List[str]],
+    threads: int,
+    compute_types: List[str],
+    max_len_a: float,
+    max_len_b: int,
+) -> Dict[str, Callable]:
     import ctranslate2
 
     from benchmarks import ct2_reference
@@ -101,14 +117,24 @@ def ctranslate2_rows(name: str, model_dir: str, pieces: List[List[str]], threads
     vmap = os.path.isfile(os.path.join(model_dir, ct2_reference.VMAP_FILE))
     rows = {}
     for compute_type in compute_types:
-        translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type, inter_threads=1,
-                                            intra_threads=threads)
-        for use_vmap in ((False, True) if vmap else (False,)):
+        translator = ctranslate2.Translator(
+            model_dir, device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=threads
+        )
+        for use_vmap in (False, True) if vmap else (False,):
+
             def decode(batches, translator=translator, use_vmap=use_vmap):
                 out = {}
                 for batch in batches:
-                    found = ct2_reference.translate(translator, [pieces[i] for i in batch], len(batch), 1, max_len_b,
-                                                    suppress, max_len_a=max_len_a, use_vmap=use_vmap)
+                    found = ct2_reference.translate(
+                        translator,
+                        [pieces[i] for i in batch],
+                        len(batch),
+                        1,
+                        max_len_b,
+                        suppress,
+                        max_len_a=max_len_a,
+                        use_vmap=use_vmap,
+                    )
                     out.update({batch[j]: hyp for j, hyp in found.items()})
                 return out
 
@@ -118,12 +144,21 @@ def ctranslate2_rows(name: str, model_dir: str, pieces: List[List[str]], threads
 
 
 def main(argv: Optional[List[str]] = None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--onnx", action="append", default=[], metavar="NAME=FOLDER", help="an exported folder (repeatable)")
-    p.add_argument("--ctranslate2", action="append", default=[], metavar="NAME=DIR",
-                   help="a CTranslate2 model of an AT checkpoint (repeatable; vmap.txt in it: +vmap rows too)")
+    p.add_argument(
+        "--ctranslate2",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a CTranslate2 model of an AT checkpoint (repeatable; vmap.txt in it: +vmap rows too)",
+    )
     p.add_argument("--ct2-compute-types", default="float32,int8")
-    p.add_argument("--chunk-sizes", default="2", help="HRT models: the chunk sizes k decoded (those the model was trained for)")
+    p.add_argument(
+        "--chunk-sizes", default="2", help="HRT models: the chunk sizes k decoded (those the model was trained for)"
+    )
     p.add_argument("--src", required=True, help="test source, SentencePiece pieces (as the models read it)")
     p.add_argument("--raw-src", required=True, help="raw test source (its words are counted)")
     p.add_argument("--raw-ref", required=True, help="raw test reference (sacreBLEU)")
@@ -151,21 +186,32 @@ def main(argv: Optional[List[str]] = None):
     pieces = [line.split() for line in read(args.src)]
     raw_src, raw_ref = read(args.raw_src), read(args.raw_ref)
     if not (len(pieces) == len(raw_src) == len(raw_ref)):
-        raise SystemExit(f"--src, --raw-src and --raw-ref differ in lines ({len(pieces)}, {len(raw_src)}, {len(raw_ref)})")
+        raise SystemExit(
+            f"--src, --raw-src and --raw-ref differ in lines ({len(pieces)}, {len(raw_src)}, {len(raw_ref)})"
+        )
     chunk_sizes = [int(k) for k in args.chunk_sizes.split(",") if k]
     rows: Dict[str, Callable] = {}
     for name, folder in named(args.onnx, "--onnx"):
         rows.update(runtime_rows(name, folder, pieces, args.threads, chunk_sizes, args.max_len_a, args.max_len_b))
     for name, model_dir in named(args.ctranslate2, "--ctranslate2"):
-        rows.update(ctranslate2_rows(name, model_dir, pieces, args.threads, args.ct2_compute_types.split(","),
-                                     args.max_len_a, args.max_len_b))
+        rows.update(
+            ctranslate2_rows(
+                name, model_dir, pieces, args.threads, args.ct2_compute_types.split(","), args.max_len_a, args.max_len_b
+            )
+        )
     if "torch" in sys.modules:  # a module above imported it after all
         raise SystemExit("runtime_vs_ct2: a row's module imported PyTorch")
     detok = sentencepiece.SentencePieceProcessor(model_file=args.spm).decode if args.spm else " ".join
     words = [len(line.split()) for line in raw_src]
     lengths = [len(line) for line in pieces]
-    report = {"threads": args.threads, "sentences": len(pieces), "bs1_sentences": args.bs1_sentences,
-              "max_len_a": args.max_len_a, "max_len_b": args.max_len_b, "rows": {}}
+    report = {
+        "threads": args.threads,
+        "sentences": len(pieces),
+        "bs1_sentences": args.bs1_sentences,
+        "max_len_a": args.max_len_a,
+        "max_len_b": args.max_len_b,
+        "rows": {},
+    }
     outputs: Dict[str, Dict[int, List[str]]] = {}
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     for bs in batch_sizes:
@@ -173,11 +219,16 @@ def main(argv: Optional[List[str]] = None):
         batches = length_sorted_batches(lengths[:n], bs)
         for decode in rows.values():  # warm-up: one batch
             decode(batches[:1])
-        timed = time_runs({row: (lambda decode=decode: decode(batches)) for row, decode in rows.items()},
-                          runs=args.runs if bs == 1 else args.runs_large)
+        timed = time_runs(
+            {row: (lambda decode=decode: decode(batches)) for row, decode in rows.items()},
+            runs=args.runs if bs == 1 else args.runs_large,
+        )
         for row, timing in timed.items():
-            report["rows"].setdefault(row, {})[str(bs)] = {"words_per_second": sum(words[:n]) / timing.mean,
-                                                           "seconds": list(timing.seconds), "sentences": n}
+            report["rows"].setdefault(row, {})[str(bs)] = {
+                "words_per_second": sum(words[:n]) / timing.mean,
+                "seconds": list(timing.seconds),
+                "sentences": n,
+            }
             if n == len(pieces):
                 outputs[row] = timing.value
     fastest_ct2 = {}
@@ -189,13 +240,19 @@ def main(argv: Optional[List[str]] = None):
         if row.startswith("CTranslate2") and row.endswith("greedy"):
             for bs in batch_sizes:
                 fastest_ct2[bs] = max(fastest_ct2.get(bs, 0.0), result[str(bs)]["words_per_second"])
-    head = ["| row | BLEU | " + " | ".join(f"bs={bs} words/s" for bs in batch_sizes) + " |",
-            "|---|---:|" + "---:|" * len(batch_sizes)]
-    lines = [f"## The deployed runtime against CTranslate2 ({args.threads} thread(s), a process without PyTorch)", "",
-             f"test: {len(pieces)} sentences ({sum(words)} source words); batch 1: the first "
-             f"{min(args.bs1_sentences, len(pieces))}, mean of {args.runs} runs; larger batches: all, "
-             f"{args.runs_large} run(s); outputs at most {args.max_len_a} x source + {args.max_len_b} tokens. "
-             "In brackets: the ratio to CTranslate2's float greedy row of the same run.", ""] + head
+    head = [
+        "| row | BLEU | " + " | ".join(f"bs={bs} words/s" for bs in batch_sizes) + " |",
+        "|---|---:|" + "---:|" * len(batch_sizes),
+    ]
+    lines = [
+        f"## The deployed runtime against CTranslate2 ({args.threads} thread(s), a process without PyTorch)",
+        "",
+        f"test: {len(pieces)} sentences ({sum(words)} source words); batch 1: the first "
+        f"{min(args.bs1_sentences, len(pieces))}, mean of {args.runs} runs; larger batches: all, "
+        f"{args.runs_large} run(s); outputs at most {args.max_len_a} x source + {args.max_len_b} tokens. "
+        "In brackets: the ratio to CTranslate2's float greedy row of the same run.",
+        "",
+    ] + head
     for row, result in report["rows"].items():
         cells = []
         for bs in batch_sizes:

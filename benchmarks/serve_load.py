@@ -18,6 +18,7 @@ to ``--out``.
 
     python -m benchmarks.serve_load --folder model-onnx --input test.en --clients 8 --requests 25 --out DIR
 """
+
 import argparse
 import http.client
 import json
@@ -67,9 +68,22 @@ class Client:
 
 
 def start_service(folder: str, port: int, args) -> subprocess.Popen:
-    command = [sys.executable, "-m", "hrt_runtime.serve", folder, "--port", str(port), "--threads", str(args.threads),
-               "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms), "--max-queue",
-               str(args.max_queue)]
+    command = [
+        sys.executable,
+        "-m",
+        "hrt_runtime.serve",
+        folder,
+        "--port",
+        str(port),
+        "--threads",
+        str(args.threads),
+        "--max-batch",
+        str(args.max_batch),
+        "--max-wait-ms",
+        str(args.max_wait_ms),
+        "--max-queue",
+        str(args.max_queue),
+    ]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while True:
@@ -126,10 +140,20 @@ def run_clients(port: int, work: List[List[Dict]], expected: Dict[int, List[str]
     seconds = time.perf_counter() - started
     requests = sum(len(w) for w in work)
     sentences = sum(len(item["body"]["text"]) for w in work for item in w)
-    return {"clients": len(work), "requests": requests, "seconds": seconds, "requests_per_s": requests / seconds,
-            "sentences_per_s": sentences / seconds, "p50_ms": 1000 * percentile(latencies, 50),
-            "p99_ms": 1000 * percentile(latencies, 99), "answers_equal": requests - len(wrong) - rejected - len(errors),
-            "wrong": len(wrong), "rejected_503": rejected, "errors": errors[:5], "first_wrong": wrong[:3]}
+    return {
+        "clients": len(work),
+        "requests": requests,
+        "seconds": seconds,
+        "requests_per_s": requests / seconds,
+        "sentences_per_s": sentences / seconds,
+        "p50_ms": 1000 * percentile(latencies, 50),
+        "p99_ms": 1000 * percentile(latencies, 99),
+        "answers_equal": requests - len(wrong) - rejected - len(errors),
+        "wrong": len(wrong),
+        "rejected_503": rejected,
+        "errors": errors[:5],
+        "first_wrong": wrong[:3],
+    }
 
 
 def service_stats(port: int) -> Dict:
@@ -141,16 +165,22 @@ def service_stats(port: int) -> Dict:
 
 
 def markdown(rows: List[Dict], meta: Dict) -> str:
-    lines = [f"`hrt-serve` load test: {meta['folder']} ({meta['kind']}), {meta['clients']} clients x "
-             f"{meta['requests_per_client']} requests of {meta['lines']} sentence(s), options {meta['options']}, "
-             f"--max-batch {meta['max_batch']} --max-wait-ms {meta['max_wait_ms']} --threads {meta['threads']}; "
-             f"{meta['machine']}", "",
-             "| row | clients | requests | req/s | sentences/s | p50 ms | p99 ms | answers equal | 503 | batches | largest batch |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"`hrt-serve` load test: {meta['folder']} ({meta['kind']}), {meta['clients']} clients x "
+        f"{meta['requests_per_client']} requests of {meta['lines']} sentence(s), options {meta['options']}, "
+        f"--max-batch {meta['max_batch']} --max-wait-ms {meta['max_wait_ms']} --threads {meta['threads']}; "
+        f"{meta['machine']}",
+        "",
+        "| row | clients | requests | req/s | sentences/s | p50 ms | p99 ms | answers equal | 503 | batches "
+        "| largest batch |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
-        lines.append(f"| {r['row']} | {r['clients']} | {r['requests']} | {r['requests_per_s']:.1f} | "
-                     f"{r['sentences_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-                     f"{r['answers_equal']}/{r['requests']} | {r['rejected_503']} | {r['batches']} | {r['largest_batch']} |")
+        lines.append(
+            f"| {r['row']} | {r['clients']} | {r['requests']} | {r['requests_per_s']:.1f} | "
+            f"{r['sentences_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+            f"{r['answers_equal']}/{r['requests']} | {r['rejected_503']} | {r['batches']} | {r['largest_batch']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -163,8 +193,12 @@ def main(argv=None):
     p.add_argument("--lines", type=int, default=1, help="sentences per request")
     p.add_argument("--beam", type=int, default=1)
     p.add_argument("--chunk-size", type=int, default=None)
-    p.add_argument("--max-len-a", type=float, default=0.0,
-                   help="> 0: each request is batched alone by the service (its length limit depends on the batch)")
+    p.add_argument(
+        "--max-len-a",
+        type=float,
+        default=0.0,
+        help="> 0: each request is batched alone by the service (its length limit depends on the batch)",
+    )
     p.add_argument("--max-len-b", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-batch", type=int, default=64)
@@ -186,7 +220,7 @@ def main(argv=None):
     bodies = []
     for i in range(total):
         start = (i * a.lines) % (len(sentences) - a.lines + 1)
-        bodies.append({"text": sentences[start:start + a.lines], **options})
+        bodies.append({"text": sentences[start : start + a.lines], **options})
     translator = Translator(a.folder, threads=a.threads)
     expected = {i: translator.translate(body["text"], **options) for i, body in enumerate(bodies)}
     items = [{"id": i, "body": body} for i, body in enumerate(bodies)]
@@ -195,25 +229,33 @@ def main(argv=None):
     service = start_service(a.folder, port, a)
     rows = []
     try:
-        for row, work in (("sequential", [items]),
-                          ("concurrent", [items[c::a.clients] for c in range(a.clients)])):
+        for row, work in (("sequential", [items]), ("concurrent", [items[c :: a.clients] for c in range(a.clients)])):
             before = service_stats(port)
             result = run_clients(port, work, expected)
             after = service_stats(port)
-            result.update(row=row, batches=after["batches"] - before["batches"],
-                          largest_batch=after["largest_batch"])
+            result.update(row=row, batches=after["batches"] - before["batches"], largest_batch=after["largest_batch"])
             rows.append(result)
     finally:
         service.terminate()
         service.wait(30)
-    meta = {"folder": a.folder, "kind": translator.model.kind, "clients": a.clients, "requests_per_client": a.requests,
-            "lines": a.lines, "options": options, "max_batch": a.max_batch, "max_wait_ms": a.max_wait_ms,
-            "threads": a.threads, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-            "python": platform.python_version()}
+    meta = {
+        "folder": a.folder,
+        "kind": translator.model.kind,
+        "clients": a.clients,
+        "requests_per_client": a.requests,
+        "lines": a.lines,
+        "options": options,
+        "max_batch": a.max_batch,
+        "max_wait_ms": a.max_wait_ms,
+        "threads": a.threads,
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "python": platform.python_version(),
+    }
     table = markdown(rows, meta)
     print(table)
-    write_files(a.out, {"serve_load.json": json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n",
-                        "serve_load.md": table})
+    write_files(
+        a.out, {"serve_load.json": json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n", "serve_load.md": table}
+    )
     return 0 if all(r["wrong"] == 0 and not r["errors"] for r in rows) else 1
 
 

@@ -21,6 +21,7 @@ Example::
         --at R/at/checkpoint_last.pt --hrt R/hrt/checkpoint_last.pt \\
         --settings 75/75,10/50,10/50/0.05 --out-dir R/shortlist-sweep
 """
+
 import argparse
 import functools
 import logging
@@ -36,7 +37,6 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 from benchmarks.measure import Context, FairseqRunner, System, read_lines  # noqa: E402
 from benchmarks.report_files import write_report  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
-
 from fairseq_hrt import shortlist as sl  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
 from fairseq_hrt.scoring.metrics import sacrebleu_score, source_words  # noqa: E402
@@ -77,9 +77,12 @@ def parse_args(argv=None):
     p.add_argument("--at", help="AT checkpoint (greedy rows)")
     p.add_argument("--hrt", help="HRT checkpoint (k = 2, 1/1 rows)")
     p.add_argument("--hrt-chunk-size", type=int, default=2)
-    p.add_argument("--settings", default="75/75,20/50,10/50,10/50/0.05",
-                   help="comma-separated PER_SOURCE/FREQUENT[/MIN_SCORE] settings (fairseq-hrt-shortlist's "
-                   "--per-source, --frequent, --min-score)")
+    p.add_argument(
+        "--settings",
+        default="75/75,20/50,10/50,10/50/0.05",
+        help="comma-separated PER_SOURCE/FREQUENT[/MIN_SCORE] settings (fairseq-hrt-shortlist's "
+        "--per-source, --frequent, --min-score)",
+    )
     p.add_argument("--method", choices=sl.METHODS, default="ibm1")
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--batch-sizes", default="1,128")
@@ -104,9 +107,12 @@ def build_shortlists(args):
     src, tgt = sl.read_binarized(args.data, "train", src_lang, tgt_lang, src_dict, tgt_dict)
     paths = {}
     for n, m, t in args.settings:
-        path = os.path.join(args.shortlist_dir or os.path.join(args.out_dir, "shortlists"), f"{args.method}-{n}-{m}-{t:g}.pt")
-        built = time_runs(lambda: sl.build_shortlist(src, tgt, src_dict, tgt_dict, n, m, args.method, args.iterations,
-                                                     t).save(path))
+        path = os.path.join(
+            args.shortlist_dir or os.path.join(args.out_dir, "shortlists"), f"{args.method}-{n}-{m}-{t:g}.pt"
+        )
+        built = time_runs(
+            lambda: sl.build_shortlist(src, tgt, src_dict, tgt_dict, n, m, args.method, args.iterations, t).save(path)
+        )
         logger.info("shortlist %s: %s (%.1fs)", setting_name((n, m, t)), path, built.total)
         paths[(n, m, t)] = path
     return paths
@@ -124,8 +130,14 @@ def main(argv=None):
     if args.at:
         models.append(("AT greedy", args.at, {"beam": 1}, {"decoding": "beam", "decode_chunk_size": "1"}))
     if args.hrt:
-        models.append((f"HRT k={args.hrt_chunk_size} 1/1", args.hrt, {"beam": 1},
-                       {"decoding": "hrt", "decode_chunk_size": str(args.hrt_chunk_size), "b_nat": 1}))
+        models.append(
+            (
+                f"HRT k={args.hrt_chunk_size} 1/1",
+                args.hrt,
+                {"beam": 1},
+                {"decoding": "hrt", "decode_chunk_size": str(args.hrt_chunk_size), "b_nat": 1},
+            )
+        )
     rows = []
     for name, ckpt, gen_args, options in models:
         for setting in [None] + list(args.settings):
@@ -137,8 +149,17 @@ def main(argv=None):
             system = System(label, name.split()[0], ckpt, dict(gen_args, **options))
             runner = FairseqRunner(system, ctx, dict(gen_args, max_len_b=args.max_len_b), row_options, greedy=True)
             short = runner.task.load_shortlist(paths[setting]) if setting is not None else None
-            rows.append({"name": label, "model": name, "setting": setting, "runner": runner, "shortlist": short,
-                         "times": {}, "candidates": {}})
+            rows.append(
+                {
+                    "name": label,
+                    "model": name,
+                    "setting": setting,
+                    "runner": runner,
+                    "shortlist": short,
+                    "times": {},
+                    "candidates": {},
+                }
+            )
 
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     results = {}
@@ -148,8 +169,9 @@ def main(argv=None):
         for r in rows:
             r["runner"].run(prepared[r["name"]], warm_up=True)
         before = {r["name"]: (r["shortlist"].batches, r["shortlist"].total_candidates) for r in rows if r["shortlist"]}
-        timings = time_runs({r["name"]: functools.partial(r["runner"].run, prepared[r["name"]]) for r in rows},
-                            runs=args.runs)
+        timings = time_runs(
+            {r["name"]: functools.partial(r["runner"].run, prepared[r["name"]]) for r in rows}, runs=args.runs
+        )
         for r in rows:
             r["times"][bs] = timings[r["name"]]
             short = r["shortlist"]
@@ -157,19 +179,33 @@ def main(argv=None):
                 b0, c0 = before[r["name"]]
                 r["candidates"][bs] = (short.total_candidates - c0) / max(1, short.batches - b0)
             if bs == max(batch_sizes):
-                r["bleu"] = sacrebleu_score(r["runner"].texts(timings[r["name"]].value, len(subset)),
-                                            refs[: len(subset)])["score"]
+                r["bleu"] = sacrebleu_score(
+                    r["runner"].texts(timings[r["name"]].value, len(subset)), refs[: len(subset)]
+                )["score"]
         results[bs] = source_words(raw_src[: len(subset)])
 
-    table = ["| system | BLEU | " + " | ".join(f"bs={b} words/s (x) | bs={b} candidates" for b in batch_sizes) + " |",
-             "|---|---|" + "---|---|" * len(batch_sizes)]
+    table = [
+        "| system | BLEU | " + " | ".join(f"bs={b} words/s (x) | bs={b} candidates" for b in batch_sizes) + " |",
+        "|---|---|" + "---|---|" * len(batch_sizes),
+    ]
+
     def rel(path):  # the report is read on other machines: paths relative to its folder
         return os.path.relpath(os.path.abspath(path), os.path.abspath(args.out_dir))
 
-    report = {"settings": {"method": args.method, "iterations": args.iterations, "tuning_set": rel(args.raw_src),
-                           "data": rel(args.data), "models": {name: rel(ckpt) for name, ckpt, _, _ in models},
-                           "threads": args.threads, "runs": args.runs, "bs1_sentences": args.bs1_sentences,
-                           "vocabulary": len(rows[0]["runner"].task.target_dictionary)}, "rows": []}
+    report = {
+        "settings": {
+            "method": args.method,
+            "iterations": args.iterations,
+            "tuning_set": rel(args.raw_src),
+            "data": rel(args.data),
+            "models": {name: rel(ckpt) for name, ckpt, _, _ in models},
+            "threads": args.threads,
+            "runs": args.runs,
+            "bs1_sentences": args.bs1_sentences,
+            "vocabulary": len(rows[0]["runner"].task.target_dictionary),
+        },
+        "rows": [],
+    }
     for r in rows:
         base = next(x for x in rows if x["model"] == r["model"] and x["setting"] is None)
         cells, entry = [], {"name": r["name"], "bleu": round(r["bleu"], 2), "speed": {}}
@@ -177,8 +213,11 @@ def main(argv=None):
             wps = results[bs] / r["times"][bs].median
             ratio = wps / (results[bs] / base["times"][bs].median)
             cand = r["candidates"].get(bs)
-            entry["speed"][str(bs)] = {"words_per_second": round(wps, 1), "ratio": round(ratio, 3),
-                                       "mean_candidates": round(cand, 1) if cand is not None else None}
+            entry["speed"][str(bs)] = {
+                "words_per_second": round(wps, 1),
+                "ratio": round(ratio, 3),
+                "mean_candidates": round(cand, 1) if cand is not None else None,
+            }
             cells.append(f"{wps:.1f} ({ratio:.2f}x) | " + (f"{cand:.0f}" if cand is not None else "all"))
         report["rows"].append(entry)
         table.append(f"| {r['name']} | {r['bleu']:.2f} | " + " | ".join(cells) + " |")

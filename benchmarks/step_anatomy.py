@@ -21,6 +21,7 @@ the noise of a shared machine). Prints a table and writes ``OUT/step_anatomy.{md
 
     python benchmarks/step_anatomy.py --onnx model-onnx --ctranslate2 ct2-model --rows 150 --out-dir R/anatomy
 """
+
 import argparse
 import os
 import sys
@@ -40,8 +41,15 @@ from benchmarks.report_files import write_report  # noqa: E402
 GROUPS = ("embedding", "layer norms", "projections", "attention", "residuals and reshapes", "output layer", "choice")
 ATTENTION_OPS = {"MatMul", "FusedMatMul", "Softmax", "Concat", "Transpose", "Where"}
 MATRIX_PRODUCTS = {"MatMul", "Gemm", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
-PROJECTION_OPS = {"Gemm", "FusedGemm", "MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear",
-                  "MatMulIntegerToFloat", "Relu"}
+PROJECTION_OPS = {
+    "Gemm",
+    "FusedGemm",
+    "MatMulInteger",
+    "DynamicQuantizeMatMul",
+    "DynamicQuantizeLinear",
+    "MatMulIntegerToFloat",
+    "Relu",
+}
 
 
 def best_time(fn: Callable[[], object], calls: int, repeats: int) -> float:
@@ -74,8 +82,9 @@ def source_ids(model, length: int) -> np.ndarray:
     return np.array([[*tokens, model.source_eos]], np.int64)
 
 
-def loop_step_cost(model, source: np.ndarray, short: int, long: int, calls: int, repeats: int,
-                   rows: Optional[np.ndarray] = None) -> Dict[str, float]:
+def loop_step_cost(
+    model, source: np.ndarray, short: int, long: int, calls: int, repeats: int, rows: Optional[np.ndarray] = None
+) -> Dict[str, float]:
     """us per step of the greedy loop (``greedy.onnx``, or ``greedy_restricted.onnx`` over
     ``rows``), called as the search calls it (``ExportedModel.greedy_loop``): two runs of
     ``short`` and ``long`` forced steps, the difference per step."""
@@ -86,15 +95,21 @@ def loop_step_cost(model, source: np.ndarray, short: int, long: int, calls: int,
     size = model.vocab_size if rows is None else rows.size
 
     def run(steps: int):
-        rules = Rules(SearchConfig(beam=1, max_len_b=steps - 1), model.eos, model.unk, model.config["banned"], out_rows, size)
+        rules = Rules(
+            SearchConfig(beam=1, max_len_b=steps - 1), model.eos, model.unk, model.config["banned"], out_rows, size
+        )
         rules.usual = rules.early  # </s> banned until the last step, which forces it
         return lambda: model.greedy_loop(encoded, model.eos, steps - 1, rules, out_rows)
 
     assert run(long)()[0].shape[1] == long
     t_short = best_time(run(short), calls, repeats)
     t_long = best_time(run(long), max(1, calls * short // long), repeats)
-    return {"us_per_step": (t_long - t_short) / (long - short) * 1e6, "us_run_of_short": t_short * 1e6,
-            "steps": [short, long], "rows": int(size)}
+    return {
+        "us_per_step": (t_long - t_short) / (long - short) * 1e6,
+        "us_run_of_short": t_short * 1e6,
+        "steps": [short, long],
+        "rows": int(size),
+    }
 
 
 def step_graph_prefixes(model, source: np.ndarray, past_steps: int, calls: int, repeats: int, threads: int):
@@ -127,7 +142,9 @@ def step_graph_prefixes(model, source: np.ndarray, past_steps: int, calls: int, 
         options.optimized_model_filepath = os.path.join(tmp, "step.optimized.onnx")
         # the optimised weights beside it (the prefixes' external data, relative to tmp)
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
-        ort.InferenceSession(os.path.join(folder, model.config["graphs"]["step"]), options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(
+            os.path.join(folder, model.config["graphs"]["step"]), options, providers=["CPUExecutionProvider"]
+        )
         graph_model = onnx.load(options.optimized_model_filepath, load_external_data=False)
         graph = graph_model.graph
         nodes = list(graph.node)
@@ -164,9 +181,13 @@ def step_graph_prefixes(model, source: np.ndarray, past_steps: int, calls: int, 
                 stack.extend(nodes[i].input)
             kept = [nodes[i] for i in sorted(needed)]
             names = {name for node in kept for name in node.input}
-            sub = onnx.helper.make_graph(kept, "prefix", [v for v in graph.input if v.name in names],
-                                         [onnx.helper.make_empty_tensor_value_info(nodes[last].output[0])],
-                                         [init for init in graph.initializer if init.name in names])
+            sub = onnx.helper.make_graph(
+                kept,
+                "prefix",
+                [v for v in graph.input if v.name in names],
+                [onnx.helper.make_empty_tensor_value_info(nodes[last].output[0])],
+                [init for init in graph.initializer if init.name in names],
+            )
             sub_model = onnx.helper.make_model(sub, opset_imports=graph_model.opset_import)
             sub_model.ir_version = graph_model.ir_version
             path = os.path.join(tmp, f"prefix{last}.onnx")
@@ -205,12 +226,15 @@ def ctranslate2_step_cost(model_dir: str, length: int, short: int, long: int, ca
     out = {}
     vmap = os.path.isfile(os.path.join(model_dir, "vmap.txt"))
     for compute_type in ("float32", "int8"):
-        translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type, inter_threads=1,
-                                            intra_threads=threads)
-        for use_vmap in ((False, True) if vmap else (False,)):
+        translator = ctranslate2.Translator(
+            model_dir, device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=threads
+        )
+        for use_vmap in (False, True) if vmap else (False,):
+
             def run(steps):
-                return lambda: translator.translate_batch(source, beam_size=1, max_decoding_length=steps,
-                                                          min_decoding_length=steps, use_vmap=use_vmap)
+                return lambda: translator.translate_batch(
+                    source, beam_size=1, max_decoding_length=steps, min_decoding_length=steps, use_vmap=use_vmap
+                )
 
             t_short = best_time(run(short), calls, repeats)
             t_long = best_time(run(long), max(1, calls * short // long), repeats)
@@ -220,7 +244,9 @@ def ctranslate2_step_cost(model_dir: str, length: int, short: int, long: int, ca
 
 
 def main(argv: Optional[List[str]] = None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--onnx", required=True, help="a folder of fairseq-hrt-export (AT or HRT)")
     p.add_argument("--ctranslate2", help="the same AT model converted to CTranslate2 (its per-step cost beside ours)")
     p.add_argument("--rows", type=int, default=0, help="also the loop over this many output rows (a shortlist's size)")
@@ -239,40 +265,67 @@ def main(argv: Optional[List[str]] = None):
     short, long = (int(x) for x in args.steps.split(","))
     model = ExportedModel(args.onnx, threads=args.threads)
     source = source_ids(model, args.source_length)
-    report = {"folder": os.path.relpath(args.onnx, args.out_dir), "onnxruntime": onnxruntime.__version__,
-              "threads": args.threads, "source_length": args.source_length, "int8": bool(model.config.get("int8"))}
+    report = {
+        "folder": os.path.relpath(args.onnx, args.out_dir),
+        "onnxruntime": onnxruntime.__version__,
+        "threads": args.threads,
+        "source_length": args.source_length,
+        "int8": bool(model.config.get("int8")),
+    }
     loops = {"whole vocabulary": loop_step_cost(model, source, short, long, args.calls, args.repeats)}
     if args.rows and "greedy_restricted" not in model.config["graphs"]:
         report["loop_rows_skipped"] = "the folder has no greedy_restricted graph (exported with --no-restricted)"
     elif args.rows:
         rng = np.random.default_rng(0)
-        ids = np.unique(np.concatenate([[model.eos, model.unk], rng.choice(np.arange(8, model.vocab_size), args.rows - 2, replace=False)]))
-        loops[f"{ids.size} rows"] = loop_step_cost(model, source, short, long, args.calls, args.repeats, ids.astype(np.int64))
+        ids = np.unique(
+            np.concatenate(
+                [[model.eos, model.unk], rng.choice(np.arange(8, model.vocab_size), args.rows - 2, replace=False)]
+            )
+        )
+        loops[f"{ids.size} rows"] = loop_step_cost(
+            model, source, short, long, args.calls, args.repeats, ids.astype(np.int64)
+        )
     report["loop"] = loops
     fixed, added, total = step_graph_prefixes(model, source, args.past, args.calls, args.repeats, args.threads)
     groups: Dict[str, List[float]] = defaultdict(lambda: [0.0, 0])
     for op, group, us in added:
         groups[group][0] += us
         groups[group][1] += 1
-    report["step_graph"] = {"us_total": total, "us_first_operator_run": fixed, "operators": len(added) + 1,
-                            "groups": {g: {"us": groups[g][0], "operators": groups[g][1]} for g in GROUPS if g in groups},
-                            "operators_added": [{"op": op, "group": g, "us": us} for op, g, us in added]}
+    report["step_graph"] = {
+        "us_total": total,
+        "us_first_operator_run": fixed,
+        "operators": len(added) + 1,
+        "groups": {g: {"us": groups[g][0], "operators": groups[g][1]} for g in GROUPS if g in groups},
+        "operators_added": [{"op": op, "group": g, "us": us} for op, g, us in added],
+    }
     if args.ctranslate2:
-        report["ctranslate2"] = ctranslate2_step_cost(args.ctranslate2, args.source_length, short, long, args.calls // 4,
-                                                      args.repeats, args.threads)
-    lines = [f"## One decoder step: ONNX Runtime {onnxruntime.__version__} ({args.threads} thread(s)) and CTranslate2",
-             "", f"Batch 1, a source of {args.source_length} tokens; best of {args.repeats} rounds.", "",
-             "| per step | us |", "|---|---:|"]
+        report["ctranslate2"] = ctranslate2_step_cost(
+            args.ctranslate2, args.source_length, short, long, args.calls // 4, args.repeats, args.threads
+        )
+    lines = [
+        f"## One decoder step: ONNX Runtime {onnxruntime.__version__} ({args.threads} thread(s)) and CTranslate2",
+        "",
+        f"Batch 1, a source of {args.source_length} tokens; best of {args.repeats} rounds.",
+        "",
+        "| per step | us |",
+        "|---|---:|",
+    ]
     for name, cost in loops.items():
         lines.append(f"| ONNX Runtime greedy loop, {name} | {cost['us_per_step']:.1f} |")
     for name, cost in report.get("ctranslate2", {}).items():
         lines.append(f"| CTranslate2 greedy, {name} | {cost['us_per_step']:.1f} |")
     if "loop_rows_skipped" in report:
         lines += ["", f"No loop over {args.rows} rows: {report['loop_rows_skipped']}."]
-    lines += ["", f"Inside `step.onnx` after {args.past} steps (one run from Python: {total:.1f} us; "
-              f"{len(added) + 1} operators after ONNX Runtime's optimisation; what each group adds, summed over "
-              "prefix sessions of the graph):", "", "| part | operators | us |", "|---|---:|---:|",
-              f"| a run and its first operator | 1 | {fixed:.1f} |"]
+    lines += [
+        "",
+        f"Inside `step.onnx` after {args.past} steps (one run from Python: {total:.1f} us; "
+        f"{len(added) + 1} operators after ONNX Runtime's optimisation; what each group adds, summed over "
+        "prefix sessions of the graph):",
+        "",
+        "| part | operators | us |",
+        "|---|---:|---:|",
+        f"| a run and its first operator | 1 | {fixed:.1f} |",
+    ]
     for g in GROUPS:
         if g in groups:
             lines.append(f"| {g} | {groups[g][1]} | {groups[g][0]:.1f} |")

@@ -26,6 +26,7 @@ Example (after examples/multi30k/recipe.py --profile full)::
 
 (``python benchmarks/time_split.py ...`` works too.)
 """
+
 import argparse
 import contextlib
 import os
@@ -76,13 +77,19 @@ def session_run_times():
 
     times = {SCOPES[part]: [0.0, 0] for part in SESSION_RUNS}
     times[RUN_ONLY] = [0.0, 0]
-    originals = {(part, method): getattr(ExportedModel, method) for part, methods in SESSION_RUNS.items() for method in methods}
+    originals = {
+        (part, method): getattr(ExportedModel, method) for part, methods in SESSION_RUNS.items() for method in methods
+    }
     original_runner = ExportedModel.runner
 
     def timed(part, method, original):
         slot = times[SCOPES[part]]
         # calls counted: one per call, a greedy loop's the steps it made (None: it made none)
-        count = (lambda result: 0 if result is None else result[0].shape[1]) if method == "greedy_loop" else (lambda result: 1)
+        count = (
+            (lambda result: 0 if result is None else result[0].shape[1])
+            if method == "greedy_loop"
+            else (lambda result: 1)
+        )
 
         def run(*args, **kwargs):
             start = time.perf_counter()
@@ -119,12 +126,30 @@ def session_run_times():
         ExportedModel.runner = original_runner
 
 
-def split(checkpoint: str, data: str, lines: List[str], batch_size: int, chunk_size: int, runs: int,
-          engine: str = "lean", max_len_a: float = 0.0, max_len_b: int = 200) -> dict:
+def split(
+    checkpoint: str,
+    data: str,
+    lines: List[str],
+    batch_size: int,
+    chunk_size: int,
+    runs: int,
+    engine: str = "lean",
+    max_len_a: float = 0.0,
+    max_len_b: int = 200,
+) -> dict:
     model, task = measure.load(checkpoint, data)
-    options = {"decoder_engine": engine, "quantize": "none", "decoding": "auto", "jacobi_block_size": None,
-               "b_nat": 1, "shortlist": None, "decode_chunk_size": str(chunk_size)}
-    generator = measure.build_generator(task, model, {"beam": 1, "max_len_a": max_len_a, "max_len_b": max_len_b}, options)
+    options = {
+        "decoder_engine": engine,
+        "quantize": "none",
+        "decoding": "auto",
+        "jacobi_block_size": None,
+        "b_nat": 1,
+        "shortlist": None,
+        "decode_chunk_size": str(chunk_size),
+    }
+    generator = measure.build_generator(
+        task, model, {"beam": 1, "max_len_a": max_len_a, "max_len_b": max_len_b}, options
+    )
     batches = measure.make_batches(task, model, lines, batch_size, False)
     measure.generate(task, model, generator, batches[:1])  # warm-up
     if engine == "onnxruntime":
@@ -153,31 +178,48 @@ def split(checkpoint: str, data: str, lines: List[str], batch_size: int, chunk_s
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--data", required=True, help="binarized data dir (the models' dictionaries)")
     p.add_argument("--src", required=True, help="test source as the models read it (SentencePiece pieces)")
     p.add_argument("--at", required=True, help="AT checkpoint (greedy, lean engine)")
     p.add_argument("--hrt", help="HRT checkpoint: AT mode and --chunk-size")
     p.add_argument("--chunk-size", type=int, default=2, help="HRT's k (default 2)")
     p.add_argument("--batch-sizes", default="1,128")
-    p.add_argument("--sentences", type=int, default=0, help="first N sentences at batch 1 (0 = all); larger batches take all")
+    p.add_argument(
+        "--sentences", type=int, default=0, help="first N sentences at batch 1 (0 = all); larger batches take all"
+    )
     p.add_argument("--bs1-sentences", type=int, default=100, help="sentences at batch 1 (default 100, as benchmark.py)")
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--engine", choices=("lean", "onnxruntime"), default="lean",
-                   help="the decoder engine (onnxruntime: its session runs timed in place, no profiler)")
+    p.add_argument(
+        "--engine",
+        choices=("lean", "onnxruntime"),
+        default="lean",
+        help="the decoder engine (onnxruntime: its session runs timed in place, no profiler)",
+    )
     p.add_argument("--out-dir", required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     src = measure.read_lines(args.src, args.sentences)
     systems = [("AT greedy", args.at, 1)]
     if args.hrt:
-        systems += [("HRT AT-mode b=1", args.hrt, 1), (f"HRT k={args.chunk_size} b_at=1 b_nat=1", args.hrt, args.chunk_size)]
+        systems += [
+            ("HRT AT-mode b=1", args.hrt, 1),
+            (f"HRT k={args.chunk_size} b_at=1 b_nat=1", args.hrt, args.chunk_size),
+        ]
     onnx = args.engine == "onnxruntime"
-    report = {"threads": args.threads, "torch": torch.__version__, "sentences": len(src), "systems": {},
-              "engine": args.engine,
-              "measured_under": "wall clock around each session run (hrt_runtime.ExportedModel encode/step/parallel)"
-              if onnx else "torch.profiler (CPU activity; hrt.* record_function scopes)"}
+    report = {
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "sentences": len(src),
+        "systems": {},
+        "engine": args.engine,
+        "measured_under": "wall clock around each session run (hrt_runtime.ExportedModel encode/step/parallel)"
+        if onnx
+        else "torch.profiler (CPU activity; hrt.* record_function scopes)",
+    }
     rows = []
     for bs in measure.parse_ints(args.batch_sizes):
         lines = src[: args.bs1_sentences] if bs == 1 else src
@@ -187,29 +229,40 @@ def main(argv=None):
             report["systems"].setdefault(name, {})[str(bs)] = result
             parts = result["parts_ms_per_sentence"]
             run_cell = f" {result['run_ms_per_decoder_step']:.3f} |" if onnx else ""
-            rows.append(f"| {name} | {bs} | {result['ms_per_sentence']:.3f} | "
-                        + " | ".join(f"{parts[part]:.3f} ({parts[part] / result['ms_per_sentence']:.0%})" for part in PARTS)
-                        + f" | {result['decoder_steps_per_batch']:.1f} | {result['ms_per_decoder_step']:.3f} |" + run_cell)
+            rows.append(
+                f"| {name} | {bs} | {result['ms_per_sentence']:.3f} | "
+                + " | ".join(f"{parts[part]:.3f} ({parts[part] / result['ms_per_sentence']:.0%})" for part in PARTS)
+                + f" | {result['decoder_steps_per_batch']:.1f} | {result['ms_per_decoder_step']:.3f} |"
+                + run_cell
+            )
     run_head, run_rule = (" of which session run |", "---:|") if onnx else ("", "")
-    table = ["| system | batch | ms/sentence | " + " | ".join(PARTS) + " | decoder steps/batch | ms/step |" + run_head,
-             "|---|---:|---:|" + "---:|" * len(PARTS) + "---:|---:|" + run_rule] + rows
+    table = [
+        "| system | batch | ms/sentence | " + " | ".join(PARTS) + " | decoder steps/batch | ms/step |" + run_head,
+        "|---|---:|---:|" + "---:|" * len(PARTS) + "---:|---:|" + run_rule,
+    ] + rows
     if onnx:
         import onnxruntime
 
-        head = (f"## Where the decoding time goes (ONNX Runtime {onnxruntime.__version__}, {args.threads} thread(s), "
-                "session runs timed in place)\n\n"
-                "ms per sentence (share of the total): encoder, decoder steps and stage II are the wall-clock time of "
-                "the exported model's calls where the search makes them (a greedy loop, greedy.onnx, is one call for "
-                "all of a batch's steps, counted as the steps it made); other: the numpy search around them and "
-                "batching; of which session run: a step's session run alone (the rest of ms/step: its feeds and "
-                "state)")
+        head = (
+            f"## Where the decoding time goes (ONNX Runtime {onnxruntime.__version__}, {args.threads} thread(s), "
+            "session runs timed in place)\n\n"
+            "ms per sentence (share of the total): encoder, decoder steps and stage II are the wall-clock time of "
+            "the exported model's calls where the search makes them (a greedy loop, greedy.onnx, is one call for "
+            "all of a batch's steps, counted as the steps it made); other: the numpy search around them and "
+            "batching; of which session run: a step's session run alone (the rest of ms/step: its feeds and "
+            "state)"
+        )
     else:
-        head = (f"## Where the decoding time goes (lean engine, {args.threads} thread(s), torch {torch.__version__}, "
-                "measured under torch.profiler)\n\n"
-                "ms per sentence (share of the total; the profiler adds overhead to every operator, so read the "
-                "shares, and benchmark.py for speeds)")
-    text = (head + "; decoder steps: left-to-right steps (AT, HRT stage I) per batch, each over the batch's active "
-            "rows; ms/step: mean time of one step\n\n" + "\n".join(table) + "\n")
+        head = (
+            f"## Where the decoding time goes (lean engine, {args.threads} thread(s), torch {torch.__version__}, "
+            "measured under torch.profiler)\n\n"
+            "ms per sentence (share of the total; the profiler adds overhead to every operator, so read the "
+            "shares, and benchmark.py for speeds)"
+        )
+    text = (
+        head + "; decoder steps: left-to-right steps (AT, HRT stage I) per batch, each over the batch's active "
+        "rows; ms/step: mean time of one step\n\n" + "\n".join(table) + "\n"
+    )
     write_report(args.out_dir, "time_split", report, text)
 
 

@@ -3,6 +3,7 @@
 Every script that reports a speed times it here and reads its statistic (the benchmark's
 mean, the shortlist sweep's median, ...) from the returned :class:`TimingResult`.
 """
+
 import statistics
 import time
 from dataclasses import dataclass, field

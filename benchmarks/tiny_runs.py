@@ -14,6 +14,7 @@ which the tests' harness (tests/tiny_data.py) builds on.
   interpreter, or the launcher installed with :func:`use_launcher`).
 * :func:`parse_logs` reads the ``--log-format json`` (or ``simple``) metric lines back.
 """
+
 import json
 import os
 import random
@@ -76,7 +77,7 @@ def _command(args: Sequence[str]) -> List[str]:
         raise ValueError("run_cli needs a command, e.g. ['train', DATA, '--arch', ...]")
     name = args[0]
     if name.startswith("fairseq-"):
-        name = name[len("fairseq-"):]
+        name = name[len("fairseq-") :]
     if name in CLI_MODULES:
         return [sys.executable, "-m", CLI_MODULES[name], *args[1:]]
     if name.startswith("fairseq_cli.") or name.startswith("fairseq_hrt."):
@@ -99,8 +100,14 @@ def use_launcher(launcher: Optional[Callable]):
     _launcher = launcher
 
 
-def run_cli(args: Sequence[str], env: Optional[Dict[str, str]] = None, cwd=None, timeout: float = 600, check=True,
-            input: Optional[str] = None):
+def run_cli(
+    args: Sequence[str],
+    env: Optional[Dict[str, str]] = None,
+    cwd=None,
+    timeout: float = 600,
+    check=True,
+    input: Optional[str] = None,
+):
     """Run a fairseq command (``['train', DATA, ...]``, ``'fairseq-train'`` also accepted),
     with ``input`` as its standard input.
 
@@ -109,8 +116,16 @@ def run_cli(args: Sequence[str], env: Optional[Dict[str, str]] = None, cwd=None,
     """
     cmd = _command(args)
     if _launcher is None:
-        proc = subprocess.run(cmd, env=cli_env(env), cwd=str(cwd or REPO), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=timeout, input=input)
+        proc = subprocess.run(
+            cmd,
+            env=cli_env(env),
+            cwd=str(cwd or REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            input=input,
+        )
     else:
         with tempfile.TemporaryDirectory(prefix="hrt-cli-") as tmp:
             log_path = os.path.join(tmp, "output.log")
@@ -279,7 +294,7 @@ def corpus_source(prefer: str = "auto") -> str:
         raise ValueError(f"prefer must be auto, multi30k or synthetic, got {prefer!r}")
     if prefer == "synthetic":
         return "synthetic"
-    have = all((SHARED_MULTI30K / f"{s}.{l}").is_file() for s in ("train", "valid") for l in (SRC, TGT))
+    have = all((SHARED_MULTI30K / f"{s}.{lang}").is_file() for s in ("train", "valid") for lang in (SRC, TGT))
     if prefer == "multi30k" and not have:
         raise FileNotFoundError(f"no Multi30k data under {SHARED_MULTI30K}")
     return "multi30k" if have else "synthetic"
@@ -290,8 +305,9 @@ def default_prefer() -> str:
     return os.environ.get("HRT_TEST_DATA", "auto")
 
 
-def write_raw_corpus(out_dir, n_train: int = 300, n_valid: int = 50, prefer: Optional[str] = None, seed: int = 1,
-                     vocab: int = 24) -> Dict[str, Path]:
+def write_raw_corpus(
+    out_dir, n_train: int = 300, n_valid: int = 50, prefer: Optional[str] = None, seed: int = 1, vocab: int = 24
+) -> Dict[str, Path]:
     """Write ``train.{en,de}`` and ``valid.{en,de}`` under ``out_dir``.
 
     ``prefer``: ``'auto'`` (Multi30k if present), ``'multi30k'``, ``'synthetic'``; default
@@ -340,11 +356,16 @@ def preprocess_args(
     """The ``fairseq-preprocess`` command line of :func:`binarize` (for :func:`run_cli_many`)."""
     args = [
         "preprocess",
-        "--source-lang", SRC,
-        "--target-lang", TGT,
-        "--trainpref", trainpref,
-        "--destdir", dest_dir,
-        "--workers", workers,
+        "--source-lang",
+        SRC,
+        "--target-lang",
+        TGT,
+        "--trainpref",
+        trainpref,
+        "--destdir",
+        dest_dir,
+        "--workers",
+        workers,
     ]
     if validpref is not None:
         args += ["--validpref", validpref]
@@ -356,8 +377,16 @@ def preprocess_args(
     return [str(a) for a in args]
 
 
-def binarize(dest_dir, trainpref, validpref=None, srcdict=None, tgtdict=None, joined: bool = True,
-             workers: int = 1, extra: Sequence[str] = ()) -> Path:
+def binarize(
+    dest_dir,
+    trainpref,
+    validpref=None,
+    srcdict=None,
+    tgtdict=None,
+    joined: bool = True,
+    workers: int = 1,
+    extra: Sequence[str] = (),
+) -> Path:
     """``fairseq-preprocess`` ``trainpref``/``validpref`` (en -> de) into ``dest_dir``.
 
     Without dictionaries a joined one is built (``--joined-dictionary``); with ``srcdict``
@@ -387,8 +416,9 @@ class TinyData:
         return len(read_lines(self.raw("train", SRC)))
 
 
-def make_tiny_data(root, n_train: int = 300, n_valid: int = 50, prefer: Optional[str] = None, seed: int = 1,
-                   vocab: int = 24) -> TinyData:
+def make_tiny_data(
+    root, n_train: int = 300, n_valid: int = 50, prefer: Optional[str] = None, seed: int = 1, vocab: int = 24
+) -> TinyData:
     """Write a tiny corpus under ``root/raw`` and binarize it into ``root/bin`` (joined dict)."""
     root = Path(root)
     raw = write_raw_corpus(root / "raw", n_train=n_train, n_valid=n_valid, prefer=prefer, seed=seed, vocab=vocab)
@@ -396,36 +426,60 @@ def make_tiny_data(root, n_train: int = 300, n_valid: int = 50, prefer: Optional
     return TinyData(raw_dir=root / "raw", bin_dir=bin_dir, source=raw["source"])
 
 
-def train_args(data_dir, save_dir, *extra, arch: str = "hrt_tiny", max_update: int = 20, lr: float = 3e-3,
-               max_tokens: int = 2000, log_interval: int = 1, seed: int = 1) -> List[str]:
+def train_args(
+    data_dir,
+    save_dir,
+    *extra,
+    arch: str = "hrt_tiny",
+    max_update: int = 20,
+    lr: float = 3e-3,
+    max_tokens: int = 2000,
+    log_interval: int = 1,
+    seed: int = 1,
+) -> List[str]:
     """A ``fairseq-train`` command line for the HRT task on CPU (json logs; no validation,
     no epoch checkpoints unless ``extra`` asks for them)."""
     return [
-        "train", data_dir,
-        "--user-dir", USER_DIR,
-        "--task", "hrt_translation",
-        "--arch", arch,
-        "--criterion", "hrt_loss",
-        "--optimizer", "adam",
-        "--lr", lr,
-        "--max-tokens", max_tokens,
-        "--max-update", max_update,
-        "--save-dir", save_dir,
+        "train",
+        data_dir,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "hrt_translation",
+        "--arch",
+        arch,
+        "--criterion",
+        "hrt_loss",
+        "--optimizer",
+        "adam",
+        "--lr",
+        lr,
+        "--max-tokens",
+        max_tokens,
+        "--max-update",
+        max_update,
+        "--save-dir",
+        save_dir,
         "--no-progress-bar",
-        "--log-format", "json",
-        "--log-interval", log_interval,
+        "--log-format",
+        "json",
+        "--log-interval",
+        log_interval,
         "--share-all-embeddings",
         "--cpu",
-        "--seed", seed,
-        "--num-workers", "0",
+        "--seed",
+        seed,
+        "--num-workers",
+        "0",
         "--disable-validation",
         "--no-epoch-checkpoints",
         *[str(e) for e in extra],
     ]
 
 
-def make_tiny_spm_data(root, n_train: int = 300, n_valid: int = 30, vocab_size: int = 160,
-                       prefer: Optional[str] = None) -> TinyData:
+def make_tiny_spm_data(
+    root, n_train: int = 300, n_valid: int = 30, vocab_size: int = 160, prefer: Optional[str] = None
+) -> TinyData:
     """:func:`make_tiny_data` through a joint SentencePiece model, as the quickstart prepares
     Multi30k: ``root/spm/spm.model`` and the encoded splits, binarized into ``root/bin``
     (for ``fairseq-interactive --bpe sentencepiece`` on raw text)."""
@@ -436,8 +490,12 @@ def make_tiny_spm_data(root, n_train: int = 300, n_valid: int = 30, vocab_size: 
     spm_dir = root / "spm"
     spm_dir.mkdir(parents=True, exist_ok=True)
     spm.SentencePieceTrainer.train(
-        input=f"{raw['train']}.{SRC},{raw['train']}.{TGT}", model_prefix=str(spm_dir / "spm"),
-        vocab_size=vocab_size, character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
+        input=f"{raw['train']}.{SRC},{raw['train']}.{TGT}",
+        model_prefix=str(spm_dir / "spm"),
+        vocab_size=vocab_size,
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        minloglevel=2,
         num_threads=1,
     )
     sp = spm.SentencePieceProcessor(model_file=str(spm_dir / "spm.model"))

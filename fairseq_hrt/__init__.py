@@ -6,6 +6,7 @@ package's path (``--user-dir $(python -c 'import fairseq_hrt,os;print(os.path.di
 Importing is idempotent: fairseq imports user dirs several times and in every worker, and
 each component registers under a fixed name only once.
 """
+
 import sys
 
 from fairseq_hrt import compat

@@ -6,6 +6,7 @@
 * :func:`check_dictionary_when_loading`: loading weights of another dictionary into an AT
   model fails with a message about the dictionary, not about the architecture.
 """
+
 import logging
 from typing import Dict, Sequence
 
@@ -16,8 +17,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["dictionary_fingerprint", "curriculum_schedule", "check_resumed_state", "check_dictionary_when_loading"]
 
 
-def curriculum_schedule(hrt_mode, chunk_sizes: Sequence[int], curriculum_updates: int, max_update: int,
-                        curriculum_lambda: float) -> Dict:
+def curriculum_schedule(
+    hrt_mode, chunk_sizes: Sequence[int], curriculum_updates: int, max_update: int, curriculum_lambda: float
+) -> Dict:
     """The schedule of the chunk curriculum as a checkpoint stores it."""
     return {
         "hrt_mode": str(hrt_mode),
@@ -56,7 +58,9 @@ def check_dictionary_when_loading(model):
     first, as HRT and CMLM models do in their ``load_state_dict`` (one message for all)."""
     from fairseq_hrt.models.hrt_transformer import HRTTransformerModel, check_dictionary_compatible
 
-    if isinstance(model, HRTTransformerModel) or getattr(model.load_state_dict, "__fairseq_hrt_dictionary_check__", False):
+    if isinstance(model, HRTTransformerModel) or getattr(
+        model.load_state_dict, "__fairseq_hrt_dictionary_check__", False
+    ):
         return
     load_state_dict = model.load_state_dict
 

@@ -14,6 +14,7 @@ Conventions (shared by every function here and by the decoder):
 Every function accepts a per-row chunk size (``k`` an int or a ``(B,)`` tensor) so one batch
 can mix chunk sizes.
 """
+
 import zlib
 from typing import Mapping, NamedTuple, Optional, Sequence, Union
 
@@ -122,9 +123,7 @@ def at_sample(target: Tensor, pad: int, eos: int, start: Optional[int] = None) -
     return DecoderSample(tokens, positions, target.clone())
 
 
-def skip_at_sample(
-    target: Tensor, k: IntOrTensor, pad: int, eos: int, start_symbols: Tensor
-) -> DecoderSample:
+def skip_at_sample(target: Tensor, k: IntOrTensor, pad: int, eos: int, start_symbols: Tensor) -> DecoderSample:
     """Skip-AT: input ``<s_k> y_k y_2k ..`` at positions ``0, k, 2k, ..``, targets ``y_k y_2k .. y_M``.
 
     ``start_symbols`` is a ``(B,)`` tensor with each row's ``<s_k>`` index. ``M`` is the
@@ -274,8 +273,7 @@ def chunked_rows_generator(sentence_ids, seed: int, num_updates: int) -> torch.G
 
 def row_chunk_sizes(n_chunked: int, chunk_sizes: Sequence[int], device=None) -> Tensor:
     """The k of each chunked row: the trained chunk sizes assigned to the rows in turn."""
-    return torch.tensor([chunk_sizes[i % len(chunk_sizes)] for i in range(n_chunked)], dtype=torch.long,
-                        device=device)
+    return torch.tensor([chunk_sizes[i % len(chunk_sizes)] for i in range(n_chunked)], dtype=torch.long, device=device)
 
 
 def batch_decoder_samples(
@@ -340,8 +338,9 @@ def batch_decoder_samples(
         starts = torch.tensor([chunk_start[int(k)] for k in ks.tolist()], dtype=torch.long, device=device)
         chunked, plain = target[chunked_rows], target[plain_rows]
         ar = merge_rows(skip_at_sample(chunked, ks, pad, eos, starts), at_sample(plain, pad, eos), pad)
-        nar = merge_rows(skip_cmlm_sample(chunked, ks, pad, eos, mask), cmlm_sample(plain, pad, eos, mask, generator),
-                         pad)
+        nar = merge_rows(
+            skip_cmlm_sample(chunked, ks, pad, eos, mask), cmlm_sample(plain, pad, eos, mask, generator), pad
+        )
         ar_rows = nar_rows = torch.cat([chunked_rows, plain_rows])
     return target, {
         "ar": ar,

@@ -1,4 +1,5 @@
 """Logging set-up shared by this package's command-line tools (distillation, benchmarks)."""
+
 import logging
 import os
 import sys
@@ -17,6 +18,9 @@ def setup_logging(log_file: Optional[str] = None):
     else:
         handler = logging.StreamHandler(sys.stderr)
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", handlers=[handler], force=True
+        level=logging.INFO,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        handlers=[handler],
+        force=True,
     )
     logging.captureWarnings(True)  # library warnings (e.g. DataLoader pin_memory) into the log

@@ -5,6 +5,7 @@ Applied once, when :mod:`fairseq_hrt` is imported (``--user-dir`` or ``import fa
 Every fix states the breakage it works around; each has a test in ``tests/test_compat.py``
 (the training-clock fix in ``tests/test_training.py``).
 """
+
 import functools
 import glob
 import inspect
@@ -17,6 +18,7 @@ import types
 import zipfile
 
 import torch
+
 
 def _load_trusting_fairseq_pickles(torch_load):
     """Wrap ``torch.load`` so that it defaults to ``weights_only=False``.
@@ -77,7 +79,6 @@ class _CudaOptionalTensor(torch.Tensor):
 def _tensor_with_optional_cuda(*args, **kwargs):
     t = torch.tensor(*args, **kwargs)
     return t if torch.cuda.is_available() else t.as_subclass(_CudaOptionalTensor)
-
 
 
 def _patch_fp16_overflow_on_cpu():
@@ -147,8 +148,11 @@ def _load_checkpoint_restarting_the_clock(load_checkpoint):
 def _patch_finetune_training_time():
     from fairseq.trainer import Trainer
 
-    _expect_parameters(Trainer.load_checkpoint, ["self", "filename", "reset_optimizer", "reset_lr_scheduler",
-                                                 "optimizer_overrides", "reset_meters"], "Trainer.load_checkpoint")
+    _expect_parameters(
+        Trainer.load_checkpoint,
+        ["self", "filename", "reset_optimizer", "reset_lr_scheduler", "optimizer_overrides", "reset_meters"],
+        "Trainer.load_checkpoint",
+    )
     _wrap_once(Trainer, "load_checkpoint", _load_checkpoint_restarting_the_clock)
 
 
@@ -190,8 +194,8 @@ _TRAIN_FILE = os.path.join("fairseq_cli", "train.py")
 
 def _is_fairseq_interactive(module) -> bool:
     path = getattr(module, "__file__", None) or ""
-    return callable(getattr(module, "buffered_read", None)) and isinstance(path, str) and path.endswith(
-        _INTERACTIVE_FILE
+    return (
+        callable(getattr(module, "buffered_read", None)) and isinstance(path, str) and path.endswith(_INTERACTIVE_FILE)
     )
 
 
@@ -238,7 +242,9 @@ def _train_stopping_when_finished(train):
             logging.getLogger("fairseq_cli.train").info(
                 "training is already finished: the checkpoint restored from %s is at update %d, --max-update is %d; "
                 "nothing to train and no checkpoint written (raise --max-update to train on)",
-                cfg.checkpoint.save_dir, num_updates, max_update,
+                cfg.checkpoint.save_dir,
+                num_updates,
+                max_update,
             )
             return [None], True
         return train(*args, **kwargs)
@@ -248,8 +254,12 @@ def _train_stopping_when_finished(train):
 
 def _is_fairseq_train(module) -> bool:
     path = getattr(module, "__file__", None) or ""
-    return callable(getattr(module, "train", None)) and callable(getattr(module, "validate_and_save", None)) \
-        and isinstance(path, str) and path.endswith(_TRAIN_FILE)
+    return (
+        callable(getattr(module, "train", None))
+        and callable(getattr(module, "validate_and_save", None))
+        and isinstance(path, str)
+        and path.endswith(_TRAIN_FILE)
+    )
 
 
 def patch_training_loop():
@@ -320,8 +330,11 @@ def _looks_corrupt(path: str, error: BaseException) -> bool:
     if "corrupt" in text or "zip archive" in text or "central directory" in text:
         return True
     try:
-        return os.path.isfile(path) and os.path.getsize(path) > 0 and not zipfile.is_zipfile(path) and isinstance(
-            error, RuntimeError
+        return (
+            os.path.isfile(path)
+            and os.path.getsize(path) > 0
+            and not zipfile.is_zipfile(path)
+            and isinstance(error, RuntimeError)
         )
     except OSError:
         return False
@@ -343,7 +356,8 @@ def corrupt_checkpoint_message(path: str, error: BaseException) -> str:
         lines.append(f"{path}.tmp is an unfinished write, not a usable checkpoint.")
     if others:
         lines.append(
-            f"Complete checkpoints in {directory} (newest first): " + ", ".join(os.path.basename(o) for o in others[:5])
+            f"Complete checkpoints in {directory} (newest first): "
+            + ", ".join(os.path.basename(o) for o in others[:5])
             + "."
         )
         lines.append(

@@ -17,6 +17,7 @@ inline SVG and script, no network), plus ``ddg.json`` with the graphs. Examples:
     python -m fairseq_hrt.ddgviz DATA_BIN --path CKPT --source-lang en --target-lang de \\
         --gen-subset test --ids 0,5,7 --method pgj --jacobi-block-size 3 --out-dir ddg/
 """
+
 import argparse
 import html
 import json
@@ -112,14 +113,30 @@ def draw_png(g: dict, path: str):
             for i in range(n):
                 st = g["state"][t][i]
                 if g["prob"][t][i] is not None and st != "idle":
-                    ax.text(i + 0.5, t + 0.5, f"{g['prob'][t][i]:.2f}", ha="center", va="center", fontsize=7,
-                            color="white" if st == "final" else "black")
+                    ax.text(
+                        i + 0.5,
+                        t + 0.5,
+                        f"{g['prob'][t][i]:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if st == "final" else "black",
+                    )
     for i, par in enumerate(g["parent"]):
         if par > 0:
             start = (par - 1 + 0.5, g["right_from"][par - 1] - 1 + 0.5)
             end = (i + 0.5, g["right_from"][i] - 1 + 0.5)
-            ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=8, color="#2166ac",
-                                         connectionstyle="arc3,rad=-0.2", lw=1))
+            ax.add_patch(
+                FancyArrowPatch(
+                    start,
+                    end,
+                    arrowstyle="-|>",
+                    mutation_scale=8,
+                    color="#2166ac",
+                    connectionstyle="arc3,rad=-0.2",
+                    lw=1,
+                )
+            )
     ax.set_xlim(0, n)
     ax.set_ylim(passes, 0)
     x_every = max(1, -(-n // 60))  # at most 60 tick labels per axis
@@ -130,8 +147,11 @@ def draw_png(g: dict, path: str):
     ax.set_yticklabels([str(t + 1) for t in range(0, passes, y_every)], fontsize=8)
     ax.set_ylabel("decoder pass")
     note = "" if labelled else " (too many cells for probabilities: see the HTML page)"
-    ax.set_title(f"DDG ({g['method']}), sentence {g['id']}: {len(g['words'])} tokens in {passes} passes\n"
-                 f"dark: final in that pass, light green: already right, orange: wrong{note}", fontsize=9)
+    ax.set_title(
+        f"DDG ({g['method']}), sentence {g['id']}: {len(g['words'])} tokens in {passes} passes\n"
+        f"dark: final in that pass, light green: already right, orange: wrong{note}",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -143,11 +163,15 @@ def html_page(g: dict) -> str:
     n, passes = len(g["words"]), g["passes"]
     cw, ch, left, top = 64, 30, 60, 30
     width, height = left + n * cw + 20, top + passes * ch + 110
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" id="ddg">',
-             '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
-             '<path d="M0,0 L8,4 L0,8 z" fill="#2166ac"/></marker></defs>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" id="ddg">',
+        '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
+        '<path d="M0,0 L8,4 L0,8 z" fill="#2166ac"/></marker></defs>',
+    ]
     for t in range(passes):
-        parts.append(f'<text x="{left - 8}" y="{top + t * ch + ch / 2 + 4}" text-anchor="end" font-size="11">{t + 1}</text>')
+        parts.append(
+            f'<text x="{left - 8}" y="{top + t * ch + ch / 2 + 4}" text-anchor="end" font-size="11">{t + 1}</text>'
+        )
         for i in range(n):
             st = g["state"][t][i]
             pr = g["prob"][t][i]
@@ -158,34 +182,43 @@ def html_page(g: dict) -> str:
             )
             if pr is not None and st != "idle":
                 color = "white" if st == "final" else "black"
-                parts.append(f'<text x="{left + i * cw + cw / 2}" y="{top + t * ch + ch / 2 + 4}" text-anchor="middle" '
-                             f'font-size="10" fill="{color}" pointer-events="none">{pr:.2f}</text>')
+                parts.append(
+                    f'<text x="{left + i * cw + cw / 2}" y="{top + t * ch + ch / 2 + 4}" text-anchor="middle" '
+                    f'font-size="10" fill="{color}" pointer-events="none">{pr:.2f}</text>'
+                )
     for i, par in enumerate(g["parent"]):
         if par > 0:
             x1, y1 = left + (par - 1) * cw + cw / 2, top + (g["right_from"][par - 1] - 1) * ch + ch / 2
             x2, y2 = left + i * cw + cw / 2, top + (g["right_from"][i] - 1) * ch + ch / 2
-            parts.append(f'<path class="edge" data-from="{par}" data-to="{i + 1}" d="M{x1},{y1} Q{(x1 + x2) / 2},{min(y1, y2) - 12} '
-                         f'{x2},{y2}" stroke="#2166ac" fill="none" marker-end="url(#arrow)"/>')
+            parts.append(
+                f'<path class="edge" data-from="{par}" data-to="{i + 1}" '
+                f'd="M{x1},{y1} Q{(x1 + x2) / 2},{min(y1, y2) - 12} '
+                f'{x2},{y2}" stroke="#2166ac" fill="none" marker-end="url(#arrow)"/>'
+            )
     for i, w in enumerate(g["words"]):
         x, y = left + i * cw + cw / 2, top + passes * ch + 12
-        parts.append(f'<text class="word" data-token="{i + 1}" x="{x}" y="{y}" font-size="11" '
-                     f'transform="rotate(40 {x} {y})">{html.escape(w)}</text>')
+        parts.append(
+            f'<text class="word" data-token="{i + 1}" x="{x}" y="{y}" font-size="11" '
+            f'transform="rotate(40 {x} {y})">{html.escape(w)}</text>'
+        )
     parts.append("</svg>")
     data = json.dumps({"parent": g["parent"], "words": g["words"]}).replace("</", "<\\/")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<title>DDG sentence {html.escape(str(g['id']))}</title>
+<title>DDG sentence {html.escape(str(g["id"]))}</title>
 <style>body{{font-family:sans-serif;margin:20px}} .edge.on{{stroke:#b2182b;stroke-width:3}}
-rect.cell.on{{stroke:#b2182b;stroke-width:2}} .legend span{{display:inline-block;width:14px;height:14px;margin:0 4px 0 12px;vertical-align:middle}}</style>
+rect.cell.on{{stroke:#b2182b;stroke-width:2}}
+.legend span{{display:inline-block;width:14px;height:14px;margin:0 4px 0 12px;vertical-align:middle}}</style>
 </head><body>
-<h2>Decoding dependency graph ({html.escape(g['method'])}), sentence {html.escape(str(g['id']))}</h2>
-<p>Source: {html.escape(g['source'])}</p>
+<h2>Decoding dependency graph ({html.escape(g["method"])}), sentence {html.escape(str(g["id"]))}</h2>
+<p>Source: {html.escape(g["source"])}</p>
 <p>{n} tokens in {passes} decoder passes (greedy: {n}). Rows: passes; columns: the final (= greedy) tokens.
 Hover a token to see the chain of tokens it waited for.</p>
-<p class="legend"><span style="background:{CELL_COLORS['final']}"></span>became final
-<span style="background:{CELL_COLORS['right']}"></span>already right <span style="background:{CELL_COLORS['wrong']}"></span>wrong
+<p class="legend"><span style="background:{CELL_COLORS["final"]}"></span>became final
+<span style="background:{CELL_COLORS["right"]}"></span>already right
+<span style="background:{CELL_COLORS["wrong"]}"></span>wrong
 <span style="border:1px solid #999"></span>not evaluated</p>
-{''.join(parts)}
+{"".join(parts)}
 <p id="status"></p>
 <script>
 (function () {{
@@ -251,8 +284,11 @@ def make_sample(task, lines: List[str]):
     width = max(t.numel() for t in tokens)
     src = torch.full((len(tokens), width), d.pad(), dtype=torch.long)
     for i, t in enumerate(tokens):
-        src[i, width - t.numel():] = t
-    return {"id": torch.arange(len(tokens)), "net_input": {"src_tokens": src, "src_lengths": torch.tensor([t.numel() for t in tokens])}}
+        src[i, width - t.numel() :] = t
+    return {
+        "id": torch.arange(len(tokens)),
+        "net_input": {"src_tokens": src, "src_lengths": torch.tensor([t.numel() for t in tokens])},
+    }
 
 
 def write_outputs(graphs: List[dict], out_dir: str) -> List[str]:
@@ -270,8 +306,9 @@ def write_outputs(graphs: List[dict], out_dir: str) -> List[str]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m fairseq_hrt.ddgviz", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m fairseq_hrt.ddgviz", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("data", help="binarized data directory (dictionaries; --gen-subset reads from it)")
     p.add_argument("--path", required=True, help="checkpoint (AT, fairseq transformer or HRT model)")
     p.add_argument("--source-lang")
@@ -294,9 +331,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    import fairseq_hrt  # noqa: F401
     from fairseq import checkpoint_utils
 
+    import fairseq_hrt  # noqa: F401
     from fairseq_hrt.cli_logging import setup_logging
 
     setup_logging()

@@ -20,10 +20,10 @@ Example::
         --src work/multi30k/spm/train.en --out distill/train.de \\
         --beam 5 --nbest 5 --select-by-bleu work/multi30k/raw/train.de --post-process sentencepiece
 """
+
 import argparse
 import logging
 import os
-import sys
 import time
 from typing import List, Optional, Sequence
 
@@ -131,8 +131,7 @@ def translate_nbest(
             hypos = task.inference_step(generator, [model], sample)
             for j, sid in enumerate(sample["id"].tolist()):
                 results[todo[sid]] = [
-                    tgt_dict.string(h["tokens"].int().cpu(), extra_symbols_to_ignore=ignore)
-                    for h in hypos[j][:nbest]
+                    tgt_dict.string(h["tokens"].int().cpu(), extra_symbols_to_ignore=ignore) for h in hypos[j][:nbest]
                 ]
             bar.update(len(hypos))
     bar.close()
@@ -165,18 +164,23 @@ def parse_args(argv=None):
         help="fairseq's --post-process used to detokenise hypotheses for --select-by-bleu (default: sentencepiece)",
     )
     p.add_argument(
-        "--input-errors", choices=("replace", "strict"), default="replace",
+        "--input-errors",
+        choices=("replace", "strict"),
+        default="replace",
         help="lines of --src / --select-by-bleu with bytes that are not valid UTF-8: 'replace' them by U+FFFD "
-             "with a warning naming file and line (default), or 'strict': stop at the first one with that message",
+        "with a warning naming file and line (default), or 'strict': stop at the first one with that message",
     )
     p.add_argument("--max-tokens", type=int, default=6000, help="source tokens per batch")
     p.add_argument("--batch-size", type=int, default=None, help="sentences per batch (default: no limit)")
     p.add_argument("--max-len-a", type=float, default=0, help="max target length = a * source length + b")
     p.add_argument("--max-len-b", type=int, default=200)
     p.add_argument("--lenpen", type=float, default=1.0)
-    p.add_argument("--decoder-engine", default="lean",
-                   help="the engine that decodes (as fairseq-generate's --decoder-engine: lean, fairseq, "
-                        "onnxruntime); the same search and translations, at the engine's speed")
+    p.add_argument(
+        "--decoder-engine",
+        default="lean",
+        help="the engine that decodes (as fairseq-generate's --decoder-engine: lean, fairseq, "
+        "onnxruntime); the same search and translations, at the engine's speed",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--cpu", action="store_true", help="decode on CPU even if a GPU is present")
     p.add_argument("--fp16", action="store_true", help="half precision (GPU only)")
@@ -193,9 +197,10 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     setup_logging(args.log_file)
-    import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
     from fairseq import checkpoint_utils
     from fairseq.data import data_utils
+
+    import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -220,7 +225,8 @@ def main(argv=None):
     if args.decoder_engine not in engine_choices():
         raise SystemExit(f"--decoder-engine must be one of {', '.join(engine_choices())}, got {args.decoder_engine!r}")
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [args.path], arg_overrides={"data": args.data, "decoder_engine": args.decoder_engine})
+        [args.path], arg_overrides={"data": args.data, "decoder_engine": args.decoder_engine}
+    )
     model = models[0].eval()
     if args.fp16:
         model.half()
@@ -228,14 +234,29 @@ def main(argv=None):
         model.cuda()
     logger.info(
         "distilling %d lines of %s with %s: beam %d, n-best %d, %s; %s, %d thread(s)",
-        len(src), args.src, args.path, args.beam, args.nbest,
+        len(src),
+        args.src,
+        args.path,
+        args.beam,
+        args.nbest,
         f"select by sentence-BLEU against {args.select_by_bleu}" if refs else "keep the top hypothesis",
-        "GPU" if use_cuda else "CPU", torch.get_num_threads(),
+        "GPU" if use_cuda else "CPU",
+        torch.get_num_threads(),
     )
     start = time.perf_counter()
     nbest = translate_nbest(
-        task, model, src, args.beam, args.nbest, args.max_tokens, args.batch_size,
-        args.max_len_a, args.max_len_b, args.lenpen, use_cuda, progress=not args.no_progress_bar,
+        task,
+        model,
+        src,
+        args.beam,
+        args.nbest,
+        args.max_tokens,
+        args.batch_size,
+        args.max_len_a,
+        args.max_len_b,
+        args.lenpen,
+        use_cuda,
+        progress=not args.no_progress_bar,
     )
     seconds = time.perf_counter() - start
 
@@ -251,7 +272,11 @@ def main(argv=None):
     write_lines_atomic(args.out, out)
     logger.info(
         "wrote %s: %d lines (%d empty) in %.1fs, %.1f sentences/s%s",
-        args.out, len(out), sum(1 for line in out if not line), seconds, len(src) / max(seconds, 1e-9),
+        args.out,
+        len(out),
+        sum(1 for line in out if not line),
+        seconds,
+        len(src) / max(seconds, 1e-9),
         f"; sentence-BLEU picked a hypothesis other than the top one for {changed} lines" if refs else "",
     )
 

@@ -17,6 +17,7 @@ strings give empty translations and over-long inputs are truncated at
 ``--max-source-positions`` with a warning, as in ``fairseq-interactive`` (both done by the task,
 so the API and the command line cannot differ).
 """
+
 import contextlib
 import logging
 import os
@@ -31,6 +32,7 @@ from hrt_runtime.text_input import repair_lines
 logger = logging.getLogger(__name__)
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
+
 
 def _dictionary_folder(model_dir: str, data_name_or_path: Optional[str]) -> str:
     """The folder with the dictionaries: ``data_name_or_path`` as given (or relative to
@@ -56,14 +58,19 @@ def _check_checkpoint_folder(model_dir, checkpoint_file: str):
             f"from_pretrained: model folder {model_dir!r} does not exist (expected the folder of a trained "
             f"checkpoint, fairseq-train's --save-dir, holding {checkpoint_file})"
         )
-    missing = [name for name in str(checkpoint_file).split(os.pathsep) if not os.path.isfile(os.path.join(model_dir, name))]
+    missing = [
+        name for name in str(checkpoint_file).split(os.pathsep) if not os.path.isfile(os.path.join(model_dir, name))
+    ]
     if missing:
         found = sorted(n for n in os.listdir(model_dir) if n.endswith(".pt"))
         raise FileNotFoundError(
             f"from_pretrained: no checkpoint file {', '.join(missing)} in the model folder {model_dir!r} "
             f"(expected fairseq-train's --save-dir with a checkpoint in it); "
-            + (f"checkpoints there: {', '.join(found)} (choose one with checkpoint_file=)" if found
-               else "it holds no *.pt checkpoint")
+            + (
+                f"checkpoints there: {', '.join(found)} (choose one with checkpoint_file=)"
+                if found
+                else "it holds no *.pt checkpoint"
+            )
         )
 
 
@@ -157,7 +164,9 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
         }
         generation_options.update({k: v for k, v in call_options.items() if v is not None})
         if "quantize" in generation_options and generation_options["quantize"] != str(self.task.cfg.quantize):
-            raise ValueError("quantize is applied when the model is loaded: pass it to from_pretrained(..., quantize=...)")
+            raise ValueError(
+                "quantize is applied when the model is loaded: pass it to from_pretrained(..., quantize=...)"
+            )
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         # the batch size is the hub's own batching setting (fairseq's hub reads it from its

@@ -23,6 +23,7 @@ The file stores the dictionary fingerprint of the data it was built from
 (:func:`fairseq_hrt.symbols.dictionary_fingerprint`, also stored in checkpoints): decoding
 with a shortlist of another dictionary is refused.
 """
+
 import argparse
 import logging
 import os
@@ -49,8 +50,15 @@ class Shortlist:
     first, ``-1`` where a token has fewer), and the target tokens every batch may produce
     (``always``: the frequent tokens and the special symbols)."""
 
-    def __init__(self, translations: Tensor, always: Tensor, fingerprint: str, source_size: int, target_size: int,
-                 settings: Optional[Dict] = None):
+    def __init__(
+        self,
+        translations: Tensor,
+        always: Tensor,
+        fingerprint: str,
+        source_size: int,
+        target_size: int,
+        settings: Optional[Dict] = None,
+    ):
         if translations.dim() != 2 or translations.size(0) != source_size:
             raise ValueError(f"shortlist table has shape {tuple(translations.shape)}, expected ({source_size}, N)")
         self.translations = translations.long()
@@ -111,14 +119,24 @@ class Shortlist:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unreadable file: one message
-            raise ValueError(f"--shortlist {path} is not a shortlist file of fairseq-hrt-shortlist ({type(e).__name__}: {e})") from None
+            raise ValueError(
+                f"--shortlist {path} is not a shortlist file of fairseq-hrt-shortlist ({type(e).__name__}: {e})"
+            ) from None
         if not isinstance(state, dict) or state.get("format") != FILE_FORMAT:
             raise ValueError(f"--shortlist {path} is not a shortlist file of fairseq-hrt-shortlist")
         if state.get("version") != FILE_VERSION:
-            raise ValueError(f"--shortlist {path}: file version {state.get('version')}, this code reads {FILE_VERSION}; rebuild it")
+            raise ValueError(
+                f"--shortlist {path}: file version {state.get('version')}, this code reads {FILE_VERSION}; rebuild it"
+            )
         try:
-            shortlist = cls(state["translations"], state["always"], str(state["dictionary"]), int(state["source_size"]),
-                            int(state["target_size"]), state.get("settings"))
+            shortlist = cls(
+                state["translations"],
+                state["always"],
+                str(state["dictionary"]),
+                int(state["source_size"]),
+                int(state["target_size"]),
+                state.get("settings"),
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"--shortlist {path} is damaged ({type(e).__name__}: {e}); rebuild it") from None
         for name, table in (("translations", shortlist.translations), ("always", shortlist.always)):
@@ -145,7 +163,9 @@ def load_for_decoding(path: str, source_dictionary, target_dictionary, fingerpri
     shortlist.check_dictionary(fingerprint, len(source_dictionary), len(target_dictionary), path, data)
     logger.info(
         "--shortlist %s: up to %s target tokens per source token, %d always (%s)",
-        path, shortlist.settings.get("per_source", "?"), shortlist.always.numel(),
+        path,
+        shortlist.settings.get("per_source", "?"),
+        shortlist.always.numel(),
         ", ".join(f"{k} {v}" for k, v in shortlist.settings.items()),
     )
     return shortlist
@@ -156,7 +176,9 @@ def load_for_decoding(path: str, source_dictionary, target_dictionary, fingerpri
 
 def _flatten(sentences: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
     lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
-    flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in sentences]) if len(sentences) else np.zeros(0, np.int64)
+    flat = (
+        np.concatenate([np.asarray(s, dtype=np.int64) for s in sentences]) if len(sentences) else np.zeros(0, np.int64)
+    )
     return flat, lengths
 
 
@@ -271,8 +293,18 @@ def special_ids(dictionary) -> List[int]:
     return sorted(ids)
 
 
-def build_shortlist(src_sents, tgt_sents, src_dict, tgt_dict, per_source: int = 75, frequent: int = 75,
-                    method: str = "ibm1", iterations: int = 5, min_score: float = 0.0, progress=None) -> Shortlist:
+def build_shortlist(
+    src_sents,
+    tgt_sents,
+    src_dict,
+    tgt_dict,
+    per_source: int = 75,
+    frequent: int = 75,
+    method: str = "ibm1",
+    iterations: int = 5,
+    min_score: float = 0.0,
+    progress=None,
+) -> Shortlist:
     """A :class:`Shortlist` from a tokenised parallel corpus (lists of id arrays, without
     ``</s>``) and its dictionaries: per source token its ``per_source`` best targets whose
     score (``p(t | s)`` or Dice) is at least ``min_score``."""
@@ -298,12 +330,23 @@ def build_shortlist(src_sents, tgt_sents, src_dict, tgt_dict, per_source: int = 
     keep = score >= min_score
     translations = top_targets(src[keep], tgt[keep], score[keep], source_size, per_source)
     always = np.concatenate([most_frequent(tgt_sents, target_size, frequent, exclude=specials_tgt), specials_tgt])
-    settings = {"per_source": per_source, "frequent": frequent, "method": method, "min_score": min_score,
-                "sentences": len(src_sents)}
+    settings = {
+        "per_source": per_source,
+        "frequent": frequent,
+        "method": method,
+        "min_score": min_score,
+        "sentences": len(src_sents),
+    }
     if method == "ibm1":
         settings["iterations"] = iterations
-    return Shortlist(torch.from_numpy(translations), torch.from_numpy(always), dictionary_fingerprint(src_dict, tgt_dict),
-                     source_size, target_size, settings)
+    return Shortlist(
+        torch.from_numpy(translations),
+        torch.from_numpy(always),
+        dictionary_fingerprint(src_dict, tgt_dict),
+        source_size,
+        target_size,
+        settings,
+    )
 
 
 # ------------------------------------------------------------------------------ input
@@ -387,20 +430,34 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train", help="binarized split to read (default: train)")
     p.add_argument("--source-text", help="read this tokenised source file (pieces) instead of the binarized split")
     p.add_argument("--target-text", help="read this tokenised target file (pieces), line-aligned with --source-text")
-    p.add_argument("--per-source", type=int, default=75,
-                   help="target tokens kept per source token, best first (Marian: 75)")
-    p.add_argument("--frequent", type=int, default=75,
-                   help="most frequent target tokens every batch may produce (Marian: 75)")
-    p.add_argument("--method", choices=METHODS, default="ibm1",
-                   help="translation score: 'ibm1' = IBM Model 1 p(t|s) by EM; 'dice' = Dice coefficient of "
-                   "sentence co-occurrence")
+    p.add_argument(
+        "--per-source", type=int, default=75, help="target tokens kept per source token, best first (Marian: 75)"
+    )
+    p.add_argument(
+        "--frequent", type=int, default=75, help="most frequent target tokens every batch may produce (Marian: 75)"
+    )
+    p.add_argument(
+        "--method",
+        choices=METHODS,
+        default="ibm1",
+        help="translation score: 'ibm1' = IBM Model 1 p(t|s) by EM; 'dice' = Dice coefficient of "
+        "sentence co-occurrence",
+    )
     p.add_argument("--iterations", type=int, default=5, help="EM iterations of --method ibm1")
-    p.add_argument("--min-score", type=float, default=0.0,
-                   help="keep only translations scoring at least this (p(t|s) for ibm1, the coefficient for dice): "
-                   "rare source tokens then bring fewer unlikely targets into a batch's candidates")
-    p.add_argument("--max-sentences", type=int, default=0,
-                   help="use only the first N sentence pairs (0 = all); memory grows with the sum over "
-                   "pairs of source length x target length")
+    p.add_argument(
+        "--min-score",
+        type=float,
+        default=0.0,
+        help="keep only translations scoring at least this (p(t|s) for ibm1, the coefficient for dice): "
+        "rare source tokens then bring fewer unlikely targets into a batch's candidates",
+    )
+    p.add_argument(
+        "--max-sentences",
+        type=int,
+        default=0,
+        help="use only the first N sentence pairs (0 = all); memory grows with the sum over "
+        "pairs of source length x target length",
+    )
     return p
 
 
@@ -426,14 +483,30 @@ def cli_main(argv: Optional[List[str]] = None) -> int:
                 raise ValueError(f"{args.source_text} has {len(src)} lines, {args.target_text} {len(tgt)}")
         else:
             src, tgt = read_binarized(args.data, args.split, src_lang, tgt_lang, src_dict, tgt_dict, args.max_sentences)
-        logger.info("%d sentence pairs (%s-%s), %d source / %d target symbols", len(src), src_lang, tgt_lang,
-                    len(src_dict), len(tgt_dict))
+        logger.info(
+            "%d sentence pairs (%s-%s), %d source / %d target symbols",
+            len(src),
+            src_lang,
+            tgt_lang,
+            len(src_dict),
+            len(tgt_dict),
+        )
 
         def em_progress(done, total):
             logger.info("IBM Model 1: EM iteration %d/%d", done, total)
 
-        shortlist = build_shortlist(src, tgt, src_dict, tgt_dict, args.per_source, args.frequent, args.method,
-                                    args.iterations, args.min_score, progress=em_progress)
+        shortlist = build_shortlist(
+            src,
+            tgt,
+            src_dict,
+            tgt_dict,
+            args.per_source,
+            args.frequent,
+            args.method,
+            args.iterations,
+            args.min_score,
+            progress=em_progress,
+        )
     except (ValueError, FileNotFoundError) as e:
         print(f"fairseq-hrt-shortlist: error: {e}", file=sys.stderr)
         return 1
@@ -441,8 +514,13 @@ def cli_main(argv: Optional[List[str]] = None) -> int:
     filled = (shortlist.translations >= 0).sum(dim=1).float()
     logger.info(
         "wrote %s (dictionary %s): %d source tokens x up to %d targets (mean %.1f), %d tokens always, %.1fs",
-        args.output, shortlist.fingerprint, shortlist.source_size, args.per_source, float(filled[filled > 0].mean()),
-        shortlist.always.numel(), time.time() - start,
+        args.output,
+        shortlist.fingerprint,
+        shortlist.source_size,
+        args.per_source,
+        float(filled[filled > 0].mean()),
+        shortlist.always.numel(),
+        time.time() - start,
     )
     return 0
 

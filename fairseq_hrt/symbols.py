@@ -6,6 +6,7 @@ vocabulary (an HRT model fine-tunes from an AT checkpoint only if they do). The
 SentencePiece model that segments a vocabulary's text is found here too (the hub and the
 exporter look for it the same way).
 """
+
 import os
 import zlib
 from typing import Optional
@@ -52,7 +53,11 @@ def find_sentencepiece_model(*folders: Optional[str]) -> Optional[str]:
     for folder in folders:
         if not folder:
             continue
-        for place in (folder, os.path.join(folder, "spm"), os.path.join(os.path.dirname(os.path.abspath(folder)), "spm")):
+        for place in (
+            folder,
+            os.path.join(folder, "spm"),
+            os.path.join(os.path.dirname(os.path.abspath(folder)), "spm"),
+        ):
             for name in SENTENCEPIECE_NAMES:
                 path = os.path.join(place, name)
                 if os.path.isfile(path):

@@ -10,6 +10,7 @@ or ``hrt-translate model-onnx < input.txt`` (a stream: ``--buffer-size`` lines a
 search of ``--decoder-engine onnxruntime`` inside fairseq. Never imports torch, fairseq or
 fairseq_hrt (docs/deploy.md).
 """
+
 from hrt_runtime.model import ExportedModel, read_config  # noqa: F401
 from hrt_runtime.search import SearchConfig, hrt, left_to_right  # noqa: F401
 from hrt_runtime.translator import Translator  # noqa: F401

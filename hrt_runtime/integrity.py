@@ -13,10 +13,11 @@ it was hashed is not hashed again (``--decoder-engine onnxruntime`` opens its fo
 Hashing runs at disk or page-cache speed (about 1 GB/s on one core): a few milliseconds for the
 ``mini`` shape's 10 MiB, tens for the ``small`` shape's 50 MiB. Standard library only.
 """
+
 import hashlib
 import os
 import threading
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 FILES = "files"  # config.json's key: {name: {"bytes": int, "sha256": hex}}
 FILES_INT8 = "files_int8"  # whether the list was made for an int8 folder (see check_folder)
@@ -62,8 +63,10 @@ def _cached_sha256(path: str) -> str:
 
 
 def _advice(folder: str) -> str:
-    return (f"export again (fairseq-hrt-export CHECKPOINT {folder}, on the machine that trains), or copy the whole "
-            "folder again")
+    return (
+        f"export again (fairseq-hrt-export CHECKPOINT {folder}, on the machine that trains), or copy the whole "
+        "folder again"
+    )
 
 
 def check_folder(folder: str, config: Dict, checksums: bool = True) -> None:
@@ -75,18 +78,27 @@ def check_folder(folder: str, config: Dict, checksums: bool = True) -> None:
     if recorded is None:
         return
     if not isinstance(recorded, dict) or not all(
-            isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
-            for e in recorded.values()):
+        isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
+        for e in recorded.values()
+    ):
         raise DamagedFolderError(f"{folder}: config.json's list of files is unreadable; {_advice(folder)}")
     rewritten = set()
     if bool(config.get("int8")) != bool(config.get(FILES_INT8, False)):
         rewritten = set(config.get("graphs", {}).values()) | {config.get("weights")}
-    named = [*config.get("graphs", {}).values(), config.get("source_dictionary"), config.get("target_dictionary"),
-             config.get("sentencepiece_model"), config.get("weights")]
+    named = [
+        *config.get("graphs", {}).values(),
+        config.get("source_dictionary"),
+        config.get("target_dictionary"),
+        config.get("sentencepiece_model"),
+        config.get("weights"),
+    ]
     unlisted = [n for n in named if n and n not in recorded and n not in rewritten]
     if unlisted:
-        raise DamagedFolderError(f"{folder}: config.json names {', '.join(unlisted)} but does not list {'it' if len(unlisted) == 1 else 'them'} "
-                                 f"among the exported files (a config.json of another export?); {_advice(folder)}")
+        raise DamagedFolderError(
+            f"{folder}: config.json names {', '.join(unlisted)} "
+            f"but does not list {'it' if len(unlisted) == 1 else 'them'} "
+            f"among the exported files (a config.json of another export?); {_advice(folder)}"
+        )
     checked = [n for n in recorded if n not in rewritten]
     damaged: List[str] = []
     for name in checked:
@@ -97,8 +109,9 @@ def check_folder(folder: str, config: Dict, checksums: bool = True) -> None:
             continue
         size = os.path.getsize(path)
         if size != want:
-            damaged.append(f"{name} has {size} bytes, the export wrote {want}"
-                           + (" (truncated)" if size < want else ""))
+            damaged.append(
+                f"{name} has {size} bytes, the export wrote {want}" + (" (truncated)" if size < want else "")
+            )
     if not damaged and checksums:
         for name in checked:
             if _cached_sha256(os.path.join(folder, name)) != recorded[name]["sha256"]:
@@ -106,8 +119,9 @@ def check_folder(folder: str, config: Dict, checksums: bool = True) -> None:
     if not damaged:
         return
     if len(damaged) > 1:
-        raise DamagedFolderError(f"{folder}: config.json does not describe the files beside it ({'; '.join(damaged[:3])}"
-                                 f"{'; ...' if len(damaged) > 3 else ''}): a config.json of another export, files of "
-                                 f"two exports mixed, or damaged files; {_advice(folder)}")
+        raise DamagedFolderError(
+            f"{folder}: config.json does not describe the files beside it ({'; '.join(damaged[:3])}"
+            f"{'; ...' if len(damaged) > 3 else ''}): a config.json of another export, files of "
+            f"two exports mixed, or damaged files; {_advice(folder)}"
+        )
     raise DamagedFolderError(f"{folder}: damaged file: {'; '.join(damaged)}; {_advice(folder)}")
-

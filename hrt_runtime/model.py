@@ -2,6 +2,7 @@
 
 Only ``numpy`` and ``onnxruntime``: this is what a deployed model runs on.
 """
+
 import json
 import os
 from typing import Dict, List, Optional, Sequence
@@ -32,9 +33,27 @@ def loop_state_name(past_name: str) -> str:
 # their activations are quantized with one scale per batch, which rows that ended would change
 LOOP_ROWS, LOOP_ROWS_INT8 = 2, 1
 
-REQUIRED = ("kind", "layers", "heads", "head_dim", "vocab_size", "max_target_positions", "max_source_positions",
-            "pad", "eos", "unk", "source_eos", "source_pad", "source_unk", "chunk_start", "trained_chunk_sizes",
-            "banned", "source_dictionary", "target_dictionary", "graphs")
+REQUIRED = (
+    "kind",
+    "layers",
+    "heads",
+    "head_dim",
+    "vocab_size",
+    "max_target_positions",
+    "max_source_positions",
+    "pad",
+    "eos",
+    "unk",
+    "source_eos",
+    "source_pad",
+    "source_unk",
+    "chunk_start",
+    "trained_chunk_sizes",
+    "banned",
+    "source_dictionary",
+    "target_dictionary",
+    "graphs",
+)
 
 
 def read_config(folder: str) -> Dict:
@@ -52,12 +71,17 @@ def read_config(folder: str) -> Dict:
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e}); export the checkpoint again") from None
     if not isinstance(config, dict):
-        raise ValueError(f"{path} is not a fairseq-hrt-export configuration (a JSON {type(config).__name__}, "
-                         "not an object); export the checkpoint again")
+        raise ValueError(
+            f"{path} is not a fairseq-hrt-export configuration (a JSON {type(config).__name__}, "
+            "not an object); export the checkpoint again"
+        )
     if config.get("format") != FORMAT or config.get("version") not in READABLE_VERSIONS:
-        raise ValueError(f"{folder}: format {config.get('format')!r} version {config.get('version')!r}, "
-                         f"this runtime reads {FORMAT!r} versions {', '.join(map(str, READABLE_VERSIONS))}; export the checkpoint again "
-                         "with the fairseq-hrt-export of this version")
+        raise ValueError(
+            f"{folder}: format {config.get('format')!r} version {config.get('version')!r}, "
+            f"this runtime reads {FORMAT!r} versions {', '.join(map(str, READABLE_VERSIONS))}; "
+            "export the checkpoint again "
+            "with the fairseq-hrt-export of this version"
+        )
     missing = [key for key in REQUIRED if key not in config]
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}; export the checkpoint again")
@@ -67,9 +91,11 @@ def read_config(folder: str) -> Dict:
             files.append(config[optional])
     absent = [name for name in files if not os.path.isfile(os.path.join(folder, name))]
     if absent:
-        raise FileNotFoundError(f"{folder}: config.json names {', '.join(absent)}, which "
-                                f"{'is' if len(absent) == 1 else 'are'} missing (an incomplete copy of the folder, or a "
-                                "config.json of another export?); copy the whole folder again, or export again")
+        raise FileNotFoundError(
+            f"{folder}: config.json names {', '.join(absent)}, which "
+            f"{'is' if len(absent) == 1 else 'are'} missing (an incomplete copy of the folder, or a "
+            "config.json of another export?); copy the whole folder again, or export again"
+        )
     check_folder(folder, config)  # every file's size, and its SHA-256 once per process
     return config
 
@@ -108,7 +134,9 @@ class OutputRows:
     """The output-layer rows a batch decodes over: all (``ids`` ``None``) or a shortlist's
     sorted ids with their weight rows (gathered once per batch, fed to the restricted graphs)."""
 
-    def __init__(self, ids: Optional[np.ndarray], weight: Optional[np.ndarray] = None, bias: Optional[np.ndarray] = None):
+    def __init__(
+        self, ids: Optional[np.ndarray], weight: Optional[np.ndarray] = None, bias: Optional[np.ndarray] = None
+    ):
         self.ids, self.weight, self.bias = ids, weight, bias
 
     def feeds(self) -> Dict[str, np.ndarray]:
@@ -207,10 +235,13 @@ class ExportedModel:
         if graph not in self._sessions:
             name = self.config["graphs"].get(graph)
             if name is None:
-                raise ValueError(f"{self.folder} has no {graph} graph (a {self.kind} model; graphs: "
-                                 f"{', '.join(self.config['graphs'])})")
-            self._sessions[graph] = self._ort.InferenceSession(os.path.join(self.folder, name), self._options,
-                                                               providers=["CPUExecutionProvider"])
+                raise ValueError(
+                    f"{self.folder} has no {graph} graph (a {self.kind} model; graphs: "
+                    f"{', '.join(self.config['graphs'])})"
+                )
+            self._sessions[graph] = self._ort.InferenceSession(
+                os.path.join(self.folder, name), self._options, providers=["CPUExecutionProvider"]
+            )
         return self._sessions[graph]
 
     # ------------------------------------------------------------------------ passes
@@ -218,7 +249,7 @@ class ExportedModel:
     def encode(self, src_tokens: np.ndarray) -> Encoded:
         """Source tokens ``(B, S)`` (left-padded, ending in ``</s>``, as fairseq batches them)."""
         out = self.runner("encoder")({"src_tokens": np.ascontiguousarray(src_tokens, dtype=np.int64)})
-        encoded = Encoded(out[0], out[1:1 + self.layers], out[1 + self.layers:1 + 2 * self.layers])
+        encoded = Encoded(out[0], out[1 : 1 + self.layers], out[1 + self.layers : 1 + 2 * self.layers])
         encoded.length_lprobs = out[1 + 2 * self.layers] if len(out) > 1 + 2 * self.layers else None
         return encoded
 
@@ -258,7 +289,9 @@ class ExportedModel:
         if state.rows_encoded is None or state.rows_encoded.bias.shape[0] != n:
             sentences = state.encoded.bias.shape[0]
             per = n // sentences  # a sentence's rows share its encoder rows
-            state.rows_encoded = state.encoded if per == 1 else state.encoded.select(np.repeat(np.arange(sentences), per))
+            state.rows_encoded = (
+                state.encoded if per == 1 else state.encoded.select(np.repeat(np.arange(sentences), per))
+            )
             feeds.update(state.rows_encoded.feeds())
             feeds.update(state.rows.feeds())
         if state.past is None:
@@ -271,7 +304,9 @@ class ExportedModel:
             feeds["buckets"] = self.buckets(step, state.stride)
         if top != 1:
             feeds["k"] = self.position(top)
-        out = self.runner(("step" if top == 1 else "step_top") + ("_restricted" if state.rows.ids is not None else ""))(feeds)
+        out = self.runner(("step" if top == 1 else "step_top") + ("_restricted" if state.rows.ids is not None else ""))(
+            feeds
+        )
         state.past = out[2:]
         return out[0], out[1]
 
@@ -287,10 +322,17 @@ class ExportedModel:
         graph = "greedy" if out_rows.ids is None else "greedy_restricted"
         if n > self.loop_rows or graph not in self.config["graphs"]:
             return None
-        feeds = {"start": np.full(n, start, np.int64), "stride": np.array(self.stride_of(start), np.int64),
-                 "max_len": np.array(max_len, np.int64), "min_len": np.array(rules.config.min_len, np.int64),
-                 "usual_bias": rules.usual, "early_bias": rules.early, "final_bias": rules.final,
-                 **encoded.feeds(), **out_rows.feeds()}
+        feeds = {
+            "start": np.full(n, start, np.int64),
+            "stride": np.array(self.stride_of(start), np.int64),
+            "max_len": np.array(max_len, np.int64),
+            "min_len": np.array(rules.config.min_len, np.int64),
+            "usual_bias": rules.usual,
+            "early_bias": rules.early,
+            "final_bias": rules.final,
+            **encoded.feeds(),
+            **out_rows.feeds(),
+        }
         if out_rows.ids is not None:
             feeds["out_ids"] = out_rows.ids
         feeds.update((loop_state_name(name), past) for name, past in zip(self.past_names, self.empty_past(n)))
@@ -305,15 +347,30 @@ class ExportedModel:
             state.encoded = state.encoded.select(sentences)
             state.rows_encoded = None
 
-    def parallel(self, encoded: Encoded, tokens: np.ndarray, positions: np.ndarray, queries: np.ndarray,
-                 select: np.ndarray, logit_bias: np.ndarray, rows: OutputRows):
+    def parallel(
+        self,
+        encoded: Encoded,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        queries: np.ndarray,
+        select: np.ndarray,
+        logit_bias: np.ndarray,
+        rows: OutputRows,
+    ):
         """One non-causal pass over ``tokens`` ``(B, T)`` (``encoded``: B rows) whose output is
         read at the columns ``queries`` (sorted; the last layer is computed there only):
         ``(score (M,), row (M,))`` of the best allowed token of the slots ``select`` (flat
         indices into ``B x Q``)."""
         restricted = "_restricted" if rows.ids is not None else ""
-        feeds = {"tokens": tokens, "positions": positions, "queries": queries, "select": select,
-                 "logit_bias": logit_bias, **encoded.feeds(), **rows.feeds()}
+        feeds = {
+            "tokens": tokens,
+            "positions": positions,
+            "queries": queries,
+            "select": select,
+            "logit_bias": logit_bias,
+            **encoded.feeds(),
+            **rows.feeds(),
+        }
         return tuple(self.runner("parallel" + restricted)(feeds))
 
     # ------------------------------------------------------------------- output rows
@@ -324,7 +381,11 @@ class ExportedModel:
         if self._output_layer is None:
             weight = np.load(os.path.join(self.folder, "output_weight.npy"), mmap_mode="r")
             bias_path = os.path.join(self.folder, "output_bias.npy")
-            bias = np.load(bias_path).astype(np.float32) if os.path.isfile(bias_path) else np.zeros(weight.shape[0], np.float32)
+            bias = (
+                np.load(bias_path).astype(np.float32)
+                if os.path.isfile(bias_path)
+                else np.zeros(weight.shape[0], np.float32)
+            )
             self._output_layer = (weight, bias)
         return self._output_layer
 

@@ -14,6 +14,7 @@ most ``L / k`` steps; stage II puts ``k - 1`` masks before every skeleton token
 (:func:`stage2_input`, the numpy twin of :func:`fairseq_hrt.chunking.stage2_input`) and fills
 them in one non-causal pass, on groups of skeletons of similar length (:func:`length_buckets`).
 """
+
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
@@ -100,6 +101,7 @@ def rules_of(config: SearchConfig, eos: int, unk: int, banned: Sequence[int], ro
 
 def banned_bias_of(banned: Sequence[int], rows: OutputRows, size: int) -> np.ndarray:
     """The additive bias banning ``banned`` among the output rows (made once over the whole vocabulary)."""
+
     def make():
         bias = np.zeros(size, np.float32)
         bias[rows.positions(banned)] = -np.inf
@@ -123,8 +125,15 @@ def position_cap(max_positions: int, stride: int) -> int:
     return (max_positions - 1) // stride - 1
 
 
-def left_to_right(model, encoded, source_width: int, config: SearchConfig,
-                  banned: Sequence[int], start: Optional[int] = None, rows: Optional[OutputRows] = None) -> List[List[Hypothesis]]:
+def left_to_right(
+    model,
+    encoded,
+    source_width: int,
+    config: SearchConfig,
+    banned: Sequence[int],
+    start: Optional[int] = None,
+    rows: Optional[OutputRows] = None,
+) -> List[List[Hypothesis]]:
     """Greedy (``config.beam`` 1) or beam search from ``start`` (default ``</s>``; ``<s_k>``:
     Skip-AT with stride k) for every sentence of ``encoded`` (``model``'s encoding of them)."""
     rows = rows or OutputRows(None)
@@ -149,7 +158,9 @@ def _finalize(config, finalized, sentences, tokens, cumulative, step):
     scores = _normalised(config, cumulative[:, step], step + 1)
     per_token = positional_scores(cumulative)
     for r, sent in enumerate(sentences):
-        finalized[sent].append({"tokens": tokens[r].copy(), "score": float(scores[r]), "positional_scores": per_token[r].copy()})
+        finalized[sent].append(
+            {"tokens": tokens[r].copy(), "score": float(scores[r]), "positional_scores": per_token[r].copy()}
+        )
 
 
 def _looped(config, eos: int, tokens: np.ndarray, scores: np.ndarray) -> List[List[Hypothesis]]:
@@ -161,7 +172,7 @@ def _looped(config, eos: int, tokens: np.ndarray, scores: np.ndarray) -> List[Li
     ends = np.where(ended.any(axis=1), ended.argmax(axis=1), tokens.shape[1] - 1)
     finalized: List[List[Hypothesis]] = [[] for _ in range(tokens.shape[0])]
     for r, end in enumerate(ends.tolist()):
-        _finalize(config, finalized, [r], tokens[r:r + 1, :end + 1], cumulative[r:r + 1, :end + 1], end)
+        _finalize(config, finalized, [r], tokens[r : r + 1, : end + 1], cumulative[r : r + 1, : end + 1], end)
     return finalized
 
 
@@ -186,7 +197,14 @@ def _greedy(model, encoded, max_len, start, rules, rows, config):
             prev = token
             continue
         finished = np.flatnonzero(done) if step < max_len else np.arange(token.size)
-        _finalize(config, finalized, sentence[finished].tolist(), tokens[finished, : step + 1], cumulative[finished, : step + 1], step)
+        _finalize(
+            config,
+            finalized,
+            sentence[finished].tolist(),
+            tokens[finished, : step + 1],
+            cumulative[finished, : step + 1],
+            step,
+        )
         keep = np.flatnonzero(~done)
         if step == max_len or keep.size == 0:
             break
@@ -236,7 +254,9 @@ def _beam(model, encoded, max_len, start, rules, rows, config):
         top_tokens = rows.to_full(top_rows)
         if step > 0:
             row_scores = row_scores + cumulative[:, step - 1 : step]
-        cand_scores, cand_tokens, cand_beams = candidates_per_sentence(row_scores, top_tokens, rows_per_sentence, cand_size)
+        cand_scores, cand_tokens, cand_beams = candidates_per_sentence(
+            row_scores, top_tokens, rows_per_sentence, cand_size
+        )
         n_sent = cand_scores.shape[0]
         cand_rows = cand_beams + (np.arange(n_sent) * rows_per_sentence)[:, None]
 
@@ -248,7 +268,9 @@ def _beam(model, encoded, max_len, start, rules, rows, config):
         if eos_top.any():
             where = np.argwhere(eos_top)  # row-major, as fairseq
             ended_rows = cand_rows[where[:, 0], where[:, 1]]
-            ended = np.concatenate([tokens[ended_rows, :step], np.full((ended_rows.size, 1), model.eos, np.int64)], axis=1)
+            ended = np.concatenate(
+                [tokens[ended_rows, :step], np.full((ended_rows.size, 1), model.eos, np.int64)], axis=1
+            )
             ended_scores = cand_scores[where[:, 0], where[:, 1]]
             if step > 0:
                 ended_cum = np.concatenate([cumulative[ended_rows, :step], ended_scores[:, None]], axis=1)
@@ -259,7 +281,9 @@ def _beam(model, encoded, max_len, start, rules, rows, config):
             for j, s in enumerate(where[:, 0].tolist()):
                 sent = int(sentence[s])
                 if len(finalized[sent]) < beam:
-                    finalized[sent].append({"tokens": ended[j], "score": float(scores[j]), "positional_scores": per_token[j]})
+                    finalized[sent].append(
+                        {"tokens": ended[j], "score": float(scores[j]), "positional_scores": per_token[j]}
+                    )
                 if len(finalized[sent]) == beam or step == max_len:
                     finished_sent.append(s)
         if step == max_len:
@@ -270,7 +294,9 @@ def _beam(model, encoded, max_len, start, rules, rows, config):
             if not keep.any():
                 break
             kept = np.flatnonzero(keep)
-            eos_mask, cand_rows, cand_scores, cand_tokens, ignore = (a[kept] for a in (eos_mask, cand_rows, cand_scores, cand_tokens, ignore))
+            eos_mask, cand_rows, cand_scores, cand_tokens, ignore = (
+                a[kept] for a in (eos_mask, cand_rows, cand_scores, cand_tokens, ignore)
+            )
             sentence = sentence[kept]
         eos_mask[:, :beam] |= ignore
         active_mask = eos_mask.astype(np.int64) * cand_size + cand_offsets
@@ -332,6 +358,7 @@ def mask_columns(width: int, k: int) -> np.ndarray:
     """The columns of a stage-II input of ``width`` slots that may hold masks: the ``k - 1``
     first of every chunk (every ``k``-th holds a skeleton token). The non-causal pass
     computes its last layer at these columns only."""
+
     def make():
         column = np.arange(width, dtype=np.int64)
         columns = column[(column + 1) % k != 0]
@@ -384,8 +411,16 @@ def refine_counts(masks, fraction: float) -> np.ndarray:
     return np.ceil(np.asarray(masks, np.float64) * fraction).astype(np.int64)
 
 
-def fill_masks(model, encoded_rows, skeleton: np.ndarray, skeleton_scores: np.ndarray, k: int, banned_bias: np.ndarray,
-               rows: OutputRows, refine_fraction: float = 0.0):
+def fill_masks(
+    model,
+    encoded_rows,
+    skeleton: np.ndarray,
+    skeleton_scores: np.ndarray,
+    k: int,
+    banned_bias: np.ndarray,
+    rows: OutputRows,
+    refine_fraction: float = 0.0,
+):
     """Stage II proper: one non-causal pass over right-padded skeletons ``(B, M)`` (each ending
     in ``</s>``; ``encoded_rows``: one row per skeleton) with ``k - 1`` masks before every
     token, the best allowed token in each mask, the output truncated at its first ``</s>``.
@@ -422,8 +457,9 @@ def fill_masks(model, encoded_rows, skeleton: np.ndarray, skeleton_scores: np.nd
             remask = lowest_confidence_mask(scores, is_mask, refine_counts(is_mask.sum(axis=1), refine_fraction))
             again = np.flatnonzero(remask[:, queries])
             if again.size:
-                best, best_rows = model.parallel(encoded_rows, np.where(remask, mask, filled), positions, queries, again,
-                                                 banned_bias, rows)
+                best, best_rows = model.parallel(
+                    encoded_rows, np.where(remask, mask, filled), positions, queries, again, banned_bias, rows
+                )
                 filled[remask] = rows.to_full(best_rows)
                 scores[remask] = best
     filled = truncate_at_first_eos(filled, eos, pad)
@@ -435,8 +471,15 @@ def fill_masks(model, encoded_rows, skeleton: np.ndarray, skeleton_scores: np.nd
     return tokens, positions, filled, scores, lengths, confidence
 
 
-def _fill_one(model, encoded_rows, skeleton: np.ndarray, skeleton_scores: np.ndarray, k: int, banned_bias: np.ndarray,
-              rows: OutputRows):
+def _fill_one(
+    model,
+    encoded_rows,
+    skeleton: np.ndarray,
+    skeleton_scores: np.ndarray,
+    k: int,
+    banned_bias: np.ndarray,
+    rows: OutputRows,
+):
     """:func:`fill_masks` of one unpadded skeleton (greedy at batch 1, the latency case), in
     half the operations: its masks are exactly the query columns."""
     pad, mask, eos = model.pad, model.mask, model.eos
@@ -445,8 +488,9 @@ def _fill_one(model, encoded_rows, skeleton: np.ndarray, skeleton_scores: np.nda
     tokens[k - 1 :: k] = skeleton[0]
     positions = np.arange(1, width + 1)[None, :]
     queries = mask_columns(width, k)
-    best, best_rows = model.parallel(encoded_rows, tokens[None, :], positions, queries, np.arange(queries.size), banned_bias,
-                                     rows)
+    best, best_rows = model.parallel(
+        encoded_rows, tokens[None, :], positions, queries, np.arange(queries.size), banned_bias, rows
+    )
     filled = tokens.copy()
     filled[queries] = rows.to_full(best_rows)
     scores = np.zeros(width, np.float32)
@@ -461,9 +505,17 @@ def _fill_one(model, encoded_rows, skeleton: np.ndarray, skeleton_scores: np.nda
     return tokens[None, :], positions, filled[None, :], scores[None, :], np.array([n]), np.array([confidence])
 
 
-def fill_skeletons(model, encoded, skeletons: List[Hypothesis], sentence_of_row: List[int], k: int,
-                   banned_bias: np.ndarray, len_penalty: float, rows: OutputRows,
-                   refine_fraction: float = 0.0) -> List[Hypothesis]:
+def fill_skeletons(
+    model,
+    encoded,
+    skeletons: List[Hypothesis],
+    sentence_of_row: List[int],
+    k: int,
+    banned_bias: np.ndarray,
+    len_penalty: float,
+    rows: OutputRows,
+    refine_fraction: float = 0.0,
+) -> List[Hypothesis]:
     """Stage II over one group of skeletons (each ending in ``</s>``; ``sentence_of_row``:
     the sentence of ``encoded`` each belongs to): their hypotheses, in order."""
     if len(skeletons) == 1:
@@ -471,19 +523,29 @@ def fill_skeletons(model, encoded, skeletons: List[Hypothesis], sentence_of_row:
         skeleton_scores = np.asarray(skeletons[0]["positional_scores"], np.float32)[None, :]
     else:
         skeleton = _pad_stack([np.asarray(h["tokens"], np.int64) for h in skeletons], model.pad, np.int64)
-        skeleton_scores = _pad_stack([np.asarray(h["positional_scores"], np.float32) for h in skeletons], 0.0, np.float32)
+        skeleton_scores = _pad_stack(
+            [np.asarray(h["positional_scores"], np.float32) for h in skeletons], 0.0, np.float32
+        )
     if list(sentence_of_row) == list(range(encoded.size)):
         rows_encoded = encoded  # one skeleton per sentence, in order (greedy): no copy
     else:
         rows_encoded = encoded.select(np.asarray(sentence_of_row, np.int64))
-    tokens, _, filled, scores, lengths, confidence = fill_masks(model, rows_encoded, skeleton, skeleton_scores, k,
-                                                                banned_bias, rows, refine_fraction)
+    tokens, _, filled, scores, lengths, confidence = fill_masks(
+        model, rows_encoded, skeleton, skeleton_scores, k, banned_bias, rows, refine_fraction
+    )
     final = scores.sum(axis=1) / lengths.astype(np.float32) ** len_penalty
     out = []
     for r in range(len(skeletons)):
         n = int(lengths[r])
-        out.append({"tokens": filled[r, :n].copy(), "score": float(final[r]), "positional_scores": scores[r, :n].copy(),
-                    "steps": int(np.asarray(skeletons[r]["tokens"]).size), "stage2_confidence": float(confidence[r])})
+        out.append(
+            {
+                "tokens": filled[r, :n].copy(),
+                "score": float(final[r]),
+                "positional_scores": scores[r, :n].copy(),
+                "steps": int(np.asarray(skeletons[r]["tokens"]).size),
+                "stage2_confidence": float(confidence[r]),
+            }
+        )
     return out
 
 
@@ -492,13 +554,24 @@ def check_b_nat(b_at: int, b_nat: int):
     if b_nat < 1:
         raise ValueError(f"--b-nat must be >= 1, got {b_nat}")
     if b_nat > b_at:
-        raise ValueError(f"HRT decoding needs b_at >= b_nat, got --beam {b_at} < --b-nat {b_nat}: "
-                         "stage II fills the top b_nat Skip-AT hypotheses")
+        raise ValueError(
+            f"HRT decoding needs b_at >= b_nat, got --beam {b_at} < --b-nat {b_nat}: "
+            "stage II fills the top b_nat Skip-AT hypotheses"
+        )
 
 
-def stage2(model, encoded, skeletons: List[List[Hypothesis]], k: int, banned: Sequence[int], b_nat: int,
-           len_penalty: float, rows: OutputRows, bucket_padding: float = 0.25,
-           refine_fraction: float = 0.0) -> List[List[Hypothesis]]:
+def stage2(
+    model,
+    encoded,
+    skeletons: List[List[Hypothesis]],
+    k: int,
+    banned: Sequence[int],
+    b_nat: int,
+    len_penalty: float,
+    rows: OutputRows,
+    bucket_padding: float = 0.25,
+    refine_fraction: float = 0.0,
+) -> List[List[Hypothesis]]:
     """HRT's stage II: the top ``b_nat`` skeletons of every sentence (stage I's hypotheses,
     best first) filled, on groups of skeletons of similar length (:func:`length_buckets`), so
     that one long skeleton does not make the whole batch pay for its padding; each sentence's
@@ -513,8 +586,17 @@ def stage2(model, encoded, skeletons: List[List[Hypothesis]], k: int, banned: Se
     out: List[List[Hypothesis]] = [[] for _ in skeletons]
     buckets = [[0]] if len(flat) == 1 else length_buckets([np.asarray(h["tokens"]).size for h in flat], bucket_padding)
     for bucket in buckets:
-        filled = fill_skeletons(model, encoded, [flat[r] for r in bucket], [sentence_of_row[r] for r in bucket], k,
-                                banned_bias, len_penalty, rows, refine_fraction)
+        filled = fill_skeletons(
+            model,
+            encoded,
+            [flat[r] for r in bucket],
+            [sentence_of_row[r] for r in bucket],
+            k,
+            banned_bias,
+            len_penalty,
+            rows,
+            refine_fraction,
+        )
         for r, hypo in zip(bucket, filled):
             out[sentence_of_row[r]].append(hypo)
     for hypos in out:
@@ -523,8 +605,17 @@ def stage2(model, encoded, skeletons: List[List[Hypothesis]], k: int, banned: Se
     return out
 
 
-def hrt(model, encoded, source_width: int, config: SearchConfig, k: int, banned: Sequence[int],
-        b_nat: int = 1, bucket_padding: float = 0.25, rows: Optional[OutputRows] = None) -> List[List[Hypothesis]]:
+def hrt(
+    model,
+    encoded,
+    source_width: int,
+    config: SearchConfig,
+    k: int,
+    banned: Sequence[int],
+    b_nat: int = 1,
+    bucket_padding: float = 0.25,
+    rows: Optional[OutputRows] = None,
+) -> List[List[Hypothesis]]:
     """Hybrid-regressive decoding with chunk size ``k`` (1: AT mode) and beam ``config.beam``
     (``b_at``) in stage I, ``b_nat`` skeletons per sentence filled by stage II."""
     check_b_nat(config.beam, b_nat)
@@ -584,9 +675,18 @@ def initial_input(lengths: np.ndarray, mask: int, eos: int, pad: int):
     return tokens, np.where(slot <= n, slot + 1, 0).astype(np.int64)
 
 
-def mask_predict(model, encoded, src_tokens: np.ndarray, iterations: int, length_beam: int,
-                 max_len_a: float, max_len_b: int, banned: Sequence[int], rows: Optional[OutputRows] = None,
-                 on_iteration=None) -> List[List[Hypothesis]]:
+def mask_predict(
+    model,
+    encoded,
+    src_tokens: np.ndarray,
+    iterations: int,
+    length_beam: int,
+    max_len_a: float,
+    max_len_b: int,
+    banned: Sequence[int],
+    rows: Optional[OutputRows] = None,
+    on_iteration=None,
+) -> List[List[Hypothesis]]:
     """Mask-Predict (Ghazvininejad et al. 2019; :mod:`fairseq_hrt.generation.mask_predict`):
     ``length_beam`` lengths per sentence (``encoded.length_lprobs``), ``iterations``
     non-causal passes each re-predicting the least confident tokens; the candidate with the
@@ -621,8 +721,9 @@ def mask_predict(model, encoded, src_tokens: np.ndarray, iterations: int, length
         if not queries.size:  # nothing re-masked in any row: the pass runs, and changes nothing
             queries = np.arange(min(1, tokens.shape[1]), dtype=np.int64)
         before = tokens[0].copy() if on_iteration is not None else None
-        best_scores, best_rows = model.parallel(encoded_rows, tokens, positions, queries,
-                                                np.flatnonzero(masked[:, queries]), bias, rows)
+        best_scores, best_rows = model.parallel(
+            encoded_rows, tokens, positions, queries, np.flatnonzero(masked[:, queries]), bias, rows
+        )
         tokens[masked] = rows.to_full(best_rows)
         scores[masked] = best_scores
         if on_iteration is not None:
@@ -635,7 +736,13 @@ def mask_predict(model, encoded, src_tokens: np.ndarray, iterations: int, length
         for j in order[b].tolist():
             r = b * length_beam + j
             n = int(lengths[r]) + 1
-            hypos.append({"tokens": tokens[r, :n].copy(), "score": float(average[r]), "positional_scores": scores[r, :n].copy(),
-                          "steps": iterations})
+            hypos.append(
+                {
+                    "tokens": tokens[r, :n].copy(),
+                    "score": float(average[r]),
+                    "positional_scores": scores[r, :n].copy(),
+                    "steps": iterations,
+                }
+            )
         out.append(hypos)
     return out

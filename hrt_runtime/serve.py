@@ -21,6 +21,7 @@ Sentences of a request may be translated in a batch with other requests' sentenc
 not depend on the batch (see docs/deploy.md), except where ``max_len_a`` > 0 makes the length
 limit depend on the batch's width (as in fairseq): such a request is batched alone.
 """
+
 import argparse
 import asyncio
 import collections
@@ -29,7 +30,7 @@ import json
 import logging
 import os
 import time
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from hrt_runtime.translator import CallOptions, Translator
 
@@ -41,8 +42,18 @@ except ImportError:  # the optional extra is missing: cli_main says how to insta
 logger = logging.getLogger(__name__)
 
 # the options a request may set: Translator.translate's, but the batching (the service's own)
-REQUEST_OPTIONS = ("beam", "chunk_size", "b_nat", "max_len_a", "max_len_b", "min_len", "lenpen", "unkpen", "iterations",
-                   "length_beam")
+REQUEST_OPTIONS = (
+    "beam",
+    "chunk_size",
+    "b_nat",
+    "max_len_a",
+    "max_len_b",
+    "min_len",
+    "lenpen",
+    "unkpen",
+    "iterations",
+    "length_beam",
+)
 
 
 class QueueFull(Exception):
@@ -70,8 +81,14 @@ class Batcher:
         self.translator = translator
         self.max_batch, self.max_wait, self.max_queue = max_batch, max_wait_ms / 1000.0, max_queue
         self.queue: "collections.deque[_Request]" = collections.deque()
-        self.stats = {"requests": 0, "sentences": 0, "batches": 0, "largest_batch": 0, "rejected_full": 0,
-                      "abandoned": 0}
+        self.stats = {
+            "requests": 0,
+            "sentences": 0,
+            "batches": 0,
+            "largest_batch": 0,
+            "rejected_full": 0,
+            "abandoned": 0,
+        }
         self._arrived: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hrt-serve")
@@ -97,8 +114,9 @@ class Batcher:
         """Queue one request; its translations, in its order."""
         if len(self.queue) >= self.max_queue:
             self.stats["rejected_full"] += 1
-            raise QueueFull(f"the queue is full ({len(self.queue)} requests waiting, --max-queue {self.max_queue}); "
-                            "retry later")
+            raise QueueFull(
+                f"the queue is full ({len(self.queue)} requests waiting, --max-queue {self.max_queue}); retry later"
+            )
         future = asyncio.get_running_loop().create_future()
         self.queue.append(_Request(lines, options, options, future))
         self.stats["requests"] += 1
@@ -170,7 +188,7 @@ class Batcher:
             start = 0
             for r in batch:  # back by position: each request gets its own lines' translations
                 if not r.future.done():
-                    r.future.set_result(out[start:start + len(r.lines)])
+                    r.future.set_result(out[start : start + len(r.lines)])
                 else:
                     self.stats["abandoned"] += 1
                 start += len(r.lines)
@@ -184,16 +202,22 @@ BATCHER = web.AppKey("batcher", Batcher) if web is not None else "batcher"  # ap
 
 def _json(body, status: int = 200, **headers):
     """A JSON answer in UTF-8 (translations unescaped)."""
-    return web.json_response(body, status=status, headers=headers or None,
-                             dumps=lambda value: json.dumps(value, ensure_ascii=False))
+    return web.json_response(
+        body, status=status, headers=headers or None, dumps=lambda value: json.dumps(value, ensure_ascii=False)
+    )
 
 
 def _error(status: int, message: str, **headers):
     return _json({"error": message}, status, **headers)
 
 
-def make_app(translator: Translator, max_batch: int = 64, max_wait_ms: float = 0.0, max_queue: int = 256,
-             max_request_lines: int = 256):
+def make_app(
+    translator: Translator,
+    max_batch: int = 64,
+    max_wait_ms: float = 0.0,
+    max_queue: int = 256,
+    max_request_lines: int = 256,
+):
     """The aiohttp application of the service (``web.run_app(make_app(...))``)."""
     batcher = Batcher(translator, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue)
     config = translator.model.config
@@ -211,8 +235,9 @@ def make_app(translator: Translator, max_batch: int = 64, max_wait_ms: float = 0
         if not isinstance(text, list) or not all(isinstance(line, str) for line in text):
             return _error(400, '"text" must be a list of strings (one sentence each)')
         if len(text) > max_request_lines:
-            return _error(413, f'{len(text)} lines in one request; at most {max_request_lines} (--max-request-lines): '
-                               "split it")
+            return _error(
+                413, f"{len(text)} lines in one request; at most {max_request_lines} (--max-request-lines): split it"
+            )
         unknown = sorted(set(body) - {"text", *REQUEST_OPTIONS})
         if unknown:
             return _error(400, f"unknown option {', '.join(map(repr, unknown))}; options: {', '.join(REQUEST_OPTIONS)}")
@@ -234,20 +259,26 @@ def make_app(translator: Translator, max_batch: int = 64, max_wait_ms: float = 0
         return _json({"status": "ok", "queued": len(batcher.queue)})
 
     async def info(request):
-        return _json({
-            "folder": os.path.abspath(translator.model.folder),
-            "kind": config["kind"],
-            "trained_chunk_sizes": config["trained_chunk_sizes"],
-            "max_source_positions": config["max_source_positions"],
-            "max_target_positions": config["max_target_positions"],
-            "vocab_size": config["vocab_size"],
-            "parameters_sha256": config.get("parameters_sha256"),
-            "int8": bool(config.get("int8")),
-            "options": list(REQUEST_OPTIONS),
-            "batching": {"max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait * 1000.0,
-                         "max_queue": batcher.max_queue, "max_request_lines": max_request_lines},
-            "stats": dict(batcher.stats),
-        })
+        return _json(
+            {
+                "folder": os.path.abspath(translator.model.folder),
+                "kind": config["kind"],
+                "trained_chunk_sizes": config["trained_chunk_sizes"],
+                "max_source_positions": config["max_source_positions"],
+                "max_target_positions": config["max_target_positions"],
+                "vocab_size": config["vocab_size"],
+                "parameters_sha256": config.get("parameters_sha256"),
+                "int8": bool(config.get("int8")),
+                "options": list(REQUEST_OPTIONS),
+                "batching": {
+                    "max_batch": batcher.max_batch,
+                    "max_wait_ms": batcher.max_wait * 1000.0,
+                    "max_queue": batcher.max_queue,
+                    "max_request_lines": max_request_lines,
+                },
+                "stats": dict(batcher.stats),
+            }
+        )
 
     async def on_startup(app):
         batcher.start()
@@ -266,18 +297,25 @@ def make_app(translator: Translator, max_batch: int = 64, max_wait_ms: float = 0
 
 
 def cli_main(argv=None):
-    p = argparse.ArgumentParser(prog="hrt-serve", description="Serve a folder written by fairseq-hrt-export over HTTP: "
-                                "POST /translate {\"text\": [...], options}, GET /health, GET /info. Needs onnxruntime, "
-                                "numpy, sentencepiece and aiohttp (pip install .[serve]); no PyTorch.")
+    p = argparse.ArgumentParser(
+        prog="hrt-serve",
+        description="Serve a folder written by fairseq-hrt-export over HTTP: "
+        'POST /translate {"text": [...], options}, GET /health, GET /info. Needs onnxruntime, '
+        "numpy, sentencepiece and aiohttp (pip install .[serve]); no PyTorch.",
+    )
     p.add_argument("folder")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime's threads per batch")
     p.add_argument("--max-batch", type=int, default=64, help="sentences per batch, at most")
-    p.add_argument("--max-wait-ms", type=float, default=0.0,
-                   help="how long the oldest waiting request waits for others to join its batch (0: none; requests "
-                        "that arrive while a batch is translated form the next one, which measured best on 2 CPU "
-                        "cores: benchmarks/results/serve-mini-cpu)")
+    p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=0.0,
+        help="how long the oldest waiting request waits for others to join its batch (0: none; requests "
+        "that arrive while a batch is translated form the next one, which measured best on 2 CPU "
+        "cores: benchmarks/results/serve-mini-cpu)",
+    )
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting, at most (then 503)")
     p.add_argument("--max-request-lines", type=int, default=256, help="lines in one request, at most (then 413)")
     a = p.parse_args(argv)
@@ -288,12 +326,20 @@ def cli_main(argv=None):
         translator = Translator(a.folder, threads=a.threads)
         if a.max_request_lines < 1:
             raise ValueError(f"--max-request-lines must be >= 1, got {a.max_request_lines}")
-        app = make_app(translator, max_batch=a.max_batch, max_wait_ms=a.max_wait_ms, max_queue=a.max_queue,
-                       max_request_lines=a.max_request_lines)
+        app = make_app(
+            translator,
+            max_batch=a.max_batch,
+            max_wait_ms=a.max_wait_ms,
+            max_queue=a.max_queue,
+            max_request_lines=a.max_request_lines,
+        )
     except (ValueError, FileNotFoundError, TypeError) as e:
         p.exit(2, f"hrt-serve: error: {e}\n")
-    print(f"hrt-serve: {translator.model.config['kind']} model {a.folder} on http://{a.host}:{a.port} "
-          f"(POST /translate, GET /health, GET /info)", flush=True)
+    print(
+        f"hrt-serve: {translator.model.config['kind']} model {a.folder} on http://{a.host}:{a.port} "
+        f"(POST /translate, GET /health, GET /info)",
+        flush=True,
+    )
     web.run_app(app, host=a.host, port=a.port, print=None, access_log=None)
 
 

@@ -26,6 +26,7 @@ split at a lone ``\\r``, which shifts every later line of a line-aligned corpus.
 else (empty lines, lines of spaces, very long lines, any script or emoji) passes unchanged:
 what to do with its length is the model's limit (``--max-source-positions``).
 """
+
 import logging
 import os
 import select
@@ -132,11 +133,9 @@ def decode_line(raw: bytes, errors: str = "replace") -> Tuple[str, LineProblems]
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         problems.first_bad_byte = e.start
-        problems.bad_bytes = raw[e.start:e.end]
+        problems.bad_bytes = raw[e.start : e.end]
         if errors == "strict":
-            raise InputTextError(
-                f"{UNDECODABLE} at byte {e.start}: {problems.bad_bytes!r} ({e.reason})"
-            ) from None
+            raise InputTextError(f"{UNDECODABLE} at byte {e.start}: {problems.bad_bytes!r} ({e.reason})") from None
         text = raw.decode("utf-8", errors="replace")
         problems.kinds.append(UNDECODABLE)
     text, kinds = clean_text(text)
@@ -201,8 +200,8 @@ def _raw_lines(stream, pauses: bool) -> Iterator[Optional[bytes]]:
     while True:
         end = pending.find(b"\n")
         if end >= 0:
-            raw = bytes(pending[:end + 1])
-            del pending[:end + 1]
+            raw = bytes(pending[: end + 1])
+            del pending[: end + 1]
             yield raw
             continue
         if not select.select([fd], [], [], 0)[0]:
@@ -215,8 +214,13 @@ def _raw_lines(stream, pauses: bool) -> Iterator[Optional[bytes]]:
         yield bytes(pending)
 
 
-def iter_lines(source: Source, errors: str = "replace", name: Optional[str] = None,
-               max_warnings: int = MAX_WARNINGS_PER_FILE, pauses: bool = False) -> Iterator[Optional[str]]:
+def iter_lines(
+    source: Source,
+    errors: str = "replace",
+    name: Optional[str] = None,
+    max_warnings: int = MAX_WARNINGS_PER_FILE,
+    pauses: bool = False,
+) -> Iterator[Optional[str]]:
     """The lines of a file, ``"-"`` (stdin) or a binary stream, decoded and repaired.
 
     Lazy (one line at a time), so an interactive session translates each line as it comes.
@@ -280,8 +284,9 @@ def iter_line_groups(source: Source, max_lines: int, name: Optional[str] = None)
         yield group
 
 
-def repair_lines(lines: Iterable[str], name: str = "input", first_line: int = 1,
-                 max_warnings: int = MAX_WARNINGS_PER_FILE) -> Iterator[str]:
+def repair_lines(
+    lines: Iterable[str], name: str = "input", first_line: int = 1, max_warnings: int = MAX_WARNINGS_PER_FILE
+) -> Iterator[str]:
     """Lines already decoded (a list handed to ``translate()``) repaired as :func:`iter_lines`
     repairs a file's (:func:`clean_text`), each repaired line reported as ``"<name>, line N:
     ..."``, N counted from ``first_line``. Lazy; text that needs no repair passes unchanged."""

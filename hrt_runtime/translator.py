@@ -6,6 +6,7 @@ source dictionary (unknown pieces become ``<unk>``), ``</s>`` appended, sentence
 the model's source positions truncated (with a warning), empty lines translated to empty
 lines, batches left-padded.
 """
+
 import itertools
 import logging
 import math
@@ -63,8 +64,10 @@ def _batches(todo, batch_size: int, max_tokens: Optional[int]):
     ``max_tokens`` padded source tokens (at least one sentence each)."""
     batch = []
     for item in todo:
-        if batch and (len(batch) >= batch_size or
-                      (max_tokens is not None and (len(batch) + 1) * max(item[1].size, batch[-1][1].size) > max_tokens)):
+        if batch and (
+            len(batch) >= batch_size
+            or (max_tokens is not None and (len(batch) + 1) * max(item[1].size, batch[-1][1].size) > max_tokens)
+        ):
             yield batch
             batch = []
         batch.append(item)
@@ -100,8 +103,10 @@ class Translator:
 
     def __init__(self, folder: str, threads: int = 1):
         if not isinstance(folder, (str, os.PathLike)):
-            raise TypeError(f"Translator(folder): folder is the path of a folder written by fairseq-hrt-export, "
-                            f"got {type(folder).__name__}")
+            raise TypeError(
+                f"Translator(folder): folder is the path of a folder written by fairseq-hrt-export, "
+                f"got {type(folder).__name__}"
+            )
         if not _is_int(threads):
             raise TypeError(f"threads must be an integer (ONNX Runtime's threads per call), got {threads!r}")
         if threads < 1:
@@ -113,14 +118,18 @@ class Translator:
         self.source_symbols = read_dictionary(os.path.join(folder, config["source_dictionary"]))
         self.target_symbols = read_dictionary(os.path.join(folder, config["target_dictionary"]))
         if len(self.target_symbols) != config["vocab_size"]:
-            raise ValueError(f"{folder}: the target dictionary has {len(self.target_symbols)} symbols, "
-                             f"the model {config['vocab_size']}; export the checkpoint again")
+            raise ValueError(
+                f"{folder}: the target dictionary has {len(self.target_symbols)} symbols, "
+                f"the model {config['vocab_size']}; export the checkpoint again"
+            )
         self.source_index = {s: i for i, s in enumerate(self.source_symbols)}
         self.spm = None
         if config.get("sentencepiece_model"):
             import sentencepiece
 
-            self.spm = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, config["sentencepiece_model"]))
+            self.spm = sentencepiece.SentencePieceProcessor(
+                model_file=os.path.join(folder, config["sentencepiece_model"])
+            )
         self.max_source_tokens = int(config["max_source_positions"])
 
     def _guard_sessions(self):
@@ -141,8 +150,12 @@ class Translator:
         unk, eos = self.model.config["source_unk"], self.model.config["source_eos"]
         ids = [self.source_index.get(p, unk) for p in pieces]
         if len(ids) + 1 > self.max_source_tokens:
-            logger.warning("%sa sentence of %d tokens is truncated to the model's %d source positions",
-                           f"{where}: " if where else "", len(ids) + 1, self.max_source_tokens)
+            logger.warning(
+                "%sa sentence of %d tokens is truncated to the model's %d source positions",
+                f"{where}: " if where else "",
+                len(ids) + 1,
+                self.max_source_tokens,
+            )
             ids = ids[: self.max_source_tokens - 1]
         return np.array(ids + [eos], np.int64)
 
@@ -153,18 +166,27 @@ class Translator:
             return " ".join(pieces)
         return "".join(pieces).replace("\u2581", " ").strip()
 
-    def search(self, sources: List[np.ndarray], config: SearchConfig, chunk_size: int, b_nat: int = 1,
-               iterations: int = 10, length_beam: int = 1):
+    def search(
+        self,
+        sources: List[np.ndarray],
+        config: SearchConfig,
+        chunk_size: int,
+        b_nat: int = 1,
+        iterations: int = 10,
+        length_beam: int = 1,
+    ):
         """Hypotheses of a batch of encoded sources (left-padded here, as fairseq batches them)."""
         pad = self.model.config["source_pad"]
         width = max(s.size for s in sources)
         src = np.full((len(sources), width), pad, np.int64)
         for i, s in enumerate(sources):
-            src[i, width - s.size:] = s
+            src[i, width - s.size :] = s
         encoded = self.model.encode(src)
         banned = self.model.config["banned"]
         if self.model.kind == MASK_PREDICT:
-            return mask_predict(self.model, encoded, src, iterations, length_beam, config.max_len_a, config.max_len_b, banned)
+            return mask_predict(
+                self.model, encoded, src, iterations, length_beam, config.max_len_a, config.max_len_b, banned
+            )
         if self.model.kind == HRT:
             # L is capped at the decoder's positions anyway; stated as that cap (less one chunk),
             # stage I's L // k steps and stage II's positions 1..m x k stay within them too:
@@ -189,27 +211,55 @@ class Translator:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1 (1: AT mode), got {chunk_size}")
         if chunk_size > 1 and self.model.kind != HRT:
-            raise ValueError(f"chunk_size {chunk_size}: this is {DESCRIPTION[self.model.kind]}, it has no chunk size "
-                             "(chunk_size 1 or None)")
+            raise ValueError(
+                f"chunk_size {chunk_size}: this is {DESCRIPTION[self.model.kind]}, it has no chunk size "
+                "(chunk_size 1 or None)"
+            )
         if chunk_size > 1 and chunk_size not in trained:
-            raise ValueError(f"chunk_size {chunk_size}: this model was trained for chunk sizes "
-                             f"{', '.join(map(str, trained)) or 'none'}; use one of them, or 1 for AT mode")
+            raise ValueError(
+                f"chunk_size {chunk_size}: this model was trained for chunk sizes "
+                f"{', '.join(map(str, trained)) or 'none'}; use one of them, or 1 for AT mode"
+            )
         return chunk_size
 
-    def options(self, beam: int = 5, chunk_size: Optional[int] = None, b_nat: int = 1, max_len_a: float = 0.0,
-                max_len_b: int = 200, min_len: int = 1, lenpen: float = 1.0, unkpen: float = 0.0, batch_size: int = 64,
-                iterations: int = 10, length_beam: int = 1, max_tokens: Optional[int] = MAX_TOKENS) -> CallOptions:
+    def options(
+        self,
+        beam: int = 5,
+        chunk_size: Optional[int] = None,
+        b_nat: int = 1,
+        max_len_a: float = 0.0,
+        max_len_b: int = 200,
+        min_len: int = 1,
+        lenpen: float = 1.0,
+        unkpen: float = 0.0,
+        batch_size: int = 64,
+        iterations: int = 10,
+        length_beam: int = 1,
+        max_tokens: Optional[int] = MAX_TOKENS,
+    ) -> CallOptions:
         """The options of a call, checked before anything is read or decoded (one message each).
         ``max_tokens``: a batch holds at most this many source tokens (its sentences x the
         longest), as fairseq's ``--max-tokens``: memory stays bounded when lines are very long
         (``None``: only ``batch_size`` counts)."""
         k = self.chunk_size(chunk_size)
-        for name, value in (("beam", beam), ("b_nat", b_nat), ("batch_size", batch_size), ("min_len", min_len),
-                            ("max_len_b", max_len_b), ("iterations", iterations), ("length_beam", length_beam)):
+        for name, value in (
+            ("beam", beam),
+            ("b_nat", b_nat),
+            ("batch_size", batch_size),
+            ("min_len", min_len),
+            ("max_len_b", max_len_b),
+            ("iterations", iterations),
+            ("length_beam", length_beam),
+        ):
             if not _is_int(value):
                 raise TypeError(f"{name} must be an integer, got {value!r}")
-        for name, value in (("beam", beam), ("b_nat", b_nat), ("batch_size", batch_size), ("iterations", iterations),
-                            ("length_beam", length_beam)):
+        for name, value in (
+            ("beam", beam),
+            ("b_nat", b_nat),
+            ("batch_size", batch_size),
+            ("iterations", iterations),
+            ("length_beam", length_beam),
+        ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
@@ -217,45 +267,93 @@ class Translator:
         if min_len < 0:
             raise ValueError(f"min_len must be >= 0, got {min_len}")
         if max_len_b < 0:
-            raise ValueError(f"max_len_b must be >= 0 (the output length limit is max_len_a x source length + "
-                             f"max_len_b), got {max_len_b}")
-        for name, value, what in (("max_len_a", max_len_a, "the output length limit's factor of the source length"),
-                                  ("lenpen", lenpen, "the length penalty"), ("unkpen", unkpen, "the <unk> penalty")):
+            raise ValueError(
+                f"max_len_b must be >= 0 (the output length limit is max_len_a x source length + "
+                f"max_len_b), got {max_len_b}"
+            )
+        for name, value, what in (
+            ("max_len_a", max_len_a, "the output length limit's factor of the source length"),
+            ("lenpen", lenpen, "the length penalty"),
+            ("unkpen", unkpen, "the <unk> penalty"),
+        ):
             if not _is_real(value):
                 raise TypeError(f"{name} must be a number ({what}), got {value!r}")
             if not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number ({what}), got {value}")
         if max_len_a < 0:
-            raise ValueError(f"max_len_a must be >= 0 (the output length limit's factor of the source length), "
-                             f"got {max_len_a}")
+            raise ValueError(
+                f"max_len_a must be >= 0 (the output length limit's factor of the source length), got {max_len_a}"
+            )
         if self.model.kind == HRT and b_nat > beam:
-            raise ValueError(f"b_nat {b_nat} > beam {beam}: stage II fills the top b_nat of the beam's "
-                             "Skip-AT hypotheses, so b_nat must be <= beam (b_at)")
-        search = SearchConfig(beam=beam, max_len_a=float(max_len_a), max_len_b=int(max_len_b), min_len=int(min_len),
-                              len_penalty=float(lenpen), unk_penalty=float(unkpen))
-        return CallOptions(search, k, int(b_nat), int(batch_size), int(iterations), int(length_beam),
-                           None if max_tokens is None else int(max_tokens))
+            raise ValueError(
+                f"b_nat {b_nat} > beam {beam}: stage II fills the top b_nat of the beam's "
+                "Skip-AT hypotheses, so b_nat must be <= beam (b_at)"
+            )
+        search = SearchConfig(
+            beam=beam,
+            max_len_a=float(max_len_a),
+            max_len_b=int(max_len_b),
+            min_len=int(min_len),
+            len_penalty=float(lenpen),
+            unk_penalty=float(unkpen),
+        )
+        return CallOptions(
+            search,
+            k,
+            int(b_nat),
+            int(batch_size),
+            int(iterations),
+            int(length_beam),
+            None if max_tokens is None else int(max_tokens),
+        )
 
-    def translate(self, lines: Union[str, List[str]], beam: int = 5, chunk_size: Optional[int] = None, b_nat: int = 1,
-                  max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1, lenpen: float = 1.0,
-                  unkpen: float = 0.0, batch_size: int = 64, iterations: int = 10, length_beam: int = 1,
-                  max_tokens: Optional[int] = MAX_TOKENS) -> Union[str, List[str]]:
+    def translate(
+        self,
+        lines: Union[str, List[str]],
+        beam: int = 5,
+        chunk_size: Optional[int] = None,
+        b_nat: int = 1,
+        max_len_a: float = 0.0,
+        max_len_b: int = 200,
+        min_len: int = 1,
+        lenpen: float = 1.0,
+        unkpen: float = 0.0,
+        batch_size: int = 64,
+        iterations: int = 10,
+        length_beam: int = 1,
+        max_tokens: Optional[int] = MAX_TOKENS,
+    ) -> Union[str, List[str]]:
         """The translations of one string or a list of strings (the whole list in one buffer:
         similar lengths share a batch). ``max_tokens``: see :meth:`options`."""
-        options = self.options(beam, chunk_size, b_nat, max_len_a, max_len_b, min_len, lenpen, unkpen, batch_size,
-                               iterations, length_beam, max_tokens)
+        options = self.options(
+            beam,
+            chunk_size,
+            b_nat,
+            max_len_a,
+            max_len_b,
+            min_len,
+            lenpen,
+            unkpen,
+            batch_size,
+            iterations,
+            length_beam,
+            max_tokens,
+        )
         if isinstance(lines, str):
             return self.translate_buffer([lines], options)[0]
         if not isinstance(lines, (list, tuple)):
             raise TypeError(f"translate() takes a string or a list of strings, got {type(lines).__name__}")
         bad = [i for i, s in enumerate(lines) if not isinstance(s, str)]
         if bad:
-            raise TypeError(f"translate() takes a string or a list of strings; item {bad[0]} of the list is "
-                            f"{type(lines[bad[0]]).__name__}")
+            raise TypeError(
+                f"translate() takes a string or a list of strings; item {bad[0]} of the list is "
+                f"{type(lines[bad[0]]).__name__}"
+            )
         return self.translate_buffer(list(lines), options)
 
-    def translate_iter(self, lines: Iterable[str], buffer_size: int = BUFFER_SIZE, name: str = "input",
-                       **options) -> Iterator[str]:
+    def translate_iter(
+        self, lines: Iterable[str], buffer_size: int = BUFFER_SIZE, name: str = "input", **options
+    ) -> Iterator[str]:
         """The translations of ``lines`` (any iterable of strings, e.g. an open text file or a
         generator), yielded one by one in input order as soon as their buffer of
         ``buffer_size`` lines is translated (fairseq-interactive's ``--buffer-size``): memory is
@@ -279,23 +377,34 @@ class Translator:
                 return
             for i, line in enumerate(buffer):
                 if not isinstance(line, str):
-                    raise TypeError(f"translate_iter() takes strings; {name}, line {first + i} is {type(line).__name__}")
+                    raise TypeError(
+                        f"translate_iter() takes strings; {name}, line {first + i} is {type(line).__name__}"
+                    )
             yield from self.translate_buffer(buffer, options, name=name, first_line=first)
             first += len(buffer)
 
-    def translate_buffer(self, lines: List[str], options: CallOptions, name: str = "input", first_line: int = 1,
-                         repair: bool = True) -> List[str]:
+    def translate_buffer(
+        self, lines: List[str], options: CallOptions, name: str = "input", first_line: int = 1, repair: bool = True
+    ) -> List[str]:
         """The translations of one buffer of lines (numbered from ``first_line`` in warnings),
         decoded in batches of similar length. ``repair``: lines not yet repaired
         (:func:`hrt_runtime.text_input.repair_lines`; a line already repaired passes unchanged)."""
         if repair:
             lines = list(repair_lines(lines, name=name, first_line=first_line))
         out = [""] * len(lines)
-        todo = [(i, self.encode(line, f"{name}, line {first_line + i}")) for i, line in enumerate(lines) if line.strip()]
+        todo = [
+            (i, self.encode(line, f"{name}, line {first_line + i}")) for i, line in enumerate(lines) if line.strip()
+        ]
         todo.sort(key=lambda item: item[1].size)  # similar lengths share a batch
         for batch in _batches(todo, options.batch_size, options.max_tokens):
-            hypos = self.search([s for _, s in batch], options.search, options.chunk_size, options.b_nat,
-                                options.iterations, options.length_beam)
+            hypos = self.search(
+                [s for _, s in batch],
+                options.search,
+                options.chunk_size,
+                options.b_nat,
+                options.iterations,
+                options.length_beam,
+            )
             for (i, _), best in zip(batch, hypos):
                 out[i] = self.decode(best[0]["tokens"].tolist())
         return out
@@ -305,15 +414,22 @@ def cli_main(argv=None):
     import argparse
     import sys
 
-    p = argparse.ArgumentParser(prog="hrt-translate", description="Translate raw text (stdin or --input, one sentence "
-                                "per line) with a folder written by fairseq-hrt-export; needs only onnxruntime, numpy "
-                                "and sentencepiece. The input is read and translated --buffer-size lines at a time, "
-                                "and each buffer is printed as soon as it is translated.")
+    p = argparse.ArgumentParser(
+        prog="hrt-translate",
+        description="Translate raw text (stdin or --input, one sentence "
+        "per line) with a folder written by fairseq-hrt-export; needs only onnxruntime, numpy "
+        "and sentencepiece. The input is read and translated --buffer-size lines at a time, "
+        "and each buffer is printed as soon as it is translated.",
+    )
     p.add_argument("folder")
     p.add_argument("--input", default="-", help="a text file (default: standard input)")
-    p.add_argument("--buffer-size", type=int, default=BUFFER_SIZE,
-                   help="lines read before translating (as fairseq-interactive's; a pipe or terminal that pauses "
-                        "ends a buffer early, so a waiting writer gets each translation at once)")
+    p.add_argument(
+        "--buffer-size",
+        type=int,
+        default=BUFFER_SIZE,
+        help="lines read before translating (as fairseq-interactive's; a pipe or terminal that pauses "
+        "ends a buffer early, so a waiting writer gets each translation at once)",
+    )
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--chunk-size", type=int, default=None, help="HRT's k (default: the smallest trained; 1: AT mode)")
     p.add_argument("--b-nat", type=int, default=1)
@@ -325,8 +441,12 @@ def cli_main(argv=None):
     p.add_argument("--iter-decode-max-iter", type=int, default=10, help="Mask-Predict's iterations I")
     p.add_argument("--iter-decode-with-beam", type=int, default=1, help="Mask-Predict's length beam l")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
-                   help="source tokens per batch at most (sentences x the longest; bounds memory on very long lines)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=MAX_TOKENS,
+        help="source tokens per batch at most (sentences x the longest; bounds memory on very long lines)",
+    )
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s | %(name)s | %(message)s")
@@ -336,10 +456,20 @@ def cli_main(argv=None):
         if a.input != "-" and not os.path.isfile(a.input):
             raise FileNotFoundError(f"--input {a.input}: no such file")
         translator = Translator(a.folder, threads=a.threads)
-        options = translator.options(beam=a.beam, chunk_size=a.chunk_size, b_nat=a.b_nat, max_len_a=a.max_len_a,
-                                     max_len_b=a.max_len_b, min_len=a.min_len, lenpen=a.lenpen, unkpen=a.unkpen,
-                                     batch_size=a.batch_size, iterations=a.iter_decode_max_iter,
-                                     length_beam=a.iter_decode_with_beam, max_tokens=a.max_tokens)
+        options = translator.options(
+            beam=a.beam,
+            chunk_size=a.chunk_size,
+            b_nat=a.b_nat,
+            max_len_a=a.max_len_a,
+            max_len_b=a.max_len_b,
+            min_len=a.min_len,
+            lenpen=a.lenpen,
+            unkpen=a.unkpen,
+            batch_size=a.batch_size,
+            iterations=a.iter_decode_max_iter,
+            length_beam=a.iter_decode_with_beam,
+            max_tokens=a.max_tokens,
+        )
         name = "<stdin>" if a.input == "-" else a.input
         first = 1
         for group in iter_line_groups(sys.stdin.buffer if a.input == "-" else a.input, a.buffer_size, name=name):

@@ -17,6 +17,7 @@ Usage::
     from tests.comet_tiny import build_tiny_comet   # or: from comet_tiny import ...
     ckpt = build_tiny_comet(tmp_path)               # -> .../model/checkpoints/model.ckpt
 """
+
 import os
 from pathlib import Path
 
@@ -83,8 +84,9 @@ def build_tiny_encoder(out_dir, vocab_size=120, seed=0):
     return out_dir
 
 
-def build_tiny_comet(root, seed=0, hparams_pretrained_model="tiny-xlmr-not-on-disk", encoder_dir=None,
-                     bundle_encoder=True):
+def build_tiny_comet(
+    root, seed=0, hparams_pretrained_model="tiny-xlmr-not-on-disk", encoder_dir=None, bundle_encoder=True
+):
     """Build a tiny COMET ``RegressionMetric`` under ``root``; return the checkpoint path.
 
     ``hparams_pretrained_model``: what to record as ``pretrained_model`` in the checkpoint
@@ -101,7 +103,6 @@ def build_tiny_comet(root, seed=0, hparams_pretrained_model="tiny-xlmr-not-on-di
     import pytorch_lightning as pl
     import torch
     import yaml
-
     from comet.models import RegressionMetric
 
     root = Path(root)

@@ -46,7 +46,9 @@ def trained_ssru(tmp_path_factory):
         "at_tiny_ssru_tied": ("--decoder-layers", "2", "--decoder-tie-layers"),
     }
     for name, extra in runs.items():
-        out = run_cli(train_args(data.bin_dir, root / name, "--hrt-mode", "at", *extra, arch="at_tiny_ssru", max_update=40))
+        out = run_cli(
+            train_args(data.bin_dir, root / name, "--hrt-mode", "at", *extra, arch="at_tiny_ssru", max_update=40)
+        )
         ckpts[name], logs[name] = root / name / "checkpoint_last.pt", out.stdout
     return data, ckpts, logs
 

@@ -1,5 +1,6 @@
 """In-process tiny HRT models (random weights) for decoding tests: no training needed,
 since every property tested holds for any weights."""
+
 import os
 
 import torch
@@ -27,14 +28,21 @@ def build_task_and_model(data_dir, arch="hrt_tiny", extra=(), seed=1):
         parser,
         [
             data_dir,
-            "--user-dir", USER_DIR,
-            "--task", "hrt_translation",
-            "--source-lang", "src",
-            "--target-lang", "tgt",
-            "--arch", arch,
-            "--chunk-sizes", "2,3",
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "hrt_translation",
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--arch",
+            arch,
+            "--chunk-sizes",
+            "2,3",
             "--share-all-embeddings",
-            "--dropout", "0",
+            "--dropout",
+            "0",
             *extra,
         ],
     )
@@ -43,7 +51,6 @@ def build_task_and_model(data_dir, arch="hrt_tiny", extra=(), seed=1):
     model = task.build_model(args)
     model.eval()
     return task, model
-
 
 
 def random_tiny_models(tmp_path_factory, name: str):
@@ -62,11 +69,16 @@ def generation_args(data_dir, *extra):
         parser,
         [
             data_dir,
-            "--user-dir", USER_DIR,
-            "--task", "hrt_translation",
-            "--source-lang", "src",
-            "--target-lang", "tgt",
-            "--path", "unused.pt",
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "hrt_translation",
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--path",
+            "unused.pt",
             *extra,
         ],
     )
@@ -89,7 +101,7 @@ def make_sample(task, sentences):
     width = max(len(r) for r in rows)
     src = torch.full((len(rows), width), d.pad(), dtype=torch.long)
     for i, r in enumerate(rows):
-        src[i, width - len(r):] = r  # left padding (fairseq's default for sources)
+        src[i, width - len(r) :] = r  # left padding (fairseq's default for sources)
     return {
         "id": torch.arange(len(rows)),
         "net_input": {"src_tokens": src, "src_lengths": torch.tensor([len(r) for r in rows])},

@@ -7,6 +7,7 @@ the recipe (teacher, distillation, AT, HRT and MP students, benchmark) on 300 pa
 tens of updates, in about a minute and a half. The ``quick`` profile (a few hundred updates,
 about 5 minutes) is the README's smoke run; its structure is the same.
 """
+
 import importlib.util
 import json
 import os
@@ -18,8 +19,8 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import benchmark
-from fairseq_hrt.distill import select_by_sentence_bleu, sentence_bleu_scores
 from benchmarks.tiny_runs import REPO, SHARED_MULTI30K, corpus_source, default_prefer, write_lines, write_raw_corpus
+from fairseq_hrt.distill import select_by_sentence_bleu, sentence_bleu_scores
 
 HAVE_CT2 = importlib.util.find_spec("ctranslate2") is not None
 AT_SYSTEMS = ["AT greedy", "AT beam 5"]
@@ -28,9 +29,12 @@ CT2_SYSTEMS = ["CTranslate2 AT greedy", "CTranslate2 AT beam 5"]
 
 def hrt_mp_systems(chunk_sizes):
     return [
-        "HRT AT-mode b=1", "HRT AT-mode b=5",
+        "HRT AT-mode b=1",
+        "HRT AT-mode b=5",
         *[f"HRT k={k} b_at={b} b_nat=1" for k in chunk_sizes for b in (1, 5)],
-        "MP I=1 l=5", "MP I=4 l=5", "MP I=10 l=5",
+        "MP I=1 l=5",
+        "MP I=4 l=5",
+        "MP I=10 l=5",
     ]
 
 
@@ -47,9 +51,11 @@ def with_engine_rows(names, shortlist=False):
 # the recipe trains HRT for k = 2 only (one model per k, as the papers) and benchmarks it
 # the recipe builds a lexical shortlist and benchmarks every system with it too (CTranslate2
 # with its vocabulary map of the same shortlist, and in int8 beside the int8 rows)
-EXPECTED_SYSTEMS = (with_engine_rows(AT_SYSTEMS, shortlist=True)
-                    + ([n for name in CT2_SYSTEMS for n in (name, name + " int8", name + " +vmap")] if HAVE_CT2 else [])
-                    + with_engine_rows(hrt_mp_systems([2]), shortlist=True))
+EXPECTED_SYSTEMS = (
+    with_engine_rows(AT_SYSTEMS, shortlist=True)
+    + ([n for name in CT2_SYSTEMS for n in (name, name + " int8", name + " +vmap")] if HAVE_CT2 else [])
+    + with_engine_rows(hrt_mp_systems([2]), shortlist=True)
+)
 
 
 def _load_module(name, path):
@@ -100,8 +106,15 @@ def test_speed_ratios_are_relative_to_the_baseline_at_the_same_batch_size():
 
 def test_systems_and_skipped_families():
     args = SimpleNamespace(
-        at="at.pt", at_beams="1,5", hrt=None, hrt_chunk_sizes="2,3,4", hrt_beams="1/1,5/1",
-        mp="mp.pt", mp_iterations="1,4,10", mp_length_beam=5, ctranslate2="no",
+        at="at.pt",
+        at_beams="1,5",
+        hrt=None,
+        hrt_chunk_sizes="2,3,4",
+        hrt_beams="1/1,5/1",
+        mp="mp.pt",
+        mp_iterations="1,4,10",
+        mp_length_beam=5,
+        ctranslate2="no",
     )
     systems, skipped = benchmark.systems_from_args(args)
     assert [s.name for s in systems] == ["AT greedy", "AT beam 5", "MP I=1 l=5", "MP I=4 l=5", "MP I=10 l=5"]
@@ -118,15 +131,29 @@ def test_systems_and_skipped_families():
 
 def test_engine_and_int8_rows_and_the_fastest_baseline():
     args = SimpleNamespace(
-        at="at.pt", at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1",
-        mp="mp.pt", mp_iterations="1", mp_length_beam=5, ctranslate2="no", engines="lean,fairseq", int8="yes",
+        at="at.pt",
+        at_beams="1",
+        hrt="hrt.pt",
+        hrt_chunk_sizes="2",
+        hrt_beams="1/1",
+        mp="mp.pt",
+        mp_iterations="1",
+        mp_length_beam=5,
+        ctranslate2="no",
+        engines="lean,fairseq",
+        int8="yes",
     )
     systems = benchmark.systems_from_args(args)[0]
-    assert [s.name for s in systems] == with_engine_rows(["AT greedy", "HRT AT-mode b=1", "HRT k=2 b_at=1 b_nat=1", "MP I=1 l=5"])
+    assert [s.name for s in systems] == with_engine_rows(
+        ["AT greedy", "HRT AT-mode b=1", "HRT k=2 b_at=1 b_nat=1", "MP I=1 l=5"]
+    )
     assert [s.decoding.get("decoder_engine") for s in systems[:3]] == ["lean", "fairseq", "lean"]
     assert systems[2].decoding["quantize"] == "int8"
-    speeds = {"AT greedy": {"1": 300.0, "8": 900.0}, "AT greedy (fairseq engine)": {"1": 100.0, "8": 1000.0},
-              "AT greedy int8": {"1": 5000.0, "8": 5000.0}}
+    speeds = {
+        "AT greedy": {"1": 300.0, "8": 900.0},
+        "AT greedy (fairseq engine)": {"1": 100.0, "8": 1000.0},
+        "AT greedy int8": {"1": 5000.0, "8": 5000.0},
+    }
     for s in systems:
         s.speed = {b: {"words_per_second": w} for b, w in speeds.get(s.name, {}).items()}
     # int8 is not a baseline candidate: the fastest float AT greedy of each batch size is
@@ -142,12 +169,29 @@ def test_compiled_rows_for_left_to_right_systems_only():
     decoding has no lean step); a compiled AT greedy row is a float AT greedy decoder, so it
     may be the baseline."""
     args = SimpleNamespace(
-        at="at.pt", at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1",
-        mp="mp.pt", mp_iterations="1", mp_length_beam=5, ctranslate2="no", engines="lean", int8="no", compile="yes",
+        at="at.pt",
+        at_beams="1",
+        hrt="hrt.pt",
+        hrt_chunk_sizes="2",
+        hrt_beams="1/1",
+        mp="mp.pt",
+        mp_iterations="1",
+        mp_length_beam=5,
+        ctranslate2="no",
+        engines="lean",
+        int8="no",
+        compile="yes",
     )
     systems = benchmark.systems_from_args(args)[0]
-    assert [s.name for s in systems] == ["AT greedy", "AT greedy compiled", "HRT AT-mode b=1", "HRT AT-mode b=1 compiled",
-                                         "HRT k=2 b_at=1 b_nat=1", "HRT k=2 b_at=1 b_nat=1 compiled", "MP I=1 l=5"]
+    assert [s.name for s in systems] == [
+        "AT greedy",
+        "AT greedy compiled",
+        "HRT AT-mode b=1",
+        "HRT AT-mode b=1 compiled",
+        "HRT k=2 b_at=1 b_nat=1",
+        "HRT k=2 b_at=1 b_nat=1 compiled",
+        "MP I=1 l=5",
+    ]
     compiled = systems[1]
     assert compiled.decoding["compile"] is True and compiled.decoding["decoder_engine"] == "lean"
     _, options = benchmark.family_of(compiled).generation(compiled)
@@ -165,20 +209,41 @@ def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_outp
     (onnxruntime's own, lean's) and CTranslate2's int8 beside its float row; compiled rows stay
     lean whatever engine --engines names first; Mask-Predict keeps one row of each."""
     args = SimpleNamespace(
-        at="at.pt", at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp="mp.pt", mp_iterations="1",
-        mp_length_beam=5, ctranslate2="auto", engines="onnxruntime,fairseq,lean", int8="yes", compile="yes",
+        at="at.pt",
+        at_beams="1",
+        hrt="hrt.pt",
+        hrt_chunk_sizes="2",
+        hrt_beams="1/1",
+        mp="mp.pt",
+        mp_iterations="1",
+        mp_length_beam=5,
+        ctranslate2="auto",
+        engines="onnxruntime,fairseq,lean",
+        int8="yes",
+        compile="yes",
         shortlist="s.pt",
     )
     systems = benchmark.systems_from_args(args)[0]
 
     def rows(name):
-        return [name + " (onnxruntime)", name + " (fairseq engine)", name, name + " (onnxruntime) int8", name + " int8",
-                name + " (onnxruntime) +shortlist", name + " +shortlist", name + " compiled"]
+        return [
+            name + " (onnxruntime)",
+            name + " (fairseq engine)",
+            name,
+            name + " (onnxruntime) int8",
+            name + " int8",
+            name + " (onnxruntime) +shortlist",
+            name + " +shortlist",
+            name + " compiled",
+        ]
 
     assert [s.name for s in systems] == (
-        rows("AT greedy") + ["CTranslate2 AT greedy", "CTranslate2 AT greedy int8", "CTranslate2 AT greedy +vmap"]
+        rows("AT greedy")
+        + ["CTranslate2 AT greedy", "CTranslate2 AT greedy int8", "CTranslate2 AT greedy +vmap"]
         + rows("HRT AT-mode b=1")
-        + rows("HRT k=2 b_at=1 b_nat=1") + ["MP I=1 l=5", "MP I=1 l=5 int8", "MP I=1 l=5 +shortlist"])
+        + rows("HRT k=2 b_at=1 b_nat=1")
+        + ["MP I=1 l=5", "MP I=1 l=5 int8", "MP I=1 l=5 +shortlist"]
+    )
     by_name = {s.name: s for s in systems}
 
     def options(name):
@@ -199,7 +264,9 @@ def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_outp
     # with no engine of --engines that supports shortlists, the "+shortlist" row is the lean engine's
     args.engines, args.int8, args.compile = "fairseq", "no", "no"
     assert [s.name for s in benchmark.systems_from_args(args)[0] if s.family == "AT"] == [
-        "AT greedy (fairseq engine)", "AT greedy +shortlist"]
+        "AT greedy (fairseq engine)",
+        "AT greedy +shortlist",
+    ]
 
 
 def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
@@ -211,9 +278,19 @@ def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
 
     (tmp_path / "hrt").mkdir()
     task, hrt = build_task_and_model(str(tmp_path / "hrt"), arch="hrt_tiny")
-    args = SimpleNamespace(at=None, at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp=None,
-                           mp_iterations="1", mp_length_beam=1, ctranslate2="no", engines="lean,onnxruntime",
-                           hrt_options=["refine20:hrt_refine_fraction=0.2"])
+    args = SimpleNamespace(
+        at=None,
+        at_beams="1",
+        hrt="hrt.pt",
+        hrt_chunk_sizes="2",
+        hrt_beams="1/1",
+        mp=None,
+        mp_iterations="1",
+        mp_length_beam=1,
+        ctranslate2="no",
+        engines="lean,onnxruntime",
+        hrt_options=["refine20:hrt_refine_fraction=0.2"],
+    )
     by_name = {s.name: s for s in benchmark.systems_from_args(args)[0]}
     hrt_ctx = SimpleNamespace(model=lambda checkpoint, quantize="none", engine="lean": (hrt, task))
     row = by_name["HRT k=2 b_at=1 b_nat=1 refine20 (onnxruntime)"]
@@ -255,10 +332,20 @@ def test_ctranslate2_vocabulary_map_of_a_shortlist():
     symbols = list(d.symbols)
     symbols[1] = "<blank>"
     assert ct2_reference.vmap_text(short, d, symbols).split("\n") == [
-        "\t<s> <blank> </s> <unk> a c", "<unk>\tx", "a\ty x", "b\tz", ""]
+        "\t<s> <blank> </s> <unk> a c",
+        "<unk>\tx",
+        "a\ty x",
+        "b\tz",
+        "",
+    ]
     # symbols no decoder outputs are left out (CTranslate2 must not be asked to suppress candidates)
     assert ct2_reference.vmap_text(short, d, symbols, leave_out=["a", "y"]).split("\n") == [
-        "\t<s> <blank> </s> <unk> c", "<unk>\tx", "a\tx", "b\tz", ""]
+        "\t<s> <blank> </s> <unk> c",
+        "<unk>\tx",
+        "a\tx",
+        "b\tz",
+        "",
+    ]
     d.add_symbol("two words")
     wide = Shortlist(torch.full((n + 1, 1), n), torch.tensor([2]), "fp", n + 1, n + 1)
     with pytest.raises(ValueError, match="white space"):
@@ -271,11 +358,20 @@ def test_recipe_trains_one_chunk_size_by_default_and_several_on_request(tmp_path
     args = recipe.parse_args(["--out", str(tmp_path)])
     assert args.hrt_chunk_sizes == "2"
     r = recipe.Recipe(args)
-    assert r.hrt_args("2", tmp_path / "at.pt")[:4] == ["--chunk-sizes", "2", "--finetune-from-model", str(tmp_path / "at.pt")]
+    assert r.hrt_args("2", tmp_path / "at.pt")[:4] == [
+        "--chunk-sizes",
+        "2",
+        "--finetune-from-model",
+        str(tmp_path / "at.pt"),
+    ]
     assert "--distill-data" in r.hrt_args("2", tmp_path / "at.pt")
     many = recipe.Recipe(recipe.parse_args(["--out", str(tmp_path), "--hrt-chunk-sizes", "2,3,4", "--profile", "mini"]))
     assert many.hrt_args(many.args.hrt_chunk_sizes, tmp_path / "at.pt") == [
-        "--chunk-sizes", "2,3,4", "--finetune-from-model", str(tmp_path / "at.pt")]
+        "--chunk-sizes",
+        "2,3,4",
+        "--finetune-from-model",
+        str(tmp_path / "at.pt"),
+    ]
     assert not many.profile.distill
 
 
@@ -304,14 +400,23 @@ def _raw_dir(root: Path):
 
 
 def _recipe(out: Path, raw, threads: int = 1):
-    cmd = [sys.executable, str(REPO / "examples" / "multi30k" / "recipe.py"), "--profile", "tiny",
-           "--out", str(out), "--threads", str(threads)]
+    cmd = [
+        sys.executable,
+        str(REPO / "examples" / "multi30k" / "recipe.py"),
+        "--profile",
+        "tiny",
+        "--out",
+        str(out),
+        "--threads",
+        str(threads),
+    ]
     if raw is not None:
         cmd += ["--raw-dir", str(raw)]
     env = {k: v for k, v in os.environ.items() if k not in ("COMET_MODEL", "COMET_ENCODER")}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-8000:]
     return proc.stdout
 
@@ -333,7 +438,9 @@ def test_tiny_recipe_report_structure(tiny_run):
 
     names = [s["name"] for s in report["systems"]]
     assert names == EXPECTED_SYSTEMS
-    assert report["skipped"] == ([] if HAVE_CT2 else [{"family": "CTranslate2", "reason": report["skipped"][0]["reason"]}])
+    assert report["skipped"] == (
+        [] if HAVE_CT2 else [{"family": "CTranslate2", "reason": report["skipped"][0]["reason"]}]
+    )
     assert report["meta"]["batch_sizes"] == [int(b) for b in BATCH_SIZES]
     assert report["meta"]["threads"] == 1 and report["meta"]["torch"] and report["meta"]["device"]
     assert report["meta"]["runs_bs1"] == 5 and report["meta"]["baseline"] == "the fastest AT greedy of this run"
@@ -353,7 +460,9 @@ def test_tiny_recipe_report_structure(tiny_run):
     by_name = {s["name"]: s for s in report["systems"]}
     for b in BATCH_SIZES:
         assert by_name[baselines[b]]["speed"][b]["ratio_vs_baseline"] == 1.0
-        assert all(by_name[n]["speed"][b]["ratio_vs_baseline"] <= 1.0 for n in ("AT greedy", "AT greedy (fairseq engine)"))
+        assert all(
+            by_name[n]["speed"][b]["ratio_vs_baseline"] <= 1.0 for n in ("AT greedy", "AT greedy (fairseq engine)")
+        )
     assert report["bleu_signature"].startswith("nrefs:1|") and "version:" in report["bleu_signature"]
     assert report["comet"]["available"] is False and report["comet"]["reason"]
     assert set(report["pareto"]) == set(BATCH_SIZES) and all(report["pareto"][b] for b in BATCH_SIZES)
@@ -378,8 +487,10 @@ def test_tiny_recipe_report_structure(tiny_run):
         # fairseq's translations (a rounding difference may flip a rare near-tie)
         # and greedy with the vocabulary map of the recipe's shortlist, the "+shortlist" row's
         # (beam search need not: test_onnxruntime_rows_and_the_ctranslate2_vocabulary_map)
-        for fairseq_name, ct2_name in [*zip(["AT greedy", "AT beam 5"], CT2_SYSTEMS),
-                                       ("AT greedy +shortlist", "CTranslate2 AT greedy +vmap")]:
+        for fairseq_name, ct2_name in [
+            *zip(["AT greedy", "AT beam 5"], CT2_SYSTEMS),
+            ("AT greedy +shortlist", "CTranslate2 AT greedy +vmap"),
+        ]:
             ours = (bench / "hyps" / f"{benchmark.slug(fairseq_name)}.txt").read_text().splitlines()
             theirs = (bench / "hyps" / f"{benchmark.slug(ct2_name)}.txt").read_text().splitlines()
             assert sum(a == b for a, b in zip(ours, theirs)) >= n_test - 1, ct2_name
@@ -414,12 +525,36 @@ def test_distill_keeps_empty_lines_aligned(tiny_run, tmp_path):
 
     def distill(out_file, *extra):
         subprocess.run(
-            [sys.executable, "-m", "fairseq_hrt.distill", "--data", str(out / "data" / "data-bin"),
-             "--path", str(out / "teacher" / "checkpoint_last.pt"), "--src", str(src), "--out", str(out_file),
-             "--beam", "2", "--nbest", "2", "--select-by-bleu", str(ref), "--cpu", "--threads", "1",
-             "--no-progress-bar", *extra],
-            cwd=REPO, check=True, capture_output=True,
-            env=dict(os.environ, CUDA_VISIBLE_DEVICES="", FAIRSEQ_HRT_ONNX_CACHE=str(out.parent / "distill-onnx-cache")),
+            [
+                sys.executable,
+                "-m",
+                "fairseq_hrt.distill",
+                "--data",
+                str(out / "data" / "data-bin"),
+                "--path",
+                str(out / "teacher" / "checkpoint_last.pt"),
+                "--src",
+                str(src),
+                "--out",
+                str(out_file),
+                "--beam",
+                "2",
+                "--nbest",
+                "2",
+                "--select-by-bleu",
+                str(ref),
+                "--cpu",
+                "--threads",
+                "1",
+                "--no-progress-bar",
+                *extra,
+            ],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            env=dict(
+                os.environ, CUDA_VISIBLE_DEVICES="", FAIRSEQ_HRT_ONNX_CACHE=str(out.parent / "distill-onnx-cache")
+            ),
         )
 
     distill(hyp)
@@ -444,13 +579,41 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(ti
     data = out / "data"
     bench = tmp_path / "bench"
     subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "benchmark.py"), "--data", str(data / "data-bin"),
-         "--spm", str(data / "spm" / "spm.model"), "--src", str(data / "spm" / "test.en"),
-         "--raw-src", str(data / "raw" / "test.en"), "--raw-ref", str(data / "raw" / "test.de"),
-         "--at", str(out / "at" / "checkpoint_last.pt"), "--max-sentences", "6", "--bs1-sentences", "2",
-         "--batch-sizes", "1,4", "--runs", "2", "--cpu", "--comet-model", str(ckpt), "--out-dir", str(bench),
-         "--ctranslate2", "no"],
-        cwd=REPO, check=True, capture_output=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "benchmark.py"),
+            "--data",
+            str(data / "data-bin"),
+            "--spm",
+            str(data / "spm" / "spm.model"),
+            "--src",
+            str(data / "spm" / "test.en"),
+            "--raw-src",
+            str(data / "raw" / "test.en"),
+            "--raw-ref",
+            str(data / "raw" / "test.de"),
+            "--at",
+            str(out / "at" / "checkpoint_last.pt"),
+            "--max-sentences",
+            "6",
+            "--bs1-sentences",
+            "2",
+            "--batch-sizes",
+            "1,4",
+            "--runs",
+            "2",
+            "--cpu",
+            "--comet-model",
+            str(ckpt),
+            "--out-dir",
+            str(bench),
+            "--ctranslate2",
+            "no",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
     )
     report = json.loads((bench / "report.json").read_text())
     assert report["comet"]["available"] is True and report["comet"]["model"] == str(Path(ckpt).resolve())
@@ -477,13 +640,19 @@ def restrictive_shortlist(data_bin: Path, path: Path, per_source=2, seed=0):
     from fairseq_hrt.symbols import dictionary_fingerprint
 
     _, _, src_dict, tgt_dict = sl.load_dictionaries(str(data_bin), None, None)
-    words = torch.tensor([i for i in range(tgt_dict.nspecial + 5, len(tgt_dict))
-                          if not tgt_dict[i].startswith(("<", "madeupword"))])
+    words = torch.tensor(
+        [i for i in range(tgt_dict.nspecial + 5, len(tgt_dict)) if not tgt_dict[i].startswith(("<", "madeupword"))]
+    )
     g = torch.Generator().manual_seed(seed)
     translations = torch.stack([words[torch.randperm(len(words), generator=g)[:per_source]] for _ in src_dict.symbols])
     translations[src_dict.eos()] = torch.arange(tgt_dict.nspecial + 1, tgt_dict.nspecial + 1 + per_source)
-    sl.Shortlist(translations, torch.tensor(sl.special_ids(tgt_dict)), dictionary_fingerprint(src_dict, tgt_dict),
-                 len(src_dict), len(tgt_dict)).save(str(path))
+    sl.Shortlist(
+        translations,
+        torch.tensor(sl.special_ids(tgt_dict)),
+        dictionary_fingerprint(src_dict, tgt_dict),
+        len(src_dict),
+        len(tgt_dict),
+    ).save(str(path))
     return src_dict, tgt_dict, sl.Shortlist.load(str(path))
 
 
@@ -505,15 +674,52 @@ def test_onnxruntime_rows_and_the_ctranslate2_vocabulary_map(tiny_run, tmp_path)
     bench = tmp_path / "bench"
     n_test = 6
     subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "benchmark.py"), "--data", str(data / "data-bin"),
-         "--spm", str(data / "spm" / "spm.model"), "--src", str(data / "spm" / "test.en"),
-         "--raw-src", str(data / "raw" / "test.en"), "--raw-ref", str(data / "raw" / "test.de"),
-         "--at", str(out / "at" / "checkpoint_last.pt"), "--hrt", str(out / "hrt" / "checkpoint_last.pt"),
-         "--at-beams", "1,3", "--hrt-beams", "1/1", "--engines", "lean,onnxruntime", "--int8", "no",
-         "--hrt-options", "refine20:hrt_refine_fraction=0.2",
-         "--shortlist", str(tmp_path / "shortlist.pt"), "--max-sentences", str(n_test), "--bs1-sentences", "2",
-         "--batch-sizes", "1,3", "--runs", "1", "--max-len-b", "12", "--cpu", "--out-dir", str(bench)],
-        cwd=REPO, check=True, capture_output=True,
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "benchmark.py"),
+            "--data",
+            str(data / "data-bin"),
+            "--spm",
+            str(data / "spm" / "spm.model"),
+            "--src",
+            str(data / "spm" / "test.en"),
+            "--raw-src",
+            str(data / "raw" / "test.en"),
+            "--raw-ref",
+            str(data / "raw" / "test.de"),
+            "--at",
+            str(out / "at" / "checkpoint_last.pt"),
+            "--hrt",
+            str(out / "hrt" / "checkpoint_last.pt"),
+            "--at-beams",
+            "1,3",
+            "--hrt-beams",
+            "1/1",
+            "--engines",
+            "lean,onnxruntime",
+            "--int8",
+            "no",
+            "--hrt-options",
+            "refine20:hrt_refine_fraction=0.2",
+            "--shortlist",
+            str(tmp_path / "shortlist.pt"),
+            "--max-sentences",
+            str(n_test),
+            "--bs1-sentences",
+            "2",
+            "--batch-sizes",
+            "1,3",
+            "--runs",
+            "1",
+            "--max-len-b",
+            "12",
+            "--cpu",
+            "--out-dir",
+            str(bench),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
         env=dict(os.environ, CUDA_VISIBLE_DEVICES="", FAIRSEQ_HRT_ONNX_CACHE=str(tmp_path / "onnx-cache")),
     )
     report = json.loads((bench / "report.json").read_text())
@@ -522,12 +728,20 @@ def test_onnxruntime_rows_and_the_ctranslate2_vocabulary_map(tiny_run, tmp_path)
     def engine_rows(name):
         return [name, name + " (onnxruntime)", name + " +shortlist", name + " (onnxruntime) +shortlist"]
 
-    ct2_rows = ["CTranslate2 AT greedy", "CTranslate2 AT greedy +vmap", "CTranslate2 AT beam 3",
-                "CTranslate2 AT beam 3 +vmap"] if HAVE_CT2 else []
+    ct2_rows = (
+        ["CTranslate2 AT greedy", "CTranslate2 AT greedy +vmap", "CTranslate2 AT beam 3", "CTranslate2 AT beam 3 +vmap"]
+        if HAVE_CT2
+        else []
+    )
     refine = "HRT k=2 b_at=1 b_nat=1 refine20"
     assert [s["name"] for s in report["systems"]] == (
-        engine_rows("AT greedy") + engine_rows("AT beam 3") + ct2_rows + engine_rows("HRT AT-mode b=1")
-        + engine_rows("HRT k=2 b_at=1 b_nat=1") + [refine, refine + " +shortlist"])
+        engine_rows("AT greedy")
+        + engine_rows("AT beam 3")
+        + ct2_rows
+        + engine_rows("HRT AT-mode b=1")
+        + engine_rows("HRT k=2 b_at=1 b_nat=1")
+        + [refine, refine + " +shortlist"]
+    )
     # ONNX Runtime has no stage-II options: its rows of them are left out, and the report says why
     refused = [sk for sk in report["skipped"] if sk.get("system")]
     assert [sk["system"] for sk in refused] == [refine + " (onnxruntime)", refine + " (onnxruntime) +shortlist"]
@@ -563,7 +777,9 @@ def test_onnxruntime_rows_and_the_ctranslate2_vocabulary_map(tiny_run, tmp_path)
         tokens = src_dict.encode_line(line, add_if_not_exist=False).long()  # with </s>, as fairseq reads it
         allowed = {tgt_dict[i] for i in short.candidates(tokens.unsqueeze(0), src_dict.pad()).tolist()}
         pieces = [p if p in src_dict.indices else "<unk>" for p in line.split()]
-        output = translator.translate_batch([pieces], beam_size=1, max_decoding_length=12, use_vmap=True)[0].hypotheses[0]
+        output = translator.translate_batch([pieces], beam_size=1, max_decoding_length=12, use_vmap=True)[0].hypotheses[
+            0
+        ]
         assert set(output) <= allowed
         produced += len(output)
     assert produced  # not an empty output alone
@@ -581,9 +797,26 @@ def test_time_split_parts_add_up_and_hrt_halves_the_steps(trained, tmp_path, mon
     from benchmarks import time_split
 
     data, ckpts = trained
-    time_split.main(["--data", str(data.bin_dir), "--src", str(data.raw("valid", "en")), "--at", str(ckpts["at_tiny"]),
-                     "--hrt", str(ckpts["hrt_tiny"]), "--batch-sizes", "1,8", "--bs1-sentences", "20",
-                     "--engine", engine, "--out-dir", str(tmp_path)])
+    time_split.main(
+        [
+            "--data",
+            str(data.bin_dir),
+            "--src",
+            str(data.raw("valid", "en")),
+            "--at",
+            str(ckpts["at_tiny"]),
+            "--hrt",
+            str(ckpts["hrt_tiny"]),
+            "--batch-sizes",
+            "1,8",
+            "--bs1-sentences",
+            "20",
+            "--engine",
+            engine,
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     report = json.loads((tmp_path / "time_split.json").read_text())
     assert (tmp_path / "time_split.md").read_text().count("| HRT k=2 b_at=1 b_nat=1 |") == 2
     for name, by_batch in report["systems"].items():
@@ -633,9 +866,18 @@ def test_ctranslate2_outputs_obey_a_source_relative_maximum_length():
 
 def test_hrt_rows_with_decoding_options_by_name():
     """--hrt-options adds HRT rows whose decoding options reach the generator by their name."""
-    args = SimpleNamespace(at=None, at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp=None,
-                           mp_iterations="10", mp_length_beam=1, ctranslate2="no",
-                           hrt_options=["refine20:hrt_refine_fraction=0.2", "rescore:hrt_rescore=true,beam=3,b_nat=3"])
+    args = SimpleNamespace(
+        at=None,
+        at_beams="1",
+        hrt="hrt.pt",
+        hrt_chunk_sizes="2",
+        hrt_beams="1/1",
+        mp=None,
+        mp_iterations="10",
+        mp_length_beam=1,
+        ctranslate2="no",
+        hrt_options=["refine20:hrt_refine_fraction=0.2", "rescore:hrt_rescore=true,beam=3,b_nat=3"],
+    )
     systems = benchmark.systems_from_args(args)[0]
     by_name = {s.name: s for s in systems}
     assert list(by_name)[-2:] == ["HRT k=2 b_at=1 b_nat=1 refine20", "HRT k=2 b_at=3 b_nat=3 rescore"]
@@ -649,12 +891,25 @@ def test_hrt_rows_with_decoding_options_by_name():
 
 
 def test_hrt_extra_checkpoints_get_their_own_rows():
-    args = SimpleNamespace(at=None, at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp=None,
-                           mp_iterations="1", mp_length_beam=1, ctranslate2="no", engines="lean",
-                           hrt_extra=["s2=hrt2.pt"], hrt_options=["refine20:hrt_refine_fraction=0.2"])
+    args = SimpleNamespace(
+        at=None,
+        at_beams="1",
+        hrt="hrt.pt",
+        hrt_chunk_sizes="2",
+        hrt_beams="1/1",
+        mp=None,
+        mp_iterations="1",
+        mp_length_beam=1,
+        ctranslate2="no",
+        engines="lean",
+        hrt_extra=["s2=hrt2.pt"],
+        hrt_options=["refine20:hrt_refine_fraction=0.2"],
+    )
     rows = {s.name: s.checkpoint for s in benchmark.systems_from_args(args)[0]}
     assert rows["HRT[s2] k=2 b_at=1 b_nat=1"] == "hrt2.pt" and rows["HRT[s2] AT-mode b=1"] == "hrt2.pt"
-    assert rows["HRT k=2 b_at=1 b_nat=1"] == "hrt.pt" and not any(n.startswith("HRT[s2]") and "refine" in n for n in rows)
+    assert rows["HRT k=2 b_at=1 b_nat=1"] == "hrt.pt" and not any(
+        n.startswith("HRT[s2]") and "refine" in n for n in rows
+    )
 
 
 def test_int8_rows_load_the_model_their_engine_quantizes(monkeypatch):

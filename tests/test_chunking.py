@@ -6,18 +6,19 @@ out by hand from the SPEC table (N = 4, k = 2:
 Skip-AT ``<s2> y2 y4`` at ``0 2 4`` -> ``y2 y4 </s>``;
 Skip-CMLM ``<m> y2 <m> y4 <m> </s>`` at ``1..6`` -> ``y1 [P] y3 [P] </s> [P]``).
 """
+
 import pytest
 import torch
 
 from fairseq_hrt import chunking
 from fairseq_hrt.chunking import (
     at_sample,
+    choose_chunked_rows,
     chunk_final_mask,
     cmlm_sample,
     curriculum_p_k,
     merge_rows,
     mix_targets,
-    choose_chunked_rows,
     num_chunked,
     pad_to_chunk_multiple,
     skip_at_sample,
@@ -667,7 +668,10 @@ def test_empty_row_selection_early_and_late_in_the_curriculum():
         assert all(t.size(0) == 0 for t in s)
     plain_at = at_sample(tgt, P, E)
     plain_nat = cmlm_sample(tgt, P, E, M, generator=torch.Generator().manual_seed(0))
-    for merged, plain in ((merge_rows(empty_at, plain_at, P), plain_at), (merge_rows(empty_nat, plain_nat, P), plain_nat)):
+    for merged, plain in (
+        (merge_rows(empty_at, plain_at, P), plain_at),
+        (merge_rows(empty_nat, plain_nat, P), plain_nat),
+    ):
         for a, b in zip(merged, plain):
             assert torch.equal(a, b)
     chunked = skip_at_sample(tgt, 2, P, E, starts(2, 2))

@@ -1,5 +1,6 @@
 """End-to-end: the plugin through fairseq's own command lines, in the style of fairseq's
 tests/test_binaries.py: fairseq-train -> fairseq-generate -> fairseq-interactive on tiny data."""
+
 import os
 import re
 import subprocess
@@ -27,7 +28,10 @@ def test_plugin_loads_from_repo_path_and_installed_path():
     for user_dir in (os.path.join(REPO, "fairseq_hrt"), installed, "fairseq_hrt"):
         out = subprocess.run(
             [sys.executable, "-m", "fairseq_cli.train", "--user-dir", user_dir, "--task", "hrt_translation", "--help"],
-            cwd=REPO, capture_output=True, text=True, check=True,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         assert "hrt_loss" in out  # fairseq's --help lists registered criterions only
 
@@ -44,14 +48,35 @@ def test_importing_twice_registers_once():
     assert out.stdout.strip().endswith("True")
 
 
-@pytest.mark.parametrize("decode", [["--decode-chunk-size", "2"], ["--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2"], ["--decode-chunk-size", "1"]])
+@pytest.mark.parametrize(
+    "decode",
+    [
+        ["--decode-chunk-size", "2"],
+        ["--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2"],
+        ["--decode-chunk-size", "1"],
+    ],
+)
 def test_generate(hrt_trained, decode):
     data, ckpt = hrt_trained
     # --batch-size 3: 40 sentences leave a last batch of 1, which stock fairseq 0.12 drops
     # (not a multiple of --required-batch-size-multiple 8; see compat.py)
     out = run_cli(
-        ["generate", data.bin_dir, "--path", ckpt, "--gen-subset", "valid", "--batch-size", "3",
-         "--beam", "1", "--scoring", "sacrebleu", *GEN, *decode]
+        [
+            "generate",
+            data.bin_dir,
+            "--path",
+            ckpt,
+            "--gen-subset",
+            "valid",
+            "--batch-size",
+            "3",
+            "--beam",
+            "1",
+            "--scoring",
+            "sacrebleu",
+            *GEN,
+            *decode,
+        ]
     ).stdout
     hyps = hyp_lines(out)
     assert sorted(hyps) == list(range(40))  # one H line per sentence
@@ -66,8 +91,23 @@ def test_interactive_empty_long_and_unknown_input(hrt_trained):
     long_line = " ".join(["the"] * 300)
     lines = ["a man rides a horse .", "", long_line, "zzzunknownword qqqq", "", "two dogs play ."]
     out = run_cli(
-        ["interactive", data.bin_dir, "--path", ckpt, "--buffer-size", "4", "--batch-size", "4", "--beam", "2",
-         "--max-source-positions", "64", "--decode-chunk-size", "2", *GEN],
+        [
+            "interactive",
+            data.bin_dir,
+            "--path",
+            ckpt,
+            "--buffer-size",
+            "4",
+            "--batch-size",
+            "4",
+            "--beam",
+            "2",
+            "--max-source-positions",
+            "64",
+            "--decode-chunk-size",
+            "2",
+            *GEN,
+        ],
         input="\n".join(lines) + "\n",
     ).stdout
     hyps = hyp_lines(out)
@@ -82,9 +122,7 @@ def test_checkpoint_from_another_dictionary_is_refused(hrt_trained, tmp_path):
     # a synthetic corpus of another vocabulary size: another dictionary whichever corpus the
     # checkpoint was trained on (Multi30k when ../shared/data has it, synthetic otherwise)
     other = make_tiny_data(tmp_path / "other", n_train=60, n_valid=10, prefer="synthetic", seed=7, vocab=31)
-    proc = run_cli(
-        ["generate", other.bin_dir, "--path", ckpt, "--gen-subset", "valid", *GEN], check=False
-    )
+    proc = run_cli(["generate", other.bin_dir, "--path", ckpt, "--gen-subset", "valid", *GEN], check=False)
     assert proc.returncode != 0
     assert "another dictionary" in proc.stdout
 
@@ -93,8 +131,10 @@ def test_checkpoint_from_another_dictionary_is_refused(hrt_trained, tmp_path):
 
 
 def _interactive(data, ckpt, lines, *decode):
-    proc = run_cli(["interactive", data.bin_dir, "--path", ckpt, "--buffer-size", "8", "--batch-size", "8", *GEN,
-                    *decode], input="\n".join(lines) + "\n")
+    proc = run_cli(
+        ["interactive", data.bin_dir, "--path", ckpt, "--buffer-size", "8", "--batch-size", "8", *GEN, *decode],
+        input="\n".join(lines) + "\n",
+    )
     out = {}
     for line in proc.stdout.splitlines():
         if line.startswith("D-"):
@@ -110,13 +150,23 @@ def test_python_api_translates_as_fairseq_interactive(hrt_trained):
     import fairseq_hrt
 
     data, ckpt = hrt_trained
-    lines = ["a man rides a horse .", "", " ".join(["the"] * 300), "two dogs play in the snow .",
-             "zzzunknownword qqqq", "a woman sings ."]
-    hub = fairseq_hrt.from_pretrained(str(ckpt.parent), checkpoint_file=ckpt.name, data_name_or_path=str(data.bin_dir),
-                                      max_source_positions=64)
+    lines = [
+        "a man rides a horse .",
+        "",
+        " ".join(["the"] * 300),
+        "two dogs play in the snow .",
+        "zzzunknownword qqqq",
+        "a woman sings .",
+    ]
+    hub = fairseq_hrt.from_pretrained(
+        str(ckpt.parent), checkpoint_file=ckpt.name, data_name_or_path=str(data.bin_dir), max_source_positions=64
+    )
     for kwargs, flags in (
         ({"chunk_size": 2, "beam": 1}, ["--decode-chunk-size", "2", "--beam", "1"]),
-        ({"chunk_size": 3, "beam": 3, "b_nat": 2, "batch_size": 2}, ["--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2"]),
+        (
+            {"chunk_size": 3, "beam": 3, "b_nat": 2, "batch_size": 2},
+            ["--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2"],
+        ),
         ({"chunk_size": 1, "beam": 2}, ["--decode-chunk-size", "1", "--beam", "2"]),
     ):
         got = hub.translate(lines, **kwargs)
@@ -160,6 +210,8 @@ def test_sentencepiece_model_found_beside_the_data(tmp_path):
     assert find_sentencepiece_model(str(tmp_path / "data-bin"), str(tmp_path / "ckpt")) is None
     (tmp_path / "spm").mkdir()
     (tmp_path / "spm" / "spm.model").write_bytes(b"x")  # prepare.sh's layout: DATA/data-bin, DATA/spm
-    assert find_sentencepiece_model(str(tmp_path / "data-bin"), str(tmp_path / "ckpt")) == str(tmp_path / "spm" / "spm.model")
+    assert find_sentencepiece_model(str(tmp_path / "data-bin"), str(tmp_path / "ckpt")) == str(
+        tmp_path / "spm" / "spm.model"
+    )
     (tmp_path / "ckpt" / "sentencepiece.bpe.model").write_bytes(b"x")
     assert find_sentencepiece_model(str(tmp_path / "ckpt")) == str(tmp_path / "ckpt" / "sentencepiece.bpe.model")

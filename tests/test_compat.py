@@ -1,13 +1,13 @@
 """The compatibility layer: fairseq checkpoints load under PyTorch >= 2.6 without settings."""
+
 import argparse
 import pickle
 
-import numpy as np
 import pytest
 import torch
+from fairseq import checkpoint_utils
 
 import fairseq_hrt  # noqa: F401  (applies compat)
-from fairseq import checkpoint_utils
 from fairseq_hrt import compat
 
 
@@ -29,19 +29,39 @@ def test_real_checkpoint_loads_through_load_model_ensemble(tmp_path):
     """A checkpoint as fairseq-train writes it (argparse config pickled inside) loads into
     a model through fairseq's Python API, the path generate and interactive take."""
     from fairseq import options
+
     from tests.hrt_fixtures import build_task_and_model
 
     task, model = build_task_and_model(str(tmp_path))
     args = options.parse_args_and_arch(
         options.get_training_parser(),
-        [str(tmp_path), "--user-dir", "fairseq_hrt", "--task", "hrt_translation", "--source-lang", "src",
-         "--target-lang", "tgt", "--arch", "hrt_tiny", "--share-all-embeddings", "--chunk-sizes", "2,3"],
+        [
+            str(tmp_path),
+            "--user-dir",
+            "fairseq_hrt",
+            "--task",
+            "hrt_translation",
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--arch",
+            "hrt_tiny",
+            "--share-all-embeddings",
+            "--chunk-sizes",
+            "2,3",
+        ],
     )
     state = {
         "args": args,
         "model": model.state_dict(),
         "optimizer_history": [
-            {"criterion_name": "HRTLossCriterion", "optimizer_name": "Adam", "lr_scheduler_state": {"best": None}, "num_updates": 7}
+            {
+                "criterion_name": "HRTLossCriterion",
+                "optimizer_name": "Adam",
+                "lr_scheduler_state": {"best": None},
+                "num_updates": 7,
+            }
         ],
         "extra_state": {"train_iterator": {"epoch": 1}},
         "last_optimizer_state": None,
@@ -85,8 +105,9 @@ def test_a_changed_fairseq_signature_fails_loudly():
         pass
 
     with pytest.raises(RuntimeError, match="needs the fix reviewed"):
-        compat._expect_parameters(load_checkpoint, ["self", "filename", "reset_optimizer", "reset_lr_scheduler"],
-                                  "Trainer.load_checkpoint")
+        compat._expect_parameters(
+            load_checkpoint, ["self", "filename", "reset_optimizer", "reset_lr_scheduler"], "Trainer.load_checkpoint"
+        )
 
 
 @pytest.mark.parametrize("call", ["positional", "keyword", "default"])
@@ -96,8 +117,14 @@ def test_clock_fix_binds_reset_meters_however_it_is_passed(call):
     class FakeTrainer:
         _previous_training_time, _start_time = 100.0, 0.0
 
-        def load_checkpoint(self, filename, reset_optimizer=False, reset_lr_scheduler=False,
-                            optimizer_overrides=None, reset_meters=False):
+        def load_checkpoint(
+            self,
+            filename,
+            reset_optimizer=False,
+            reset_lr_scheduler=False,
+            optimizer_overrides=None,
+            reset_meters=False,
+        ):
             calls.append(reset_meters)
             return {"extra": 1}
 
@@ -130,8 +157,6 @@ def test_trainer_overflow_handler_tensor_works_without_cuda():
     assert not hasattr(torch.tensor, "__fairseq_hrt_compat__")
 
 
-
-
 def test_a_finished_run_skips_its_epoch_and_an_unfinished_one_trains():
     import types
 
@@ -144,8 +169,9 @@ def test_a_finished_run_skips_its_epoch_and_an_unfinished_one_trains():
     wrapped = compat._train_stopping_when_finished(train)
 
     def args(num_updates, max_update):
-        cfg = types.SimpleNamespace(optimization=types.SimpleNamespace(max_update=max_update),
-                                    checkpoint=types.SimpleNamespace(save_dir="ck"))
+        cfg = types.SimpleNamespace(
+            optimization=types.SimpleNamespace(max_update=max_update), checkpoint=types.SimpleNamespace(save_dir="ck")
+        )
         return cfg, types.SimpleNamespace(get_num_updates=lambda: num_updates), None, None
 
     assert wrapped(*args(300, 300)) == ([None], True)  # fairseq's loop stops, nothing saved
@@ -177,18 +203,29 @@ def test_a_checkpoint_loads_with_os_path_join_mocked():
     from omegaconf import OmegaConf
 
     assert getattr(checkpoint_utils.load_checkpoint, "__fairseq_hrt_compat__", False)
-    cfg = OmegaConf.create({"save_dir": None, "optimizer_overrides": "{}", "reset_dataloader": False,
-                            "reset_meters": False, "reset_optimizer": False, "reset_lr_scheduler": False,
-                            "finetune_from_model": None, "model_parallel_size": 1,
-                            "restore_file": "checkpoint_last.pt"})
+    cfg = OmegaConf.create(
+        {
+            "save_dir": None,
+            "optimizer_overrides": "{}",
+            "reset_dataloader": False,
+            "reset_meters": False,
+            "reset_optimizer": False,
+            "reset_lr_scheduler": False,
+            "finetune_from_model": None,
+            "model_parallel_size": 1,
+            "restore_file": "checkpoint_last.pt",
+        }
+    )
     trainer = mock.MagicMock()
-    trainer.load_checkpoint.return_value = {"train_iterator": {"epoch": 2, "iterations_in_epoch": 0,
-                                                               "shuffle": False}}
+    trainer.load_checkpoint.return_value = {"train_iterator": {"epoch": 2, "iterations_in_epoch": 0, "shuffle": False}}
     trainer.get_num_updates.return_value = 10
-    with mock.patch("os.makedirs"), mock.patch("os.path.join", mock.MagicMock()), \
-            mock.patch("os.path.isfile", mock.MagicMock(return_value=True)), \
-            mock.patch("os.path.isabs", mock.MagicMock(return_value=False)), \
-            mock.patch("fairseq.file_io.PathManager.exists", mock.MagicMock(return_value=False)):
+    with (
+        mock.patch("os.makedirs"),
+        mock.patch("os.path.join", mock.MagicMock()),
+        mock.patch("os.path.isfile", mock.MagicMock(return_value=True)),
+        mock.patch("os.path.isabs", mock.MagicMock(return_value=False)),
+        mock.patch("fairseq.file_io.PathManager.exists", mock.MagicMock(return_value=False)),
+    ):
         extra_state, _ = checkpoint_utils.load_checkpoint(cfg, trainer)
     assert extra_state["train_iterator"]["epoch"] == 2
     assert trainer.load_checkpoint.called

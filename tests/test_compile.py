@@ -1,16 +1,16 @@
 """--compile: the lean engine's step on static shapes, compiled with torch.compile."""
+
 import shutil
 
 import pytest
-import torch
 
+from benchmarks.tiny_runs import run_cli
 from fairseq_hrt.generation import decoder_pass
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, make_sample, random_tiny_models
 from tests.test_generator import SPECIALS
 from tests.test_lean import RAGGED, assert_same_hypotheses
-from benchmarks.tiny_runs import run_cli
 from tests.tiny_data import hyp_lines
 
 
@@ -53,7 +53,9 @@ def test_compile_reaches_hrt_stage_one(random_models, uncompiled):
     data_dir, task, hrt, _ = random_models
     sample = make_sample(task, RAGGED)
     _, ref = build_generator(data_dir, hrt, "--max-len-b", "12", "--decode-chunk-size", "2", "--beam", "2")
-    _, ours = build_generator(data_dir, hrt, "--max-len-b", "12", "--decode-chunk-size", "2", "--beam", "2", "--compile")
+    _, ours = build_generator(
+        data_dir, hrt, "--max-len-b", "12", "--decode-chunk-size", "2", "--beam", "2", "--compile"
+    )
     assert_same_hypotheses(ref.generate([hrt], sample), ours.generate([hrt], sample))
     assert uncompiled == ["static_step"]  # stage I's engine; stage II is one pass
 
@@ -71,14 +73,34 @@ def test_compile_refuses_what_it_cannot_compile_in_one_message(random_models):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="torch.compile on CPU needs a C++ compiler")
+@pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None, reason="torch.compile on CPU needs a C++ compiler"
+)
 def test_fairseq_generate_compiled_gives_the_same_translations(trained):
     """The real compiler (inductor) from the command line, on trained models: fused kernels
     may round differently, yet greedy and beam outputs stay the same."""
     data, ckpts = trained
-    common = ["generate", data.bin_dir, "--gen-subset", "valid", "--batch-size", "16", "--user-dir", "fairseq_hrt",
-              "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
-    for ckpt, flags in ((ckpts["at_tiny"], ["--beam", "1"]), (ckpts["hrt_tiny"], ["--beam", "3", "--decode-chunk-size", "2"])):
+    common = [
+        "generate",
+        data.bin_dir,
+        "--gen-subset",
+        "valid",
+        "--batch-size",
+        "16",
+        "--user-dir",
+        "fairseq_hrt",
+        "--task",
+        "hrt_translation",
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--cpu",
+    ]
+    for ckpt, flags in (
+        (ckpts["at_tiny"], ["--beam", "1"]),
+        (ckpts["hrt_tiny"], ["--beam", "3", "--decode-chunk-size", "2"]),
+    ):
         plain = run_cli(common + ["--path", ckpt] + flags).stdout
         compiled = run_cli(common + ["--path", ckpt, "--compile"] + flags).stdout
         assert hyp_lines(compiled) == hyp_lines(plain) and len(hyp_lines(plain)) == 40

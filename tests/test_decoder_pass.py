@@ -1,6 +1,7 @@
 """The planned decoder pass (fairseq_hrt.generation.decoder_pass): one pass per decoder,
 shared by every engine; its modes agree with each other; encoder keys/values are projected
 once per batch; profiler labels."""
+
 import pytest
 import torch
 
@@ -18,8 +19,12 @@ def random_models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ssru_model(tmp_path_factory):
-    _, model = build_task_and_model(str(tmp_path_factory.mktemp("pass_ssru")), arch="at_tiny_ssru",
-                                    extra=("--hrt-mode", "at", "--decoder-layers", "2"), seed=6)
+    _, model = build_task_and_model(
+        str(tmp_path_factory.mktemp("pass_ssru")),
+        arch="at_tiny_ssru",
+        extra=("--hrt-mode", "at", "--decoder-layers", "2"),
+        seed=6,
+    )
     return model
 
 
@@ -50,7 +55,9 @@ def _count_key_projections(decoder):
     return calls, handles
 
 
-@pytest.mark.parametrize("flags", [("--decoding", "hrt-spec", "--beam", "1"), ("--decode-chunk-size", "2", "--beam", "3")])
+@pytest.mark.parametrize(
+    "flags", [("--decoding", "hrt-spec", "--beam", "1"), ("--decode-chunk-size", "2", "--beam", "3")]
+)
 def test_encoder_keys_values_are_projected_once_per_batch(random_models, flags):
     """hrt-spec (verifying and every drafting round) and HRT (stage I and stage II over all
     length groups) project the encoder keys/values once per batch."""

@@ -1,6 +1,7 @@
 """Decoding options are data (DecodingOptions), engines and strategies come from open
 registries, the search rules and banned symbols have one home, quantization happens at load
 time: the structure the generators are built on."""
+
 import dataclasses
 
 import numpy as np
@@ -12,11 +13,11 @@ from fairseq_hrt.generation import strategies
 from fairseq_hrt.generation.engines import ENGINES, register_engine
 from fairseq_hrt.generation.lean import LeanEngine
 from fairseq_hrt.generation.options import DecodingOptions
-from hrt_runtime.model import OutputRows
-from hrt_runtime.search import SearchConfig
 from fairseq_hrt.generation.quantize import is_quantized
 from fairseq_hrt.generation.search_rules import SearchRules, banned_symbols
 from fairseq_hrt.models.kinds import AT, HRT, MASK_PREDICT, model_kind
+from hrt_runtime.model import OutputRows
+from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample
 
 RAGGED = [[1, 2, 3, 4, 5, 6], [7, 8], [9, 10, 11, 12]]
@@ -31,14 +32,28 @@ def models(tmp_path_factory):
 
 def test_options_from_the_task_and_per_call_generation_options(models):
     data_dir, built = models
-    args = generation_args(data_dir, "--decode-chunk-size", "2", "--b-nat", "1", "--beam", "3", "--max-len-a", "1.2",
-                           "--max-len-b", "10", "--decoder-engine", "fairseq")
+    args = generation_args(
+        data_dir,
+        "--decode-chunk-size",
+        "2",
+        "--b-nat",
+        "1",
+        "--beam",
+        "3",
+        "--max-len-a",
+        "1.2",
+        "--max-len-b",
+        "10",
+        "--decoder-engine",
+        "fairseq",
+    )
     task, _ = built["hrt_tiny"]
     options = DecodingOptions.from_fairseq(args, args)
     assert (options.decode_chunk_size, options.decoder_engine, options.b_nat) == ("2", "fairseq", 1)
     assert options.search == SearchConfig(beam=3, max_len_a=1.2, max_len_b=10)
     # a task option given with the generation options (the hub's per-call keywords) wins
     from omegaconf import OmegaConf
+
     call = OmegaConf.create({"beam": 1, "decoding": "beam", "decode_chunk_size": "1"})
     options = DecodingOptions.from_fairseq(args, call)
     assert (options.decoding, options.decode_chunk_size, options.search.beam) == ("beam", "1", 1)
@@ -55,8 +70,11 @@ def test_sequence_generator_only_flags_are_collected_and_refused_by_lean(models)
     _, at = built["at_tiny"]
     args = generation_args(data_dir, "--sampling", "--no-repeat-ngram-size", "2")
     assert DecodingOptions.from_fairseq(args, args).sequence_generator_only == ("--sampling", "--no-repeat-ngram-size")
-    with pytest.raises(ValueError, match="--decoder-engine lean does not support --sampling, --no-repeat-ngram-size; "
-                                         "decode with --decoder-engine fairseq"):
+    with pytest.raises(
+        ValueError,
+        match="--decoder-engine lean does not support --sampling, --no-repeat-ngram-size; "
+        "decode with --decoder-engine fairseq",
+    ):
         build_generator(data_dir, at, "--sampling", "--no-repeat-ngram-size", "2")
 
 
@@ -66,7 +84,9 @@ def test_building_a_generator_never_changes_the_task_or_the_model(models):
     before = {k: v.clone() for k, v in hrt.state_dict().items()}
     task, gen = build_generator(data_dir, hrt, "--decode-chunk-size", "2", "--beam", "2")
     cfg_before = dataclasses.asdict(task.cfg) if dataclasses.is_dataclass(task.cfg) else dict(vars(task.cfg))
-    task.build_decoding([hrt], DecodingOptions.from_fairseq(task.cfg).replace(decoding="beam", decode_chunk_size="1", beam=1))
+    task.build_decoding(
+        [hrt], DecodingOptions.from_fairseq(task.cfg).replace(decoding="beam", decode_chunk_size="1", beam=1)
+    )
     assert (dataclasses.asdict(task.cfg) if dataclasses.is_dataclass(task.cfg) else dict(vars(task.cfg))) == cfg_before
     assert all(torch.equal(before[k], v) for k, v in hrt.state_dict().items()) and not is_quantized(hrt)
 

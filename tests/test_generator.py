@@ -1,4 +1,5 @@
 """Decoding invariants of the HRT generator (SPEC section 3) on random tiny models."""
+
 import math
 
 import pytest
@@ -104,12 +105,23 @@ def test_hrt_score_is_equation_2(setup):
     d = task.target_dictionary
     k, lenpen = 2, 0.6
     sample = make_sample(task, SENTENCES)
-    hypos = generate(task, model, data_dir, sample, "--decode-chunk-size", str(k), "--beam", "3", "--b-nat", "2", "--lenpen", str(lenpen))
+    hypos = generate(
+        task,
+        model,
+        data_dir,
+        sample,
+        "--decode-chunk-size",
+        str(k),
+        "--beam",
+        "3",
+        "--b-nat",
+        "2",
+        "--lenpen",
+        str(lenpen),
+    )
     skeletons = SequenceGenerator(
         [model], d, beam_size=3, max_len_b=24 // k, len_penalty=lenpen, tokens_to_suppress=SPECIALS
-    ).generate(
-        [model], sample, bos_token=task.chunk_start_idx[k]
-    )
+    ).generate([model], sample, bos_token=task.chunk_start_idx[k])
     for row, (hs, skels) in enumerate(zip(hypos, skeletons)):
         assert len(hs) == 2  # b_nat hypotheses
         enc = model.encoder(**{k_: v[row : row + 1] for k_, v in sample["net_input"].items()})
@@ -142,7 +154,14 @@ def test_hrt_score_is_equation_2(setup):
             assert float(h["positional_scores"].sum()) / len(y) ** lenpen == pytest.approx(score, abs=1e-4)
 
 
-@pytest.mark.parametrize("flags", [("--decode-chunk-size", "2", "--beam", "1"), ("--decode-chunk-size", "3", "--beam", "4", "--b-nat", "2"), ("--decode-chunk-size", "1", "--beam", "3")])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--decode-chunk-size", "2", "--beam", "1"),
+        ("--decode-chunk-size", "3", "--beam", "4", "--b-nat", "2"),
+        ("--decode-chunk-size", "1", "--beam", "3"),
+    ],
+)
 def test_batch_equals_one_by_one(setup, flags):
     data_dir, task, model = setup
     model64 = model.double()
@@ -190,7 +209,9 @@ def test_empty_source_gives_empty_translation(setup):
     assert len(hypos[0][0]["tokens"]) > 1 or hypos[0][0]["tokens"].tolist() == [d.eos()]
 
 
-@pytest.mark.parametrize("flags", [("--decode-chunk-size", "1", "--beam", "1"), ("--decode-chunk-size", "2", "--beam", "3", "--b-nat", "2")])
+@pytest.mark.parametrize(
+    "flags", [("--decode-chunk-size", "1", "--beam", "1"), ("--decode-chunk-size", "2", "--beam", "3", "--b-nat", "2")]
+)
 def test_half_precision_model(setup, flags):
     """What --fp16 does at generation time (model.half()): both stages run in half
     precision, scores are accumulated in float32, and the output is the fp32 one."""

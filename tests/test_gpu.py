@@ -5,6 +5,7 @@ Every test here is skipped without a CUDA GPU (CI has none); on a GPU machine ru
 ``python -m pytest tests/test_gpu.py``. The CPU half-precision paths are covered by
 test_training.py (fp16 on CPU) and test_generator.py (half-precision model).
 """
+
 import math
 import os
 import subprocess
@@ -15,9 +16,9 @@ import torch
 from fairseq import utils
 from fairseq.sequence_generator import SequenceGenerator
 
+from benchmarks.tiny_runs import REPO, SRC, TGT, USER_DIR, make_tiny_data, parse_logs, run_cli, train_args
 from tests.hrt_fixtures import build_task_and_model, make_sample
 from tests.test_generator import SENTENCES, SPECIALS, generate
-from benchmarks.tiny_runs import REPO, SRC, TGT, USER_DIR, make_tiny_data, parse_logs, run_cli, train_args
 from tests.tiny_data import hyp_lines
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -70,8 +71,20 @@ def test_fp16_training_on_gpu(fp16_runs, name):
 
 def _generate(data, ckpt, *flags):
     out = run_cli(
-        ["generate", data.bin_dir, "--path", ckpt, "--gen-subset", "valid", "--batch-size", "8",
-         "--max-len-b", "40", *GEN, *flags],
+        [
+            "generate",
+            data.bin_dir,
+            "--path",
+            ckpt,
+            "--gen-subset",
+            "valid",
+            "--batch-size",
+            "8",
+            "--max-len-b",
+            "40",
+            *GEN,
+            *flags,
+        ],
         env=GPU_ENV,
     ).stdout
     hyps = hyp_lines(out)
@@ -104,10 +117,32 @@ def test_fp16_interactive_on_gpu(fp16_runs):
     data, root, _ = fp16_runs
     lines = ["a man rides a horse .", "", " ".join(["the"] * 300), "two dogs play ."]
     proc = subprocess.run(
-        [sys.executable, "-m", "fairseq_cli.interactive", str(data.bin_dir), "--path",
-         str(root / "hrt" / "checkpoint_last.pt"), "--fp16", "--buffer-size", "4", "--batch-size", "4",
-         "--beam", "5", "--b-nat", "1", "--decode-chunk-size", "2", "--max-source-positions", "64", *GEN],
-        input="\n".join(lines) + "\n", capture_output=True, text=True, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "fairseq_cli.interactive",
+            str(data.bin_dir),
+            "--path",
+            str(root / "hrt" / "checkpoint_last.pt"),
+            "--fp16",
+            "--buffer-size",
+            "4",
+            "--batch-size",
+            "4",
+            "--beam",
+            "5",
+            "--b-nat",
+            "1",
+            "--decode-chunk-size",
+            "2",
+            "--max-source-positions",
+            "64",
+            *GEN,
+        ],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), **GPU_ENV},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -143,7 +178,9 @@ def test_at_mode_equals_sequence_generator_in_half_on_cuda(cuda_half_model):
         model.float().cpu()
 
 
-@pytest.mark.parametrize("flags", [("--decode-chunk-size", "2", "--beam", "1"), ("--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2")])
+@pytest.mark.parametrize(
+    "flags", [("--decode-chunk-size", "2", "--beam", "1"), ("--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2")]
+)
 def test_hrt_in_half_on_cuda_gives_the_fp32_cpu_output(cuda_half_model, flags):
     data_dir, task, model = cuda_half_model
     sample = make_sample(task, SENTENCES)

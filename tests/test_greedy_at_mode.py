@@ -1,4 +1,5 @@
 """--decoding greedy-at-mode: a strategy added by one module (no other file names it)."""
+
 import pytest
 
 from fairseq_hrt.generation.strategies import decoding_choices

@@ -1,6 +1,7 @@
 """HRT decoding beyond the papers: a refinement pass of stage II (--hrt-refine-fraction),
 exact AT-mode re-scoring of the candidates (--hrt-rescore) and a per-sentence fallback to AT
 mode (--hrt-fallback-threshold), on random tiny models."""
+
 import pytest
 import torch
 
@@ -45,7 +46,9 @@ def test_refinement_repredicts_only_the_least_probable_fills(setup):
     some re-predicts exactly those slots from the rest, by one more decoder pass."""
     data_dir, task, model = setup
     d = task.target_dictionary
-    skeleton = torch.nn.utils.rnn.pad_sequence(_skeletons(task, model, data_dir), batch_first=True, padding_value=d.pad())
+    skeleton = torch.nn.utils.rnn.pad_sequence(
+        _skeletons(task, model, data_dir), batch_first=True, padding_value=d.pad()
+    )
     sample = make_sample(task, SENTENCES)
     enc = model.encoder(**sample["net_input"])
     banned = torch.tensor(banned_symbols(task, model))
@@ -56,15 +59,22 @@ def test_refinement_repredicts_only_the_least_probable_fills(setup):
     _, half, half_scores, _ = fill_skeletons(*args, refine_fraction=0.5)
     # the expected second pass, by the decoder module: re-mask the lowest-probability half
     is_mask = stage2.tokens.eq(task.mask_idx)
-    features, _ = model.decoder(stage2.tokens, encoder_out=enc, positions=stage2.positions, causal=False, features_only=True)
+    features, _ = model.decoder(
+        stage2.tokens, encoder_out=enc, positions=stage2.positions, causal=False, features_only=True
+    )
     lprobs = torch.log_softmax(model.decoder.output_layer(features).float(), -1)
     lprobs[..., banned] = -float("inf")
     first_scores, first = lprobs.max(-1)
     first = torch.where(is_mask, first, stage2.tokens)
     order = first_scores.masked_fill(~is_mask, float("inf")).argsort(dim=1, stable=True).argsort(dim=1)
     remask = (order < torch.as_tensor(refine_counts(is_mask.sum(1), 0.5)).unsqueeze(1)) & is_mask
-    features, _ = model.decoder(first.masked_fill(remask, task.mask_idx), encoder_out=enc, positions=stage2.positions,
-                                causal=False, features_only=True)
+    features, _ = model.decoder(
+        first.masked_fill(remask, task.mask_idx),
+        encoder_out=enc,
+        positions=stage2.positions,
+        causal=False,
+        features_only=True,
+    )
     lprobs = torch.log_softmax(model.decoder.output_layer(features).float(), -1)
     lprobs[..., banned] = -float("inf")
     expected = torch.where(remask, lprobs.argmax(-1), first)
@@ -77,17 +87,25 @@ def test_rescore_ranks_candidates_by_their_exact_at_mode_score(setup):
     data_dir, task, model = setup
     d = task.target_dictionary
     _, plain = decode(data_dir, task, model, "--decode-chunk-size", "2", "--beam", "3", "--b-nat", "3")
-    _, rescored = decode(data_dir, task, model, "--decode-chunk-size", "2", "--beam", "3", "--b-nat", "3", "--hrt-rescore")
+    _, rescored = decode(
+        data_dir, task, model, "--decode-chunk-size", "2", "--beam", "3", "--b-nat", "3", "--hrt-rescore"
+    )
     sample = make_sample(task, SENTENCES)
     for row, hypos in enumerate(rescored):
         assert sorted(h["tokens"].tolist() for h in hypos) == sorted(h["tokens"].tolist() for h in plain[row])
-        enc = model.encoder(**{k: v[row : row + 1].expand(len(hypos), *v.shape[1:]) for k, v in sample["net_input"].items()})
+        enc = model.encoder(
+            **{k: v[row : row + 1].expand(len(hypos), *v.shape[1:]) for k, v in sample["net_input"].items()}
+        )
         scores, _ = at_mode_scores(model, enc, [h["tokens"] for h in hypos], d.eos(), d.pad(), 1.0)
         # each candidate's score: its own AT-mode log-probability over its length
         for h, s in zip(hypos, scores):
             prev = torch.cat([torch.tensor([d.eos()]), h["tokens"][:-1]]).unsqueeze(0)
-            logits, _ = model.decoder(prev, encoder_out=model.encoder(**{k: v[row : row + 1] for k, v in sample["net_input"].items()}))
-            own = torch.log_softmax(logits.float(), -1)[0].gather(1, h["tokens"].unsqueeze(1)).sum() / h["tokens"].numel()
+            logits, _ = model.decoder(
+                prev, encoder_out=model.encoder(**{k: v[row : row + 1] for k, v in sample["net_input"].items()})
+            )
+            own = (
+                torch.log_softmax(logits.float(), -1)[0].gather(1, h["tokens"].unsqueeze(1)).sum() / h["tokens"].numel()
+            )
             assert torch.allclose(h["score"], own, atol=1e-4) and torch.allclose(s, own, atol=1e-4)
         assert [float(h["score"]) for h in hypos] == sorted((float(h["score"]) for h in hypos), reverse=True)
 
@@ -96,24 +114,36 @@ def test_fallback_threshold_decides_per_sentence_between_k2_and_at_mode(setup):
     data_dir, task, model = setup
     _, k2 = decode(data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1")
     _, at_mode = decode(data_dir, task, model, "--decode-chunk-size", "1", "--beam", "1")
-    gen, never = decode(data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1", "--hrt-fallback-threshold", "-1000")
+    gen, never = decode(
+        data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1", "--hrt-fallback-threshold", "-1000"
+    )
     assert tokens_of(never) == tokens_of(k2) and gen.stage2_stats["fallbacks"] == 0
-    gen, always = decode(data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1", "--hrt-fallback-threshold", "0")
+    gen, always = decode(
+        data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1", "--hrt-fallback-threshold", "0"
+    )
     assert tokens_of(always) == tokens_of(at_mode) and gen.stage2_stats["fallbacks"] == len(SENTENCES)
     # in between: exactly the sentences whose stage-II confidence is below the threshold
     confidence = [float(h[0]["stage2_confidence"]) for h in k2]
     threshold = sorted(confidence)[len(confidence) // 2]
-    gen, mixed = decode(data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1", "--hrt-fallback-threshold", str(threshold))
+    gen, mixed = decode(
+        data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1", "--hrt-fallback-threshold", str(threshold)
+    )
     expected = [a if c < threshold else b for c, a, b in zip(confidence, tokens_of(at_mode), tokens_of(k2))]
     assert tokens_of(mixed) == expected and gen.stage2_stats["fallbacks"] == sum(c < threshold for c in confidence)
 
 
-@pytest.mark.parametrize("flags,message", [
-    (("--hrt-refine-fraction", "1.5"), "must be in \\[0, 1\\]"),
-    (("--hrt-fallback-threshold", "0.5"), "<= 0"),
-    (("--decoding", "beam", "--hrt-rescore"), "has no stage II: --hrt-rescore"),
-    (("--decode-chunk-size", "1", "--decoding", "greedy-at-mode", "--hrt-refine-fraction", "0.2"), "has no stage II"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (("--hrt-refine-fraction", "1.5"), "must be in \\[0, 1\\]"),
+        (("--hrt-fallback-threshold", "0.5"), "<= 0"),
+        (("--decoding", "beam", "--hrt-rescore"), "has no stage II: --hrt-rescore"),
+        (
+            ("--decode-chunk-size", "1", "--decoding", "greedy-at-mode", "--hrt-refine-fraction", "0.2"),
+            "has no stage II",
+        ),
+    ],
+)
 def test_bad_stage2_options_are_refused(setup, flags, message):
     data_dir, task, model = setup
     with pytest.raises(ValueError, match=message):

@@ -1,4 +1,5 @@
 """benchmarks/hrt_quality.py: the stage-II oracle, length buckets and limit counting."""
+
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator

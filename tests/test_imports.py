@@ -1,6 +1,7 @@
 """Imports only go down: no cycle among the modules of fairseq_hrt/, hrt_runtime/ and
 benchmarks/, counting imports inside functions too (every ``import`` statement of every file,
 parsed, not only what importing a module runs), and the layer rules of docs/design.md."""
+
 import ast
 from pathlib import Path
 from typing import Dict, List, Set
@@ -105,7 +106,12 @@ def test_the_layer_rules_of_docs_design():
 def test_benchmarks_import_nothing_of_the_tests():
     for path in sorted((REPO / "benchmarks").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             assert not any(n == "tests" or n.startswith("tests.") or n == "tiny_data" for n in names), path
     assert not (REPO / "benchmarks" / "tiny_data.py").exists()  # the tests' harness is tests/tiny_data.py

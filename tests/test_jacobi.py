@@ -1,5 +1,6 @@
 """Jacobi decoding (--decoding pj/pgj/hgj), hrt-spec and DDGviz: greedy search's output,
 in at most as many decoder passes."""
+
 import json
 import os
 import random
@@ -10,12 +11,12 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
+from benchmarks.tiny_runs import run_cli
 from fairseq_hrt import ddgviz
 from fairseq_hrt.generation import jacobi
-from fairseq_hrt.generation.jacobi import PassRecord, ParallelGreedyGenerator
+from fairseq_hrt.generation.jacobi import ParallelGreedyGenerator, PassRecord
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES, decoding_choices
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
-from benchmarks.tiny_runs import run_cli
 from tests.tiny_data import hyp_lines
 
 random.seed(12)
@@ -67,8 +68,17 @@ def test_dependency_graph():
     # final output a b c </s> (ids 4 5 6 2); pass 1 guesses 4 9 6 2 -> a final; pass 2 from
     # "a": b right, c and </s> still right from pass 1 -> b, c, </s> final
     records = [
-        PassRecord(sentence=0, final_before=1, positions=[1, 2, 3, 4], tokens=[4, 9, 6, 2], probs=[0.9, 0.5, 0.8, 0.7], accepted=1),
-        PassRecord(sentence=0, final_before=2, positions=[2, 3, 4], tokens=[5, 6, 2], probs=[0.9, 0.8, 0.9], accepted=3),
+        PassRecord(
+            sentence=0,
+            final_before=1,
+            positions=[1, 2, 3, 4],
+            tokens=[4, 9, 6, 2],
+            probs=[0.9, 0.5, 0.8, 0.7],
+            accepted=1,
+        ),
+        PassRecord(
+            sentence=0, final_before=2, positions=[2, 3, 4], tokens=[5, 6, 2], probs=[0.9, 0.8, 0.9], accepted=3
+        ),
     ]
     g = ddgviz.dependency_graph(records, [4, 5, 6, 2])
     assert g["final_at"] == [1, 2, 2, 2]
@@ -93,7 +103,12 @@ def test_registered_and_declared():
         assert name in DECODING_STRATEGIES and name in decoding_choices()
 
 
-SEARCHES = [(), ("--min-len", "4"), ("--unkpen", "0.5", "--temperature", "1.3"), ("--max-len-a", "0.5", "--max-len-b", "3")]
+SEARCHES = [
+    (),
+    ("--min-len", "4"),
+    ("--unkpen", "0.5", "--temperature", "1.3"),
+    ("--max-len-a", "0.5", "--max-len-b", "3"),
+]
 
 
 @pytest.mark.parametrize("search", SEARCHES, ids=lambda s: " ".join(s) or "default")
@@ -144,7 +159,11 @@ def test_trace_records_every_pass(random_models):
         ("cmlm_tiny", ("--decoding", "pgj", "--beam", "1"), "no left-to-right decoder"),
         ("cmlm_tiny", ("--decoding", "hrt-spec", "--beam", "1"), "needs an HRT model"),
         ("hrt_tiny", ("--decoding", "pgj", "--beam", "1", "--decode-chunk-size", "2"), "AT mode"),
-        ("at_tiny", ("--decoding", "hgj", "--beam", "1", "--jacobi-parallel-length", "-1"), "parallel-length must be >= 0"),
+        (
+            "at_tiny",
+            ("--decoding", "hgj", "--beam", "1", "--jacobi-parallel-length", "-1"),
+            "parallel-length must be >= 0",
+        ),
         ("at_tiny", ("--decoding", "pgj", "--beam", "1", "--sampling"), "does not support --sampling"),
     ],
 )
@@ -157,10 +176,27 @@ def test_bad_options_are_refused(tmp_path, arch, flags, message):
 
 def test_fairseq_transformer_checkpoint_shape(tmp_path):
     """fairseq's post-norm transformer with learned positions (not an at_* arch)."""
-    extra = ("--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-             "--decoder-ffn-embed-dim", "64", "--encoder-layers", "1", "--decoder-layers", "2",
-             "--encoder-attention-heads", "4", "--decoder-attention-heads", "2", "--hrt-mode", "at",
-             "--decoder-learned-pos")
+    extra = (
+        "--encoder-embed-dim",
+        "32",
+        "--decoder-embed-dim",
+        "32",
+        "--encoder-ffn-embed-dim",
+        "64",
+        "--decoder-ffn-embed-dim",
+        "64",
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "2",
+        "--encoder-attention-heads",
+        "4",
+        "--decoder-attention-heads",
+        "2",
+        "--hrt-mode",
+        "at",
+        "--decoder-learned-pos",
+    )
     task, model = build_task_and_model(str(tmp_path), arch="transformer", extra=extra, seed=5)
     sample = make_sample(task, RAGGED)
     _, greedy = build_generator(str(tmp_path), model, "--beam", "1", "--max-len-b", "7")
@@ -219,7 +255,9 @@ def test_ddgviz_page_runs_without_console_errors(random_models, tmp_path):
     if node is None:
         pytest.skip("no node with jsdom (npm install jsdom; export NODE_PATH=.../node_modules)")
     data_dir, task, models = random_models
-    graphs = ddgviz.build_graphs(task, models["at_tiny"], make_sample(task, RAGGED[:1]), ["s0"], "pj", None, max_len_b=5)
+    graphs = ddgviz.build_graphs(
+        task, models["at_tiny"], make_sample(task, RAGGED[:1]), ["s0"], "pj", None, max_len_b=5
+    )
     ddgviz.write_outputs(graphs, str(tmp_path))
     script = tmp_path / "check.js"
     script.write_text(JSDOM_CHECK)
@@ -241,7 +279,9 @@ def test_trained_models_equal_greedy(trained, arch):
     """Trained models end sentences at different steps: ragged batches of 16, every sentence
     stops on its own; hrt-spec equals the HRT model's AT-mode greedy."""
     data, ckpts = trained
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpts[arch])], arg_overrides={"data": str(data.bin_dir)})
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(ckpts[arch])], arg_overrides={"data": str(data.bin_dir)}
+    )
     model = models[0].eval()
     task.load_dataset("valid")
     langs = ("--source-lang", "en", "--target-lang", "de", "--beam", "1")
@@ -268,18 +308,54 @@ def test_trained_models_equal_greedy(trained, arch):
 @pytest.mark.slow
 def test_fairseq_generate_pgj_and_ddgviz_cli(trained, tmp_path):
     data, ckpts = trained
-    common = ["generate", data.bin_dir, "--path", ckpts["hrt_tiny"], "--gen-subset", "valid", "--batch-size", "7",
-              "--user-dir", "fairseq_hrt", "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de",
-              "--cpu", "--beam", "1"]
+    common = [
+        "generate",
+        data.bin_dir,
+        "--path",
+        ckpts["hrt_tiny"],
+        "--gen-subset",
+        "valid",
+        "--batch-size",
+        "7",
+        "--user-dir",
+        "fairseq_hrt",
+        "--task",
+        "hrt_translation",
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--cpu",
+        "--beam",
+        "1",
+    ]
     greedy = run_cli(common + ["--decoding", "beam"]).stdout
     for method in ("pgj", "hrt-spec"):
         out = run_cli(common + ["--decoding", method, "--print-step"]).stdout
         assert hyp_lines(out) == hyp_lines(greedy) and len(hyp_lines(out)) == 40
         steps = [int(line.split("\t")[1]) for line in out.splitlines() if line.startswith("I-")]
         assert len(steps) == 40 and min(steps) >= 1
-    run_cli(["fairseq_hrt.ddgviz", data.bin_dir, "--path", ckpts["at_tiny"], "--source-lang", "en",
-             "--target-lang", "de", "--gen-subset", "valid", "--ids", "0,3", "--method", "pgj", "--cpu",
-             "--out-dir", tmp_path / "ddg"])
+    run_cli(
+        [
+            "fairseq_hrt.ddgviz",
+            data.bin_dir,
+            "--path",
+            ckpts["at_tiny"],
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--gen-subset",
+            "valid",
+            "--ids",
+            "0,3",
+            "--method",
+            "pgj",
+            "--cpu",
+            "--out-dir",
+            tmp_path / "ddg",
+        ]
+    )
     assert sorted(os.listdir(tmp_path / "ddg")) == ["ddg-0.html", "ddg-0.png", "ddg-3.html", "ddg-3.png", "ddg.json"]
 
 
@@ -296,9 +372,20 @@ def test_benchmark_parallel_rows_and_passes():
     from types import SimpleNamespace
 
     benchmark = _benchmark_module()
-    args = SimpleNamespace(at="at.pt", at_beams="1", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp=None,
-                           ctranslate2="no", engines="lean", int8="no", parallel="pj,pgj,hgj,hrt-spec",
-                           jacobi_block_size=3, spec_block_size=4)
+    args = SimpleNamespace(
+        at="at.pt",
+        at_beams="1",
+        hrt="hrt.pt",
+        hrt_chunk_sizes="2",
+        hrt_beams="1/1",
+        mp=None,
+        ctranslate2="no",
+        engines="lean",
+        int8="no",
+        parallel="pj,pgj,hgj,hrt-spec",
+        jacobi_block_size=3,
+        spec_block_size=4,
+    )
     names = [s.name for s in benchmark.systems_from_args(args)[0]]
     assert names[-4:] == ["AT PJ", "AT PGJ b=3", "AT HGJ b=3", "HRT hrt-spec b=4"]
     with pytest.raises(ValueError, match="--parallel"):

@@ -1,4 +1,5 @@
 """The lean engine (--decoder-engine lean) reproduces fairseq's SequenceGenerator."""
+
 import random
 
 import pytest
@@ -7,14 +8,14 @@ from fairseq import checkpoint_utils
 from fairseq.search import BeamSearch
 from fairseq.sequence_generator import SequenceGenerator
 
+from benchmarks.tiny_runs import run_cli
 from fairseq_hrt.generation import decoder_pass
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
-from hrt_runtime.search import SearchConfig
 from fairseq_hrt.modules.relative_attention import relative_bucket
 from hrt_runtime import search as numpy_search
+from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample, random_tiny_models
 from tests.test_generator import SPECIALS
-from benchmarks.tiny_runs import run_cli
 from tests.tiny_data import hyp_lines
 
 random.seed(11)
@@ -49,7 +50,9 @@ def test_positional_scores_undo_the_cumulative_sum():
 
 
 def test_padding_bias():
-    bias = decoder_pass.padding_bias(torch.tensor([[True, False, False], [False, False, False]]), 3, 2, torch.float32, "cpu")
+    bias = decoder_pass.padding_bias(
+        torch.tensor([[True, False, False], [False, False, False]]), 3, 2, torch.float32, "cpu"
+    )
     assert bias.shape == (2, 1, 1, 3)
     assert bias[0, 0, 0].tolist() == [float("-inf"), 0.0, 0.0] and bias[1].eq(0).all()
 
@@ -62,7 +65,9 @@ def test_candidates_per_sentence_equal_fairseq_beam_search_over_the_vocabulary()
     logits = torch.randn(bsz * beam, vocab)
     cumulative = torch.randn(bsz * beam, 1)
     lprobs = torch.log_softmax(logits, dim=-1)
-    search = BeamSearch(type("D", (), {"pad": lambda s: 1, "unk": lambda s: 3, "eos": lambda s: 2, "__len__": lambda s: vocab})())
+    search = BeamSearch(
+        type("D", (), {"pad": lambda s: 1, "unk": lambda s: 3, "eos": lambda s: 2, "__len__": lambda s: vocab})()
+    )
     ref_scores, ref_tokens, ref_beams = search.step(
         1, lprobs.view(bsz, beam, vocab), cumulative.view(bsz, beam, 1), None, None
     )
@@ -98,18 +103,30 @@ def test_lean_equals_sequence_generator(random_models, which, search):
     suppress = [] if which == "at" else SPECIALS
     bos = {"hrt-skip-at-k2": task.chunk_start_idx[2], "hrt-skip-at-k3": task.chunk_start_idx[3]}.get(which)
     search = dict(max_len_b=9, **search)
-    ref = SequenceGenerator([model], d, tokens_to_suppress=suppress, **search).generate([model], make_sample(task, RAGGED), bos_token=bos)
-    options = SearchConfig(
-        beam=search["beam_size"], max_len_a=search.get("max_len_a", 0), max_len_b=9, min_len=search.get("min_len", 1),
-        len_penalty=search.get("len_penalty", 1.0), unk_penalty=search.get("unk_penalty", 0.0),
+    ref = SequenceGenerator([model], d, tokens_to_suppress=suppress, **search).generate(
+        [model], make_sample(task, RAGGED), bos_token=bos
     )
-    ours = LeanSequenceGenerator(model, d, options, [d.index(s) for s in suppress], temperature=search.get("temperature", 1.0))
+    options = SearchConfig(
+        beam=search["beam_size"],
+        max_len_a=search.get("max_len_a", 0),
+        max_len_b=9,
+        min_len=search.get("min_len", 1),
+        len_penalty=search.get("len_penalty", 1.0),
+        unk_penalty=search.get("unk_penalty", 0.0),
+    )
+    ours = LeanSequenceGenerator(
+        model, d, options, [d.index(s) for s in suppress], temperature=search.get("temperature", 1.0)
+    )
     assert_same_hypotheses(ref, ours.generate([model], make_sample(task, RAGGED), bos_token=bos))
 
 
 @pytest.mark.parametrize(
     "flags",
-    [("--decode-chunk-size", "2", "--beam", "1"), ("--decode-chunk-size", "3", "--beam", "4", "--b-nat", "2"), ("--decode-chunk-size", "by-length", "--beam", "2")],
+    [
+        ("--decode-chunk-size", "2", "--beam", "1"),
+        ("--decode-chunk-size", "3", "--beam", "4", "--b-nat", "2"),
+        ("--decode-chunk-size", "by-length", "--beam", "2"),
+    ],
 )
 def test_hrt_decoding_same_with_both_engines(random_models, flags):
     data_dir, task, hrt, _ = random_models
@@ -131,12 +148,17 @@ def test_lean_refuses_prefix_and_ensembles(random_models):
 # ------------------------------------------------------------------------------- int8
 
 
-@pytest.mark.parametrize("arch,flags", [("at_tiny", ()), ("hrt_tiny", ("--decode-chunk-size", "2")), ("cmlm_tiny", ("--iter-decode-max-iter", "2"))])
+@pytest.mark.parametrize(
+    "arch,flags",
+    [("at_tiny", ()), ("hrt_tiny", ("--decode-chunk-size", "2")), ("cmlm_tiny", ("--iter-decode-max-iter", "2"))],
+)
 def test_int8_quantization_decodes(tmp_path, arch, flags):
     extra = ("--hrt-mode", "cmlm") if arch == "cmlm_tiny" else ()
     task, model = build_task_and_model(str(tmp_path), arch=arch, extra=extra)
     _, gen = build_generator(str(tmp_path), model, "--quantize", "int8", "--beam", "2", "--max-len-b", "8", *flags)
-    quantized = [n for n, m in model.named_modules() if type(m).__name__ == "Linear" and "quantized" in type(m).__module__]
+    quantized = [
+        n for n, m in model.named_modules() if type(m).__name__ == "Linear" and "quantized" in type(m).__module__
+    ]
     assert any(n.startswith("decoder.") for n in quantized) and any(n.startswith("encoder.") for n in quantized)
     hypos = gen.generate([model], make_sample(task, RAGGED[:5]))
     assert len(hypos) == 5 and all(h[0]["tokens"][-1] == task.target_dictionary.eos() for h in hypos)
@@ -154,7 +176,9 @@ def test_int8_quantization_decodes(tmp_path, arch, flags):
 def test_trained_models_same_hypotheses_in_process(trained, arch):
     """Trained models finish sentences at different steps (ragged batches of 16)."""
     data, ckpts = trained
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpts[arch])], arg_overrides={"data": str(data.bin_dir)})
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(ckpts[arch])], arg_overrides={"data": str(data.bin_dir)}
+    )
     model = models[0].eval()
     task.load_dataset("valid")
     langs = ("--source-lang", "en", "--target-lang", "de")
@@ -175,15 +199,49 @@ def test_trained_models_same_hypotheses_in_process(trained, arch):
 @pytest.mark.slow
 def test_fairseq_generate_same_output_with_both_engines(trained):
     data, ckpts = trained
-    common = ["generate", data.bin_dir, "--path", ckpts["at_tiny"], "--gen-subset", "valid", "--batch-size", "7",
-              "--user-dir", "fairseq_hrt", "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
+    common = [
+        "generate",
+        data.bin_dir,
+        "--path",
+        ckpts["at_tiny"],
+        "--gen-subset",
+        "valid",
+        "--batch-size",
+        "7",
+        "--user-dir",
+        "fairseq_hrt",
+        "--task",
+        "hrt_translation",
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--cpu",
+    ]
     outs = {e: run_cli(common + ["--beam", "4", "--decoder-engine", e]).stdout for e in ("lean", "fairseq")}
     assert hyp_lines(outs["lean"]) == hyp_lines(outs["fairseq"]) and len(hyp_lines(outs["lean"])) == 40
 
 
-TINY_TRANSFORMER = ("--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-                    "--decoder-ffn-embed-dim", "64", "--encoder-layers", "1", "--decoder-layers", "2",
-                    "--encoder-attention-heads", "4", "--decoder-attention-heads", "2", "--hrt-mode", "at")
+TINY_TRANSFORMER = (
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "2",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "2",
+    "--hrt-mode",
+    "at",
+)
 
 
 @pytest.mark.parametrize(
@@ -237,7 +295,9 @@ def test_non_causal_pass_equals_the_decoder_module(random_models):
         skeleton[r, : length - 1] = torch.randint(d.nspecial, len(d) - 8, (length - 1,))
         skeleton[r, length - 1] = d.eos()
     stage2 = chunking.stage2_input(skeleton, 2, d.pad(), task.mask_idx)
-    ref, _ = hrt.decoder(stage2.tokens, encoder_out=encoder_out, positions=stage2.positions, causal=False, features_only=True)
+    ref, _ = hrt.decoder(
+        stage2.tokens, encoder_out=encoder_out, positions=stage2.positions, causal=False, features_only=True
+    )
     the_pass = decoder_pass.decoder_pass(hrt.decoder)
     ours = the_pass.non_causal(the_pass.encoder(encoder_out), stage2.tokens, stage2.positions)
     real = stage2.tokens.ne(d.pad())

@@ -7,6 +7,7 @@ In-process tests use random-weight tiny models: every property tested holds for 
 The weights are drawn with a larger spread than fairseq's init so that predictions depend on
 the context (a freshly initialised tiny model predicts nearly the same token everywhere).
 """
+
 import logging
 import math
 import os
@@ -23,6 +24,7 @@ from fairseq.dataclass.configs import GenerationConfig
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hrt_fixtures import build_generator, build_task_and_model, make_sample  # noqa: E402
+
 from benchmarks.tiny_runs import (  # noqa: E402
     SRC,
     TGT,
@@ -33,13 +35,12 @@ from benchmarks.tiny_runs import (  # noqa: E402
     run_cli_many,
     train_args,
 )
-from tests.tiny_data import hyp_lines  # noqa: E402
-
 from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, length_loss  # noqa: E402
 from fairseq_hrt.generation.decoder_pass import decoder_pass  # noqa: E402
 from fairseq_hrt.generation.mask_predict import MaskPredictGenerator  # noqa: E402
 from hrt_runtime import search  # noqa: E402  (the one search's Mask-Predict functions, on numpy arrays)
+from tests.tiny_data import hyp_lines  # noqa: E402
 
 
 def remask_counts(lengths, t, iterations):
@@ -56,7 +57,9 @@ def length_candidates(lprobs, beam, max_lengths):
 
 def initial_input(lengths, mask, eos, pad):
     return tuple(torch.from_numpy(a) for a in search.initial_input(lengths.numpy(), mask, eos, pad))
-from fairseq_hrt.models.cmlm_transformer import LENGTH_CLASSES, CMLMTransformerModel  # noqa: E402
+
+
+from fairseq_hrt.models.cmlm_transformer import LENGTH_CLASSES  # noqa: E402
 
 SENTENCES = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 14], [20]]
 MAX_LEN = 24
@@ -283,8 +286,10 @@ def reference_mask_predict(task, model, encoder_out, iterations, beam, max_len):
                 for i in masked:
                     tokens[i] = task.mask_idx
             logits, _ = model.decoder(
-                torch.tensor([tokens]), encoder_out=encoder_out,
-                positions=torch.arange(1, n_tokens + 2).unsqueeze(0), causal=False,
+                torch.tensor([tokens]),
+                encoder_out=encoder_out,
+                positions=torch.arange(1, n_tokens + 2).unsqueeze(0),
+                causal=False,
             )
             lprobs = F.log_softmax(logits.float(), dim=-1)[0]
             lprobs[:, banned] = -math.inf
@@ -434,23 +439,69 @@ def e2e(tmp_path_factory):
     run_cli(train_args(data.bin_dir, root / "at", "--hrt-mode", "at", arch="at_tiny", max_update=2))
     at_ckpt = root / "at" / "checkpoint_last.pt"
     train_out = run_cli(
-        train_args(data.bin_dir, root / "mp", "--hrt-mode", "cmlm", "--finetune-from-model", at_ckpt,
-                   arch="cmlm_tiny", max_update=4, lr=1e-5)
+        train_args(
+            data.bin_dir,
+            root / "mp",
+            "--hrt-mode",
+            "cmlm",
+            "--finetune-from-model",
+            at_ckpt,
+            arch="cmlm_tiny",
+            max_update=4,
+            lr=1e-5,
+        )
     ).stdout
     ckpt = root / "mp" / "checkpoint_last.pt"
     lines = ["a man rides a horse .", "", "two dogs play ."]
     (root / "input.txt").write_text("\n".join(lines) + "\n")
     (gen_rc, gen_out), (int_rc, int_out) = run_cli_many(
         [
-            ["generate", data.bin_dir, "--path", ckpt, "--gen-subset", "valid", "--batch-size", "8",
-             "--iter-decode-max-iter", "10", "--iter-decode-with-beam", "3", "--max-len-b", "30", "--print-step", *GEN],
-            ["interactive", data.bin_dir, "--path", ckpt, "--input", root / "input.txt", "--buffer-size", "2",
-             "--batch-size", "2", "--iter-decode-max-iter", "4", "--max-len-b", "30", *GEN],
+            [
+                "generate",
+                data.bin_dir,
+                "--path",
+                ckpt,
+                "--gen-subset",
+                "valid",
+                "--batch-size",
+                "8",
+                "--iter-decode-max-iter",
+                "10",
+                "--iter-decode-with-beam",
+                "3",
+                "--max-len-b",
+                "30",
+                "--print-step",
+                *GEN,
+            ],
+            [
+                "interactive",
+                data.bin_dir,
+                "--path",
+                ckpt,
+                "--input",
+                root / "input.txt",
+                "--buffer-size",
+                "2",
+                "--batch-size",
+                "2",
+                "--iter-decode-max-iter",
+                "4",
+                "--max-len-b",
+                "30",
+                *GEN,
+            ],
         ],
         log_dir=root / "logs",
     )
-    return {"at_ckpt": at_ckpt, "ckpt": ckpt, "train": train_out, "generate": gen_out, "interactive": int_out,
-            "lines": lines}
+    return {
+        "at_ckpt": at_ckpt,
+        "ckpt": ckpt,
+        "train": train_out,
+        "generate": gen_out,
+        "interactive": int_out,
+        "lines": lines,
+    }
 
 
 def _load(path):
@@ -471,7 +522,11 @@ def test_finetune_from_at_checkpoint_and_length_loss_logged(e2e):
     assert _load(e2e["ckpt"])["cfg"]["model"].arch == "cmlm_tiny"
     assert "embed_length.weight" in mp_state
     # the AT weights were loaded (4 Adam steps at lr 1e-5 move them by ~4e-5 at most)
-    for name in ("encoder.layers.0.fc1.weight", "decoder.layers.0.self_attn.k_proj.weight", "encoder.embed_tokens.weight"):
+    for name in (
+        "encoder.layers.0.fc1.weight",
+        "decoder.layers.0.self_attn.k_proj.weight",
+        "encoder.embed_tokens.weight",
+    ):
         assert torch.allclose(mp_state[name].float(), at_state[name].float(), atol=1e-3), name
 
 

@@ -5,9 +5,9 @@ positions over ORIGINAL positions (window w), parameter count = fairseq's transf
 relative key embeddings, incremental decoding for AT and Skip-AT, the task's special symbols,
 and initialisation from an AT checkpoint.
 """
+
 import logging
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from fairseq.data import Dictionary
 from fairseq.modules import MultiheadAttention
 
 import fairseq_hrt  # noqa: F401  (registers the task, model and archs)
-from fairseq_hrt.models.hrt_transformer import HRTDecoder, HRTTransformerModel
+from fairseq_hrt.models.hrt_transformer import HRTDecoder
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention, relative_bucket
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
 
@@ -46,13 +46,20 @@ def _args(data_dir, arch, *extra):
         parser,
         [
             str(data_dir),
-            "--task", "hrt_translation",
-            "--arch", arch,
-            "-s", "en",
-            "-t", "de",
-            "--user-dir", USER_DIR,
-            "--max-update", "100",
-            "--seed", "1",
+            "--task",
+            "hrt_translation",
+            "--arch",
+            arch,
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--user-dir",
+            USER_DIR,
+            "--max-update",
+            "100",
+            "--seed",
+            "1",
             *extra,
         ],
     )
@@ -389,7 +396,9 @@ def test_incremental_is_causal_only(hrt1):
     task, model = hrt1
     _, _, enc = encode(task, model, [[1, 2]])
     with pytest.raises(ValueError, match="causal"):
-        model.decoder(torch.tensor([[task.target_dictionary.eos()]]), encoder_out=enc, incremental_state={}, causal=False)
+        model.decoder(
+            torch.tensor([[task.target_dictionary.eos()]]), encoder_out=enc, incremental_state={}, causal=False
+        )
 
 
 # ---------------------------------------------------------------------------- dictionaries
@@ -482,10 +491,7 @@ def test_hrt_loaded_from_at_starts_as_the_at_model(data_dir):
     assert torch.allclose(ours[real], theirs[real], atol=1e-5)
 
     sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
-    hyps = [
-        SequenceGenerator([m], d, beam_size=1, max_len_b=12).generate([m], sample)
-        for m in (hrt, at)
-    ]
+    hyps = [SequenceGenerator([m], d, beam_size=1, max_len_b=12).generate([m], sample) for m in (hrt, at)]
     for h, a in zip(*hyps):
         assert torch.equal(h[0]["tokens"], a[0]["tokens"])
 
@@ -525,15 +531,23 @@ def test_state_dict_with_another_dictionary_raises(data_dir, other_data_dir):
     # what fairseq-train --finetune-from-model / --restore-file and fairseq-generate print
     other_size = at_big.encoder.embed_tokens.weight.size(0)
     own_size = hrt.encoder.embed_tokens.weight.size(0)
-    with pytest.raises(ValueError, match=rf"another dictionary: its encoder.embed_tokens.weight has {other_size} "
-                                         rf"entries, the task's dictionary has {own_size}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"another dictionary: its encoder.embed_tokens.weight has {other_size} "
+        rf"entries, the task's dictionary has {own_size}",
+    ):
         hrt.load_state_dict(_copy_state(at_big), strict=True)
 
 
 # (arch, encoder layers, decoder layers) of the named Transformer-base shapes (SPEC section 5)
 NAMED_SHAPES = [
-    ("at_e6d1", 6, 1), ("at_e12d1", 12, 1), ("at_e20d1", 20, 1),
-    ("hrt_e6d1", 6, 1), ("hrt_e12d1", 12, 1), ("hrt_e20d1", 20, 1), ("hrt_base", 6, 6),
+    ("at_e6d1", 6, 1),
+    ("at_e12d1", 12, 1),
+    ("at_e20d1", 20, 1),
+    ("hrt_e6d1", 6, 1),
+    ("hrt_e12d1", 12, 1),
+    ("hrt_e20d1", 20, 1),
+    ("hrt_base", 6, 6),
     ("cmlm_base", 6, 6),
 ]
 
@@ -555,9 +569,15 @@ def test_named_archs_have_the_stated_shape_and_pre_norm(data_dir, arch, enc, dec
 def test_small_shapes_match_across_families(data_dir):
     """at_small / hrt_small / cmlm_small (and the tiny ones) share one shape, so an AT
     checkpoint of a size initialises the HRT and Mask-Predict models of that size."""
-    keys = [f"{side}_{opt}" for side in ("encoder", "decoder") for opt in ("embed_dim", "ffn_embed_dim", "attention_heads", "layers")]
+    keys = [
+        f"{side}_{opt}"
+        for side in ("encoder", "decoder")
+        for opt in ("embed_dim", "ffn_embed_dim", "attention_heads", "layers")
+    ]
     for size in ("small", "mini", "tiny"):
-        shapes = {fam: tuple(getattr(_args(data_dir, f"{fam}_{size}"), k) for k in keys) for fam in ("at", "hrt", "cmlm")}
+        shapes = {
+            fam: tuple(getattr(_args(data_dir, f"{fam}_{size}"), k) for k in keys) for fam in ("at", "hrt", "cmlm")
+        }
         assert len(set(shapes.values())) == 1, shapes
 
 

@@ -1,6 +1,7 @@
 """What a model is comes from its class's declaration (models/kinds.py); what a decoding
 option is, from one definition (generation/options.py); which strategy ``auto`` picks, from
 declared priorities; what an engine or strategy does, from flags that are true."""
+
 import dataclasses
 import typing
 
@@ -11,26 +12,32 @@ from fairseq.models.transformer import TransformerModel
 from fairseq_hrt.generation import strategies
 from fairseq_hrt.generation.engines import ENGINES
 from fairseq_hrt.generation.options import DecodingOptions, fairseq_values, search_config, task_defaults
-from hrt_runtime.search import SearchConfig
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES, DecodingStrategy, register_decoding
 from fairseq_hrt.models.cmlm_transformer import CMLMTransformerModel
 from fairseq_hrt.models.hrt_transformer import HRTTransformerModel
 from fairseq_hrt.models.kinds import AT, FAMILIES, HRT, MASK_PREDICT, family_of, model_kind
 from fairseq_hrt.models.ssru_transformer import SSRUTransformerModel
 from fairseq_hrt.tasks.hrt_translation import HRTTranslationConfig
+from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, build_task_and_model
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("model_families"))
-    built = {arch: build_task_and_model(data_dir, arch=arch, seed=5)[1] for arch in ("hrt_tiny", "at_tiny", "cmlm_tiny")}
+    built = {
+        arch: build_task_and_model(data_dir, arch=arch, seed=5)[1] for arch in ("hrt_tiny", "at_tiny", "cmlm_tiny")
+    }
     return data_dir, built
 
 
 def test_every_model_class_declares_its_family():
     assert {cls: f.kind for cls, f in FAMILIES.items()} == {
-        TransformerModel: AT, SSRUTransformerModel: AT, HRTTransformerModel: HRT, CMLMTransformerModel: MASK_PREDICT}
+        TransformerModel: AT,
+        SSRUTransformerModel: AT,
+        HRTTransformerModel: HRT,
+        CMLMTransformerModel: MASK_PREDICT,
+    }
     assert FAMILIES[SSRUTransformerModel].recurrent_decoder and not FAMILIES[SSRUTransformerModel].non_causal
     assert FAMILIES[HRTTransformerModel].chunk_sizes and FAMILIES[HRTTransformerModel].non_causal
     assert FAMILIES[CMLMTransformerModel].length_predictor and not FAMILIES[CMLMTransformerModel].left_to_right
@@ -61,7 +68,10 @@ def test_an_undeclared_model_is_refused_by_name_never_taken_for_at(models):
 def test_auto_takes_the_claim_of_highest_priority_and_refuses_a_tie(models, monkeypatch):
     _, built = models
     assert [strategies.pick_strategy("auto", built[a]).name for a in ("at_tiny", "hrt_tiny", "cmlm_tiny")] == [
-        "beam", "hrt", "mask-predict"]
+        "beam",
+        "hrt",
+        "mask-predict",
+    ]
     monkeypatch.setattr(strategies, "DECODING_STRATEGIES", dict(DECODING_STRATEGIES))
 
     @register_decoding("also-hrt")
@@ -87,10 +97,23 @@ def test_flags_are_true_only_where_true(models):
     assert not any(jacobi.uses_engine(e) for e in ENGINES.values())
     assert [n for n, e in ENGINES.items() if DECODING_STRATEGIES["mask-predict"].uses_engine(e)] == ["onnxruntime"]
     assert all(DECODING_STRATEGIES["beam"].uses_engine(e) for e in ENGINES.values())
-    with pytest.raises(ValueError, match="--decoding pgj decodes the PyTorch model itself, not with --decoder-engine "
-                                         "onnxruntime.*it would decode in float; use --decoder-engine lean --quantize int8"):
-        build_generator(data_dir, built["at_tiny"], "--decoding", "pgj", "--beam", "1", "--decoder-engine", "onnxruntime",
-                        "--quantize", "int8")
+    with pytest.raises(
+        ValueError,
+        match="--decoding pgj decodes the PyTorch model itself, not with --decoder-engine "
+        "onnxruntime.*it would decode in float; use --decoder-engine lean --quantize int8",
+    ):
+        build_generator(
+            data_dir,
+            built["at_tiny"],
+            "--decoding",
+            "pgj",
+            "--beam",
+            "1",
+            "--decoder-engine",
+            "onnxruntime",
+            "--quantize",
+            "int8",
+        )
     with pytest.raises(ValueError, match="--decoding pgj does not decode with an engine"):
         build_generator(data_dir, built["at_tiny"], "--decoding", "pgj", "--beam", "1", "--onnx-model", "/nowhere")
 

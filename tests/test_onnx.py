@@ -1,4 +1,5 @@
 """--decoder-engine onnxruntime and the exported folder: token-identical to the lean engine."""
+
 import math
 
 import pytest
@@ -61,8 +62,9 @@ def with_a_shortlist(random_models, tmp_path, which, flags):
     model = hrt if which == "hrt" else at
     path = shortlist_file(task, tmp_path / "s.pt", keep_per_source=2, always=[task.target_dictionary.index("w0")])
     _, ref = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path)
-    _, ours = build_generator(data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path,
-                              "--decoder-engine", "onnxruntime")
+    _, ours = build_generator(
+        data_dir, model, "--max-len-b", "12", *flags, "--shortlist", path, "--decoder-engine", "onnxruntime"
+    )
     return task, model, ref, ours
 
 
@@ -79,14 +81,18 @@ def test_onnxruntime_with_a_shortlist_equals_lean(random_models, tmp_path, which
     """--shortlist: ONNX Runtime scores the batch's candidate rows only, as the lean engine
     does: the same hypotheses and scores, with a shortlist that changes the output."""
     task, model, ref, ours = with_a_shortlist(random_models, tmp_path, which, flags)
-    _, unrestricted = build_generator(random_models[0], model, "--max-len-b", "12", *flags, "--decoder-engine", "onnxruntime")
+    _, unrestricted = build_generator(
+        random_models[0], model, "--max-len-b", "12", *flags, "--decoder-engine", "onnxruntime"
+    )
     changed = 0
     for sentences in (RAGGED[:1], RAGGED[1:4], RAGGED):
         sample = make_sample(task, sentences)
         expected = ref.generate([model], sample)
         assert_same_hypotheses(expected, ours.generate([model], sample))
-        changed += sum(e[0]["tokens"].tolist() != u[0]["tokens"].tolist()
-                       for e, u in zip(expected, unrestricted.generate([model], sample)))
+        changed += sum(
+            e[0]["tokens"].tolist() != u[0]["tokens"].tolist()
+            for e, u in zip(expected, unrestricted.generate([model], sample))
+        )
     assert changed  # the shortlist restricts the output
 
 
@@ -119,9 +125,11 @@ def test_export_is_cached_by_content(random_models, tmp_path, monkeypatch):
 
 def test_engine_refuses_what_it_cannot_do(random_models):
     data_dir, task, hrt, at = random_models
-    for flags, message in ((("--temperature", "1.5"), "--temperature"),
-                           (("--decode-chunk-size", "2", "--hrt-refine-fraction", "0.2"), "--hrt-refine-fraction"),
-                           (("--compile",), "--compile")):
+    for flags, message in (
+        (("--temperature", "1.5"), "--temperature"),
+        (("--decode-chunk-size", "2", "--hrt-refine-fraction", "0.2"), "--hrt-refine-fraction"),
+        (("--compile",), "--compile"),
+    ):
         with pytest.raises(ValueError, match=message):
             model = hrt if "--decode-chunk-size" in flags else at
             build_generator(data_dir, model, *flags, "--decoder-engine", "onnxruntime")
@@ -139,8 +147,20 @@ def test_int8_quantizes_the_exported_graphs_not_the_model(tmp_path):
     task, model = build_task_and_model(str(tmp_path), arch="hrt_tiny")
     prepare_for_decoding(model, "int8", "onnxruntime")
     assert not is_quantized(model)
-    _, gen = build_generator(str(tmp_path), model, "--quantize", "int8", "--decoder-engine", "onnxruntime",
-                             "--decode-chunk-size", "2", "--beam", "1", "--max-len-b", "8")
+    _, gen = build_generator(
+        str(tmp_path),
+        model,
+        "--quantize",
+        "int8",
+        "--decoder-engine",
+        "onnxruntime",
+        "--decode-chunk-size",
+        "2",
+        "--beam",
+        "1",
+        "--max-len-b",
+        "8",
+    )
     assert gen.runtime.config["int8"] and gen.runtime.folder.endswith("-int8")
     ops = {n.op_type for n in onnx.load(gen.runtime.folder + "/step.onnx").graph.node}
     assert ops & {"MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul"}
@@ -163,13 +183,21 @@ def cmlm_model(tmp_path_factory):
     from tests.hrt_fixtures import build_task_and_model
 
     data_dir = str(tmp_path_factory.mktemp("onnx_cmlm"))
-    task, model = build_task_and_model(data_dir, arch="cmlm_tiny", extra=("--hrt-mode", "cmlm", "--decoder-rpr-window", "4"), seed=5)
+    task, model = build_task_and_model(
+        data_dir, arch="cmlm_tiny", extra=("--hrt-mode", "cmlm", "--decoder-rpr-window", "4"), seed=5
+    )
     return data_dir, task, model
 
 
-@pytest.mark.parametrize("flags", [("--iter-decode-max-iter", "1"), ("--iter-decode-max-iter", "4", "--iter-decode-with-beam", "3"),
-                                   ("--iter-decode-max-iter", "3", "--max-len-a", "0.5", "--max-len-b", "4")],
-                         ids=lambda f: " ".join(f))
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--iter-decode-max-iter", "1"),
+        ("--iter-decode-max-iter", "4", "--iter-decode-with-beam", "3"),
+        ("--iter-decode-max-iter", "3", "--max-len-a", "0.5", "--max-len-b", "4"),
+    ],
+    ids=lambda f: " ".join(f),
+)
 def test_mask_predict_equals_the_model_decoder(cmlm_model, flags):
     data_dir, task, model = cmlm_model
     sample = make_sample(task, RAGGED)
@@ -188,8 +216,9 @@ def test_an_exported_folder_is_checked_against_the_checkpoint(random_models, tmp
     export_model(at, task, folder)
     sample = make_sample(task, RAGGED[:5])
     _, ref = build_generator(data_dir, at, "--max-len-b", "12", "--beam", "1")
-    _, ours = build_generator(data_dir, at, "--max-len-b", "12", "--beam", "1", "--decoder-engine", "onnxruntime",
-                              "--onnx-model", folder)
+    _, ours = build_generator(
+        data_dir, at, "--max-len-b", "12", "--beam", "1", "--decoder-engine", "onnxruntime", "--onnx-model", folder
+    )
     assert ours.runtime.folder == folder
     assert_same_hypotheses(ref.generate([at], sample), ours.generate([at], sample))
     with pytest.raises(ValueError, match="another checkpoint"):
@@ -214,11 +243,17 @@ def test_the_runtime_imports_neither_torch_nor_the_plugin():
         if name.endswith(".py"):
             tree = ast.parse(open(os.path.join(root, name)).read())
             for node in ast.walk(tree):
-                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+                modules = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module]
+                    if isinstance(node, ast.ImportFrom) and node.module
+                    else []
+                )
                 for module in modules:
-                    assert module.split(".")[0] in allowed | ({"aiohttp"} if name == "serve.py" else set()), \
+                    assert module.split(".")[0] in allowed | ({"aiohttp"} if name == "serve.py" else set()), (
                         f"hrt_runtime/{name} imports {module}"
+                    )
 
 
 @pytest.mark.parametrize("extra", [(), ("--decoder-layers", "2", "--decoder-tie-layers")], ids=["ssru", "ssru-tied"])
@@ -234,12 +269,20 @@ def test_ssru_students_equal_lean(tmp_path, extra):
         assert ours.runtime.recurrent and "past_c0" in ours.runtime.past_names
         assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
         for few in (RAGGED[:1], RAGGED[1:3]):  # greedy: the loop graph, carrying the cells
-            assert_same_hypotheses(ref.generate([model], make_sample(task, few)), ours.generate([model], make_sample(task, few)))
+            assert_same_hypotheses(
+                ref.generate([model], make_sample(task, few)), ours.generate([model], make_sample(task, few))
+            )
 
 
-@pytest.mark.parametrize("variant", [("--decoder-normalize-before", "--encoder-normalize-before"), (),
-                                     ("--decoder-learned-pos", "--encoder-learned-pos", "--no-scale-embedding",
-                                      "--layernorm-embedding")], ids=["pre-norm", "post-norm", "learned-pos"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        ("--decoder-normalize-before", "--encoder-normalize-before"),
+        (),
+        ("--decoder-learned-pos", "--encoder-learned-pos", "--no-scale-embedding", "--layernorm-embedding"),
+    ],
+    ids=["pre-norm", "post-norm", "learned-pos"],
+)
 def test_fairseq_transformer_variants(tmp_path, variant):
     """fairseq's own ``transformer`` (post-norm, learned positions, embedding layer norm, two
     decoder layers): the exported encoder and step are the modules' arithmetic."""
@@ -250,7 +293,9 @@ def test_fairseq_transformer_variants(tmp_path, variant):
     sample = make_sample(task, RAGGED)
     for beam in ("1", "3"):
         _, ref = build_generator(str(tmp_path), model, "--max-len-b", "9", "--beam", beam)
-        _, ours = build_generator(str(tmp_path), model, "--max-len-b", "9", "--beam", beam, "--decoder-engine", "onnxruntime")
+        _, ours = build_generator(
+            str(tmp_path), model, "--max-len-b", "9", "--beam", beam, "--decoder-engine", "onnxruntime"
+        )
         assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
 
 
@@ -264,16 +309,38 @@ def test_trained_models_and_fairseq_generate(trained, arch, tmp_path, monkeypatc
 
     monkeypatch.setenv("FAIRSEQ_HRT_ONNX_CACHE", str(tmp_path / "cache"))
     data, ckpts = trained
-    common = ["generate", data.bin_dir, "--path", ckpts[arch], "--gen-subset", "valid", "--batch-size", "7",
-              "--user-dir", "fairseq_hrt", "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
+    common = [
+        "generate",
+        data.bin_dir,
+        "--path",
+        ckpts[arch],
+        "--gen-subset",
+        "valid",
+        "--batch-size",
+        "7",
+        "--user-dir",
+        "fairseq_hrt",
+        "--task",
+        "hrt_translation",
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--cpu",
+    ]
     decodes = [("--beam", "1"), ("--beam", "4", "--lenpen", "0.6")]
     if arch == "hrt_tiny":
-        decodes = [("--decode-chunk-size", "2", "--beam", "1"), ("--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2"),
-                   ("--decode-chunk-size", "1", "--beam", "4")]
+        decodes = [
+            ("--decode-chunk-size", "2", "--beam", "1"),
+            ("--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2"),
+            ("--decode-chunk-size", "1", "--beam", "4"),
+        ]
     for flags in decodes:
         outs = {e: run_cli(common + [*flags, "--decoder-engine", e]).stdout for e in ("lean", "onnxruntime")}
         assert hyp_lines(outs["lean"]) == hyp_lines(outs["onnxruntime"]) and len(hyp_lines(outs["lean"])) == 40
-        scores = {e: [line.split("\t")[1] for line in out.splitlines() if line.startswith("H-")] for e, out in outs.items()}
+        scores = {
+            e: [line.split("\t")[1] for line in out.splitlines() if line.startswith("H-")] for e, out in outs.items()
+        }
         assert all(abs(float(a) - float(b)) < 1e-3 for a, b in zip(scores["lean"], scores["onnxruntime"]))
     assert any(line.startswith("H-") for line in outs["lean"].splitlines())
 
@@ -322,8 +389,11 @@ def test_the_greedy_loop_equals_lean(random_models, which, flags):
     assert looped and all(result is not None for result in looped)
 
 
-@pytest.mark.parametrize("which,flags", [("at", ("--beam", "1")), ("hrt", ("--decode-chunk-size", "2", "--beam", "1"))],
-                         ids=["at", "hrt k=2"])
+@pytest.mark.parametrize(
+    "which,flags",
+    [("at", ("--beam", "1")), ("hrt", ("--decode-chunk-size", "2", "--beam", "1"))],
+    ids=["at", "hrt k=2"],
+)
 def test_the_greedy_loop_over_a_shortlists_rows_equals_lean(random_models, tmp_path, which, flags):
     """greedy_restricted.onnx: the loop over a batch's candidate rows (the row chosen is mapped
     to its id inside the loop, where the next step embeds it and ``</s>`` is tested)."""
@@ -344,7 +414,7 @@ def test_the_greedy_loop_serves_few_rows_only(random_models):
     _, ours = build_generator(data_dir, at, "--max-len-b", "12", "--beam", "1", "--decoder-engine", "onnxruntime")
     runtime = ours.runtime
     calls = record_loops(runtime)
-    ours.generate([at], make_sample(task, RAGGED[:LOOP_ROWS + 1]))
+    ours.generate([at], make_sample(task, RAGGED[: LOOP_ROWS + 1]))
     assert calls == [None]
     graphs = dict(runtime.config["graphs"])
     del runtime.config["graphs"]["greedy"]

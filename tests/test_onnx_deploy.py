@@ -6,6 +6,7 @@
   only (no torch, no fairseq) gives the in-process Translator's output;
 * clear errors for a wrong folder and wrong options, and the exporter's refusals.
 """
+
 import json
 import logging
 import os
@@ -21,7 +22,6 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from hrt_runtime import Translator  # noqa: E402
 from benchmarks.tiny_runs import (  # noqa: E402
     REPO,
     USER_DIR,
@@ -32,6 +32,7 @@ from benchmarks.tiny_runs import (  # noqa: E402
     run_cli_many,
     train_args,
 )
+from hrt_runtime import Translator  # noqa: E402
 from tests.tiny_data import hyp_lines  # noqa: E402
 
 MAX_LEN_B = 30
@@ -42,18 +43,23 @@ MAX_LEN_B = 30
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
-    """Tiny AT and HRT (k = 2, 3) models trained 150 updates (40 leave them at empty outputs) on SentencePiece data, each exported
+    """Tiny AT and HRT (k = 2, 3) models trained 150 updates (40 leave them at empty outputs) on
+    SentencePiece data, each exported
     with the ``fairseq-hrt-export`` command line. ``(data, spm model, {arch: (checkpoint,
     exported folder, export log)})``."""
     root = tmp_path_factory.mktemp("deploy")
     data = make_tiny_spm_data(root)
     runs = {"at_tiny": ("--hrt-mode", "at"), "hrt_tiny": ("--chunk-sizes", "2,3"), "cmlm_tiny": ("--hrt-mode", "cmlm")}
-    run_cli_many([train_args(data.bin_dir, root / arch, *extra, arch=arch, max_update=150) for arch, extra in runs.items()],
-                 root / "train-logs")
+    run_cli_many(
+        [train_args(data.bin_dir, root / arch, *extra, arch=arch, max_update=150) for arch, extra in runs.items()],
+        root / "train-logs",
+    )
     models = {}
     for arch in runs:
         ckpt, folder = root / arch / "checkpoint_last.pt", root / f"{arch}-onnx"
-        log = run_cli(["fairseq_hrt.export.exporter", ckpt, folder]).stdout  # the SentencePiece model is found beside the data
+        log = run_cli(
+            ["fairseq_hrt.export.exporter", ckpt, folder]
+        ).stdout  # the SentencePiece model is found beside the data
         models[arch] = (ckpt, folder, log)
     return data, root / "spm" / "spm.model", models
 
@@ -89,8 +95,10 @@ def hubs(deployed):
     import fairseq_hrt
 
     data, _, models = deployed  # the SentencePiece model is found beside the data, as by the exporter
-    return {arch: fairseq_hrt.from_pretrained(str(ckpt.parent), data_name_or_path=str(data.bin_dir))
-            for arch, (ckpt, _, _) in models.items()}
+    return {
+        arch: fairseq_hrt.from_pretrained(str(ckpt.parent), data_name_or_path=str(data.bin_dir))
+        for arch, (ckpt, _, _) in models.items()
+    }
 
 
 @pytest.mark.slow
@@ -108,13 +116,20 @@ def test_export_command_writes_the_folder(deployed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,options", CASES, ids=lambda v: v if isinstance(v, str) else " ".join(f"{k}={x}" for k, x in v.items()))
+@pytest.mark.parametrize(
+    "arch,options", CASES, ids=lambda v: v if isinstance(v, str) else " ".join(f"{k}={x}" for k, x in v.items())
+)
 def test_translator_equals_the_hub_on_raw_text(deployed, hubs, arch, options, caplog):
     data, _, models = deployed
     translator = Translator(str(models[arch][1]))
     lines = raw_lines(data, translator)
-    ref = hubs[arch].translate(lines, engine="lean", max_len_a=0, max_len_b=MAX_LEN_B,
-                               **{FAIRSEQ_NAMES.get(k, k): v for k, v in options.items()})
+    ref = hubs[arch].translate(
+        lines,
+        engine="lean",
+        max_len_a=0,
+        max_len_b=MAX_LEN_B,
+        **{FAIRSEQ_NAMES.get(k, k): v for k, v in options.items()},
+    )
     with caplog.at_level(logging.WARNING, logger="hrt_runtime"):
         ours = translator.translate(lines, max_len_a=0, max_len_b=MAX_LEN_B, **options)
     assert len(ours) == len(lines)  # nothing lost, the over-long line included
@@ -136,11 +151,44 @@ def test_translator_equals_fairseq_interactive(deployed, tmp_path):
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     def interactive(engine):
-        return run_cli(["interactive", data.bin_dir, "--path", ckpt, "--user-dir", USER_DIR, "--task", "hrt_translation",
-                        "--source-lang", "en", "--target-lang", "de", "--cpu", "--bpe", "sentencepiece",
-                        "--sentencepiece-model", spm, "--input", path, "--buffer-size", "4", "--batch-size", "4",
-                        "--decode-chunk-size", "2", "--beam", "1", "--max-len-a", "0", "--max-len-b", MAX_LEN_B,
-                        "--decoder-engine", engine], env={"FAIRSEQ_HRT_ONNX_CACHE": str(tmp_path / "cache")}).stdout
+        return run_cli(
+            [
+                "interactive",
+                data.bin_dir,
+                "--path",
+                ckpt,
+                "--user-dir",
+                USER_DIR,
+                "--task",
+                "hrt_translation",
+                "--source-lang",
+                "en",
+                "--target-lang",
+                "de",
+                "--cpu",
+                "--bpe",
+                "sentencepiece",
+                "--sentencepiece-model",
+                spm,
+                "--input",
+                path,
+                "--buffer-size",
+                "4",
+                "--batch-size",
+                "4",
+                "--decode-chunk-size",
+                "2",
+                "--beam",
+                "1",
+                "--max-len-a",
+                "0",
+                "--max-len-b",
+                MAX_LEN_B,
+                "--decoder-engine",
+                engine,
+            ],
+            env={"FAIRSEQ_HRT_ONNX_CACHE": str(tmp_path / "cache")},
+        ).stdout
 
     out = interactive("lean")
     onnx = interactive("onnxruntime")  # fairseq-interactive --decoder-engine onnxruntime: the same H- and D- lines
@@ -155,9 +203,29 @@ def test_translator_equals_fairseq_interactive(deployed, tmp_path):
     detok = {int(m.group(1)): m.group(2) for m in re.finditer(r"^D-(\d+)\t\S+\t?(.*)$", out, re.M)}
     assert sorted(detok) == sorted(pieces) == list(range(len(lines)))
     ref = [detok[i] for i in range(len(lines))]
-    proc = subprocess.run([sys.executable, "-m", "hrt_runtime", str(folder), "--input", str(path), "--chunk-size", "2",
-                           "--beam", "1", "--max-len-a", "0", "--max-len-b", str(MAX_LEN_B)],
-                          cwd=str(REPO), env=cli_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hrt_runtime",
+            str(folder),
+            "--input",
+            str(path),
+            "--chunk-size",
+            "2",
+            "--beam",
+            "1",
+            "--max-len-a",
+            "0",
+            "--max-len-b",
+            str(MAX_LEN_B),
+        ],
+        cwd=str(REPO),
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:-1] == ref
     assert "truncated" in proc.stderr
@@ -171,25 +239,81 @@ def test_bad_lines_give_the_same_output_and_warnings_on_every_entry_point(deploy
     data, spm, models = deployed
     ckpt, folder, _ = models["hrt_tiny"]
     good = read_lines(data.raw("valid", "en"))[:4]
-    raw = [good[0].encode(), good[1].encode() + b" \xff\xfe", b"", good[2][:9].encode() + b"\x00" + good[2][9:].encode(),
-           good[3].encode() + b"\x07\x1b end", b"   "]
+    raw = [
+        good[0].encode(),
+        good[1].encode() + b" \xff\xfe",
+        b"",
+        good[2][:9].encode() + b"\x00" + good[2][9:].encode(),
+        good[3].encode() + b"\x07\x1b end",
+        b"   ",
+    ]
     path = tmp_path / "bad.txt"
     path.write_bytes(b"\n".join(raw) + b"\n")
     options = dict(chunk_size=2, beam=1, max_len_b=MAX_LEN_B)
-    out = run_cli(["interactive", data.bin_dir, "--path", ckpt, "--user-dir", USER_DIR, "--task", "hrt_translation",
-                   "--source-lang", "en", "--target-lang", "de", "--cpu", "--bpe", "sentencepiece",
-                   "--sentencepiece-model", spm, "--input", path, "--buffer-size", "4", "--batch-size", "4",
-                   "--decode-chunk-size", "2", "--beam", "1", "--max-len-a", "0", "--max-len-b", MAX_LEN_B,
-                   "--decoder-engine", "lean"]).stdout
+    out = run_cli(
+        [
+            "interactive",
+            data.bin_dir,
+            "--path",
+            ckpt,
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "hrt_translation",
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--cpu",
+            "--bpe",
+            "sentencepiece",
+            "--sentencepiece-model",
+            spm,
+            "--input",
+            path,
+            "--buffer-size",
+            "4",
+            "--batch-size",
+            "4",
+            "--decode-chunk-size",
+            "2",
+            "--beam",
+            "1",
+            "--max-len-a",
+            "0",
+            "--max-len-b",
+            MAX_LEN_B,
+            "--decoder-engine",
+            "lean",
+        ]
+    ).stdout
     detok = {int(m.group(1)): m.group(2) for m in re.finditer(r"^D-(\d+)\t\S+\t?(.*)$", out, re.M)}
     interactive = [detok.get(i, "") for i in range(len(raw))]
     decoded = [line.decode("utf-8", "surrogateescape") for line in raw]  # as Python reads them
     with caplog.at_level(logging.WARNING):
         hub = hubs["hrt_tiny"].translate(decoded, engine="lean", max_len_a=0, **options)
         translator = Translator(str(folder)).translate(decoded, max_len_a=0, **options)
-    proc = subprocess.run([sys.executable, "-m", "hrt_runtime", str(folder), "--input", str(path), "--chunk-size", "2",
-                           "--beam", "1", "--max-len-b", str(MAX_LEN_B)], cwd=str(REPO), env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hrt_runtime",
+            str(folder),
+            "--input",
+            str(path),
+            "--chunk-size",
+            "2",
+            "--beam",
+            "1",
+            "--max-len-b",
+            str(MAX_LEN_B),
+        ],
+        cwd=str(REPO),
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert interactive == hub == translator == proc.stdout.split("\n")[:-1]
     assert translator[2] == translator[5] == "" and all(translator[i] for i in (0, 1, 3, 4))
@@ -208,14 +332,25 @@ def test_bad_lines_give_the_same_output_and_warnings_on_every_entry_point(deploy
 
 
 RUNTIME_PACKAGES = ["onnxruntime==1.32.0", "numpy<2", "sentencepiece==0.2.0"]
-NETWORK_ERRORS = ("Could not find a version", "No matching distribution", "NewConnectionError", "Max retries",
-                  "Temporary failure in name resolution", "Network is unreachable", "Connection refused")
+NETWORK_ERRORS = (
+    "Could not find a version",
+    "No matching distribution",
+    "NewConnectionError",
+    "Max retries",
+    "Temporary failure in name resolution",
+    "Network is unreachable",
+    "Connection refused",
+)
 
 
 def _pip(venv_dir: Path, *args, timeout=900):
     started = time.perf_counter()
-    proc = subprocess.run([str(venv_dir / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [str(venv_dir / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
         output = proc.stdout + proc.stderr
@@ -230,7 +365,7 @@ def _site_packages_mib(venv_dir: Path, names) -> float:
     total = 0
     for path in site.iterdir():
         if any(path.name.lower().startswith(n) for n in names):
-            for f in (path.rglob("*") if path.is_dir() else [path]):
+            for f in path.rglob("*") if path.is_dir() else [path]:
                 if f.is_file():
                     total += f.stat().st_size
     return total / 2**20
@@ -256,42 +391,79 @@ def test_hrt_translate_in_a_fresh_venv_without_torch(deployed, tmp_path):
     for package in ("hrt_runtime", "fairseq_hrt"):
         shutil.copytree(REPO / package, source / package, ignore=ignore)
     own = _pip(venv_dir, "--no-deps", str(source))
-    sizes = {"onnxruntime": _site_packages_mib(venv_dir, ["onnxruntime"]), "numpy": _site_packages_mib(venv_dir, ["numpy"]),
-             "sentencepiece": _site_packages_mib(venv_dir, ["sentencepiece"])}
-    print(f"\nfresh venv: created in {made:.1f} s, runtime packages installed in {deps:.1f} s, the repository in "
-          f"{own:.1f} s; installed sizes (MiB): " + ", ".join(f"{k} {v:.1f}" for k, v in sizes.items()))
+    sizes = {
+        "onnxruntime": _site_packages_mib(venv_dir, ["onnxruntime"]),
+        "numpy": _site_packages_mib(venv_dir, ["numpy"]),
+        "sentencepiece": _site_packages_mib(venv_dir, ["sentencepiece"]),
+    }
+    print(
+        f"\nfresh venv: created in {made:.1f} s, runtime packages installed in {deps:.1f} s, the repository in "
+        f"{own:.1f} s; installed sizes (MiB): " + ", ".join(f"{k} {v:.1f}" for k, v in sizes.items())
+    )
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     python = str(venv_dir / "bin" / "python")
-    no_torch = subprocess.run([python, "-c", "import torch"], capture_output=True, text=True, cwd=str(tmp_path), env=env)
+    no_torch = subprocess.run(
+        [python, "-c", "import torch"], capture_output=True, text=True, cwd=str(tmp_path), env=env
+    )
     assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
-    no_fairseq = subprocess.run([python, "-c", "import fairseq"], capture_output=True, text=True, cwd=str(tmp_path), env=env)
+    no_fairseq = subprocess.run(
+        [python, "-c", "import fairseq"], capture_output=True, text=True, cwd=str(tmp_path), env=env
+    )
     assert no_fairseq.returncode != 0
-    export = subprocess.run([str(venv_dir / "bin" / "fairseq-hrt-export"), "ckpt.pt", "out"], capture_output=True,
-                            text=True, cwd=str(tmp_path), env=env)
+    export = subprocess.run(
+        [str(venv_dir / "bin" / "fairseq-hrt-export"), "ckpt.pt", "out"],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        env=env,
+    )
     assert export.returncode == 2 and "this command belongs on the machine that trains" in export.stderr
     assert "Traceback" not in export.stderr
 
-    for arch, flags, options in (("hrt_tiny", ["--chunk-size", "2", "--beam", "1"], dict(chunk_size=2, beam=1)),
-                                 ("at_tiny", ["--beam", "5"], dict(beam=5))):
+    for arch, flags, options in (
+        ("hrt_tiny", ["--chunk-size", "2", "--beam", "1"], dict(chunk_size=2, beam=1)),
+        ("at_tiny", ["--beam", "5"], dict(beam=5)),
+    ):
         folder = models[arch][1]
         lines = raw_lines(data, Translator(str(folder)))
         path = tmp_path / "input.txt"
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        proc = subprocess.run([str(venv_dir / "bin" / "hrt-translate"), str(folder), "--input", str(path), *flags,
-                               "--max-len-b", str(MAX_LEN_B)], capture_output=True, text=True, cwd=str(tmp_path), env=env,
-                              timeout=300)
+        proc = subprocess.run(
+            [
+                str(venv_dir / "bin" / "hrt-translate"),
+                str(folder),
+                "--input",
+                str(path),
+                *flags,
+                "--max-len-b",
+                str(MAX_LEN_B),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=str(tmp_path),
+            env=env,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr
         expected = Translator(str(folder)).translate(lines, max_len_b=MAX_LEN_B, **options)
         assert proc.stdout.split("\n")[:-1] == expected
         assert "truncated" in proc.stderr
     # the same from standard input, as python -m hrt_runtime
-    proc = subprocess.run([python, "-m", "hrt_runtime", str(models["at_tiny"][1]), "--beam", "1", "--max-len-b", "5"],
-                          input="\n".join(lines[:3]) + "\n", capture_output=True, text=True, cwd=str(tmp_path), env=env,
-                          timeout=300)
+    proc = subprocess.run(
+        [python, "-m", "hrt_runtime", str(models["at_tiny"][1]), "--beam", "1", "--max-len-b", "5"],
+        input="\n".join(lines[:3]) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split("\n")[:-1] == Translator(str(models["at_tiny"][1])).translate(lines[:3], beam=1, max_len_b=5)
+    assert proc.stdout.split("\n")[:-1] == Translator(str(models["at_tiny"][1])).translate(
+        lines[:3], beam=1, max_len_b=5
+    )
 
 
 # ---------------------------------------------------------------------------- clear errors
@@ -334,11 +506,16 @@ def test_folder_errors(exported_random, tmp_path):
 
     other = VERSION + 1
     readable = ", ".join(map(str, READABLE_VERSIONS))
-    for bad, message in (({**config, "format": "ctranslate2"}, rf"format 'ctranslate2' version {VERSION}, this runtime reads "
-                                                              rf"'fairseq-hrt-onnx' versions {readable}; export the checkpoint again"),
-                         ({**config, "version": other}, rf"version {other}, this runtime reads 'fairseq-hrt-onnx' versions {readable}"),
-                         ([1, 2], r"not a fairseq-hrt-export configuration \(a JSON list"),
-                         ({k: v for k, v in config.items() if k != "graphs"}, r"lacks graphs; export the checkpoint again")):
+    for bad, message in (
+        (
+            {**config, "format": "ctranslate2"},
+            rf"format 'ctranslate2' version {VERSION}, this runtime reads "
+            rf"'fairseq-hrt-onnx' versions {readable}; export the checkpoint again",
+        ),
+        ({**config, "version": other}, rf"version {other}, this runtime reads 'fairseq-hrt-onnx' versions {readable}"),
+        ([1, 2], r"not a fairseq-hrt-export configuration \(a JSON list"),
+        ({k: v for k, v in config.items() if k != "graphs"}, r"lacks graphs; export the checkpoint again"),
+    ):
         (folder / "config.json").write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=message):
             Translator(str(folder))
@@ -392,14 +569,23 @@ def test_option_errors(exported_random):
 
 
 def _cli(*args, input_text=""):
-    proc = subprocess.run([sys.executable, "-m", "hrt_runtime", *map(str, args)], input=input_text, cwd=str(REPO),
-                          env=cli_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hrt_runtime", *map(str, args)],
+        input=input_text,
+        cwd=str(REPO),
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
 def test_cli_errors_exit_2_with_a_message(exported_random, tmp_path):
     rc, out, err = _cli(tmp_path)
-    assert rc == 2 and out == "" and f"hrt-translate: error: {tmp_path}: no config.json" in err and "Traceback" not in err
+    assert (
+        rc == 2 and out == "" and f"hrt-translate: error: {tmp_path}: no config.json" in err and "Traceback" not in err
+    )
     rc, _, err = _cli(exported_random["at"], "--chunk-size", "2", input_text="w1\n")
     assert rc == 2 and "hrt-translate: error: chunk_size 2: this is an AT model" in err and "Traceback" not in err
     rc, _, err = _cli(exported_random["hrt"], "--beam", "1", "--b-nat", "2", input_text="w1\n")
@@ -417,9 +603,12 @@ def test_cli_errors_exit_2_with_a_message(exported_random, tmp_path):
 # ------------------------------------------------------------------------ export refusals
 
 
-@pytest.mark.parametrize("arch,extra,reason", [
-    ("at_tiny", ("--hrt-mode", "at"), "a quantized model (--quantize int8): export the float checkpoint"),
-])
+@pytest.mark.parametrize(
+    "arch,extra,reason",
+    [
+        ("at_tiny", ("--hrt-mode", "at"), "a quantized model (--quantize int8): export the float checkpoint"),
+    ],
+)
 def test_exporter_refuses_in_one_message(tmp_path, arch, extra, reason):
     from fairseq_hrt.export.exporter import export_model
     from fairseq_hrt.generation.quantize import quantize_int8
@@ -458,8 +647,9 @@ def test_readme_deploy_example_runs(exported_random, tmp_path):
     commands = re.search(r"```bash\n(.*?)\n```", section, re.S).group(1)
     assert "fairseq-hrt-export " in commands and "hrt-translate model-onnx" in commands
     os.symlink(exported_random["hrt"], tmp_path / "model-onnx")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=cli_env(), capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=str(tmp_path), env=cli_env(), capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     translations = eval(proc.stdout.strip().splitlines()[-1])  # a printed list of three strings
     assert len(translations) == 3 and translations[1] == "" and translations[0] and translations[2]
@@ -471,8 +661,11 @@ def test_the_python_api_decodes_with_onnxruntime(deployed, hubs, tmp_path, monke
     monkeypatch.setenv("FAIRSEQ_HRT_ONNX_CACHE", str(tmp_path / "cache"))
     data, _, models = deployed
     lines = read_lines(data.raw("valid", "en"))[:12]
-    for arch, options in (("at_tiny", dict(beam=4)), ("hrt_tiny", dict(chunk_size=2, beam=1)),
-                          ("cmlm_tiny", dict(iter_decode_max_iter=3))):
+    for arch, options in (
+        ("at_tiny", dict(beam=4)),
+        ("hrt_tiny", dict(chunk_size=2, beam=1)),
+        ("cmlm_tiny", dict(iter_decode_max_iter=3)),
+    ):
         ref = hubs[arch].translate(lines, engine="lean", max_len_b=MAX_LEN_B, **options)
         assert hubs[arch].translate(lines, engine="onnxruntime", max_len_b=MAX_LEN_B, **options) == ref
 

@@ -1,4 +1,5 @@
 """The quickstart's training command (``DRY_RUN=1`` prints it without running anything)."""
+
 import os
 import shlex
 import subprocess
@@ -14,7 +15,12 @@ def quickstart_commands(**env):
     full_env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), full_env.get("PATH", "")))
     out = subprocess.run(
         ["bash", str(REPO / "examples" / "multi30k" / "quickstart.sh")],
-        env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120, check=True,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     cmds = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
     return shlex.split(cmds["train"]), shlex.split(cmds["generate"])

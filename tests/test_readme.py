@@ -1,4 +1,5 @@
 """README.md's two set-up commands are exactly what CI (.ci/run) runs."""
+
 import re
 from pathlib import Path
 

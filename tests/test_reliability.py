@@ -5,22 +5,22 @@ checkpoint and resumed, and the recipe SIGKILLed during distillation and trainin
 The long loops (every model kind, random kill moments, full disk, ...) are in
 benchmarks/fault_table.py, which prints the README's fault table (its cases are in
 benchmarks/faults.py); these are their compact versions."""
+
 import errno
 import logging
 import os
 import shutil
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from fairseq import checkpoint_utils
 
 import fairseq_hrt  # noqa: F401  (applies compat)
-from fairseq import checkpoint_utils
-from fairseq_hrt import compat
 from benchmarks import faults
 from benchmarks.tiny_runs import make_tiny_data, parse_logs, train_args
+from fairseq_hrt import compat
 
 
 def _save(path, value=1.0):
@@ -53,7 +53,11 @@ def test_checkpoint_copies_are_atomic_and_a_failed_copy_keeps_the_old_file(tmp_p
 
 
 def test_an_unreadable_checkpoint_names_the_restore_file_to_use(tmp_path):
-    good_old, good_new, last = tmp_path / "checkpoint_1_5.pt", tmp_path / "checkpoint_2_10.pt", tmp_path / "checkpoint_last.pt"
+    good_old, good_new, last = (
+        tmp_path / "checkpoint_1_5.pt",
+        tmp_path / "checkpoint_2_10.pt",
+        tmp_path / "checkpoint_last.pt",
+    )
     _save(good_old, 5.0)
     _save(good_new, 10.0)
     os.utime(good_old, (1, 1))  # older
@@ -107,7 +111,9 @@ def test_task_state_refuses_another_dictionary_and_warns_about_another_schedule(
     other, _ = build_task_and_model(str(tmp_path / "other"), extra=["--max-update", "40"])
     assert other.dictionary_fingerprint() == task.dictionary_fingerprint()
     other.source_dictionary.symbols[5], other.source_dictionary.symbols[6] = (
-        other.source_dictionary.symbols[6], other.source_dictionary.symbols[5])
+        other.source_dictionary.symbols[6],
+        other.source_dictionary.symbols[5],
+    )
     assert other.dictionary_fingerprint() != task.dictionary_fingerprint()
 
 
@@ -121,8 +127,16 @@ def test_hrt_training_killed_while_writing_a_checkpoint_resumes_the_curriculum(t
     save interval and trains every later update with the curriculum's p_k = t / T."""
     data = make_tiny_data(tmp_path / "data", n_train=300, n_valid=20)
     save, max_update, interval = tmp_path / "ck", 16, 5
-    args = train_args(data.bin_dir, save, "--chunk-sizes", "2", "--save-interval-updates", interval,
-                      arch="hrt_tiny", max_update=max_update)
+    args = train_args(
+        data.bin_dir,
+        save,
+        "--chunk-sizes",
+        "2",
+        "--save-interval-updates",
+        interval,
+        arch="hrt_tiny",
+        max_update=max_update,
+    )
     info = tmp_path / "kill.json"
     rc, out = faults.run_logged(args, tmp_path / "killed.log", kill_point="write:3", info=info)
     assert rc == -signal.SIGKILL, out[-3000:]
@@ -150,6 +164,13 @@ def test_recipe_killed_during_distillation_and_training_is_finished_by_a_rerun(t
     assert r["rerun_returncode"] == 0, r["rerun_log"]
     assert r["distilled_lines"] == r["train_lines"] > 0
     assert r["at_resumed_from"] and r["at_resumed_from"][-1] == t["checkpoint_updates"] < 60  # mid-training
-    assert {"prepare.done", "teacher.done", "distill.done", "distill_bin.done", "at.done", "hrt.done",
-            "mp.done"} <= set(r["markers"])
+    assert {
+        "prepare.done",
+        "teacher.done",
+        "distill.done",
+        "distill_bin.done",
+        "at.done",
+        "hrt.done",
+        "mp.done",
+    } <= set(r["markers"])
     assert any("skipped, done earlier" in line for line in r["rerun_log"])

@@ -8,6 +8,7 @@ exported in-process (``exported_tiny``):
 * a damaged folder (truncated, altered, another export's config.json) named at load;
 * clear errors; batch invariance; many threads on one Translator; no torch in the runtime.
 """
+
 import json
 import logging
 import os
@@ -17,15 +18,14 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 pytest.importorskip("onnxruntime")
 
+from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
 from hrt_runtime import Translator  # noqa: E402
 from hrt_runtime.integrity import DamagedFolderError  # noqa: E402
-from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
 
 
 def _sentences(n, seed=0, max_words=12):
@@ -34,13 +34,20 @@ def _sentences(n, seed=0, max_words=12):
 
 
 def _runtime(*args, **kwargs):
-    return subprocess.Popen([sys.executable, "-m", "hrt_runtime", *map(str, args)], cwd=str(REPO), env=cli_env(),
-                            **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hrt_runtime", *map(str, args)], cwd=str(REPO), env=cli_env(), **kwargs
+    )
 
 
 def _cli(*args, input_bytes=b""):
-    proc = subprocess.run([sys.executable, "-m", "hrt_runtime", *map(str, args)], input=input_bytes, cwd=str(REPO),
-                          env=cli_env(), capture_output=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hrt_runtime", *map(str, args)],
+        input=input_bytes,
+        cwd=str(REPO),
+        env=cli_env(),
+        capture_output=True,
+        timeout=120,
+    )
     return proc.returncode, proc.stdout.decode("utf-8"), proc.stderr.decode("utf-8")
 
 
@@ -52,8 +59,9 @@ def test_a_waiting_writer_reads_each_translation_before_writing_the_next(exporte
     still waits, with the default --buffer-size (a pause of the pipe ends a buffer)."""
     folder = exported_tiny["hrt"]
     expected = Translator(folder).translate(["w5 w6 w7", "w8 w9"], beam=1, max_len_b=6)
-    proc = _runtime(folder, "--beam", "1", "--max-len-b", "6", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE)
+    proc = _runtime(
+        folder, "--beam", "1", "--max-len-b", "6", stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         proc.stdin.write(b"w5 w6 w7\n")
         proc.stdin.flush()
@@ -78,8 +86,9 @@ def test_buffers_give_the_output_of_one_call(exported_tiny, tmp_path):
     path.write_text("\n".join(lines) + "\n")
     expected = Translator(folder).translate(lines, beam=2, max_len_b=5)
     for size in ("1", "7", None):
-        rc, out, err = _cli(folder, "--input", path, "--beam", "2", "--max-len-b", "5",
-                            *(("--buffer-size", size) if size else ()))
+        rc, out, err = _cli(
+            folder, "--input", path, "--beam", "2", "--max-len-b", "5", *(("--buffer-size", size) if size else ())
+        )
         assert rc == 0, err
         assert out.split("\n")[:-1] == expected
     rc, _, err = _cli(folder, "--buffer-size", "0", input_bytes=b"w1\n")
@@ -150,15 +159,19 @@ def test_a_truncated_line_is_named(exported_tiny, caplog):
     long_line = " ".join(["w5"] * (translator.max_source_tokens + 10))
     with caplog.at_level(logging.WARNING):
         translator.translate(["w1", "", long_line], beam=1, max_len_b=3)
-    assert any(r.getMessage().startswith("input, line 3: a sentence of") and "truncated" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        r.getMessage().startswith("input, line 3: a sentence of") and "truncated" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 def test_the_runtime_imports_neither_torch_nor_fairseq():
-    code = ("import sys, hrt_runtime, hrt_runtime.text_input, hrt_runtime.integrity, hrt_runtime.translator, "
-            "hrt_runtime.serve; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'fairseq', 'fairseq_hrt', 'fairseq_cli')]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, hrt_runtime, hrt_runtime.text_input, hrt_runtime.integrity, hrt_runtime.translator, "
+        "hrt_runtime.serve; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'fairseq', 'fairseq_hrt', 'fairseq_cli')]; "
+        "assert not bad, bad"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), env=cli_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
@@ -184,17 +197,22 @@ def test_option_errors_say_what_is_expected(exported_tiny, tmp_path):
     for options, error, message in cases:
         with pytest.raises(error, match=message):
             translator.translate(["w1"], **options)
-    with pytest.raises(TypeError, match=r"Translator\(folder\): folder is the path of a folder written by "
-                                        r"fairseq-hrt-export, got NoneType"):
+    with pytest.raises(
+        TypeError,
+        match=r"Translator\(folder\): folder is the path of a folder written by "
+        r"fairseq-hrt-export, got NoneType",
+    ):
         Translator(None)
     for threads in (0, -1):
         with pytest.raises(ValueError, match=rf"threads must be >= 1 .*got {threads}"):
             Translator(exported_tiny["hrt"], threads=threads)
-    for args, message in ((("--max-len-b", "-5"), "max_len_b must be >= 0"),
-                          (("--lenpen", "nan", "--beam", "5"), "lenpen must be a finite number"),
-                          (("--max-len-a", "inf"), "max_len_a must be a finite number"),
-                          (("--threads", "0"), "threads must be >= 1"),
-                          (("--threads", "-1"), "threads must be >= 1")):
+    for args, message in (
+        (("--max-len-b", "-5"), "max_len_b must be >= 0"),
+        (("--lenpen", "nan", "--beam", "5"), "lenpen must be a finite number"),
+        (("--max-len-a", "inf"), "max_len_a must be a finite number"),
+        (("--threads", "0"), "threads must be >= 1"),
+        (("--threads", "-1"), "threads must be >= 1"),
+    ):
         rc, out, err = _cli(exported_tiny["hrt"], *args, input_bytes=b"w1\n")
         assert rc == 2 and out == "" and f"hrt-translate: error: {message}" in err and "Traceback" not in err, err
 
@@ -216,22 +234,31 @@ def test_a_damaged_folder_is_named_at_load(exported_tiny, tmp_path):
     truncated = _damaged(exported_tiny["hrt"], tmp_path, "truncated")
     size = os.path.getsize(truncated / "weights.bin")
     os.truncate(truncated / "weights.bin", size // 2)
-    with pytest.raises(DamagedFolderError, match=rf"damaged file: weights.bin has {size // 2} bytes, the export wrote "
-                                                 rf"{size} \(truncated\); export again"):
+    with pytest.raises(
+        DamagedFolderError,
+        match=rf"damaged file: weights.bin has {size // 2} bytes, the export wrote "
+        rf"{size} \(truncated\); export again",
+    ):
         Translator(str(truncated))
 
     zeroed = _damaged(exported_tiny["hrt"], tmp_path, "zeroed")
     with open(zeroed / "weights.bin", "r+b") as f:
         f.seek(size // 3)
         f.write(bytes(min(4096, size // 3)))
-    with pytest.raises(DamagedFolderError, match=r"damaged file: weights.bin is not the file the export wrote "
-                                                 r"\(its SHA-256 differs; same size\); export again"):
+    with pytest.raises(
+        DamagedFolderError,
+        match=r"damaged file: weights.bin is not the file the export wrote "
+        r"\(its SHA-256 differs; same size\); export again",
+    ):
         Translator(str(zeroed))
 
     swapped = _damaged(exported_tiny["hrt"], tmp_path, "swapped")
     shutil.copyfile(os.path.join(exported_tiny["at"], "config.json"), swapped / "config.json")
-    with pytest.raises(DamagedFolderError, match=r"config.json does not describe the files beside it .*another export"
-                                                 r".*export again"):
+    with pytest.raises(
+        DamagedFolderError,
+        match=r"config.json does not describe the files beside it .*another export"
+        r".*export again",
+    ):
         Translator(str(swapped))
 
     rc, out, err = _cli(str(truncated), input_bytes=b"w1\n")
@@ -242,10 +269,18 @@ def test_a_damaged_folder_is_named_at_load(exported_tiny, tmp_path):
 # --------------------------------------------------------------------------- batch, threads
 
 
-@pytest.mark.parametrize("kind,options", [("hrt", dict(chunk_size=2, beam=1)), ("hrt", dict(chunk_size=2, beam=5)),
-                                          ("hrt", dict(chunk_size=1, beam=1)), ("hrt", dict(chunk_size=1, beam=5)),
-                                          ("at", dict(beam=1)), ("at", dict(beam=5))],
-                         ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()))
+@pytest.mark.parametrize(
+    "kind,options",
+    [
+        ("hrt", dict(chunk_size=2, beam=1)),
+        ("hrt", dict(chunk_size=2, beam=5)),
+        ("hrt", dict(chunk_size=1, beam=1)),
+        ("hrt", dict(chunk_size=1, beam=5)),
+        ("at", dict(beam=1)),
+        ("at", dict(beam=5)),
+    ],
+    ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()),
+)
 def test_outputs_do_not_depend_on_the_batch(exported_tiny, kind, options):
     """docs/deploy.md's statement: with max_len_a 0 (the default) a sentence's translation is
     the same at batch 1, 5 and 64 (and in any buffer or service batch)."""
@@ -311,8 +346,10 @@ def test_torch_only_commands_say_where_they_belong(command, monkeypatch, capsys)
         getattr(hrt_commands, command)(["--help"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"fairseq-hrt-{command}: this command belongs on the machine that trains (needs PyTorch and "
-                          "fairseq: pip install -r requirements.txt")
+    assert err.startswith(
+        f"fairseq-hrt-{command}: this command belongs on the machine that trains (needs PyTorch and "
+        "fairseq: pip install -r requirements.txt"
+    )
     assert "not installed here: torch." in err
 
 

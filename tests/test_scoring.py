@@ -3,6 +3,7 @@
 The COMET tests build a tiny randomly initialised COMET model offline (tests/comet_tiny.py)
 and run the real load + predict path on it; its scores are meaningless.
 """
+
 import json
 import math
 import os
@@ -133,14 +134,22 @@ def test_comet_cli_exits_2_without_model(tmp_path, capsys):
     env = {k: v for k, v in os.environ.items() if k not in ("COMET_MODEL", "COMET_ENCODER")}
     proc = subprocess.run(
         [sys.executable, "-m", "fairseq_hrt.scoring.comet"] + argv,
-        cwd=str(REPO), env=env, capture_output=True, text=True, timeout=120,
+        cwd=str(REPO),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
     assert "COMET: not available (no local model" in proc.stderr
     # the lazy import really is lazy: failing early must not have imported unbabel-comet
     probe = subprocess.run(
         [sys.executable, "-c", "import sys, fairseq_hrt.scoring; print('comet' in sys.modules)"],
-        cwd=str(REPO), env=env, capture_output=True, text=True, timeout=120,
+        cwd=str(REPO),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert probe.stdout.strip().splitlines()[-1] == "False", probe.stderr
 

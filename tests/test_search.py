@@ -1,5 +1,6 @@
 """The one search (hrt_runtime.search) on its own, with backends that do no arithmetic: what
 every engine shares must not depend on how a batch is formed."""
+
 import numpy as np
 import pytest
 
@@ -43,14 +44,21 @@ def test_one_skeleton_equals_its_row_in_a_batch(k, eos_at):
     other = np.array([[29, 31, EOS, PAD, PAD, PAD]])
     one_scores = -np.linspace(0.1, 0.6, 6, dtype=np.float32)[None, :]
     alone = search.fill_masks(backend, None, one, one_scores, k, bias, rows)
-    batch = search.fill_masks(backend, None, np.concatenate([one, other]),
-                              np.concatenate([one_scores, np.zeros((1, 6), np.float32)]), k, bias, rows)
+    batch = search.fill_masks(
+        backend,
+        None,
+        np.concatenate([one, other]),
+        np.concatenate([one_scores, np.zeros((1, 6), np.float32)]),
+        k,
+        bias,
+        rows,
+    )
     tokens, positions, filled, scores, lengths, confidence = alone
     assert tokens.tolist() == batch[0][:1].tolist() and positions.tolist() == batch[1][:1].tolist()
     assert filled.tolist() == batch[2][:1].tolist()
     assert scores.tolist() == batch[3][:1].tolist()
     assert lengths.tolist() == batch[4][:1].tolist() and confidence[0] == batch[5][0]
-    assert filled[0, lengths[0] - 1] == EOS and (filled[0, lengths[0]:] == PAD).all()
+    assert filled[0, lengths[0] - 1] == EOS and (filled[0, lengths[0] :] == PAD).all()
     if eos_at is not None and eos_at % k != k - 1:
         assert lengths[0] == eos_at + 1  # stage II's own </s> ends the output
 
@@ -101,12 +109,13 @@ class NeverEnds:
 def test_skip_at_stays_within_the_decoders_positions(start, k):
     """A runaway Skip-AT skeleton of stride k stops before its steps (positions t k) or its
     stage-II input (positions 1..m k) pass the decoder's positions."""
+
     class Encoded:
         size = 1
 
     backend = NeverEnds()
     config = search.SearchConfig(beam=1, max_len_a=0.0, max_len_b=1000)
-    (hypo,), = search.left_to_right(backend, Encoded(), 5, config, [PAD], start=start)
+    ((hypo,),) = search.left_to_right(backend, Encoded(), 5, config, [PAD], start=start)
     m = hypo["tokens"].size
     assert max(backend.positions) < backend.max_target_positions
     if k > 1:  # stage II's positions 1..m k
@@ -161,6 +170,7 @@ def test_a_greedy_loop_gives_the_searchs_hypotheses():
     """A backend's greedy loop (every step of every row, rows that ended going on) gives the
     hypotheses of the search's own steps: each row cut at its first </s>, the maximum length
     forcing </s>, the same scores."""
+
     class Encoded:
         size = 3
 

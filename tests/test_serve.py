@@ -2,6 +2,7 @@
 are batched and each gets the Translator's answer for its own lines; a full queue answers 503;
 a client that disconnects breaks nobody; bad requests get 400 with the reason; /health, /info;
 the command line."""
+
 import asyncio
 import json
 import socket
@@ -18,10 +19,10 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("aiohttp")
 
+from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
 from hrt_runtime import Translator  # noqa: E402
 from hrt_runtime.serve import BATCHER, make_app  # noqa: E402
 from tests.test_runtime import _sentences  # noqa: E402
-from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
 
 
 class Server:
@@ -70,8 +71,10 @@ def translator(exported_tiny):
 def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(translator):
     server = Server(translator, max_batch=32, max_wait_ms=20)
     try:
-        requests = [(_sentences(1 + i % 4, seed=100 + i), dict(beam=1 + i % 2, max_len_b=6, chunk_size=1 + i % 2))
-                    for i in range(48)]
+        requests = [
+            (_sentences(1 + i % 4, seed=100 + i), dict(beam=1 + i % 2, max_len_b=6, chunk_size=1 + i % 2))
+            for i in range(48)
+        ]
         expected = [translator.translate(lines, **options) for lines, options in requests]
         with ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda r: post(server.url, {"text": r[0], **r[1]}), requests))
@@ -109,7 +112,9 @@ def test_info_and_bad_requests(translator):
         assert info["kind"] == "hrt" and info["trained_chunk_sizes"] == [2, 3] and "beam" in info["options"]
         assert info["batching"]["max_batch"] == 64 and info["batching"]["max_wait_ms"] == 0
         assert post(server.url, {"text": "w5 w6", "beam": 1, "max_len_b": 4}) == (
-            200, {"translations": translator.translate(["w5 w6"], beam=1, max_len_b=4)})
+            200,
+            {"translations": translator.translate(["w5 w6"], beam=1, max_len_b=4)},
+        )
         assert post(server.url, {"text": []}) == (200, {"translations": []})
         status, answer = post(server.url, b"{not json")
         assert status == 400 and "the body must be JSON" in answer["error"]
@@ -165,18 +170,23 @@ def test_a_client_that_disconnects_breaks_nobody(translator):
         body = json.dumps({"text": _sentences(4, seed=9), "beam": 1, "max_len_b": 6}).encode()
         for _ in range(3):  # requests whose clients hang up before the answer
             s = socket.create_connection(("127.0.0.1", server.port))
-            s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            s.sendall(
+                b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             s.close()
         s = socket.create_connection(("127.0.0.1", server.port))  # and one that sends half a request
-        s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"text\"")
+        s.sendall(b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"text"')
         s.close()
         lines = _sentences(5, seed=11)
         with ThreadPoolExecutor(4) as pool:
-            answers = list(pool.map(lambda i: post(server.url, {"text": lines[i:], "beam": 1, "max_len_b": 6}),
-                                    range(4)))
-        assert answers == [(200, {"translations": translator.translate(lines[i:], beam=1, max_len_b=6)})
-                           for i in range(4)]
+            answers = list(
+                pool.map(lambda i: post(server.url, {"text": lines[i:], "beam": 1, "max_len_b": 6}), range(4))
+            )
+        assert answers == [
+            (200, {"translations": translator.translate(lines[i:], beam=1, max_len_b=6)}) for i in range(4)
+        ]
         assert get(server.url, "/health")["status"] == "ok"
     finally:
         server.close()
@@ -186,8 +196,13 @@ def test_the_command_line_serves_and_refuses_clearly(exported_tiny, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "hrt_runtime.serve", exported_tiny["at"], "--port", str(port)],
-                            cwd=str(REPO), env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hrt_runtime.serve", exported_tiny["at"], "--port", str(port)],
+        cwd=str(REPO),
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert b"on http://127.0.0.1:" in proc.stdout.readline()
         url = f"http://127.0.0.1:{port}"
@@ -204,6 +219,12 @@ def test_the_command_line_serves_and_refuses_clearly(exported_tiny, tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
-    bad = subprocess.run([sys.executable, "-m", "hrt_runtime.serve", str(tmp_path)], cwd=str(REPO), env=cli_env(),
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "hrt_runtime.serve", str(tmp_path)],
+        cwd=str(REPO),
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and f"hrt-serve: error: {tmp_path}: no config.json" in bad.stderr

@@ -1,4 +1,5 @@
 """Lexical shortlists: the builder (fairseq-hrt-shortlist) and decoding with --shortlist."""
+
 import random
 
 import numpy as np
@@ -6,10 +7,10 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
+from benchmarks.tiny_runs import run_cli
 from fairseq_hrt import shortlist as sl
 from fairseq_hrt.symbols import add_hrt_symbols, dictionary_fingerprint
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
-from benchmarks.tiny_runs import run_cli
 from tests.tiny_data import hyp_lines
 
 random.seed(5)
@@ -74,7 +75,9 @@ def test_built_shortlist_of_a_tiny_corpus(method):
     src_dict, tgt_dict = corpus_dictionaries()
     src, tgt = corpus_ids(src_dict, tgt_dict)
     short = sl.build_shortlist(src, tgt, src_dict, tgt_dict, per_source=1, frequent=1, method=method)
-    best = {w: words(tgt_dict, short.translations[src_dict.index(w)].tolist()) for w in ("la", "maison", "fleur", "bleue")}
+    best = {
+        w: words(tgt_dict, short.translations[src_dict.index(w)].tolist()) for w in ("la", "maison", "fleur", "bleue")
+    }
     assert best == {"la": ["the"], "maison": ["house"], "fleur": ["flower"], "bleue": ["blue"]}
     # the most frequent target word and every special symbol
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"] + [f"<s{k}>" for k in range(2, 9)]
@@ -82,7 +85,9 @@ def test_built_shortlist_of_a_tiny_corpus(method):
     assert short.fingerprint == dictionary_fingerprint(src_dict, tgt_dict)
     # a batch "la maison": its translations plus the frequent/special tokens
     batch = torch.tensor([[src_dict.pad(), src_dict.index("la"), src_dict.index("maison"), src_dict.eos()]])
-    assert sorted(words(tgt_dict, short.candidates(batch, src_dict.pad()).tolist())) == sorted(["the", "house"] + specials)
+    assert sorted(words(tgt_dict, short.candidates(batch, src_dict.pad()).tolist())) == sorted(
+        ["the", "house"] + specials
+    )
 
 
 def test_ibm1_explains_away_the_frequent_word():
@@ -125,9 +130,20 @@ def test_benchmark_rows_set_or_clear_the_shortlist():
 
     from benchmarks import measure
 
-    args = SimpleNamespace(at="at.pt", at_beams="1,5", hrt="hrt.pt", hrt_chunk_sizes="2", hrt_beams="1/1", mp="mp.pt",
-                           mp_iterations="1", mp_length_beam=5, ctranslate2="no", engines="lean", int8="no",
-                           shortlist="s.pt")
+    args = SimpleNamespace(
+        at="at.pt",
+        at_beams="1,5",
+        hrt="hrt.pt",
+        hrt_chunk_sizes="2",
+        hrt_beams="1/1",
+        mp="mp.pt",
+        mp_iterations="1",
+        mp_length_beam=5,
+        ctranslate2="no",
+        engines="lean",
+        int8="no",
+        shortlist="s.pt",
+    )
     systems, _ = measure.systems_from_args(args)
     assert sum(s.name.endswith("+shortlist") for s in systems) == 5  # AT x 2, HRT x 2, MP
     for s in systems:
@@ -138,7 +154,11 @@ def test_benchmark_rows_set_or_clear_the_shortlist():
 def test_builder_refuses_options_below_one():
     src_dict, tgt_dict = corpus_dictionaries()
     src, tgt = corpus_ids(src_dict, tgt_dict)
-    for kwargs, flag in (({"per_source": 0}, "--per-source"), ({"frequent": 0}, "--frequent"), ({"iterations": 0}, "--iterations")):
+    for kwargs, flag in (
+        ({"per_source": 0}, "--per-source"),
+        ({"frequent": 0}, "--frequent"),
+        ({"iterations": 0}, "--iterations"),
+    ):
         with pytest.raises(ValueError, match=f"{flag} must be >= 1"):
             sl.build_shortlist(src, tgt, src_dict, tgt_dict, **kwargs)
 
@@ -234,7 +254,9 @@ def test_outputs_lie_in_the_batch_candidates(random_models, tmp_path, name):
             for h in hypos:
                 assert set(h["tokens"].tolist()) <= allowed
                 assert h["positional_scores"].le(1e-6).all()  # log-probabilities over the candidates
-        outside += sum(len(set(h["tokens"].tolist()) - allowed) for hypos in unrestricted.generate([model], sample) for h in hypos)
+        outside += sum(
+            len(set(h["tokens"].tolist()) - allowed) for hypos in unrestricted.generate([model], sample) for h in hypos
+        )
     assert outside > 0  # the shortlist changed the output
 
 
@@ -267,7 +289,9 @@ def test_shortlist_with_int8_quantization(tmp_path):
     path = shortlist_file(task, tmp_path / "small.pt", keep_per_source=2, always=[task.target_dictionary.index("w0")])
     short = sl.Shortlist.load(path)
     sample = make_sample(task, RAGGED[:4])
-    _, gen = build_generator(str(tmp_path), model, "--quantize", "int8", "--beam", "2", "--max-len-b", "8", "--shortlist", path)
+    _, gen = build_generator(
+        str(tmp_path), model, "--quantize", "int8", "--beam", "2", "--max-len-b", "8", "--shortlist", path
+    )
     assert "quantized" in type(model.decoder.output_projection).__module__
     allowed = set(short.candidates(sample["net_input"]["src_tokens"], task.source_dictionary.pad()).tolist())
     hypos = gen.generate([model], sample)
@@ -319,7 +343,9 @@ def test_mask_predict_with_shortlist(cmlm_model, tmp_path):
     _, ours = build_generator(data_dir, model, *flags, "--shortlist", shortlist_file(task, tmp_path / "all.pt"))
     assert_same_hypotheses(ref.generate([model], sample), ours.generate([model], sample))
     path = shortlist_file(task, tmp_path / "small.pt", keep_per_source=1, always=[task.target_dictionary.index("w0")])
-    allowed = set(sl.Shortlist.load(path).candidates(sample["net_input"]["src_tokens"], task.source_dictionary.pad()).tolist())
+    allowed = set(
+        sl.Shortlist.load(path).candidates(sample["net_input"]["src_tokens"], task.source_dictionary.pad()).tolist()
+    )
     _, small = build_generator(data_dir, model, *flags, "--shortlist", path)
     for hypos in small.generate([model], sample):
         assert all(set(h["tokens"].tolist()) <= allowed for h in hypos)
@@ -336,8 +362,22 @@ def test_builder_cli_on_binarized_and_text_data(tmp_path):
     data = make_tiny_data(tmp_path, n_train=60, n_valid=10, prefer="synthetic")
     out_bin, out_text = tmp_path / "bin.pt", tmp_path / "text.pt"
     run_cli(["fairseq_hrt.shortlist", data.bin_dir, "-o", out_bin, "--per-source", "3", "--frequent", "5"])
-    run_cli(["fairseq_hrt.shortlist", data.bin_dir, "-o", out_text, "--per-source", "3", "--frequent", "5",
-             "--source-text", data.raw("train", "en"), "--target-text", data.raw("train", "de")])
+    run_cli(
+        [
+            "fairseq_hrt.shortlist",
+            data.bin_dir,
+            "-o",
+            out_text,
+            "--per-source",
+            "3",
+            "--frequent",
+            "5",
+            "--source-text",
+            data.raw("train", "en"),
+            "--target-text",
+            data.raw("train", "de"),
+        ]
+    )
     a, b = sl.Shortlist.load(str(out_bin)), sl.Shortlist.load(str(out_text))
     assert a.translations.equal(b.translations) and a.always.equal(b.always)
     # the synthetic corpus translates w_i as W_i: the best translation of every source word
@@ -355,8 +395,25 @@ def test_fairseq_generate_with_shortlist(trained, tmp_path):
     path = tmp_path / "short.pt"
     run_cli(["fairseq_hrt.shortlist", data.bin_dir, "-o", path, "--per-source", "4", "--frequent", "10"])
     short = sl.Shortlist.load(str(path))
-    common = ["generate", data.bin_dir, "--gen-subset", "valid", "--batch-size", "8", "--user-dir", "fairseq_hrt",
-              "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu", "--beam", "2"]
+    common = [
+        "generate",
+        data.bin_dir,
+        "--gen-subset",
+        "valid",
+        "--batch-size",
+        "8",
+        "--user-dir",
+        "fairseq_hrt",
+        "--task",
+        "hrt_translation",
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--cpu",
+        "--beam",
+        "2",
+    ]
     for arch, flags in (("at_tiny", []), ("hrt_tiny", ["--decode-chunk-size", "2"])):
         out = run_cli(common + ["--path", ckpts[arch], "--shortlist", path] + flags).stdout
         assert "--shortlist" in out and len(hyp_lines(out)) == 40
@@ -373,5 +430,6 @@ def test_shortlist_module_does_not_import_the_task():
     with open(sl.__file__, encoding="utf-8") as f:
         tree = ast.parse(f.read())
     imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + [
-        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    ]
     assert not [m for m in imported if m and m.startswith("fairseq_hrt.tasks")], imported

@@ -1,5 +1,6 @@
 """SSRU decoder (``--arch *_ssru``, Marian's WNGT 2019 students): the recurrence, fairseq's
 incremental decoding, the lean engine, Jacobi decoding, training, and the refusals."""
+
 import random
 
 import pytest
@@ -7,14 +8,14 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.sequence_generator import SequenceGenerator
 
+from benchmarks.tiny_runs import parse_logs, run_cli
 from fairseq_hrt.generation.jacobi import ParallelGreedyGenerator
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
-from hrt_runtime.search import SearchConfig
 from fairseq_hrt.models.ssru_transformer import SSRUDecoderLayer, SSRUTransformerModel
 from fairseq_hrt.modules.ssru import SSRU, linear_recurrence
+from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
 from tests.test_lean import assert_same_hypotheses
-from benchmarks.tiny_runs import parse_logs, run_cli
 from tests.tiny_data import hyp_lines
 
 random.seed(13)
@@ -171,8 +172,12 @@ def test_lean_equals_sequence_generator(models, which, search):
     model, d = by_name[which], task.target_dictionary
     sample = make_sample(task, RAGGED)
     ref = SequenceGenerator([model], d, max_len_b=9, **search).generate([model], sample)
-    options = SearchConfig(beam=search["beam_size"], max_len_b=9, min_len=search.get("min_len", 1),
-                            len_penalty=search.get("len_penalty", 1.0))
+    options = SearchConfig(
+        beam=search["beam_size"],
+        max_len_b=9,
+        min_len=search.get("min_len", 1),
+        len_penalty=search.get("len_penalty", 1.0),
+    )
     assert_same_hypotheses(ref, LeanSequenceGenerator(model, d, options).generate([model], sample))
 
 
@@ -203,8 +208,9 @@ def test_int8_quantized_ssru_same_with_both_engines(tmp_path, extra):
     sample = make_sample(task, RAGGED[:8])
     hypos = {}
     for engine in ("fairseq", "lean"):
-        _, gen = build_generator(str(tmp_path), model, "--quantize", "int8", "--beam", "3", "--max-len-b", "8",
-                                 "--decoder-engine", engine)
+        _, gen = build_generator(
+            str(tmp_path), model, "--quantize", "int8", "--beam", "3", "--max-len-b", "8", "--decoder-engine", engine
+        )
         hypos[engine] = gen.generate([model], sample)
     quantized = [n for n, m in model.named_modules() if "quantized" in type(m).__module__]
     assert any(".ssru.input_proj" in n for n in quantized) and any(".ssru.forget_gate" in n for n in quantized)
@@ -229,11 +235,14 @@ def test_hrt_or_mask_predict_from_an_ssru_checkpoint_is_refused(models, tmp_path
         model.load_state_dict(by_name["ssru"].state_dict())
 
 
-@pytest.mark.parametrize("decoding,message", [
-    ("hrt", "HRT decoding needs an HRT model"),
-    ("mask-predict", "Mask-Predict needs a model with a length predictor"),
-    ("hrt-spec", "it needs an HRT model"),
-])
+@pytest.mark.parametrize(
+    "decoding,message",
+    [
+        ("hrt", "HRT decoding needs an HRT model"),
+        ("mask-predict", "Mask-Predict needs a model with a length predictor"),
+        ("hrt-spec", "it needs an HRT model"),
+    ],
+)
 def test_non_causal_decoding_of_an_ssru_student_is_refused(models, decoding, message):
     data_dir, _, by_name = models
     with pytest.raises(ValueError, match=message):
@@ -262,7 +271,9 @@ def test_tiny_ssru_model_learns(trained_ssru):
 def test_trained_ssru_lean_and_jacobi_equal_fairseq(trained_ssru, name):
     """Trained students end sentences at different steps: ragged batches of 16."""
     data, ckpts, _ = trained_ssru
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpts[name])], arg_overrides={"data": str(data.bin_dir)})
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(ckpts[name])], arg_overrides={"data": str(data.bin_dir)}
+    )
     model = models[0].eval()
     task.load_dataset("valid")
     langs = ("--source-lang", "en", "--target-lang", "de")
@@ -288,8 +299,25 @@ def test_trained_ssru_lean_and_jacobi_equal_fairseq(trained_ssru, name):
 @pytest.mark.slow
 def test_fairseq_generate_beam_search_with_both_engines(trained_ssru):
     data, ckpts, _ = trained_ssru
-    common = ["generate", data.bin_dir, "--path", ckpts["at_tiny_ssru"], "--gen-subset", "valid", "--batch-size", "7",
-              "--user-dir", "fairseq_hrt", "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
+    common = [
+        "generate",
+        data.bin_dir,
+        "--path",
+        ckpts["at_tiny_ssru"],
+        "--gen-subset",
+        "valid",
+        "--batch-size",
+        "7",
+        "--user-dir",
+        "fairseq_hrt",
+        "--task",
+        "hrt_translation",
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--cpu",
+    ]
     outs = {e: run_cli(common + ["--beam", "5", "--decoder-engine", e]).stdout for e in ("lean", "fairseq")}
     assert hyp_lines(outs["lean"]) == hyp_lines(outs["fairseq"]) and len(hyp_lines(outs["lean"])) == 40
 
@@ -312,7 +340,9 @@ def test_ctranslate2_reference_gives_a_skip_reason_for_ssru_and_tied_students(tm
     ):
         _, model = build_task_and_model(str(tmp_path), arch=arch, extra=extra)
         path = tmp_path / f"{name}.pt"
-        cfg = argparse.Namespace(arch=arch, _name=type(model).__name__, decoder_tie_layers="--decoder-tie-layers" in extra)
+        cfg = argparse.Namespace(
+            arch=arch, _name=type(model).__name__, decoder_tie_layers="--decoder-tie-layers" in extra
+        )
         torch.save({"model": model.state_dict(), "cfg": {"model": cfg}}, path)
         reasons[name] = ct2.unsupported_checkpoint_reason(str(path))
     assert reasons["attention"] is None
@@ -329,7 +359,9 @@ def test_recipe_trains_ssru_students_on_request(tmp_path):
     import importlib.util
     import os
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "multi30k", "recipe.py")
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "multi30k", "recipe.py"
+    )
     spec = importlib.util.spec_from_file_location("hrt_recipe_ssru", path)
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
@@ -339,9 +371,11 @@ def test_recipe_trains_ssru_students_on_request(tmp_path):
     one, tied = r.ssru_cmd("ssru"), r.ssru_cmd("ssru_tied")
     assert one[one.index("--arch") + 1] == "at_mini_ssru" and tied[tied.index("--arch") + 1] == "at_mini_ssru"
     assert tied[-3:] == ["--decoder-layers", "2", "--decoder-tie-layers"]
+
     # same command as the AT student but arch, save dir and the tied options
     def differing(cmd):
         return {(a, b) for a, b in zip(cmd, at) if a != b}
+
     assert differing(one) == {("at_mini_ssru", "at_mini"), (str(tmp_path / "ssru"), str(tmp_path / "at"))}
     assert r.ssru_extra_rows() == []  # none trained yet
     for name in ("ssru", "ssru_tied"):
@@ -349,5 +383,9 @@ def test_recipe_trains_ssru_students_on_request(tmp_path):
         r.checkpoint(name).write_text("x")
         r.markers.mkdir(parents=True, exist_ok=True)
         (r.markers / f"{name}.done").write_text("cmd\n")
-    assert r.ssru_extra_rows() == ["--at-extra", f"ssru={r.checkpoint('ssru')}",
-                                   "--at-extra", f"ssru-tied={r.checkpoint('ssru_tied')}"]
+    assert r.ssru_extra_rows() == [
+        "--at-extra",
+        f"ssru={r.checkpoint('ssru')}",
+        "--at-extra",
+        f"ssru-tied={r.checkpoint('ssru_tied')}",
+    ]

@@ -1,11 +1,12 @@
 """--decoding: the strategy registry picks the model's default and refuses mismatches."""
+
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hrt.generation.hrt_generator import HRTGenerator
-from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
 from fairseq_hrt.generation.hypotheses import select_rows
+from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
 from hrt_runtime.search import length_buckets
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
@@ -14,7 +15,9 @@ from tests.hrt_fixtures import build_generator, build_task_and_model, make_sampl
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("strategies"))
-    return data_dir, {arch: build_task_and_model(data_dir, arch=arch)[1] for arch in ("hrt_tiny", "at_tiny", "cmlm_tiny")}
+    return data_dir, {
+        arch: build_task_and_model(data_dir, arch=arch)[1] for arch in ("hrt_tiny", "at_tiny", "cmlm_tiny")
+    }
 
 
 def test_registry_has_the_strategies():
@@ -62,7 +65,11 @@ def test_beam_on_hrt_model_is_at_mode(models):
         ("cmlm_tiny", ("--decoding", "beam"), "no left-to-right decoder"),
         ("cmlm_tiny", ("--decoding", "hrt"), "needs an HRT model"),
         ("hrt_tiny", ("--decoding", "beam", "--decode-chunk-size", "2"), "AT mode"),
-        ("at_tiny", ("--decoder-engine", "lean", "--no-repeat-ngram-size", "2"), "does not support --no-repeat-ngram-size"),
+        (
+            "at_tiny",
+            ("--decoder-engine", "lean", "--no-repeat-ngram-size", "2"),
+            "does not support --no-repeat-ngram-size",
+        ),
         ("hrt_tiny", ("--decoder-engine", "lean", "--sampling"), "does not support --sampling"),
         ("at_tiny", ("--print-alignment",), "does not support --print-alignment"),
     ],
@@ -114,15 +121,31 @@ def test_stage2_length_buckets_give_the_one_pass_output(models):
     torch.manual_seed(0)
     lengths = [[3, 2], [40, 38], [5, 4], [12, 3], [41, 1]]
     skeletons = [
-        [{"tokens": torch.cat([torch.randint(4, 40, (n - 1,)), torch.tensor([d.eos()])]), "positional_scores": -torch.rand(n)} for n in pair]
+        [
+            {
+                "tokens": torch.cat([torch.randint(4, 40, (n - 1,)), torch.tensor([d.eos()])]),
+                "positional_scores": -torch.rand(n),
+            }
+            for n in pair
+        ]
         for pair in lengths
     ]
     stage1 = FixedSkeletons(model, skeletons)
     sample = make_sample(task, [[1, 2, 3]] * len(lengths))
 
     def decode(bucket_padding):
-        gen = HRTGenerator(lambda k: stage1, model, d, task.chunk_start_idx, task.mask_idx, chunk_size=2,
-                           b_at=2, len_penalty=1.0, b_nat=2, bucket_padding=bucket_padding)
+        gen = HRTGenerator(
+            lambda k: stage1,
+            model,
+            d,
+            task.chunk_start_idx,
+            task.mask_idx,
+            chunk_size=2,
+            b_at=2,
+            len_penalty=1.0,
+            b_nat=2,
+            bucket_padding=bucket_padding,
+        )
         return gen.generate([model], sample)
 
     one_pass, grouped = decode(float("inf")), decode(0.0)

@@ -1,4 +1,5 @@
 """examples/multi30k/study.py: its pure parts (budgets, checkpoints per budget, logs, report)."""
+
 import importlib.util
 import json
 import sys
@@ -35,11 +36,24 @@ def test_budgets_and_the_at_checkpoint_of_each_budget(tmp_path):
 def test_valid_losses_by_kind_from_a_fairseq_json_log(tmp_path):
     log = tmp_path / "hrt.log"
     rows = [
-        {"epoch": 1, "valid_loss": "6.1", "valid_at_loss": "5.0", "valid_cmlm_loss": "6.5",
-         "valid_skip_at_loss": "6.0", "valid_skip_cmlm_loss": "5.5", "valid_num_updates": "150"},
-        {"epoch": 2, "valid_loss": "5.1", "valid_at_loss": "4.5", "valid_skip_at_loss": "5.2", "valid_num_updates": "300"},
+        {
+            "epoch": 1,
+            "valid_loss": "6.1",
+            "valid_at_loss": "5.0",
+            "valid_cmlm_loss": "6.5",
+            "valid_skip_at_loss": "6.0",
+            "valid_skip_cmlm_loss": "5.5",
+            "valid_num_updates": "150",
+        },
+        {
+            "epoch": 2,
+            "valid_loss": "5.1",
+            "valid_at_loss": "4.5",
+            "valid_skip_at_loss": "5.2",
+            "valid_num_updates": "300",
+        },
     ]
-    lines = ["2026-11-23 | INFO | train_inner | {\"loss\": \"7\", \"num_updates\": \"20\"}"]
+    lines = ['2026-11-23 | INFO | train_inner | {"loss": "7", "num_updates": "20"}']
     lines += [f"2026-11-23 | INFO | valid | {json.dumps(r)}" for r in rows]
     log.write_text("\n".join(lines) + "\nnot json {\n")
     got = study.valid_losses(log)
@@ -56,14 +70,25 @@ def _system(bleu, hits=0):
 
 def test_report_states_the_gap_and_the_distance_to_at_greedy():
     report = {
-        "profile": "mini", "device": "CPU", "base_updates": 300, "scales": [1], "chunk_size_sets": ["2"],
+        "profile": "mini",
+        "device": "CPU",
+        "base_updates": 300,
+        "scales": [1],
+        "chunk_size_sets": ["2"],
         "study_seconds": 10.0,
         "models": {
             "at_x1": {"kind": "AT", "scale": 1, "updates": 300, "systems": {"greedy": _system(20.0, 3)}},
             "hrt_c2_x1": {
-                "kind": "HRT", "scale": 1, "updates": 300, "chunk_sizes": "2",
-                "systems": {"at_mode_b1": _system(21.0), "k2_b1": _system(19.5, 1),
-                            "at_mode_b5": _system(22.0), "k2_b5": _system(20.0)},
+                "kind": "HRT",
+                "scale": 1,
+                "updates": 300,
+                "chunk_sizes": "2",
+                "systems": {
+                    "at_mode_b1": _system(21.0),
+                    "k2_b1": _system(19.5, 1),
+                    "at_mode_b5": _system(22.0),
+                    "k2_b5": _system(20.0),
+                },
                 "gap": {"b1": 1.5, "b5": 2.0},
                 "oracles": {"reference": {"bleu": 40.0}, "at_mode": {"bleu": 20.5}},
                 "valid_losses": [{"updates": 300, "at": 4.0, "cmlm": 4.5, "skip_at": 5.0, "skip_cmlm": 4.2}],
@@ -79,12 +104,27 @@ def test_report_states_the_gap_and_the_distance_to_at_greedy():
 
 
 def test_variants_train_the_first_set_at_the_largest_budget_with_extra_options(tmp_path):
-    s = _study(tmp_path, "--scales", "1,8", "--chunk-size-sets", "2", "2,3,4",
-               "--variants", "sd5=--skip-at-self-distill 0.5", "kd_c0={kd} --p-raw 0.5 --p-raw-chunked 0")
+    s = _study(
+        tmp_path,
+        "--scales",
+        "1,8",
+        "--chunk-size-sets",
+        "2",
+        "2,3,4",
+        "--variants",
+        "sd5=--skip-at-self-distill 0.5",
+        "kd_c0={kd} --p-raw 0.5 --p-raw-chunked 0",
+    )
     assert s.variant_name("sd5") == "hrt_c2_x8_sd5"
     assert s.variant_args("sd5") == ["--skip-at-self-distill", "0.5"]
-    assert s.variant_args("kd_c0") == ["--distill-data", str(tmp_path / "kd" / "distill-bin"), "--p-raw", "0.5",
-                                       "--p-raw-chunked", "0"]
+    assert s.variant_args("kd_c0") == [
+        "--distill-data",
+        str(tmp_path / "kd" / "distill-bin"),
+        "--p-raw",
+        "0.5",
+        "--p-raw-chunked",
+        "0",
+    ]
     assert s.needs_kd()
     (tmp_path / "at").mkdir()
     (tmp_path / "at" / "checkpoint_2_300.pt").write_bytes(b"")
@@ -104,7 +144,9 @@ def test_variants_train_the_first_set_at_the_largest_budget_with_extra_options(t
     s.step_kd(7)
     kd = ran["kd_distill"]
     assert kd[kd.index("--path") + 1] == str(tmp_path / "at" / "checkpoint_last.pt")
-    assert kd[kd.index("--beam") + 1] == "5" and kd[kd.index("--out") + 1] == str(tmp_path / "kd" / "distill" / "train.de")
+    assert kd[kd.index("--beam") + 1] == "5" and kd[kd.index("--out") + 1] == str(
+        tmp_path / "kd" / "distill" / "train.de"
+    )
     assert ran["kd_bin"][ran["kd_bin"].index("--destdir") + 1] == str(tmp_path / "kd" / "distill-bin")
     for bad in (["x"], ["Bad=--a"], ["a="], ["a=--x", "a=--y"]):
         with pytest.raises(ValueError, match="--variants"):
@@ -143,9 +185,21 @@ def test_at_variants_and_hrt_variants_fine_tuned_from_them(tmp_path):
     """--at-variants trains AT students of the largest budget with extra options (the same KD
     data as HRT, two decoder layers); --variant-from fine-tunes an HRT variant from one of them;
     --skip-raw-hrt leaves out the HRT of raw data."""
-    s = _study(tmp_path, "--scales", "8", "--chunk-size-sets", "2", "--skip-raw-hrt",
-               "--at-variants", "dl2=--decoder-layers 2", "kd={kd} --p-raw 0.5",
-               "--variants", "dl2kd={kd} --p-raw 0.5 --decoder-layers 2", "--variant-from", "dl2kd=dl2")
+    s = _study(
+        tmp_path,
+        "--scales",
+        "8",
+        "--chunk-size-sets",
+        "2",
+        "--skip-raw-hrt",
+        "--at-variants",
+        "dl2=--decoder-layers 2",
+        "kd={kd} --p-raw 0.5",
+        "--variants",
+        "dl2kd={kd} --p-raw 0.5 --decoder-layers 2",
+        "--variant-from",
+        "dl2kd=dl2",
+    )
     assert sorted(s.models()) == ["at_x8", "at_x8_dl2", "at_x8_kd", "hrt_c2_x8_dl2kd"]
     assert s.models()["at_x8_kd"]["kind"] == "AT" and s.needs_kd()
     ran = {}
@@ -159,11 +213,27 @@ def test_at_variants_and_hrt_variants_fine_tuned_from_them(tmp_path):
     assert hrt[hrt.index("--decoder-layers") + 1] == "2"
     with pytest.raises(ValueError, match="--variant-from"):
         study.parse_variant_from(["dl2kd=nosuch"], {"dl2kd": "x"}, {"dl2": "y"})
-    report = {"profile": "mini", "device": "CPU", "base_updates": 300, "scales": [8], "chunk_size_sets": ["2"],
-              "study_seconds": 1.0, "variants": {"dl2kd": "x"}, "at_variants": {"kd": "y"}, "variant_from": {"dl2kd": "dl2"},
-              "models": {"at_x8": {"kind": "AT", "scale": 8, "updates": 2400, "systems": {"greedy": _system(30.0)}},
-                         "at_x8_kd": {"kind": "AT", "scale": 8, "updates": 2400, "variant": "kd",
-                                      "systems": {"greedy": _system(31.0)}}}}
+    report = {
+        "profile": "mini",
+        "device": "CPU",
+        "base_updates": 300,
+        "scales": [8],
+        "chunk_size_sets": ["2"],
+        "study_seconds": 1.0,
+        "variants": {"dl2kd": "x"},
+        "at_variants": {"kd": "y"},
+        "variant_from": {"dl2kd": "dl2"},
+        "models": {
+            "at_x8": {"kind": "AT", "scale": 8, "updates": 2400, "systems": {"greedy": _system(30.0)}},
+            "at_x8_kd": {
+                "kind": "AT",
+                "scale": 8,
+                "updates": 2400,
+                "variant": "kd",
+                "systems": {"greedy": _system(31.0)},
+            },
+        },
+    }
     md = study.markdown_report(report)
     assert "| AT x8 | 2400 | 30.00 |" in md and "| AT x8 kd | 2400 | 31.00 |" in md
     assert "(fine-tuned from AT `dl2`)" in md
@@ -173,10 +243,22 @@ def test_a_stronger_teacher_trained_until_its_validation_bleu_stops_rising_and_i
     """{tkd}: the KD set of an AT teacher of --teacher-arch (raw data, validation BLEU every
     epoch, early stop by --teacher-patience, the best-BLEU checkpoint distils, beam 5); the
     teacher is a model of the report; without --teacher-arch a {tkd} variant is refused."""
-    s = _study(tmp_path, "--scales", "8", "--chunk-size-sets", "2", "--skip-raw-hrt",
-               "--teacher-arch", "at_small", "--teacher-patience", "2",
-               "--at-variants", "dl2tkd={tkd} --p-raw 0.5 --decoder-layers 2",
-               "--variants", "dl2tkd={tkd} --p-raw 0.5 --decoder-layers 2")
+    s = _study(
+        tmp_path,
+        "--scales",
+        "8",
+        "--chunk-size-sets",
+        "2",
+        "--skip-raw-hrt",
+        "--teacher-arch",
+        "at_small",
+        "--teacher-patience",
+        "2",
+        "--at-variants",
+        "dl2tkd={tkd} --p-raw 0.5 --decoder-layers 2",
+        "--variants",
+        "dl2tkd={tkd} --p-raw 0.5 --decoder-layers 2",
+    )
     assert s.needs_teacher() and not s.needs_kd()
     assert s.variant_args("dl2tkd", s.at_variants)[:2] == ["--distill-data", str(tmp_path / "tkd" / "distill-bin")]
     assert s.models()["teacher"]["kind"] == "AT"
@@ -193,7 +275,9 @@ def test_a_stronger_teacher_trained_until_its_validation_bleu_stops_rising_and_i
     assert outputs == [tmp_path / "teacher" / "checkpoint_best.pt"] and kw["train_max_update"] == 8000
     kd = ran["tkd_distill"][0]
     assert kd[kd.index("--path") + 1] == str(tmp_path / "teacher" / "checkpoint_best.pt")
-    assert kd[kd.index("--beam") + 1] == "5" and kd[kd.index("--out") + 1] == str(tmp_path / "tkd" / "distill" / "train.de")
+    assert kd[kd.index("--beam") + 1] == "5" and kd[kd.index("--out") + 1] == str(
+        tmp_path / "tkd" / "distill" / "train.de"
+    )
     if s.cpu and importlib.util.find_spec("onnxruntime"):  # the teacher's beam search on ONNX Runtime
         assert kd[kd.index("--decoder-engine") + 1] == "onnxruntime"
     assert ran["tkd_bin"][0][ran["tkd_bin"][0].index("--destdir") + 1] == str(tmp_path / "tkd" / "distill-bin")

@@ -2,6 +2,7 @@
 characters, NUL, blank and huge lines, any script. Unit tests of the reader, of its use by
 fairseq-interactive (compat) and the task, and end to end through fairseq-interactive with
 SentencePiece and ``python -m fairseq_hrt.distill`` on a tiny trained model."""
+
 import io
 import logging
 import os
@@ -12,9 +13,9 @@ import sys
 import pytest
 
 import fairseq_hrt  # noqa: F401  (applies compat)
+from benchmarks.tiny_runs import REPO, USER_DIR, cli_env, make_tiny_spm_data, run_cli, train_args
 from fairseq_hrt import compat, text_input
 from fairseq_hrt.text_input import CONTROL, NUL, REPLACEMENT_CHARACTER, UNDECODABLE, InputTextError
-from benchmarks.tiny_runs import REPO, USER_DIR, cli_env, make_tiny_spm_data, run_cli, train_args
 from tests.tiny_data import hyp_lines
 
 MIXED = "Ein Mann 👨‍👩‍👧 läuft — 東京 Москва مرحبا שלום नमस्ते ½ café"
@@ -60,7 +61,12 @@ def test_nul_is_removed_and_control_characters_become_spaces():
 def test_reader_splits_at_newline_only_and_reports_file_and_line(tmp_path, caplog):
     path = tmp_path / "in.txt"
     path.write_bytes(
-        "\ufeffbom line\r\n".encode("utf-8") + b"cr\rinside\n" + b"bad \xff\n" + b"   \n" + b"\n" + b"nul\x00\n"
+        "\ufeffbom line\r\n".encode("utf-8")
+        + b"cr\rinside\n"
+        + b"bad \xff\n"
+        + b"   \n"
+        + b"\n"
+        + b"nul\x00\n"
         + "last 😀 no newline".encode("utf-8")
     )
     with caplog.at_level(logging.WARNING, logger="fairseq_hrt.text_input"):
@@ -104,7 +110,8 @@ def test_interactive_reader_is_patched_once_and_keeps_fairseq_buffering(tmp_path
     path = tmp_path / "in.txt"
     path.write_bytes(b" a b \nbad \xff\xfe\n\nlast")
     assert list(interactive.buffered_read(str(path), 2)) == [
-        ["a b", f"bad {REPLACEMENT_CHARACTER}{REPLACEMENT_CHARACTER}"], ["", "last"]
+        ["a b", f"bad {REPLACEMENT_CHARACTER}{REPLACEMENT_CHARACTER}"],
+        ["", "last"],
     ]
 
 
@@ -121,9 +128,7 @@ def test_task_translates_a_line_its_tokenizer_refuses_as_empty(tmp_path, caplog)
     eos = task.source_dictionary.eos()
     with caplog.at_level(logging.WARNING):
         tokens, lengths = task.get_interactive_tokens_and_lengths(["w1 w2", "w3"], encode_fn)
-        tokens, lengths = task.get_interactive_tokens_and_lengths(
-            ["w1 boom", "w2 \udcff w3", "w4\x00w5"], encode_fn
-        )
+        tokens, lengths = task.get_interactive_tokens_and_lengths(["w1 boom", "w2 \udcff w3", "w4\x00w5"], encode_fn)
     assert lengths == [1, 4, 2]  # the refused line 3 is empty (</s> only); the others translate
     assert tokens[0].tolist() == [eos]
     messages = [r.getMessage() for r in caplog.records]
@@ -157,10 +162,33 @@ BAD_SESSION = [
 
 def _interactive(model, extra, stdin: bytes, console_script=False):
     data, ckpt, spm = model
-    args = [str(data.bin_dir), "--path", str(ckpt), "--user-dir", USER_DIR, "--task", "hrt_translation",
-            "--source-lang", "en", "--target-lang", "de", "--cpu", "--beam", "2", "--bpe", "sentencepiece",
-            "--sentencepiece-model", str(spm), "--buffer-size", "2", "--batch-size", "2",
-            "--max-source-positions", "64", *extra]
+    args = [
+        str(data.bin_dir),
+        "--path",
+        str(ckpt),
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "hrt_translation",
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--cpu",
+        "--beam",
+        "2",
+        "--bpe",
+        "sentencepiece",
+        "--sentencepiece-model",
+        str(spm),
+        "--buffer-size",
+        "2",
+        "--batch-size",
+        "2",
+        "--max-source-positions",
+        "64",
+        *extra,
+    ]
     if console_script:  # fairseq-interactive imports fairseq_cli.interactive; python -m runs it as __main__
         cmd = [os.path.join(os.path.dirname(sys.executable), "fairseq-interactive"), *args]
     else:
@@ -202,8 +230,25 @@ def test_distill_replaces_bad_bytes_naming_file_and_line_or_stops_with_strict(sp
     pieces = (data.bin_dir.parent / "spm" / "valid.en").read_bytes().splitlines()[:4]
     src.write_bytes(b"\n".join([pieces[0], pieces[1] + b" \xff\xfe", b"", pieces[2] + b"\x00\x07", pieces[3]]) + b"\n")
     out = tmp_path / "out.de"
-    cmd = ["fairseq_hrt.distill", "--data", data.bin_dir, "--path", ckpt, "--src", src, "--out", out,
-           "--beam", "1", "--cpu", "--threads", "1", "--no-progress-bar", "--max-len-b", "10"]
+    cmd = [
+        "fairseq_hrt.distill",
+        "--data",
+        data.bin_dir,
+        "--path",
+        ckpt,
+        "--src",
+        src,
+        "--out",
+        out,
+        "--beam",
+        "1",
+        "--cpu",
+        "--threads",
+        "1",
+        "--no-progress-bar",
+        "--max-len-b",
+        "10",
+    ]
     log = run_cli(cmd).stdout
     assert "Traceback" not in log
     assert f"{src}, line 2: bytes that are not valid UTF-8 (first at byte {len(pieces[1]) + 1}" in log

@@ -1,5 +1,6 @@
 """``--decoder-tie-layers``: one set of weights for all decoder layers (AT, SSRU, HRT and
 Mask-Predict models), stored once in the checkpoint."""
+
 import pytest
 import torch
 from fairseq import checkpoint_utils
@@ -100,7 +101,9 @@ def test_lean_engine_decodes_tied_layers_as_fairseq(tmp_path, arch):
     suppress = SPECIALS if arch == "hrt_tiny" else []
     sample = make_sample(task, RAGGED)
     for beam in (1, 5):
-        ref = SequenceGenerator([model], d, beam_size=beam, max_len_b=9, tokens_to_suppress=suppress).generate([model], sample)
+        ref = SequenceGenerator([model], d, beam_size=beam, max_len_b=9, tokens_to_suppress=suppress).generate(
+            [model], sample
+        )
         ours = LeanSequenceGenerator(model, d, SearchConfig(beam=beam, max_len_b=9), [d.index(s) for s in suppress])
         assert_same_hypotheses(ref, ours.generate([model], sample))
     # the lean engine builds one plan (one set of fused weights) for the tied layers
@@ -123,7 +126,9 @@ def test_hrt_decoding_of_a_tied_model_same_with_both_engines(tmp_path):
 
 def test_layers_to_keep_is_refused(tmp_path):
     with pytest.raises(ValueError, match="--decoder-tie-layers cannot go with --decoder-layers-to-keep"):
-        build_task_and_model(str(tmp_path), arch="at_tiny", extra=ARCHS["at_tiny"] + TIED + ("--decoder-layers-to-keep", "0,1"))
+        build_task_and_model(
+            str(tmp_path), arch="at_tiny", extra=ARCHS["at_tiny"] + TIED + ("--decoder-layers-to-keep", "0,1")
+        )
 
 
 def test_untied_checkpoint_with_different_layers_is_refused(tmp_path):

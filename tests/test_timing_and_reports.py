@@ -1,5 +1,6 @@
 """benchmarks/timing.py (the one timing loop) and the one atomic report writer
 (benchmarks/report_files.py: write_files / write_file / write_report)."""
+
 import ast
 import json
 import os
@@ -32,8 +33,12 @@ def test_time_runs_statistics_warmup_and_last_value(monkeypatch):
 
 def test_time_runs_goes_round_robin_over_a_mapping():
     order = []
-    results = timing.time_runs({"a": lambda: order.append("a") or "A", "b": lambda: order.append("b") or "B"},
-                               warmup=1, runs=2, before_each=lambda name, r: order.append(f"{name}{r}"))
+    results = timing.time_runs(
+        {"a": lambda: order.append("a") or "A", "b": lambda: order.append("b") or "B"},
+        warmup=1,
+        runs=2,
+        before_each=lambda name, r: order.append(f"{name}{r}"),
+    )
     assert order == ["a", "b", "a0", "a", "b0", "b", "a1", "a", "b1", "b"]
     assert set(results) == {"a", "b"} and results["a"].value == "A" and results["b"].runs == 2
     assert all(s >= 0 for r in results.values() for s in r.seconds)
@@ -100,31 +105,66 @@ def test_benchmarks_never_import_tests_and_edit_sys_path_only_in_the_file_shim()
             assert "if not __package__:" in text, path.name
 
 
-@pytest.mark.parametrize("script", ["benchmark", "shortlist_sweep", "time_split", "hrt_quality", "fault_table", "serve_load",
-                                    "runtime_stream", "step_anatomy", "hrt_bound", "runtime_vs_ct2"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "benchmark",
+        "shortlist_sweep",
+        "time_split",
+        "hrt_quality",
+        "fault_table",
+        "serve_load",
+        "runtime_stream",
+        "step_anatomy",
+        "hrt_bound",
+        "runtime_vs_ct2",
+    ],
+)
 def test_every_script_runs_as_a_module_and_as_a_file(script, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    as_module = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--help"], cwd=REPO, env=env,
-                               capture_output=True, text=True)
-    as_file = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--help"], cwd=tmp_path,
-                             env=env, capture_output=True, text=True)
+    as_module = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{script}", "--help"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    as_file = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert as_module.returncode == 0 and as_file.returncode == 0, as_module.stderr + as_file.stderr
-    assert as_module.stdout.startswith("usage:") and as_file.stdout.split("\n", 1)[1] == as_module.stdout.split("\n", 1)[1]
+    assert (
+        as_module.stdout.startswith("usage:") and as_file.stdout.split("\n", 1)[1] == as_module.stdout.split("\n", 1)[1]
+    )
 
 
 def test_engine_agreement_pairs_every_engine_row_with_its_lean_row():
     from benchmarks.benchmark import engine_agreement
 
-    hyps = {"AT greedy": ["a b", "c", "d"], "AT greedy (onnxruntime)": ["a b", "c d", "d"],
-            "AT greedy +shortlist": ["x", "y", "z"], "AT greedy (onnxruntime) +shortlist": ["x", "y", "z"],
-            "HRT k=2 (fairseq engine)": ["p", "q", "r"], "HRT k=2": ["p", "q", "s"], "CTranslate2 AT greedy": ["a", "c", "d"]}
+    hyps = {
+        "AT greedy": ["a b", "c", "d"],
+        "AT greedy (onnxruntime)": ["a b", "c d", "d"],
+        "AT greedy +shortlist": ["x", "y", "z"],
+        "AT greedy (onnxruntime) +shortlist": ["x", "y", "z"],
+        "HRT k=2 (fairseq engine)": ["p", "q", "r"],
+        "HRT k=2": ["p", "q", "s"],
+        "CTranslate2 AT greedy": ["a", "c", "d"],
+    }
     bleu = {name: float(i) for i, name in enumerate(hyps)}
     rows = {a["system"]: a for a in engine_agreement(hyps, bleu)}
     assert set(rows) == {"AT greedy (onnxruntime)", "AT greedy (onnxruntime) +shortlist", "HRT k=2 (fairseq engine)"}
-    assert rows["AT greedy (onnxruntime)"]["reference"] == "AT greedy" and rows["AT greedy (onnxruntime)"]["identical"] == 2
+    assert (
+        rows["AT greedy (onnxruntime)"]["reference"] == "AT greedy"
+        and rows["AT greedy (onnxruntime)"]["identical"] == 2
+    )
     assert rows["AT greedy (onnxruntime) +shortlist"]["reference"] == "AT greedy +shortlist"
-    assert rows["AT greedy (onnxruntime) +shortlist"]["identical"] == 3 and rows["HRT k=2 (fairseq engine)"]["identical"] == 2
-    assert rows["AT greedy (onnxruntime)"]["bleu_difference"] == 1.0 and rows["AT greedy (onnxruntime)"]["sentences"] == 3
+    assert (
+        rows["AT greedy (onnxruntime) +shortlist"]["identical"] == 3
+        and rows["HRT k=2 (fairseq engine)"]["identical"] == 2
+    )
+    assert (
+        rows["AT greedy (onnxruntime)"]["bleu_difference"] == 1.0 and rows["AT greedy (onnxruntime)"]["sentences"] == 3
+    )
 
 
 def test_step_anatomy_adds_up_to_the_step(exported_tiny, tmp_path):
@@ -137,15 +177,31 @@ def test_step_anatomy_adds_up_to_the_step(exported_tiny, tmp_path):
     pytest.importorskip("onnxruntime")
     from benchmarks import step_anatomy
 
-    step_anatomy.main(["--onnx", exported_tiny["hrt"], "--rows", "12", "--calls", "20", "--repeats", "2",
-                       "--steps", "2,6", "--out-dir", str(tmp_path)])
+    step_anatomy.main(
+        [
+            "--onnx",
+            exported_tiny["hrt"],
+            "--rows",
+            "12",
+            "--calls",
+            "20",
+            "--repeats",
+            "2",
+            "--steps",
+            "2,6",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     report = json.loads((tmp_path / "step_anatomy.json").read_text())
     graph = report["step_graph"]
     assert graph["groups"]["output layer"]["operators"] == 1 and graph["groups"]["projections"]["operators"] >= 4
     summed = graph["us_first_operator_run"] + sum(g["us"] for g in graph["groups"].values())
     assert summed == pytest.approx(graph["us_total"], rel=1.0)  # prefix sessions: the same order of magnitude
     assert set(report["loop"]) == {"whole vocabulary"} and report["loop"]["whole vocabulary"]["us_per_step"] > 0
-    assert "No loop over 12 rows: the folder has no greedy_restricted graph" in (tmp_path / "step_anatomy.md").read_text()
+    assert (
+        "No loop over 12 rows: the folder has no greedy_restricted graph" in (tmp_path / "step_anatomy.md").read_text()
+    )
 
 
 def test_runtime_vs_ct2_runs_without_pytorch(exported_tiny, tmp_path):
@@ -159,14 +215,41 @@ def test_runtime_vs_ct2_runs_without_pytorch(exported_tiny, tmp_path):
     for name in ("src", "ref"):
         (tmp_path / name).write_text("\n".join(lines) + "\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "runtime_vs_ct2.py"), "--onnx", f"AT={exported_tiny['at']}",
-                           "--onnx", f"HRT={exported_tiny['hrt']}", "--src", str(tmp_path / "src"), "--raw-src",
-                           str(tmp_path / "src"), "--raw-ref", str(tmp_path / "ref"), "--batch-sizes", "1,2", "--runs", "1",
-                           "--runs-large", "1", "--max-len-b", "5", "--out-dir", str(tmp_path / "out")],
-                          env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "runtime_vs_ct2.py"),
+            "--onnx",
+            f"AT={exported_tiny['at']}",
+            "--onnx",
+            f"HRT={exported_tiny['hrt']}",
+            "--src",
+            str(tmp_path / "src"),
+            "--raw-src",
+            str(tmp_path / "src"),
+            "--raw-ref",
+            str(tmp_path / "ref"),
+            "--batch-sizes",
+            "1,2",
+            "--runs",
+            "1",
+            "--runs-large",
+            "1",
+            "--max-len-b",
+            "5",
+            "--out-dir",
+            str(tmp_path / "out"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "out" / "runtime_vs_ct2.json").read_text())
-    assert set(report["rows"]) == {"AT greedy (hrt_runtime)", "HRT AT-mode b=1 (hrt_runtime)",
-                                   "HRT k=2 b_at=1 b_nat=1 (hrt_runtime)"}
+    assert set(report["rows"]) == {
+        "AT greedy (hrt_runtime)",
+        "HRT AT-mode b=1 (hrt_runtime)",
+        "HRT k=2 b_at=1 b_nat=1 (hrt_runtime)",
+    }
     for row in report["rows"].values():
         assert row["1"]["words_per_second"] > 0 and row["2"]["sentences"] == 6 and "bleu" in row

@@ -10,6 +10,7 @@ MixDistill with p_raw = 1 / 0 (Python level and through fairseq-train); clear er
 input; fine-tuning HRT from an AT checkpoint; fp16 / memory-efficient fp16 / AMP /
 --update-freq on CPU; a 2-rank gloo run whose ranks end with identical parameters.
 """
+
 import math
 
 import pytest
@@ -204,8 +205,20 @@ def _setup(data_dir, *extra):
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
         parser,
-        [str(data_dir), "--user-dir", USER_DIR, "--task", "hrt_translation", "--arch", "hrt_tiny",
-         "--criterion", "hrt_loss", "--max-update", "10", *[str(e) for e in extra]],
+        [
+            str(data_dir),
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "hrt_translation",
+            "--arch",
+            "hrt_tiny",
+            "--criterion",
+            "hrt_loss",
+            "--max-update",
+            "10",
+            *[str(e) for e in extra],
+        ],
     )
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
@@ -280,9 +293,7 @@ def test_mixdistill_targets_python_level(data, aux):
         for i, (r, d) in zip(batch["id"].tolist(), zip(raw_rows, dist_rows)):
             assert d[:-1] == r[:-1][::-1] and d[-1] == r[-1] == eos, i
         assert sum(r != d for r, d in zip(raw_rows, dist_rows)) > len(raw_rows) // 2
-        sample = task.build_decoder_samples(
-            dict(batch), p_k=0.5, generator=torch.Generator().manual_seed(0)
-        )
+        sample = task.build_decoder_samples(dict(batch), p_k=0.5, generator=torch.Generator().manual_seed(0))
         got = [_strip(r, pad) for r in sample["target"]]
         batches[p_raw] = (got, raw_rows, dist_rows)
         # the decoder samples are built from the chosen targets
@@ -313,8 +324,19 @@ def test_mixdistill_p_raw_extremes_in_fairseq_train(data, aux, work):
     results = run_cli_many(
         [
             train_args(data.bin_dir, work / "ck_mix_none", *common, max_update=4),
-            train_args(data.bin_dir, work / "ck_mix_raw", *common, "--distill-data", aux["distill"], "--p-raw", 1, max_update=4),
-            train_args(data.bin_dir, work / "ck_mix_dist", *common, "--distill-data", aux["distill"], "--p-raw", 0, max_update=4),
+            train_args(
+                data.bin_dir, work / "ck_mix_raw", *common, "--distill-data", aux["distill"], "--p-raw", 1, max_update=4
+            ),
+            train_args(
+                data.bin_dir,
+                work / "ck_mix_dist",
+                *common,
+                "--distill-data",
+                aux["distill"],
+                "--p-raw",
+                0,
+                max_update=4,
+            ),
         ],
         log_dir=work / "logs_mix",
     )
@@ -360,8 +382,13 @@ def test_no_sentence_is_dropped_outside_training(data, max_sentences):
     task.load_dataset("valid")
 
     def batches(fn, split):
-        itr = fn(task, task.dataset(split), max_sentences=max_sentences, required_batch_size_multiple=8,
-                 disable_iterator_cache=True)
+        itr = fn(
+            task,
+            task.dataset(split),
+            max_sentences=max_sentences,
+            required_batch_size_multiple=8,
+            disable_iterator_cache=True,
+        )
         return [b.tolist() if hasattr(b, "tolist") else list(b) for b in itr.frozen_batches]
 
     valid = batches(type(task).get_batch_iterator, "valid")
@@ -440,8 +467,14 @@ def test_skip_at_self_distillation_loss(data):
     assert float(distilled(model, valid)[0]) == pytest.approx(float(plain(model, valid)[0]))
 
 
-@pytest.mark.parametrize("mode,arch,kinds", [("at", "hrt_tiny", {"at"}), ("cmlm", "cmlm_tiny", {"cmlm"}),
-                                              ("hrt", "hrt_tiny", {"at", "cmlm", "skip_at", "skip_cmlm"})])
+@pytest.mark.parametrize(
+    "mode,arch,kinds",
+    [
+        ("at", "hrt_tiny", {"at"}),
+        ("cmlm", "cmlm_tiny", {"cmlm"}),
+        ("hrt", "hrt_tiny", {"at", "cmlm", "skip_at", "skip_cmlm"}),
+    ],
+)
 def test_logged_kinds_are_the_trained_ones(data, mode, arch, kinds):
     """--hrt-mode at / cmlm log their one kind, no Skip-AT/Skip-CMLM zeros; HRT logs all four,
     zeros included (p_k = 0 at the first update: the curve shows the kind fading in)."""
@@ -474,12 +507,15 @@ def test_self_distillation_and_chunked_share_option_checks(data, aux):
 # ------------------------------------------------------------------------ bad input
 
 
-@pytest.mark.parametrize("text, message", [
-    ("1", r"--chunk-sizes '1': chunked training needs every k in 2\.\."),
-    ("2,0", r"--chunk-sizes '2,0'"),
-    ("two", r"--chunk-sizes must be comma-separated integers, got 'two'"),
-    ("", r"--chunk-sizes is empty"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("1", r"--chunk-sizes '1': chunked training needs every k in 2\.\."),
+        ("2,0", r"--chunk-sizes '2,0'"),
+        ("two", r"--chunk-sizes must be comma-separated integers, got 'two'"),
+        ("", r"--chunk-sizes is empty"),
+    ],
+)
 def test_bad_chunk_sizes_are_rejected_by_the_task(data, text, message):
     """What fairseq-train prints for a bad --chunk-sizes: the task refuses it at set-up."""
     from fairseq_hrt.tasks.hrt_translation import parse_chunk_sizes
@@ -541,7 +577,7 @@ def test_rerunning_a_finished_run_trains_nothing(data, work, task):
     args = train_args(data.bin_dir, save_dir, "--hrt-mode", "at", arch="at_tiny", max_update=3)
     if task == "translation":  # fairseq's own task and criterion, with the plugin loaded
         args[args.index("hrt_translation")] = "translation"
-        args[args.index("--hrt-mode"):args.index("--hrt-mode") + 2] = []
+        args[args.index("--hrt-mode") : args.index("--hrt-mode") + 2] = []
         args[args.index("hrt_loss")] = "cross_entropy"
     run_cli(args)
     ckpt = save_dir / "checkpoint_last.pt"
@@ -568,8 +604,17 @@ def test_finetune_restarts_the_training_clock_and_resume_keeps_it(data, work):
 
     ft_dir = work / "clock_ft"
     out = run_cli(
-        train_args(data.bin_dir, ft_dir, "--chunk-sizes", "2", "--finetune-from-model", at_ckpt,
-                   "--stop-time-hours", 1, max_update=3)
+        train_args(
+            data.bin_dir,
+            ft_dir,
+            "--chunk-sizes",
+            "2",
+            "--finetune-from-model",
+            at_ckpt,
+            "--stop-time-hours",
+            1,
+            max_update=3,
+        )
     ).stdout
     assert "Stopping training due to cumulative_training_time" not in out
     assert max(_by_update(parse_logs(out))) == 3
@@ -608,7 +653,11 @@ PRECISION_UPDATES = 6
 def _precision_args(data, work, name):
     # shared with the distributed test (same data, seed, batches, dropout 0)
     return train_args(
-        data.bin_dir, work / f"ck_{name}", "--dropout", 0, *PRECISION[name],
+        data.bin_dir,
+        work / f"ck_{name}",
+        "--dropout",
+        0,
+        *PRECISION[name],
         max_update=OVERFLOW_UPDATES if name == "fp16_overflow" else PRECISION_UPDATES,
     )
 
@@ -616,7 +665,9 @@ def _precision_args(data, work, name):
 @pytest.fixture(scope="module")
 def precision_runs(data, work):
     names = list(PRECISION)
-    results = run_cli_many([_precision_args(data, work, n) for n in names], log_dir=work / "logs_precision", check=False)
+    results = run_cli_many(
+        [_precision_args(data, work, n) for n in names], log_dir=work / "logs_precision", check=False
+    )
     return dict(zip(names, results))
 
 
@@ -726,9 +777,19 @@ def test_two_rank_gloo_training(data, work, precision_runs):
         args = args[: args.index("--update-freq")] + args[args.index("--update-freq") + 2 :]
         args = [a if a != str(work / "ck_update_freq2") else str(save) for a in map(str, args)]
         args += [
-            "--distributed-world-size", 2, "--distributed-rank", rank,
-            "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-backend", "gloo",
-            "--ddp-backend", "legacy_ddp", "--distributed-no-spawn", "--device-id", 0,
+            "--distributed-world-size",
+            2,
+            "--distributed-rank",
+            rank,
+            "--distributed-init-method",
+            f"tcp://127.0.0.1:{port}",
+            "--distributed-backend",
+            "gloo",
+            "--ddp-backend",
+            "legacy_ddp",
+            "--distributed-no-spawn",
+            "--device-id",
+            0,
         ]
         wrapper = ["-c", _RANK_WRAPPER, work / f"rank{rank}.pt", *args[1:]]
         procs.append(start_cli(wrapper, env={"OMP_NUM_THREADS": "1"}, log_path=work / f"rank{rank}.log"))
@@ -760,8 +821,9 @@ def test_kind_weights_scale_the_trained_loss_of_each_kind(data):
 
     task, model = _task_model(data.bin_dir)
     ds = task.dataset("train")
-    sample = task.build_decoder_samples(ds.collater([ds[i] for i in range(16)]), p_k=0.5,
-                                        rows_generator=torch.Generator().manual_seed(1))
+    sample = task.build_decoder_samples(
+        ds.collater([ds[i] for i in range(16)]), p_k=0.5, rows_generator=torch.Generator().manual_seed(1)
+    )
     model.train()
     plain_loss, _, log = HRTLossCriterion(task, 0.1)(model, sample)
     weighted_loss, _, wlog = HRTLossCriterion(task, 0.1, kind_weights="skip_cmlm=2, at=0.5")(model, sample)
@@ -771,7 +833,8 @@ def test_kind_weights_scale_the_trained_loss_of_each_kind(data):
     model.eval()
     valid = task.build_decoder_samples(ds.collater([ds[i] for i in range(16)]), None)
     assert float(HRTLossCriterion(task, 0.1, kind_weights="skip_cmlm=2")(model, valid)[0]) == pytest.approx(
-        float(HRTLossCriterion(task, 0.1)(model, valid)[0]))
+        float(HRTLossCriterion(task, 0.1)(model, valid)[0])
+    )
     assert parse_kind_weights("") == {k: 1.0 for k in KINDS}
     for bad in ("skip=2", "at", "at=x", "at=-1"):
         with pytest.raises(ValueError, match="--kind-weights"):

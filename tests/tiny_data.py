@@ -8,6 +8,7 @@ fairseq and the plugin already (:class:`WarmProcess`, installed as
 ``python -m MODULE ARGS`` would, in a process of its own, without paying the 3-5 s of imports
 again. ``HRT_TEST_FRESH=1`` runs every command in a fresh interpreter instead.
 """
+
 import multiprocessing
 import os
 import re
@@ -23,10 +24,18 @@ from typing import Dict, List, Optional
 from benchmarks import tiny_runs
 from benchmarks.tiny_runs import cli_env
 
-
 # what every command imports first; the forked children find it imported already
-WARM_MODULES = ["torch", "fairseq", "fairseq.models.transformer", "fairseq_cli.train", "fairseq_cli.generate",
-                "fairseq_cli.interactive", "fairseq_cli.preprocess", "fairseq_hrt", "benchmarks.tiny_runs"]
+WARM_MODULES = [
+    "torch",
+    "fairseq",
+    "fairseq.models.transformer",
+    "fairseq_cli.train",
+    "fairseq_cli.generate",
+    "fairseq_cli.interactive",
+    "fairseq_cli.preprocess",
+    "fairseq_hrt",
+    "benchmarks.tiny_runs",
+]
 _WARM_CONTEXT = None
 
 

@@ -29,6 +29,7 @@ and the same data (MixDistill with ``--p-raw 0.5``); HRT and MP start from the A
 the HRT paper fine-tunes from AT (SPEC section 2). Profiles: ``quick`` (a smoke run, minutes)
 and ``full`` (CPU-sized shapes, about 2 hours on 2 cores); see examples/multi30k/README.md.
 """
+
 import argparse
 import json
 import os
@@ -219,7 +220,19 @@ PROFILES: Dict[str, Profile] = {
     ),
 }
 
-STEPS = ["prepare", "teacher", "distill", "distill_bin", "at", "hrt", "mp", "ssru", "ssru_tied", "shortlist", "benchmark"]
+STEPS = [
+    "prepare",
+    "teacher",
+    "distill",
+    "distill_bin",
+    "at",
+    "hrt",
+    "mp",
+    "ssru",
+    "ssru_tied",
+    "shortlist",
+    "benchmark",
+]
 DISTILL_STEPS = ("teacher", "distill", "distill_bin")
 SSRU_STEPS = ("ssru", "ssru_tied")
 # Marian's WNGT 2019 students (README, "Marian-style students"): name -> options beside the
@@ -265,8 +278,16 @@ class Recipe:
         # pick a model from earlier in the chunk curriculum).
         return self.out / name / "checkpoint_last.pt"
 
-    def run_step(self, index: int, name: str, cmd: List[str], outputs: List[Path], train_max_update: int = 0,
-                 own_log: bool = False, redo_if_changed: bool = False):
+    def run_step(
+        self,
+        index: int,
+        name: str,
+        cmd: List[str],
+        outputs: List[Path],
+        train_max_update: int = 0,
+        own_log: bool = False,
+        redo_if_changed: bool = False,
+    ):
         """Run ``cmd`` unless the step's marker says it is done with this very command.
 
         A marker of another command is an error (outputs of different settings must not be
@@ -331,19 +352,56 @@ class Recipe:
     def train_cmd(self, name: str, arch: str, budget: Budget, extra: List[str]) -> List[str]:
         p = self.profile
         cmd = [
-            sys.executable, "-m", "fairseq_cli.train", str(self.data_bin),
-            "--user-dir", str(USER_DIR),
-            "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de",
-            "--arch", arch, "--share-all-embeddings",
-            "--criterion", "hrt_loss", "--label-smoothing", "0.1",
-            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
-            "--lr", str(budget.lr), "--lr-scheduler", "inverse_sqrt",
-            "--warmup-updates", str(budget.warmup), "--warmup-init-lr", "1e-07",
-            "--max-tokens", str(p.max_tokens),
-            "--max-update", str(budget.max_update), "--stop-time-hours", str(budget.stop_time_hours),
-            "--save-dir", str(self.out / name), "--no-epoch-checkpoints",
-            "--log-format", "json", "--log-interval", str(p.log_interval),
-            "--seed", str(self.args.seed), "--num-workers", "0",
+            sys.executable,
+            "-m",
+            "fairseq_cli.train",
+            str(self.data_bin),
+            "--user-dir",
+            str(USER_DIR),
+            "--task",
+            "hrt_translation",
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--arch",
+            arch,
+            "--share-all-embeddings",
+            "--criterion",
+            "hrt_loss",
+            "--label-smoothing",
+            "0.1",
+            "--optimizer",
+            "adam",
+            "--adam-betas",
+            "(0.9, 0.98)",
+            "--clip-norm",
+            "1.0",
+            "--lr",
+            str(budget.lr),
+            "--lr-scheduler",
+            "inverse_sqrt",
+            "--warmup-updates",
+            str(budget.warmup),
+            "--warmup-init-lr",
+            "1e-07",
+            "--max-tokens",
+            str(p.max_tokens),
+            "--max-update",
+            str(budget.max_update),
+            "--stop-time-hours",
+            str(budget.stop_time_hours),
+            "--save-dir",
+            str(self.out / name),
+            "--no-epoch-checkpoints",
+            "--log-format",
+            "json",
+            "--log-interval",
+            str(p.log_interval),
+            "--seed",
+            str(self.args.seed),
+            "--num-workers",
+            "0",
         ]
         if not p.validate:
             cmd.append("--disable-validation")
@@ -367,24 +425,50 @@ class Recipe:
 
     def step_distill(self, i):
         out = self.out / "distill" / "train.de"
-        self.run_step(i, "distill", self.distill_cmd(self.checkpoint("teacher"), out, self.logs / "distill.log"),
-                      [out], own_log=True)
+        self.run_step(
+            i,
+            "distill",
+            self.distill_cmd(self.checkpoint("teacher"), out, self.logs / "distill.log"),
+            [out],
+            own_log=True,
+        )
 
-    def distill_cmd(self, teacher: Path, out: Path, log_file: Path, beam: int = 0, nbest: int = 0,
-                    engine: Optional[str] = None) -> List[str]:
+    def distill_cmd(
+        self, teacher: Path, out: Path, log_file: Path, beam: int = 0, nbest: int = 0, engine: Optional[str] = None
+    ) -> List[str]:
         """Sequence-level KD of the training set by ``teacher`` into ``out`` (pieces); beam and
         n-best default to the profile's; ``engine``: ``--decoder-engine`` (default lean)."""
         p = self.profile
         cmd = [
-            sys.executable, "-m", "fairseq_hrt.distill",
-            "--data", str(self.data_bin), "--path", str(teacher),
-            "--src", str(self.data / "spm" / "train.en"), "--out", str(out),
-            "--beam", str(beam or p.distill_beam), "--nbest", str(nbest or p.distill_nbest),
-            "--select-by-bleu", str(self.data / "raw" / "train.de"), "--post-process", "sentencepiece",
+            sys.executable,
+            "-m",
+            "fairseq_hrt.distill",
+            "--data",
+            str(self.data_bin),
+            "--path",
+            str(teacher),
+            "--src",
+            str(self.data / "spm" / "train.en"),
+            "--out",
+            str(out),
+            "--beam",
+            str(beam or p.distill_beam),
+            "--nbest",
+            str(nbest or p.distill_nbest),
+            "--select-by-bleu",
+            str(self.data / "raw" / "train.de"),
+            "--post-process",
+            "sentencepiece",
             # an under-trained teacher can loop until the 200-token limit: cap the length
             # well above any real Multi30k translation (target/source piece ratio ~1.1)
-            "--max-len-a", "1.5", "--max-len-b", "10",
-            "--threads", str(self.threads), "--log-file", str(log_file),
+            "--max-len-a",
+            "1.5",
+            "--max-len-b",
+            "10",
+            "--threads",
+            str(self.threads),
+            "--log-file",
+            str(log_file),
         ]
         if engine:
             cmd += ["--decoder-engine", engine]
@@ -405,11 +489,23 @@ class Recipe:
             src.symlink_to(self.data / "spm" / "train.en")
         dict_path = self.data_bin / "dict.en.txt"
         return [
-            sys.executable, "-m", "fairseq_cli.preprocess",
-            "--source-lang", "en", "--target-lang", "de",
-            "--trainpref", str(distill / "train"),
-            "--srcdict", str(dict_path), "--tgtdict", str(dict_path),
-            "--destdir", str(dest), "--workers", str(self.threads),
+            sys.executable,
+            "-m",
+            "fairseq_cli.preprocess",
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--trainpref",
+            str(distill / "train"),
+            "--srcdict",
+            str(dict_path),
+            "--tgtdict",
+            str(dict_path),
+            "--destdir",
+            str(dest),
+            "--workers",
+            str(self.threads),
         ]
 
     def _student_args(self) -> List[str]:
@@ -429,7 +525,9 @@ class Recipe:
 
     def step_hrt(self, i):
         p = self.profile
-        cmd = self.train_cmd("hrt", p.hrt_arch, p.student, self.hrt_args(self.args.hrt_chunk_sizes, self.checkpoint("at")))
+        cmd = self.train_cmd(
+            "hrt", p.hrt_arch, p.student, self.hrt_args(self.args.hrt_chunk_sizes, self.checkpoint("at"))
+        )
         self.run_step(i, "hrt", cmd, [self.checkpoint("hrt")], train_max_update=p.student.max_update)
 
     def step_mp(self, i):
@@ -441,7 +539,9 @@ class Recipe:
             )
             return
         cmd = self.train_cmd(
-            "mp", p.mp_arch, p.student,
+            "mp",
+            p.mp_arch,
+            p.student,
             ["--hrt-mode", "cmlm", "--finetune-from-model", str(self.checkpoint("at")), *self._student_args()],
         )
         self.run_step(i, "mp", cmd, [self.checkpoint("mp")], train_max_update=p.student.max_update)
@@ -449,16 +549,27 @@ class Recipe:
     def ssru_cmd(self, name: str) -> List[str]:
         """An SSRU student: the AT student's command with the SSRU twin of its arch."""
         p = self.profile
-        return self.train_cmd(name, f"{p.at_arch}_ssru", p.student,
-                              ["--hrt-mode", "at", *SSRU_STUDENTS[name], *self._student_args()])
+        return self.train_cmd(
+            name, f"{p.at_arch}_ssru", p.student, ["--hrt-mode", "at", *SSRU_STUDENTS[name], *self._student_args()]
+        )
 
     def step_ssru(self, i):
-        self.run_step(i, "ssru", self.ssru_cmd("ssru"), [self.checkpoint("ssru")],
-                      train_max_update=self.profile.student.max_update)
+        self.run_step(
+            i,
+            "ssru",
+            self.ssru_cmd("ssru"),
+            [self.checkpoint("ssru")],
+            train_max_update=self.profile.student.max_update,
+        )
 
     def step_ssru_tied(self, i):
-        self.run_step(i, "ssru_tied", self.ssru_cmd("ssru_tied"), [self.checkpoint("ssru_tied")],
-                      train_max_update=self.profile.student.max_update)
+        self.run_step(
+            i,
+            "ssru_tied",
+            self.ssru_cmd("ssru_tied"),
+            [self.checkpoint("ssru_tied")],
+            train_max_update=self.profile.student.max_update,
+        )
 
     def ssru_extra_rows(self) -> List[str]:
         """``--at-extra`` rows of the SSRU students this run trained."""
@@ -473,23 +584,54 @@ class Recipe:
 
     def step_shortlist(self, i):
         p = self.profile
-        cmd = [sys.executable, "-m", "fairseq_hrt.shortlist", str(self.data_bin), "--output", str(self.shortlist_file()),
-               "--per-source", str(p.shortlist_per_source), "--frequent", str(p.shortlist_frequent)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fairseq_hrt.shortlist",
+            str(self.data_bin),
+            "--output",
+            str(self.shortlist_file()),
+            "--per-source",
+            str(p.shortlist_per_source),
+            "--frequent",
+            str(p.shortlist_frequent),
+        ]
         self.run_step(i, "shortlist", cmd, [self.shortlist_file()])
 
     def step_benchmark(self, i):
         p = self.profile
         bench = self.out / "benchmark"
         cmd = [
-            sys.executable, str(REPO / "benchmarks" / "benchmark.py"),
-            "--data", str(self.data_bin), "--spm", str(self.data / "spm" / "spm.model"),
-            "--src", str(self.data / "spm" / "test.en"),
-            "--raw-src", str(self.data / "raw" / "test.en"), "--raw-ref", str(self.data / "raw" / "test.de"),
-            "--at", str(self.checkpoint("at")), "--hrt", str(self.checkpoint("hrt")),
-            "--hrt-chunk-sizes", self.args.hrt_chunk_sizes,
-            "--batch-sizes", p.bench_batch_sizes, "--bs1-sentences", str(p.bench_bs1_sentences),
-            "--max-sentences", str(p.bench_sentences), "--threads", str(self.threads),
-            "--out-dir", str(bench), "--log-file", str(self.logs / "benchmark.log"),
+            sys.executable,
+            str(REPO / "benchmarks" / "benchmark.py"),
+            "--data",
+            str(self.data_bin),
+            "--spm",
+            str(self.data / "spm" / "spm.model"),
+            "--src",
+            str(self.data / "spm" / "test.en"),
+            "--raw-src",
+            str(self.data / "raw" / "test.en"),
+            "--raw-ref",
+            str(self.data / "raw" / "test.de"),
+            "--at",
+            str(self.checkpoint("at")),
+            "--hrt",
+            str(self.checkpoint("hrt")),
+            "--hrt-chunk-sizes",
+            self.args.hrt_chunk_sizes,
+            "--batch-sizes",
+            p.bench_batch_sizes,
+            "--bs1-sentences",
+            str(p.bench_bs1_sentences),
+            "--max-sentences",
+            str(p.bench_sentences),
+            "--threads",
+            str(self.threads),
+            "--out-dir",
+            str(bench),
+            "--log-file",
+            str(self.logs / "benchmark.log"),
         ]
         cmd += ["--max-len-b", str(p.bench_max_len_b)]
         if p.bench_max_len_a:
@@ -505,8 +647,12 @@ class Recipe:
         if self.args.comet_model:
             cmd += ["--comet-model", str(Path(self.args.comet_model).resolve())]
         self.run_step(
-            i, "benchmark", cmd + self.device_args, [bench / "report.json", bench / "report.md", bench / "pareto.png"],
-            own_log=True, redo_if_changed=True,
+            i,
+            "benchmark",
+            cmd + self.device_args,
+            [bench / "report.json", bench / "report.md", bench / "pareto.png"],
+            own_log=True,
+            redo_if_changed=True,
         )
 
     def run(self):
@@ -523,8 +669,10 @@ class Recipe:
                 "Use another --out or delete it."
             )
         write_atomic(settings, json.dumps(mine) + "\n")
-        log(f"profile {self.args.profile}, output {self.out}, {self.threads} CPU thread(s), "
-            f"{'CPU' if self.cpu else 'GPU'}{' fp16' if self.args.fp16 else ''}")
+        log(
+            f"profile {self.args.profile}, output {self.out}, {self.threads} CPU thread(s), "
+            f"{'CPU' if self.cpu else 'GPU'}{' fp16' if self.args.fp16 else ''}"
+        )
         start = time.time()
         for i, name in enumerate(STEPS, 1):
             if self.args.until and STEPS.index(name) > STEPS.index(self.args.until):
@@ -556,7 +704,8 @@ def same_command(a: str, b: str) -> bool:
     def key(cmd: str) -> List[str]:
         words = shlex.split(cmd)
         return [
-            w for i, w in enumerate(words)
+            w
+            for i, w in enumerate(words)
             if w not in _PARALLELISM_OPTIONS and (i == 0 or words[i - 1] not in _PARALLELISM_OPTIONS)
         ]
 
@@ -684,29 +833,38 @@ def tail(path: Path, n: int = 30) -> str:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--profile", choices=sorted(PROFILES), default="quick",
+        "--profile",
+        choices=sorted(PROFILES),
+        default="quick",
         help="quick: tiny models on 2000 pairs, minutes (a smoke run); full: CPU-sized models, about 2 h on 2 cores; "
-             "gpu: the full shapes with converging budgets, --fp16 on one GPU, about 30 min; mini: the quickstart's "
-             "shape on raw data (no teacher), the base budget of examples/multi30k/study.py",
+        "gpu: the full shapes with converging budgets, --fp16 on one GPU, about 30 min; mini: the quickstart's "
+        "shape on raw data (no teacher), the base budget of examples/multi30k/study.py",
     )
     p.add_argument("--out", help="output directory (default: work/recipe-<profile> under the repository root)")
     p.add_argument("--raw-dir", help="raw Multi30k directory (default: prepare.sh's search order)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for every step (default: idle cores at start)")
     p.add_argument("--p-raw", type=float, default=0.5, help="MixDistill: probability of the raw target (students)")
     p.add_argument(
-        "--hrt-chunk-sizes", default="2",
+        "--hrt-chunk-sizes",
+        default="2",
         help="chunk sizes k the HRT student trains (and the benchmark decodes). Default 2, as the papers "
-             "(one model per k). A list such as 2,3,4 trains one model for several k, at a cost: the chunked "
-             "pairs of a batch are shared among the k, so each k sees 1/len of them (measured on the "
-             "quickstart shape: 2,3,4 scored 4.7 BLEU below k=2 alone at k=2 greedy; see README)",
+        "(one model per k). A list such as 2,3,4 trains one model for several k, at a cost: the chunked "
+        "pairs of a batch are shared among the k, so each k sees 1/len of them (measured on the "
+        "quickstart shape: 2,3,4 scored 4.7 BLEU below k=2 alone at k=2 greedy; see README)",
     )
-    p.add_argument("--ssru-students", action="store_true",
-                   help="also train Marian's SSRU students (an SSRU in place of decoder self-attention; one "
-                        "layer, and two tied layers) on the AT student's data and budget, benchmarked as extra "
-                        "AT rows (README: 'Marian-style students')")
+    p.add_argument(
+        "--ssru-students",
+        action="store_true",
+        help="also train Marian's SSRU students (an SSRU in place of decoder self-attention; one "
+        "layer, and two tied layers) on the AT student's data and budget, benchmarked as extra "
+        "AT rows (README: 'Marian-style students')",
+    )
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--fp16", action="store_true",
-                   help="GPU only: train, distill and benchmark in half precision (fairseq's --fp16)")
+    p.add_argument(
+        "--fp16",
+        action="store_true",
+        help="GPU only: train, distill and benchmark in half precision (fairseq's --fp16)",
+    )
     p.add_argument("--comet-model", help="local COMET model for the benchmark (default: $COMET_MODEL, else none)")
     p.add_argument("--until", choices=STEPS, help="stop after this step")
     args = p.parse_args(argv)

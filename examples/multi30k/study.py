@@ -37,6 +37,7 @@ Example (2 CPU cores, the quickstart's shape, about 1.5 hours)::
 
     python examples/multi30k/study.py --profile mini --scales 1,8 --chunk-size-sets 2 2,3,4
 """
+
 import argparse
 import importlib.util
 import json
@@ -77,8 +78,10 @@ def parse_variants(items: List[str]) -> Dict[str, str]:
     for item in items or []:
         name, sep, extra = item.partition("=")
         if not sep or not re.fullmatch(r"[a-z0-9_]+", name) or not extra.strip():
-            raise ValueError(f"--variants {item!r}: expected NAME=ARGS, NAME of a-z, 0-9 and _, e.g. "
-                             "sd5='--skip-at-self-distill 0.5'")
+            raise ValueError(
+                f"--variants {item!r}: expected NAME=ARGS, NAME of a-z, 0-9 and _, e.g. "
+                "sd5='--skip-at-self-distill 0.5'"
+            )
         if name in out:
             raise ValueError(f"--variants: {name} given twice")
         out[name] = extra.strip()
@@ -91,9 +94,11 @@ def parse_variant_from(items: List[str], variants: Dict[str, str], at_variants: 
     for item in items or []:
         name, sep, base = item.partition("=")
         if not sep or name not in variants or base not in at_variants:
-            raise ValueError(f"--variant-from {item!r}: expected VARIANT=AT_VARIANT, VARIANT one of --variants "
-                             f"({', '.join(variants) or 'none'}), AT_VARIANT one of --at-variants "
-                             f"({', '.join(at_variants) or 'none'})")
+            raise ValueError(
+                f"--variant-from {item!r}: expected VARIANT=AT_VARIANT, VARIANT one of --variants "
+                f"({', '.join(variants) or 'none'}), AT_VARIANT one of --at-variants "
+                f"({', '.join(at_variants) or 'none'})"
+            )
         out[name] = base
     return out
 
@@ -126,8 +131,15 @@ class Study(Recipe):
     def step_at(self, i):
         p = self.profile
         longest = self.budget(self.scales[-1])
-        extra = ["--hrt-mode", "at", *self._student_args(),
-                 "--save-interval-updates", str(self.base), "--keep-interval-updates", "-1"]
+        extra = [
+            "--hrt-mode",
+            "at",
+            *self._student_args(),
+            "--save-interval-updates",
+            str(self.base),
+            "--keep-interval-updates",
+            "-1",
+        ]
         cmd = self.train_cmd("at", p.at_arch, longest, extra)
         self.run_step(i, "at", cmd, [self.checkpoint("at")], train_max_update=longest.max_update)
 
@@ -166,14 +178,25 @@ class Study(Recipe):
         a = self.args
         if not a.teacher_arch:
             raise StepError("a variant uses {tkd} (the teacher's KD set): give --teacher-arch, e.g. at_small")
-        budget = Budget(max_update=a.teacher_max_update, stop_time_hours=a.teacher_hours, lr=a.teacher_lr,
-                        warmup=a.teacher_warmup)
+        budget = Budget(
+            max_update=a.teacher_max_update, stop_time_hours=a.teacher_hours, lr=a.teacher_lr, warmup=a.teacher_warmup
+        )
         extra = [
-            "--hrt-mode", "at", *shlex.split(a.teacher_args),
-            "--eval-bleu", "--eval-bleu-args", json.dumps(TEACHER_EVAL_ARGS),
-            "--eval-bleu-detok", "space", "--eval-bleu-remove-bpe", "sentencepiece",
-            "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
-            "--patience", str(a.teacher_patience),
+            "--hrt-mode",
+            "at",
+            *shlex.split(a.teacher_args),
+            "--eval-bleu",
+            "--eval-bleu-args",
+            json.dumps(TEACHER_EVAL_ARGS),
+            "--eval-bleu-detok",
+            "space",
+            "--eval-bleu-remove-bpe",
+            "sentencepiece",
+            "--best-checkpoint-metric",
+            "bleu",
+            "--maximize-best-checkpoint-metric",
+            "--patience",
+            str(a.teacher_patience),
         ]
         cmd = self.train_cmd("teacher", a.teacher_arch, budget, extra)
         self.run_step(i, "teacher", cmd, [self.teacher_checkpoint()], train_max_update=budget.max_update)
@@ -190,12 +213,17 @@ class Study(Recipe):
         into ``kd_dir/distill`` (beam and n-best :data:`KD_BEAM`, n-best picked by sentence-BLEU),
         binarized into ``kd_dir/distill-bin``."""
         out = kd_dir / "distill" / "train.de"
-        cmd = self.distill_cmd(teacher, out, self.logs / f"{name}_distill.log", beam=KD_BEAM, nbest=KD_BEAM,
-                               engine=engine)
+        cmd = self.distill_cmd(
+            teacher, out, self.logs / f"{name}_distill.log", beam=KD_BEAM, nbest=KD_BEAM, engine=engine
+        )
         self.run_step(i, f"{name}_distill", cmd, [out], own_log=True)
         dest = kd_dir / "distill-bin"
-        self.run_step(i, f"{name}_bin", self.distill_bin_cmd(kd_dir / "distill", dest),
-                      [dest / "train.en-de.de.bin", dest / "train.en-de.de.idx"])
+        self.run_step(
+            i,
+            f"{name}_bin",
+            self.distill_bin_cmd(kd_dir / "distill", dest),
+            [dest / "train.en-de.de.bin", dest / "train.en-de.de.idx"],
+        )
 
     def variant_base(self, variant: str) -> Path:
         """The AT checkpoint an HRT variant is fine-tuned from: the AT of the largest budget, or
@@ -230,27 +258,58 @@ class Study(Recipe):
     def models(self) -> Dict[str, dict]:
         out = {}
         for scale in self.scales:
-            out[f"at_x{scale}"] = {"kind": "AT", "scale": scale, "updates": scale * self.base,
-                                   "checkpoint": self.at_checkpoint(scale), "log": self.logs / "at.log"}
+            out[f"at_x{scale}"] = {
+                "kind": "AT",
+                "scale": scale,
+                "updates": scale * self.base,
+                "checkpoint": self.at_checkpoint(scale),
+                "log": self.logs / "at.log",
+            }
             for cs in self.raw_hrt_sets():
                 name = f"hrt_{set_tag(cs)}_x{scale}"
-                out[name] = {"kind": "HRT", "scale": scale, "updates": scale * self.base, "chunk_sizes": cs,
-                             "checkpoint": self.checkpoint(name), "log": self.logs / f"{name}.log"}
+                out[name] = {
+                    "kind": "HRT",
+                    "scale": scale,
+                    "updates": scale * self.base,
+                    "chunk_sizes": cs,
+                    "checkpoint": self.checkpoint(name),
+                    "log": self.logs / f"{name}.log",
+                }
         scale = self.scales[-1]
         if self.needs_teacher():
             log_path = self.logs / "teacher.log"  # the teacher stops early: its updates are read from its log
-            out["teacher"] = {"kind": "AT", "scale": scale, "updates": last_num_updates(log_path) if log_path.exists() else None,
-                              "variant": "teacher", "variant_args": f"--arch {self.args.teacher_arch} {self.args.teacher_args}",
-                              "checkpoint": self.teacher_checkpoint(), "log": log_path}
+            out["teacher"] = {
+                "kind": "AT",
+                "scale": scale,
+                "updates": last_num_updates(log_path) if log_path.exists() else None,
+                "variant": "teacher",
+                "variant_args": f"--arch {self.args.teacher_arch} {self.args.teacher_args}",
+                "checkpoint": self.teacher_checkpoint(),
+                "log": log_path,
+            }
         for variant, extra in self.at_variants.items():
             name = self.at_variant_name(variant)
-            out[name] = {"kind": "AT", "scale": scale, "updates": scale * self.base, "variant": variant,
-                         "variant_args": extra, "checkpoint": self.checkpoint(name), "log": self.logs / f"{name}.log"}
+            out[name] = {
+                "kind": "AT",
+                "scale": scale,
+                "updates": scale * self.base,
+                "variant": variant,
+                "variant_args": extra,
+                "checkpoint": self.checkpoint(name),
+                "log": self.logs / f"{name}.log",
+            }
         for variant, extra in self.variants.items():
             name = self.variant_name(variant)
-            out[name] = {"kind": "HRT", "scale": scale, "updates": scale * self.base, "chunk_sizes": self.sets[0],
-                         "variant": variant, "variant_args": extra,
-                         "checkpoint": self.checkpoint(name), "log": self.logs / f"{name}.log"}
+            out[name] = {
+                "kind": "HRT",
+                "scale": scale,
+                "updates": scale * self.base,
+                "chunk_sizes": self.sets[0],
+                "variant": variant,
+                "variant_args": extra,
+                "checkpoint": self.checkpoint(name),
+                "log": self.logs / f"{name}.log",
+            }
         return out
 
     def step_quality(self, i):
@@ -259,20 +318,41 @@ class Study(Recipe):
         results = {}
         for name, m in self.models().items():
             out_json = self.study_dir / f"{name}.json"
-            cmd = [
-                sys.executable, str(REPO / "benchmarks" / "hrt_quality.py"),
-                "--data", str(self.data_bin), "--spm", str(d / "spm" / "spm.model"),
-                "--src", str(d / "spm" / "test.en"), "--ref-pieces", str(d / "spm" / "test.de"),
-                "--raw-src", str(d / "raw" / "test.en"), "--raw-ref", str(d / "raw" / "test.de"),
-                "--path", str(m["checkpoint"]), "--threads", str(self.threads), "--json", str(out_json),
-            ] + (["--cpu"] if self.cpu else []) + (["--fp16"] if self.args.fp16 else [])
+            cmd = (
+                [
+                    sys.executable,
+                    str(REPO / "benchmarks" / "hrt_quality.py"),
+                    "--data",
+                    str(self.data_bin),
+                    "--spm",
+                    str(d / "spm" / "spm.model"),
+                    "--src",
+                    str(d / "spm" / "test.en"),
+                    "--ref-pieces",
+                    str(d / "spm" / "test.de"),
+                    "--raw-src",
+                    str(d / "raw" / "test.en"),
+                    "--raw-ref",
+                    str(d / "raw" / "test.de"),
+                    "--path",
+                    str(m["checkpoint"]),
+                    "--threads",
+                    str(self.threads),
+                    "--json",
+                    str(out_json),
+                ]
+                + (["--cpu"] if self.cpu else [])
+                + (["--fp16"] if self.args.fp16 else [])
+            )
             if m["kind"] == "HRT":
                 cmd += ["--chunk-size", "2"]
             self.run_step(i, f"quality_{name}", cmd, [out_json])
             # report paths relative to the output folder: the report is read on other machines
-            results[name] = {**json.loads(out_json.read_text()),
-                             **{k: (str(v.relative_to(self.out)) if isinstance(v, Path) else v) for k, v in m.items()},
-                             "valid_losses": valid_losses(m["log"])}
+            results[name] = {
+                **json.loads(out_json.read_text()),
+                **{k: (str(v.relative_to(self.out)) if isinstance(v, Path) else v) for k, v in m.items()},
+                "valid_losses": valid_losses(m["log"]),
+            }
         return results
 
     def step_prepare_all(self, i):
@@ -304,16 +384,20 @@ class Study(Recipe):
         one), ``kd`` (the study's own KD set) and the training steps (``at``, ``hrt_c2_x1``, ...):
         separate processes can train independent models at once, each with its own markers.
         Every step but ``prepare`` needs ``prepare`` done (earlier, or earlier in ``names``)."""
-        steps = {"prepare": lambda: self.step_prepare_all(1), "at": lambda: self.step_at(5),
-                 "kd": lambda: self.step_kd(6), "teacher": lambda: self.step_teacher(6),
-                 "tkd": lambda: self.step_teacher_kd(6)}
+        steps = {
+            "prepare": lambda: self.step_prepare_all(1),
+            "at": lambda: self.step_at(5),
+            "kd": lambda: self.step_kd(6),
+            "teacher": lambda: self.step_teacher(6),
+            "tkd": lambda: self.step_teacher_kd(6),
+        }
         for variant in self.at_variants:
-            steps[self.at_variant_name(variant)] = (lambda v=variant: self.step_at_variant(7, v))
+            steps[self.at_variant_name(variant)] = lambda v=variant: self.step_at_variant(7, v)
         for scale in self.scales:
             for cs in self.raw_hrt_sets():
-                steps[f"hrt_{set_tag(cs)}_x{scale}"] = (lambda cs=cs, scale=scale: self.step_hrt(6, cs, scale))
+                steps[f"hrt_{set_tag(cs)}_x{scale}"] = lambda cs=cs, scale=scale: self.step_hrt(6, cs, scale)
         for variant in self.variants:
-            steps[self.variant_name(variant)] = (lambda v=variant: self.step_variant(7, v))
+            steps[self.variant_name(variant)] = lambda v=variant: self.step_variant(7, v)
         unknown = [n for n in names if n not in steps]
         if unknown:
             raise StepError(f"--only {' '.join(unknown)}: not a training step of this study ({', '.join(steps)})")
@@ -326,8 +410,10 @@ class Study(Recipe):
         self.out.mkdir(parents=True, exist_ok=True)
         if self.args.only:
             return self.run_only(self.args.only)
-        log(f"study: profile {self.args.profile}, base budget {self.base} updates, scales {self.scales}, "
-            f"chunk-size sets {self.sets}, output {self.out}, {self.threads} thread(s)")
+        log(
+            f"study: profile {self.args.profile}, base budget {self.base} updates, scales {self.scales}, "
+            f"chunk-size sets {self.sets}, output {self.out}, {self.threads} thread(s)"
+        )
         start = time.time()
         self.step_prepare_all(1)
         self.step_at(5)
@@ -361,7 +447,9 @@ class Study(Recipe):
         (self.study_dir / "report.md").write_text(md)
         losses_plot(self.models(), self.study_dir / "losses.png")
         print(md)
-        log(f"study done in {time.time() - start:.0f}s: {self.study_dir / 'report.md'}, {self.study_dir / 'losses.png'}")
+        log(
+            f"study done in {time.time() - start:.0f}s: {self.study_dir / 'report.md'}, {self.study_dir / 'losses.png'}"
+        )
 
 
 # --------------------------------------------------------------------------- reports
@@ -389,13 +477,16 @@ def markdown_report(report: dict) -> str:
     for scale, a in sorted(at.items()):
         ag = a["systems"]["greedy"]
         at_rows = [(f"AT x{scale}", a)] + [
-            (f"AT x{scale} {m['variant']}", m) for _, m in sorted(models.items())
-            if m["kind"] == "AT" and m.get("variant") and m["scale"] == scale]
+            (f"AT x{scale} {m['variant']}", m)
+            for _, m in sorted(models.items())
+            if m["kind"] == "AT" and m.get("variant") and m["scale"] == scale
+        ]
         for label, m in at_rows:
             g = m["systems"]["greedy"]
             lines.append(
                 f"| {label} | {m['updates']} | {_f(g['bleu'])} | | | | | | | | {g['limit_hits']} | | | "
-                + " / ".join(_f(g["bleu_by_length"][b]) for b in g["bleu_by_length"]) + " |"
+                + " / ".join(_f(g["bleu_by_length"][b]) for b in g["bleu_by_length"])
+                + " |"
             )
         for name, m in sorted(models.items()):
             if m["kind"] != "HRT" or m["scale"] != scale:
@@ -403,26 +494,48 @@ def markdown_report(report: dict) -> str:
             s = m["systems"]
             label = f"HRT k={m['chunk_sizes']} x{scale}" + (f" {m['variant']}" if m.get("variant") else "")
             row = [
-                label, str(m["updates"]), "",
-                _f(s["at_mode_b1"]["bleu"]), _f(s["k2_b1"]["bleu"]), _f(m["gap"]["b1"]),
-                _f(s["at_mode_b5"]["bleu"]), _f(s["k2_b5"]["bleu"]), _f(m["gap"]["b5"]),
+                label,
+                str(m["updates"]),
+                "",
+                _f(s["at_mode_b1"]["bleu"]),
+                _f(s["k2_b1"]["bleu"]),
+                _f(m["gap"]["b1"]),
+                _f(s["at_mode_b5"]["bleu"]),
+                _f(s["k2_b5"]["bleu"]),
+                _f(m["gap"]["b5"]),
                 _f(s["k2_b1"]["bleu"] - ag["bleu"]),
                 f"{s['at_mode_b1']['limit_hits']} / {s['k2_b1']['limit_hits']}",
-                _f(m["oracles"]["reference"]["bleu"]), _f(m["oracles"]["at_mode"]["bleu"]),
+                _f(m["oracles"]["reference"]["bleu"]),
+                _f(m["oracles"]["at_mode"]["bleu"]),
                 " / ".join(_f(s["k2_b1"]["bleu_by_length"][b]) for b in s["k2_b1"]["bleu_by_length"]),
             ]
             lines.append("| " + " | ".join(row) + " |")
     if report.get("variants"):
-        lines += ["", "Variants (extra fairseq-train options; `{kd}`: the study's sequence-level KD of the "
-                  "training set by the AT model of the largest budget):", ""]
-        lines += [f"- `{name}`: `{extra}`" + (f" (fine-tuned from AT `{report['variant_from'][name]}`)"
-                                             if name in report.get("variant_from", {}) else "")
-                  for name, extra in report["variants"].items()]
+        lines += [
+            "",
+            "Variants (extra fairseq-train options; `{kd}`: the study's sequence-level KD of the "
+            "training set by the AT model of the largest budget):",
+            "",
+        ]
+        lines += [
+            f"- `{name}`: `{extra}`"
+            + (
+                f" (fine-tuned from AT `{report['variant_from'][name]}`)"
+                if name in report.get("variant_from", {})
+                else ""
+            )
+            for name, extra in report["variants"].items()
+        ]
     if report.get("at_variants"):
         lines += ["", "AT variants (AT students of the largest budget with extra fairseq-train options):", ""]
         lines += [f"- `{name}`: `{extra}`" for name, extra in report["at_variants"].items()]
-    lines += ["", "Validation losses by kind (bits per token, label-smoothed) at the end of training:", "",
-              "| model | " + " | ".join(KINDS) + " |", "|---|" + "---:|" * len(KINDS)]
+    lines += [
+        "",
+        "Validation losses by kind (bits per token, label-smoothed) at the end of training:",
+        "",
+        "| model | " + " | ".join(KINDS) + " |",
+        "|---|" + "---:|" * len(KINDS),
+    ]
     for name, m in sorted(models.items()):
         if m["kind"] == "HRT" and m.get("valid_losses"):
             last = m["valid_losses"][-1]
@@ -489,32 +602,65 @@ def parse_args(argv=None):
     p.add_argument("--p-raw", type=float, default=0.5, help="MixDistill (profiles with a teacher)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--fp16", action="store_true", help="GPU only: fairseq's --fp16 everywhere")
-    p.add_argument("--variants", nargs="+", metavar="NAME=ARGS", default=[],
-                   help="extra HRT runs (first chunk-size set, largest budget) with extra fairseq-train "
-                        "options, e.g. sd5='--skip-at-self-distill 0.5' kd='{kd} --p-raw 0.5'; {kd} = "
-                        "--distill-data of the study's own KD set")
-    p.add_argument("--at-variants", nargs="+", metavar="NAME=ARGS", default=[],
-                   help="AT students of the largest budget trained with extra fairseq-train options, e.g. "
-                        "kd='{kd} --p-raw 0.5' (the same distilled data as an HRT variant) or dl2='--decoder-layers 2'")
-    p.add_argument("--variant-from", nargs="+", metavar="VARIANT=AT_VARIANT", default=[],
-                   help="fine-tune the HRT variant from this AT variant instead of the plain AT, e.g. dl2kd=dl2 "
-                        "(HRT with two decoder layers from the AT with two)")
-    p.add_argument("--teacher-arch", help="{tkd} in --variants / --at-variants: the KD set of this AT teacher, "
-                   "trained on raw data in the study (e.g. at_small: d = 256, 6 encoder layers)")
-    p.add_argument("--teacher-args", default="--decoder-layers 3",
-                   help="extra fairseq-train options of the teacher (default: three decoder layers)")
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        metavar="NAME=ARGS",
+        default=[],
+        help="extra HRT runs (first chunk-size set, largest budget) with extra fairseq-train "
+        "options, e.g. sd5='--skip-at-self-distill 0.5' kd='{kd} --p-raw 0.5'; {kd} = "
+        "--distill-data of the study's own KD set",
+    )
+    p.add_argument(
+        "--at-variants",
+        nargs="+",
+        metavar="NAME=ARGS",
+        default=[],
+        help="AT students of the largest budget trained with extra fairseq-train options, e.g. "
+        "kd='{kd} --p-raw 0.5' (the same distilled data as an HRT variant) or dl2='--decoder-layers 2'",
+    )
+    p.add_argument(
+        "--variant-from",
+        nargs="+",
+        metavar="VARIANT=AT_VARIANT",
+        default=[],
+        help="fine-tune the HRT variant from this AT variant instead of the plain AT, e.g. dl2kd=dl2 "
+        "(HRT with two decoder layers from the AT with two)",
+    )
+    p.add_argument(
+        "--teacher-arch",
+        help="{tkd} in --variants / --at-variants: the KD set of this AT teacher, "
+        "trained on raw data in the study (e.g. at_small: d = 256, 6 encoder layers)",
+    )
+    p.add_argument(
+        "--teacher-args",
+        default="--decoder-layers 3",
+        help="extra fairseq-train options of the teacher (default: three decoder layers)",
+    )
     p.add_argument("--teacher-max-update", type=int, default=8000, help="the teacher's update cap")
     p.add_argument("--teacher-hours", type=float, default=2.0, help="the teacher's time cap (--stop-time-hours)")
-    p.add_argument("--teacher-patience", type=int, default=3,
-                   help="stop the teacher after this many validations (one per epoch) without a higher BLEU")
+    p.add_argument(
+        "--teacher-patience",
+        type=int,
+        default=3,
+        help="stop the teacher after this many validations (one per epoch) without a higher BLEU",
+    )
     p.add_argument("--teacher-lr", type=float, default=2e-3)
     p.add_argument("--teacher-warmup", type=int, default=300)
-    p.add_argument("--skip-raw-hrt", action="store_true",
-                   help="train no HRT on raw data (--chunk-size-sets at every budget): a study of the variants only")
-    p.add_argument("--only", nargs="+", metavar="STEP",
-                   help="run only these steps: prepare (the data; with a teacher, its KD too), kd (the study's "
-                        "KD set, needs at), teacher, tkd (the teacher's KD set, needs teacher), at, hrt_c2_x1, ... (training steps, need prepare done), e.g. to train "
-                        "independent models in parallel processes; a run without --only finishes the study")
+    p.add_argument(
+        "--skip-raw-hrt",
+        action="store_true",
+        help="train no HRT on raw data (--chunk-size-sets at every budget): a study of the variants only",
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="STEP",
+        help="run only these steps: prepare (the data; with a teacher, its KD too), kd (the study's "
+        "KD set, needs at), teacher, tkd (the teacher's KD set, needs teacher), at, hrt_c2_x1, ... "
+        "(training steps, need prepare done), e.g. to train "
+        "independent models in parallel processes; a run without --only finishes the study",
+    )
     args = p.parse_args(argv)
     if any("{tkd}" in item for item in [*args.variants, *args.at_variants]) and not args.teacher_arch:
         p.error("{tkd} (the teacher's KD set) needs --teacher-arch, e.g. --teacher-arch at_small")

@@ -11,6 +11,7 @@ target-length loss: the NLL of every sentence's true length N (target tokens wit
 ``--length-loss-factor`` times the per-sentence mean, relative to the per-token loss. It is
 logged as ``length_loss`` (bits per sentence).
 """
+
 import math
 from dataclasses import dataclass, field
 
@@ -229,7 +230,9 @@ class HRTLossCriterion(FairseqCriterion):
         teacher = teacher.gather(1, slots.unsqueeze(-1).expand(-1, -1, vocab))
         soft = -(teacher * lprobs[:n_chunked, : slots.size(1)]).sum(dim=-1).masked_fill(~valid, 0.0)
         a = self.self_distill
-        mixed = torch.where(valid, (1.0 - a) * loss[:n_chunked, : slots.size(1)] + a * soft, loss[:n_chunked, : slots.size(1)])
+        mixed = torch.where(
+            valid, (1.0 - a) * loss[:n_chunked, : slots.size(1)] + a * soft, loss[:n_chunked, : slots.size(1)]
+        )
         loss = loss.clone()
         loss[:n_chunked, : slots.size(1)] = mixed
         logging_output["skip_at_distill_loss"] = utils.item(soft.sum().data)

@@ -5,6 +5,7 @@ Each pair's target is later drawn from the raw reference with probability ``--p-
 (:func:`fairseq_hrt.chunking.mix_targets`); this module only loads and collates the
 distilled targets.
 """
+
 import logging
 import os
 from typing import Optional
@@ -42,8 +43,17 @@ class DistilledTargetDataset(BaseWrapperDataset):
         return batch
 
 
-def with_distilled_targets(pair_dataset, split: str, distill_data: str, source_lang: str, target_lang: str,
-                           tgt_dict, dataset_impl=None, p_raw: float = 0.5, p_raw_chunked: Optional[float] = None):
+def with_distilled_targets(
+    pair_dataset,
+    split: str,
+    distill_data: str,
+    source_lang: str,
+    target_lang: str,
+    tgt_dict,
+    dataset_impl=None,
+    p_raw: float = 0.5,
+    p_raw_chunked: Optional[float] = None,
+):
     """``pair_dataset`` (a split of the raw data) wrapped so that every sample also carries its
     distilled target from ``distill_data`` (binarized with the same dictionaries and split
     names). Refuses a missing or misaligned distilled set; ``p_raw`` / ``p_raw_chunked`` are

@@ -22,6 +22,7 @@ Shapes are dynamic in batch and length. What cannot be exported is refused in on
 (``dynamo=False``): the pinned torch has it, it needs no onnxscript, and it traces the plain
 functions of the decoder pass in well under a second.
 """
+
 import argparse
 import contextlib
 import copy
@@ -64,7 +65,9 @@ def unsupported(model) -> List[str]:
     reasons += [reason for reason, bad in DecoderPass._unsupported(decoder).items() if bad]
     weight = getattr(decoder.output_projection, "weight", None)
     if not isinstance(weight, torch.Tensor):
-        reasons.append("a quantized model (--quantize int8): export the float checkpoint; ONNX Runtime quantizes it itself")
+        reasons.append(
+            "a quantized model (--quantize int8): export the float checkpoint; ONNX Runtime quantizes it itself"
+        )
     return reasons
 
 
@@ -155,7 +158,7 @@ def _temporary_folder(out_dir: str, prefix: str) -> str:
     for name in os.listdir(out_dir):
         if not name.startswith(prefix):
             continue
-        pid = name[len(prefix):].split("-", 1)[0]
+        pid = name[len(prefix) :].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
     return tempfile.mkdtemp(dir=out_dir, prefix=f"{prefix}{os.getpid()}-")
@@ -227,8 +230,16 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         path = os.path.join(tmp, name)
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the tracer's notes on shape arithmetic and on its own deprecation
-            torch.onnx.export(graph.eval(), args, path, dynamo=False, input_names=inputs, output_names=outputs,
-                              dynamic_axes=dynamic, opset_version=OPSET)
+            torch.onnx.export(
+                graph.eval(),
+                args,
+                path,
+                dynamo=False,
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_axes=dynamic,
+                opset_version=OPSET,
+            )
         graph_model = onnx.load(path)
         _constants_to_initializers(graph_model)
         if k_input:
@@ -254,12 +265,21 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     length = family.length_predictor  # the encoder graph ends in the length predictor's log-probabilities too
     with torch.no_grad():
         encoder_outputs = EncoderGraph(model, length=length)(src)
-    bias, enc_kv = encoder_outputs[0], list(encoder_outputs[1:1 + 2 * layers])
+    bias, enc_kv = encoder_outputs[0], list(encoder_outputs[1 : 1 + 2 * layers])
     length_out = ["length_lprobs"] if length else []
-    export(EncoderGraph(model, length=length), (src,), ["src_tokens"], ["encoder_bias", *enc_names, *length_out],
-           {"src_tokens": {0: "B", 1: "S"}, "encoder_bias": {0: "B", 3: "S"}, **{n: {0: "B", 2: "S"} for n in enc_names},
-            **({"length_lprobs": {0: "B"}} if length else {})},
-           "encoder.onnx")
+    export(
+        EncoderGraph(model, length=length),
+        (src,),
+        ["src_tokens"],
+        ["encoder_bias", *enc_names, *length_out],
+        {
+            "src_tokens": {0: "B", 1: "S"},
+            "encoder_bias": {0: "B", 3: "S"},
+            **{n: {0: "B", 2: "S"} for n in enc_names},
+            **({"length_lprobs": {0: "B"}} if length else {}),
+        },
+        "encoder.onnx",
+    )
 
     logit_bias = torch.zeros(V)
     window = int(pass_.window)
@@ -267,12 +287,17 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     out_rows = [decoder.output_projection.weight[:r].clone(), torch.zeros(r)]
     rows_kv = [x.repeat_interleave(2, dim=0) for x in (bias, *enc_kv)]  # step graphs: one row per hypothesis
     # what the step graphs and the greedy loop share: their past state and its axes, the encoder side's axes
-    caches = ([torch.zeros(2 * B, cell_dim) for _ in range(layers)] if recurrent
-              else [torch.zeros(2 * B, heads, t, head_dim) for _ in range(2 * layers)])
-    state_axes = {**{n: ({0: "N"} if recurrent else {0: "N", 2: "t"}) for n in past},
-                  **{n: ({0: "N"} if recurrent else {0: "N", 2: "t1"}) for n in present}}
+    caches = (
+        [torch.zeros(2 * B, cell_dim) for _ in range(layers)]
+        if recurrent
+        else [torch.zeros(2 * B, heads, t, head_dim) for _ in range(2 * layers)]
+    )
+    state_axes = {
+        **{n: ({0: "N"} if recurrent else {0: "N", 2: "t"}) for n in past},
+        **{n: ({0: "N"} if recurrent else {0: "N", 2: "t1"}) for n in present},
+    }
     encoder_axes = {"encoder_bias": {0: "N", 3: "S"}, **{n: {0: "N", 2: "S"} for n in enc_names}}
-    for restricted_rows in ((False, True) if restricted else (False,)):
+    for restricted_rows in (False, True) if restricted else (False,):
         suffix = "_restricted" if restricted_rows else ""
         rows_in = ["out_weight", "out_bias"] if restricted_rows else []
         rows_args = out_rows if restricted_rows else []
@@ -281,48 +306,116 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         relative_in = ["buckets"] if window > 0 else []
         relative_args = [torch.arange(t + 1).clamp(max=2 * window)] if window > 0 else []
         step_in = ["tokens", "position", *relative_in, "logit_bias", "encoder_bias", *enc_names, *past, *rows_in]
-        step_args = (torch.full((2 * B,), tgt_dict.eos()), torch.tensor([t]), *relative_args, bias_arg, *rows_kv, *caches,
-                     *rows_args)
-        step_dyn = {"tokens": {0: "N"}, "buckets": {0: "t1"}, "logit_bias": {0: "V"}, **encoder_axes, **state_axes,
-                    **rows_dyn}
+        step_args = (
+            torch.full((2 * B,), tgt_dict.eos()),
+            torch.tensor([t]),
+            *relative_args,
+            bias_arg,
+            *rows_kv,
+            *caches,
+            *rows_args,
+        )
+        step_dyn = {
+            "tokens": {0: "N"},
+            "buckets": {0: "t1"},
+            "logit_bias": {0: "V"},
+            **encoder_axes,
+            **state_axes,
+            **rows_dyn,
+        }
         if window == 0:
             del step_dyn["buckets"]
         if family.left_to_right:  # AT, HRT's AT mode and Skip-AT
-            export(StepGraph(model, max_positions, top=1, restricted=restricted_rows), step_args, step_in,
-                   ["score", "token", *present], {**step_dyn, "score": {0: "N"}, "token": {0: "N"}}, f"step{suffix}.onnx")
-            export(StepGraph(model, max_positions, top=4, restricted=restricted_rows), step_args, step_in,
-                   ["top_scores", "top_rows", *present],
-                   {**step_dyn, "top_scores": {0: "N", 1: "K"}, "top_rows": {0: "N", 1: "K"}}, f"step_top{suffix}.onnx",
-                   k_input=True)
+            export(
+                StepGraph(model, max_positions, top=1, restricted=restricted_rows),
+                step_args,
+                step_in,
+                ["score", "token", *present],
+                {**step_dyn, "score": {0: "N"}, "token": {0: "N"}},
+                f"step{suffix}.onnx",
+            )
+            export(
+                StepGraph(model, max_positions, top=4, restricted=restricted_rows),
+                step_args,
+                step_in,
+                ["top_scores", "top_rows", *present],
+                {**step_dyn, "top_scores": {0: "N", 1: "K"}, "top_rows": {0: "N", 1: "K"}},
+                f"step_top{suffix}.onnx",
+                k_input=True,
+            )
         if family.non_causal:  # stage II, Mask-Predict's passes
             T = 6
             queries = torch.arange(0, T, 2)
-            par_args = (torch.full((B, T), tgt_dict.unk()), torch.arange(1, T + 1).expand(B, T).contiguous(), queries,
-                        torch.arange(0, B * queries.numel(), 2), bias_arg, bias, *enc_kv, *rows_args)
-            export(ParallelGraph(model, max_positions, restricted=restricted_rows), par_args,
-                   ["tokens", "positions", "queries", "select", "logit_bias", "encoder_bias", *enc_names, *rows_in],
-                   ["score", "token"],
-                   {"tokens": {0: "B", 1: "T"}, "positions": {0: "B", 1: "T"}, "queries": {0: "Q"}, "select": {0: "M"},
+            par_args = (
+                torch.full((B, T), tgt_dict.unk()),
+                torch.arange(1, T + 1).expand(B, T).contiguous(),
+                queries,
+                torch.arange(0, B * queries.numel(), 2),
+                bias_arg,
+                bias,
+                *enc_kv,
+                *rows_args,
+            )
+            export(
+                ParallelGraph(model, max_positions, restricted=restricted_rows),
+                par_args,
+                ["tokens", "positions", "queries", "select", "logit_bias", "encoder_bias", *enc_names, *rows_in],
+                ["score", "token"],
+                {
+                    "tokens": {0: "B", 1: "T"},
+                    "positions": {0: "B", 1: "T"},
+                    "queries": {0: "Q"},
+                    "select": {0: "M"},
                     "logit_bias": {0: "V"},
-                    "encoder_bias": {0: "B", 3: "S"}, **{n: {0: "B", 2: "S"} for n in enc_names},
-                    "score": {0: "M"}, "token": {0: "M"}, **rows_dyn}, f"parallel{suffix}.onnx")
+                    "encoder_bias": {0: "B", 3: "S"},
+                    **{n: {0: "B", 2: "S"} for n in enc_names},
+                    "score": {0: "M"},
+                    "token": {0: "M"},
+                    **rows_dyn,
+                },
+                f"parallel{suffix}.onnx",
+            )
 
     if family.left_to_right:  # the greedy search (AT, AT mode, Skip-AT) as one run: export/loop.py
         lengths = [torch.tensor(1), torch.tensor(10), torch.tensor(1)]  # stride, max_len, min_len
-        body_args = (torch.tensor(t), torch.tensor(True), torch.ones(2 * B, dtype=torch.bool),
-                     torch.full((2 * B,), tgt_dict.eos()), *caches, *lengths)
-        loop_axes = {"alive": {0: "N"}, "prev": {0: "N"}, "alive_out": {0: "N"}, "token": {0: "N"}, "score": {0: "N"},
-                     **encoder_axes, **state_axes}
-        for restricted_rows in ((False, True) if restricted else (False,)):
-            rows_args, bias_arg = ((out_rows + [torch.arange(r)], logit_bias[:r]) if restricted_rows else ([], logit_bias))
-            rows_dyn = {name: {0: "V"} for name in ("usual_bias", "early_bias", "final_bias", "out_weight", "out_bias",
-                                                    "out_ids")} if restricted_rows else {}
-            export(GreedyLoopBody(model, max_positions, tgt_dict.eos(), restricted=restricted_rows),
-                   (*body_args, bias_arg, bias_arg, bias_arg, *rows_kv, *rows_args),
-                   body_inputs(past, enc_names, restricted_rows),
-                   ["cond_out", "alive_out", "token", *present, "score"], {**loop_axes, **rows_dyn},
-                   "greedy_restricted.onnx" if restricted_rows else "greedy.onnx",
-                   wrap=lambda body: greedy_loop(body, past, present, enc_names))
+        body_args = (
+            torch.tensor(t),
+            torch.tensor(True),
+            torch.ones(2 * B, dtype=torch.bool),
+            torch.full((2 * B,), tgt_dict.eos()),
+            *caches,
+            *lengths,
+        )
+        loop_axes = {
+            "alive": {0: "N"},
+            "prev": {0: "N"},
+            "alive_out": {0: "N"},
+            "token": {0: "N"},
+            "score": {0: "N"},
+            **encoder_axes,
+            **state_axes,
+        }
+        for restricted_rows in (False, True) if restricted else (False,):
+            rows_args, bias_arg = (
+                (out_rows + [torch.arange(r)], logit_bias[:r]) if restricted_rows else ([], logit_bias)
+            )
+            rows_dyn = (
+                {
+                    name: {0: "V"}
+                    for name in ("usual_bias", "early_bias", "final_bias", "out_weight", "out_bias", "out_ids")
+                }
+                if restricted_rows
+                else {}
+            )
+            export(
+                GreedyLoopBody(model, max_positions, tgt_dict.eos(), restricted=restricted_rows),
+                (*body_args, bias_arg, bias_arg, bias_arg, *rows_kv, *rows_args),
+                body_inputs(past, enc_names, restricted_rows),
+                ["cond_out", "alive_out", "token", *present, "score"],
+                {**loop_axes, **rows_dyn},
+                "greedy_restricted.onnx" if restricted_rows else "greedy.onnx",
+                wrap=lambda body: greedy_loop(body, past, present, enc_names),
+            )
 
     share_weights(tmp, list(files.values()))
     # the output rows as arrays: a shortlist gathers its rows from them once per batch
@@ -331,7 +424,10 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     np.save(os.path.join(tmp, "output_weight.npy"), decoder.output_projection.weight.float().numpy())
     if getattr(decoder.output_projection, "bias", None) is not None:
         np.save(os.path.join(tmp, "output_bias.npy"), decoder.output_projection.bias.float().numpy())
-    src_lang, tgt_lang = getattr(task.cfg, "source_lang", None) or "src", getattr(task.cfg, "target_lang", None) or "tgt"
+    src_lang, tgt_lang = (
+        getattr(task.cfg, "source_lang", None) or "src",
+        getattr(task.cfg, "target_lang", None) or "tgt",
+    )
     src_dict.save(os.path.join(tmp, f"dict.{src_lang}.txt"))
     tgt_dict.save(os.path.join(tmp, f"dict.{tgt_lang}.txt"))
     spm = None
@@ -354,9 +450,16 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         "recurrent": bool(recurrent),
         "cell_dim": int(cell_dim),
         "length_classes": int(model.embed_length.weight.size(0)) if length else 0,
-        "max_source_positions": int(model.max_positions()[0]) if isinstance(model.max_positions(), tuple) else max_positions,
-        "pad": tgt_dict.pad(), "eos": tgt_dict.eos(), "unk": tgt_dict.unk(), "bos": tgt_dict.bos(),
-        "source_eos": src_dict.eos(), "source_pad": src_dict.pad(), "source_unk": src_dict.unk(),
+        "max_source_positions": int(model.max_positions()[0])
+        if isinstance(model.max_positions(), tuple)
+        else max_positions,
+        "pad": tgt_dict.pad(),
+        "eos": tgt_dict.eos(),
+        "unk": tgt_dict.unk(),
+        "bos": tgt_dict.bos(),
+        "source_eos": src_dict.eos(),
+        "source_pad": src_dict.pad(),
+        "source_unk": src_dict.unk(),
         "mask": getattr(task, "mask_idx", None),
         "chunk_start": {str(k): v for k, v in chunk_start.items()},
         "trained_chunk_sizes": sorted(int(k) for k in model.get_trained_chunk_sizes()) if family.chunk_sizes else [],
@@ -422,8 +525,13 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
             with warnings.catch_warnings(), _quiet_root_logger():
                 warnings.simplefilter("ignore")
                 # EnableSubgraph: the greedy loop's body (greedy.onnx) is quantized as the step is
-                quantize_dynamic(source, os.path.join(tmp, name), weight_type=QuantType.QInt8,
-                                 op_types_to_quantize=["MatMul", "Gemm"], extra_options={"EnableSubgraph": True})
+                quantize_dynamic(
+                    source,
+                    os.path.join(tmp, name),
+                    weight_type=QuantType.QInt8,
+                    op_types_to_quantize=["MatMul", "Gemm"],
+                    extra_options={"EnableSubgraph": True},
+                )
         elif name not in (CONFIG, WEIGHTS) and os.path.isfile(source):
             shutil.copyfile(source, os.path.join(tmp, name))
     share_weights(tmp, sorted(graphs))
@@ -437,8 +545,14 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
     return config
 
 
-def export_checkpoint(checkpoint: str, out_dir: str, data: Optional[str] = None,
-                      sentencepiece_model: Optional[str] = None, restricted: bool = True, int8: bool = False) -> Dict:
+def export_checkpoint(
+    checkpoint: str,
+    out_dir: str,
+    data: Optional[str] = None,
+    sentencepiece_model: Optional[str] = None,
+    restricted: bool = True,
+    int8: bool = False,
+) -> Dict:
     """Load a checkpoint as ``fairseq-generate`` does (``data``: the data-bin folder with its
     dictionaries, default the one it was trained on) and :func:`export_model` it (``int8``: then
     :func:`quantize_folder` it in place)."""
@@ -464,23 +578,32 @@ def cli_main(argv=None):
     p = argparse.ArgumentParser(
         prog="fairseq-hrt-export",
         description="Export an AT or HRT checkpoint into a folder that ONNX Runtime decodes "
-        "(--decoder-engine onnxruntime, or hrt-translate without PyTorch).")
+        "(--decoder-engine onnxruntime, or hrt-translate without PyTorch).",
+    )
     p.add_argument("checkpoint", help="a checkpoint of fairseq-train (--task hrt_translation)")
     p.add_argument("out_dir", help="the folder to write (created; files of an earlier export are replaced)")
     p.add_argument("--data", help="the data-bin folder with the dictionaries (default: the one of training)")
     p.add_argument("--sentencepiece-model", help="the SentencePiece model of the data (default: found beside the data)")
-    p.add_argument("--no-restricted", action="store_true", help="skip the graphs with the output rows as inputs (shortlists)")
-    p.add_argument("--int8", action="store_true", help="quantize the graphs to int8 (ONNX Runtime's dynamic quantization)")
+    p.add_argument(
+        "--no-restricted", action="store_true", help="skip the graphs with the output rows as inputs (shortlists)"
+    )
+    p.add_argument(
+        "--int8", action="store_true", help="quantize the graphs to int8 (ONNX Runtime's dynamic quantization)"
+    )
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     try:
-        config = export_checkpoint(a.checkpoint, a.out_dir, a.data, a.sentencepiece_model, restricted=not a.no_restricted,
-                                   int8=a.int8)
+        config = export_checkpoint(
+            a.checkpoint, a.out_dir, a.data, a.sentencepiece_model, restricted=not a.no_restricted, int8=a.int8
+        )
     except (ValueError, FileNotFoundError) as e:
         p.exit(2, f"fairseq-hrt-export: error: {e}\n")
     size = sum(os.path.getsize(os.path.join(a.out_dir, f)) for f in os.listdir(a.out_dir))
-    print(f"{a.out_dir}: {config['kind']} model{' (int8)' if config.get('int8') else ''}, {len(config['graphs'])} graphs, "
-          f"{size / 2**20:.1f} MiB")
+    print(
+        f"{a.out_dir}: {config['kind']} model{' (int8)' if config.get('int8') else ''}, "
+        f"{len(config['graphs'])} graphs, "
+        f"{size / 2**20:.1f} MiB"
+    )
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ Graphs:
 With ``restricted=True`` a decoder graph takes the output layer's rows (weight ``(V', C)``,
 bias ``(V',)``) as inputs: a shortlist's rows, gathered once per batch.
 """
+
 import math
 from typing import List, Optional
 
@@ -104,7 +105,9 @@ class _DecoderGraph(nn.Module):
         self.recurrent = pass_.recurrent  # SSRU layers: a cell per layer instead of keys/values
         with torch.no_grad():  # the planned weights become constants of the graph
             self.plan = StepPlan(decoder)
-            self.self_qkv = [None if self.recurrent else scaled_projections(layer.self_attn, True) for layer in decoder.layers]
+            self.self_qkv = [
+                None if self.recurrent else scaled_projections(layer.self_attn, True) for layer in decoder.layers
+            ]
             self.encoder_q = [scaled_projections(layer.encoder_attn, False) for layer in decoder.layers]
         self.heads, self.head_dim = pass_.heads, pass_.head_dim
         self.dim = self.heads * self.head_dim
@@ -127,7 +130,9 @@ class _DecoderGraph(nn.Module):
         def block(layer, i, x):
             q = F.linear(x, *self.encoder_q[i])
             if queries == 1:  # (N, 1, H, d) and (N, H, 1, d) are one layout: no Transpose (a copy) either way
-                out = attention(q.reshape(-1, self.heads, 1, self.head_dim), enc_k[i], enc_v[i], None, None, encoder_bias)
+                out = attention(
+                    q.reshape(-1, self.heads, 1, self.head_dim), enc_k[i], enc_v[i], None, None, encoder_bias
+                )
             else:
                 q = q.reshape(-1, queries, self.heads, self.head_dim).transpose(1, 2)
                 out = attention(q, enc_k[i], enc_v[i], None, None, encoder_bias).transpose(1, 2)
@@ -161,9 +166,9 @@ class StepGraph(_DecoderGraph):
         logit_bias, encoder_bias = inputs[0], inputs[1]
         n_layers = len(self.plan.layers)
         caches = inputs[2:]
-        enc_k, enc_v = caches[0:n_layers], caches[n_layers:2 * n_layers]
+        enc_k, enc_v = caches[0:n_layers], caches[n_layers : 2 * n_layers]
         n_past = n_layers if self.recurrent else 2 * n_layers  # SSRU: one cell per layer; else keys, values
-        past = caches[2 * n_layers:2 * n_layers + n_past]
+        past = caches[2 * n_layers : 2 * n_layers + n_past]
         past_k, past_v = past[:n_layers], past[n_layers:]
         out_weight = out_bias = None
         if self.restricted:
@@ -191,7 +196,11 @@ class StepGraph(_DecoderGraph):
         encoder_block = self.encoder_block(enc_k, enc_v, encoder_bias, 1)
         for i, layer in enumerate(self.plan.layers):
             x = layer_forward(layer, i, x, recurrent_block if self.recurrent else self_block, encoder_block)
-        return (*best_allowed(self.logits(x, out_weight, out_bias), logit_bias, self.top, self.block), *present_k, *present_v)
+        return (
+            *best_allowed(self.logits(x, out_weight, out_bias), logit_bias, self.top, self.block),
+            *present_k,
+            *present_v,
+        )
 
 
 class GreedyLoopBody(nn.Module):
@@ -201,7 +210,8 @@ class GreedyLoopBody(nn.Module):
     (a run and the search's numpy work around it cost more than a small model's step).
 
     Inputs (an ONNX ``Loop`` body's): the iteration ``i`` (the step), the loop condition, then
-    the carried ``alive (N,)`` (rows without ``</s>`` yet), ``prev (N,)`` (the last tokens) and the past keys, values (SSRU:
+    the carried ``alive (N,)`` (rows without ``</s>`` yet), ``prev (N,)`` (the last tokens) and
+    the past keys, values (SSRU:
     cells); the search's settings ``stride``, ``max_len``, ``min_len`` and its three biases
     (:class:`hrt_runtime.search.Rules`: ``usual``, ``early`` before ``min_len``, ``final`` at
     ``max_len``) and the encoder side are read from the loop's graph by name. Outputs: the
@@ -220,11 +230,11 @@ class GreedyLoopBody(nn.Module):
         self.n_past = self.layers if self.step.recurrent else 2 * self.layers
 
     def forward(self, i, cond, alive, prev, *rest):
-        past = rest[:self.n_past]
-        stride, max_len, min_len, usual, early, final, encoder_bias = rest[self.n_past:self.n_past + 7]
-        enc = rest[self.n_past + 7:self.n_past + 7 + 2 * self.layers]
+        past = rest[: self.n_past]
+        stride, max_len, min_len, usual, early, final, encoder_bias = rest[self.n_past : self.n_past + 7]
+        enc = rest[self.n_past + 7 : self.n_past + 7 + 2 * self.layers]
         # restricted: the output rows' weight, bias and ids (a row's token is its id)
-        rows = rest[self.n_past + 7 + 2 * self.layers:]
+        rows = rest[self.n_past + 7 + 2 * self.layers :]
         position = (i * stride).reshape(1)
         bias = bias_at(i, max_len, min_len, usual, early, final)
         buckets = []
@@ -253,14 +263,15 @@ class ParallelGraph(_DecoderGraph):
 
     def forward(self, tokens, positions, queries, select, logit_bias, encoder_bias, *caches):
         n_layers = len(self.plan.layers)
-        enc_k, enc_v = caches[0:n_layers], caches[n_layers:2 * n_layers]
+        enc_k, enc_v = caches[0:n_layers], caches[n_layers : 2 * n_layers]
         out_weight = out_bias = None
         if self.restricted:
             out_weight, out_bias = caches[2 * n_layers], caches[2 * n_layers + 1]
         n, t = tokens.shape
         x = self.prologue(tokens, None if self.positions is None else self.positions[positions]).reshape(-1, self.dim)
         bias = torch.zeros(n, 1, 1, t, dtype=torch.float32, device=tokens.device).masked_fill(
-            tokens.eq(self.padding_idx).view(n, 1, 1, t), -math.inf)
+            tokens.eq(self.padding_idx).view(n, 1, 1, t), -math.inf
+        )
         buckets = None
         if self.window > 0:
             buckets = relative_bucket(positions, positions, self.window).unsqueeze(1).expand(n, self.heads, t, t)
@@ -286,8 +297,14 @@ class ParallelGraph(_DecoderGraph):
             if i < last:
                 x = layer_forward(layer, i, x, self_block, self.encoder_block(enc_k, enc_v, encoder_bias, t))
             else:
-                x = layer_forward(layer, i, x, lambda layer, i, h: self_block(layer, i, h, pick),
-                                  self.encoder_block(enc_k, enc_v, encoder_bias, queries.shape[0]), pick)
+                x = layer_forward(
+                    layer,
+                    i,
+                    x,
+                    lambda layer, i, h: self_block(layer, i, h, pick),
+                    self.encoder_block(enc_k, enc_v, encoder_bias, queries.shape[0]),
+                    pick,
+                )
         selected = x.index_select(0, select)
         return best_allowed(self.logits(selected, out_weight, out_bias), logit_bias, 1, self.block)
 
@@ -315,9 +332,13 @@ class EncoderGraph(nn.Module):
         self.head_dim = self.dim // self.heads
         with torch.no_grad():
             self.layers = [(layer, scaled_projections(layer.self_attn, True)) for layer in encoder.layers]
-            self.decoder_kv = [(torch.cat([l.encoder_attn.k_proj.weight, l.encoder_attn.v_proj.weight]).detach(),
-                                torch.cat([l.encoder_attn.k_proj.bias, l.encoder_attn.v_proj.bias]).detach())
-                               for l in decoder.layers]
+            self.decoder_kv = [
+                (
+                    torch.cat([layer.encoder_attn.k_proj.weight, layer.encoder_attn.v_proj.weight]).detach(),
+                    torch.cat([layer.encoder_attn.k_proj.bias, layer.encoder_attn.v_proj.bias]).detach(),
+                )
+                for layer in decoder.layers
+            ]
         self.decoder_heads, self.decoder_head_dim = pass_.heads, pass_.head_dim
 
     def forward(self, src_tokens):

@@ -18,11 +18,13 @@ state the steps grow (per layer ``initial_k*``, ``initial_v*`` ``(N, H, 0, d)``;
 made, ``T <= max_len + 1`` (the loop ends when every row has produced ``</s>``; rows that ended
 before go on and are read up to their ``</s>`` only).
 """
+
 from typing import List, Sequence
 
 # what the body reads from the loop's graph after the carried state (GreedyLoopBody.forward's
 # order), and the names of the state's start: the runtime feeds them
-from hrt_runtime.model import LOOP_ROWS_INPUTS, LOOP_SETTINGS as SETTINGS, loop_state_name
+from hrt_runtime.model import LOOP_ROWS_INPUTS, loop_state_name
+from hrt_runtime.model import LOOP_SETTINGS as SETTINGS
 
 
 def body_inputs(past: Sequence[str], enc_names: Sequence[str], restricted: bool = False) -> List[str]:
@@ -67,14 +69,23 @@ def greedy_loop(body_model, past: Sequence[str], present: Sequence[str], enc_nam
         helper.make_node("Constant", [], ["go"], value=helper.make_tensor("go", TensorProto.BOOL, [], [True])),
         helper.make_node("Add", ["max_len", "one"], ["trips"]),
         helper.make_node("Equal", ["start", "start"], ["alive"]),  # every row: no </s> yet
-        helper.make_node("Loop", ["trips", "go", "alive", "start", *initial],
-                         ["last_alive", "last_token", *("last_" + n for n in present), "tokens", "scores"], body=body),
+        helper.make_node(
+            "Loop",
+            ["trips", "go", "alive", "start", *initial],
+            ["last_alive", "last_token", *("last_" + n for n in present), "tokens", "scores"],
+            body=body,
+        ),
     ]
     graph = helper.make_graph(
-        nodes, "greedy_loop", [start, *outer_inputs, *state_inputs],
-        [helper.make_tensor_value_info("tokens", TensorProto.INT64, ["T", "N"]),
-         helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["T", "N"])],
-        initializer=initializers)
+        nodes,
+        "greedy_loop",
+        [start, *outer_inputs, *state_inputs],
+        [
+            helper.make_tensor_value_info("tokens", TensorProto.INT64, ["T", "N"]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["T", "N"]),
+        ],
+        initializer=initializers,
+    )
     model = helper.make_model(graph, opset_imports=list(body_model.opset_import))
     model.ir_version = body_model.ir_version
     return model

@@ -2,6 +2,7 @@
 (:mod:`.strategies`) and their generators. Every module of this package is imported here,
 as fairseq imports its ``models/`` and ``tasks/``: a strategy or an engine registers itself
 when its module is imported, so adding one is adding its module (see docs/design.md)."""
+
 import importlib
 import os
 

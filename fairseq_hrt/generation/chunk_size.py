@@ -1,5 +1,6 @@
 """``--decode-chunk-size``: which chunk size k an HRT model decodes with (per batch or per
 sentence)."""
+
 from typing import List
 
 import torch
@@ -22,9 +23,7 @@ def resolve_decode_chunk_size(option: str, trained: List[int]):
     try:
         k = int(option)
     except ValueError:
-        raise ValueError(
-            f"--decode-chunk-size must be an integer, 'auto-trained' or 'by-length', got {option!r}"
-        )
+        raise ValueError(f"--decode-chunk-size must be an integer, 'auto-trained' or 'by-length', got {option!r}")
     if k < 1:
         raise ValueError(f"--decode-chunk-size must be >= 1, got {k}")
     if k > 1 and k not in trained:

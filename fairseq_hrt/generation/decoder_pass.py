@@ -26,6 +26,7 @@ The modes are labelled for ``torch.profiler`` (``hrt.step``, ``hrt.block``,
 ``hrt.non_causal``) while a profiler runs (:func:`profiled`; a label costs a few
 microseconds, so none is made otherwise).
 """
+
 import functools
 import math
 import weakref
@@ -85,8 +86,14 @@ def encoder_padding_bias(encoder_out) -> Tensor:
     return padding_bias(pad_mask, enc.size(0), enc.size(1), torch.float32, enc.device)
 
 
-def attention(q: Tensor, keys: Tensor, values: Tensor, relative_keys: Optional[Tensor] = None,
-              buckets: Optional[Tensor] = None, bias: Optional[Tensor] = None) -> Tensor:
+def attention(
+    q: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    relative_keys: Optional[Tensor] = None,
+    buckets: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+) -> Tensor:
     """Scaled dot-product attention ``(N, H, W, d)`` of queries ``q`` ``(N, H, W, d)`` (already
     scaled) over ``keys``/``values`` ``(N, H, K, d)``, softmax in float32.
 
@@ -303,8 +310,11 @@ class EncoderKV:
 
     def select(self, index: Tensor) -> "EncoderKV":
         """The sentences ``index`` (in that order; repeats allowed), a new object."""
-        return EncoderKV([k.index_select(0, index) for k in self.keys],
-                         [v.index_select(0, index) for v in self.values], self.bias.index_select(0, index))
+        return EncoderKV(
+            [k.index_select(0, index) for k in self.keys],
+            [v.index_select(0, index) for v in self.values],
+            self.bias.index_select(0, index),
+        )
 
     def attention(self, layer: "LayerPlan", i: int, x: Tensor) -> Tensor:
         """Encoder attention of layer ``i`` for ``x`` ``(N, C)`` or ``(N, W, C)``: the ``N / B``
@@ -352,7 +362,12 @@ class DecoderState:
 @functools.lru_cache(maxsize=None)
 def _planned_classes():
     """The module classes the planned passes read, exactly (a subclass may compute otherwise)."""
-    from fairseq.models.transformer import TransformerDecoder, TransformerDecoderBase, TransformerEncoder, TransformerEncoderBase
+    from fairseq.models.transformer import (
+        TransformerDecoder,
+        TransformerDecoderBase,
+        TransformerEncoder,
+        TransformerEncoderBase,
+    )
     from fairseq.modules import (
         FairseqDropout,
         LearnedPositionalEmbedding,
@@ -368,10 +383,25 @@ def _planned_classes():
     from fairseq_hrt.modules.ssru import SSRU
 
     # modules the plan calls as they are (it reads their arithmetic, not their insides)
-    calls = {nn.Linear, nn.LayerNorm, nn.Embedding, FairseqDropout, SinusoidalPositionalEmbedding, LearnedPositionalEmbedding}
+    calls = {
+        nn.Linear,
+        nn.LayerNorm,
+        nn.Embedding,
+        FairseqDropout,
+        SinusoidalPositionalEmbedding,
+        LearnedPositionalEmbedding,
+    }
     classes = calls | {nn.ModuleList, MultiheadAttention, RelativeSelfAttention, SSRU}
-    decoder = {TransformerDecoderBase, TransformerDecoder, HRTDecoder, SSRUDecoder, TransformerDecoderLayerBase,
-               TransformerDecoderLayer, HRTDecoderLayer, SSRUDecoderLayer}
+    decoder = {
+        TransformerDecoderBase,
+        TransformerDecoder,
+        HRTDecoder,
+        SSRUDecoder,
+        TransformerDecoderLayerBase,
+        TransformerDecoderLayer,
+        HRTDecoderLayer,
+        SSRUDecoderLayer,
+    }
     encoder = {TransformerEncoderBase, TransformerEncoder, TransformerEncoderLayerBase, TransformerEncoderLayer}
     try:  # --quantize int8 (the lean engine runs the quantized linears as they are)
         from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
@@ -415,8 +445,9 @@ class DecoderPass:
     def __init__(self, decoder):
         unknown = unplanned_modules(decoder)
         if unknown:
-            raise ValueError(f"--decoder-engine lean does not know the module(s) {', '.join(unknown)}; "
-                             "use --decoder-engine fairseq")
+            raise ValueError(
+                f"--decoder-engine lean does not know the module(s) {', '.join(unknown)}; use --decoder-engine fairseq"
+            )
         for reason, bad in self._unsupported(decoder).items():
             if bad:
                 raise ValueError(f"--decoder-engine lean does not support {reason}; use --decoder-engine fairseq")
@@ -444,13 +475,20 @@ class DecoderPass:
             "quantization noise": getattr(decoder, "quant_noise", None) is not None,
             "a decoder without encoder attention": any(layer.encoder_attn is None for layer in layers),
             "NormFormer layers (--scale-attn/--scale-heads/--scale-fc/--scale-resids)": any(
-                getattr(layer, name, None) is not None for layer in layers for name in ("attn_ln", "c_attn", "ffn_layernorm", "w_resid")
+                getattr(layer, name, None) is not None
+                for layer in layers
+                for name in ("attn_ln", "c_attn", "ffn_layernorm", "w_resid")
             ),
             "attention with bias_kv / zero_attn": any(
                 attn.bias_k is not None or attn.add_zero_attn
-                for layer in layers for attn in (getattr(layer, "self_attn", None), layer.encoder_attn) if attn is not None
+                for layer in layers
+                for attn in (getattr(layer, "self_attn", None), layer.encoder_attn)
+                if attn is not None
             ),
-            "decoder layers of different shapes": len({layer.encoder_attn.num_heads for layer in layers if layer.encoder_attn is not None}) > 1
+            "decoder layers of different shapes": len(
+                {layer.encoder_attn.num_heads for layer in layers if layer.encoder_attn is not None}
+            )
+            > 1
             or len({is_recurrent(layer) for layer in layers}) > 1,
         }
 
@@ -495,11 +533,21 @@ class DecoderPass:
         for layer in self.decoder.layers:
             attn = layer.encoder_attn
             keys.append(attn.k_proj(enc).view(src_len, bsz, self.heads, self.head_dim).permute(1, 2, 0, 3).contiguous())
-            values.append(attn.v_proj(enc).view(src_len, bsz, self.heads, self.head_dim).permute(1, 2, 0, 3).contiguous())
+            values.append(
+                attn.v_proj(enc).view(src_len, bsz, self.heads, self.head_dim).permute(1, 2, 0, 3).contiguous()
+            )
         return EncoderKV(keys, values, encoder_padding_bias(encoder_out))
 
-    def begin(self, encoder_out, rows: int, steps: int, start_token: int, vocab: Optional[Tensor] = None,
-              zeroed: bool = False, encoder: Optional[EncoderKV] = None) -> DecoderState:
+    def begin(
+        self,
+        encoder_out,
+        rows: int,
+        steps: int,
+        start_token: int,
+        vocab: Optional[Tensor] = None,
+        zeroed: bool = False,
+        encoder: Optional[EncoderKV] = None,
+    ) -> DecoderState:
         """Caches for ``rows`` hypotheses (sentence-major) of the encoder output's sentences and
         at most ``steps`` positions; the encoder-side keys/values are projected here, once
         (or ``encoder``'s are taken). ``vocab``: the output-layer rows (sorted ids) the
@@ -544,7 +592,9 @@ class DecoderPass:
         """:meth:`step` with ``step`` a ``(1,)`` tensor and self-attention over the whole
         cache, future positions masked: no shape depends on the step (``--compile``)."""
         n = tokens.size(0)
-        x = self._prologue(state.plan, tokens, None if state.positions is None else state.positions.index_select(0, step))
+        x = self._prologue(
+            state.plan, tokens, None if state.positions is None else state.positions.index_select(0, step)
+        )
         buckets = None if state.buckets is None else state.buckets.index_select(0, step).view(-1)
         bias = None
         if not self.recurrent:
@@ -625,25 +675,39 @@ class DecoderPass:
             x = plan.layernorm_embedding(x)
         return x
 
-    def _layers(self, state: DecoderState, x: Tensor, n: int, at, keys: Optional[int], buckets, bias,
-                queries: Optional[Tensor] = None) -> Tensor:
+    def _layers(
+        self,
+        state: DecoderState,
+        x: Tensor,
+        n: int,
+        at,
+        keys: Optional[int],
+        buckets,
+        bias,
+        queries: Optional[Tensor] = None,
+    ) -> Tensor:
         """The decoder layers over ``x`` ``(N, C)`` (one query per row) or ``(N, W, C)``; the
         queries' keys/values are written into ``state``'s caches ``at`` (see
         :meth:`_self_attention`); SSRU layers run :meth:`_recurrence` from ``at``.
         ``queries`` (no cache only): the last layer's output at these columns only."""
         if self.recurrent:
+
             def self_block(layer, i, h):
                 return self._recurrence(layer, state.cells[i][:n], h, at)
         elif at is None:  # no cache: the queries are the keys
+
             def self_block(layer, i, h):
                 return self._self_attention(layer, h, None, None, None, None, buckets, bias)
         else:
+
             def self_block(layer, i, h):
                 return self._self_attention(layer, h, state.self_k[i][:n], state.self_v[i][:n], at, keys, buckets, bias)
+
         encoder_block = state.encoder.attention
         last = len(state.plan.layers) - 1
         for i, layer in enumerate(state.plan.layers):
             if i == last and queries is not None:
+
                 def pick(y):
                     return y.index_select(1, queries)
 
@@ -657,8 +721,9 @@ class DecoderPass:
                 x = layer_forward(layer, i, x, self_block, encoder_block)
         return x
 
-    def _self_attention(self, layer: "LayerPlan", x: Tensor, cache_k, cache_v, at, keys: Optional[int], buckets, bias,
-                        pick=None) -> Tensor:
+    def _self_attention(
+        self, layer: "LayerPlan", x: Tensor, cache_k, cache_v, at, keys: Optional[int], buckets, bias, pick=None
+    ) -> Tensor:
         """Self-attention of the queries ``x`` ``(N, C)`` or ``(N, W, C)``. Their keys/values are
         written into ``cache_k``/``cache_v`` ``(N, H, T, d)`` at ``at`` -- an int (one
         position for every row; keys: the cache up to it), a ``(1,)`` tensor (the same; keys:
@@ -714,7 +779,9 @@ class DecoderPass:
         negated_gate, projected = projections
         forget = torch.sigmoid(-negated_gate)
         initial = cells.gather(1, at[:, :1].unsqueeze(-1).expand(n, 1, c)).squeeze(1)
-        block = linear_recurrence(forget.transpose(0, 1), ((1.0 - forget) * projected).transpose(0, 1), initial).transpose(0, 1)
+        block = linear_recurrence(
+            forget.transpose(0, 1), ((1.0 - forget) * projected).transpose(0, 1), initial
+        ).transpose(0, 1)
         cells.scatter_(1, (at + 1).unsqueeze(-1).expand(n, w, c), block)
         return torch.relu(block)
 

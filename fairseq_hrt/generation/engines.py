@@ -18,6 +18,7 @@ Each engine registers in its own module: ``lean`` (:mod:`fairseq_hrt.generation.
 :func:`register_engine` in its own module and appears in ``--decoder-engine``'s choices and
 help, and in the benchmark's rows. This module imports no engine.
 """
+
 from typing import Dict, List, Sequence
 
 from fairseq_hrt.generation.options import DecodingOptions
@@ -79,8 +80,10 @@ def engine_choices() -> List[str]:
 
 def engines_help() -> str:
     """``--decoder-engine``'s help, from the registry."""
-    return ("engine of left-to-right search (AT beam/greedy, HRT stage I and AT mode), and of HRT's two stages "
-            "and Mask-Predict where it runs them: " + "; ".join(f"'{n}' = {e.summary}" for n, e in ENGINES.items()))
+    return (
+        "engine of left-to-right search (AT beam/greedy, HRT stage I and AT mode), and of HRT's two stages "
+        "and Mask-Predict where it runs them: " + "; ".join(f"'{n}' = {e.summary}" for n, e in ENGINES.items())
+    )
 
 
 def get_engine(name: str) -> DecoderEngine:

@@ -1,6 +1,7 @@
 """``--decoder-engine fairseq``: fairseq's own ``SequenceGenerator`` for left-to-right search
 (needed for ``--prefix-size``, constraints, sampling, alignments), keeping its last encoder
 output for HRT's stage II (:class:`~fairseq_hrt.generation.hrt_generator.HRTGenerator`)."""
+
 from typing import Dict
 
 import torch
@@ -41,8 +42,10 @@ class FairseqEngine(DecoderEngine):
     """fairseq's ``SequenceGenerator`` (needed for --prefix-size, constraints, sampling,
     alignments), keeping its last encoder output for HRT's stage II."""
 
-    summary = ("fairseq's SequenceGenerator, the same hypotheses as lean (needed for --prefix-size, constraints, "
-               "sampling, alignments)")
+    summary = (
+        "fairseq's SequenceGenerator, the same hypotheses as lean (needed for --prefix-size, constraints, "
+        "sampling, alignments)"
+    )
     row_name = "fairseq engine"  # "(fairseq)" would read as fairseq itself
 
     def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
@@ -50,10 +53,16 @@ class FairseqEngine(DecoderEngine):
         suppress = [ctx.task.target_dictionary[i] for i in banned if i != pad]  # fairseq bans <pad> itself
         args = ctx.options.fairseq_args
         # the search options win over the command line's (stage I's L / k, a strategy's beam)
-        changed = {k: v for k, v in fairseq_values(search, ctx.options.temperature).items() if getattr(args, k, None) != v}
+        changed = {
+            k: v for k, v in fairseq_values(search, ctx.options.temperature).items() if getattr(args, k, None) != v
+        }
         if changed:
             args = with_options(args, **changed)
         if not keep_encoder_out and not suppress:  # the caller's own generator class (fairseq's convention)
             return ctx.fairseq_generator(ctx.models, args)
-        return ctx.fairseq_generator(ctx.models, args, seq_gen_cls=EncoderKeepingSequenceGenerator,
-                                     extra_gen_cls_kwargs={"tokens_to_suppress": suppress} if suppress else None)
+        return ctx.fairseq_generator(
+            ctx.models,
+            args,
+            seq_gen_cls=EncoderKeepingSequenceGenerator,
+            extra_gen_cls_kwargs={"tokens_to_suppress": suppress} if suppress else None,
+        )

@@ -1,6 +1,7 @@
 """``--decoding greedy-at-mode``: greedy left-to-right search from ``</s>`` whatever ``--beam``
 says -- an AT model's greedy search, an HRT model's AT mode (k = 1, b = 1). The quality
 reference of HRT's speed-ups, as one name for fairseq-generate, the API and benchmarks."""
+
 import dataclasses
 
 from fairseq_hrt.generation.hrt_generator import BeamDecoding

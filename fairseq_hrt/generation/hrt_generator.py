@@ -8,6 +8,7 @@ and ``onnxruntime`` engines run them inside their generators; :class:`HRTGenerat
 stage I of another engine (fairseq's ``SequenceGenerator``) or the options beyond the papers
 with the same stage II.
 """
+
 import logging
 from typing import Callable, Dict, List, Optional
 
@@ -17,9 +18,9 @@ from torch import Tensor
 
 from fairseq_hrt import chunking
 from fairseq_hrt.generation.chunk_size import chunk_sizes_of, resolve_decode_chunk_size
+from fairseq_hrt.generation.hypotheses import reject_unsupported_inputs, select_rows, to_fairseq
 from fairseq_hrt.generation.lean import TorchEncoded
 from fairseq_hrt.generation.search_rules import banned_symbols_of
-from fairseq_hrt.generation.hypotheses import reject_unsupported_inputs, select_rows, to_fairseq
 from fairseq_hrt.generation.strategies import DecodingContext, DecodingStrategy, LeftToRightDecoding, register_decoding
 from fairseq_hrt.models.kinds import family_of
 from hrt_runtime.search import check_b_nat, chunk_size_groups, fill_masks, stage2
@@ -133,7 +134,9 @@ class HRTGenerator:
             results = self._rescore(results, encoder_out)
         self.stage2_stats["sentences"] += len(results)
         if self.fallback_threshold is not None:
-            low = [i for i, hypos in enumerate(results) if float(hypos[0]["stage2_confidence"]) < self.fallback_threshold]
+            low = [
+                i for i, hypos in enumerate(results) if float(hypos[0]["stage2_confidence"]) < self.fallback_threshold
+            ]
             if low:
                 self.stage2_stats["fallbacks"] += len(low)
                 for i, hypos in zip(low, self._generate_k(select_rows(sample, low), 1)):
@@ -146,8 +149,14 @@ class HRTGenerator:
         candidates = [(sent, hypo) for sent, hypos in enumerate(results) for hypo in hypos]
         device = encoder_out["encoder_out"][0].device
         index = torch.tensor([sent for sent, _ in candidates], dtype=torch.long, device=device)
-        scores, per_token = at_mode_scores(self.model, self.model.encoder.reorder_encoder_out(encoder_out, index),
-                                           [hypo["tokens"] for _, hypo in candidates], self.eos, self.pad, self.len_penalty)
+        scores, per_token = at_mode_scores(
+            self.model,
+            self.model.encoder.reorder_encoder_out(encoder_out, index),
+            [hypo["tokens"] for _, hypo in candidates],
+            self.eos,
+            self.pad,
+            self.len_penalty,
+        )
         for j, (_, hypo) in enumerate(candidates):
             n = hypo["tokens"].numel()
             hypo["score"], hypo["positional_scores"] = scores[j], per_token[j, :n]
@@ -157,21 +166,51 @@ class HRTGenerator:
 
     def _stage2(self, skeletons, k: int, encoded, vocab: Optional[Tensor] = None):
         device = encoded.kv.bias.device
-        found = [[{"tokens": h["tokens"].cpu().numpy(), "positional_scores": h["positional_scores"].float().cpu().numpy()}
-                  for h in hypos] for hypos in skeletons]
+        found = [
+            [
+                {"tokens": h["tokens"].cpu().numpy(), "positional_scores": h["positional_scores"].float().cpu().numpy()}
+                for h in hypos
+            ]
+            for hypos in skeletons
+        ]
         rows = self.backend.rows(None if vocab is None else vocab.cpu().numpy())
-        filled = stage2(self.backend, encoded, found, k, self.banned, self.b_nat, self.len_penalty, rows,
-                        self.bucket_padding, self.refine_fraction)
+        filled = stage2(
+            self.backend,
+            encoded,
+            found,
+            k,
+            self.banned,
+            self.b_nat,
+            self.len_penalty,
+            rows,
+            self.bucket_padding,
+            self.refine_fraction,
+        )
         if self.print_steps:
             for skeleton, hypos in zip(skeletons, filled):
-                logger.info("HRT k=%d stage I: %s | stage II: %s", k, self.tgt_dict.string(skeleton[0]["tokens"]),
-                            self.tgt_dict.string(torch.from_numpy(hypos[0]["tokens"])))
+                logger.info(
+                    "HRT k=%d stage I: %s | stage II: %s",
+                    k,
+                    self.tgt_dict.string(skeleton[0]["tokens"]),
+                    self.tgt_dict.string(torch.from_numpy(hypos[0]["tokens"])),
+                )
         return to_fairseq(filled, device)
 
 
 @torch.no_grad()
-def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, encoder_out, banned: Tensor,
-                   mask: int, eos: int, pad: int, vocab: Optional[Tensor] = None, refine_fraction: float = 0.0):
+def fill_skeletons(
+    model,
+    skeleton: Tensor,
+    skeleton_scores: Tensor,
+    k: int,
+    encoder_out,
+    banned: Tensor,
+    mask: int,
+    eos: int,
+    pad: int,
+    vocab: Optional[Tensor] = None,
+    refine_fraction: float = 0.0,
+):
     """Stage II of right-padded skeletons ``(B, M)`` (each ending in ``</s>``) given as
     tensors, by the one search (:func:`hrt_runtime.search.fill_masks`) over the model's
     :class:`~fairseq_hrt.generation.lean.TorchBackend`: the oracles of
@@ -190,10 +229,15 @@ def fill_skeletons(model, skeleton: Tensor, skeleton_scores: Tensor, k: int, enc
     bias[rows.positions(banned.tolist())] = -np.inf
     encoded = TorchEncoded(encoder_out, backend.decoder_pass.encoder(encoder_out))
     tokens, positions, filled, scores, lengths, _ = fill_masks(
-        backend, encoded, skeleton.cpu().numpy(), skeleton_scores.float().cpu().numpy(), k, bias, rows, refine_fraction)
+        backend, encoded, skeleton.cpu().numpy(), skeleton_scores.float().cpu().numpy(), k, bias, rows, refine_fraction
+    )
     sample = chunking.DecoderSample(torch.from_numpy(tokens).to(device), torch.from_numpy(positions).to(device), None)
-    return (sample, torch.from_numpy(filled).to(device), torch.from_numpy(scores).to(device),
-            torch.from_numpy(lengths).to(device))
+    return (
+        sample,
+        torch.from_numpy(filled).to(device),
+        torch.from_numpy(scores).to(device),
+        torch.from_numpy(lengths).to(device),
+    )
 
 
 def at_mode_scores(model, encoder_out, candidates: List[Tensor], eos: int, pad: int, len_penalty: float):
@@ -203,7 +247,9 @@ def at_mode_scores(model, encoder_out, candidates: List[Tensor], eos: int, pad: 
     the sum divided by ``length ** len_penalty``, and ``(N, T)`` padded with 0."""
     target = torch.nn.utils.rnn.pad_sequence(candidates, batch_first=True, padding_value=pad)
     target = target.to(encoder_out["encoder_out"][0].device)
-    prev = torch.cat([target.new_full((target.size(0), 1), eos), target[:, :-1]], dim=1).masked_fill(target.eq(pad), pad)
+    prev = torch.cat([target.new_full((target.size(0), 1), eos), target[:, :-1]], dim=1).masked_fill(
+        target.eq(pad), pad
+    )
     logits, _ = model.decoder(prev, encoder_out=encoder_out)
     lprobs = torch.log_softmax(logits.float(), dim=-1).gather(2, target.unsqueeze(2)).squeeze(2)
     lprobs = lprobs.masked_fill(target.eq(pad), 0.0)
@@ -222,7 +268,9 @@ def check_hrt_options(refine_fraction: float, fallback_threshold: Optional[float
 # ------------------------------------------------------------------------ strategies
 
 
-def left_to_right_generators(ctx: DecodingContext, banned: List[int], keep_encoder_out: bool = True) -> Callable[[int], object]:
+def left_to_right_generators(
+    ctx: DecodingContext, banned: List[int], keep_encoder_out: bool = True
+) -> Callable[[int], object]:
     """``k -> `` the engine's left-to-right generator for at most ``L / k`` steps
     (``L = max_len_a * src_len + max_len_b``), never producing ``banned``; built once per k."""
     built: Dict[int, object] = {}
@@ -244,7 +292,13 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
         raise ValueError("HRT decoding supports a single model (no ensembles)")
     generator = ctx.engine.two_stage(ctx, chunk_size)
     if generator is not None:
-        logger.info("HRT decoding: chunk size %s, b_at %d, b_nat %d, %s engine", chunk_size, b_at, options.b_nat, ctx.engine.name)
+        logger.info(
+            "HRT decoding: chunk size %s, b_at %d, b_nat %d, %s engine",
+            chunk_size,
+            b_at,
+            options.b_nat,
+            ctx.engine.name,
+        )
         return generator
     generator = HRTGenerator(
         left_to_right_generators(ctx, ctx.banned()),
@@ -265,8 +319,13 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
     if chunk_size == 1 and options.b_nat == 1:
         logger.info("HRT decoding in AT mode (chunk size 1) from </s>, %s engine", ctx.engine.name)
     else:
-        logger.info("HRT decoding: chunk size %s, b_at %d, b_nat %d, %s engine", chunk_size, b_at, options.b_nat,
-                    ctx.engine.name)
+        logger.info(
+            "HRT decoding: chunk size %s, b_at %d, b_nat %d, %s engine",
+            chunk_size,
+            b_at,
+            options.b_nat,
+            ctx.engine.name,
+        )
     return generator
 
 

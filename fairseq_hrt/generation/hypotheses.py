@@ -1,5 +1,6 @@
 """Hypotheses in fairseq's format, and the sample pieces every generator of this package
 shares: the one definition of what a generator hands back to fairseq-generate."""
+
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -25,8 +26,12 @@ def to_fairseq(found, device) -> List[List[Dict]]:
     """Hypotheses of :mod:`hrt_runtime.search` (numpy) in fairseq's format, on ``device``."""
 
     def one(h):
-        hypo = hypothesis(torch.from_numpy(np.asarray(h["tokens"], np.int64)).to(device), torch.tensor(h["score"]),
-                          torch.from_numpy(np.asarray(h["positional_scores"], np.float32)).to(device), steps=h.get("steps"))
+        hypo = hypothesis(
+            torch.from_numpy(np.asarray(h["tokens"], np.int64)).to(device),
+            torch.tensor(h["score"]),
+            torch.from_numpy(np.asarray(h["positional_scores"], np.float32)).to(device),
+            steps=h.get("steps"),
+        )
         if "stage2_confidence" in h:
             hypo["stage2_confidence"] = torch.tensor(h["stage2_confidence"])
         return hypo

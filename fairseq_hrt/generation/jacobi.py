@@ -35,6 +35,7 @@ plus AT mode's next token become final. Output: AT-mode greedy's.
 Every sentence of a batch moves on its own (its own block, its own final prefix) and leaves
 the batch when it is done. Each hypothesis reports its decoder passes (``steps``).
 """
+
 import logging
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
@@ -45,12 +46,12 @@ from torch import Tensor
 from fairseq_hrt import chunking
 from fairseq_hrt.generation.decoder_pass import EncoderKV, decoder_pass
 from fairseq_hrt.generation.hrt_generator import check_at_mode
-from hrt_runtime.search import SearchConfig, positional_scores
+from fairseq_hrt.generation.hypotheses import hypothesis, reject_unsupported_inputs
 from fairseq_hrt.generation.output_vocab import OutputLayer
 from fairseq_hrt.generation.search_rules import SearchRules
-from fairseq_hrt.generation.hypotheses import hypothesis, reject_unsupported_inputs
 from fairseq_hrt.generation.strategies import DecodingContext, LeftToRightDecoding, register_decoding
 from fairseq_hrt.models.kinds import family_of
+from hrt_runtime.search import SearchConfig, positional_scores
 
 logger = logging.getLogger(__name__)
 
@@ -181,9 +182,19 @@ class ParallelGreedyGenerator:
     in ``self.trace`` (:class:`PassRecord`, for DDGviz).
     """
 
-    def __init__(self, model, tgt_dict, options: SearchConfig, method: str, block_size: int,
-                 banned: Sequence[int] = (), parallel_length: int = 0, drafter: Optional[NATDrafter] = None,
-                 trace: bool = False, temperature: float = 1.0):
+    def __init__(
+        self,
+        model,
+        tgt_dict,
+        options: SearchConfig,
+        method: str,
+        block_size: int,
+        banned: Sequence[int] = (),
+        parallel_length: int = 0,
+        drafter: Optional[NATDrafter] = None,
+        trace: bool = False,
+        temperature: float = 1.0,
+    ):
         check_parallel_options(method, options.beam, block_size, parallel_length)
         if method == SPEC_METHOD and drafter is None:
             raise ValueError("hrt-spec needs a drafter (an HRT model's non-autoregressive mode)")
@@ -230,8 +241,10 @@ class ParallelGreedyGenerator:
         """Running totals: decoder passes per sentence and tokens per pass (hrt-spec: tokens
         accepted per verifying pass)."""
         st = self.stats
-        text = (f"{st['sentences']} sentences so far, {self.passes_per_sentence():.2f} decoder passes per sentence, "
-                f"{st['tokens'] / max(1, st['passes']):.2f} output tokens per pass")
+        text = (
+            f"{st['sentences']} sentences so far, {self.passes_per_sentence():.2f} decoder passes per sentence, "
+            f"{st['tokens'] / max(1, st['passes']):.2f} output tokens per pass"
+        )
         if self.drafter is not None:
             verify = st["passes"] - st["draft_passes"]
             text += f", {st['tokens'] / max(1, verify):.2f} tokens accepted per verifying pass"
@@ -307,8 +320,14 @@ class ParallelGreedyGenerator:
                     total = total / length**self.options.len_penalty
                 # steps: every decoder pass (hrt-spec: drafting and verifying ones)
                 steps = int(passes[r]) + int(draft_passes[r])
-                hypo = hypothesis(tokens[r, 1 : length + 1].clone(), total,
-                                  torch.from_numpy(positional_scores(cumulative[i : i + 1, :length].cpu().numpy())[0]).to(cumulative.device), steps=steps)
+                hypo = hypothesis(
+                    tokens[r, 1 : length + 1].clone(),
+                    total,
+                    torch.from_numpy(positional_scores(cumulative[i : i + 1, :length].cpu().numpy())[0]).to(
+                        cumulative.device
+                    ),
+                    steps=steps,
+                )
                 if self.drafter is not None:
                     hypo["draft_passes"] = int(draft_passes[r])
                 finalized[int(sentence[r])].append(hypo)
@@ -327,14 +346,16 @@ class ParallelGreedyGenerator:
     def _record(self, sentence, final, in_positions, pred, score, widths, accepted):
         for r in range(pred.size(0)):
             w = int(widths[r])
-            self.trace.append(PassRecord(
-                sentence=int(sentence[r]),
-                final_before=int(final[r]),
-                positions=(in_positions[r, :w] + 1).tolist(),
-                tokens=pred[r, :w].tolist(),
-                probs=score[r, :w].exp().tolist(),
-                accepted=int(accepted[r]),
-            ))
+            self.trace.append(
+                PassRecord(
+                    sentence=int(sentence[r]),
+                    final_before=int(final[r]),
+                    positions=(in_positions[r, :w] + 1).tolist(),
+                    tokens=pred[r, :w].tolist(),
+                    probs=score[r, :w].exp().tolist(),
+                    accepted=int(accepted[r]),
+                )
+            )
 
 
 def check_parallel_options(method: str, beam: int, block_size: int, parallel_length: int = 0):
@@ -344,8 +365,7 @@ def check_parallel_options(method: str, beam: int, block_size: int, parallel_len
         raise ValueError(f"unknown parallel decoding method {method!r}")
     if beam != 1:
         raise ValueError(
-            f"{name} reproduces greedy search (beam 1), got --beam {beam}; add --beam 1 "
-            "(fairseq's default beam is 5)"
+            f"{name} reproduces greedy search (beam 1), got --beam {beam}; add --beam 1 (fairseq's default beam is 5)"
         )
     if block_size is None or block_size < 1:
         raise ValueError(f"--jacobi-block-size must be >= 1, got {block_size}")
@@ -361,8 +381,10 @@ def build_parallel_generator(ctx: DecodingContext, method: str) -> ParallelGreed
     if len(ctx.models) != 1:
         raise ValueError(f"--decoding {method} decodes a single model (no ensembles)")
     if options.sequence_generator_only:
-        raise ValueError(f"--decoding {method} does not support {', '.join(options.sequence_generator_only)} "
-                         "(it reproduces plain greedy search)")
+        raise ValueError(
+            f"--decoding {method} does not support {', '.join(options.sequence_generator_only)} "
+            "(it reproduces plain greedy search)"
+        )
     block_size = options.jacobi_block_size
     if block_size is None:
         block_size = DEFAULT_BLOCK_SIZE.get(method, 1)
@@ -375,11 +397,23 @@ def build_parallel_generator(ctx: DecodingContext, method: str) -> ParallelGreed
     tgt_dict = task.target_dictionary
     banned = ctx.banned()
     drafter = NATDrafter(model, task.mask_idx, tgt_dict.pad(), torch.tensor(banned)) if method == SPEC_METHOD else None
-    generator = ParallelGreedyGenerator(model, tgt_dict, options.search, method, block_size, banned, parallel_length,
-                                        drafter, temperature=options.temperature)
+    generator = ParallelGreedyGenerator(
+        model,
+        tgt_dict,
+        options.search,
+        method,
+        block_size,
+        banned,
+        parallel_length,
+        drafter,
+        temperature=options.temperature,
+    )
     if ctx.engine.name != "lean":
-        logger.info("--decoding %s runs its own block passes (the lean engine's caches); --decoder-engine %s "
-                    "is not used", method, ctx.engine.name)
+        logger.info(
+            "--decoding %s runs its own block passes (the lean engine's caches); --decoder-engine %s is not used",
+            method,
+            ctx.engine.name,
+        )
     logger.info(
         "--decoding %s: block size %s%s, exact greedy output of the %s",
         method,
@@ -402,18 +436,27 @@ class _ParallelDecoding(LeftToRightDecoding):
 
 JACOBI_NAMES = {"pj": "parallel Jacobi", "pgj": "parallel GS-Jacobi", "hgj": "hybrid GS-Jacobi"}
 for _method in JACOBI_METHODS:
-    register_decoding(_method)(type(f"{_method.upper()}Decoding", (_ParallelDecoding,), {
-        "__doc__": f"Jacobi decoding ({_method}): greedy search's output in fewer decoder passes.",
-        "summary": f"Jacobi decoding ({JACOBI_NAMES[_method]}): greedy search's output in fewer decoder passes "
-                   "(needs --beam 1)"}))
+    register_decoding(_method)(
+        type(
+            f"{_method.upper()}Decoding",
+            (_ParallelDecoding,),
+            {
+                "__doc__": f"Jacobi decoding ({_method}): greedy search's output in fewer decoder passes.",
+                "summary": f"Jacobi decoding ({JACOBI_NAMES[_method]}): greedy search's output in fewer decoder passes "
+                "(needs --beam 1)",
+            },
+        )
+    )
 
 
 @register_decoding(SPEC_METHOD)
 class HRTSpeculativeDecoding(_ParallelDecoding):
     """HRT drafts with its non-autoregressive mode, verifies with its AT mode: AT-mode greedy."""
 
-    summary = ("an HRT model drafts blocks with its non-autoregressive mode and verifies them with its AT mode: "
-               "AT-mode greedy output (needs --beam 1)")
+    summary = (
+        "an HRT model drafts blocks with its non-autoregressive mode and verifies them with its AT mode: "
+        "AT-mode greedy output (needs --beam 1)"
+    )
 
     @classmethod
     def supports(cls, model):
@@ -422,6 +465,10 @@ class HRTSpeculativeDecoding(_ParallelDecoding):
             return (
                 f"hrt-spec drafts with the model's non-autoregressive mode and verifies with its AT mode: "
                 f"it needs an HRT model (--arch hrt_*), not a {type(model).__name__}"
-                + (" (an AT model has no non-autoregressive mode; use --decoding pgj/hgj)" if family.left_to_right else "")
+                + (
+                    " (an AT model has no non-autoregressive mode; use --decoding pgj/hgj)"
+                    if family.left_to_right
+                    else ""
+                )
             )
         return None

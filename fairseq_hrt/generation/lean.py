@@ -22,6 +22,7 @@ own modules through its one :class:`~fairseq_hrt.generation.decoder_pass.Decoder
 is fairseq's generator interface over it; :class:`LeanEngine` registers them as
 ``--decoder-engine lean``.
 """
+
 from typing import Dict, Optional, Sequence
 
 import numpy as np
@@ -29,12 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_hrt.generation.engines import DecoderEngine, register_engine
 from fairseq_hrt.generation.decoder_pass import DecoderState, EncoderKV, decoder_pass, profiled
-from hrt_runtime.search import SearchConfig
+from fairseq_hrt.generation.engines import DecoderEngine, register_engine
 from fairseq_hrt.generation.output_vocab import restricted_output_layer
 from fairseq_hrt.generation.search_generator import SearchGenerator
 from hrt_runtime.model import OutputRows
+from hrt_runtime.search import SearchConfig
 
 
 class TorchEncoded:
@@ -70,8 +71,15 @@ class TorchBackend:
     :mod:`hrt_runtime.search`. ``temperature``: the logits of a step are divided by it
     (``--temperature``); ``compile``: the steps run ``torch.compile``'s static step."""
 
-    def __init__(self, model, tgt_dict, chunk_start: Optional[Dict[int, int]] = None, mask: Optional[int] = None,
-                 temperature: float = 1.0, compile: bool = False):
+    def __init__(
+        self,
+        model,
+        tgt_dict,
+        chunk_start: Optional[Dict[int, int]] = None,
+        mask: Optional[int] = None,
+        temperature: float = 1.0,
+        compile: bool = False,
+    ):
         if temperature <= 0:
             raise ValueError("--temperature must be greater than 0")
         self.model = model
@@ -133,8 +141,9 @@ class TorchBackend:
         return self.decoder_pass.stride_of(start)
 
     def begin(self, encoded: TorchEncoded, rows: int, steps: int, start: int, out_rows: TorchRows) -> DecoderState:
-        return self.decoder_pass.begin(encoded.encoder_out, rows, steps, start, vocab=out_rows.vocab,
-                                       zeroed=self.compile, encoder=encoded.kv)
+        return self.decoder_pass.begin(
+            encoded.encoder_out, rows, steps, start, vocab=out_rows.vocab, zeroed=self.compile, encoder=encoded.kv
+        )
 
     def step(self, state: DecoderState, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1):
         prev = self._tensor(tokens)
@@ -154,10 +163,19 @@ class TorchBackend:
             state.select_sentences(self._tensor(sentences))
 
     @profiled("hrt.stage2")
-    def parallel(self, encoded: TorchEncoded, tokens: np.ndarray, positions: np.ndarray, queries: np.ndarray,
-                 select: np.ndarray, logit_bias: np.ndarray, out_rows: TorchRows):
-        features = self.decoder_pass.non_causal(encoded.kv, self._tensor(tokens), self._tensor(positions),
-                                                   self._tensor(queries))
+    def parallel(
+        self,
+        encoded: TorchEncoded,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        queries: np.ndarray,
+        select: np.ndarray,
+        logit_bias: np.ndarray,
+        out_rows: TorchRows,
+    ):
+        features = self.decoder_pass.non_causal(
+            encoded.kv, self._tensor(tokens), self._tensor(positions), self._tensor(queries)
+        )
         picked = features.reshape(-1, features.size(-1)).index_select(0, self._tensor(select))
         if out_rows.vocab is None:
             logits = self.model.decoder.output_layer(picked)
@@ -179,9 +197,20 @@ class LeanSequenceGenerator(SearchGenerator):
 
     engine = "lean"
 
-    def __init__(self, model, tgt_dict, options: SearchConfig, banned: Sequence[int] = (),
-                 shortlist=None, compile: bool = False, chunk_start: Optional[Dict[int, int]] = None,
-                 mask: Optional[int] = None, chunk_size=None, b_nat: int = 1, temperature: float = 1.0):
+    def __init__(
+        self,
+        model,
+        tgt_dict,
+        options: SearchConfig,
+        banned: Sequence[int] = (),
+        shortlist=None,
+        compile: bool = False,
+        chunk_start: Optional[Dict[int, int]] = None,
+        mask: Optional[int] = None,
+        chunk_size=None,
+        b_nat: int = 1,
+        temperature: float = 1.0,
+    ):
         backend = TorchBackend(model, tgt_dict, chunk_start, mask, temperature, compile)
         super().__init__(backend, tgt_dict, options, banned, shortlist, chunk_size, b_nat)
         self.model = model
@@ -200,8 +229,10 @@ class LeanEngine(DecoderEngine):
     """This plugin's step loop: preallocated caches, finished sentences leave the batch,
     top-k on the logits, lexical shortlists, ``--compile``."""
 
-    summary = ("this plugin's step loop (preallocated caches, finished sentences leave the batch, top-k on the "
-               "logits; --shortlist, --compile, --quantize int8), HRT's two stages included")
+    summary = (
+        "this plugin's step loop (preallocated caches, finished sentences leave the batch, top-k on the "
+        "logits; --shortlist, --compile, --quantize int8), HRT's two stages included"
+    )
     supports_shortlist = True
     supports_compile = True
 
@@ -211,9 +242,15 @@ class LeanEngine(DecoderEngine):
     def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
         if len(ctx.models) != 1:
             raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
-        return LeanSequenceGenerator(ctx.models[0], ctx.task.target_dictionary, search, banned,
-                                     shortlist=ctx.shortlist, compile=ctx.options.compile,
-                                     temperature=ctx.options.temperature)
+        return LeanSequenceGenerator(
+            ctx.models[0],
+            ctx.task.target_dictionary,
+            search,
+            banned,
+            shortlist=ctx.shortlist,
+            compile=ctx.options.compile,
+            temperature=ctx.options.temperature,
+        )
 
     def two_stage(self, ctx, chunk_size):
         """HRT's two stages in the one search (:mod:`hrt_runtime.search`); the stage-II options
@@ -224,7 +261,16 @@ class LeanEngine(DecoderEngine):
         if len(ctx.models) != 1:
             raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
         task = ctx.task
-        return LeanSequenceGenerator(ctx.models[0], task.target_dictionary, options.search, ctx.banned(),
-                                     shortlist=ctx.shortlist, compile=options.compile, chunk_start=task.chunk_start_idx,
-                                     mask=task.mask_idx, chunk_size=chunk_size, b_nat=options.b_nat,
-                                     temperature=options.temperature)
+        return LeanSequenceGenerator(
+            ctx.models[0],
+            task.target_dictionary,
+            options.search,
+            ctx.banned(),
+            shortlist=ctx.shortlist,
+            compile=options.compile,
+            chunk_start=task.chunk_start_idx,
+            mask=task.mask_idx,
+            chunk_size=chunk_size,
+            b_nat=options.b_nat,
+            temperature=options.temperature,
+        )

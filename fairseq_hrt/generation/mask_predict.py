@@ -24,6 +24,7 @@ functions :func:`~hrt_runtime.search.remask_counts`,
 run here over the model's :class:`~fairseq_hrt.generation.lean.TorchBackend` and on ONNX
 Runtime by ``--decoder-engine onnxruntime``.
 """
+
 import logging
 from typing import Iterable
 
@@ -80,9 +81,15 @@ class MaskPredictGenerator(SearchGenerator):
         if length_beam < 1:
             raise ValueError(f"--iter-decode-with-beam (Mask-Predict's length beam l) must be >= 1, got {length_beam}")
         self.model = models[0]
-        super().__init__(TorchBackend(self.model, tgt_dict, mask=mask), tgt_dict,
-                         SearchConfig(beam=1, max_len_a=max_len_a, max_len_b=max_len_b), banned, shortlist,
-                         iterations=iterations, length_beam=length_beam)
+        super().__init__(
+            TorchBackend(self.model, tgt_dict, mask=mask),
+            tgt_dict,
+            SearchConfig(beam=1, max_len_a=max_len_a, max_len_b=max_len_b),
+            banned,
+            shortlist,
+            iterations=iterations,
+            length_beam=length_beam,
+        )
         self.tgt_dict = tgt_dict
         self.mask = mask
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
@@ -143,14 +150,24 @@ class MaskPredictDecoding(DecodingStrategy):
                 "generator; Mask-Predict decoding does not support it"
             )
         if cls.uses_engine(ctx.engine):
-            logger.info("Mask-Predict decoding: I = %d iterations, length beam l = %d, %s engine",
-                        options.iter_decode_max_iter, options.iter_decode_with_beam, ctx.engine.name)
+            logger.info(
+                "Mask-Predict decoding: I = %d iterations, length beam l = %d, %s engine",
+                options.iter_decode_max_iter,
+                options.iter_decode_with_beam,
+                ctx.engine.name,
+            )
             return ctx.engine.mask_predict(ctx)
         generator = MaskPredictGenerator(
-            ctx.models, ctx.task.target_dictionary, mask=ctx.task.mask_idx, banned=ctx.banned(),
-            iterations=options.iter_decode_max_iter, length_beam=options.iter_decode_with_beam,
-            max_len_a=options.search.max_len_a, max_len_b=options.search.max_len_b,
-            print_steps=options.print_step, shortlist=ctx.shortlist,
+            ctx.models,
+            ctx.task.target_dictionary,
+            mask=ctx.task.mask_idx,
+            banned=ctx.banned(),
+            iterations=options.iter_decode_max_iter,
+            length_beam=options.iter_decode_with_beam,
+            max_len_a=options.search.max_len_a,
+            max_len_b=options.search.max_len_b,
+            print_steps=options.print_step,
+            shortlist=ctx.shortlist,
         )
         logger.info(
             "Mask-Predict decoding: I = %d iterations, length beam l = %d (--beam is not used)",

@@ -8,6 +8,7 @@ The search is :mod:`hrt_runtime.search`, on numpy arrays: the same code the depl
 stages and Mask-Predict as a whole; ONNX Runtime uses ``torch.get_num_threads()`` threads (what
 ``OMP_NUM_THREADS`` or the benchmark's ``--threads`` set).
 """
+
 import logging
 import os
 import threading
@@ -25,7 +26,9 @@ _LOCK = threading.Lock()
 
 
 def cache_root() -> str:
-    return os.environ.get("FAIRSEQ_HRT_ONNX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "fairseq-hrt", "onnx")
+    return os.environ.get("FAIRSEQ_HRT_ONNX_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "fairseq-hrt", "onnx"
+    )
 
 
 def _cached(folder: str, digest: str, int8: bool) -> bool:
@@ -67,11 +70,15 @@ def given_folder(folder: str, model, int8: bool) -> str:
 
     config = read_config(folder)
     if config["parameters_sha256"] != parameters_sha256(model):
-        raise ValueError(f"--onnx-model {folder} was exported from another checkpoint than --path's (the SHA-256 of "
-                         "their parameters differ); export this checkpoint, or drop --onnx-model to export it on first use")
+        raise ValueError(
+            f"--onnx-model {folder} was exported from another checkpoint than --path's (the SHA-256 of "
+            "their parameters differ); export this checkpoint, or drop --onnx-model to export it on first use"
+        )
     if bool(config.get("int8")) != int8:
-        raise ValueError(f"--onnx-model {folder} is {'int8' if config.get('int8') else 'float'} but --quantize is "
-                         f"{'int8' if int8 else 'none'}; export with{'out' if not int8 else ''} --int8 or change --quantize")
+        raise ValueError(
+            f"--onnx-model {folder} is {'int8' if config.get('int8') else 'float'} but --quantize is "
+            f"{'int8' if int8 else 'none'}; export with{'out' if not int8 else ''} --int8 or change --quantize"
+        )
     return folder
 
 
@@ -88,8 +95,10 @@ class OnnxRuntimeGenerator(SearchGenerator):
         try:
             import onnxruntime  # noqa: F401
         except ImportError as e:
-            raise ValueError(f"--decoder-engine onnxruntime needs the onnxruntime and onnx packages ({e}); "
-                             "pip install -r requirements.txt") from e
+            raise ValueError(
+                f"--decoder-engine onnxruntime needs the onnxruntime and onnx packages ({e}); "
+                "pip install -r requirements.txt"
+            ) from e
         if ctx.options.onnx_model:
             folder = given_folder(ctx.options.onnx_model, model, ctx.options.quantize == "int8")
         else:
@@ -109,8 +118,10 @@ class OnnxRuntimeEngine(DecoderEngine):
     the output rows gathered once per batch and fed to the step; ``--quantize int8``: the graphs
     quantized by ONNX Runtime, the PyTorch model stays in float)."""
 
-    summary = ("the model exported to ONNX (on first use, cached; see --onnx-model) and decoded by ONNX Runtime, "
-               "HRT's two stages and Mask-Predict included")
+    summary = (
+        "the model exported to ONNX (on first use, cached; see --onnx-model) and decoded by ONNX Runtime, "
+        "HRT's two stages and Mask-Predict included"
+    )
     supports_shortlist = True
     quantizes_itself = True  # --quantize int8: ONNX Runtime's dynamic quantization of the exported graphs
     runs_mask_predict = True
@@ -136,8 +147,15 @@ class OnnxRuntimeEngine(DecoderEngine):
 
     def mask_predict(self, ctx):
         options = ctx.options
-        return OnnxRuntimeGenerator(ctx, options.search, ctx.banned(), iterations=options.iter_decode_max_iter,
-                                    length_beam=options.iter_decode_with_beam)
+        return OnnxRuntimeGenerator(
+            ctx,
+            options.search,
+            ctx.banned(),
+            iterations=options.iter_decode_max_iter,
+            length_beam=options.iter_decode_with_beam,
+        )
 
     def two_stage(self, ctx, chunk_size):
-        return OnnxRuntimeGenerator(ctx, ctx.options.search, ctx.banned(), chunk_size=chunk_size, b_nat=ctx.options.b_nat)
+        return OnnxRuntimeGenerator(
+            ctx, ctx.options.search, ctx.banned(), chunk_size=chunk_size, b_nat=ctx.options.b_nat
+        )

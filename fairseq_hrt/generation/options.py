@@ -11,6 +11,7 @@ hub copies its keywords there), so nothing sets and restores a shared configurat
 
 Each option has one name: the task option's (``decoder_engine`` for ``--decoder-engine``).
 """
+
 import copy
 import dataclasses
 from dataclasses import dataclass, field
@@ -58,8 +59,15 @@ def flags_in_use(args, table) -> Tuple[str, ...]:
 
 # fairseq's generation option of each search setting (``--unnormalized`` is the negation
 # of ``normalize_scores``): the one table search_config and fairseq_values read
-FAIRSEQ_NAMES = {"beam": "beam", "max_len_a": "max_len_a", "max_len_b": "max_len_b", "min_len": "min_len",
-                 "normalize_scores": "unnormalized", "len_penalty": "lenpen", "unk_penalty": "unkpen"}
+FAIRSEQ_NAMES = {
+    "beam": "beam",
+    "max_len_a": "max_len_a",
+    "max_len_b": "max_len_b",
+    "min_len": "min_len",
+    "normalize_scores": "unnormalized",
+    "len_penalty": "lenpen",
+    "unk_penalty": "unkpen",
+}
 NEGATED = ("normalize_scores",)
 
 
@@ -76,8 +84,10 @@ def search_config(args) -> SearchConfig:
 
 def fairseq_values(search: SearchConfig, temperature: float) -> dict:
     """The search settings and ``--temperature`` under fairseq's generation option names."""
-    values = {flag: (not getattr(search, name)) if name in NEGATED else getattr(search, name)
-              for name, flag in FAIRSEQ_NAMES.items()}
+    values = {
+        flag: (not getattr(search, name)) if name in NEGATED else getattr(search, name)
+        for name, flag in FAIRSEQ_NAMES.items()
+    }
     return dict(values, temperature=temperature)
 
 
@@ -95,51 +105,69 @@ class DecodingOptions:
     only fairseq's generators implement (strategies that cannot honour them refuse them)."""
 
     decoding: str = task_option(
-        "decoding strategy: 'auto' = the model's default; a registered strategy by name", "auto")
+        "decoding strategy: 'auto' = the model's default; a registered strategy by name", "auto"
+    )
     decoder_engine: str = task_option(
         "engine of left-to-right search (AT beam/greedy, HRT stage I and AT mode), of HRT's two stages and "
-        "Mask-Predict where it runs them", "lean")
+        "Mask-Predict where it runs them",
+        "lean",
+    )
     quantize: str = task_option(
-        "'int8' = dynamic int8 quantization of the linear layers for CPU decoding, applied when the model is "
-        "loaded", "none")
+        "'int8' = dynamic int8 quantization of the linear layers for CPU decoding, applied when the model is loaded",
+        "none",
+    )
     compile: bool = task_option(
         "compile the lean engine's decoder step with torch.compile (one graph for every step and "
         "batch: self-attention over the whole preallocated cache, future masked; a CUDA graph on a GPU); "
         "for --decoding beam/hrt with --decoder-engine lean, not with --quantize. The first batch pays "
-        "the compilation (tens of seconds; a C++ compiler is needed on CPU)", False)
+        "the compilation (tens of seconds; a C++ compiler is needed on CPU)",
+        False,
+    )
     shortlist: Optional[str] = task_option(
         "lexical shortlist file (built by fairseq-hrt-shortlist from this data directory): the "
         "output layer of every batch is computed only for the shortlists of its source tokens plus "
         "the frequent target tokens, and scores are log-probabilities over those candidates; for "
         "--decoding beam/hrt with --decoder-engine lean (AT search, HRT stage I and II) and "
-        "--decoding mask-predict")
+        "--decoding mask-predict"
+    )
     decode_chunk_size: str = task_option(
         "HRT decoding chunk size: an integer k the model was trained for, 1 = AT "
         "mode (the HRT model decodes causally from </s>, like an AT model), "
         "'auto-trained' = the smallest k the model was trained for, "
-        "'by-length' = chosen per sentence from the source length (docs/how-it-works.md)", "auto-trained")
+        "'by-length' = chosen per sentence from the source length (docs/how-it-works.md)",
+        "auto-trained",
+    )
     b_nat: int = task_option("HRT: number of Skip-AT hypotheses (of --beam = b_at) filled by stage II", 1)
     jacobi_block_size: Optional[int] = task_option(
         "block size b of --decoding pgj / hgj (default 3, the paper's best) and the "
         "number of drafted tokens per verifying pass of --decoding hrt-spec (default 4); "
-        "pj decodes the whole sentence as one block")
+        "pj decodes the whole sentence as one block"
+    )
     jacobi_parallel_length: int = task_option(
         "--decoding hgj: target positions decoded by GS-Jacobi blocks before it "
-        "continues one token per pass; 0 = 1.1 x the source length", 0)
+        "continues one token per pass; 0 = 1.1 x the source length",
+        0,
+    )
     # HRT decoding beyond the papers (each off by default)
     hrt_refine_fraction: float = task_option(
         "HRT: after stage II, mask again this fraction of each sentence's filled tokens (those "
-        "of lowest probability, rounded up) and predict them by one more non-causal pass; 0 = off", 0.0)
+        "of lowest probability, rounded up) and predict them by one more non-causal pass; 0 = off",
+        0.0,
+    )
     hrt_fallback_threshold: Optional[float] = task_option(
         "HRT: decode a sentence again in AT mode when the mean log-probability of the tokens "
-        "stage II filled is below this (e.g. -1.5); default: never")
+        "stage II filled is below this (e.g. -1.5); default: never"
+    )
     hrt_rescore: bool = task_option(
         "HRT: score every stage-II candidate (b_nat per sentence) by the model in AT mode in one "
-        "teacher-forced pass and rank them by that exact score (useful with --b-nat > 1)", False)
+        "teacher-forced pass and rank them by that exact score (useful with --b-nat > 1)",
+        False,
+    )
     onnx_model: Optional[str] = task_option(
         "--decoder-engine onnxruntime: decode this folder written by fairseq-hrt-export instead of "
         "exporting the loaded model into the cache ($FAIRSEQ_HRT_ONNX_CACHE, default ~/.cache/fairseq-hrt/onnx); "
-        "it must be the export of the same checkpoint (its parameters' SHA-256 is checked)")
+        "it must be the export of the same checkpoint (its parameters' SHA-256 is checked)"
+    )
     search: SearchConfig = field(default_factory=SearchConfig)
     temperature: float = 1.0  # --temperature: only the PyTorch engines apply it
     print_step: bool = False
@@ -188,14 +216,16 @@ class DecodingOptions:
 
     def stage2_options_used(self) -> Tuple[str, ...]:
         """The flags of HRT's stage-II options in use (only two-stage HRT decoding has them)."""
-        return tuple("--" + name.replace("_", "-") for name in STAGE2_OPTIONS
-                     if getattr(self, name) != task_defaults()[name])
+        return tuple(
+            "--" + name.replace("_", "-") for name in STAGE2_OPTIONS if getattr(self, name) != task_defaults()[name]
+        )
 
     @property
     def is_default_hrt_decoding(self) -> bool:
         """Whether the HRT-only options keep their defaults (other models must not set them)."""
         return not self.stage2_options_used() and all(
-            getattr(self, name) == task_defaults()[name] for name in ("decode_chunk_size", "b_nat"))
+            getattr(self, name) == task_defaults()[name] for name in ("decode_chunk_size", "b_nat")
+        )
 
 
 def task_defaults() -> dict:

@@ -1,6 +1,7 @@
 """The output-layer rows a batch decodes over when a lexical shortlist restricts them
 (:mod:`fairseq_hrt.shortlist`): mapping between row indices and vocabulary ids, and the
 rows of an output projection."""
+
 import math
 from typing import Callable, Optional, Tuple
 

@@ -2,6 +2,7 @@
 when the model is loaded for decoding (the task wraps ``prepare_for_inference_``, which
 fairseq-generate, fairseq-interactive and the hub call after loading the weights); building a
 generator never changes a model."""
+
 import logging
 
 import torch
@@ -69,9 +70,11 @@ def check_quantization(models, quantize: str, engine: str = "lean"):
         raise ValueError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
     if engine_quantizes_itself(engine):
         if any(is_quantized(m) for m in models):
-            raise ValueError(f"--decoder-engine {engine} quantizes its own graphs (--quantize int8) and needs the "
-                             f"model loaded in float; load it with --decoder-engine {engine} (the PyTorch model "
-                             "then stays in float)")
+            raise ValueError(
+                f"--decoder-engine {engine} quantizes its own graphs (--quantize int8) and needs the "
+                f"model loaded in float; load it with --decoder-engine {engine} (the PyTorch model "
+                "then stays in float)"
+            )
         return
     if quantize == "int8" and not all(is_quantized(m) for m in models):
         raise ValueError(

@@ -6,6 +6,7 @@ modules) and ``onnxruntime`` (:class:`hrt_runtime.model.ExportedModel`, the expo
 The search -- greedy, beam, HRT's two stages, Mask-Predict -- and the way a batch is split by
 chunk size are written here and there once; an engine only says how it encodes a batch.
 """
+
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -30,8 +31,18 @@ class SearchGenerator:
     engine = ""
     what = ""  # how refusals name this generator (default: "--decoder-engine ENGINE")
 
-    def __init__(self, backend, tgt_dict, options: SearchConfig, banned: Sequence[int], shortlist=None,
-                 chunk_size=None, b_nat: int = 1, iterations: int = 0, length_beam: int = 1):
+    def __init__(
+        self,
+        backend,
+        tgt_dict,
+        options: SearchConfig,
+        banned: Sequence[int],
+        shortlist=None,
+        chunk_size=None,
+        b_nat: int = 1,
+        iterations: int = 0,
+        length_beam: int = 1,
+    ):
         if options.beam < 1:
             raise ValueError("--beam must be >= 1")
         if chunk_size is not None:
@@ -77,13 +88,23 @@ class SearchGenerator:
         encoded = self.encode(net_input)
         width = src_tokens.size(1)
         if self.iterations:
-            found = search.mask_predict(self.backend, encoded, src_tokens.cpu().numpy(), self.iterations, self.length_beam,
-                                        self.options.max_len_a, self.options.max_len_b, self.banned,
-                                        rows=self.rows_of(src_tokens), on_iteration=self.on_iteration)
+            found = search.mask_predict(
+                self.backend,
+                encoded,
+                src_tokens.cpu().numpy(),
+                self.iterations,
+                self.length_beam,
+                self.options.max_len_a,
+                self.options.max_len_b,
+                self.banned,
+                rows=self.rows_of(src_tokens),
+                on_iteration=self.on_iteration,
+            )
             return to_fairseq(found, src_tokens.device)
         if self.chunk_size is None or bos_token is not None:
-            found = search.left_to_right(self.backend, encoded, width, self.options, self.banned, start=bos_token,
-                                         rows=self.rows_of(src_tokens))
+            found = search.left_to_right(
+                self.backend, encoded, width, self.options, self.banned, start=bos_token, rows=self.rows_of(src_tokens)
+            )
             return to_fairseq(found, src_tokens.device)
         results: List = [None] * src_tokens.size(0)
         for k, index in search.chunk_size_groups(chunk_sizes_of(self.chunk_size, src_tokens, self.pad)):
@@ -91,8 +112,9 @@ class SearchGenerator:
             if index.size < len(results):  # a group decodes over its own sentences' candidates
                 part = encoded.select(index)
                 part_src = src_tokens.index_select(0, torch.from_numpy(index).to(src_tokens.device))
-            found = search.hrt(self.backend, part, width, self.options, k, self.banned, b_nat=self.b_nat,
-                               rows=self.rows_of(part_src))
+            found = search.hrt(
+                self.backend, part, width, self.options, k, self.banned, b_nat=self.b_nat, rows=self.rows_of(part_src)
+            )
             for i, hypos in zip(index.tolist(), found):
                 results[i] = hypos
         return to_fairseq(results, src_tokens.device)

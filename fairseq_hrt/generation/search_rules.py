@@ -6,6 +6,7 @@
   as three additive biases) on torch logits whose rows may each be at their own step, for
   Jacobi decoding's slots; scores are log-probabilities of the chosen tokens.
 """
+
 from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np

@@ -12,6 +12,7 @@ Registered in this package: ``beam`` and ``hrt`` (:mod:`.hrt_generator`), ``gree
 ``hrt-spec`` (:mod:`.jacobi`). A further strategy registers with :func:`register_decoding` in
 its own module of this package (docs/design.md).
 """
+
 import logging
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Type
@@ -89,8 +90,10 @@ class LeftToRightDecoding(DecodingStrategy):
     def supports(cls, model):
         family = family_of(model)
         if not family.left_to_right:
-            return (f"{DESCRIPTION[family.kind]} ({type(unwrap(model)).__name__}) has no left-to-right decoder; use "
-                    f"--decoding {pick_strategy('auto', model).name}")
+            return (
+                f"{DESCRIPTION[family.kind]} ({type(unwrap(model)).__name__}) has no left-to-right decoder; use "
+                f"--decoding {pick_strategy('auto', model).name}"
+            )
         return None
 
 
@@ -110,8 +113,10 @@ def register_decoding(name: str):
 
 def decoding_help() -> str:
     """``--decoding``'s help, from the registry."""
-    return ("decoding strategy: 'auto' = the model's default (AT models: beam, HRT models: hrt, cmlm_* models: "
-            "mask-predict); " + "; ".join(f"'{n}' = {s.summary}" for n, s in DECODING_STRATEGIES.items()))
+    return (
+        "decoding strategy: 'auto' = the model's default (AT models: beam, HRT models: hrt, cmlm_* models: "
+        "mask-predict); " + "; ".join(f"'{n}' = {s.summary}" for n, s in DECODING_STRATEGIES.items())
+    )
 
 
 def decoding_choices() -> List[str]:
@@ -141,13 +146,16 @@ def default_strategy(model) -> Type[DecodingStrategy]:
     top = max(s.priority for s in claims)
     winners = [s.name for s in claims if s.priority == top]
     if len(winners) > 1:
-        raise ValueError(f"--decoding auto: strategies {', '.join(winners)} all claim a {type(unwrap(model)).__name__} "
-                         f"with priority {top}; give one of them a higher priority")
+        raise ValueError(
+            f"--decoding auto: strategies {', '.join(winners)} all claim a {type(unwrap(model)).__name__} "
+            f"with priority {top}; give one of them a higher priority"
+        )
     return next(s for s in claims if s.priority == top)
 
 
-def check_supported(strategy: Type[DecodingStrategy], engine: DecoderEngine, options: DecodingOptions, models,
-                    shortlist) -> None:
+def check_supported(
+    strategy: Type[DecodingStrategy], engine: DecoderEngine, options: DecodingOptions, models, shortlist
+) -> None:
     """One clear error for each option this strategy and engine cannot honour."""
     uses_engine = strategy.uses_engine(engine)
     if shortlist is not None:
@@ -166,7 +174,9 @@ def check_supported(strategy: Type[DecodingStrategy], engine: DecoderEngine, opt
     if options.compile:
         reasons = []
         if not strategy.supports_compile:
-            reasons.append(f"--decoding {strategy.name} does not run the lean engine's step (use --decoding beam or hrt)")
+            reasons.append(
+                f"--decoding {strategy.name} does not run the lean engine's step (use --decoding beam or hrt)"
+            )
         if not engine.supports_compile:
             reasons.append(f"--decoder-engine {engine.name} does not compile its step (use --decoder-engine lean)")
         if options.quantize != "none" or any(is_quantized(m) for m in models):
@@ -178,26 +188,31 @@ def check_supported(strategy: Type[DecodingStrategy], engine: DecoderEngine, opt
         # exported folder would be silently ignored
         if options.quantize != "none" and engine.quantizes_itself:
             raise ValueError(
-                f"--decoding {strategy.name} decodes the PyTorch model itself, not with --decoder-engine {engine.name}, "
+                f"--decoding {strategy.name} decodes the PyTorch model itself, "
+                f"not with --decoder-engine {engine.name}, "
                 f"and --decoder-engine {engine.name} --quantize {options.quantize} leaves that model in float (the "
                 f"engine quantizes its own graphs): it would decode in float; use --decoder-engine lean --quantize "
                 f"{options.quantize}"
             )
         if options.onnx_model:
-            raise ValueError(f"--onnx-model is the exported folder of --decoder-engine onnxruntime; --decoding "
-                             f"{strategy.name} does not decode with an engine (drop --onnx-model)")
+            raise ValueError(
+                f"--onnx-model is the exported folder of --decoder-engine onnxruntime; --decoding "
+                f"{strategy.name} does not decode with an engine (drop --onnx-model)"
+            )
         return
     used = engine.unsupported(options)
     if used:
         others = [n for n, e in ENGINES.items() if n != engine.name and not e.unsupported(options)]
         raise ValueError(
             f"--decoder-engine {engine.name} does not support {', '.join(used)}; decode with "
-            + (f"--decoder-engine {others[0]}" if others else "another engine") + " for these options"
+            + (f"--decoder-engine {others[0]}" if others else "another engine")
+            + " for these options"
         )
 
 
-def build_generator(task, models, options: DecodingOptions, fairseq_generator: Optional[Callable] = None,
-                    shortlist=None):
+def build_generator(
+    task, models, options: DecodingOptions, fairseq_generator: Optional[Callable] = None, shortlist=None
+):
     """The one factory of generators (the task, the Python API, the benchmarks and ``ddgviz``):
     ``options`` (:class:`DecodingOptions`) -> the generator of its strategy and engine.
     Models are decoded as loaded (``--quantize`` applies at load time,
@@ -206,6 +221,12 @@ def build_generator(task, models, options: DecodingOptions, fairseq_generator: O
     engine = get_engine(options.decoder_engine)
     check_quantization(models, options.quantize, options.decoder_engine)
     check_supported(strategy, engine, options, models, shortlist)
-    ctx = DecodingContext(task=task, models=models, options=options, engine=engine,
-                          fairseq_generator=fairseq_generator, shortlist=shortlist)
+    ctx = DecodingContext(
+        task=task,
+        models=models,
+        options=options,
+        engine=engine,
+        fairseq_generator=fairseq_generator,
+        shortlist=shortlist,
+    )
     return strategy.build(ctx)

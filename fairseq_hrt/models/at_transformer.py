@@ -5,6 +5,7 @@
 Train them with ``--task hrt_translation --hrt-mode at`` so their vocabulary matches HRT's
 and an HRT model can fine-tune from them.
 """
+
 from fairseq.models import register_model_architecture
 from fairseq.models.transformer import base_architecture
 

@@ -25,13 +25,13 @@ the target lengths ``0..LENGTH_CLASSES-1`` (N = target tokens without ``</s>``).
 classes, as in fairseq, rather than ``--max-target-positions`` many: decoding never exceeds
 ``--max-len-b`` (L = 200 in the papers) and longer training targets are clamped to 255.
 """
+
 import logging
 
 import torch.nn.functional as F
 from fairseq.models import register_model, register_model_architecture
 from torch import Tensor, nn
 
-from fairseq_hrt.models.kinds import MASK_PREDICT, ModelFamily, declare
 from fairseq_hrt.models.hrt_transformer import (
     HRTTransformerModel,
     check_dictionary_compatible,
@@ -41,6 +41,7 @@ from fairseq_hrt.models.hrt_transformer import (
     hrt_small,
     hrt_tiny,
 )
+from fairseq_hrt.models.kinds import MASK_PREDICT, ModelFamily, declare
 
 logger = logging.getLogger(__name__)
 

@@ -6,14 +6,15 @@ parameter keeps the name it has in fairseq's transformer, so an AT checkpoint of
 (fairseq's ``transformer`` / this plugin's ``at_*`` archs) initialises an HRT model; only the
 relative-position embeddings are new (fine-tuning, SPEC section 2).
 """
+
 import logging
 from typing import Dict, List, Optional
 
 import torch
+from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerModel
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
-from fairseq.distributed import fsdp_wrap
 from fairseq.modules import LearnedPositionalEmbedding
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
@@ -71,8 +72,9 @@ class HRTDecoderLayer(TransformerDecoderLayerBase):
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)
 
-        x, attn = encoder_attention_and_ffn(self, x, encoder_out, encoder_padding_mask, incremental_state,
-                                            need_weights=need_attn)
+        x, attn = encoder_attention_and_ffn(
+            self, x, encoder_out, encoder_padding_mask, incremental_state, need_weights=need_attn
+        )
         return x, attn
 
 
@@ -129,9 +131,7 @@ class HRTDecoder(TransformerDecoderBase):
                 needed, self.embed_positions.embedding_dim, self.padding_idx
             ).to(weights)
             self.embed_positions.weights = weights
-        return weights.to(device=tokens.device).index_select(0, index.reshape(-1)).view(
-            *index.shape, -1
-        )
+        return weights.to(device=tokens.device).index_select(0, index.reshape(-1)).view(*index.shape, -1)
 
     def forward(
         self,

@@ -6,6 +6,7 @@ A model class declares a :class:`ModelFamily` with :func:`declare`; fairseq's ow
 a subclass computes what it likes, so it declares itself too, and a model whose class
 declares nothing is refused by name (:func:`family_of`) -- never taken for an AT model.
 """
+
 from dataclasses import dataclass
 from typing import Dict
 

@@ -11,14 +11,15 @@ hrt_translation --hrt-mode at`` and decoded with fairseq-generate (fairseq's
 Only left-to-right (AT) decoding can use a recurrence: HRT and Mask-Predict decode (partly)
 non-causally, so an SSRU decoder is refused there (:func:`refuse_ssru_for_non_causal`).
 """
+
 from typing import Dict, List, Optional
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerModel
+from fairseq.modules import LayerNorm
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
-from fairseq.modules import LayerNorm
 from torch import Tensor
 
 from fairseq_hrt.models import at_transformer
@@ -95,9 +96,15 @@ class SSRUDecoderLayer(TransformerDecoderLayerBase):
         if not self.normalize_before:
             x = self.ssru_layer_norm(x)
 
-        x, attn = encoder_attention_and_ffn(self, x, encoder_out, encoder_padding_mask, incremental_state,
-                                            need_weights=need_attn or (not self.training and self.need_attn),
-                                            need_head_weights=need_head_weights)
+        x, attn = encoder_attention_and_ffn(
+            self,
+            x,
+            encoder_out,
+            encoder_padding_mask,
+            incremental_state,
+            need_weights=need_attn or (not self.training and self.need_attn),
+            need_head_weights=need_head_weights,
+        )
         return x, attn, None
 
 

@@ -11,6 +11,7 @@ loading fills ``layers.i.*`` from ``layers.0.*`` again.
 Applies to every model of ``--task hrt_translation``: AT (``at_*``, ``*_ssru``), HRT and
 Mask-Predict.
 """
+
 import logging
 import re
 

@@ -1,12 +1,20 @@
 """The blocks of fairseq's decoder layer after its self-attention, for the layers here that
 replace only the self-attention (HRT's relative self-attention, the SSRU)."""
+
 from typing import Optional
 
 from torch import Tensor
 
 
-def encoder_attention_and_ffn(layer, x: Tensor, encoder_out: Optional[Tensor], encoder_padding_mask: Optional[Tensor],
-                              incremental_state=None, need_weights: bool = False, need_head_weights: bool = False):
+def encoder_attention_and_ffn(
+    layer,
+    x: Tensor,
+    encoder_out: Optional[Tensor],
+    encoder_padding_mask: Optional[Tensor],
+    incremental_state=None,
+    need_weights: bool = False,
+    need_head_weights: bool = False,
+):
     """``(x, attention)`` after the encoder attention and the feed-forward block of ``layer``
     (a ``TransformerDecoderLayerBase``), pre- or post-norm as the layer is configured, exactly
     as fairseq's own layer computes them."""

@@ -9,6 +9,7 @@ The module subclasses fairseq's :class:`MultiheadAttention` so that its projecti
 (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``) have fairseq's names and initialisation:
 a checkpoint of fairseq's transformer loads into it, and only ``relative_keys`` is new.
 """
+
 from typing import Dict, Optional
 
 import torch
@@ -94,16 +95,12 @@ class RelativeSelfAttention(MultiheadAttention):
             # q . R for every clipped distance, then pick each (query, key) pair's distance
             q_rel = torch.matmul(q, self.relative_keys.weight.t())  # (B, H, T, 2w+1)
             bucket = relative_bucket(positions, key_positions, self.window)
-            scores = scores + q_rel.gather(
-                3, bucket.unsqueeze(1).expand(bsz, heads, tgt_len, bucket.size(-1))
-            )
+            scores = scores + q_rel.gather(3, bucket.unsqueeze(1).expand(bsz, heads, tgt_len, bucket.size(-1)))
 
         src_len = k.size(2)
         if causal and tgt_len > 1:
             # query t (at absolute step past_len + t) sees keys 0..past_len + t
-            future = torch.ones(tgt_len, src_len, dtype=torch.bool, device=x.device).triu(
-                1 + past_len
-            )
+            future = torch.ones(tgt_len, src_len, dtype=torch.bool, device=x.device).triu(1 + past_len)
             scores = scores.masked_fill(future, float("-inf"))
         if key_padding_mask is not None and key_padding_mask.any():
             scores = scores.masked_fill(key_padding_mask.view(bsz, 1, 1, src_len), float("-inf"))

@@ -11,6 +11,7 @@ The residual connection and layer norm around it belong to the decoder layer (th
 bias, as in the paper (and Marian's ``ssru`` cell). A decoding step needs only ``c_{t-1}``:
 O(1) state per row and layer, where self-attention keeps every earlier key and value.
 """
+
 from typing import Dict, Optional
 
 import torch

@@ -5,6 +5,7 @@ Importing this package is cheap: its names are resolved on first use (PEP 562), 
 ``python -m fairseq_hrt.scoring.comet`` runs without the submodule being pre-imported, and
 unbabel-comet itself is only imported when a COMET model is loaded.
 """
+
 import importlib
 
 _EXPORTS = {

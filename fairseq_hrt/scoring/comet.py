@@ -28,6 +28,7 @@ COMET lays it out) or the model directory itself.
 Run as ``python -m fairseq_hrt.scoring.comet --src F --hyp F --ref F [--model PATH]`` or
 ``fairseq-hrt-comet ...``. unbabel-comet is imported lazily: it takes seconds to import.
 """
+
 import argparse
 import contextlib
 import inspect
@@ -370,8 +371,13 @@ def cli_main(argv: Optional[List[str]] = None) -> int:
     refs = _read_lines(args.ref) if args.ref else None
     try:
         result = comet_score(
-            srcs, hyps, refs, model_path=args.model, batch_size=args.batch_size,
-            gpus=args.gpus, encoder_path=args.encoder,
+            srcs,
+            hyps,
+            refs,
+            model_path=args.model,
+            batch_size=args.batch_size,
+            gpus=args.gpus,
+            encoder_path=args.encoder,
         )
     except CometUnavailable as e:
         print(f"COMET: not available ({e})", file=sys.stderr)

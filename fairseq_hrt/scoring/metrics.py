@@ -5,6 +5,7 @@
 * :func:`source_words` -- number of whitespace-separated source words; translation speed
   is reported in source words per second.
 """
+
 from typing import Iterable, List
 
 
@@ -13,13 +14,10 @@ def _check_pair(hyps, refs, what="hypotheses", other="references"):
         raise TypeError(f"{what} and {other} must be lists of strings, not a single string")
     hyps, refs = list(hyps), list(refs)
     if not hyps or not refs:
-        raise ValueError(
-            f"cannot score an empty corpus: got {len(hyps)} {what} and {len(refs)} {other}"
-        )
+        raise ValueError(f"cannot score an empty corpus: got {len(hyps)} {what} and {len(refs)} {other}")
     if len(hyps) != len(refs):
         raise ValueError(
-            f"number of {what} ({len(hyps)}) and {other} ({len(refs)}) differ; "
-            "they must be aligned line by line"
+            f"number of {what} ({len(hyps)}) and {other} ({len(refs)}) differ; they must be aligned line by line"
         )
     return hyps, refs
 

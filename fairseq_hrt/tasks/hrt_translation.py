@@ -13,6 +13,7 @@ The task is an adapter: the samples are built by :mod:`fairseq_hrt.chunking`, th
 targets read by :mod:`fairseq_hrt.data.mixdistill`, checkpoints checked by
 :mod:`fairseq_hrt.checkpoint_checks` and ``--shortlist`` read by :mod:`fairseq_hrt.shortlist`.
 """
+
 import inspect
 import logging
 from dataclasses import dataclass, field
@@ -24,7 +25,9 @@ from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from fairseq_hrt import chunking, compat, text_input
+from fairseq_hrt import checkpoint_checks, chunking, compat, text_input
+from fairseq_hrt import shortlist as shortlists
+from fairseq_hrt.data import mixdistill
 from fairseq_hrt.generation import hypotheses, strategies
 from fairseq_hrt.generation.engines import engines_help
 from fairseq_hrt.generation.options import QUANTIZE_CHOICES, DecodingOptions, task_field
@@ -32,8 +35,6 @@ from fairseq_hrt.generation.quantize import prepare_for_decoding
 from fairseq_hrt.models import ssru_transformer, tied_layers
 from fairseq_hrt.models.kinds import family_of
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
-from fairseq_hrt import checkpoint_checks, shortlist as shortlists
-from fairseq_hrt.data import mixdistill
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +78,7 @@ class HRTTranslationConfig(TranslationConfig):
             "(costs quality at every k: benchmarks/results/multi30k-study-mini-cpu)"
         },
     )
-    curriculum_lambda: float = field(
-        default=1.0, metadata={"help": "curriculum exponent: p_k = (t / T) ** lambda"}
-    )
+    curriculum_lambda: float = field(default=1.0, metadata={"help": "curriculum exponent: p_k = (t / T) ** lambda"})
     curriculum_updates: int = field(
         default=0,
         metadata={"help": "T of the curriculum; 0 = --max-update (the whole training run)"},
@@ -147,7 +146,9 @@ class HRTTranslationTask(TranslationTask):
                 "are shared among them, so each k gets 1/%d of the Skip-AT/Skip-CMLM samples that "
                 "a model trained for it alone gets; on the quickstart shape this cost 4.7 BLEU at "
                 "k = 2 (benchmarks/results/multi30k-study-mini-cpu). The papers train one model per k.",
-                cfg.chunk_sizes, len(self.chunk_sizes), len(self.chunk_sizes),
+                cfg.chunk_sizes,
+                len(self.chunk_sizes),
+                len(self.chunk_sizes),
             )
         if not 0.0 <= cfg.p_raw <= 1.0:
             raise ValueError(f"--p-raw must be in [0, 1], got {cfg.p_raw}")
@@ -157,7 +158,9 @@ class HRTTranslationTask(TranslationTask):
             if not cfg.distill_data:
                 raise ValueError("--p-raw-chunked mixes distilled targets: it needs --distill-data")
             if cfg.hrt_mode != "hrt":
-                raise ValueError(f"--p-raw-chunked applies to chunked pairs, which --hrt-mode {cfg.hrt_mode} has none of")
+                raise ValueError(
+                    f"--p-raw-chunked applies to chunked pairs, which --hrt-mode {cfg.hrt_mode} has none of"
+                )
         if cfg.curriculum_lambda <= 0:
             raise ValueError(f"--curriculum-lambda must be > 0, got {cfg.curriculum_lambda}")
         self.mask_idx = tgt_dict.index(MASK_SYMBOL)
@@ -179,8 +182,15 @@ class HRTTranslationTask(TranslationTask):
     def _with_distilled_targets(self, split, pair_dataset):
         """MixDistill: the split with its aligned distilled targets (:mod:`fairseq_hrt.data.mixdistill`)."""
         return mixdistill.with_distilled_targets(
-            pair_dataset, split, self.cfg.distill_data, self.cfg.source_lang, self.cfg.target_lang, self.tgt_dict,
-            self.cfg.dataset_impl, p_raw=self.cfg.p_raw, p_raw_chunked=self.cfg.p_raw_chunked,
+            pair_dataset,
+            split,
+            self.cfg.distill_data,
+            self.cfg.source_lang,
+            self.cfg.target_lang,
+            self.tgt_dict,
+            self.cfg.dataset_impl,
+            p_raw=self.cfg.p_raw,
+            p_raw_chunked=self.cfg.p_raw_chunked,
         )
 
     # ------------------------------------------------------- checkpointed task state
@@ -192,7 +202,10 @@ class HRTTranslationTask(TranslationTask):
 
     def _schedule(self) -> dict:
         return checkpoint_checks.curriculum_schedule(
-            self.cfg.hrt_mode, self.chunk_sizes, self.cfg.curriculum_updates, self.cfg.max_update,
+            self.cfg.hrt_mode,
+            self.chunk_sizes,
+            self.cfg.curriculum_updates,
+            self.cfg.max_update,
             self.cfg.curriculum_lambda,
         )
 
@@ -220,7 +233,9 @@ class HRTTranslationTask(TranslationTask):
         if family.recurrent_decoder:
             mode = getattr(cfg, "hrt_mode", "at")
             if mode != "at":
-                ssru_transformer.refuse_ssru_for_non_causal(f"--arch {getattr(cfg, 'arch', '*_ssru')} --hrt-mode {mode}")
+                ssru_transformer.refuse_ssru_for_non_causal(
+                    f"--arch {getattr(cfg, 'arch', '*_ssru')} --hrt-mode {mode}"
+                )
         if tie:
             tied_layers.tie_decoder_layers(model.decoder)
         if not from_checkpoint and self.cfg.hrt_mode == "hrt" and family.chunk_sizes:
@@ -241,8 +256,7 @@ class HRTTranslationTask(TranslationTask):
         total = self.cfg.curriculum_updates or self.cfg.max_update
         if total <= 0:
             raise ValueError(
-                "HRT's chunk curriculum needs the total number of updates: set --max-update "
-                "(or --curriculum-updates)"
+                "HRT's chunk curriculum needs the total number of updates: set --max-update (or --curriculum-updates)"
             )
         return chunking.curriculum_p_k(num_updates, total, self.cfg.curriculum_lambda)
 
@@ -335,7 +349,9 @@ class HRTTranslationTask(TranslationTask):
             except Exception as e:  # noqa: BLE001 - any tokenizer failure: report it, go on
                 logger.warning(
                     "input line %d could not be tokenized (%s: %s); it is translated as an empty line",
-                    lineno, type(e).__name__, e,
+                    lineno,
+                    type(e).__name__,
+                    e,
                 )
                 encoded = ""
             tokens.append(self.source_dictionary.encode_line(encoded, add_if_not_exist=False).long())
@@ -367,21 +383,29 @@ class HRTTranslationTask(TranslationTask):
         :func:`fairseq_hrt.generation.strategies.build_generator`."""
 
         def fairseq_generator(models_, args_, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs):
-            return super(HRTTranslationTask, self).build_generator(models_, args_, seq_gen_cls, extra_gen_cls_kwargs, **kwargs)
+            return super(HRTTranslationTask, self).build_generator(
+                models_, args_, seq_gen_cls, extra_gen_cls_kwargs, **kwargs
+            )
 
         options = DecodingOptions.from_fairseq(self.cfg, args)
         if kwargs.get("prefix_allowed_tokens_fn") is not None:  # fairseq's hub passes it beside args
-            options = options.replace(sequence_generator_only=(*options.sequence_generator_only, "--prefix-allowed-tokens-fn"))
+            options = options.replace(
+                sequence_generator_only=(*options.sequence_generator_only, "--prefix-allowed-tokens-fn")
+            )
         return self.build_decoding(models, options, fairseq_generator)
 
     def build_decoding(self, models, options: DecodingOptions, fairseq_generator=None):
         """The generator of ``options`` for ``models`` (loaded for decoding)."""
         if fairseq_generator is None:
-            def fairseq_generator(models_, args_, seq_gen_cls=None, extra_gen_cls_kwargs=None):
-                return super(HRTTranslationTask, self).build_generator(models_, args_, seq_gen_cls, extra_gen_cls_kwargs)
 
-        return strategies.build_generator(self, models, options, fairseq_generator,
-                                          shortlist=self.load_shortlist(options.shortlist))
+            def fairseq_generator(models_, args_, seq_gen_cls=None, extra_gen_cls_kwargs=None):
+                return super(HRTTranslationTask, self).build_generator(
+                    models_, args_, seq_gen_cls, extra_gen_cls_kwargs
+                )
+
+        return strategies.build_generator(
+            self, models, options, fairseq_generator, shortlist=self.load_shortlist(options.shortlist)
+        )
 
     def load_shortlist(self, path: Optional[str] = None):
         """The :class:`~fairseq_hrt.shortlist.Shortlist` of ``path`` (default ``--shortlist``;
