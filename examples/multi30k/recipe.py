@@ -173,6 +173,28 @@ PROFILES: Dict[str, Profile] = {
         bench_bs1_sentences=100,
         bench_parallel="pj,pgj,hgj,hrt-spec",
     ),
+    # The converged study of the `full` shapes (examples/multi30k/study.py --profile small
+    # --converged): d = 256, 6 encoder layers, vocabulary 8000, all 29k pairs, no fixed-budget
+    # teacher (the study's teacher and students train until their validation BLEU stops
+    # rising). The student budget is the cap of such a run and the base of --scales studies.
+    "small": Profile(
+        vocab_size=8000,
+        subset=None,
+        max_tokens=4096,
+        teacher_arch=None,
+        teacher_args=[],
+        teacher=None,
+        at_arch="at_small",
+        hrt_arch="hrt_small",
+        mp_arch="cmlm_small",
+        student=Budget(max_update=800, stop_time_hours=0.5, lr=2e-3, warmup=300),
+        distill_beam=0,
+        distill_nbest=0,
+        validate=True,
+        log_interval=20,
+        bench_sentences=0,
+        bench_bs1_sentences=100,
+    ),
     # The smallest run of every step (300 pairs, tens of updates, 10 test sentences): for
     # tests of the recipe itself (killed at any step and re-run, benchmarks/fault_table.py);
     # its numbers mean nothing.
@@ -345,11 +367,15 @@ class Recipe:
         if train_max_update:
             done = last_num_updates(log_path)
             if done is not None and done < train_max_update:
-                note = f" (stopped by the time cap after {done} of {train_max_update} updates)"
+                cause = "patience" if stopped_early(log_path) else "the time cap"
+                note = f" (stopped by {cause} after {done} of {train_max_update} updates)"
         write_atomic(marker, cmd_str + "\n")
         log(f"{tag}: done in {time.time() - start:.0f}s{note} -> {', '.join(str(p) for p in outputs)}")
 
-    def train_cmd(self, name: str, arch: str, budget: Budget, extra: List[str]) -> List[str]:
+    def train_cmd(
+        self, name: str, arch: str, budget: Budget, extra: List[str], seed: Optional[int] = None
+    ) -> List[str]:
+        """The fairseq-train command of a model saved in ``OUT/name``; ``seed``: default ``--seed``."""
         p = self.profile
         cmd = [
             sys.executable,
@@ -399,7 +425,7 @@ class Recipe:
             "--log-interval",
             str(p.log_interval),
             "--seed",
-            str(self.args.seed),
+            str(self.args.seed if seed is None else seed),
             "--num-workers",
             "0",
         ]
@@ -783,6 +809,12 @@ def arch_registered(arch: str, env) -> bool:
 
 
 _NUM_UPDATES = re.compile(r'"(?:train_)?num_updates":\s*"?(\d+)')
+
+
+def stopped_early(log_path: Path) -> bool:
+    """Whether the last run in a fairseq-train log was stopped by ``--patience``."""
+    text = log_path.read_text(errors="replace")
+    return "early stop since valid performance hasn't improved" in text[text.rfind("\n$ ") + 1 :]
 
 
 def last_num_updates(log_path: Path) -> Optional[int]:

@@ -41,6 +41,7 @@ Example (2 CPU cores, the quickstart's shape, about 1.5 hours)::
 import argparse
 import importlib.util
 import json
+import os
 import re
 import shlex
 import sys
@@ -55,10 +56,33 @@ import recipe  # noqa: E402
 from recipe import REPO, Budget, Recipe, StepError, last_num_updates, log  # noqa: E402
 
 KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
+# where studies keep their models by default: outside the checkout, so that a new clone (or a
+# cleaned work/) resumes a study instead of training it again
+STUDIES_ENV = "FAIRSEQ_HRT_STUDIES"
+DEFAULT_STUDIES = "~/.cache/fairseq-hrt/studies"
 KD_BEAM = 5  # beam and n-best of the study's own KD (--variants with {kd}) and the teacher's ({tkd})
-# the teacher's validation BLEU: greedy, with the benchmark's source-relative length cap, so an
+# validation BLEU (teacher, converged students): greedy, with the benchmark's source-relative length cap, so an
 # early runaway neither decides the score nor the validation's time
-TEACHER_EVAL_ARGS = {"beam": 1, "max_len_a": 1.2, "max_len_b": 10}
+VALID_BLEU_ARGS = {"beam": 1, "max_len_a": 1.2, "max_len_b": 10}
+
+
+def bleu_validation(patience: Optional[int]) -> List[str]:
+    """fairseq-train options that keep the checkpoint of the best validation BLEU (greedy,
+    detokenized sacreBLEU, once an epoch; HRT models decode with their own default, k = 2) and,
+    with ``patience``, stop when it has not risen for that many validations."""
+    options = [
+        "--eval-bleu",
+        "--eval-bleu-args",
+        json.dumps(VALID_BLEU_ARGS),
+        "--eval-bleu-detok",
+        "space",
+        "--eval-bleu-remove-bpe",
+        "sentencepiece",
+        "--best-checkpoint-metric",
+        "bleu",
+        "--maximize-best-checkpoint-metric",
+    ]
+    return options + (["--patience", str(patience)] if patience else [])
 
 
 def parse_scales(text: str) -> List[int]:
@@ -181,23 +205,7 @@ class Study(Recipe):
         budget = Budget(
             max_update=a.teacher_max_update, stop_time_hours=a.teacher_hours, lr=a.teacher_lr, warmup=a.teacher_warmup
         )
-        extra = [
-            "--hrt-mode",
-            "at",
-            *shlex.split(a.teacher_args),
-            "--eval-bleu",
-            "--eval-bleu-args",
-            json.dumps(TEACHER_EVAL_ARGS),
-            "--eval-bleu-detok",
-            "space",
-            "--eval-bleu-remove-bpe",
-            "sentencepiece",
-            "--best-checkpoint-metric",
-            "bleu",
-            "--maximize-best-checkpoint-metric",
-            "--patience",
-            str(a.teacher_patience),
-        ]
+        extra = ["--hrt-mode", "at", *shlex.split(a.teacher_args), *bleu_validation(a.teacher_patience)]
         cmd = self.train_cmd("teacher", a.teacher_arch, budget, extra)
         self.run_step(i, "teacher", cmd, [self.teacher_checkpoint()], train_max_update=budget.max_update)
 
@@ -452,6 +460,387 @@ class Study(Recipe):
         )
 
 
+# --------------------------------------------------------------------------- converged study
+
+
+# fairseq-train logs a new best checkpoint as
+# "Saved checkpoint DIR/checkpoint_best.pt (epoch 12 @ 1500 updates, score 35.1) ..."
+_SAVED_BEST = re.compile(r"checkpoint_best\.pt \(epoch (\d+) @ (\d+) updates, score ([-\d.]+)\)")
+_WALL = re.compile(r'"wall": "([\d.]+)"')
+_VALID_RECORD = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})")
+
+
+def best_checkpoint_update(log_path: Path) -> Optional[int]:
+    """The update of the last ``checkpoint_best.pt`` a fairseq-train log reports saving."""
+    found = None
+    if log_path.exists():
+        for m in _SAVED_BEST.finditer(log_path.read_text(errors="replace")):
+            found = int(m.group(2))
+    return found
+
+
+def validation_bleu(log_path: Path) -> List[dict]:
+    """``[{"updates", "epoch", "bleu"}]`` of every validation in a fairseq json log (``--eval-bleu``)."""
+    out = []
+    if not log_path.exists():
+        return out
+    for line in log_path.read_text(errors="replace").splitlines():
+        m = _VALID_RECORD.search(line)
+        if not m:
+            continue
+        try:
+            rec = json.loads(m.group(1))
+        except ValueError:
+            continue
+        if "valid_bleu" in rec and "valid_num_updates" in rec:
+            out.append(
+                {
+                    "updates": int(rec["valid_num_updates"]),
+                    "epoch": int(rec.get("epoch", 0)),
+                    "bleu": float(rec["valid_bleu"]),
+                }
+            )
+    return out
+
+
+def parse_int_list(text: str, option: str) -> List[int]:
+    values = [int(x) for x in text.split(",") if x.strip()]
+    if not values or min(values) < 1 or len(set(values)) != len(values):
+        raise ValueError(f"{option} must list distinct positive integers, got {text!r}")
+    return values
+
+
+class ConvergedStudy(Study):
+    """HRT against AT students where the papers' claim should hold (``--converged``): every
+    model trained until its validation BLEU stops rising.
+
+    * ``teacher``      an AT (``--teacher-arch``, default the profile's AT with the deepest
+                       student decoder) on raw data, until its validation BLEU has not risen for
+                       ``--patience`` epochs;
+    * ``tkd``          its sequence-level KD of the training set (beam 5, n-best picked by
+                       sentence-BLEU; on CPU with ONNX Runtime);
+    * ``at_d<D>_s<S>`` AT students with D decoder layers, seed S, on MixDistill of that KD
+                       (``--p-raw``), until their validation BLEU stops rising; kept: the best;
+    * ``hrt_d<D>_s<S>`` HRT k = 2 fine-tuned from the best checkpoint of ``at_d<D>_s<S>`` (the
+                       papers fine-tune HRT from a trained AT of its shape), same data: first for
+                       as many updates as that AT had (the papers' curriculum over them, p_k = 1
+                       at the last), then on with p_k = 1 until its validation BLEU (k = 2,
+                       b_at = 1) stops rising (step ``hrt_d<D>_s<S>_more``, same folder);
+    * ``hrt_d<D>_s1_from_teacher`` (``--also-from-teacher``): the same HRT fine-tuned from the
+                       teacher (raw data, same shape when D is its depth): which start is better.
+
+    Order: seed by seed, depth by depth in ``--depths`` order, so the first answer (the deepest
+    pair of seed 1) comes first. Every step resumes; a lost output folder only costs time.
+    Output: ``OUT/study/converged.{json,md}`` (budgets in updates and hours, best validation
+    BLEU, what stopped each run).
+    """
+
+    def __init__(self, args):
+        super().__init__(args)
+        self.seeds = parse_int_list(args.seeds, "--seeds")
+        self.depths = parse_int_list(args.depths, "--depths")
+        b = self.profile.student
+        self.cap = Budget(max_update=args.max_update_cap, stop_time_hours=args.hours_cap, lr=b.lr, warmup=b.warmup)
+
+    def needs_teacher(self) -> bool:
+        return True
+
+    def train_cmd(self, name, arch, budget, extra, seed=None):
+        # every run of this study is stopped by its validation BLEU, whatever the profile says
+        cmd = super().train_cmd(name, arch, budget, extra, seed=seed)
+        return [word for word in cmd if word != "--disable-validation"]
+
+    def student_args(self) -> List[str]:
+        return [*shlex.split(self.args.student_args), *self.distill_args()]
+
+    def distill_args(self) -> List[str]:
+        return ["--distill-data", str(self.tkd_dir / "distill-bin"), "--p-raw", str(self.args.p_raw)]
+
+    def at_name(self, depth: int, seed: int) -> str:
+        return f"at_d{depth}_s{seed}"
+
+    def hrt_name(self, depth: int, seed: int, start: str = "") -> str:
+        return f"hrt_d{depth}_s{seed}" + (f"_from_{start}" if start else "")
+
+    def best(self, name: str) -> Path:
+        return self.out / name / "checkpoint_best.pt"
+
+    def step_at_student(self, i, depth: int, seed: int):
+        name = self.at_name(depth, seed)
+        extra = [
+            "--hrt-mode",
+            "at",
+            "--decoder-layers",
+            str(depth),
+            *self.student_args(),
+            *bleu_validation(self.args.patience),
+        ]
+        cmd = self.train_cmd(name, self.profile.at_arch, self.cap, extra, seed=seed)
+        self.run_step(i, name, cmd, [self.best(name)], train_max_update=self.cap.max_update)
+
+    def hrt_steps(self, i, depth: int, seed: int, start: Path, start_log: Path, name: str):
+        """HRT fine-tuned from ``start`` (a best checkpoint, whose run logged to ``start_log``)."""
+        updates = best_checkpoint_update(start_log)
+        if not updates:
+            raise StepError(f"{name}: {start_log} reports no checkpoint_best.pt: how many updates did {start} have?")
+        base = [
+            "--decoder-layers",
+            str(depth),
+            *self.student_args(),
+            "--chunk-sizes",
+            "2",
+            "--finetune-from-model",
+            str(start),
+            *bleu_validation(None),
+        ]
+        curriculum = Budget(
+            max_update=updates, stop_time_hours=self.cap.stop_time_hours, lr=self.cap.lr, warmup=self.cap.warmup
+        )
+        cmd = self.train_cmd(name, self.profile.hrt_arch, curriculum, base, seed=seed)
+        self.run_step(i, name, cmd, [self.checkpoint(name)], train_max_update=updates)
+        # on in the same folder (fairseq resumes from checkpoint_last.pt, --finetune-from-model is
+        # then ignored) with p_k = 1: fairseq's patience starts counting here, after the curriculum
+        more = base + ["--curriculum-updates", str(updates), "--patience", str(self.args.patience)]
+        cmd = self.train_cmd(name, self.profile.hrt_arch, self.cap, more, seed=seed)
+        self.run_step(i, f"{name}_more", cmd, [self.best(name)], train_max_update=self.cap.max_update)
+
+    def start_log(self, hrt_name: str) -> Path:
+        """The log of the run an HRT model starts from (its updates are the curriculum's)."""
+        if hrt_name.endswith("_from_teacher"):
+            return self.logs / "teacher.log"
+        return self.logs / f"{hrt_name.replace('hrt_', 'at_', 1)}.log"
+
+    def step_hrt_student(self, i, depth: int, seed: int):
+        name = self.hrt_name(depth, seed)
+        self.hrt_steps(i, depth, seed, self.best(self.at_name(depth, seed)), self.start_log(name), name)
+
+    def step_hrt_from_teacher(self, i, depth: int):
+        name = self.hrt_name(depth, 1, "teacher")
+        self.hrt_steps(i, depth, 1, self.teacher_checkpoint(), self.start_log(name), name)
+
+    def teacher_depth(self) -> Optional[int]:
+        words = shlex.split(self.args.teacher_args)
+        if "--decoder-layers" in words[:-1]:
+            return int(words[words.index("--decoder-layers") + 1])
+        return None
+
+    def training_plan(self) -> List[tuple]:
+        """``(name, run)`` of every training step, in the order the study runs them."""
+        plan = [("teacher", lambda: self.step_teacher(2)), ("tkd", lambda: self.step_teacher_kd(3))]
+        for seed in self.seeds:
+            for depth in self.depths:
+                plan.append((self.at_name(depth, seed), lambda d=depth, s=seed: self.step_at_student(4, d, s)))
+                plan.append((self.hrt_name(depth, seed), lambda d=depth, s=seed: self.step_hrt_student(5, d, s)))
+            if seed == self.seeds[0] and self.args.also_from_teacher:
+                depth = self.teacher_depth()
+                plan.append((self.hrt_name(depth, seed, "teacher"), lambda d=depth: self.step_hrt_from_teacher(6, d)))
+        return plan
+
+    def trained_models(self) -> Dict[str, dict]:
+        names = ["teacher"] + [name for name, _ in self.training_plan() if name not in ("teacher", "tkd")]
+        out = {}
+        for name in names:
+            log_path = self.logs / f"{name}.log"
+            more = self.logs / f"{name}_more.log"
+            logs = [log_path] + ([more] if more.exists() else [])
+            valid = [v for lp in logs for v in validation_bleu(lp)]
+            best = max(valid, key=lambda v: v["bleu"]) if valid else None
+            out[name] = {
+                "kind": "HRT" if name.startswith("hrt_") else "AT",
+                "checkpoint": str(self.best(name).relative_to(self.out)),
+                "done": (self.markers / f"{name}_more.done").exists()
+                if name.startswith("hrt_")
+                else (self.markers / f"{name}.done").exists(),
+                "updates": valid[-1]["updates"] if valid else None,
+                "best_updates": best["updates"] if best else None,
+                "best_valid_bleu": best["bleu"] if best else None,
+                "curriculum_updates": best_checkpoint_update(self.start_log(name)) if name.startswith("hrt_") else None,
+                "hours": round(sum(training_seconds(lp) for lp in logs) / 3600, 2),
+                "valid_bleu": valid,
+            }
+        return out
+
+    def hrt_models(self) -> List[str]:
+        return [name for name, _ in self.training_plan() if name.startswith("hrt_")]
+
+    def at_models(self) -> List[str]:
+        return [name for name, _ in self.training_plan() if name.startswith("at_")]
+
+    def blind_sets(self) -> List[Path]:
+        folder = Path(self.args.blind_dir) if self.args.blind_dir else REPO.parent / "shared" / "blind"
+        return sorted(folder.glob("*.en")) if folder.is_dir() else []
+
+    def step_benchmark(self, i):
+        """One benchmark run of every model (1 thread): the AT students and the teacher on
+        lean and ONNX Runtime, float and int8, and in CTranslate2 (float, int8, +vmap), every
+        HRT model in AT mode and at k = 2 (b_at = b_nat = 1) likewise, batch 1, 8 and 128, at
+        most 1.2 x source + 10 tokens; the blind sets translated by every system."""
+        d = self.data
+        bench = self.out / "benchmark"
+        at, *at_extra = self.at_models()
+        hrt, *hrt_extra = self.hrt_models()
+        cmd = [
+            sys.executable,
+            str(REPO / "benchmarks" / "benchmark.py"),
+            "--data",
+            str(self.data_bin),
+            "--spm",
+            str(d / "spm" / "spm.model"),
+            "--src",
+            str(d / "spm" / "test.en"),
+            "--raw-src",
+            str(d / "raw" / "test.en"),
+            "--raw-ref",
+            str(d / "raw" / "test.de"),
+            "--at",
+            str(self.best(at)),
+            "--at-beams",
+            "1",
+            "--hrt",
+            str(self.best(hrt)),
+            "--hrt-beams",
+            "1/1",
+            "--hrt-chunk-sizes",
+            "2",
+            "--engines",
+            "lean,onnxruntime",
+            "--int8",
+            "yes",
+            "--shortlist",
+            str(self.shortlist_file()),
+            "--batch-sizes",
+            "1,8,128",
+            "--bs1-sentences",
+            "100",
+            "--max-len-a",
+            "1.2",
+            "--max-len-b",
+            "10",
+            "--threads",
+            "1",
+            "--out-dir",
+            str(bench),
+            "--log-file",
+            str(self.logs / "benchmark.log"),
+            "--translations-dir",
+            "blind",
+        ]
+        for name in at_extra + ["teacher"]:
+            cmd += ["--at-extra", f"{name}={self.best(name)}"]
+        for name in hrt_extra:
+            cmd += ["--hrt-extra", f"{name}={self.best(name)}"]
+        for path in self.blind_sets():
+            cmd += ["--translate", f"{path.stem}={path}"]
+        self.run_step(
+            i, "benchmark", cmd + self.device_args, [bench / "report.json"], own_log=True, redo_if_changed=True
+        )
+
+    def step_bounds(self, i):
+        """``benchmarks/hrt_bound.py`` of every HRT model (1 thread, ONNX Runtime): its
+        fixed-length bound at batch 1 and 128 beside what it delivers on test2016."""
+        for name in self.hrt_models():
+            out = self.out / "bounds" / name
+            cmd = [
+                sys.executable,
+                str(REPO / "benchmarks" / "hrt_bound.py"),
+                "--path",
+                str(self.best(name)),
+                "--data",
+                str(self.data_bin),
+                "--engines",
+                "onnxruntime",
+                "--batches",
+                "1,128",
+                "--chunk-size",
+                "2",
+                "--src",
+                str(self.data / "spm" / "test.en"),
+                "--max-len-a",
+                "1.2",
+                "--max-len-b",
+                "10",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+            self.run_step(i, f"bound_{name}", cmd, [out / "hrt_bound.json"])
+
+    def run(self):
+        self.out.mkdir(parents=True, exist_ok=True)
+        log(
+            f"converged study: profile {self.args.profile}, seeds {self.seeds}, decoder depths {self.depths}, "
+            f"patience {self.args.patience}, output {self.out}, {self.threads} thread(s)"
+        )
+        self.step_prepare(1)
+        plan = self.training_plan()
+        wanted = self.args.only
+        if wanted:
+            unknown = [n for n in wanted if n not in {"prepare", *(name for name, _ in plan)}]
+            if unknown:
+                raise StepError(
+                    f"--only {' '.join(unknown)}: not a step of this study (prepare, {', '.join(n for n, _ in plan)})"
+                )
+        for name, run_step in plan:
+            if not wanted or name in wanted:
+                run_step()
+        if not wanted and not self.args.train_only:
+            self.step_shortlist(7)
+            self.step_benchmark(8)
+            self.step_bounds(9)
+        self.study_dir.mkdir(parents=True, exist_ok=True)
+        report = {
+            "profile": self.args.profile,
+            "device": f"CPU, {self.threads} thread(s)" if self.cpu else "GPU" + (" fp16" if self.args.fp16 else ""),
+            "patience": self.args.patience,
+            "student_args": self.args.student_args,
+            "teacher": f"--arch {self.args.teacher_arch} {self.args.teacher_args}",
+            "p_raw": self.args.p_raw,
+            "models": self.trained_models(),
+        }
+        (self.study_dir / "converged.json").write_text(json.dumps(report, indent=2) + "\n")
+        md = converged_report(report)
+        (self.study_dir / "converged.md").write_text(md)
+        print(md)
+
+
+def training_seconds(log_path: Path) -> float:
+    """Wall time of the runs in a fairseq json log (validation included): the last ``wall`` of
+    each run (fairseq counts it from the process start), summed over the runs the log holds
+    (``run_step`` writes ``$ command`` before each)."""
+    if not log_path.exists():
+        return 0.0
+    total, last = 0.0, 0.0
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("$ "):  # a new run of the step (resumed): its clock starts again
+            total, last = total + last, 0.0
+            continue
+        m = _WALL.search(line)
+        if m:
+            last = max(last, float(m.group(1)))
+    return total + last
+
+
+def converged_report(report: dict) -> str:
+    lines = [
+        f"## Converged study ({report['profile']} profile, {report['device']})",
+        "",
+        f"Teacher `{report['teacher']}` on raw data; students on MixDistill of its KD (p_raw {report['p_raw']}), "
+        f"`{report['student_args']}`; every run until its validation BLEU (greedy; HRT: k = 2, b_at = 1) has not "
+        f"risen for {report['patience']} epochs. HRT: fine-tuned from the AT student of its depth and seed for as "
+        "many updates as that AT had (the curriculum), then on with p_k = 1.",
+        "",
+        "| model | done | updates | best at | curriculum | best valid BLEU | hours |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, m in report["models"].items():
+        lines.append(
+            f"| {name} | {'yes' if m['done'] else 'no'} | {m['updates'] or '-'} | {m['best_updates'] or '-'} | "
+            f"{m['curriculum_updates'] or '-'} | {_f(m['best_valid_bleu'])} | {m['hours']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------------- reports
 
 
@@ -594,7 +983,11 @@ def losses_plot(models: Dict[str, dict], path: Path):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=sorted(recipe.PROFILES), default="mini")
-    p.add_argument("--out", help="output directory (default: work/study-<profile>)")
+    p.add_argument(
+        "--out",
+        help=f"output directory, outside the checkout so that it outlives it (default: ${STUDIES_ENV}/study-<profile>, "
+        f"{STUDIES_ENV} defaulting to {DEFAULT_STUDIES})",
+    )
     p.add_argument("--scales", default="1,8", help="budgets as multiples of the profile's student --max-update")
     p.add_argument("--chunk-size-sets", nargs="+", default=["2", "2,3,4"], help="HRT --chunk-sizes values to compare")
     p.add_argument("--raw-dir", help="raw Multi30k directory (default: prepare.sh's search order)")
@@ -634,16 +1027,22 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--teacher-args",
-        default="--decoder-layers 3",
-        help="extra fairseq-train options of the teacher (default: three decoder layers)",
+        help="extra fairseq-train options of the teacher (default: '--decoder-layers 3'; --converged: the deepest "
+        "of --depths and --student-args)",
     )
-    p.add_argument("--teacher-max-update", type=int, default=8000, help="the teacher's update cap")
-    p.add_argument("--teacher-hours", type=float, default=2.0, help="the teacher's time cap (--stop-time-hours)")
+    p.add_argument(
+        "--teacher-max-update", type=int, help="the teacher's update cap (default 8000; --converged: --max-update-cap)"
+    )
+    p.add_argument(
+        "--teacher-hours",
+        type=float,
+        help="the teacher's time cap (--stop-time-hours; default 2; --converged: --hours-cap)",
+    )
     p.add_argument(
         "--teacher-patience",
         type=int,
-        default=3,
-        help="stop the teacher after this many validations (one per epoch) without a higher BLEU",
+        help="stop the teacher after this many validations (one per epoch) without a higher BLEU (default 3; "
+        "--converged: --patience)",
     )
     p.add_argument("--teacher-lr", type=float, default=2e-3)
     p.add_argument("--teacher-warmup", type=int, default=300)
@@ -661,18 +1060,62 @@ def parse_args(argv=None):
         "(training steps, need prepare done), e.g. to train "
         "independent models in parallel processes; a run without --only finishes the study",
     )
+    g = p.add_argument_group(
+        "converged study (--converged)",
+        "teacher, its KD, AT students of --depths decoder layers on MixDistill of it and HRT k = 2 fine-tuned from "
+        "each, for every seed of --seeds, every model until its validation BLEU stops rising",
+    )
+    g.add_argument("--converged", action="store_true", help="run the converged study instead of --scales")
+    g.add_argument("--seeds", default="1,2", help="seeds of the students (the teacher: --seed)")
+    g.add_argument("--depths", default="2,1", help="decoder layers of the students, in the order they are trained")
+    g.add_argument(
+        "--patience", type=int, default=5, help="validations (one per epoch) without a higher BLEU before a run stops"
+    )
+    g.add_argument(
+        "--student-args",
+        default="--dropout 0.3",
+        help="fairseq-train options of every model of the study (teacher included unless --teacher-args is given)",
+    )
+    g.add_argument("--max-update-cap", type=int, default=20000, help="update cap of every run (patience stops first)")
+    g.add_argument("--hours-cap", type=float, default=12.0, help="training-time cap of every run (--stop-time-hours)")
+    g.add_argument("--train-only", action="store_true", help="train the models only: no shortlist, benchmark or bounds")
+    g.add_argument(
+        "--blind-dir",
+        help="raw sources (*.en) that every benchmarked system translates, untimed and unscored "
+        "(default: ../shared/blind beside the repository, when it exists)",
+    )
+    g.add_argument(
+        "--also-from-teacher",
+        action="store_true",
+        help="also fine-tune HRT (seed 1, the teacher's depth) from the raw-data teacher: which start is better",
+    )
     args = p.parse_args(argv)
+    if args.converged:
+        depths = [x for x in args.depths.split(",") if x.strip()]
+        defaults = {
+            "teacher_arch": recipe.PROFILES[args.profile].at_arch,
+            "teacher_args": " ".join([f"--decoder-layers {max(map(int, depths or ['1']))}", args.student_args]),
+            "teacher_max_update": args.max_update_cap,
+            "teacher_hours": args.hours_cap,
+            "teacher_patience": args.patience,
+        }
+    else:
+        defaults = {"teacher_args": "--decoder-layers 3", "teacher_max_update": 8000, "teacher_hours": 2.0}
+        defaults["teacher_patience"] = 3
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if any("{tkd}" in item for item in [*args.variants, *args.at_variants]) and not args.teacher_arch:
         p.error("{tkd} (the teacher's KD set) needs --teacher-arch, e.g. --teacher-arch at_small")
     if not args.out:
-        args.out = str(REPO / "work" / f"study-{args.profile}")
+        args.out = str(Path(os.environ.get(STUDIES_ENV) or DEFAULT_STUDIES).expanduser() / f"study-{args.profile}")
     args.comet_model, args.until, args.hrt_chunk_sizes = None, None, args.chunk_size_sets[0]
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    recipe.run_resumable(lambda: Study(args))
+    recipe.run_resumable(lambda: (ConvergedStudy if args.converged else Study)(args))
 
 
 if __name__ == "__main__":
