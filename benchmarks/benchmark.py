@@ -91,6 +91,7 @@ from benchmarks.measure import (  # noqa: E402,F401  (the pure parts are part of
     engine_suffixes,
     family_of,
     fastest_baseline,
+    model_shape,
     parse_beam_pairs,
     parse_engines,
     parse_ints,
@@ -191,6 +192,7 @@ def markdown_report(report: dict) -> str:
         f"- device: {meta['device']}, {meta['threads']} torch thread(s); torch {meta['torch']}, "
         f"fairseq {meta['fairseq']}, Python {meta['python']}; {meta['date']}",
         f"- BLEU: sacreBLEU on detokenised output, signature `{report['bleu_signature']}`",
+        f"- chrF: sacreBLEU, signature `{report.get('chrf_signature')}`",
         "- COMET: "
         + (f"{comet['model']}" if comet["available"] else f"not available ({short_reason(comet['reason'])})"),
         f"- speed: source words/s; in brackets the ratio to {meta['baseline'] or 'AT greedy (not measured)'}"
@@ -212,8 +214,10 @@ def markdown_report(report: dict) -> str:
         f"{meta['max_len_b']} tokens; len: hypothesis / reference length (sacreBLEU tokens), "
         "BP: BLEU's brevity penalty",
         "",
-        "| system | BLEU | len (BP) | COMET | passes/sent | " + " | ".join(f"bs={b} words/s" for b in bss) + " |",
-        "|---|---:|---:|---:|---:|" + "---:|" * len(bss),
+        "| system | BLEU | chrF | len (BP) | COMET | passes/sent | "
+        + " | ".join(f"bs={b} words/s" for b in bss)
+        + " |",
+        "|---|---:|---:|---:|---:|---:|" + "---:|" * len(bss),
     ]
     for s in report["systems"]:
         cells = []
@@ -230,13 +234,15 @@ def markdown_report(report: dict) -> str:
             f"{s['length_ratio']:.3f} ({s['brevity_penalty']:.3f})" if s.get("length_ratio") is not None else "-"
         )
         lines.append(
-            f"| {s['name']} | {s['bleu']:.2f} | {length_cell} | {comet_cell} | {passes_cell} | "
+            f"| {s['name']} | {s['bleu']:.2f} | {_num(s.get('chrf'))} | {length_cell} | {comet_cell} | {passes_cell} | "
             + " | ".join(cells)
             + " |"
         )
     for sk in report["skipped"]:
         lines.append(
-            f"| {sk.get('system') or sk['family']}: skipped | - | - | - | - | " + " | ".join("-" for _ in bss) + " |"
+            f"| {sk.get('system') or sk['family']}: skipped | - | - | - | - | - | "
+            + " | ".join("-" for _ in bss)
+            + " |"
         )
     lines.append("")
     for b in bss:
@@ -259,7 +265,20 @@ def markdown_report(report: dict) -> str:
         ]
     if report["skipped"]:
         lines += [""] + [f"Skipped {sk.get('system') or sk['family']}: {sk['reason']}" for sk in report["skipped"]]
+    shapes = {s["checkpoint"]: s["shape"] for s in report["systems"] if s.get("shape")}
+    if shapes:
+        lines += ["", "| checkpoint | arch | embedding dim | encoder layers | decoder layers | parameters |"]
+        lines += ["|---|---|---:|---:|---:|---:|"]
+        lines += [
+            f"| `{path}` | {m['arch']} | {m['embed_dim']} | {m['encoder_layers']} | {m['decoder_layers']} | "
+            f"{m['parameters']:,} |"
+            for path, m in shapes.items()
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _num(value, digits=2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def pareto_png(report: dict) -> bytes:
@@ -369,7 +388,7 @@ def run(args) -> dict:
     from tqdm import tqdm
 
     import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
-    from fairseq_hrt.scoring.metrics import sacrebleu_score, source_words
+    from fairseq_hrt.scoring.metrics import chrf_score, sacrebleu_score, source_words
 
     torch.set_num_threads(args.threads)
     use_cuda = torch.cuda.is_available() and not args.cpu
@@ -473,14 +492,17 @@ def run(args) -> dict:
             before = runner.counters()
             passes_from(s, runner.run(runner.prepare(src, max(batch_sizes))), before)
 
-    hyps, signature = {}, None
+    hyps, signature, chrf_signature = {}, None, None
     for s in systems:
         hyps[s.name] = runners[s.name].texts(hyps_out[s.name], len(src))
         bleu = sacrebleu_score(hyps[s.name], refs)
         s.bleu, signature = bleu["score"], bleu["signature"]
+        chrf = chrf_score(hyps[s.name], refs)
+        s.chrf, chrf_signature = chrf["score"], chrf["signature"]
         s.length_ratio, s.brevity_penalty = bleu["sys_len"] / max(1, bleu["ref_len"]), bleu["bp"]
         write_file(os.path.join(args.out_dir, "hyps", slug(s.name) + ".txt"), "".join(h + "\n" for h in hyps[s.name]))
     comet = comet_for(systems, raw_src, refs, hyps, args)
+    translated = translate_sets(args, systems, runners, max(batch_sizes))
 
     baselines = fastest_baseline(systems, [str(b) for b in batch_sizes])
     have_baseline = bool(baselines)
@@ -525,15 +547,49 @@ def run(args) -> dict:
             },
         },
         "bleu_signature": signature,
+        "chrf_signature": chrf_signature,
         "comet": comet,
         "systems": [
-            dict(asdict(s), checkpoint=rel(s.checkpoint), decoding=relative_paths(s.decoding, rel)) for s in systems
+            dict(
+                asdict(s),
+                checkpoint=rel(s.checkpoint),
+                decoding=relative_paths(s.decoding, rel),
+                shape=model_shape(s.checkpoint),
+            )
+            for s in systems
         ],
+        "translated": {name: {"source": rel(path), "folder": folder} for name, (path, folder) in translated.items()},
         "skipped": skipped,
         "pareto": pareto,
         "agreement": engine_agreement(hyps, {s.name: s.bleu for s in systems}),
     }
     return report
+
+
+def translate_sets(args, systems, runners, batch_size) -> Dict[str, tuple]:
+    """``--translate NAME=RAW_FILE``: every system translates the file (SentencePiece of
+    ``--spm``, batches of ``batch_size``, untimed) into ``OUT/<--translations-dir>/NAME/<system><ext>``
+    (``ext``: the reference's, e.g. ``.de``), one detokenised line per source line.
+    ``{NAME: (RAW_FILE, folder relative to OUT)}``."""
+    import sentencepiece
+
+    sets = parse_named_checkpoints(args.translate, "--translate", "RAW_FILE")
+    if not sets:
+        return {}
+    spm = sentencepiece.SentencePieceProcessor(model_file=args.spm)
+    ext = os.path.splitext(args.raw_ref)[1] or ".txt"
+    out = {}
+    for name, path in sets:
+        raw = read_lines(path)
+        pieces = [" ".join(spm.encode(line, out_type=str)) for line in raw]
+        folder = os.path.join(args.translations_dir, name)
+        for s in systems:
+            runner = runners[s.name]
+            texts = runner.texts(runner.run(runner.prepare(pieces, batch_size)), len(pieces))
+            write_file(os.path.join(args.out_dir, folder, s.name + ext), "".join(t + "\n" for t in texts))
+        logger.info("%s: %d lines translated by %d systems into %s", path, len(raw), len(systems), folder)
+        out[name] = (path, folder)
+    return out
 
 
 def parse_args(argv=None):
@@ -649,6 +705,15 @@ def parse_args(argv=None):
     g = p.add_argument_group("output")
     g.add_argument("--out-dir", required=True, help="report.json, report.md, pareto.png and hyps/ go here")
     g.add_argument("--log-file", help="write the log to this file instead of stderr")
+    g.add_argument(
+        "--translate",
+        action="append",
+        default=[],
+        metavar="NAME=RAW_FILE",
+        help="also translate this raw source with every system (untimed, not scored) into "
+        "OUT/<--translations-dir>/NAME/<system>.<reference's extension> (repeatable)",
+    )
+    g.add_argument("--translations-dir", default="translations", help="folder of --translate's outputs in OUT")
     args = p.parse_args(argv)
     if args.runs < 1 or args.runs_large < 1 or args.threads < 1:
         p.error("--runs, --runs-large and --threads must be >= 1")
@@ -656,6 +721,7 @@ def parse_args(argv=None):
         parse_beam_pairs(args.hrt_beams)
         parse_named_checkpoints(args.at_extra)
         parse_named_checkpoints(args.hrt_extra, "--hrt-extra")
+        parse_named_checkpoints(args.translate, "--translate", "RAW_FILE")
         if not parse_ints(args.batch_sizes) or min(parse_ints(args.batch_sizes)) < 1:
             raise ValueError("--batch-sizes must list positive integers")
     except ValueError as e:

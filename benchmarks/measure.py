@@ -35,6 +35,7 @@ class System:
     passes_per_sentence: Optional[float] = None  # decoder passes (greedy and parallel rows)
     accepted_per_verify_pass: Optional[float] = None  # hrt-spec: tokens made final per AT pass
     bleu: Optional[float] = None
+    chrf: Optional[float] = None
     length_ratio: Optional[float] = None  # hypothesis / reference length (sacreBLEU's tokens)
     brevity_penalty: Optional[float] = None
     comet: Optional[float] = None
@@ -42,6 +43,27 @@ class System:
 
 
 # --------------------------------------------------------------------------- text and models
+
+
+_SHAPES: Dict[str, dict] = {}
+
+
+def model_shape(checkpoint: str) -> dict:
+    """What a checkpoint is: its arch, embedding dimension, encoder and decoder layers and
+    parameters (each tensor once: shared embeddings count once); read once per checkpoint."""
+    if checkpoint not in _SHAPES:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # fairseq pickles its config
+        cfg = state.get("cfg") or {}
+        model_cfg = (cfg.get("model") if hasattr(cfg, "get") else None) or state.get("args")
+        tensors = {t.data_ptr(): t.numel() for t in state["model"].values() if torch.is_tensor(t)}
+        _SHAPES[checkpoint] = {
+            "arch": getattr(model_cfg, "arch", None),
+            "embed_dim": getattr(model_cfg, "encoder_embed_dim", None),
+            "encoder_layers": getattr(model_cfg, "encoder_layers", None),
+            "decoder_layers": getattr(model_cfg, "decoder_layers", None),
+            "parameters": sum(tensors.values()),
+        }
+    return _SHAPES[checkpoint]
 
 
 def read_lines(path, limit=0) -> List[str]:
@@ -424,14 +446,16 @@ def parse_beam_pairs(text: str) -> List[Tuple[int, int]]:
     return pairs
 
 
-def parse_named_checkpoints(items: Sequence[str], flag: str = "--at-extra") -> List[Tuple[str, str]]:
+def parse_named_checkpoints(
+    items: Sequence[str], flag: str = "--at-extra", value: str = "CHECKPOINT"
+) -> List[Tuple[str, str]]:
     """``["ssru=a.pt", "ssru-tied=b.pt"]`` -> ``[("ssru", "a.pt"), ...]`` (``--at-extra``,
     ``--hrt-extra``)."""
     out = []
     for item in items or ():
         name, sep, path = item.partition("=")
         if not sep or not name.strip() or not path.strip():
-            raise ValueError(f"{flag} {item!r}: expected NAME=CHECKPOINT")
+            raise ValueError(f"{flag} {item!r}: expected NAME={value}")
         out.append((name.strip(), path.strip()))
     names = [n for n, _ in out]
     if len(set(names)) != len(names):
@@ -583,33 +607,52 @@ class ATFamily(_FairseqFamily):
 
 
 class CT2Family(Family):
-    """The ``--at`` checkpoint in CTranslate2: the outside reference for AT speed; with
-    ``--shortlist`` also a "+vmap" row per beam, CTranslate2 with its vocabulary map of the
-    same shortlist."""
+    """Every AT checkpoint (``--at``, ``--at-extra``) in CTranslate2: the outside reference for
+    AT speed (rows ``CTranslate2 AT greedy``, ``CTranslate2 AT[NAME] greedy``, ...); with
+    ``--int8`` also CTranslate2's own int8, with ``--shortlist`` also a "+vmap" row per beam,
+    CTranslate2 with its vocabulary map of the same shortlist. A checkpoint its converter
+    cannot take (an SSRU student, tied decoder layers) has no row, and the report says why."""
 
     name = CT2_FAMILY
 
-    def systems(self, args):
-        if not args.at or getattr(args, "ctranslate2", "auto") == "no" or self.skipped(args):
+    def checkpoints(self, args) -> List[Tuple[str, str]]:
+        """``(row prefix, checkpoint)`` of every AT checkpoint of the run."""
+        if not args.at or getattr(args, "ctranslate2", "auto") == "no":
             return []
+        extra = parse_named_checkpoints(getattr(args, "at_extra", None))
+        return [("CTranslate2 AT", args.at)] + [(f"CTranslate2 AT[{label}]", path) for label, path in extra]
+
+    def systems(self, args):
         out = []
-        for beam in parse_ints(args.at_beams):
-            name = "CTranslate2 AT " + ("greedy" if beam == 1 else f"beam {beam}")
-            out.append(System(name, CT2_FAMILY, args.at, {"beam": beam}))
-            if getattr(args, "int8", "no") == "yes":  # beside the int8 rows: CTranslate2's own int8
-                out.append(System(name + " int8", CT2_FAMILY, args.at, {"beam": beam, "compute_type": "int8"}))
-            if getattr(args, "shortlist", None):  # beside the "+shortlist" rows: its vocabulary map
-                out.append(System(name + " +vmap", CT2_FAMILY, args.at, {"beam": beam, "shortlist": args.shortlist}))
+        for prefix, checkpoint in self.checkpoints(args):
+            if self.unsupported(checkpoint):
+                continue
+            for beam in parse_ints(args.at_beams):
+                name = f"{prefix} " + ("greedy" if beam == 1 else f"beam {beam}")
+                out.append(System(name, CT2_FAMILY, checkpoint, {"beam": beam}))
+                if getattr(args, "int8", "no") == "yes":  # beside the int8 rows: CTranslate2's own int8
+                    out.append(System(name + " int8", CT2_FAMILY, checkpoint, {"beam": beam, "compute_type": "int8"}))
+                if getattr(args, "shortlist", None):  # beside the "+shortlist" rows: its vocabulary map
+                    decoding = {"beam": beam, "shortlist": args.shortlist}
+                    out.append(System(name + " +vmap", CT2_FAMILY, checkpoint, decoding))
         return out
 
-    def skipped(self, args):
-        """An ``--at`` checkpoint CTranslate2's converter cannot take (an SSRU student, tied
-        decoder layers): its reason, so the report says why there is no CTranslate2 row."""
-        if not args.at or getattr(args, "ctranslate2", "auto") == "no":
-            return None
+    @staticmethod
+    def unsupported(checkpoint: str) -> Optional[str]:
         from benchmarks import ct2_reference
 
-        return ct2_reference.unsupported_checkpoint_reason(args.at)
+        return ct2_reference.unsupported_checkpoint_reason(checkpoint)
+
+    def skipped(self, args):
+        """The AT checkpoints CTranslate2's converter cannot take, with the reason, so the
+        report says why they have no CTranslate2 row."""
+        reasons = [
+            f"{prefix}: {reason}"
+            for prefix, checkpoint in self.checkpoints(args)
+            for reason in [self.unsupported(checkpoint)]
+            if reason
+        ]
+        return "; ".join(reasons) or None
 
     def runner(self, system, ctx, shared):
         return CT2Runner(system, ctx, shared.setdefault("ct2_translators", {}))

@@ -269,6 +269,38 @@ def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_outp
     ]
 
 
+def test_every_at_student_has_its_ctranslate2_rows_and_one_the_converter_refuses_is_named(monkeypatch):
+    """CTranslate2 rows (float, int8, +vmap) for --at and every --at-extra checkpoint, named by
+    the student; a checkpoint CTranslate2 cannot convert has none and is listed as skipped."""
+    from benchmarks import measure
+
+    refused = {"ssru.pt": "an SSRU decoder"}
+    monkeypatch.setattr(measure.CT2Family, "unsupported", staticmethod(lambda checkpoint: refused.get(checkpoint)))
+    args = SimpleNamespace(
+        at="at.pt",
+        at_extra=["kd=kd.pt", "ssru=ssru.pt"],
+        at_beams="1",
+        hrt=None,
+        mp=None,
+        ctranslate2="auto",
+        engines="lean",
+        int8="yes",
+        compile="no",
+        shortlist="s.pt",
+    )
+    systems, skipped = benchmark.systems_from_args(args)
+    ct2 = [(s.name, s.checkpoint) for s in systems if s.family == "CT2"]
+    assert ct2 == [
+        ("CTranslate2 AT greedy", "at.pt"),
+        ("CTranslate2 AT greedy int8", "at.pt"),
+        ("CTranslate2 AT greedy +vmap", "at.pt"),
+        ("CTranslate2 AT[kd] greedy", "kd.pt"),
+        ("CTranslate2 AT[kd] greedy int8", "kd.pt"),
+        ("CTranslate2 AT[kd] greedy +vmap", "kd.pt"),
+    ]
+    assert {"family": "CT2", "reason": "CTranslate2 AT[ssru]: an SSRU decoder"} in skipped
+
+
 def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
     """ONNX Runtime rows of options it does not honour (stage-II options) or of a checkpoint
     it cannot export (a model quantized by PyTorch) are refused with the reason; the benchmark
@@ -473,7 +505,7 @@ def test_tiny_recipe_report_structure(tiny_run):
     md = (bench / "report.md").read_text()
     assert str(out) not in md
     assert "COMET: not available (" in md and report["bleu_signature"] in md
-    assert "| system | BLEU | len (BP) |" in md and "x source length" in md
+    assert "| system | BLEU | chrF | len (BP) |" in md and "x source length" in md
     for name in EXPECTED_SYSTEMS:
         assert f"| {name} |" in md
     assert md.strip() in output  # the recipe prints the table at the end
@@ -578,6 +610,8 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(ti
     ckpt = build_tiny_comet(tmp_path / "comet")
     data = out / "data"
     bench = tmp_path / "bench"
+    blind = tmp_path / "blind.en"
+    blind.write_text("A dog runs.\n\nTwo men play football in the park.\n", encoding="utf-8")
     subprocess.run(
         [
             sys.executable,
@@ -609,6 +643,8 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(ti
             str(bench),
             "--ctranslate2",
             "no",
+            "--translate",
+            f"blind={blind}",
         ],
         cwd=REPO,
         check=True,
@@ -616,6 +652,15 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(ti
         env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
     )
     report = json.loads((bench / "report.json").read_text())
+    # chrF beside BLEU, with its signature; each system's model shape; --translate's outputs,
+    # one line per source line, named by the system
+    assert report["chrf_signature"].startswith("nrefs:1|") and "chrF" not in report["bleu_signature"]
+    for s in report["systems"]:
+        assert isinstance(s["chrf"], float)
+        assert s["shape"]["arch"] == "at_tiny" and s["shape"]["encoder_layers"] == 2 and s["shape"]["parameters"] > 0
+        lines = (bench / "translations" / "blind" / f"{s['name']}.de").read_text(encoding="utf-8").split("\n")
+        assert len(lines) == 4 and lines[3] == ""
+    assert report["translated"] == {"blind": {"source": os.path.relpath(blind, bench), "folder": "translations/blind"}}
     assert report["comet"]["available"] is True and report["comet"]["model"] == str(Path(ckpt).resolve())
     assert [s["name"] for s in report["systems"]] == with_engine_rows(AT_SYSTEMS)
     assert all(isinstance(s["comet"], float) for s in report["systems"])

@@ -2,6 +2,7 @@
 
 * :func:`sacrebleu_score` -- detokenized corpus BLEU with sacreBLEU, always returned with
   its signature so that every reported number says exactly how it was computed.
+* :func:`chrf_score` -- detokenized corpus chrF, with its signature.
 * :func:`source_words` -- number of whitespace-separated source words; translation speed
   is reported in source words per second.
 """
@@ -51,6 +52,17 @@ def sacrebleu_score(hyps: List[str], refs: List[str], tokenize: str = "13a", **b
         "tokenize": tokenize,
         "n": len(hyps),
     }
+
+
+def chrf_score(hyps: List[str], refs: List[str]) -> dict:
+    """Corpus chrF (sacreBLEU's defaults: character 6-grams, beta 2) of detokenized ``hyps``
+    against one reference per line: ``{"score", "signature"}``. Reported beside BLEU, where a
+    close BLEU can hide a worse translation."""
+    from sacrebleu.metrics import CHRF
+
+    hyps, refs = _check_pair(hyps, refs)
+    chrf = CHRF()
+    return {"score": float(chrf.corpus_score(hyps, [refs]).score), "signature": str(chrf.get_signature())}
 
 
 def source_words(lines: Iterable[str]) -> int:
