@@ -259,6 +259,20 @@ BLEU_LINE="$(sacrebleu "$REF" -i "$HYP" -m bleu -f text)"
 CHRF_LINE="$(sacrebleu "$REF" -i "$HYP" -m chrf -f text)"
 printf '%s\n%s\n' "$BLEU_LINE" "$CHRF_LINE" > "$RUN_DIR/score.txt"
 FAIRSEQ_LINE="$(grep -m1 '^Generate test' "$GEN_OUT" || true)"
+
+# An HRT model: the same model in AT mode beside its k (BLEU, and both speeds at batch 1), so
+# that a few minutes' model is read against itself rather than taken for HRT's quality.
+DECODE_K=""
+for ((i = 0; i < ${#TASK_GEN_ARGV[@]} - 1; i++)); do
+    [[ "${TASK_GEN_ARGV[i]}" == --decode-chunk-size ]] && DECODE_K="${TASK_GEN_ARGV[i + 1]}"
+done
+MODES_BLOCK=""
+if [[ "$DECODE_K" =~ ^[0-9]+$ && "$DECODE_K" -gt 1 ]]; then
+    log "comparing k = $DECODE_K with the same model's AT mode (BLEU; batch-1 speed of 100 sentences)"
+    MODES_BLOCK="$(python "$SCRIPT_DIR/compare_modes.py" --checkpoint-dir "$SAVE_DIR" --checkpoint-file "$CHECKPOINT" \
+        --data "$DATA_BIN" --raw-src "$DATA_DIR/raw/test.en" --raw-ref "$REF" --chunk-size "$DECODE_K" \
+        --beam "$BEAM" --json "$RUN_DIR/modes.json")" || die "compare_modes.py failed"
+fi
 T_TOTAL=$(( $(now) - T_START ))
 
 cat <<EOF
@@ -272,7 +286,9 @@ cat <<EOF
    $CHRF_LINE
  fairseq's own scorer (references rebuilt from the binarized data):
    ${FAIRSEQ_LINE:-n/a}
- data:        $DATA_BIN
+${MODES_BLOCK:+ HRT decoding against the same model's AT mode ($RUN_DIR/modes.json):
+$MODES_BLOCK
+} data:        $DATA_BIN
  checkpoints: $SAVE_DIR
  train log:   $RUN_DIR/train.log
  generation:  $GEN_OUT
