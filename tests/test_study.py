@@ -283,3 +283,131 @@ def test_a_stronger_teacher_trained_until_its_validation_bleu_stops_rising_and_i
     assert ran["tkd_bin"][0][ran["tkd_bin"][0].index("--destdir") + 1] == str(tmp_path / "tkd" / "distill-bin")
     with pytest.raises(SystemExit):  # refused when the arguments are read, not steps later
         _study(tmp_path, "--at-variants", "t={tkd}")
+
+
+# --------------------------------------------------------------------------- --converged
+
+
+def _converged(tmp_path, *extra):
+    return study.ConvergedStudy(
+        study.parse_args(["--profile", "small", "--converged", "--out", str(tmp_path), "--threads", "1", *extra])
+    )
+
+
+def _option(cmd, flag):
+    return cmd[cmd.index(flag) + 1]
+
+
+def test_converged_plan_order_and_its_teacher(tmp_path):
+    """Seed by seed, the deepest decoder first, each HRT right after its AT; the teacher has the
+    deepest decoder and the study's options, and stops by patience."""
+    s = _converged(tmp_path, "--also-from-teacher")
+    names = [name for name, _ in s.training_plan()]
+    assert names == [
+        "teacher",
+        "tkd",
+        "at_d2_s1",
+        "hrt_d2_s1",
+        "at_d1_s1",
+        "hrt_d1_s1",
+        "hrt_d2_s1_from_teacher",
+        "at_d2_s2",
+        "hrt_d2_s2",
+        "at_d1_s2",
+        "hrt_d1_s2",
+    ]
+    a = s.args
+    assert a.teacher_arch == "at_small" and a.teacher_args == "--decoder-layers 2 --dropout 0.3"
+    assert (a.teacher_patience, a.teacher_max_update, a.teacher_hours) == (5, 20000, 12.0)
+    assert s.teacher_depth() == 2
+    assert s.out == tmp_path and s.profile.vocab_size == 8000
+    with pytest.raises(ValueError, match="--seeds"):
+        _converged(tmp_path, "--seeds", "1,1")
+
+
+def test_converged_students_and_the_two_runs_of_an_hrt_model(tmp_path, monkeypatch):
+    """AT students: MixDistill of the teacher's KD, their seed and depth, BLEU validation with
+    patience. HRT: fine-tuned from the AT's best checkpoint for as many updates as it had (the
+    curriculum), then the same folder on with --curriculum-updates and patience."""
+    s = _converged(tmp_path)
+    ran = {}
+    monkeypatch.setattr(s, "run_step", lambda i, name, cmd, outputs, **kw: ran.update({name: (cmd, kw)}))
+    s.step_at_student(4, 1, 2)
+    cmd, kw = ran["at_d1_s2"]
+    assert _option(cmd, "--decoder-layers") == "1" and _option(cmd, "--seed") == "2"
+    assert _option(cmd, "--distill-data") == str(tmp_path / "tkd" / "distill-bin") and _option(cmd, "--p-raw") == "0.5"
+    assert _option(cmd, "--patience") == "5" and "--eval-bleu" in cmd and "--maximize-best-checkpoint-metric" in cmd
+    assert _option(cmd, "--dropout") == "0.3" and _option(cmd, "--max-update") == "20000"
+    assert kw["train_max_update"] == 20000
+
+    with pytest.raises(study.StepError, match="reports no checkpoint_best.pt"):
+        s.step_hrt_student(5, 1, 2)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "at_d1_s2.log").write_text(
+        "... | Saved checkpoint X/checkpoint_best.pt (epoch 9 @ 1134 updates, score 30.1) (writing took 0.1 seconds)\n"
+        "... | Saved checkpoint X/checkpoint_best.pt (epoch 10 @ 1260 updates, score 30.4) (writing took 0.1 seconds)\n"
+        "... | Saved checkpoint X/checkpoint_last.pt (epoch 11 @ 1386 updates, score 30.2) (writing took 0.1 seconds)\n"
+    )
+    s.step_hrt_student(5, 1, 2)
+    first, kw_first = ran["hrt_d1_s2"]
+    more, kw_more = ran["hrt_d1_s2_more"]
+    assert _option(first, "--finetune-from-model") == str(tmp_path / "at_d1_s2" / "checkpoint_best.pt")
+    assert _option(first, "--max-update") == "1260" and kw_first["train_max_update"] == 1260
+    assert "--patience" not in first and "--curriculum-updates" not in first and "--eval-bleu" in first
+    assert _option(first, "--chunk-sizes") == "2" and _option(first, "--arch") == "hrt_small"
+    assert _option(more, "--save-dir") == _option(first, "--save-dir") == str(tmp_path / "hrt_d1_s2")
+    assert _option(more, "--curriculum-updates") == "1260" and _option(more, "--max-update") == "20000"
+    assert _option(more, "--patience") == "5" and kw_more["train_max_update"] == 20000
+
+
+def test_converged_report_reads_budgets_and_validation_bleu_from_the_logs(tmp_path):
+    s = _converged(tmp_path, "--seeds", "1", "--depths", "1")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def valid(updates, bleu, wall):
+        return (
+            '2026-11-25 | INFO | valid | {"epoch": 1, "valid_loss": "4", "valid_bleu": "%s", '
+            '"valid_num_updates": "%d", "wall": "%d"}' % (bleu, updates, wall)
+        )
+
+    (logs / "teacher.log").write_text(
+        "\n".join(
+            [
+                "$ train teacher",
+                valid(100, 10.0, 60),
+                "$ train teacher (resumed)",
+                valid(200, 20.5, 30),
+                valid(300, 20.1, 90),
+                "... Saved checkpoint T/checkpoint_best.pt (epoch 2 @ 200 updates, score 20.5) (writing ...)",
+            ]
+        )
+        + "\n"
+    )
+    (logs / "at_d1_s1.log").write_text(
+        "$ x\n" + valid(150, 30.0, 100) + "\n... checkpoint_best.pt (epoch 1 @ 150 updates, score 30.0) ...\n"
+    )
+    (logs / "hrt_d1_s1.log").write_text("$ x\n" + valid(150, 25.0, 200) + "\n")
+    (logs / "hrt_d1_s1_more.log").write_text("$ x\n" + valid(300, 29.5, 100) + "\n" + valid(450, 29.0, 200) + "\n")
+    (tmp_path / "markers").mkdir()
+    (tmp_path / "markers" / "hrt_d1_s1_more.done").write_text("x\n")
+    models = s.trained_models()
+    assert models["teacher"]["best_updates"] == 200 and models["teacher"]["best_valid_bleu"] == 20.5
+    assert models["teacher"]["hours"] == round((60 + 90) / 3600, 2)  # each run's last wall clock, summed
+    assert models["teacher"]["done"] is False and models["teacher"]["updates"] == 300
+    hrt = models["hrt_d1_s1"]
+    assert hrt["curriculum_updates"] == 150 and hrt["best_updates"] == 300 and hrt["best_valid_bleu"] == 29.5
+    assert hrt["updates"] == 450 and hrt["done"] is True and hrt["hours"] == round(400 / 3600, 2)
+    assert hrt["checkpoint"] == "hrt_d1_s1/checkpoint_best.pt"
+    md = study.converged_report(
+        {
+            "profile": "small",
+            "device": "CPU",
+            "patience": 5,
+            "student_args": "-",
+            "teacher": "t",
+            "p_raw": 0.5,
+            "models": models,
+        }
+    )
+    assert "| hrt_d1_s1 | yes | 450 | 300 | 150 | 29.50 | 0.11 |" in md
