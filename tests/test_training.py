@@ -12,6 +12,7 @@ input; fine-tuning HRT from an AT checkpoint; fp16 / memory-efficient fp16 / AMP
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -839,3 +840,29 @@ def test_kind_weights_scale_the_trained_loss_of_each_kind(data):
     for bad in ("skip=2", "at", "at=x", "at=-1"):
         with pytest.raises(ValueError, match="--kind-weights"):
             parse_kind_weights(bad)
+
+
+def test_a_validation_of_empty_hypotheses_has_bleu_0():
+    """--eval-bleu with --best-checkpoint-metric bleu: fairseq logs no BLEU when every
+    validation hypothesis is empty, and fairseq-train then dies with KeyError: 'bleu'. The task
+    logs 0 there, and nothing for training batches."""
+    from fairseq.logging import metrics
+
+    from fairseq_hrt.tasks.hrt_translation import HRTTranslationTask
+
+    task = object.__new__(HRTTranslationTask)
+    task.cfg = SimpleNamespace(eval_bleu=True)
+
+    class Criterion:
+        @staticmethod
+        def reduce_metrics(logging_outputs):
+            pass
+
+    empty = {"ntokens": 3, "nsentences": 1, "sample_size": 3, "_bleu_sys_len": 0, "_bleu_ref_len": 5}
+    empty.update({f"_bleu_{kind}_{i}": 0 for kind in ("counts", "totals") for i in range(4)})
+    with metrics.aggregate() as agg:
+        task.reduce_metrics([empty, dict(empty)], Criterion())
+    assert agg.get_smoothed_values()["bleu"] == 0.0
+    with metrics.aggregate() as agg:
+        task.reduce_metrics([{"ntokens": 3, "nsentences": 1, "sample_size": 3}], Criterion())
+    assert "bleu" not in agg.get_smoothed_values()

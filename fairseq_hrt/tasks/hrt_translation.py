@@ -21,6 +21,7 @@ from typing import List, Optional
 
 import torch
 from fairseq.dataclass import ChoiceEnum
+from fairseq.logging import metrics
 from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
@@ -312,6 +313,15 @@ class HRTTranslationTask(TranslationTask):
     def valid_step(self, sample, model, criterion):
         sample = self.build_decoder_samples(sample, None)
         return super().valid_step(sample, model, criterion)
+
+    def reduce_metrics(self, logging_outputs, criterion):
+        super().reduce_metrics(logging_outputs, criterion)
+        # fairseq logs no "bleu" for a validation whose hypotheses are all empty (a model in its
+        # first updates), and fairseq-train then dies with KeyError: 'bleu' under
+        # --best-checkpoint-metric bleu; such a validation's BLEU is 0
+        validated = any("_bleu_sys_len" in log for log in logging_outputs)
+        if self.cfg.eval_bleu and validated and not any(log.get("_bleu_totals_0", 0) for log in logging_outputs):
+            metrics.log_scalar("bleu", 0.0)
 
     # ------------------------------------------------------------ inference
 
