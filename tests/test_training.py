@@ -565,6 +565,29 @@ def test_finetune_hrt_from_at_checkpoint(data, work):
     assert len(shared) >= len(at_state) - 2
 
 
+def test_eval_bleu_validates_an_hrt_model_with_its_chunk_size(data, work):
+    """fairseq-train --eval-bleu on an HRT model fine-tuned from AT (the converged study's
+    runs): the validation generator is built once the model says which chunk sizes it trains,
+    so validation decodes it with HRT (k = 2) and logs BLEU every epoch instead of refusing the
+    model as 'not trained with chunked samples'."""
+    run_cli(train_args(data.bin_dir, work / "ck_eval_at", "--hrt-mode", "at", arch="at_tiny", max_update=10))
+    validated = [
+        "--eval-bleu",
+        "--eval-bleu-args",
+        '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
+        "--best-checkpoint-metric",
+        "bleu",
+        "--maximize-best-checkpoint-metric",
+        "--finetune-from-model",
+        work / "ck_eval_at" / "checkpoint_last.pt",
+    ]
+    args = train_args(data.bin_dir, work / "ck_eval_hrt", *validated, max_update=12, log_interval=4)
+    out = run_cli([a for a in args if a != "--disable-validation"]).stdout
+    valid = parse_logs(out, "valid")
+    assert valid and all("valid_bleu" in v for v in valid), out[-3000:]
+    assert "checkpoint_best.pt" in out
+
+
 def _finished_state(path):
     state = _load(path)
     return state["optimizer_history"][-1]["num_updates"], path.read_bytes(), path.stat().st_mtime_ns

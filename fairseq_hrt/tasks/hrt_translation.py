@@ -15,11 +15,14 @@ targets read by :mod:`fairseq_hrt.data.mixdistill`, checkpoints checked by
 """
 
 import inspect
+import json
 import logging
+from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 import torch
+from fairseq.data import encoders
 from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 from fairseq.tasks import FairseqTask, register_task
@@ -229,7 +232,9 @@ class HRTTranslationTask(TranslationTask):
         tie = bool(getattr(cfg, "decoder_tie_layers", False))
         if tie:
             tied_layers.check_tie_options(cfg)
-        model = super().build_model(cfg, from_checkpoint)
+        # FairseqTask's model: TranslationTask's build_model would also build the --eval-bleu
+        # generator, before this model says which chunk sizes it trains (below)
+        model = FairseqTask.build_model(self, cfg, from_checkpoint)
         family = family_of(model)
         if family.recurrent_decoder:
             mode = getattr(cfg, "hrt_mode", "at")
@@ -242,6 +247,12 @@ class HRTTranslationTask(TranslationTask):
         if not from_checkpoint and self.cfg.hrt_mode == "hrt" and family.chunk_sizes:
             model.mark_trained_chunk_sizes(self.chunk_sizes)
         checkpoint_checks.check_dictionary_when_loading(model)
+        if self.cfg.eval_bleu:
+            # TranslationTask.build_model's validation generator (fairseq-train --eval-bleu), built
+            # now that an HRT model knows its chunk sizes: it validates with HRT decoding
+            detok_args = json.loads(self.cfg.eval_bleu_detok_args)
+            self.tokenizer = encoders.build_tokenizer(Namespace(tokenizer=self.cfg.eval_bleu_detok, **detok_args))
+            self.sequence_generator = self.build_generator([model], Namespace(**json.loads(self.cfg.eval_bleu_args)))
         if from_checkpoint:
             _quantize_when_prepared(model, str(self.cfg.quantize), str(self.cfg.decoder_engine))
         return model
