@@ -32,6 +32,7 @@ import os
 import time
 from typing import List, Optional
 
+from hrt_runtime.options import DECODING
 from hrt_runtime.translator import CallOptions, Translator
 
 try:
@@ -42,18 +43,7 @@ except ImportError:  # the optional extra is missing: cli_main says how to insta
 logger = logging.getLogger(__name__)
 
 # the options a request may set: Translator.translate's, but the batching (the service's own)
-REQUEST_OPTIONS = (
-    "beam",
-    "chunk_size",
-    "b_nat",
-    "max_len_a",
-    "max_len_b",
-    "min_len",
-    "lenpen",
-    "unkpen",
-    "iterations",
-    "length_beam",
-)
+REQUEST_OPTIONS = tuple(o.name for o in DECODING if o.name not in ("batch_size", "max_tokens"))
 
 
 class QueueFull(Exception):

@@ -123,7 +123,7 @@ def test_info_and_bad_requests(translator):
         status, answer = post(server.url, {"text": ["w1"], "beem": 2})
         assert status == 400 and "unknown option 'beem'" in answer["error"]
         status, answer = post(server.url, {"text": ["w1"], "lenpen": None})
-        assert status == 400 and "lenpen must be a number" in answer["error"]
+        assert status == 400 and "lenpen must be a finite number from -10 to 10" in answer["error"]
         status, answer = post(server.url, {"text": ["w1"] * 300})
         assert status == 413 and "at most 256" in answer["error"]
     finally:
