@@ -139,3 +139,39 @@ def add_arguments(parser, options: Sequence[Option], **defaults):
 def check_arguments(args, options: Sequence[Option]) -> Dict[str, object]:
     """The parsed values of ``options``, each checked (messages name the flag)."""
     return {o.name: o.check(getattr(args, o.name), o.cli_flag) for o in options}
+
+
+# hrt-serve's own settings (beside THREADS)
+SERVICE: Sequence[Option] = (
+    Option("port", int, 8000, 0, 65535, "the TCP port to listen on; 0: a free one, announced"),
+    Option("max_batch", int, 64, 1, 100000, "sentences per batch, at most"),
+    Option(
+        "max_wait_ms",
+        float,
+        0.0,
+        0,
+        60000,
+        "how long the oldest waiting request waits for others to join its batch (0: none; requests that "
+        "arrive while a batch is translated form the next one, which measured best on 2 CPU cores: "
+        "benchmarks/results/serve-mini-cpu)",
+    ),
+    Option("max_queue", int, 256, 1, 10**6, "requests waiting, at most (then 503)"),
+    Option("max_request_lines", int, 256, 1, 10**6, "lines in one request, at most (then 413)"),
+    Option(
+        "max_request_tokens",
+        int,
+        65536,
+        1,
+        10**9,
+        "source tokens in one request, at most, counted after truncation to the model's positions (then 413)",
+    ),
+    Option(
+        "drain_seconds",
+        float,
+        30.0,
+        0,
+        3600,
+        "at SIGTERM, how long queued requests may still be translated; those left then are answered 503",
+    ),
+)
+SERVICE_BY_NAME: Dict[str, Option] = {option.name: option for option in SERVICE}
