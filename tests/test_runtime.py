@@ -22,11 +22,12 @@ import threading
 import numpy as np
 import pytest
 
-pytest.importorskip("onnxruntime")
+onnxruntime = pytest.importorskip("onnxruntime")
 
 from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
 from hrt_runtime import Translator, search  # noqa: E402
 from hrt_runtime.integrity import DamagedFolderError  # noqa: E402
+from hrt_runtime.model import DECLARED_KEY  # noqa: E402
 
 
 def _sentences(n, seed=0, max_words=12):
@@ -470,3 +471,37 @@ def test_translate_iter_on_an_open_file_is_hrt_translate_on_it(exported_tiny, tm
     assert rc == 0 and out == cli_out.split("\n")[:-1]
     repaired = [r.getMessage() for r in caplog.records if "control" in r.getMessage()]
     assert len(repaired) == 1 and repaired[0].startswith(f"{path}, line 3:"), repaired
+
+
+def test_config_json_is_checked_against_the_graphs(exported_tiny, tmp_path):
+    """config.json is refused at load, naming what disagrees: without its file list, or with
+    declared positions, chunk sizes, symbols or shapes that are not the graphs' (each graph
+    carries the declared values in its metadata since export version 5)."""
+    config = json.loads(open(os.path.join(exported_tiny["hrt"], "config.json")).read())
+    encoder = onnxruntime.InferenceSession(os.path.join(exported_tiny["hrt"], config["graphs"]["encoder"]))
+    assert json.loads(encoder.get_modelmeta().custom_metadata_map[DECLARED_KEY])["trained_chunk_sizes"] == [2, 3]
+    edits = [
+        ({k: v for k, v in config.items() if k != "files"}, r"config.json has no file list \('files'\)"),
+        (
+            {**config, "trained_chunk_sizes": [2]},
+            r"disagrees with its graphs on trained_chunk_sizes \(config.json \[2\]",
+        ),
+        ({**config, "max_source_positions": 4096}, r"on max_source_positions \(config.json 4096, encoder.onnx 1024\)"),
+        (
+            {**config, "eos": 3, "unk": 2},
+            r"on eos \(config.json 3, encoder.onnx 2\), unk \(config.json 2, encoder.onnx 3\)",
+        ),
+        ({**config, "heads": config["heads"] * 2}, rf"declares heads {config['heads'] * 2}, the encoder graph"),
+        ({**config, "layers": config["layers"] + 1}, rf"declares {config['layers'] + 1} decoder layers"),
+    ]
+    for i, (edited, message) in enumerate(edits):
+        folder = _damaged(exported_tiny["hrt"], tmp_path, f"edited{i}")
+        (folder / "config.json").write_text(json.dumps(edited))
+        with pytest.raises(ValueError, match=message):
+            Translator(str(folder))
+    rc, out, err = _cli(str(folder), input_bytes=b"w1\n")
+    assert rc == 2 and out == "" and "decoder layers" in err and "Traceback" not in err
+    older = _damaged(exported_tiny["hrt"], tmp_path, "older")  # a version-4 config over stamped graphs: still compared
+    (older / "config.json").write_text(json.dumps({**config, "version": 4, "max_source_positions": 4096}))
+    with pytest.raises(ValueError, match="on max_source_positions"):
+        Translator(str(older))
