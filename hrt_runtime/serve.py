@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import collections
 import concurrent.futures
+import ctypes
 import itertools
 import json
 import logging
@@ -70,6 +71,26 @@ access_log = logging.getLogger(__name__ + ".access")
 # the options a request may set: Translator.translate's, but the batching (the service's own)
 REQUEST_OPTIONS = tuple(o.name for o in DECODING if o.name not in ("batch_size", "max_tokens"))
 OUTCOMES = ("200", "400", "413", "503", "abandoned", "500")
+
+
+# after a batch of at least this many source tokens, freed memory goes back to the system
+# (malloc_trim: about 1.5 ms on a fragmented 100 MB heap, nothing beside such a batch)
+TRIM_AFTER_TOKENS = 4096
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim(0)``: the heap's free pages back to the system (nothing elsewhere)."""
+    global _trim
+    if _trim is None:
+        try:
+            _trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _trim = False
+    if _trim:
+        _trim(0)
+
+
+_trim = None
 
 
 class QueueFull(Exception):
@@ -293,7 +314,10 @@ class Batcher:
                     request.future.set_result(request.results)
 
     def _translate(self, sources, options: CallOptions) -> List[str]:
-        return self.translator.translate_sources(sources, options)
+        out = self.translator.translate_sources(sources, options)
+        if sum(int(s.size) for s in sources) >= TRIM_AFTER_TOKENS:
+            _malloc_trim()
+        return out
 
 
 BATCHER = web.AppKey("batcher", Batcher) if web is not None else "batcher"  # app[BATCHER]: the service's batcher
