@@ -405,11 +405,19 @@ class ExportedModel:
         state.past = out[2:]
         return out[0], out[1]
 
-    def greedy_loop(self, encoded: Encoded, start: int, max_len: int, rules, out_rows: OutputRows):
+    def greedy_loop(
+        self,
+        encoded: Encoded,
+        start: int,
+        max_len: int,
+        min_len: int,
+        biases: Sequence[np.ndarray],
+        out_rows: OutputRows,
+    ):
         """Every step of a greedy search from ``start`` in one run of ``greedy.onnx``: ``(tokens,
         scores)``, each ``(N, T)``, the steps' tokens and log-probabilities (a row is read up to
-        its first ``</s>``), under ``rules`` (:class:`hrt_runtime.search.Rules`: its three biases,
-        ``min_len``) and ``max_len``, over the output rows ``out_rows`` (a shortlist's:
+        its first ``</s>``), under the search's three logit biases ``(usual, before min_len, at
+        max_len)`` (``biases``), ``min_len`` and ``max_len``, over the output rows ``out_rows`` (a shortlist's:
         ``greedy_restricted.onnx``). ``None`` where the loop does not serve the batch (a folder
         exported without it, more than :data:`LOOP_ROWS` rows): the search then makes the steps
         itself, with the same result."""
@@ -421,10 +429,10 @@ class ExportedModel:
             "start": np.full(n, start, np.int64),
             "stride": np.array(self.stride_of(start), np.int64),
             "max_len": np.array(max_len, np.int64),
-            "min_len": np.array(rules.config.min_len, np.int64),
-            "usual_bias": rules.usual,
-            "early_bias": rules.early,
-            "final_bias": rules.final,
+            "min_len": np.array(min_len, np.int64),
+            "usual_bias": biases[0],
+            "early_bias": biases[1],
+            "final_bias": biases[2],
             **encoded.feeds(),
             **out_rows.feeds(),
         }

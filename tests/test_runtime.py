@@ -425,9 +425,9 @@ class _StepLimits:
         self.limits.append(steps)
         return self._model.begin(encoded, rows, steps, start, out_rows)
 
-    def greedy_loop(self, encoded, start, max_len, rules, out_rows):
+    def greedy_loop(self, encoded, start, max_len, min_len, biases, out_rows):
         self.limits.append(max_len + 1)
-        return self._model.greedy_loop(encoded, start, max_len, rules, out_rows)
+        return self._model.greedy_loop(encoded, start, max_len, min_len, biases, out_rows)
 
 
 def test_the_runtime_and_the_onnxruntime_engine_make_the_same_stage1_steps(exported_tiny):
