@@ -52,7 +52,11 @@ class SearchConfig:
         max_len_b``, at most ``cap`` (the decoder's positions), with fairseq's check of ``min_len``."""
         max_len = min(int(self.max_len_a * source_width + self.max_len_b), cap)
         if self.min_len > max_len:
-            raise ValueError("min_len cannot be larger than max_len, please adjust these!")
+            raise ValueError(
+                f"min_len cannot be larger than max_len: min_len {self.min_len}, max_len {max_len} (max_len_a "
+                f"{self.max_len_a:g} x source width {source_width} + max_len_b {self.max_len_b}, at most {cap}); "
+                "lower min_len or raise max_len_b"
+            )
         return max_len
 
 

@@ -314,7 +314,7 @@ class Batcher:
                     request.future.set_result(request.results)
 
     def _translate(self, sources, options: CallOptions) -> List[str]:
-        out = self.translator.translate_sources(sources, options)
+        out = self.translator.translate_sources(sources, options, name=None)  # lines of several requests
         if sum(int(s.size) for s in sources) >= TRIM_AFTER_TOKENS:
             _malloc_trim()
         return out

@@ -30,7 +30,7 @@ from hrt_runtime.options import (
     check_arguments,
     decoding_values,
 )
-from hrt_runtime.search import SearchConfig, hrt, left_to_right, mask_predict
+from hrt_runtime.search import SearchConfig, hrt, left_to_right, mask_predict, position_cap
 from hrt_runtime.text_input import LineWarnings, check_sentences, iter_line_groups, repair_lines
 
 logger = logging.getLogger(__name__)
@@ -86,6 +86,20 @@ def batches_of(sources: Sequence[Optional[np.ndarray]], options: "CallOptions") 
     if batch:
         batches.append(batch)
     return batches
+
+
+def check_min_len(min_len: int, max_len_a: float, max_len_b: int, chunk_size: int, max_positions: int):
+    """Refuse ``min_len`` beyond every output's length limit before anything is read: with
+    ``max_len_a`` 0 the limit does not depend on the input (fairseq's check comes per batch,
+    after earlier batches were printed). Stage I at chunk size k makes at most ``max_len_b // k``
+    steps, and ``min_len`` counts its steps."""
+    if max_len_a != 0:
+        return
+    stage1 = SearchConfig(max_len_b=max_len_b).for_chunk_size(chunk_size)
+    limit = min(stage1.max_len_b, position_cap(max_positions, chunk_size))
+    if min_len > limit:
+        stage = f" of stage I at chunk size {chunk_size} (max_len_b // {chunk_size})" if chunk_size > 1 else ""
+        raise ValueError(f"min_len {min_len} > {limit}, the longest output{stage}; lower min_len or raise max_len_b")
 
 
 def _line_groups(lines: Iterator[str], size: int, name: str) -> Iterator[List[str]]:
@@ -251,6 +265,8 @@ class Translator:
                 f"b_nat {v['b_nat']} > beam {v['beam']}: stage II fills the top b_nat of the beam's "
                 "Skip-AT hypotheses, so b_nat must be <= beam (b_at)"
             )
+        if self.model.kind != MASK_PREDICT:  # Mask-Predict has no min_len
+            check_min_len(v["min_len"], v["max_len_a"], v["max_len_b"], k, self.model.max_target_positions)
         search = SearchConfig(
             beam=v["beam"],
             max_len_a=v["max_len_a"],
@@ -306,21 +322,36 @@ class Translator:
         (:func:`hrt_runtime.text_input.repair_lines`; a line already repaired passes unchanged)."""
         if repair:
             lines = list(repair_lines(lines, name=name, first_line=first_line))
-        return self.translate_sources(self.encode_lines(lines, name, first_line), options)
+        return self.translate_sources(self.encode_lines(lines, name, first_line), options, name, first_line)
 
-    def translate_sources(self, sources: Sequence[Optional[np.ndarray]], options: CallOptions) -> List[str]:
+    def translate_sources(
+        self,
+        sources: Sequence[Optional[np.ndarray]],
+        options: CallOptions,
+        name: Optional[str] = "input",
+        first_line: int = 1,
+    ) -> List[str]:
         """The translations of encoded lines (:meth:`encode_lines`; ``None``: an empty line,
-        translated to an empty line), decoded in batches of similar length (:func:`batches_of`)."""
+        translated to an empty line), decoded in batches of similar length (:func:`batches_of`).
+        A batch its options refuse (``min_len`` beyond a limit that ``max_len_a`` makes depend
+        on the batch's width) is named by its first line (``name``, numbered from ``first_line``;
+        ``None``: not named, the lines are not the caller's)."""
         out = [""] * len(sources)
         for batch in batches_of(sources, options):
-            hypos = self.search(
-                [sources[i] for i in batch],
-                options.search,
-                options.chunk_size,
-                options.b_nat,
-                options.iterations,
-                options.length_beam,
-            )
+            try:
+                hypos = self.search(
+                    [sources[i] for i in batch],
+                    options.search,
+                    options.chunk_size,
+                    options.b_nat,
+                    options.iterations,
+                    options.length_beam,
+                )
+            except ValueError as e:
+                if name is None:
+                    raise
+                others = f" (and {len(batch) - 1} more lines of its batch)" if len(batch) > 1 else ""
+                raise ValueError(f"{name}, line {first_line + min(batch)}{others}: {e}") from None
             for i, best in zip(batch, hypos):
                 out[i] = self.decode(best[0]["tokens"].tolist())
         return out

@@ -505,3 +505,20 @@ def test_config_json_is_checked_against_the_graphs(exported_tiny, tmp_path):
     (older / "config.json").write_text(json.dumps({**config, "version": 4, "max_source_positions": 4096}))
     with pytest.raises(ValueError, match="on max_source_positions"):
         Translator(str(older))
+
+
+def test_min_len_beyond_the_limit_is_refused_before_anything_is_read(exported_tiny, tmp_path):
+    """min_len beyond stage I's max_len_b // k is refused up front, in one line, by the API and
+    the command line (fairseq's bare message once came mid-stream); with max_len_a > 0 the limit
+    follows the batch, and the message names the batch's first line."""
+    translator = Translator(exported_tiny["hrt"])
+    with pytest.raises(ValueError, match=r"min_len 150 > 100, the longest output of stage I at chunk size 2"):
+        translator.translate(["w4"], min_len=150, chunk_size=2)
+    assert translator.translate(["w4"], min_len=150, max_len_b=150, chunk_size=1, beam=1)  # AT mode reaches 150
+    path = tmp_path / "in.txt"
+    path.write_text("w4 w5\n" * 3)
+    rc, out, err = _cli(exported_tiny["hrt"], "--input", path, "--min-len", "150", "--chunk-size", "2")
+    assert rc == 2 and out == "" and "min_len 150 > 100" in err and "Traceback" not in err
+    lines = ["w4 w5 w6", "w7"]
+    with pytest.raises(ValueError, match=r"^input, line 1 \(and 1 more lines of its batch\): min_len cannot be"):
+        translator.translate(lines, min_len=5, max_len_a=0.5, max_len_b=1, chunk_size=1, beam=1)
