@@ -41,6 +41,7 @@ import asyncio
 import collections
 import concurrent.futures
 import ctypes
+import functools
 import itertools
 import json
 import logging
@@ -78,19 +79,14 @@ OUTCOMES = ("200", "400", "413", "503", "abandoned", "500")
 TRIM_AFTER_TOKENS = 4096
 
 
+@functools.lru_cache(maxsize=None)
 def _malloc_trim():
-    """glibc's ``malloc_trim(0)``: the heap's free pages back to the system (nothing elsewhere)."""
-    global _trim
-    if _trim is None:
-        try:
-            _trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _trim = False
-    if _trim:
-        _trim(0)
-
-
-_trim = None
+    """glibc's ``malloc_trim``, which gives the heap's free pages back to the system (``None``
+    where there is no glibc: nothing to do there)."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 class QueueFull(Exception):
@@ -178,6 +174,7 @@ class Batcher:
         self.metrics: Optional[Metrics] = None
         self.busy = False  # a batch is being translated
         self.closing = False  # SIGTERM: no new requests
+        self.closed = False  # and, the drain time over, no new batch
         self._arrived: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hrt-serve")
@@ -193,6 +190,7 @@ class Batcher:
         deadline = time.monotonic() + seconds
         while (self.queue or self.busy) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+        self.closed = True
         self._reject_queued()
 
     def _reject_queued(self):
@@ -308,7 +306,11 @@ class Batcher:
                 start += len(part)
                 if request.future.done():  # cancelled while its batch ran: no further batch
                     continue
-                if request.parts:
+                if request.parts and self.closed:  # the drain time ran out during this batch
+                    request.future.set_exception(
+                        ShuttingDown("the service is shutting down; retry on another instance")
+                    )
+                elif request.parts:
                     self.queue.append(request)  # behind the requests that came meanwhile
                 else:
                     request.future.set_result(request.results)
@@ -316,7 +318,9 @@ class Batcher:
     def _translate(self, sources, options: CallOptions) -> List[str]:
         out = self.translator.translate_sources(sources, options, name=None)  # lines of several requests
         if sum(int(s.size) for s in sources) >= TRIM_AFTER_TOKENS:
-            _malloc_trim()
+            trim = _malloc_trim()
+            if trim is not None:
+                trim(0)
         return out
 
 
