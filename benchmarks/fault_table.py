@@ -19,11 +19,14 @@ Every row is a run of this script on tiny models (CPU, one thread per process, m
   same symbols in another order); a **distilled set with another line count**;
 * the **recipe** (examples/multi30k/recipe.py, ``--profile tiny``) SIGKILLed in the middle of
   distillation and of a training step, then re-run;
-* the **deployed runtime and service** (``--cases runtime``, about 20 s): the bad input lines
-  through ``hrt-translate``; exported folders damaged (``weights.bin`` truncated, zeroed at the
-  same size, a ``config.json`` of another export); ``fairseq-hrt-export`` SIGKILLed over an
-  earlier export; 8 threads on one ``Translator``; ``hrt-serve`` with a full queue and with
-  clients that disconnect. Its latest table: benchmarks/results/fault-table/runtime/.
+* the **deployed runtime and service** (``--cases runtime``, about 2 minutes): the bad input
+  lines through ``hrt-translate``; exported folders damaged (``weights.bin`` truncated, zeroed
+  at the same size, a ``config.json`` of another export, without its file list, with its
+  positions edited); ``fairseq-hrt-export`` SIGKILLed over an earlier export; 8 threads on one
+  ``Translator``; options out of range; ``hrt-serve`` with a full queue, clients that
+  disconnect (also during a long request), bind errors, ``--port 0``, one large request (RSS
+  before, at peak, after), SIGTERM with long requests queued, ``/metrics``. Its latest table:
+  benchmarks/results/fault-table/runtime/.
 
 Checks per killed run: the resumed run loads the newest complete checkpoint, loses at most one
 save interval (``--save-interval-updates``), continues the curriculum (p_k of every update
@@ -420,7 +423,7 @@ def add_operator_rows(table: Table, r: dict):
     m = r["large_request"]
     table.add(
         "hrt-serve: one large request",
-        f"256 lines of 20 KB ({m['body_mib']} MiB) at beam 5 (--max-request-tokens raised to take it)",
+        f"256 lines of 20 KB ({m['body_mib']} MiB) at beam 5, max_len_b 20 (--max-request-tokens raised to take it)",
         f"answered {m['status']} in {m['seconds']} s; RSS {m['rss_before_mib']} MiB before, {m['rss_peak_mib']} at "
         f"peak, {m['rss_after_mib']} after; with the default --max-request-tokens: {m['default_limit']['status']} "
         f"({short(m['default_limit']['error'], 100)})",

@@ -1018,9 +1018,12 @@ def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
         options[name] = _cli_result(folder, "--beam", "2", *args)
     out["options"] = options
 
+    big = [(" ".join(lines) * 40)[:20000] for _ in range(256)]  # 256 lines of 20 KB: a 5 MB body
     bind = {}
-    service, port = serve()
+    service, port = serve()  # the default settings
     try:
+        status, answer = _post(port, {"text": big})
+        default_limit = {"status": status, "error": answer.get("error", "")}
         bind["port in use"] = _cli_result(folder, "--port", port, module="hrt_runtime.serve", stdin=b"")
         status, answer = _post(port, {"text": ["a man ."], "lenpen": 400})
         bind["request lenpen 400"] = {"status": status, "error": answer.get("error", "")}
@@ -1077,8 +1080,6 @@ def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
         }
         # a large request: the service's memory before, at peak, after
         before = _rss_mib(service.pid)
-        big = [" ".join(lines) * 40 for _ in range(256)]  # 256 lines of about 20 KB
-        big = [line[:20000] for line in big]
         start = time.monotonic()
         status, _ = _post(port, {"text": big, "beam": 5, "max_len_b": 20}, timeout=1200)
         seconds = time.monotonic() - start
@@ -1091,8 +1092,7 @@ def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
             "rss_peak_mib": after["VmHWM"],
             "rss_after_mib": after["VmRSS"],
         }
-        status, answer = _post(port, {"text": big})
-        out["large_request"]["default_limit"] = {"status": status, "error": answer.get("error", "")}
+        out["large_request"]["default_limit"] = default_limit
         out["metrics"] = {k: v for k, v in _metrics(port).items() if k.startswith("hrt_serve_requests_total")}
     finally:
         service.terminate()
