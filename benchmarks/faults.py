@@ -876,7 +876,7 @@ def runtime_and_service(work: Path) -> dict:
         service = subprocess.Popen(
             [sys.executable, "-m", "hrt_runtime.serve", str(folder), "--port", str(port), *options],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # its log, a line per request: a pipe nobody reads would stop it
             env=cli_env(),
             cwd=str(REPO),
         )

@@ -31,6 +31,7 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Dict, List
@@ -89,7 +90,9 @@ def start_service(folder: str, port: int, args) -> subprocess.Popen:
         str(args.max_queue),
         *(("--max-request-tokens", str(args.max_request_tokens)) if args.max_request_tokens else ()),
     ]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # its log (a line per request) to a file: a pipe nobody reads fills up and stops the service
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -100,7 +103,8 @@ def start_service(folder: str, port: int, args) -> subprocess.Popen:
         except (ConnectionError, OSError):
             pass
         if proc.poll() is not None:
-            raise RuntimeError(f"hrt-serve exited: {proc.stderr.read().decode()[-2000:]}")
+            log.seek(0)
+            raise RuntimeError(f"hrt-serve exited: {log.read().decode()[-2000:]}")
         if time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError("hrt-serve did not answer /health within 120 s")
@@ -126,6 +130,8 @@ def run_clients(port: int, work: List[List[Dict]], expected: Dict[int, List[str]
             started = time.perf_counter()
             status, _ = client.request("POST", "/translate", large)
             large_result.update(status=status, seconds=time.perf_counter() - started)
+        except Exception as e:  # noqa: BLE001 - reported in the row
+            large_result.update(status=repr(e), seconds=time.perf_counter() - started)
         finally:
             client.close()
 
@@ -295,7 +301,7 @@ def main(argv=None):
             rows.append(result)
     finally:
         service.terminate()
-        service.wait(30)
+        service.wait(120)  # it drains what is queued (--drain-seconds) before it exits
     meta = {
         "folder": a.folder,
         "kind": translator.model.kind,
