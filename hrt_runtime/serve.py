@@ -22,9 +22,10 @@ batch's width (as in fairseq): such a request is batched alone.
 
 Work per request is bounded and shared fairly: a request holds at most ``--max-request-lines``
 lines and ``--max-request-tokens`` source tokens (else 413); it is cut into the batches
-``Translator.translate`` would make of it (``--max-batch`` sentences, 16384 padded source
-tokens), and a request with parts left goes back to the end of the queue after each of its
-batches, so other requests' batches interleave with a long one's. A client that disconnects
+``Translator.translate`` would make of it with ``--max-batch`` sentences and
+``--max-batch-tokens`` padded source tokens per batch, and a request with parts left goes back
+to the end of the queue after each of its batches, so other requests' batches interleave with
+a long one's. A client that disconnects
 cancels its request (aiohttp's handler cancellation): it is dropped from the queue at once,
 and one whose batch is running gets no further batch (counted as ``abandoned``). Repair and
 truncation warnings name the request and its own line numbers, the first few one by one.
@@ -345,6 +346,7 @@ def make_app(
     translator: Translator,
     max_batch: int = SERVICE_BY_NAME["max_batch"].default,
     max_wait_ms: float = SERVICE_BY_NAME["max_wait_ms"].default,
+    max_batch_tokens: int = SERVICE_BY_NAME["max_batch_tokens"].default,
     max_queue: int = SERVICE_BY_NAME["max_queue"].default,
     max_request_lines: int = SERVICE_BY_NAME["max_request_lines"].default,
     max_request_tokens: int = SERVICE_BY_NAME["max_request_tokens"].default,
@@ -354,6 +356,7 @@ def make_app(
     (:func:`serve`, or ``web.AppRunner(app, handler_cancellation=True)``): a client that goes
     away then cancels its request."""
     batcher = Batcher(translator, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue)
+    max_batch_tokens = SERVICE_BY_NAME["max_batch_tokens"].check(max_batch_tokens)
     max_request_lines = SERVICE_BY_NAME["max_request_lines"].check(max_request_lines)
     max_request_tokens = SERVICE_BY_NAME["max_request_tokens"].check(max_request_tokens)
     drain_seconds = SERVICE_BY_NAME["drain_seconds"].check(drain_seconds)
@@ -422,7 +425,11 @@ def make_app(
         if unknown:
             return _error(400, f"unknown option {', '.join(map(repr, unknown))}; options: {', '.join(REQUEST_OPTIONS)}")
         try:
-            options = translator.options(batch_size=batcher.max_batch, **{k: v for k, v in body.items() if k != "text"})
+            options = translator.options(
+                batch_size=batcher.max_batch,
+                max_tokens=max_batch_tokens,
+                **{k: v for k, v in body.items() if k != "text"},
+            )
         except (TypeError, ValueError) as e:
             return _error(400, str(e))
         if not text:
@@ -465,6 +472,7 @@ def make_app(
                 "batching": {
                     "max_batch": batcher.max_batch,
                     "max_wait_ms": batcher.max_wait * 1000.0,
+                    "max_batch_tokens": max_batch_tokens,
                     "max_queue": batcher.max_queue,
                     "max_request_lines": max_request_lines,
                     "max_request_tokens": max_request_tokens,
