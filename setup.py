@@ -13,8 +13,9 @@ setup(
     py_modules=["hrt_commands"],
     python_requires=">=3.9",
     install_requires=["sacrebleu>=2.3", "sentencepiece"],
-    # hrt-serve's HTTP server (pip install .[serve]); the runtime itself needs onnxruntime, numpy, sentencepiece
-    extras_require={"serve": ["aiohttp>=3.9"]},
+    # hrt-serve's HTTP server and its /metrics (pip install .[serve]); the runtime itself needs onnxruntime,
+    # numpy, sentencepiece
+    extras_require={"serve": ["aiohttp>=3.9", "prometheus_client>=0.20"]},
     entry_points={
         "console_scripts": [
             "fairseq-hrt-comet=hrt_commands:comet",

@@ -19,11 +19,14 @@ Every row is a run of this script on tiny models (CPU, one thread per process, m
   same symbols in another order); a **distilled set with another line count**;
 * the **recipe** (examples/multi30k/recipe.py, ``--profile tiny``) SIGKILLed in the middle of
   distillation and of a training step, then re-run;
-* the **deployed runtime and service** (``--cases runtime``, about 20 s): the bad input lines
-  through ``hrt-translate``; exported folders damaged (``weights.bin`` truncated, zeroed at the
-  same size, a ``config.json`` of another export); ``fairseq-hrt-export`` SIGKILLed over an
-  earlier export; 8 threads on one ``Translator``; ``hrt-serve`` with a full queue and with
-  clients that disconnect. Its latest table: benchmarks/results/fault-table/runtime/.
+* the **deployed runtime and service** (``--cases runtime``, about 2 minutes): the bad input
+  lines through ``hrt-translate``; exported folders damaged (``weights.bin`` truncated, zeroed
+  at the same size, a ``config.json`` of another export, without its file list, with its
+  positions edited); ``fairseq-hrt-export`` SIGKILLed over an earlier export; 8 threads on one
+  ``Translator``; options out of range; ``hrt-serve`` with a full queue, clients that
+  disconnect (also during a long request), bind errors, ``--port 0``, one large request (RSS
+  before, at peak, after), SIGTERM with long requests queued, ``/metrics``. Its latest table:
+  benchmarks/results/fault-table/runtime/.
 
 Checks per killed run: the resumed run loads the newest complete checkpoint, loses at most one
 save interval (``--save-interval-updates``), continues the curriculum (p_k of every update
@@ -277,7 +280,9 @@ def build_table(args) -> Table:
             **r,
         )
     if "runtime" in cases:
-        add_runtime_rows(table, runtime_and_service(work))
+        runtime = runtime_and_service(work)
+        add_runtime_rows(table, runtime)
+        add_operator_rows(table, runtime)
     table.seconds = time.time() - t0
     return table
 
@@ -303,6 +308,8 @@ def add_runtime_rows(table: Table, r: dict):
         "truncated": "weights.bin cut to half its bytes",
         "zeroed": "1 MiB of weights.bin zeroed (same size)",
         "swapped": "config.json of another export (an HRT model of the same data) copied in",
+        "no_file_list": "config.json's file list removed",
+        "positions_edited": "config.json's max_source_positions edited to 4096",
     }
     for name, d in r["damaged"].items():
         table.add(
@@ -359,6 +366,92 @@ def add_runtime_rows(table: Table, r: dict):
         "the disconnected clients' answers only",
         d["others_equal"] == d["others"] and d["service_alive"],
         **d,
+    )
+
+
+def add_operator_rows(table: Table, r: dict):
+    """The rows of issue 40: options, binding, hang-ups, a large request, SIGTERM, /metrics."""
+    for name, o in r["options"].items():
+        table.add(
+            f"hrt-translate {name}",
+            f"hrt-translate --beam 2 {name} on one line",
+            f"exit {o['returncode']}, {o['stderr_lines']} line(s): {o['last_line']}",
+            "nothing: refused before anything is read",
+            o["returncode"] == 2 and o["stderr_lines"] == 1 and not o["traceback"] and o["stdout"] == "",
+            **o,
+        )
+    b = r["bind"]
+    for name in ("port in use", "--port 70000", "--max-wait-ms inf"):
+        o = b[name]
+        table.add(
+            f"hrt-serve {name}",
+            f"hrt-serve {'--port P (P served by another hrt-serve)' if name == 'port in use' else name}",
+            f"exit {o['returncode']}, {o['stderr_lines']} line(s), nothing announced: {o['last_line']}",
+            "nothing: it says why and exits",
+            o["returncode"] != 0 and o["stderr_lines"] == 1 and not o["traceback"] and o["stdout"] == "",
+            **o,
+        )
+    z = b["--port 0"]
+    table.add(
+        "hrt-serve --port 0",
+        "hrt-serve --port 0, then a connection to the port its banner names",
+        f"{z['banner']}; listening: {z['listening']}",
+        "nothing",
+        z["announced_port"] > 0 and z["listening"],
+        **z,
+    )
+    q = b["request lenpen 400"]
+    table.add(
+        "hrt-serve: lenpen 400 in a request",
+        'POST /translate {"text": [...], "lenpen": 400}',
+        f"{q['status']}: {q['error']}",
+        "nothing: the request is told its range",
+        q["status"] == 400 and "from -10 to 10" in q["error"],
+        **q,
+    )
+    h = r["hang_up"]
+    table.add(
+        "hrt-serve: a client hangs up during a long request",
+        f"256 lines at beam 5 ({h['batches_of_long_request']}+ batches; {h['long_request_whole_s']} s when served "
+        "whole), the client gone after 0.5 s, then a 2-line request",
+        f"the next request answered {h['next_status']} after {h['next_waited_s']} s (the batch running, not the "
+        f"request); abandoned: {h['abandoned']}",
+        "the hung-up request's remaining batches are never translated",
+        h["next_status"] == 200 and h["abandoned"] == 1 and h["next_waited_s"] < h["long_request_whole_s"],
+        **h,
+    )
+    m = r["large_request"]
+    table.add(
+        "hrt-serve: one large request",
+        f"256 lines of 20 KB ({m['body_mib']} MiB) at beam 5, max_len_b 20 (--max-request-tokens raised to take it)",
+        f"answered {m['status']} in {m['seconds']} s; RSS {m['rss_before_mib']} MiB before, {m['rss_peak_mib']} at "
+        f"peak, {m['rss_after_mib']} after; with the default --max-request-tokens: {m['default_limit']['status']} "
+        f"({short(m['default_limit']['error'], 100)})",
+        "nothing; the memory goes back after it",
+        m["status"] == 200
+        and m["rss_after_mib"] < m["rss_before_mib"] + (m["rss_peak_mib"] - m["rss_before_mib"]) / 2
+        and m["default_limit"]["status"] == 413,
+        **m,
+    )
+    t = r["sigterm"]
+    table.add(
+        "hrt-serve: SIGTERM with long requests queued",
+        f"{t['requests']} requests of 256 lines at beam 5 queued, SIGTERM after 1 s, --drain-seconds "
+        f"{t['drain_seconds']}",
+        f"exit {t['returncode']} after {t['exit_after_s']} s; {t['answered_200']} answered 200, "
+        f"{t['answered_503']} answered 503",
+        "the requests not translated within the drain time (told 503, retry elsewhere)",
+        t["returncode"] == 0 and t["answered_200"] + t["answered_503"] == t["requests"] and t["exit_after_s"] < 60,
+        **t,
+    )
+    counts = ", ".join(f"{k.split('=')[1].rstrip('}')}: {int(v)}" for k, v in sorted(r["metrics"].items()) if v)
+    table.add(
+        "hrt-serve: GET /metrics",
+        "scraped after the hang-up and large-request cases",
+        f"hrt_serve_requests_total by outcome: {counts}",
+        "nothing",
+        r["metrics"].get("hrt_serve_requests_total{outcome=abandoned}") == 1,
+        metrics=r["metrics"],
     )
 
 

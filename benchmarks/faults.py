@@ -804,10 +804,17 @@ def runtime_and_service(work: Path) -> dict:
     # damaged folders
     damaged = {}
     size = (folder / "weights.bin").stat().st_size
-    for name in ("truncated", "zeroed", "swapped"):
+    for name in ("truncated", "zeroed", "swapped", "no_file_list", "positions_edited"):
         copy = work / "rt" / f"onnx-{name}"
         shutil.copytree(folder, copy)
-        if name == "truncated":
+        if name in ("no_file_list", "positions_edited"):  # config.json edited by hand
+            config = json.loads((copy / "config.json").read_text())
+            if name == "no_file_list":
+                del config["files"]
+            else:
+                config["max_source_positions"] = 4096
+            (copy / "config.json").write_text(json.dumps(config))
+        elif name == "truncated":
             os.truncate(copy / "weights.bin", size // 2)
         elif name == "zeroed":
             with open(copy / "weights.bin", "r+b") as f:
@@ -869,7 +876,7 @@ def runtime_and_service(work: Path) -> dict:
         service = subprocess.Popen(
             [sys.executable, "-m", "hrt_runtime.serve", str(folder), "--port", str(port), *options],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # its log, a line per request: a pipe nobody reads would stop it
             env=cli_env(),
             cwd=str(REPO),
         )
@@ -935,4 +942,183 @@ def runtime_and_service(work: Path) -> dict:
         service.terminate()
         service.wait(30)
     out["full_queue"], out["disconnect"] = full, disconnect
+    out.update(operator_cases(work, folder, lines, serve))
+    return out
+
+
+def _cli_result(*args, stdin: bytes = b"a man rides a horse .\n", module: str = "hrt_runtime") -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        env=cli_env(),
+        cwd=str(REPO),
+        timeout=300,
+    )
+    err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+    return {
+        "returncode": proc.returncode,
+        "stderr_lines": len(err),
+        "last_line": relative(err[-1]) if err else "",
+        "traceback": any("Traceback" in line for line in err),
+        "stdout": proc.stdout.decode("utf-8", "replace")[:200],
+    }
+
+
+def _rss_mib(pid: int) -> Dict[str, int]:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {line.split(":")[0]: int(line.split()[1]) // 1024 for line in status if line.startswith(("VmRSS", "VmHWM"))}
+
+
+def _info(port: int) -> dict:
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.request("GET", "/info")
+        return json.loads(connection.getresponse().read())
+    finally:
+        connection.close()
+
+
+def _metrics(port: int) -> Dict[str, float]:
+    import http.client
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.request("GET", "/metrics")
+        text = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    return {
+        s.name + "".join(f"{{{k}={v}}}" for k, v in sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
+    """What an operator hits (issue 40): options out of range, bind errors, a client that hangs
+    up during a long request, a large request (memory before, at peak, after), SIGTERM with
+    long requests queued, /metrics after all of it."""
+    import socket
+    import threading
+
+    out: Dict[str, dict] = {}
+    options = {}
+    for name, args in (
+        ("--lenpen 400", ("--lenpen", "400")),
+        ("--lenpen 1e308", ("--lenpen", "1e308")),
+        ("--max-len-a inf", ("--max-len-a", "inf")),
+        ("--min-len 201", ("--min-len", "201")),
+        ("--input DIR", ("--input", str(work))),
+    ):
+        options[name] = _cli_result(folder, "--beam", "2", *args)
+    out["options"] = options
+
+    big = [(" ".join(lines) * 40)[:20000] for _ in range(256)]  # 256 lines of 20 KB: a 5 MB body
+    bind = {}
+    service, port = serve()  # the default settings
+    try:
+        status, answer = _post(port, {"text": big})
+        default_limit = {"status": status, "error": answer.get("error", "")}
+        bind["port in use"] = _cli_result(folder, "--port", port, module="hrt_runtime.serve", stdin=b"")
+        status, answer = _post(port, {"text": ["a man ."], "lenpen": 400})
+        bind["request lenpen 400"] = {"status": status, "error": answer.get("error", "")}
+    finally:
+        service.terminate()
+        service.wait(30)
+    bind["--port 70000"] = _cli_result(folder, "--port", "70000", module="hrt_runtime.serve", stdin=b"")
+    bind["--max-wait-ms inf"] = _cli_result(folder, "--max-wait-ms", "inf", module="hrt_runtime.serve", stdin=b"")
+    zero = subprocess.Popen(
+        [sys.executable, "-m", "hrt_runtime.serve", str(folder), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=cli_env(),
+        cwd=str(REPO),
+        text=True,
+    )
+    try:
+        banner = zero.stdout.readline().strip()
+        announced = int(banner.rsplit(":", 1)[1].split()[0])
+        socket.create_connection(("127.0.0.1", announced), timeout=5).close()  # listening when announced
+        bind["--port 0"] = {"banner": relative(banner), "announced_port": announced, "listening": True}
+    finally:
+        zero.terminate()
+        zero.wait(30)
+    out["bind"] = bind
+
+    heavy = dict(beam=5, max_len_b=200)
+    long_request = [(lines[i % len(lines)] + " ") * 8 for i in range(256)]
+    service, port = serve("--max-request-tokens", "1000000")
+    try:
+        # a client that hangs up 0.5 s into a long request; then the next request's wait
+        body = json.dumps({"text": long_request, **heavy}).encode()
+        c = socket.create_connection(("127.0.0.1", port))
+        c.sendall(
+            b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        time.sleep(0.5)
+        c.close()
+        start = time.monotonic()
+        status, _ = _post(port, {"text": lines[:2], **heavy})
+        waited = time.monotonic() - start
+        info = _info(port)
+        start = time.monotonic()
+        _post(port, {"text": long_request, **heavy})
+        whole = time.monotonic() - start
+        out["hang_up"] = {
+            "next_status": status,
+            "next_waited_s": round(waited, 2),
+            "long_request_whole_s": round(whole, 2),
+            "abandoned": info["stats"]["abandoned"],
+            "batches_of_long_request": -(-256 // info["batching"]["max_batch"]),
+        }
+        # a large request: the service's memory before, at peak, after
+        before = _rss_mib(service.pid)
+        start = time.monotonic()
+        status, _ = _post(port, {"text": big, "beam": 5, "max_len_b": 20}, timeout=1200)
+        seconds = time.monotonic() - start
+        after = _rss_mib(service.pid)
+        out["large_request"] = {
+            "status": status,
+            "seconds": round(seconds, 1),
+            "body_mib": round(len(json.dumps({"text": big})) / 2**20, 1),
+            "rss_before_mib": before["VmRSS"],
+            "rss_peak_mib": after["VmHWM"],
+            "rss_after_mib": after["VmRSS"],
+        }
+        out["large_request"]["default_limit"] = default_limit
+        out["metrics"] = {k: v for k, v in _metrics(port).items() if k.startswith("hrt_serve_requests_total")}
+    finally:
+        service.terminate()
+        service.wait(60)
+
+    # SIGTERM with long requests queued: drained for at most --drain-seconds
+    service, port = serve("--drain-seconds", "2", "--max-request-tokens", "1000000")
+    answers: List[int] = []
+    threads = [
+        threading.Thread(target=lambda: answers.append(_post(port, {"text": long_request, **heavy})[0]))
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    start = time.monotonic()
+    service.terminate()
+    returncode = service.wait(120)
+    for t in threads:
+        t.join(120)
+    out["sigterm"] = {
+        "requests": len(threads),
+        "drain_seconds": 2,
+        "exit_after_s": round(time.monotonic() - start, 1),
+        "returncode": returncode,
+        "answered_200": answers.count(200),
+        "answered_503": answers.count(503),
+    }
     return out

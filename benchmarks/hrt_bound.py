@@ -94,7 +94,8 @@ def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: i
         rules.usual = rules.early = np.where(rules.early == -np.inf, -np.inf, bias).astype(np.float32)
 
     def steps(n, first):
-        if backend.greedy_loop(encoded, first, n - 1, loop_rules[n], rows) is not None:
+        rules = loop_rules[n]
+        if backend.greedy_loop(encoded, first, n - 1, rules.config.min_len, rules.biases, rows) is not None:
             return
         state = backend.begin(encoded, bsz, n + 1, first, rows)
         prev = np.full((bsz,), first, np.int64)

@@ -9,7 +9,11 @@ every client sends its M requests back to back. Rows:
 
 * ``sequential``: one client, the same N x M requests one after another (what a caller that
   waits for each answer gets; every batch holds one request);
-* ``concurrent``: N clients at once (the service gathers their requests into batches).
+* ``concurrent``: N clients at once (the service gathers their requests into batches);
+* ``concurrent + large`` (``--large-request LINES,KB``): the same, with one more request of
+  LINES lines of about KB kilobytes each sent when the clients start; the latencies are the
+  other requests' (the large one's own time, and the service's RSS before it, at peak and
+  after, are reported beside them).
 
 Per row: requests/s, sentences/s, latency p50/p99 (ms, from sending a request to having read
 its answer), answers equal to the Translator's (must be all), 503 answers, and the service's
@@ -27,6 +31,7 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Dict, List
@@ -83,8 +88,11 @@ def start_service(folder: str, port: int, args) -> subprocess.Popen:
         str(args.max_wait_ms),
         "--max-queue",
         str(args.max_queue),
+        *(("--max-request-tokens", str(args.max_request_tokens)) if args.max_request_tokens else ()),
     ]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # its log (a line per request) to a file: a pipe nobody reads fills up and stops the service
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -95,16 +103,38 @@ def start_service(folder: str, port: int, args) -> subprocess.Popen:
         except (ConnectionError, OSError):
             pass
         if proc.poll() is not None:
-            raise RuntimeError(f"hrt-serve exited: {proc.stderr.read().decode()[-2000:]}")
+            log.seek(0)
+            raise RuntimeError(f"hrt-serve exited: {log.read().decode()[-2000:]}")
         if time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError("hrt-serve did not answer /health within 120 s")
         time.sleep(0.1)
 
 
-def run_clients(port: int, work: List[List[Dict]], expected: Dict[int, List[str]]) -> Dict:
-    """``work[c]``: client c's requests (``{"id", "body"}``), sent back to back; all clients at once."""
+def rss_mib(pid: int) -> Dict[str, int]:
+    """A process's resident memory now (``VmRSS``) and at its peak so far (``VmHWM``), in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        status = f.read().splitlines()
+    return {line.split(":")[0]: int(line.split()[1]) // 1024 for line in status if line.startswith(("VmRSS", "VmHWM"))}
+
+
+def run_clients(port: int, work: List[List[Dict]], expected: Dict[int, List[str]], large: Dict = None) -> Dict:
+    """``work[c]``: client c's requests (``{"id", "body"}``), sent back to back; all clients at once.
+    ``large``: one more request's body, sent from its own connection when the clients start."""
     latencies, wrong, rejected, errors = [], [], 0, []
+    large_result = {}
+
+    def send_large():
+        client = Client(port)
+        try:
+            started = time.perf_counter()
+            status, _ = client.request("POST", "/translate", large)
+            large_result.update(status=status, seconds=time.perf_counter() - started)
+        except Exception as e:  # noqa: BLE001 - reported in the row
+            large_result.update(status=repr(e), seconds=time.perf_counter() - started)
+        finally:
+            client.close()
+
     lock = threading.Lock()
     barrier = threading.Barrier(len(work) + 1)
 
@@ -134,6 +164,9 @@ def run_clients(port: int, work: List[List[Dict]], expected: Dict[int, List[str]
     for t in threads:
         t.start()
     barrier.wait()
+    if large is not None:
+        threads.append(threading.Thread(target=send_large))
+        threads[-1].start()
     started = time.perf_counter()
     for t in threads:
         t.join()
@@ -153,6 +186,7 @@ def run_clients(port: int, work: List[List[Dict]], expected: Dict[int, List[str]
         "rejected_503": rejected,
         "errors": errors[:5],
         "first_wrong": wrong[:3],
+        "large_request": large_result,
     }
 
 
@@ -181,6 +215,14 @@ def markdown(rows: List[Dict], meta: Dict) -> str:
             f"{r['sentences_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
             f"{r['answers_equal']}/{r['requests']} | {r['rejected_503']} | {r['batches']} | {r['largest_batch']} |"
         )
+    for r in rows:
+        if r["large_request"]:
+            big = r["large_request"]
+            lines.append(
+                f"\n{r['row']}: the large request ({meta['large_request']}) answered {big['status']} in "
+                f"{big['seconds']:.1f} s; the service's RSS {big['rss_before_mib']} MiB before it, "
+                f"{big['rss_peak_mib']} at peak, {big['rss_after_mib']} after; the latencies above are the others'."
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -204,6 +246,12 @@ def main(argv=None):
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--max-wait-ms", type=float, default=0.0)
     p.add_argument("--max-queue", type=int, default=256)
+    p.add_argument(
+        "--large-request",
+        default=None,
+        help="LINES,KB: a third row, the concurrent one with one more request of LINES lines of about KB kilobytes",
+    )
+    p.add_argument("--max-request-tokens", type=int, default=None, help="hrt-serve's (to take the large request)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
 
@@ -229,15 +277,31 @@ def main(argv=None):
     service = start_service(a.folder, port, a)
     rows = []
     try:
-        for row, work in (("sequential", [items]), ("concurrent", [items[c :: a.clients] for c in range(a.clients)])):
+        concurrent = [items[c :: a.clients] for c in range(a.clients)]
+        runs = [("sequential", [items], None), ("concurrent", concurrent, None)]
+        if a.large_request:
+            count, kilobytes = (int(v) for v in a.large_request.split(","))
+            text = " ".join(sentences)
+            while len(text) < 1000 * kilobytes:
+                text += " " + text
+            large = {"text": [text[: 1000 * kilobytes]] * count, **options}
+            runs.append(("concurrent + large", concurrent, large))
+        for row, work, large in runs:
             before = service_stats(port)
-            result = run_clients(port, work, expected)
+            memory = rss_mib(service.pid)
+            result = run_clients(port, work, expected, large)
             after = service_stats(port)
+            if large is not None:
+                time.sleep(1.0)  # the large request's last batch may still be translated for nobody
+                peak = rss_mib(service.pid)
+                result["large_request"].update(
+                    rss_before_mib=memory["VmRSS"], rss_peak_mib=peak["VmHWM"], rss_after_mib=peak["VmRSS"]
+                )
             result.update(row=row, batches=after["batches"] - before["batches"], largest_batch=after["largest_batch"])
             rows.append(result)
     finally:
         service.terminate()
-        service.wait(30)
+        service.wait(120)  # it drains what is queued (--drain-seconds) before it exits
     meta = {
         "folder": a.folder,
         "kind": translator.model.kind,
@@ -248,6 +312,7 @@ def main(argv=None):
         "max_batch": a.max_batch,
         "max_wait_ms": a.max_wait_ms,
         "threads": a.threads,
+        "large_request": f"{a.large_request.replace(',', ' lines x ')} KB" if a.large_request else None,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
         "python": platform.python_version(),
     }

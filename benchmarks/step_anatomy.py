@@ -98,8 +98,8 @@ def loop_step_cost(
         rules = Rules(
             SearchConfig(beam=1, max_len_b=steps - 1), model.eos, model.unk, model.config["banned"], out_rows, size
         )
-        rules.usual = rules.early  # </s> banned until the last step, which forces it
-        return lambda: model.greedy_loop(encoded, model.eos, steps - 1, rules, out_rows)
+        biases = (rules.early, rules.early, rules.final)  # </s> banned until the last step, which forces it
+        return lambda: model.greedy_loop(encoded, model.eos, steps - 1, rules.config.min_len, biases, out_rows)
 
     assert run(long)()[0].shape[1] == long
     t_short = best_time(run(short), calls, repeats)

@@ -27,7 +27,7 @@ from fairseq import hub_utils
 from omegaconf import open_dict
 
 from fairseq_hrt.symbols import find_sentencepiece_model
-from hrt_runtime.text_input import repair_lines
+from hrt_runtime.text_input import check_sentences, repair_lines
 
 logger = logging.getLogger(__name__)
 
@@ -108,21 +108,6 @@ def from_pretrained(
     return HRTHubInterface(loaded["args"], loaded["task"], loaded["models"])
 
 
-def _check_sentences(sentences):
-    """``translate`` takes one string or a list of strings."""
-    if isinstance(sentences, str):
-        return
-    if isinstance(sentences, (list, tuple)):
-        bad = [i for i, s in enumerate(sentences) if not isinstance(s, str)]
-        if not bad:
-            return
-        raise TypeError(
-            f"translate() takes a string or a list of strings; item {bad[0]} of the list is "
-            f"{type(sentences[bad[0]]).__name__}"
-        )
-    raise TypeError(f"translate() takes a string or a list of strings, got {type(sentences).__name__}")
-
-
 class HRTHubInterface(hub_utils.GeneratorHubInterface):
     """fairseq's ``GeneratorHubInterface`` with the plugin's decoding options per call."""
 
@@ -146,7 +131,7 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
         ``engine`` (``--decoder-engine``: lean or fairseq), ``batch_size`` (sentences per
         batch). Other keywords are fairseq generation options (``max_len_a``, ``iter_decode_max_iter``, ...).
         """
-        _check_sentences(sentences)
+        check_sentences(sentences)
         # repaired as every entry point repairs input (NUL removed, control characters to
         # spaces, lone surrogates to U+FFFD), with the same warning naming the line
         if isinstance(sentences, str):

@@ -71,12 +71,16 @@ def _advice(folder: str) -> str:
 
 def check_folder(folder: str, config: Dict, checksums: bool = True) -> None:
     """Raise :class:`DamagedFolderError` unless every file ``config`` lists has its recorded
-    size (and, with ``checksums``, SHA-256). A folder exported before the list existed is not
-    checked. An int8 copy made from a float folder's ``config.json`` (its list made before the
-    graphs and ``weights.bin`` were quantized) has the files it copied unchanged checked."""
+    size (and, with ``checksums``, SHA-256). A folder without the list (exported before it
+    existed, or its config.json edited) is refused: nothing would then say that its files are
+    the export's (2 MB of zeroed weights translated into garbage with exit code 0). An int8
+    copy made from a float folder's ``config.json`` (its list made before the graphs and
+    ``weights.bin`` were quantized) has the files it copied unchanged checked."""
     recorded = config.get(FILES)
     if recorded is None:
-        return
+        raise DamagedFolderError(
+            f"{folder}: config.json has no file list ({FILES!r}), so its files cannot be checked; {_advice(folder)}"
+        )
     if not isinstance(recorded, dict) or not all(
         isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
         for e in recorded.values()

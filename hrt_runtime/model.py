@@ -12,9 +12,89 @@ import numpy as np
 from hrt_runtime.integrity import check_folder
 
 # 3: the non-causal pass takes its query columns (its last layer computed there only);
-# 4: greedy.onnx, the greedy search as one Loop (a folder of version 3 decodes without it)
-FORMAT, VERSION = "fairseq-hrt-onnx", 4
-READABLE_VERSIONS = (3, 4)
+# 4: greedy.onnx, the greedy search as one Loop (a folder of version 3 decodes without it);
+# 5: every graph carries config.json's declared values (DECLARED) in its metadata, compared at
+# load. Folders of versions 3 and 4 are still read (their graphs carry nothing to compare: their
+# file list and the graphs' shapes are checked); graphs that carry the values are always compared.
+FORMAT, VERSION = "fairseq-hrt-onnx", 5
+READABLE_VERSIONS = (3, 4, 5)
+STAMPED_SINCE = 5
+
+# what config.json declares about the graphs, written into each graph's metadata under
+# DECLARED_KEY by the exporter: an edited config.json (positions, chunk sizes, symbols) is then
+# refused at load instead of translating into garbage or failing inside ONNX Runtime
+DECLARED = (
+    "kind",
+    "layers",
+    "heads",
+    "head_dim",
+    "embed_dim",
+    "vocab_size",
+    "max_target_positions",
+    "max_source_positions",
+    "relative_window",
+    "recurrent",
+    "cell_dim",
+    "length_classes",
+    "pad",
+    "eos",
+    "unk",
+    "bos",
+    "mask",
+    "source_eos",
+    "source_pad",
+    "source_unk",
+    "chunk_start",
+    "trained_chunk_sizes",
+    "banned",
+)
+DECLARED_KEY = "fairseq_hrt.declared"
+
+
+def declared_of(config: Dict) -> str:
+    """The values ``config`` declares about its graphs, as the JSON each graph carries."""
+    return json.dumps({key: config.get(key) for key in DECLARED}, sort_keys=True)
+
+
+def check_declared(folder: str, config: Dict, graph: str, metadata: Dict[str, str]) -> None:
+    """Refuse a ``config.json`` whose declared values are not those the graph ``graph`` carries
+    (``metadata``: its custom metadata), naming each that disagrees."""
+    carried = metadata.get(DECLARED_KEY)
+    if carried is None:
+        if config["version"] >= STAMPED_SINCE:
+            raise ValueError(
+                f"{folder}: {graph} carries no declared values, which version {config['version']} graphs do "
+                "(a graph of an older export, or not one of fairseq-hrt-export?); export again"
+            )
+        return
+    carried = json.loads(carried)
+    declared = json.loads(declared_of(config))
+    differ = [key for key in DECLARED if declared.get(key) != carried.get(key)]
+    if differ:
+        raise ValueError(
+            f"{folder}: config.json disagrees with its graphs on "
+            + ", ".join(f"{key} (config.json {declared.get(key)!r}, {graph} {carried.get(key)!r})" for key in differ)
+            + "; export again (config.json was edited, or comes from another export)"
+        )
+
+
+def check_shapes(folder: str, config: Dict, outputs) -> None:
+    """Refuse a ``config.json`` whose layers, heads or head size disagree with the encoder's
+    outputs (``outputs``: its session's ``get_outputs()``: the bias, then every layer's keys and
+    values ``(B, H, S, d)``, then the length predictor's log-probabilities if it has one)."""
+    layers, heads, head_dim = config["layers"], config["heads"], config["head_dim"]
+    found = len(outputs) - 1
+    if found - found % 2 != 2 * layers:
+        raise ValueError(
+            f"{folder}: config.json declares {layers} decoder layers, the encoder graph gives keys and values "
+            f"for {found // 2}; export again"
+        )
+    shape = outputs[1].shape
+    for what, axis, value in (("heads", 1, heads), ("head_dim", 3, head_dim)):
+        if len(shape) == 4 and isinstance(shape[axis], int) and shape[axis] != value:
+            raise ValueError(
+                f"{folder}: config.json declares {what} {value}, the encoder graph {shape[axis]}; export again"
+            )
 
 
 # the greedy loop graph (greedy.onnx, fairseq_hrt/export/loop.py): the settings it reads beside the
@@ -194,6 +274,11 @@ class ExportedModel:
         self._options = ort.SessionOptions()
         self._options.intra_op_num_threads = max(1, int(threads))
         self._options.inter_op_num_threads = 1
+        # no arena: ONNX Runtime's CPU arena keeps the largest batch's memory for good (a service
+        # went from 98 to 832 MiB after one request of 256 long lines, peak 936); without it the
+        # memory goes back to malloc (221 MiB after, 137 with malloc_trim, peak 504) and steps
+        # took the same time (mini model, 2 cores, beam 1 and 5, one by one and batched)
+        self._options.enable_cpu_mem_arena = False
         self._options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # idle worker threads sleep instead of spinning between runs: the search's numpy work runs
         # between two steps, and spinning workers took its core (2 cores, HRT k = 2 at batch 1:
@@ -211,6 +296,7 @@ class ExportedModel:
             self.past_names = [f"past_c{i}" for i in range(self.layers)]
         else:
             self.past_names = [f"past_k{i}" for i in range(self.layers)] + [f"past_v{i}" for i in range(self.layers)]
+        self.check_graphs()
 
     def runner(self, graph: str):
         """``feeds -> outputs`` of a graph's session: the session's own run without the Python
@@ -230,6 +316,15 @@ class ExportedModel:
         if found is None:
             found = self._positions[p] = np.array([p], np.int64)
         return found
+
+    def check_graphs(self):
+        """The declared values of ``config.json`` against the encoder graph (made now: every
+        translation needs it): its shapes, and the values it carries (:func:`check_declared`)."""
+        session = self.session("encoder")
+        check_shapes(self.folder, self.config, session.get_outputs())
+        check_declared(
+            self.folder, self.config, self.config["graphs"]["encoder"], session.get_modelmeta().custom_metadata_map
+        )
 
     def session(self, graph: str):
         if graph not in self._sessions:
@@ -310,11 +405,19 @@ class ExportedModel:
         state.past = out[2:]
         return out[0], out[1]
 
-    def greedy_loop(self, encoded: Encoded, start: int, max_len: int, rules, out_rows: OutputRows):
+    def greedy_loop(
+        self,
+        encoded: Encoded,
+        start: int,
+        max_len: int,
+        min_len: int,
+        biases: Sequence[np.ndarray],
+        out_rows: OutputRows,
+    ):
         """Every step of a greedy search from ``start`` in one run of ``greedy.onnx``: ``(tokens,
         scores)``, each ``(N, T)``, the steps' tokens and log-probabilities (a row is read up to
-        its first ``</s>``), under ``rules`` (:class:`hrt_runtime.search.Rules`: its three biases,
-        ``min_len``) and ``max_len``, over the output rows ``out_rows`` (a shortlist's:
+        its first ``</s>``), under the search's three logit biases ``(usual, before min_len, at
+        max_len)`` (``biases``), ``min_len`` and ``max_len``, over the output rows ``out_rows`` (a shortlist's:
         ``greedy_restricted.onnx``). ``None`` where the loop does not serve the batch (a folder
         exported without it, more than :data:`LOOP_ROWS` rows): the search then makes the steps
         itself, with the same result."""
@@ -326,10 +429,10 @@ class ExportedModel:
             "start": np.full(n, start, np.int64),
             "stride": np.array(self.stride_of(start), np.int64),
             "max_len": np.array(max_len, np.int64),
-            "min_len": np.array(rules.config.min_len, np.int64),
-            "usual_bias": rules.usual,
-            "early_bias": rules.early,
-            "final_bias": rules.final,
+            "min_len": np.array(min_len, np.int64),
+            "usual_bias": biases[0],
+            "early_bias": biases[1],
+            "final_bias": biases[2],
             **encoded.feeds(),
             **out_rows.feeds(),
         }

@@ -20,9 +20,13 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from hrt_runtime.model import OutputRows
-
 Hypothesis = Dict[str, object]  # tokens (T,) int64, score float, positional_scores (T,) float32[, steps]
+# The backend contract (hrt_runtime.model.ExportedModel, fairseq_hrt.generation.lean.TorchBackend):
+# pad/eos/unk/mask/bos, vocab_size, max_target_positions, chunk_start, stride_of, rows(ids) (the
+# output rows: ids, position(token), positions(tokens), to_full(rows)), begin, step, reorder,
+# greedy_loop, parallel. The search uses nothing else of a backend, and a backend nothing of the
+# search but the arrays it is given.
+Rows = object  # what a backend's rows(ids) returns (hrt_runtime.model.OutputRows, lean.TorchRows)
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,11 @@ class SearchConfig:
         max_len_b``, at most ``cap`` (the decoder's positions), with fairseq's check of ``min_len``."""
         max_len = min(int(self.max_len_a * source_width + self.max_len_b), cap)
         if self.min_len > max_len:
-            raise ValueError("min_len cannot be larger than max_len, please adjust these!")
+            raise ValueError(
+                f"min_len cannot be larger than max_len: min_len {self.min_len}, max_len {max_len} (max_len_a "
+                f"{self.max_len_a:g} x source width {source_width} + max_len_b {self.max_len_b}, at most {cap}); "
+                "lower min_len or raise max_len_b"
+            )
         return max_len
 
 
@@ -57,7 +65,7 @@ class Rules:
     one, the one before ``min_len`` (``</s>`` banned too) and the one at the maximum length
     (only ``</s>``)."""
 
-    def __init__(self, config: SearchConfig, eos: int, unk: int, banned: Sequence[int], rows: OutputRows, size: int):
+    def __init__(self, config: SearchConfig, eos: int, unk: int, banned: Sequence[int], rows: Rows, size: int):
         self.config = config
         eos_row = rows.position(eos)
         if eos_row is None:
@@ -71,6 +79,11 @@ class Rules:
         final = np.full(size, -np.inf, np.float32)
         final[eos_row] = 0.0
         self.usual, self.early, self.final = usual, early, final
+
+    @property
+    def biases(self):
+        """``(usual, before min_len, at the maximum length)``: what a backend's greedy loop takes."""
+        return self.usual, self.early, self.final
 
     def bias(self, step: int, max_len: int) -> np.ndarray:
         if step >= max_len:
@@ -91,7 +104,7 @@ def _once(key, make):
     return found
 
 
-def rules_of(config: SearchConfig, eos: int, unk: int, banned: Sequence[int], rows: OutputRows, size: int) -> Rules:
+def rules_of(config: SearchConfig, eos: int, unk: int, banned: Sequence[int], rows: Rows, size: int) -> Rules:
     """:class:`Rules` of a search (those over the whole vocabulary made once: a search of one
     sentence would spend a tenth of its own time making them)."""
     if rows.ids is not None:  # a shortlist's rows: its own, per batch
@@ -99,7 +112,7 @@ def rules_of(config: SearchConfig, eos: int, unk: int, banned: Sequence[int], ro
     return _once(("rules", config, eos, unk, tuple(banned), size), lambda: Rules(config, eos, unk, banned, rows, size))
 
 
-def banned_bias_of(banned: Sequence[int], rows: OutputRows, size: int) -> np.ndarray:
+def banned_bias_of(banned: Sequence[int], rows: Rows, size: int) -> np.ndarray:
     """The additive bias banning ``banned`` among the output rows (made once over the whole vocabulary)."""
 
     def make():
@@ -132,11 +145,11 @@ def left_to_right(
     config: SearchConfig,
     banned: Sequence[int],
     start: Optional[int] = None,
-    rows: Optional[OutputRows] = None,
+    rows: Optional[Rows] = None,
 ) -> List[List[Hypothesis]]:
     """Greedy (``config.beam`` 1) or beam search from ``start`` (default ``</s>``; ``<s_k>``:
     Skip-AT with stride k) for every sentence of ``encoded`` (``model``'s encoding of them)."""
-    rows = rows or OutputRows(None)
+    rows = rows or model.rows(None)
     start = model.eos if start is None else start
     max_len = config.max_len(source_width, position_cap(model.max_target_positions, model.stride_of(start)))
     size = model.vocab_size if rows.ids is None else rows.ids.size
@@ -177,7 +190,7 @@ def _looped(config, eos: int, tokens: np.ndarray, scores: np.ndarray) -> List[Li
 
 
 def _greedy(model, encoded, max_len, start, rules, rows, config):
-    looped = model.greedy_loop(encoded, start, max_len, rules, rows)
+    looped = model.greedy_loop(encoded, start, max_len, config.min_len, rules.biases, rows)
     if looped is not None:
         return _looped(config, model.eos, *looped)
     bsz = encoded.size
@@ -418,7 +431,7 @@ def fill_masks(
     skeleton_scores: np.ndarray,
     k: int,
     banned_bias: np.ndarray,
-    rows: OutputRows,
+    rows: Rows,
     refine_fraction: float = 0.0,
 ):
     """Stage II proper: one non-causal pass over right-padded skeletons ``(B, M)`` (each ending
@@ -478,7 +491,7 @@ def _fill_one(
     skeleton_scores: np.ndarray,
     k: int,
     banned_bias: np.ndarray,
-    rows: OutputRows,
+    rows: Rows,
 ):
     """:func:`fill_masks` of one unpadded skeleton (greedy at batch 1, the latency case), in
     half the operations: its masks are exactly the query columns."""
@@ -513,7 +526,7 @@ def fill_skeletons(
     k: int,
     banned_bias: np.ndarray,
     len_penalty: float,
-    rows: OutputRows,
+    rows: Rows,
     refine_fraction: float = 0.0,
 ) -> List[Hypothesis]:
     """Stage II over one group of skeletons (each ending in ``</s>``; ``sentence_of_row``:
@@ -568,7 +581,7 @@ def stage2(
     banned: Sequence[int],
     b_nat: int,
     len_penalty: float,
-    rows: OutputRows,
+    rows: Rows,
     bucket_padding: float = 0.25,
     refine_fraction: float = 0.0,
 ) -> List[List[Hypothesis]]:
@@ -614,12 +627,12 @@ def hrt(
     banned: Sequence[int],
     b_nat: int = 1,
     bucket_padding: float = 0.25,
-    rows: Optional[OutputRows] = None,
+    rows: Optional[Rows] = None,
 ) -> List[List[Hypothesis]]:
     """Hybrid-regressive decoding with chunk size ``k`` (1: AT mode) and beam ``config.beam``
     (``b_at``) in stage I, ``b_nat`` skeletons per sentence filled by stage II."""
     check_b_nat(config.beam, b_nat)
-    rows = rows or OutputRows(None)
+    rows = rows or model.rows(None)
     if k == 1:
         return left_to_right(model, encoded, source_width, config, banned, rows=rows)
     if k not in model.chunk_start:
@@ -684,7 +697,7 @@ def mask_predict(
     max_len_a: float,
     max_len_b: int,
     banned: Sequence[int],
-    rows: Optional[OutputRows] = None,
+    rows: Optional[Rows] = None,
     on_iteration=None,
 ) -> List[List[Hypothesis]]:
     """Mask-Predict (Ghazvininejad et al. 2019; :mod:`fairseq_hrt.generation.mask_predict`):
@@ -697,7 +710,7 @@ def mask_predict(
         raise ValueError(f"--iter-decode-max-iter (Mask-Predict's I) must be >= 1, got {iterations}")
     if length_beam < 1:
         raise ValueError(f"--iter-decode-with-beam (Mask-Predict's length beam l) must be >= 1, got {length_beam}")
-    rows = rows or OutputRows(None)
+    rows = rows or model.rows(None)
     pad, eos, mask = model.pad, model.eos, model.mask
     classes = encoded.length_lprobs.shape[-1]
     src_len = ((src_tokens != model.source_eos) & (src_tokens != model.source_pad)).sum(axis=1)

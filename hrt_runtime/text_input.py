@@ -143,24 +143,46 @@ def decode_line(raw: bytes, errors: str = "replace") -> Tuple[str, LineProblems]
     return text, problems
 
 
-class _Reporter:
-    """Logs the repaired lines of one file: the first few one by one, then a count."""
+class LineWarnings:
+    """Logs the lines of one file (or request) that needed something (``what``: "repaired",
+    "truncated"): the first ``max_warnings`` one by one, then only their count at the end, so
+    a file or a request of bad lines logs a few lines, not one per line."""
 
-    def __init__(self, name: str, max_warnings: int):
+    def __init__(self, name: str, max_warnings: int = MAX_WARNINGS_PER_FILE, what: str = "repaired"):
         self.name = name
         self.max_warnings = max_warnings
-        self.repaired = 0
+        self.what = what
+        self.count = 0
+
+    def warn(self, lineno: int, message: str):
+        self.count += 1
+        if self.count <= self.max_warnings:
+            logger.warning("%s, line %d: %s", self.name, lineno, message)
+        if self.count == self.max_warnings + 1:
+            logger.warning("%s: more lines %s; only their number is reported at the end", self.name, self.what)
 
     def report(self, lineno: int, problems: LineProblems):
-        self.repaired += 1
-        if self.repaired <= self.max_warnings:
-            logger.warning("%s, line %d: %s", self.name, lineno, problems.describe())
-        if self.repaired == self.max_warnings + 1:
-            logger.warning("%s: more lines need repair; only their number is reported at the end", self.name)
+        self.warn(lineno, problems.describe())
 
     def finish(self, lines: int):
-        if self.repaired > self.max_warnings:
-            logger.warning("%s: %d of %d lines were repaired (see above)", self.name, self.repaired, lines)
+        if self.count > self.max_warnings:
+            logger.warning("%s: %d of %d lines were %s (see above)", self.name, self.count, lines, self.what)
+
+
+def check_sentences(sentences):
+    """``translate()`` takes one string or a list (or tuple) of strings: else the one message
+    (the runtime's ``Translator.translate`` and the hub's ``translate``)."""
+    if isinstance(sentences, str):
+        return
+    if isinstance(sentences, (list, tuple)):
+        bad = [i for i, s in enumerate(sentences) if not isinstance(s, str)]
+        if not bad:
+            return
+        raise TypeError(
+            f"translate() takes a string or a list of strings; item {bad[0]} of the list is "
+            f"{type(sentences[bad[0]]).__name__}"
+        )
+    raise TypeError(f"translate() takes a string or a list of strings, got {type(sentences).__name__}")
 
 
 Source = Union[str, BinaryIO]
@@ -232,7 +254,7 @@ def iter_lines(
         raise ValueError(f"errors must be one of {ERROR_POLICIES}, got {errors!r}")
     stream, default_name, owned = _open_binary(source)
     name = name or default_name
-    reporter = _Reporter(name, max_warnings)
+    reporter = LineWarnings(name, max_warnings)
     lineno = 0
     try:
         for raw in _raw_lines(stream, pauses):
@@ -290,7 +312,7 @@ def repair_lines(
     """Lines already decoded (a list handed to ``translate()``) repaired as :func:`iter_lines`
     repairs a file's (:func:`clean_text`), each repaired line reported as ``"<name>, line N:
     ..."``, N counted from ``first_line``. Lazy; text that needs no repair passes unchanged."""
-    reporter = _Reporter(name, max_warnings)
+    reporter = LineWarnings(name, max_warnings)
     lineno = first_line - 1
     try:
         for lineno, line in enumerate(lines, first_line):

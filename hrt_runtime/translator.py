@@ -7,20 +7,31 @@ the model's source positions truncated (with a warning), empty lines translated 
 lines, batches left-padded.
 """
 
+import argparse
 import itertools
 import logging
-import math
 import os
+import sys
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
 from hrt_runtime.families import DESCRIPTION, HRT, MASK_PREDICT
 from hrt_runtime.model import ExportedModel
-from hrt_runtime.search import SearchConfig, hrt, left_to_right, mask_predict
-from hrt_runtime.text_input import iter_line_groups, repair_lines
+from hrt_runtime.options import (
+    BUFFER,
+    BUFFER_SIZE,
+    DECODING,
+    DECODING_BY_NAME,
+    THREADS,
+    add_arguments,
+    check_arguments,
+    decoding_values,
+)
+from hrt_runtime.search import SearchConfig, hrt, left_to_right, mask_predict, position_cap
+from hrt_runtime.text_input import LineWarnings, check_sentences, iter_line_groups, repair_lines
 
 logger = logging.getLogger(__name__)
 
@@ -43,38 +54,6 @@ def read_dictionary(path: str) -> List[str]:
     return symbols
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-
-
-# a batch's source tokens at most (sentences x the longest), by default: 16 lines of the longest
-# source (1024 positions) per batch instead of 64; sentences of usual lengths batch as before
-MAX_TOKENS = 16384
-# lines per buffer, by default (--buffer-size): 20,000 lines in buffers of 1024 took 12.7 s against
-# 12.1 s in one (sorted by length once), with buffers of 256 14.2 s; memory alike (quickstart model)
-BUFFER_SIZE = 1024
-
-
-def _batches(todo, batch_size: int, max_tokens: Optional[int]):
-    """``todo`` (sorted by length) cut into batches of at most ``batch_size`` sentences and
-    ``max_tokens`` padded source tokens (at least one sentence each)."""
-    batch = []
-    for item in todo:
-        if batch and (
-            len(batch) >= batch_size
-            or (max_tokens is not None and (len(batch) + 1) * max(item[1].size, batch[-1][1].size) > max_tokens)
-        ):
-            yield batch
-            batch = []
-        batch.append(item)
-    if batch:
-        yield batch
-
-
 @dataclass(frozen=True)
 class CallOptions:
     """The checked options of one ``translate`` call (see :meth:`Translator.translate`)."""
@@ -86,6 +65,55 @@ class CallOptions:
     iterations: int
     length_beam: int
     max_tokens: Optional[int] = None
+
+
+def batches_of(sources: Sequence[Optional[np.ndarray]], options: "CallOptions") -> List[List[int]]:
+    """The batches a call decodes ``sources`` in (``None``: an empty line, in none): their
+    indices sorted by length (similar lengths share a batch), cut into batches of at most
+    ``options.batch_size`` sentences and ``options.max_tokens`` padded source tokens (at least
+    one sentence each). The service cuts a long request the same way, so its parts are the
+    batches ``Translator.translate`` would make."""
+    todo = sorted((i for i, s in enumerate(sources) if s is not None), key=lambda i: sources[i].size)
+    batches, batch = [], []
+    for i in todo:
+        if batch and (
+            len(batch) >= options.batch_size
+            or (options.max_tokens is not None and (len(batch) + 1) * sources[i].size > options.max_tokens)
+        ):
+            batches.append(batch)
+            batch = []
+        batch.append(i)
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def check_min_len(min_len: int, max_len_a: float, max_len_b: int, chunk_size: int, max_positions: int):
+    """Refuse ``min_len`` beyond every output's length limit before anything is read: with
+    ``max_len_a`` 0 the limit does not depend on the input (fairseq's check comes per batch,
+    after earlier batches were printed). Stage I at chunk size k makes at most ``max_len_b // k``
+    steps, and ``min_len`` counts its steps."""
+    if max_len_a != 0:
+        return
+    stage1 = SearchConfig(max_len_b=max_len_b).for_chunk_size(chunk_size)
+    limit = min(stage1.max_len_b, position_cap(max_positions, chunk_size))
+    if min_len > limit:
+        stage = f" of stage I at chunk size {chunk_size} (max_len_b // {chunk_size})" if chunk_size > 1 else ""
+        raise ValueError(f"min_len {min_len} > {limit}, the longest output{stage}; lower min_len or raise max_len_b")
+
+
+def _line_groups(lines: Iterator[str], size: int, name: str) -> Iterator[List[str]]:
+    """Strings in groups of ``size``, each without its line ending; a non-string is refused naming its line."""
+    first = 1
+    while True:
+        group = list(itertools.islice(lines, size))
+        if not group:
+            return
+        for i, line in enumerate(group):
+            if not isinstance(line, str):
+                raise TypeError(f"translate_iter() takes strings; {name}, line {first + i} is {type(line).__name__}")
+        yield [line[:-2] if line.endswith("\r\n") else line[:-1] if line.endswith("\n") else line for line in group]
+        first += len(group)
 
 
 class Translator:
@@ -107,10 +135,7 @@ class Translator:
                 f"Translator(folder): folder is the path of a folder written by fairseq-hrt-export, "
                 f"got {type(folder).__name__}"
             )
-        if not _is_int(threads):
-            raise TypeError(f"threads must be an integer (ONNX Runtime's threads per call), got {threads!r}")
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1 (ONNX Runtime's threads per call), got {threads}")
+        threads = THREADS.check(threads)
         folder = os.fspath(folder)
         self.model = ExportedModel(folder, threads=threads)
         self._guard_sessions()
@@ -144,20 +169,35 @@ class Translator:
 
         self.model.session = session
 
-    def encode(self, line: str, where: Optional[str] = None) -> np.ndarray:
-        """Source ids of one line (``where``: how a warning names it, e.g. ``"input, line 3"``)."""
+    def encode(self, line: str, warnings: Optional[LineWarnings] = None, lineno: int = 0) -> np.ndarray:
+        """Source ids of one line, truncated to the model's source positions (``warnings``: where
+        that is reported, the line numbered ``lineno``; else logged unnumbered)."""
         pieces = self.spm.encode(line.strip(), out_type=str) if self.spm is not None else line.split()
         unk, eos = self.model.config["source_unk"], self.model.config["source_eos"]
         ids = [self.source_index.get(p, unk) for p in pieces]
         if len(ids) + 1 > self.max_source_tokens:
-            logger.warning(
-                "%sa sentence of %d tokens is truncated to the model's %d source positions",
-                f"{where}: " if where else "",
-                len(ids) + 1,
-                self.max_source_tokens,
+            message = (
+                f"a sentence of {len(ids) + 1} tokens is truncated to the model's {self.max_source_tokens} "
+                "source positions"
             )
+            if warnings is None:
+                logger.warning(message)
+            else:
+                warnings.warn(lineno, message)
             ids = ids[: self.max_source_tokens - 1]
         return np.array(ids + [eos], np.int64)
+
+    def encode_lines(
+        self, lines: Sequence[str], name: str = "input", first_line: int = 1
+    ) -> List[Optional[np.ndarray]]:
+        """The source ids of repaired lines (``None`` for an empty line), truncations reported
+        as ``"<name>, line N"`` (N from ``first_line``), the first few one by one, then a count."""
+        warnings = LineWarnings(name, what="truncated")
+        sources = [
+            self.encode(line, warnings, first_line + i) if line.strip() else None for i, line in enumerate(lines)
+        ]
+        warnings.finish(len(lines))
+        return sources
 
     def decode(self, tokens: Sequence[int]) -> str:
         eos, pad = self.model.eos, self.model.pad
@@ -187,14 +227,7 @@ class Translator:
             return mask_predict(
                 self.model, encoded, src, iterations, length_beam, config.max_len_a, config.max_len_b, banned
             )
-        if self.model.kind == HRT:
-            # L is capped at the decoder's positions anyway; stated as that cap (less one chunk),
-            # stage I's L // k steps and stage II's positions 1..m x k stay within them too:
-            # hrt_runtime.search caps the steps, not their positions, and a batch of very long
-            # lines reached position 1024 of 1024 (a traceback from ONNX Runtime)
-            limit = chunk_size * ((int(self.model.config["max_target_positions"]) - 1) // chunk_size - 1)
-            if chunk_size > 1 and config.max_len_a * width + config.max_len_b > limit:
-                config = replace(config, max_len_a=0.0, max_len_b=limit)
+        if self.model.kind == HRT:  # its length limit: hrt_runtime.search (position_cap), as every engine
             return hrt(self.model, encoded, width, config, chunk_size, banned, b_nat=b_nat)
         if chunk_size != 1:
             raise ValueError(f"chunk_size {chunk_size}: an AT model decodes left to right only (chunk_size 1)")
@@ -206,10 +239,7 @@ class Translator:
         trained = self.model.config["trained_chunk_sizes"]
         if chunk_size is None:
             return min(trained) if trained else 1
-        if not _is_int(chunk_size):
-            raise TypeError(f"chunk_size must be an integer (1: AT mode) or None, got {chunk_size!r}")
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1 (1: AT mode), got {chunk_size}")
+        chunk_size = DECODING_BY_NAME["chunk_size"].check(chunk_size)
         if chunk_size > 1 and self.model.kind != HRT:
             raise ValueError(
                 f"chunk_size {chunk_size}: this is {DESCRIPTION[self.model.kind]}, it has no chunk size "
@@ -222,166 +252,67 @@ class Translator:
             )
         return chunk_size
 
-    def options(
-        self,
-        beam: int = 5,
-        chunk_size: Optional[int] = None,
-        b_nat: int = 1,
-        max_len_a: float = 0.0,
-        max_len_b: int = 200,
-        min_len: int = 1,
-        lenpen: float = 1.0,
-        unkpen: float = 0.0,
-        batch_size: int = 64,
-        iterations: int = 10,
-        length_beam: int = 1,
-        max_tokens: Optional[int] = MAX_TOKENS,
-    ) -> CallOptions:
-        """The options of a call, checked before anything is read or decoded (one message each).
-        ``max_tokens``: a batch holds at most this many source tokens (its sentences x the
-        longest), as fairseq's ``--max-tokens``: memory stays bounded when lines are very long
-        (``None``: only ``batch_size`` counts)."""
-        k = self.chunk_size(chunk_size)
-        for name, value in (
-            ("beam", beam),
-            ("b_nat", b_nat),
-            ("batch_size", batch_size),
-            ("min_len", min_len),
-            ("max_len_b", max_len_b),
-            ("iterations", iterations),
-            ("length_beam", length_beam),
-        ):
-            if not _is_int(value):
-                raise TypeError(f"{name} must be an integer, got {value!r}")
-        for name, value in (
-            ("beam", beam),
-            ("b_nat", b_nat),
-            ("batch_size", batch_size),
-            ("iterations", iterations),
-            ("length_beam", length_beam),
-        ):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
-            raise ValueError(f"max_tokens must be an integer >= 1 or None, got {max_tokens!r}")
-        if min_len < 0:
-            raise ValueError(f"min_len must be >= 0, got {min_len}")
-        if max_len_b < 0:
+    def options(self, **given) -> CallOptions:
+        """The options of a call (:data:`hrt_runtime.options.DECODING`: their defaults and
+        ranges), checked before anything is read or decoded (one message each; an unknown
+        keyword is refused). ``max_tokens``: a batch holds at most this many source tokens (its
+        sentences x the longest), as fairseq's ``--max-tokens``: memory stays bounded when lines
+        are very long (``None``: only ``batch_size`` counts)."""
+        v = decoding_values(**given)
+        k = self.chunk_size(v["chunk_size"])
+        if self.model.kind == HRT and v["b_nat"] > v["beam"]:
             raise ValueError(
-                f"max_len_b must be >= 0 (the output length limit is max_len_a x source length + "
-                f"max_len_b), got {max_len_b}"
-            )
-        for name, value, what in (
-            ("max_len_a", max_len_a, "the output length limit's factor of the source length"),
-            ("lenpen", lenpen, "the length penalty"),
-            ("unkpen", unkpen, "the <unk> penalty"),
-        ):
-            if not _is_real(value):
-                raise TypeError(f"{name} must be a number ({what}), got {value!r}")
-            if not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number ({what}), got {value}")
-        if max_len_a < 0:
-            raise ValueError(
-                f"max_len_a must be >= 0 (the output length limit's factor of the source length), got {max_len_a}"
-            )
-        if self.model.kind == HRT and b_nat > beam:
-            raise ValueError(
-                f"b_nat {b_nat} > beam {beam}: stage II fills the top b_nat of the beam's "
+                f"b_nat {v['b_nat']} > beam {v['beam']}: stage II fills the top b_nat of the beam's "
                 "Skip-AT hypotheses, so b_nat must be <= beam (b_at)"
             )
+        if self.model.kind != MASK_PREDICT:  # Mask-Predict has no min_len
+            check_min_len(v["min_len"], v["max_len_a"], v["max_len_b"], k, self.model.max_target_positions)
         search = SearchConfig(
-            beam=beam,
-            max_len_a=float(max_len_a),
-            max_len_b=int(max_len_b),
-            min_len=int(min_len),
-            len_penalty=float(lenpen),
-            unk_penalty=float(unkpen),
+            beam=v["beam"],
+            max_len_a=v["max_len_a"],
+            max_len_b=v["max_len_b"],
+            min_len=v["min_len"],
+            len_penalty=v["lenpen"],
+            unk_penalty=v["unkpen"],
         )
-        return CallOptions(
-            search,
-            k,
-            int(b_nat),
-            int(batch_size),
-            int(iterations),
-            int(length_beam),
-            None if max_tokens is None else int(max_tokens),
-        )
+        return CallOptions(search, k, v["b_nat"], v["batch_size"], v["iterations"], v["length_beam"], v["max_tokens"])
 
-    def translate(
-        self,
-        lines: Union[str, List[str]],
-        beam: int = 5,
-        chunk_size: Optional[int] = None,
-        b_nat: int = 1,
-        max_len_a: float = 0.0,
-        max_len_b: int = 200,
-        min_len: int = 1,
-        lenpen: float = 1.0,
-        unkpen: float = 0.0,
-        batch_size: int = 64,
-        iterations: int = 10,
-        length_beam: int = 1,
-        max_tokens: Optional[int] = MAX_TOKENS,
-    ) -> Union[str, List[str]]:
+    def translate(self, lines: Union[str, List[str]], **options) -> Union[str, List[str]]:
         """The translations of one string or a list of strings (the whole list in one buffer:
-        similar lengths share a batch). ``max_tokens``: see :meth:`options`."""
-        options = self.options(
-            beam,
-            chunk_size,
-            b_nat,
-            max_len_a,
-            max_len_b,
-            min_len,
-            lenpen,
-            unkpen,
-            batch_size,
-            iterations,
-            length_beam,
-            max_tokens,
-        )
+        similar lengths share a batch). ``options``: :meth:`options`'s."""
+        checked = self.options(**options)
+        check_sentences(lines)
         if isinstance(lines, str):
-            return self.translate_buffer([lines], options)[0]
-        if not isinstance(lines, (list, tuple)):
-            raise TypeError(f"translate() takes a string or a list of strings, got {type(lines).__name__}")
-        bad = [i for i, s in enumerate(lines) if not isinstance(s, str)]
-        if bad:
-            raise TypeError(
-                f"translate() takes a string or a list of strings; item {bad[0]} of the list is "
-                f"{type(lines[bad[0]]).__name__}"
-            )
-        return self.translate_buffer(list(lines), options)
+            return self.translate_buffer([lines], checked)[0]
+        return self.translate_buffer(list(lines), checked)
 
     def translate_iter(
-        self, lines: Iterable[str], buffer_size: int = BUFFER_SIZE, name: str = "input", **options
+        self, lines: Iterable[str], buffer_size: int = BUFFER_SIZE, name: Optional[str] = None, **options
     ) -> Iterator[str]:
         """The translations of ``lines`` (any iterable of strings, e.g. an open text file or a
         generator), yielded one by one in input order as soon as their buffer of
         ``buffer_size`` lines is translated (fairseq-interactive's ``--buffer-size``): memory is
         bounded by one buffer, whatever the input's length. ``options``: :meth:`translate`'s.
-        Options are checked here, before the first line is read; warnings name a line as
-        ``"<name>, line N"``."""
+        Options are checked here, before the first line is read. A line's ending (``\\n``, with a
+        ``\\r`` before it) is not part of it, as when ``hrt-translate`` reads a file; warnings name
+        a line as ``"<name>, line N"`` (``name``: default the file's name, else ``"input"``)."""
         checked = self.options(**options)
-        if not _is_int(buffer_size):
-            raise TypeError(f"buffer_size must be an integer, got {buffer_size!r}")
-        if buffer_size < 1:
-            raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
+        buffer_size = BUFFER.check(buffer_size)
         if isinstance(lines, (str, bytes)):
             raise TypeError(f"translate_iter() takes an iterable of strings (one per line), got {type(lines).__name__}")
-        return self._translate_stream(iter(lines), buffer_size, name, checked)
+        name = name or str(getattr(lines, "name", "input"))
+        groups = self.translate_groups(_line_groups(iter(lines), buffer_size, name), checked, name)
+        return itertools.chain.from_iterable(groups)  # checked above, before the first line is read
 
-    def _translate_stream(self, lines: Iterator[str], buffer_size: int, name: str, options: CallOptions):
+    def translate_groups(
+        self, groups: Iterable[List[str]], options: CallOptions, name: str, repair: bool = True
+    ) -> Iterator[List[str]]:
+        """The one streaming loop (``translate_iter``, ``hrt-translate``): the translations of
+        each group of lines, as soon as it is translated; lines numbered across groups."""
         first = 1
-        while True:
-            buffer = list(itertools.islice(lines, buffer_size))
-            if not buffer:
-                return
-            for i, line in enumerate(buffer):
-                if not isinstance(line, str):
-                    raise TypeError(
-                        f"translate_iter() takes strings; {name}, line {first + i} is {type(line).__name__}"
-                    )
-            yield from self.translate_buffer(buffer, options, name=name, first_line=first)
-            first += len(buffer)
+        for group in groups:
+            yield self.translate_buffer(group, options, name=name, first_line=first, repair=repair)
+            first += len(group)
 
     def translate_buffer(
         self, lines: List[str], options: CallOptions, name: str = "input", first_line: int = 1, repair: bool = True
@@ -391,29 +322,42 @@ class Translator:
         (:func:`hrt_runtime.text_input.repair_lines`; a line already repaired passes unchanged)."""
         if repair:
             lines = list(repair_lines(lines, name=name, first_line=first_line))
-        out = [""] * len(lines)
-        todo = [
-            (i, self.encode(line, f"{name}, line {first_line + i}")) for i, line in enumerate(lines) if line.strip()
-        ]
-        todo.sort(key=lambda item: item[1].size)  # similar lengths share a batch
-        for batch in _batches(todo, options.batch_size, options.max_tokens):
-            hypos = self.search(
-                [s for _, s in batch],
-                options.search,
-                options.chunk_size,
-                options.b_nat,
-                options.iterations,
-                options.length_beam,
-            )
-            for (i, _), best in zip(batch, hypos):
+        return self.translate_sources(self.encode_lines(lines, name, first_line), options, name, first_line)
+
+    def translate_sources(
+        self,
+        sources: Sequence[Optional[np.ndarray]],
+        options: CallOptions,
+        name: Optional[str] = "input",
+        first_line: int = 1,
+    ) -> List[str]:
+        """The translations of encoded lines (:meth:`encode_lines`; ``None``: an empty line,
+        translated to an empty line), decoded in batches of similar length (:func:`batches_of`).
+        A batch its options refuse (``min_len`` beyond a limit that ``max_len_a`` makes depend
+        on the batch's width) is named by its first line (``name``, numbered from ``first_line``;
+        ``None``: not named, the lines are not the caller's)."""
+        out = [""] * len(sources)
+        for batch in batches_of(sources, options):
+            try:
+                hypos = self.search(
+                    [sources[i] for i in batch],
+                    options.search,
+                    options.chunk_size,
+                    options.b_nat,
+                    options.iterations,
+                    options.length_beam,
+                )
+            except ValueError as e:
+                if name is None:
+                    raise
+                others = f" (and {len(batch) - 1} more lines of its batch)" if len(batch) > 1 else ""
+                raise ValueError(f"{name}, line {first_line + min(batch)}{others}: {e}") from None
+            for i, best in zip(batch, hypos):
                 out[i] = self.decode(best[0]["tokens"].tolist())
         return out
 
 
 def cli_main(argv=None):
-    import argparse
-    import sys
-
     p = argparse.ArgumentParser(
         prog="hrt-translate",
         description="Translate raw text (stdin or --input, one sentence "
@@ -423,60 +367,22 @@ def cli_main(argv=None):
     )
     p.add_argument("folder")
     p.add_argument("--input", default="-", help="a text file (default: standard input)")
-    p.add_argument(
-        "--buffer-size",
-        type=int,
-        default=BUFFER_SIZE,
-        help="lines read before translating (as fairseq-interactive's; a pipe or terminal that pauses "
-        "ends a buffer early, so a waiting writer gets each translation at once)",
-    )
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--chunk-size", type=int, default=None, help="HRT's k (default: the smallest trained; 1: AT mode)")
-    p.add_argument("--b-nat", type=int, default=1)
-    p.add_argument("--max-len-a", type=float, default=0.0)
-    p.add_argument("--max-len-b", type=int, default=200)
-    p.add_argument("--min-len", type=int, default=1)
-    p.add_argument("--lenpen", type=float, default=1.0)
-    p.add_argument("--unkpen", type=float, default=0.0)
-    p.add_argument("--iter-decode-max-iter", type=int, default=10, help="Mask-Predict's iterations I")
-    p.add_argument("--iter-decode-with-beam", type=int, default=1, help="Mask-Predict's length beam l")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument(
-        "--max-tokens",
-        type=int,
-        default=MAX_TOKENS,
-        help="source tokens per batch at most (sentences x the longest; bounds memory on very long lines)",
-    )
-    p.add_argument("--threads", type=int, default=1)
+    add_arguments(p, (BUFFER, *DECODING, THREADS))
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s | %(name)s | %(message)s")
     try:
-        if a.buffer_size < 1:
-            raise ValueError(f"--buffer-size must be >= 1, got {a.buffer_size}")
+        values = check_arguments(a, (BUFFER, *DECODING, THREADS))
+        if a.input != "-" and os.path.isdir(a.input):
+            raise ValueError(f"--input {a.input} is a folder; give a text file (or - for standard input)")
         if a.input != "-" and not os.path.isfile(a.input):
             raise FileNotFoundError(f"--input {a.input}: no such file")
-        translator = Translator(a.folder, threads=a.threads)
-        options = translator.options(
-            beam=a.beam,
-            chunk_size=a.chunk_size,
-            b_nat=a.b_nat,
-            max_len_a=a.max_len_a,
-            max_len_b=a.max_len_b,
-            min_len=a.min_len,
-            lenpen=a.lenpen,
-            unkpen=a.unkpen,
-            batch_size=a.batch_size,
-            iterations=a.iter_decode_max_iter,
-            length_beam=a.iter_decode_with_beam,
-            max_tokens=a.max_tokens,
-        )
+        translator = Translator(a.folder, threads=values["threads"])
+        options = translator.options(**{o.name: values[o.name] for o in DECODING})
         name = "<stdin>" if a.input == "-" else a.input
-        first = 1
-        for group in iter_line_groups(sys.stdin.buffer if a.input == "-" else a.input, a.buffer_size, name=name):
-            out = translator.translate_buffer(group, options, name=name, first_line=first, repair=False)
+        groups = iter_line_groups(sys.stdin.buffer if a.input == "-" else a.input, values["buffer_size"], name=name)
+        for out in translator.translate_groups(groups, options, name, repair=False):
             sys.stdout.write("".join(line + "\n" for line in out))
             sys.stdout.flush()  # this buffer is readable now, before the next one is read
-            first += len(group)
     except (ValueError, FileNotFoundError, TypeError) as e:
         p.exit(2, f"hrt-translate: error: {e}\n")
     except BrokenPipeError:  # the reader went away (e.g. | head): nothing more to say

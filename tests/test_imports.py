@@ -101,6 +101,9 @@ def test_the_layer_rules_of_docs_design():
     # the engine registry is below every engine and strategy
     assert graph["fairseq_hrt.generation.engines"] <= {"fairseq_hrt.generation.options", "hrt_runtime.search"}
     assert importers("fairseq_hrt", "benchmarks") == [] and importers("hrt_runtime", "benchmarks") == []
+    # the runtime's search and its ONNX Runtime backend meet at the backend contract only
+    assert "hrt_runtime.model" not in graph["hrt_runtime.search"]
+    assert "hrt_runtime.search" not in graph["hrt_runtime.model"]
 
 
 def test_benchmarks_import_nothing_of_the_tests():

@@ -232,7 +232,7 @@ def test_an_exported_folder_is_checked_against_the_checkpoint(random_models, tmp
 def test_the_runtime_imports_neither_torch_nor_the_plugin():
     """hrt_runtime is what a deployed model runs on: numpy, onnxruntime, sentencepiece and the
     standard library only (the fresh-venv test in test_onnx_deploy.py runs it without torch);
-    hrt-serve (serve.py) also aiohttp, the optional extra ``pip install .[serve]``."""
+    hrt-serve (serve.py) also aiohttp and prometheus_client, the optional extra ``pip install .[serve]``."""
     import ast
     import os
     import sys
@@ -251,9 +251,9 @@ def test_the_runtime_imports_neither_torch_nor_the_plugin():
                     else []
                 )
                 for module in modules:
-                    assert module.split(".")[0] in allowed | ({"aiohttp"} if name == "serve.py" else set()), (
-                        f"hrt_runtime/{name} imports {module}"
-                    )
+                    assert module.split(".")[0] in allowed | (
+                        {"aiohttp", "prometheus_client"} if name == "serve.py" else set()
+                    ), f"hrt_runtime/{name} imports {module}"
 
 
 @pytest.mark.parametrize("extra", [(), ("--decoder-layers", "2", "--decoder-tie-layers")], ids=["ssru", "ssru-tied"])

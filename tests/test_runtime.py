@@ -19,13 +19,15 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
 import pytest
 
-pytest.importorskip("onnxruntime")
+onnxruntime = pytest.importorskip("onnxruntime")
 
 from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
-from hrt_runtime import Translator  # noqa: E402
+from hrt_runtime import Translator, search  # noqa: E402
 from hrt_runtime.integrity import DamagedFolderError  # noqa: E402
+from hrt_runtime.model import DECLARED_KEY  # noqa: E402
 
 
 def _sentences(n, seed=0, max_words=12):
@@ -92,7 +94,8 @@ def test_buffers_give_the_output_of_one_call(exported_tiny, tmp_path):
         assert rc == 0, err
         assert out.split("\n")[:-1] == expected
     rc, _, err = _cli(folder, "--buffer-size", "0", input_bytes=b"w1\n")
-    assert rc == 2 and "hrt-translate: error: --buffer-size must be >= 1, got 0" in err
+    message = "--buffer-size must be an integer from 1 to 10000000 (lines read before translating), got 0"
+    assert rc == 2 and f"hrt-translate: error: {message}" in err
 
 
 def test_translate_iter_is_lazy_and_equals_translate(exported_tiny):
@@ -111,9 +114,11 @@ def test_translate_iter_is_lazy_and_equals_translate(exported_tiny):
     assert len(read) == 4  # one buffer
     rest = list(outputs)
     assert [first, *rest] == translator.translate(lines, beam=2, max_len_b=6)
-    with pytest.raises(ValueError, match="buffer_size must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"buffer_size must be an integer from 1 to .*, got 0"):
         translator.translate_iter(lines, buffer_size=0)
-    with pytest.raises(ValueError, match="lenpen must be a finite number"):  # checked before reading
+    with pytest.raises(
+        ValueError, match=r"lenpen must be a finite number from -10 to 10 \(the length penalty\), got nan"
+    ):  # checked before reading
         translator.translate_iter(source(), lenpen=float("nan"))
     with pytest.raises(TypeError, match=r"input, line 2 is int"):
         list(translator.translate_iter(["w1", 5]))
@@ -182,17 +187,30 @@ def test_the_runtime_imports_neither_torch_nor_fairseq():
 def test_option_errors_say_what_is_expected(exported_tiny, tmp_path):
     translator = Translator(exported_tiny["hrt"])
     cases = [
-        (dict(max_len_a=float("nan")), ValueError, r"max_len_a must be a finite number .*got nan"),
-        (dict(max_len_a=float("inf")), ValueError, r"max_len_a must be a finite number .*got inf"),
-        (dict(max_len_a="x"), TypeError, r"max_len_a must be a number .*got 'x'"),
-        (dict(max_len_a=-1.0), ValueError, r"max_len_a must be >= 0"),
-        (dict(lenpen=None), TypeError, r"lenpen must be a number \(the length penalty\), got None"),
-        (dict(lenpen=float("nan"), beam=5), ValueError, r"lenpen must be a finite number"),
-        (dict(unkpen="a"), TypeError, r"unkpen must be a number \(the <unk> penalty\), got 'a'"),
-        (dict(max_len_b=-5), ValueError, r"max_len_b must be >= 0 .*got -5"),
+        (dict(max_len_a=float("nan")), ValueError, r"max_len_a must be a finite number from 0 to 100 .*got nan"),
+        (dict(max_len_a=float("inf")), ValueError, r"max_len_a must be a finite number from 0 to 100 .*got inf"),
+        (dict(max_len_a="x"), TypeError, r"max_len_a must be a finite number .*got 'x'"),
+        (dict(max_len_a=-1.0), ValueError, r"max_len_a must be a finite number from 0 to 100 .*got -1.0"),
+        (
+            dict(lenpen=None),
+            TypeError,
+            r"lenpen must be a finite number from -10 to 10 \(the length penalty\), got None",
+        ),
+        (dict(lenpen=float("nan"), beam=5), ValueError, r"lenpen must be a finite number from -10 to 10"),
+        (dict(lenpen=400.0), ValueError, r"lenpen must be a finite number from -10 to 10 .*got 400.0"),
+        (dict(lenpen=1e308), ValueError, r"lenpen must be a finite number from -10 to 10 .*got 1e\+308"),
+        (
+            dict(unkpen="a"),
+            TypeError,
+            r"unkpen must be a finite number from -1000 to 1000 \(the <unk> penalty\), got 'a'",
+        ),
+        (dict(max_len_b=-5), ValueError, r"max_len_b must be an integer from 0 to 100000 .*got -5"),
         (dict(max_len_b=2.5), TypeError, r"max_len_b must be an integer"),
-        (dict(min_len=-1), ValueError, r"min_len must be >= 0"),
-        (dict(iterations=0), ValueError, r"iterations must be >= 1"),
+        (dict(min_len=-1), ValueError, r"min_len must be an integer from 0 to"),
+        (dict(iterations=0), ValueError, r"iterations must be an integer from 1 to"),
+        (dict(beam=10**9), ValueError, r"beam must be an integer from 1 to 256 .*got 1000000000"),
+        (dict(max_tokens=0), ValueError, r"max_tokens must be an integer from 1 to"),
+        (dict(chunk_sise=1), TypeError, r"unknown option 'chunk_sise'; options: beam, chunk_size"),
     ]
     for options, error, message in cases:
         with pytest.raises(error, match=message):
@@ -204,14 +222,16 @@ def test_option_errors_say_what_is_expected(exported_tiny, tmp_path):
     ):
         Translator(None)
     for threads in (0, -1):
-        with pytest.raises(ValueError, match=rf"threads must be >= 1 .*got {threads}"):
+        with pytest.raises(ValueError, match=rf"threads must be an integer from 1 to 1024 .*got {threads}"):
             Translator(exported_tiny["hrt"], threads=threads)
     for args, message in (
-        (("--max-len-b", "-5"), "max_len_b must be >= 0"),
-        (("--lenpen", "nan", "--beam", "5"), "lenpen must be a finite number"),
-        (("--max-len-a", "inf"), "max_len_a must be a finite number"),
-        (("--threads", "0"), "threads must be >= 1"),
-        (("--threads", "-1"), "threads must be >= 1"),
+        (("--max-len-b", "-5"), "--max-len-b must be an integer from 0 to 100000"),
+        (("--lenpen", "nan", "--beam", "5"), "--lenpen must be a finite number from -10 to 10"),
+        (("--lenpen", "400"), "--lenpen must be a finite number from -10 to 10"),
+        (("--max-len-a", "inf"), "--max-len-a must be a finite number from 0 to 100"),
+        (("--threads", "0"), "--threads must be an integer from 1 to 1024"),
+        (("--threads", "-1"), "--threads must be an integer from 1 to 1024"),
+        (("--input", "."), "--input . is a folder"),
     ):
         rc, out, err = _cli(exported_tiny["hrt"], *args, input_bytes=b"w1\n")
         assert rc == 2 and out == "" and f"hrt-translate: error: {message}" in err and "Traceback" not in err, err
@@ -374,7 +394,7 @@ def test_very_long_lines_stay_within_the_positions_and_memory(exported_tiny):
     cut = translator.translate(lines, chunk_size=2, beam=1, max_len_a=1.2, max_len_b=10, max_tokens=width)
     assert len(cut) == 3 and all(cut)
     assert translator.translate(lines, chunk_size=2, beam=1, max_len_a=1.2, max_len_b=10, max_tokens=None) == cut
-    with pytest.raises(ValueError, match="max_tokens must be an integer >= 1 or None, got 0"):
+    with pytest.raises(ValueError, match="max_tokens must be an integer from 1 to 1000000000 .*got 0"):
         translator.translate(lines, max_tokens=0)
 
 
@@ -389,3 +409,116 @@ def test_an_int8_copy_loads_and_its_unchanged_files_are_checked(exported_tiny, t
     os.truncate(tmp_path / "int8" / "output_weight.npy", size - 8)
     with pytest.raises(DamagedFolderError, match="damaged file: output_weight.npy has"):
         Translator(str(tmp_path / "int8"))
+
+
+class _StepLimits:
+    """An exported model that records the step limit of every left-to-right search run on it
+    (``begin``'s steps, or the greedy loop's ``max_len`` + 1) and forwards everything else."""
+
+    def __init__(self, model):
+        self._model, self.limits = model, []
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def begin(self, encoded, rows, steps, start, out_rows):
+        self.limits.append(steps)
+        return self._model.begin(encoded, rows, steps, start, out_rows)
+
+    def greedy_loop(self, encoded, start, max_len, min_len, biases, out_rows):
+        self.limits.append(max_len + 1)
+        return self._model.greedy_loop(encoded, start, max_len, min_len, biases, out_rows)
+
+
+def test_the_runtime_and_the_onnxruntime_engine_make_the_same_stage1_steps(exported_tiny):
+    """One length limit: Translator.search and the call --decoder-engine onnxruntime makes
+    (search.hrt on the batch, fairseq_hrt/generation/search_generator.py) give stage I the same
+    number of steps over a grid of max_len_a, max_len_b, k and source lengths, always within
+    the decoder's positions (the runtime once clamped L itself: 340 steps against 339 at k = 3,
+    a = 2, b = 1001 and a 10-token source)."""
+    translator = Translator(exported_tiny["hrt"])
+    model = translator.model
+    cap_steps = {k: search.position_cap(model.max_target_positions, k) + 1 for k in (2, 3)}
+    for k in (2, 3):
+        for a in (0.0, 0.5, 2.0):
+            for b in (0, 7, 200, 1001):
+                for length in (1, 10, 300):
+                    source = np.array([4 + i % 30 for i in range(length - 1)] + [model.source_eos], np.int64)
+                    options = translator.options(beam=1, chunk_size=k, max_len_a=a, max_len_b=b, min_len=0)
+                    runtime = _StepLimits(model)
+                    translator.model = runtime
+                    try:
+                        translator.search([source], options.search, k)
+                    finally:
+                        translator.model = model
+                    engine = _StepLimits(model)
+                    encoded = model.encode(source[None, :])
+                    search.hrt(engine, encoded, length, options.search, k, model.config["banned"])
+                    assert runtime.limits == engine.limits, (k, a, b, length)
+                    assert 1 <= runtime.limits[0] <= cap_steps[k]
+
+
+def test_translate_iter_on_an_open_file_is_hrt_translate_on_it(exported_tiny, tmp_path, caplog):
+    """An open text file's lines end in "\\n": not control characters to repair; warnings name the file."""
+    translator = Translator(exported_tiny["at"])
+    lines = _sentences(6, seed=5)
+    lines[2] = "w4\x01 w5"  # one line that does need repair
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(lines) + "\r\n")
+    with caplog.at_level(logging.WARNING), open(path, encoding="utf-8") as f:
+        out = list(translator.translate_iter(f, beam=1, max_len_b=5))
+    rc, cli_out, _ = _cli(exported_tiny["at"], "--input", path, "--beam", "1", "--max-len-b", "5")
+    assert rc == 0 and out == cli_out.split("\n")[:-1]
+    repaired = [r.getMessage() for r in caplog.records if "control" in r.getMessage()]
+    assert len(repaired) == 1 and repaired[0].startswith(f"{path}, line 3:"), repaired
+
+
+def test_config_json_is_checked_against_the_graphs(exported_tiny, tmp_path):
+    """config.json is refused at load, naming what disagrees: without its file list, or with
+    declared positions, chunk sizes, symbols or shapes that are not the graphs' (each graph
+    carries the declared values in its metadata since export version 5)."""
+    config = json.loads(open(os.path.join(exported_tiny["hrt"], "config.json")).read())
+    encoder = onnxruntime.InferenceSession(os.path.join(exported_tiny["hrt"], config["graphs"]["encoder"]))
+    assert json.loads(encoder.get_modelmeta().custom_metadata_map[DECLARED_KEY])["trained_chunk_sizes"] == [2, 3]
+    edits = [
+        ({k: v for k, v in config.items() if k != "files"}, r"config.json has no file list \('files'\)"),
+        (
+            {**config, "trained_chunk_sizes": [2]},
+            r"disagrees with its graphs on trained_chunk_sizes \(config.json \[2\]",
+        ),
+        ({**config, "max_source_positions": 4096}, r"on max_source_positions \(config.json 4096, encoder.onnx 1024\)"),
+        (
+            {**config, "eos": 3, "unk": 2},
+            r"on eos \(config.json 3, encoder.onnx 2\), unk \(config.json 2, encoder.onnx 3\)",
+        ),
+        ({**config, "heads": config["heads"] * 2}, rf"declares heads {config['heads'] * 2}, the encoder graph"),
+        ({**config, "layers": config["layers"] + 1}, rf"declares {config['layers'] + 1} decoder layers"),
+    ]
+    for i, (edited, message) in enumerate(edits):
+        folder = _damaged(exported_tiny["hrt"], tmp_path, f"edited{i}")
+        (folder / "config.json").write_text(json.dumps(edited))
+        with pytest.raises(ValueError, match=message):
+            Translator(str(folder))
+    rc, out, err = _cli(str(folder), input_bytes=b"w1\n")
+    assert rc == 2 and out == "" and "decoder layers" in err and "Traceback" not in err
+    older = _damaged(exported_tiny["hrt"], tmp_path, "older")  # a version-4 config over stamped graphs: still compared
+    (older / "config.json").write_text(json.dumps({**config, "version": 4, "max_source_positions": 4096}))
+    with pytest.raises(ValueError, match="on max_source_positions"):
+        Translator(str(older))
+
+
+def test_min_len_beyond_the_limit_is_refused_before_anything_is_read(exported_tiny, tmp_path):
+    """min_len beyond stage I's max_len_b // k is refused up front, in one line, by the API and
+    the command line (fairseq's bare message once came mid-stream); with max_len_a > 0 the limit
+    follows the batch, and the message names the batch's first line."""
+    translator = Translator(exported_tiny["hrt"])
+    with pytest.raises(ValueError, match=r"min_len 150 > 100, the longest output of stage I at chunk size 2"):
+        translator.translate(["w4"], min_len=150, chunk_size=2)
+    assert translator.translate(["w4"], min_len=150, max_len_b=150, chunk_size=1, beam=1)  # AT mode reaches 150
+    path = tmp_path / "in.txt"
+    path.write_text("w4 w5\n" * 3)
+    rc, out, err = _cli(exported_tiny["hrt"], "--input", path, "--min-len", "150", "--chunk-size", "2")
+    assert rc == 2 and out == "" and "min_len 150 > 100" in err and "Traceback" not in err
+    lines = ["w4 w5 w6", "w7"]
+    with pytest.raises(ValueError, match=r"^input, line 1 \(and 1 more lines of its batch\): min_len cannot be"):
+        translator.translate(lines, min_len=5, max_len_a=0.5, max_len_b=1, chunk_size=1, beam=1)

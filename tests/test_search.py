@@ -98,8 +98,11 @@ class NeverEnds:
         token[bias[token] == -np.inf] = EOS  # forced </s> at the maximum length
         return np.full(tokens.shape[0], -0.1, np.float32), token
 
-    def greedy_loop(self, encoded, start, max_len, rules, rows):
+    def greedy_loop(self, encoded, start, max_len, min_len, biases, rows):
         return None
+
+    def rows(self, ids):
+        return OutputRows(ids)
 
     def reorder(self, state, index, step, sentences=None):
         pass
@@ -152,13 +155,17 @@ class Scripted:
     def reorder(self, rows, index, step, sentences=None):
         rows[:] = [rows[i] for i in index]
 
-    def greedy_loop(self, encoded, start, max_len, rules, rows):
+    def rows(self, ids):
+        return OutputRows(ids)
+
+    def greedy_loop(self, encoded, start, max_len, min_len, biases, rows):
         if not self.loop:
             return None
         self.looped += 1
         tokens, scores, finished, step = [], [], np.zeros(encoded.size, bool), 0
         while step <= max_len and not finished.all():
-            token = np.array([self.token(r, step, rules.bias(step, max_len)) for r in range(encoded.size)], np.int64)
+            bias = biases[2] if step >= max_len else biases[1] if step < min_len else biases[0]  # the search's rule
+            token = np.array([self.token(r, step, bias) for r in range(encoded.size)], np.int64)
             tokens.append(token)
             scores.append(np.full(encoded.size, -0.1 * (step + 1), np.float32))
             finished |= token == EOS

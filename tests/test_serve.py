@@ -4,7 +4,9 @@ a client that disconnects breaks nobody; bad requests get 400 with the reason; /
 the command line."""
 
 import asyncio
+import collections
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -21,7 +23,7 @@ pytest.importorskip("aiohttp")
 
 from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
 from hrt_runtime import Translator  # noqa: E402
-from hrt_runtime.serve import BATCHER, make_app  # noqa: E402
+from hrt_runtime.serve import BATCHER, make_app, runner_of  # noqa: E402
 from tests.test_runtime import _sentences  # noqa: E402
 
 
@@ -33,7 +35,7 @@ class Server:
 
         self.app = make_app(translator, **settings)
         self.loop = asyncio.new_event_loop()
-        self.runner = web.AppRunner(self.app, access_log=None)
+        self.runner = runner_of(self.app, drain_seconds=settings.get("drain_seconds", 30.0))
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
@@ -123,7 +125,7 @@ def test_info_and_bad_requests(translator):
         status, answer = post(server.url, {"text": ["w1"], "beem": 2})
         assert status == 400 and "unknown option 'beem'" in answer["error"]
         status, answer = post(server.url, {"text": ["w1"], "lenpen": None})
-        assert status == 400 and "lenpen must be a number" in answer["error"]
+        assert status == 400 and "lenpen must be a finite number from -10 to 10" in answer["error"]
         status, answer = post(server.url, {"text": ["w1"] * 300})
         assert status == 413 and "at most 256" in answer["error"]
     finally:
@@ -193,32 +195,42 @@ def test_a_client_that_disconnects_breaks_nobody(translator):
 
 
 def test_the_command_line_serves_and_refuses_clearly(exported_tiny, tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    """--port 0: the port it got is announced, after it listens; SIGTERM ends it with rc 0."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hrt_runtime.serve", exported_tiny["at"], "--port", str(port)],
+        [sys.executable, "-m", "hrt_runtime.serve", exported_tiny["at"], "--port", "0"],
         cwd=str(REPO),
         env=cli_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     try:
-        assert b"on http://127.0.0.1:" in proc.stdout.readline()
+        banner = proc.stdout.readline().decode()
+        assert " on http://127.0.0.1:" in banner, banner
+        port = int(banner.split(" on http://127.0.0.1:")[1].split()[0])
+        assert port > 0
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                assert get(url, "/health")["status"] == "ok"
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+        assert get(url, "/health")["status"] == "ok"  # listening when announced
         expected = Translator(exported_tiny["at"]).translate(["w4 w5", ""], beam=2, max_len_b=5)
         assert post(url, {"text": ["w4 w5", ""], "beam": 2, "max_len_b": 5}) == (200, {"translations": expected})
+        with socket.create_connection(("127.0.0.1", port)):  # the port is taken: a second service says so
+            taken = _serve_cli(exported_tiny["at"], "--port", str(port))
+        assert taken.returncode == 1 and taken.stdout == "", taken
+        assert taken.stderr.strip().splitlines() == [taken.stderr.strip()]  # one line
+        assert (
+            f"hrt-serve: error: cannot listen on 127.0.0.1:{port}" in taken.stderr and "Traceback" not in taken.stderr
+        )
     finally:
         proc.terminate()
-        proc.wait(30)
+        assert proc.wait(30) == 0
+    for args, message in (
+        (("--port", "70000"), "--port must be an integer from 0 to 65535"),
+        (("--max-wait-ms", "inf"), "--max-wait-ms must be a finite number from 0 to 60000"),
+        (("--max-batch", "0"), "--max-batch must be an integer from 1 to 100000"),
+        (("--drain-seconds", "nan"), "--drain-seconds must be a finite number from 0 to 3600"),
+    ):
+        refused = _serve_cli(exported_tiny["at"], *args)
+        assert refused.returncode == 2 and f"hrt-serve: error: {message}" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr and refused.stdout == ""
     bad = subprocess.run(
         [sys.executable, "-m", "hrt_runtime.serve", str(tmp_path)],
         cwd=str(REPO),
@@ -228,3 +240,207 @@ def test_the_command_line_serves_and_refuses_clearly(exported_tiny, tmp_path):
         timeout=60,
     )
     assert bad.returncode == 2 and f"hrt-serve: error: {tmp_path}: no config.json" in bad.stderr
+
+
+class HeldWorker:
+    """The batcher's worker held at its first batch until ``release`` is set; every batch's
+    sources recorded (as tuples of token ids), in the order they are translated."""
+
+    def __init__(self, batcher):
+        self.release, self.started, self.batches = threading.Event(), threading.Event(), []
+        self._translate = batcher._translate
+        batcher._translate = self
+
+    def __call__(self, sources, options):
+        self.batches.append([tuple(s.tolist()) for s in sources])
+        self.started.set()
+        self.release.wait(60)
+        return self._translate(sources, options)
+
+
+def _wait_for(condition, seconds=30):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def _send_and_hang_up(port, body: dict):
+    """A request whose client leaves without reading the answer; the socket, to close."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(
+        b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    return s
+
+
+def test_a_client_that_hangs_up_is_not_served(translator):
+    """A request whose client disconnects while it waits is dropped from the queue and counted
+    as abandoned; a long request whose client disconnects while its first batch runs gets no
+    further batch, so the next request waits for that batch only."""
+    server = Server(translator, max_batch=2, max_wait_ms=0)
+    batcher = server.app[BATCHER]
+    worker = HeldWorker(batcher)
+    options = {"beam": 1, "max_len_b": 5}
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(post, server.url, {"text": ["w4 w5"], **options})
+            assert worker.started.wait(30)
+            waiting = _send_and_hang_up(server.port, {"text": _sentences(2, seed=21), **options})
+            _wait_for(lambda: len(batcher.queue) == 1)
+            waiting.close()
+            _wait_for(lambda: batcher.stats["abandoned"] == 1 and not batcher.queue)
+            worker.release.set()
+            assert first.result(60)[0] == 200
+        # a long request (5 batches of 2) whose client leaves while its first batch runs
+        worker.release.clear()
+        worker.started.clear()
+        worker.batches.clear()
+        long = _send_and_hang_up(server.port, {"text": _sentences(10, seed=22), **options})
+        assert worker.started.wait(30)
+        long.close()
+        _wait_for(lambda: batcher.stats["abandoned"] == 2)
+        worker.release.set()
+        lines = _sentences(3, seed=23)
+        assert post(server.url, {"text": lines, **options}) == (
+            200,
+            {"translations": translator.translate(lines, **options)},
+        )
+        assert len(worker.batches) == 1 + 2  # the long request's first batch, then the next request's two
+        stats = get(server.url, "/info")["stats"]
+        assert stats["abandoned"] == 2 and stats["batches"] == 1 + 1 + 2
+    finally:
+        worker.release.set()
+        server.close()
+
+
+def test_a_long_request_is_split_and_others_interleave(translator):
+    """A request of 6 lines at --max-batch 2 is translated as 3 batches; a short request that
+    arrives behind it is translated after its first batch, not after all of them; both get
+    the Translator's answers."""
+    server = Server(translator, max_batch=2, max_wait_ms=0)
+    batcher = server.app[BATCHER]
+    worker = HeldWorker(batcher)
+    options = {"beam": 1, "max_len_b": 5}
+    long, short = _sentences(6, seed=31), ["w7 w8 w9"]
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            blocker = pool.submit(post, server.url, {"text": ["w4"], **options})
+            assert worker.started.wait(30)
+            first = pool.submit(post, server.url, {"text": long, **options})
+            _wait_for(lambda: len(batcher.queue) == 1)
+            second = pool.submit(post, server.url, {"text": short, **options})
+            _wait_for(lambda: len(batcher.queue) == 2)
+            worker.release.set()
+            assert blocker.result(60)[0] == 200
+            assert first.result(60) == (200, {"translations": translator.translate(long, **options)})
+            assert second.result(60) == (200, {"translations": translator.translate(short, **options)})
+        short_source = tuple(translator.encode(short[0]).tolist())
+        order = [short_source in batch for batch in worker.batches]
+        assert len(worker.batches) == 1 + 3 + 1 and order.index(True) == 2, order  # blocker, long 1, short
+    finally:
+        worker.release.set()
+        server.close()
+
+
+def test_limits_per_request_and_warnings_name_the_request(translator, caplog):
+    server = Server(translator, max_request_tokens=40)
+    try:
+        status, answer = post(server.url, {"text": ["w4 w5 w6 w7 w8 w9"] * 8})  # 7 tokens a line
+        assert status == 413 and "56 source tokens in one request; at most 40 (--max-request-tokens)" in answer["error"]
+        lines = ["w4\x01"] * 15 + ["w5"]
+        with caplog.at_level(logging.WARNING, logger="hrt_runtime"):
+            status, answer = post(server.url, {"text": lines, "beam": 1, "max_len_b": 4})
+        assert status == 200 and answer["translations"] == translator.translate(lines, beam=1, max_len_b=4)
+        logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request ")]
+        named = [m for m in logged if ", line " in m]
+        assert len(named) == 10 and named[0].startswith("request ") and named[0].split(": ")[0].endswith("line 1")
+        assert any("15 of 16 lines were repaired" in m for m in logged), logged
+    finally:
+        server.close()
+
+
+def test_draining_at_shutdown_is_limited(translator):
+    """With a batch held and requests queued, a drain of 0.2 s answers the queued ones 503 and
+    so the request whose batch was running when it ended, as it has a second batch to go (a
+    request of one batch in progress then would be answered)."""
+    server = Server(translator, max_batch=1, drain_seconds=0.2)
+    batcher = server.app[BATCHER]
+    worker = HeldWorker(batcher)
+    options = {"beam": 1, "max_len_b": 5}
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            held = pool.submit(post, server.url, {"text": ["w4", "w5 w6"], **options})  # 2 batches
+            assert worker.started.wait(30)
+            queued = [pool.submit(post, server.url, {"text": [f"w{5 + i}"], **options}) for i in range(2)]
+            _wait_for(lambda: len(batcher.queue) == 2)
+            drained = asyncio.run_coroutine_threadsafe(batcher.drain(0.2), server.loop)
+            for answer in queued:
+                status, body = answer.result(60)
+                assert status == 503 and "shutting down" in body["error"]
+            drained.result(60)
+            worker.release.set()
+            status, body = held.result(60)
+            assert status == 503 and "shutting down" in body["error"]
+            assert len(worker.batches) == 1  # nothing was translated after the drain time
+    finally:
+        worker.release.set()
+        server.close()
+
+
+def _samples(text):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+
+def test_metrics_count_what_was_served(translator, caplog):
+    pytest.importorskip("prometheus_client")
+    server = Server(translator, max_batch=8, max_queue=4)
+    try:
+        requests = [_sentences(1 + i % 3, seed=40 + i) for i in range(24)]
+        with caplog.at_level(logging.INFO, logger="hrt_runtime.serve.access"), ThreadPoolExecutor(8) as pool:
+            answers = list(
+                pool.map(lambda lines: post(server.url, {"text": lines, "beam": 1, "max_len_b": 5}), requests)
+            )
+            bad = [post(server.url, {"text": ["w1"], "beam": 0}), post(server.url, {"text": ["w1"] * 300})]
+        statuses = collections.Counter(str(status) for status, _ in answers + bad)
+        with urllib.request.urlopen(server.url + "/metrics", timeout=30) as answer:
+            assert answer.headers["Content-Type"].startswith("text/plain")
+            samples = _samples(answer.read().decode())
+        for outcome in ("200", "400", "413", "503"):
+            assert samples[("hrt_serve_requests_total", (("outcome", outcome),))] == statuses.get(outcome, 0), outcome
+        assert statuses["200"] + statuses.get("503", 0) == len(requests) and statuses["400"] == statuses["413"] == 1
+        assert samples[("hrt_serve_request_seconds_count", ())] == len(requests) + len(bad)
+        served = [lines for lines, (status, _) in zip(requests, answers) if status == 200]
+        assert samples[("hrt_serve_sentences_total", ())] == sum(map(len, served))
+        tokens = sum(translator.encode(line).size for lines in served for line in lines)
+        assert samples[("hrt_serve_source_tokens_total", ())] == tokens
+        stats = get(server.url, "/info")["stats"]
+        assert samples[("hrt_serve_batch_sentences_count", ())] == stats["batches"]
+        assert samples[("hrt_serve_batch_sentences_sum", ())] == sum(map(len, served))
+        assert samples[("hrt_serve_queue_requests", ())] == 0
+        access = [r.getMessage() for r in caplog.records if r.name == "hrt_runtime.serve.access"]
+        translate_lines = [m for m in access if "POST /translate" in m]
+        assert len(translate_lines) == len(requests) + len(bad)
+        assert sum(f", {len(lines)} lines, 200, " in m for m in translate_lines for lines in served[:1]) >= 1
+    finally:
+        server.close()
+
+
+def _serve_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "hrt_runtime.serve", *args],
+        cwd=str(REPO),
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

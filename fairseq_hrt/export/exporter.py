@@ -40,7 +40,7 @@ import torch
 from fairseq_hrt.export.graphs import EncoderGraph, GreedyLoopBody, ParallelGraph, StepGraph
 from fairseq_hrt.export.loop import body_inputs, greedy_loop
 from fairseq_hrt.models.kinds import family_of, unwrap
-from hrt_runtime.model import FORMAT, VERSION  # the runtime reads what this writes: defined once
+from hrt_runtime.model import DECLARED_KEY, FORMAT, VERSION, declared_of  # the runtime reads what this writes
 
 logger = logging.getLogger(__name__)
 
@@ -474,6 +474,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         "opset": OPSET,
         "exported_with": {"torch": torch.__version__},
     }
+    stamp_graphs(tmp, config)
     record_files(tmp, config)
     with open(os.path.join(tmp, CONFIG), "w") as f:
         json.dump(config, f, indent=1)
@@ -483,6 +484,24 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     os.rmdir(tmp)
     logger.info("exported %s model (%s) to %s", kind, ", ".join(files.values()), out_dir)
     return config
+
+
+def stamp_graphs(folder: str, config: Dict) -> None:
+    """Write what ``config`` declares about the graphs (:data:`hrt_runtime.model.DECLARED`) into
+    every graph's metadata: the runtime compares it with ``config.json`` at load, so an edited
+    ``config.json`` (positions, chunk sizes, symbols) is refused instead of translating into
+    garbage. The weights stay where they are (``weights.bin``)."""
+    import onnx
+
+    for name in sorted(set(config["graphs"].values())):
+        path = os.path.join(folder, name)
+        graph_model = onnx.load(path, load_external_data=False)
+        kept = [(p.key, p.value) for p in graph_model.metadata_props if p.key != DECLARED_KEY]
+        del graph_model.metadata_props[:]
+        for key, value in [*kept, (DECLARED_KEY, declared_of(config))]:
+            entry = graph_model.metadata_props.add()
+            entry.key, entry.value = key, value
+        onnx.save(graph_model, path)
 
 
 def record_files(folder: str, config: Dict) -> None:
@@ -536,6 +555,7 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
             shutil.copyfile(source, os.path.join(tmp, name))
     share_weights(tmp, sorted(graphs))
     config = dict(config, int8=True)
+    stamp_graphs(tmp, config)  # quantization may drop a graph's metadata
     record_files(tmp, config)  # the int8 graphs' and weights' own sizes and checksums
     with open(os.path.join(tmp, CONFIG), "w") as f:
         json.dump(config, f, indent=1)

@@ -153,7 +153,7 @@ class TorchBackend:
             logits = self._compiled_step(state, prev, step)
         return self._choose(logits, logit_bias, top)
 
-    def greedy_loop(self, encoded: TorchEncoded, start: int, max_len: int, rules, out_rows: TorchRows):
+    def greedy_loop(self, encoded: TorchEncoded, start: int, max_len: int, min_len: int, biases, out_rows: TorchRows):
         """No whole-search loop: the search makes the steps (a step here costs no Python run)."""
         return None
 

@@ -375,7 +375,17 @@ class HRTTranslationTask(TranslationTask):
                     e,
                 )
                 encoded = ""
-            tokens.append(self.source_dictionary.encode_line(encoded, add_if_not_exist=False).long())
+            ids = self.source_dictionary.encode_line(encoded, add_if_not_exist=False).long()
+            limit = self.cfg.max_source_positions
+            if ids.numel() > limit:  # cut here, where the line's number is known (the runtime's words)
+                logger.warning(
+                    "input line %d: a sentence of %d tokens is truncated to the model's %d source positions",
+                    lineno,
+                    ids.numel(),
+                    limit,
+                )
+                ids = torch.cat([ids[: limit - 1], ids.new_tensor([self.source_dictionary.eos()])])
+            tokens.append(ids)
         self.interactive_lines_seen += len(lines)
         return tokens, [t.numel() for t in tokens]
 

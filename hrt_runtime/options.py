@@ -1,0 +1,186 @@
+"""The runtime's numeric options, defined once: their defaults, ranges and meaning, read by
+:meth:`hrt_runtime.Translator.options`, ``hrt-translate``'s flags, ``hrt-serve``'s request
+options and its own settings. Every value is checked by :func:`check_number`, so a bad value
+gets the same one-line message whichever door it came through.
+
+Why ranges and not only ``finite``: a finite value can still break the arithmetic
+(``lenpen`` 400 made ``length ** lenpen`` overflow) or the machine (a beam of a million).
+The bounds are wide enough for any sensible use and small enough that every score stays a
+finite float32: with ``|lenpen| <= 10`` and at most 1024 target positions,
+``length ** lenpen`` lies within 1e-31..1e31.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+from hrt_runtime.search import SearchConfig
+
+# a batch's source tokens at most (sentences x the longest), by default: 16 lines of the longest
+# source (1024 positions) per batch instead of 64; sentences of usual lengths batch as before
+MAX_TOKENS = 16384
+# lines per buffer, by default (--buffer-size): 20,000 lines in buffers of 1024 took 12.7 s against
+# 12.1 s in one (sorted by length once), with buffers of 256 14.2 s; memory alike (quickstart model)
+BUFFER_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class Option:
+    """One numeric option: its keyword (``name``), ``int`` or ``float``, default, closed range
+    and a few words on what it is (in messages and ``--help``). ``flag``: its command-line flag
+    where it is not ``--name-with-dashes``; ``optional``: ``None`` is a value too."""
+
+    name: str
+    kind: type
+    default: object
+    low: float
+    high: float
+    what: str
+    flag: Optional[str] = None
+    optional: bool = False
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def check(self, value, label: Optional[str] = None):
+        """``value`` as this option's type, or the one message (``label``: how it is named, e.g. its flag)."""
+        if value is None and self.optional:
+            return None
+        return check_number(label or self.name, value, self.kind, self.low, self.high, self.what)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _number(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def range_message(name: str, kind: type, low, high, what: str = "", value=None) -> str:
+    """The one message of a refused number."""
+    a = "an integer" if kind is int else "a finite number"
+    return f"{name} must be {a} from {_number(low)} to {_number(high)}{f' ({what})' if what else ''}, got {value!r}"
+
+
+def check_number(name: str, value, kind: type, low, high, what: str = ""):
+    """``value`` as ``kind`` (``int`` or ``float``) if it is one, finite and within ``low..high``;
+    else ``TypeError`` (not a number of that kind) or ``ValueError``, with :func:`range_message`."""
+    if not (_is_int(value) if kind is int else _is_real(value)):
+        raise TypeError(range_message(name, kind, low, high, what, value))
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ValueError(range_message(name, kind, low, high, what, value))
+    return kind(value)
+
+
+_defaults = SearchConfig()  # fairseq's generation defaults, which the runtime keeps
+
+# the options of a translation (Translator.options, hrt-translate, a request to hrt-serve), in
+# the order Translator.options takes them; chunk_size is checked against the model as well
+DECODING: Sequence[Option] = (
+    Option("beam", int, _defaults.beam, 1, 256, "the beam size; HRT's b_at"),
+    Option("chunk_size", int, None, 1, 64, "HRT's k; default the smallest trained one, 1: AT mode", optional=True),
+    Option("b_nat", int, 1, 1, 256, "HRT's skeletons filled by stage II, at most beam"),
+    Option("max_len_a", float, _defaults.max_len_a, 0, 100, "the output length limit's factor of the source length"),
+    Option("max_len_b", int, _defaults.max_len_b, 0, 100000, "the output length limit's constant"),
+    Option("min_len", int, _defaults.min_len, 0, 100000, "the shortest output, in tokens"),
+    Option("lenpen", float, _defaults.len_penalty, -10, 10, "the length penalty"),
+    Option("unkpen", float, _defaults.unk_penalty, -1000, 1000, "the <unk> penalty"),
+    Option("batch_size", int, 64, 1, 100000, "sentences per batch"),
+    Option("iterations", int, 10, 1, 1000, "Mask-Predict's iterations I", flag="--iter-decode-max-iter"),
+    Option("length_beam", int, 1, 1, 256, "Mask-Predict's length beam l", flag="--iter-decode-with-beam"),
+    Option(
+        "max_tokens",
+        int,
+        MAX_TOKENS,
+        1,
+        10**9,
+        "source tokens per batch, sentences x the longest; bounds memory on very long lines",
+        optional=True,
+    ),
+)
+DECODING_BY_NAME: Dict[str, Option] = {option.name: option for option in DECODING}
+
+THREADS = Option("threads", int, 1, 1, 1024, "ONNX Runtime's threads per call")
+BUFFER = Option("buffer_size", int, BUFFER_SIZE, 1, 10**7, "lines read before translating")
+
+
+def decoding_values(**given) -> Dict[str, object]:
+    """Every decoding option's value: ``given`` ones checked, the others their defaults. An
+    unknown keyword is refused with the list of options (a misspelling is not ignored)."""
+    unknown = sorted(set(given) - set(DECODING_BY_NAME))
+    if unknown:
+        raise TypeError(
+            f"unknown option {', '.join(map(repr, unknown))}; options: {', '.join(o.name for o in DECODING)}"
+        )
+    return {o.name: o.check(given[o.name]) if o.name in given else o.default for o in DECODING}
+
+
+def add_arguments(parser, options: Sequence[Option], **defaults):
+    """``options`` as flags of an ``argparse`` parser (``defaults``: a command's own, by name).
+    Values are checked after parsing, with the flag as their name (:func:`check_arguments`)."""
+    for option in options:
+        parser.add_argument(
+            option.cli_flag,
+            dest=option.name,
+            type=option.kind,
+            default=defaults.get(option.name, option.default),
+            help=f"{option.what} ({_number(option.low)} to {_number(option.high)}; default: %(default)s)",
+        )
+
+
+def check_arguments(args, options: Sequence[Option]) -> Dict[str, object]:
+    """The parsed values of ``options``, each checked (messages name the flag)."""
+    return {o.name: o.check(getattr(args, o.name), o.cli_flag) for o in options}
+
+
+# hrt-serve's own settings (beside THREADS)
+SERVICE: Sequence[Option] = (
+    Option("port", int, 8000, 0, 65535, "the TCP port to listen on; 0: a free one, announced"),
+    Option("max_batch", int, 64, 1, 100000, "sentences per batch, at most"),
+    Option(
+        "max_wait_ms",
+        float,
+        0.0,
+        0,
+        60000,
+        "how long the oldest waiting request waits for others to join its batch (0: none; requests that "
+        "arrive while a batch is translated form the next one, which measured best on 2 CPU cores: "
+        "benchmarks/results/serve-mini-cpu)",
+    ),
+    Option(
+        "max_batch_tokens",
+        int,
+        4096,
+        1,
+        10**9,
+        "padded source tokens per batch, at most (sentences x the longest): a long request's batches stay short, "
+        "so other requests' batches come in between (16,384 made the others' p99 4.9 s beside a 256 x 20 KB request)",
+    ),
+    Option("max_queue", int, 256, 1, 10**6, "requests waiting, at most (then 503)"),
+    Option("max_request_lines", int, 256, 1, 10**6, "lines in one request, at most (then 413)"),
+    Option(
+        "max_request_tokens",
+        int,
+        65536,
+        1,
+        10**9,
+        "source tokens in one request, at most, counted after truncation to the model's positions (then 413)",
+    ),
+    Option(
+        "drain_seconds",
+        float,
+        30.0,
+        0,
+        3600,
+        "at SIGTERM, how long queued requests may still be translated; those left then are answered 503",
+    ),
+)
+SERVICE_BY_NAME: Dict[str, Option] = {option.name: option for option in SERVICE}
