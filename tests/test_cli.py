@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from benchmarks.tiny_runs import REPO, USER_DIR, make_tiny_data, run_cli
+from benchmarks.tiny_runs import REPO, USER_DIR, make_tiny_data, run_cli, train_args
 from tests.tiny_data import hyp_lines
 
 GEN = ["--user-dir", USER_DIR, "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
@@ -54,6 +54,7 @@ def test_importing_twice_registers_once():
         ["--decode-chunk-size", "2"],
         ["--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2"],
         ["--decode-chunk-size", "1"],
+        ["--decode-chunk-size", "by-length"],
     ],
 )
 def test_generate(hrt_trained, decode):
@@ -84,6 +85,9 @@ def test_generate(hrt_trained, decode):
     assert len(re.findall(r"^P-\d+\t", out, re.M)) == 40
     assert "<mask>" not in out and "<s2>" not in out
     assert re.search(r"Generate valid with beam=\d+: BLEU = ", out)  # sacrebleu scorer line
+    if decode[1] == "by-length":  # the rule as the log names it, not an object's address
+        assert "HRT decoding: chunk size by-length (1 for sources under 8 tokens, else 2)," in out
+        assert " object at 0x" not in out
 
 
 def test_interactive_empty_long_and_unknown_input(hrt_trained):
@@ -115,6 +119,35 @@ def test_interactive_empty_long_and_unknown_input(hrt_trained):
     assert hyps[1] == "" and hyps[4] == ""  # empty input -> empty translation
     assert "truncated" in out  # the 300-token line was cut at --max-source-positions
     assert "<unk>" in out  # unknown words map to <unk> in the source echo
+
+
+def _refusal(proc) -> str:
+    """The one line of a refused command (exit status 1, no traceback)."""
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if ": error: " in line]
+    assert len(lines) == 1, proc.stdout[-3000:]
+    return lines[0]
+
+
+def test_a_refused_option_is_one_line_with_its_reason(hrt_trained, tmp_path):
+    """An option combination the plugin refuses ends fairseq-generate, fairseq-interactive and
+    fairseq-train with one line ``PROG: error: REASON`` and exit status 1, as argparse ends a
+    bad option, not with a traceback."""
+    data, ckpt = hrt_trained
+    reason = "--decode-chunk-size 4: this model was trained for chunk sizes [2, 3]; use one of them, or 1 for AT mode"
+    generate = run_cli(
+        ["generate", data.bin_dir, "--path", ckpt, "--gen-subset", "valid", "--decode-chunk-size", "4", *GEN],
+        check=False,
+    )
+    assert _refusal(generate).endswith(": error: " + reason)
+    interactive = run_cli(
+        ["interactive", data.bin_dir, "--path", ckpt, "--decode-chunk-size", "4", *GEN], input="a b\n", check=False
+    )
+    assert _refusal(interactive).endswith(": error: " + reason)
+    train = run_cli(train_args(data.bin_dir, tmp_path / "ckpt", "--p-raw", "2", max_update=1), check=False)
+    assert _refusal(train).endswith(": error: --p-raw must be in [0, 1], got 2.0")
+    ssru = run_cli(train_args(data.bin_dir, tmp_path / "ckpt", arch="at_tiny_ssru", max_update=1), check=False)
+    assert "an SSRU decoder is a left-to-right recurrence" in _refusal(ssru)
 
 
 def test_checkpoint_from_another_dictionary_is_refused(hrt_trained, tmp_path):
@@ -179,6 +212,10 @@ def test_python_api_translates_as_fairseq_interactive(hrt_trained):
         hub.translate(lines, chunk_size=4)
     with pytest.raises(ValueError, match="batch_size"):
         hub.translate(lines, batch_size=0)
+    with pytest.raises(TypeError, match="'chunk_sise' \\(did you mean 'chunk_size'\\?\\)"):
+        hub.translate(lines, beam=1, chunk_sise=1)  # a misspelled option is refused, not ignored
+    with pytest.raises(TypeError, match="'jacobi_blok_size'"):
+        hub.translate(lines, jacobi_blok_size=4)
     with pytest.raises(FileNotFoundError, match="data_name_or_path"):
         fairseq_hrt.from_pretrained(str(ckpt.parent), checkpoint_file=ckpt.name)
 
