@@ -121,6 +121,33 @@ def test_interactive_empty_long_and_unknown_input(hrt_trained):
     assert "<unk>" in out  # unknown words map to <unk> in the source echo
 
 
+def test_generate_truncates_long_sources_as_interactive_does(hrt_trained):
+    """``fairseq-generate --max-source-positions 6`` cuts the longer test sources (five tokens
+    and </s>) with a warning, as fairseq-interactive does, instead of stopping on the first
+    one; both then give the same translations."""
+    data, ckpt = hrt_trained
+    sources = data.raw("valid", "en").read_text().splitlines()
+    long = sum(len(line.split()) + 1 > 6 for line in sources)
+    assert long > 0
+    flags = ["--max-source-positions", "6", "--beam", "1", "--decode-chunk-size", "2", *GEN]
+    out = run_cli(
+        ["generate", data.bin_dir, "--path", ckpt, "--gen-subset", "valid", "--batch-size", "8", *flags]
+    ).stdout
+    assert f"valid: {long} source sentence(s) longer than --max-source-positions 6 tokens were truncated" in out
+    echoed = {int(m[0]): m[1] for m in re.findall(r"^S-(\d+)\t(.*)$", out, re.M)}
+    assert sorted(echoed) == list(range(len(sources)))
+    assert all(len(echoed[i].split()) == min(len(line.split()), 5) for i, line in enumerate(sources))
+    interactive = run_cli(
+        ["interactive", data.bin_dir, "--path", ckpt, "--buffer-size", "8", "--batch-size", "8", *flags],
+        input="\n".join(sources) + "\n",
+    ).stdout
+    warned = re.findall(
+        r"(\d+) input sentence\(s\) longer than --max-source-positions 6 tokens were truncated", interactive
+    )
+    assert sum(map(int, warned)) == long  # one warning per buffer of lines
+    assert hyp_lines(out) == hyp_lines(interactive)
+
+
 def _refusal(proc) -> str:
     """The one line of a refused command (exit status 1, no traceback)."""
     assert proc.returncode == 1 and "Traceback" not in proc.stdout, proc.stdout[-3000:]

@@ -28,7 +28,7 @@ from omegaconf import II
 from fairseq_hrt import checkpoint_checks, chunking, compat, text_input
 from fairseq_hrt import shortlist as shortlists
 from fairseq_hrt.cli_logging import install_refusal_hook, refusals
-from fairseq_hrt.data import mixdistill
+from fairseq_hrt.data import mixdistill, truncation
 from fairseq_hrt.generation import hypotheses, strategies
 from fairseq_hrt.generation.engines import engines_help
 from fairseq_hrt.generation.options import QUANTIZE_CHOICES, DecodingOptions, task_field
@@ -192,6 +192,16 @@ class HRTTranslationTask(TranslationTask):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         if self.cfg.distill_data and split == self.cfg.train_subset:
             self.datasets[split] = self._with_distilled_targets(split, self.datasets[split])
+        elif split != self.cfg.train_subset:  # fairseq-generate's (and validation's) sources
+            limit = self.cfg.max_source_positions
+            truncated = truncation.truncate_sources(self.datasets[split], limit, self.source_dictionary.eos())
+            if truncated:
+                logger.warning(
+                    "%s: %d source sentence(s) longer than --max-source-positions %d tokens were truncated",
+                    split,
+                    truncated,
+                    limit,
+                )
 
     def _with_distilled_targets(self, split, pair_dataset):
         """MixDistill: the split with its aligned distilled targets (:mod:`fairseq_hrt.data.mixdistill`)."""
@@ -384,7 +394,7 @@ class HRTTranslationTask(TranslationTask):
         truncated = 0
         for i, tokens in enumerate(src_tokens):
             if tokens.numel() > limit:
-                src_tokens[i] = torch.cat([tokens[: limit - 1], tokens.new_tensor([eos])])
+                src_tokens[i] = truncation.truncate(tokens, limit, eos)
                 src_lengths[i] = limit
                 truncated += 1
         if truncated:
