@@ -487,6 +487,44 @@ def _patch_checkpoint_files():
     _wrap_once(Trainer, "save_checkpoint", _save_checkpoint_cleaning_up_on_failure)
 
 
+# ------------------------------------------------------------------ scoring
+
+
+def sacrebleu_signature(cfg) -> str:
+    """sacreBLEU's signature of what fairseq's ``--scoring sacrebleu`` computes: fairseq
+    tokenizes both sides with sacreBLEU's tokenizer ``--sacrebleu-tokenizer`` (lowercased with
+    ``--sacrebleu-lowercase``) and scores the tokens with ``tokenize='none'``, which is sacreBLEU
+    with that tokenizer; ``--sacrebleu-char-level`` splits into characters after it (``+char``)."""
+    from sacrebleu.metrics import BLEU
+
+    tokenizer = str(cfg.sacrebleu_tokenizer)
+    bleu = BLEU(tokenize=tokenizer, lowercase=bool(cfg.sacrebleu_lowercase))
+    bleu.num_refs = 1  # fairseq scores against one reference per sentence
+    signature = bleu.get_signature().format()
+    return signature.replace(f"tok:{tokenizer}", f"tok:{tokenizer}+char") if cfg.sacrebleu_char_level else signature
+
+
+def _sacrebleu_result_with_signature(result_string):
+    """``fairseq-generate --scoring sacrebleu`` prints ``BLEU = 35.2 ...`` without the signature
+    that says how the number was computed (fairseq 0.12 calls sacreBLEU's ``format()`` without
+    it); with this fix it prints sacreBLEU's own ``BLEU|nrefs:1|case:mixed|eff:no|tok:13a|
+    smooth:exp|version:2.6.0 = 35.2 ...``. The score is unchanged."""
+
+    @functools.wraps(result_string)
+    def with_signature(self, order=4):
+        if order != 4:
+            return result_string(self, order)
+        return self._score(order).format(signature=sacrebleu_signature(self.cfg))
+
+    return with_signature
+
+
+def _patch_sacrebleu_scorer():
+    from fairseq.scoring.bleu import SacrebleuScorer
+
+    _wrap_once(SacrebleuScorer, "result_string", _sacrebleu_result_with_signature)
+
+
 def apply():
     """Apply every fix; safe to call repeatedly (each one is applied once, see :func:`_wrap_once`)."""
     _patch_checkpoint_loading()
@@ -495,3 +533,4 @@ def apply():
     _patch_checkpoint_files()
     patch_interactive_reading()
     _patch_finished_runs()
+    _patch_sacrebleu_scorer()
