@@ -6,6 +6,7 @@ Every fix states the breakage it works around; each has a test in ``tests/test_c
 (the training-clock fix in ``tests/test_training.py``).
 """
 
+import argparse
 import functools
 import glob
 import inspect
@@ -525,6 +526,71 @@ def _patch_sacrebleu_scorer():
     _wrap_once(SacrebleuScorer, "result_string", _sacrebleu_result_with_signature)
 
 
+# ------------------------------------------------------------------ --help
+
+
+class _HelpAfterTaskOptions(argparse._HelpAction):
+    """``--help`` that prints on the second parse of fairseq's command line.
+
+    fairseq (``options.parse_args_and_arch``) parses a command line twice: once to learn the
+    task, architecture and criterion, then again after they added their options. ``--help``
+    acts on the first parse, so ``fairseq-generate DATA --task hrt_translation --help`` listed
+    none of the task's options (``--decoding``, ``--decoder-engine``, ``--decode-chunk-size``,
+    ...), nor the model's or the criterion's. This action lets the first parse pass and prints
+    the help on the second, with every option the command line selected.
+    """
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if not getattr(self, "passed_once", False):
+            self.passed_once = True
+            if hasattr(namespace, "arch") and namespace.arch is None:
+                # no --arch (fairseq-train --help): fairseq adds no model options then
+                # instead of failing on arch None; an --arch later on the line sets it again
+                delattr(namespace, "arch")
+            return
+        super().__call__(parser, namespace, values, option_string)
+
+
+def defer_help_to_the_second_parse():
+    """When a ``parse_args_and_arch`` that asks for ``--help`` is running (it imports the user
+    dir before its first parse), its parser's help action becomes :class:`_HelpAfterTaskOptions`."""
+    from fairseq import options
+
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not options.parse_args_and_arch.__code__:
+        frame = frame.f_back
+    if frame is None:
+        return
+    parser, given = frame.f_locals.get("parser"), frame.f_locals.get("input_args")
+    given = sys.argv[1:] if given is None else given
+    if not isinstance(parser, argparse.ArgumentParser) or not {"-h", "--help"} & set(given):
+        return
+    for action in parser._actions:
+        if type(action) is argparse._HelpAction:
+            action.__class__ = _HelpAfterTaskOptions
+
+
+def _importing_user_module_defers_help(import_user_module):
+    @functools.wraps(import_user_module)
+    def wrapper(*args, **kwargs):
+        try:
+            return import_user_module(*args, **kwargs)
+        finally:
+            defer_help_to_the_second_parse()
+
+    return wrapper
+
+
+def _patch_help():
+    """The first import of the plugin happens inside the running parse (``--user-dir``): its
+    help is deferred here; later parses in the same process (the plugin imported already)
+    through ``fairseq.utils.import_user_module``."""
+    import fairseq.utils
+
+    _wrap_once(fairseq.utils, "import_user_module", _importing_user_module_defers_help)
+    defer_help_to_the_second_parse()
+
+
 def apply():
     """Apply every fix; safe to call repeatedly (each one is applied once, see :func:`_wrap_once`)."""
     _patch_checkpoint_loading()
@@ -534,3 +600,4 @@ def apply():
     patch_interactive_reading()
     _patch_finished_runs()
     _patch_sacrebleu_scorer()
+    _patch_help()

@@ -36,6 +36,45 @@ def test_plugin_loads_from_repo_path_and_installed_path():
         assert "hrt_loss" in out  # fairseq's --help lists registered criterions only
 
 
+def _unwrapped(help_text: str) -> str:
+    """argparse's help with its line wrapping undone."""
+    return re.sub(r"\s+", " ", re.sub(r"-\n\s+", "-", help_text))
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_help_lists_the_plugins_options(hrt_trained, fresh):
+    """``--help`` after ``--task hrt_translation`` (and an arch and criterion) lists their
+    options, every decoding strategy and every engine by name, in a fresh interpreter (the
+    plugin imported by --user-dir during the parse) and in one that imported it already."""
+    from fairseq_hrt.generation.engines import ENGINES
+    from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
+
+    data, _ = hrt_trained
+    generate = ["generate", data.bin_dir, "--user-dir", USER_DIR, "--task", "hrt_translation", "--help"]
+    train = ["train", data.bin_dir, "--user-dir", USER_DIR, "--task", "hrt_translation", "--arch", "hrt_tiny"]
+    train += ["--criterion", "hrt_loss", "--help"]
+    if fresh:
+        outs = [
+            subprocess.run(
+                [sys.executable, "-m", f"fairseq_cli.{cmd[0]}", *map(str, cmd[1:])],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            for cmd in (generate, train)
+        ]
+    else:
+        outs = [run_cli(cmd).stdout for cmd in (generate, train)]
+    gen_help, train_help = map(_unwrapped, outs)
+    for option in ("--decoding", "--decoder-engine", "--decode-chunk-size", "--b-nat", "--shortlist", "--onnx-model"):
+        assert f" {option} " in gen_help, option
+    assert all(f"'{name}'" in gen_help for name in DECODING_STRATEGIES), gen_help
+    assert all(f"'{name}'" in gen_help for name in ENGINES), gen_help
+    for option in ("--chunk-sizes", "--kind-weights", "--decoder-rpr-window", "--label-smoothing"):
+        assert f" {option} " in train_help, option
+
+
 def test_importing_twice_registers_once():
     code = (
         "import importlib, fairseq_hrt; from fairseq.utils import import_user_module; "
