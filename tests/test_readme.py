@@ -50,3 +50,41 @@ def test_readme_python_example_runs_on_the_quickstart_model():
     translations = eval(first)  # a printed list of three strings
     assert len(translations) == 3 and translations[1] == "" and translations[0] and translations[2]
     assert second.strip()
+
+
+def _section(text: str, heading: str) -> str:
+    return re.search(rf"^## {heading}\n(.*?)(?=^## )", text, re.S | re.M).group(1)
+
+
+def _table_options(section: str):
+    """``(options, first cell)`` of each table row whose first cell names options."""
+    for row in re.findall(r"^\| (`--.*?) \|", section, re.M):
+        yield re.findall(r"`(--[a-z0-9-]+)", row), row
+
+
+def test_every_option_of_the_readme_tables_is_in_the_commands_help():
+    """Each option the README's training and decoding tables name is one ``--help`` lists for
+    that command line: training options with an HRT arch and ``--criterion hrt_loss`` (a row
+    marked ``cmlm_*`` with a Mask-Predict arch instead, and not with the HRT arch), decoding
+    options for ``fairseq-generate --task hrt_translation``."""
+    from benchmarks.tiny_runs import USER_DIR, run_cli
+
+    def help_of(command, *args):
+        out = run_cli([command, "--user-dir", USER_DIR, "--task", "hrt_translation", *args, "--help"]).stdout
+        return set(re.findall(r"(?<![\w-])(--[a-z0-9-]+)", out))
+
+    train = {arch: help_of("train", "--arch", arch, "--criterion", "hrt_loss") for arch in ("hrt_tiny", "cmlm_tiny")}
+    generate = help_of("generate")
+    text = (REPO / "README.md").read_text()
+    rows = 0
+    for options, row in _table_options(_section(text, "Training")):
+        for option in options:
+            if "cmlm_*" in row:
+                assert option in train["cmlm_tiny"] and option not in train["hrt_tiny"], row
+            else:
+                assert option in train["hrt_tiny"], row
+        rows += 1
+    for options, row in _table_options(_section(text, "Decoding")):
+        assert set(options) <= generate, row
+        rows += 1
+    assert rows >= 30
