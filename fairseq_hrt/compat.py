@@ -526,6 +526,51 @@ def _patch_sacrebleu_scorer():
     _wrap_once(SacrebleuScorer, "result_string", _sacrebleu_result_with_signature)
 
 
+# ------------------------------------------------------------------ torchrun on CPU
+
+
+TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+
+
+def _infer_init_method_of_torchrun_on_cpu(infer_init_method):
+    """``torchrun --nproc_per_node 2 $(which fairseq-train) ... --cpu`` trains on two ranks.
+
+    Why: fairseq 0.12's ``--distributed-world-size`` defaults to the number of GPUs (1 without
+    one), and ``infer_init_method`` returns on a world size of 1 before it reads torchrun's
+    environment: each rank trained alone (two unrelated runs writing one ``--save-dir``) and
+    both logged everything; with ``--distributed-world-size 2`` it divided by
+    ``torch.cuda.device_count()``, 0. Without a GPU, under torchrun (its four variables set,
+    ``WORLD_SIZE`` > 1) and no init method of the command line's, the ranks are torchrun's,
+    as fairseq does for ``torch.distributed.launch`` on GPUs; then, as always with fairseq,
+    only rank 0 logs below warnings.
+    """
+
+    @functools.wraps(infer_init_method)
+    def infer(cfg, force_distributed=False):
+        env = os.environ
+        if (
+            cfg.distributed_init_method is None
+            and not torch.cuda.is_available()
+            and all(name in env for name in TORCHRUN_VARIABLES)
+            and int(env["WORLD_SIZE"]) > 1
+        ):
+            cfg.distributed_init_method = "env://"
+            cfg.distributed_world_size = int(env["WORLD_SIZE"])
+            cfg.distributed_rank = int(env["RANK"])
+            cfg.device_id = int(env.get("LOCAL_RANK", 0))
+            cfg.distributed_no_spawn = True  # the processes are torchrun's
+            return
+        return infer_init_method(cfg, force_distributed)
+
+    return infer
+
+
+def _patch_torchrun_on_cpu():
+    import fairseq.distributed.utils as distributed_utils
+
+    _wrap_once(distributed_utils, "infer_init_method", _infer_init_method_of_torchrun_on_cpu)
+
+
 # ------------------------------------------------------------------ --help
 
 
@@ -601,3 +646,4 @@ def apply():
     _patch_finished_runs()
     _patch_sacrebleu_scorer()
     _patch_help()
+    _patch_torchrun_on_cpu()
