@@ -88,3 +88,18 @@ def test_every_option_of_the_readme_tables_is_in_the_commands_help():
         assert set(options) <= generate, row
         rows += 1
     assert rows >= 30
+
+
+def test_the_readmes_shortlist_sentence_names_what_supports_shortlists():
+    """ "Works with `--decoding ...` on the engines ...": the strategies and engines that declare
+    ``supports_shortlist``, no more, no fewer."""
+    import fairseq_hrt  # noqa: F401  (registers the strategies)
+    from fairseq_hrt.generation.engines import ENGINES
+    from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
+
+    text = " ".join((REPO / "README.md").read_text().split())
+    sentence = re.search(r"Works with `--decoding (.*?) on the engines (.*?) \(", text)
+    assert set(re.findall(r"`?([a-z-]+)`?(?:,| and|$)", sentence.group(1).replace("`", "") + ",")) == {
+        n for n, s in DECODING_STRATEGIES.items() if s.supports_shortlist
+    }
+    assert set(re.findall(r"`([a-z]+)`", sentence.group(2))) == {n for n, e in ENGINES.items() if e.supports_shortlist}
