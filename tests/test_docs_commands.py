@@ -119,3 +119,20 @@ def test_every_documented_command_line_uses_options_its_help_lists():
 @pytest.mark.parametrize("line", [r"fairseq-train d --arch a \ ", "python -m fairseq_hrt.distill --x 1"])
 def test_the_command_parser(line):
     assert program_and_args(line.rstrip("\\ "))[1][-1] in ("a", "1")
+
+
+def test_the_quickstarts_variable_table_gives_the_scripts_defaults():
+    """examples/multi30k/README.md's table of quickstart.sh's environment variables: each
+    plain default is the script's ``${VAR:-default}``."""
+    script = (REPO / "examples/multi30k/quickstart.sh").read_text()
+    defaults = dict(re.findall(r'^([A-Z_]+)="\$\{\1:-([^$}"]*)\}"', script, re.M))
+    readme = (REPO / "examples/multi30k/README.md").read_text()
+    compared = 0
+    for names, values in re.findall(r"^\| (`[A-Z_]+`(?:, `[A-Z_]+`)*) \| ([^|]*) \|", readme, re.M):
+        names = re.findall(r"`([A-Z_]+)`", names)
+        values = [v.strip().strip("`") for v in values.split(",")] if len(names) > 1 else [values.strip().strip("`")]
+        for name, value in zip(names, values):
+            if defaults.get(name) and " " not in value:
+                assert value == defaults[name], (name, value, defaults[name])
+                compared += 1
+    assert compared >= 10
