@@ -103,3 +103,23 @@ def test_the_readmes_shortlist_sentence_names_what_supports_shortlists():
         n for n, s in DECODING_STRATEGIES.items() if s.supports_shortlist
     }
     assert set(re.findall(r"`([a-z]+)`", sentence.group(2))) == {n for n, e in ENGINES.items() if e.supports_shortlist}
+
+
+def test_the_readmes_architecture_table_is_the_plugins_archs():
+    """The archs the README's table lists are the ones the plugin registers (besides the
+    models' own names), no more, no fewer."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_REGISTRY
+
+    import fairseq_hrt  # noqa: F401
+
+    text = (REPO / "README.md").read_text()
+    table = re.search(r"^\| family \| archs \|\n(.*?)\n\n", text, re.S | re.M).group(1)
+    listed = {
+        name for cell in re.findall(r"^\| [^|]* \| ([^|]*) \|", table, re.M) for name in re.findall(r"`(\w+)`", cell)
+    }
+    plugin = {
+        arch
+        for arch, configure in ARCH_CONFIG_REGISTRY.items()
+        if configure.__module__.startswith("fairseq_hrt") and arch not in MODEL_REGISTRY
+    }
+    assert listed == plugin
