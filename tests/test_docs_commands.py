@@ -136,3 +136,23 @@ def test_the_quickstarts_variable_table_gives_the_scripts_defaults():
                 assert value == defaults[name], (name, value, defaults[name])
                 compared += 1
     assert compared >= 10
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_relative_link_of_the_docs_reaches_a_file_and_heading():
+    broken = []
+    for name in DOCS:
+        doc = REPO / name
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", doc.read_text()):
+            if target.startswith(("http:", "https:", "mailto:")):
+                continue
+            path = (doc.parent / target).resolve() if target else doc
+            if not path.exists():
+                broken.append(f"{name}: {target}")
+            elif anchor and anchor not in {_anchor(h) for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}:
+                broken.append(f"{name}: {target}#{anchor}")
+    assert not broken, broken
