@@ -107,6 +107,7 @@ def loop_step_cost(
     return {
         "us_per_step": (t_long - t_short) / (long - short) * 1e6,
         "us_run_of_short": t_short * 1e6,
+        "us_run_of_long": t_long * 1e6,
         "steps": [short, long],
         "rows": int(size),
     }

@@ -6,6 +6,7 @@ Every fix states the breakage it works around; each has a test in ``tests/test_c
 (the training-clock fix in ``tests/test_training.py``).
 """
 
+import argparse
 import functools
 import glob
 import inspect
@@ -487,6 +488,154 @@ def _patch_checkpoint_files():
     _wrap_once(Trainer, "save_checkpoint", _save_checkpoint_cleaning_up_on_failure)
 
 
+# ------------------------------------------------------------------ scoring
+
+
+def sacrebleu_signature(cfg) -> str:
+    """sacreBLEU's signature of what fairseq's ``--scoring sacrebleu`` computes: fairseq
+    tokenizes both sides with sacreBLEU's tokenizer ``--sacrebleu-tokenizer`` (lowercased with
+    ``--sacrebleu-lowercase``) and scores the tokens with ``tokenize='none'``, which is sacreBLEU
+    with that tokenizer; ``--sacrebleu-char-level`` splits into characters after it (``+char``)."""
+    from sacrebleu.metrics import BLEU
+
+    tokenizer = str(cfg.sacrebleu_tokenizer)
+    bleu = BLEU(tokenize=tokenizer, lowercase=bool(cfg.sacrebleu_lowercase))
+    bleu.num_refs = 1  # fairseq scores against one reference per sentence
+    signature = bleu.get_signature().format()
+    return signature.replace(f"tok:{tokenizer}", f"tok:{tokenizer}+char") if cfg.sacrebleu_char_level else signature
+
+
+def _sacrebleu_result_with_signature(result_string):
+    """``fairseq-generate --scoring sacrebleu`` prints ``BLEU = 35.2 ...`` without the signature
+    that says how the number was computed (fairseq 0.12 calls sacreBLEU's ``format()`` without
+    it); with this fix it prints sacreBLEU's own ``BLEU|nrefs:1|case:mixed|eff:no|tok:13a|
+    smooth:exp|version:2.6.0 = 35.2 ...``. The score is unchanged."""
+
+    @functools.wraps(result_string)
+    def with_signature(self, order=4):
+        if order != 4:
+            return result_string(self, order)
+        return self._score(order).format(signature=sacrebleu_signature(self.cfg))
+
+    return with_signature
+
+
+def _patch_sacrebleu_scorer():
+    from fairseq.scoring.bleu import SacrebleuScorer
+
+    _wrap_once(SacrebleuScorer, "result_string", _sacrebleu_result_with_signature)
+
+
+# ------------------------------------------------------------------ torchrun on CPU
+
+
+TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+
+
+def _infer_init_method_of_torchrun_on_cpu(infer_init_method):
+    """``torchrun --nproc_per_node 2 $(which fairseq-train) ... --cpu`` trains on two ranks.
+
+    Why: fairseq 0.12's ``--distributed-world-size`` defaults to the number of GPUs (1 without
+    one), and ``infer_init_method`` returns on a world size of 1 before it reads torchrun's
+    environment: each rank trained alone (two unrelated runs writing one ``--save-dir``) and
+    both logged everything; with ``--distributed-world-size 2`` it divided by
+    ``torch.cuda.device_count()``, 0. Without a GPU, under torchrun (its four variables set,
+    ``WORLD_SIZE`` > 1) and no init method of the command line's, the ranks are torchrun's,
+    as fairseq does for ``torch.distributed.launch`` on GPUs; then, as always with fairseq,
+    only rank 0 logs below warnings.
+    """
+
+    @functools.wraps(infer_init_method)
+    def infer(cfg, force_distributed=False):
+        env = os.environ
+        if (
+            cfg.distributed_init_method is None
+            and not torch.cuda.is_available()
+            and all(name in env for name in TORCHRUN_VARIABLES)
+            and int(env["WORLD_SIZE"]) > 1
+        ):
+            cfg.distributed_init_method = "env://"
+            cfg.distributed_world_size = int(env["WORLD_SIZE"])
+            cfg.distributed_rank = int(env["RANK"])
+            cfg.device_id = int(env.get("LOCAL_RANK", 0))
+            cfg.distributed_no_spawn = True  # the processes are torchrun's
+            return
+        return infer_init_method(cfg, force_distributed)
+
+    return infer
+
+
+def _patch_torchrun_on_cpu():
+    import fairseq.distributed.utils as distributed_utils
+
+    _wrap_once(distributed_utils, "infer_init_method", _infer_init_method_of_torchrun_on_cpu)
+
+
+# ------------------------------------------------------------------ --help
+
+
+class _HelpAfterTaskOptions(argparse._HelpAction):
+    """``--help`` that prints on the second parse of fairseq's command line.
+
+    fairseq (``options.parse_args_and_arch``) parses a command line twice: once to learn the
+    task, architecture and criterion, then again after they added their options. ``--help``
+    acts on the first parse, so ``fairseq-generate DATA --task hrt_translation --help`` listed
+    none of the task's options (``--decoding``, ``--decoder-engine``, ``--decode-chunk-size``,
+    ...), nor the model's or the criterion's. This action lets the first parse pass and prints
+    the help on the second, with every option the command line selected.
+    """
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if not getattr(self, "passed_once", False):
+            self.passed_once = True
+            if hasattr(namespace, "arch") and namespace.arch is None:
+                # no --arch (fairseq-train --help): fairseq adds no model options then
+                # instead of failing on arch None; an --arch later on the line sets it again
+                delattr(namespace, "arch")
+            return
+        super().__call__(parser, namespace, values, option_string)
+
+
+def defer_help_to_the_second_parse():
+    """When a ``parse_args_and_arch`` that asks for ``--help`` is running (it imports the user
+    dir before its first parse), its parser's help action becomes :class:`_HelpAfterTaskOptions`."""
+    from fairseq import options
+
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not options.parse_args_and_arch.__code__:
+        frame = frame.f_back
+    if frame is None:
+        return
+    parser, given = frame.f_locals.get("parser"), frame.f_locals.get("input_args")
+    given = sys.argv[1:] if given is None else given
+    if not isinstance(parser, argparse.ArgumentParser) or not {"-h", "--help"} & set(given):
+        return
+    for action in parser._actions:
+        if type(action) is argparse._HelpAction:
+            action.__class__ = _HelpAfterTaskOptions
+
+
+def _importing_user_module_defers_help(import_user_module):
+    @functools.wraps(import_user_module)
+    def wrapper(*args, **kwargs):
+        try:
+            return import_user_module(*args, **kwargs)
+        finally:
+            defer_help_to_the_second_parse()
+
+    return wrapper
+
+
+def _patch_help():
+    """The first import of the plugin happens inside the running parse (``--user-dir``): its
+    help is deferred here; later parses in the same process (the plugin imported already)
+    through ``fairseq.utils.import_user_module``."""
+    import fairseq.utils
+
+    _wrap_once(fairseq.utils, "import_user_module", _importing_user_module_defers_help)
+    defer_help_to_the_second_parse()
+
+
 def apply():
     """Apply every fix; safe to call repeatedly (each one is applied once, see :func:`_wrap_once`)."""
     _patch_checkpoint_loading()
@@ -495,3 +644,6 @@ def apply():
     _patch_checkpoint_files()
     patch_interactive_reading()
     _patch_finished_runs()
+    _patch_sacrebleu_scorer()
+    _patch_help()
+    _patch_torchrun_on_cpu()

@@ -19,6 +19,7 @@ so the API and the command line cannot differ).
 """
 
 import contextlib
+import difflib
 import logging
 import os
 from typing import Dict, List, Optional, Union
@@ -26,6 +27,7 @@ from typing import Dict, List, Optional, Union
 from fairseq import hub_utils
 from omegaconf import open_dict
 
+from fairseq_hrt.generation.options import task_defaults
 from fairseq_hrt.symbols import find_sentencepiece_model
 from hrt_runtime.text_input import check_sentences, repair_lines
 
@@ -132,6 +134,7 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
         batch). Other keywords are fairseq generation options (``max_len_a``, ``iter_decode_max_iter``, ...).
         """
         check_sentences(sentences)
+        self._check_option_names(generation_options)
         # repaired as every entry point repairs input (NUL removed, control characters to
         # spaces, lone surrogates to U+FFFD), with the same warning naming the line
         if isinstance(sentences, str):
@@ -158,6 +161,19 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
         # configuration), set for this call only
         with self._options(self.cfg.dataset, {"batch_size": batch_size} if batch_size else {}):
             return self.sample(sentences, beam=beam, verbose=verbose, **generation_options)
+
+    # fairseq's hub.generate() takes these besides the generation options
+    HUB_GENERATE_OPTIONS = ("skip_invalid_size_inputs", "inference_step_args", "prefix_allowed_tokens_fn")
+
+    def _check_option_names(self, options: Dict[str, object]):
+        """A keyword that is neither a decoding option nor fairseq's is a mistake (fairseq's hub
+        would set it and nothing would read it): refused by name, as Python refuses one."""
+        known = {*self.cfg.generation.keys(), *task_defaults(), *self.HUB_GENERATE_OPTIONS}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], [*known, "chunk_size", "b_nat", "engine", "decoding"], 1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"translate() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}{hint}")
 
     @staticmethod
     @contextlib.contextmanager

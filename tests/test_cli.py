@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from benchmarks.tiny_runs import REPO, USER_DIR, make_tiny_data, run_cli
+from benchmarks.tiny_runs import REPO, USER_DIR, make_tiny_data, run_cli, train_args
 from tests.tiny_data import hyp_lines
 
 GEN = ["--user-dir", USER_DIR, "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
@@ -36,6 +36,45 @@ def test_plugin_loads_from_repo_path_and_installed_path():
         assert "hrt_loss" in out  # fairseq's --help lists registered criterions only
 
 
+def _unwrapped(help_text: str) -> str:
+    """argparse's help with its line wrapping undone."""
+    return re.sub(r"\s+", " ", re.sub(r"-\n\s+", "-", help_text))
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_help_lists_the_plugins_options(hrt_trained, fresh):
+    """``--help`` after ``--task hrt_translation`` (and an arch and criterion) lists their
+    options, every decoding strategy and every engine by name, in a fresh interpreter (the
+    plugin imported by --user-dir during the parse) and in one that imported it already."""
+    from fairseq_hrt.generation.engines import ENGINES
+    from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
+
+    data, _ = hrt_trained
+    generate = ["generate", data.bin_dir, "--user-dir", USER_DIR, "--task", "hrt_translation", "--help"]
+    train = ["train", data.bin_dir, "--user-dir", USER_DIR, "--task", "hrt_translation", "--arch", "hrt_tiny"]
+    train += ["--criterion", "hrt_loss", "--help"]
+    if fresh:
+        outs = [
+            subprocess.run(
+                [sys.executable, "-m", f"fairseq_cli.{cmd[0]}", *map(str, cmd[1:])],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            for cmd in (generate, train)
+        ]
+    else:
+        outs = [run_cli(cmd).stdout for cmd in (generate, train)]
+    gen_help, train_help = map(_unwrapped, outs)
+    for option in ("--decoding", "--decoder-engine", "--decode-chunk-size", "--b-nat", "--shortlist", "--onnx-model"):
+        assert f" {option} " in gen_help, option
+    assert all(f"'{name}'" in gen_help for name in DECODING_STRATEGIES), gen_help
+    assert all(f"'{name}'" in gen_help for name in ENGINES), gen_help
+    for option in ("--chunk-sizes", "--kind-weights", "--decoder-rpr-window", "--label-smoothing"):
+        assert f" {option} " in train_help, option
+
+
 def test_importing_twice_registers_once():
     code = (
         "import importlib, fairseq_hrt; from fairseq.utils import import_user_module; "
@@ -54,6 +93,7 @@ def test_importing_twice_registers_once():
         ["--decode-chunk-size", "2"],
         ["--decode-chunk-size", "3", "--beam", "3", "--b-nat", "2"],
         ["--decode-chunk-size", "1"],
+        ["--decode-chunk-size", "by-length"],
     ],
 )
 def test_generate(hrt_trained, decode):
@@ -83,7 +123,13 @@ def test_generate(hrt_trained, decode):
     assert len(re.findall(r"^D-\d+\t", out, re.M)) == 40
     assert len(re.findall(r"^P-\d+\t", out, re.M)) == 40
     assert "<mask>" not in out and "<s2>" not in out
-    assert re.search(r"Generate valid with beam=\d+: BLEU = ", out)  # sacrebleu scorer line
+    # sacreBLEU's line with its signature
+    assert re.search(
+        r"Generate valid with beam=\d+: BLEU\|nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:", out
+    )
+    if decode[1] == "by-length":  # the rule as the log names it, not an object's address
+        assert "HRT decoding: chunk size by-length (1 for sources under 8 tokens, else 2)," in out
+        assert " object at 0x" not in out
 
 
 def test_interactive_empty_long_and_unknown_input(hrt_trained):
@@ -116,6 +162,62 @@ def test_interactive_empty_long_and_unknown_input(hrt_trained):
     # the 300-token line was cut at --max-source-positions, the warning naming it
     assert "input line 3: a sentence of 301 tokens is truncated to the model's 64 source positions" in out
     assert "<unk>" in out  # unknown words map to <unk> in the source echo
+
+
+def test_generate_truncates_long_sources_as_interactive_does(hrt_trained):
+    """``fairseq-generate --max-source-positions 6`` cuts the longer test sources (five tokens
+    and </s>) with a warning, as fairseq-interactive does, instead of stopping on the first
+    one; both then give the same translations."""
+    data, ckpt = hrt_trained
+    sources = data.raw("valid", "en").read_text().splitlines()
+    long = sum(len(line.split()) + 1 > 6 for line in sources)
+    assert long > 0
+    flags = ["--max-source-positions", "6", "--beam", "1", "--decode-chunk-size", "2", *GEN]
+    out = run_cli(
+        ["generate", data.bin_dir, "--path", ckpt, "--gen-subset", "valid", "--batch-size", "8", *flags]
+    ).stdout
+    assert f"valid: {long} source sentence(s) longer than --max-source-positions 6 tokens were truncated" in out
+    echoed = {int(m[0]): m[1] for m in re.findall(r"^S-(\d+)\t(.*)$", out, re.M)}
+    assert sorted(echoed) == list(range(len(sources)))
+    assert all(len(echoed[i].split()) == min(len(line.split()), 5) for i, line in enumerate(sources))
+    interactive = run_cli(
+        ["interactive", data.bin_dir, "--path", ckpt, "--buffer-size", "8", "--batch-size", "8", *flags],
+        input="\n".join(sources) + "\n",
+    ).stdout
+    warned = re.findall(
+        r"(\d+) input sentence\(s\) longer than --max-source-positions 6 tokens were truncated", interactive
+    )
+    assert sum(map(int, warned)) == long  # one warning per buffer of lines
+    assert hyp_lines(out) == hyp_lines(interactive)
+
+
+def _refusal(proc) -> str:
+    """The one line of a refused command (exit status 1, no traceback)."""
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if ": error: " in line]
+    assert len(lines) == 1, proc.stdout[-3000:]
+    return lines[0]
+
+
+def test_a_refused_option_is_one_line_with_its_reason(hrt_trained, tmp_path):
+    """An option combination the plugin refuses ends fairseq-generate, fairseq-interactive and
+    fairseq-train with one line ``PROG: error: REASON`` and exit status 1, as argparse ends a
+    bad option, not with a traceback."""
+    data, ckpt = hrt_trained
+    reason = "--decode-chunk-size 4: this model was trained for chunk sizes [2, 3]; use one of them, or 1 for AT mode"
+    generate = run_cli(
+        ["generate", data.bin_dir, "--path", ckpt, "--gen-subset", "valid", "--decode-chunk-size", "4", *GEN],
+        check=False,
+    )
+    assert _refusal(generate).endswith(": error: " + reason)
+    interactive = run_cli(
+        ["interactive", data.bin_dir, "--path", ckpt, "--decode-chunk-size", "4", *GEN], input="a b\n", check=False
+    )
+    assert _refusal(interactive).endswith(": error: " + reason)
+    train = run_cli(train_args(data.bin_dir, tmp_path / "ckpt", "--p-raw", "2", max_update=1), check=False)
+    assert _refusal(train).endswith(": error: --p-raw must be in [0, 1], got 2.0")
+    ssru = run_cli(train_args(data.bin_dir, tmp_path / "ckpt", arch="at_tiny_ssru", max_update=1), check=False)
+    assert "an SSRU decoder is a left-to-right recurrence" in _refusal(ssru)
 
 
 def test_checkpoint_from_another_dictionary_is_refused(hrt_trained, tmp_path):
@@ -180,6 +282,10 @@ def test_python_api_translates_as_fairseq_interactive(hrt_trained):
         hub.translate(lines, chunk_size=4)
     with pytest.raises(ValueError, match="batch_size"):
         hub.translate(lines, batch_size=0)
+    with pytest.raises(TypeError, match="'chunk_sise' \\(did you mean 'chunk_size'\\?\\)"):
+        hub.translate(lines, beam=1, chunk_sise=1)  # a misspelled option is refused, not ignored
+    with pytest.raises(TypeError, match="'jacobi_blok_size'"):
+        hub.translate(lines, jacobi_blok_size=4)
     with pytest.raises(FileNotFoundError, match="data_name_or_path"):
         fairseq_hrt.from_pretrained(str(ckpt.parent), checkpoint_file=ckpt.name)
 

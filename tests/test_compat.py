@@ -230,3 +230,22 @@ def test_a_checkpoint_loads_with_os_path_join_mocked():
     assert extra_state["train_iterator"]["epoch"] == 2
     assert trainer.load_checkpoint.called
     assert getattr(fairseq_cli.train.train, "__fairseq_hrt_compat__", False)  # fairseq-train still recognised
+
+
+@pytest.mark.parametrize("lowercase", [False, True])
+def test_sacrebleu_scoring_prints_sacrebleus_signature_and_score(lowercase):
+    """fairseq's ``--scoring sacrebleu`` line is sacreBLEU's own for the same detokenised text:
+    the same score and the signature that says how it was computed."""
+    from fairseq.scoring.bleu import SacrebleuConfig, SacrebleuScorer
+    from sacrebleu.metrics import BLEU
+
+    hyps = ["A man rides a bike.", "Two dogs, playing in snow!", "Hello World"]
+    refs = ["A man is riding a bike.", "Two dogs play in the snow!", "hello world"]
+    scorer = SacrebleuScorer(SacrebleuConfig(sacrebleu_lowercase=lowercase))
+    for ref, hyp in zip(refs, hyps):
+        scorer.add_string(ref, hyp)
+    bleu = BLEU(tokenize="13a", lowercase=lowercase)
+    expected = bleu.corpus_score(hyps, [refs])
+    case = "lc" if lowercase else "mixed"
+    assert scorer.result_string() == expected.format(signature=bleu.get_signature().format())
+    assert scorer.result_string().startswith(f"BLEU|nrefs:1|case:{case}|eff:no|tok:13a|smooth:exp|version:")

@@ -50,3 +50,76 @@ def test_readme_python_example_runs_on_the_quickstart_model():
     translations = eval(first)  # a printed list of three strings
     assert len(translations) == 3 and translations[1] == "" and translations[0] and translations[2]
     assert second.strip()
+
+
+def _section(text: str, heading: str) -> str:
+    return re.search(rf"^## {heading}\n(.*?)(?=^## )", text, re.S | re.M).group(1)
+
+
+def _table_options(section: str):
+    """``(options, first cell)`` of each table row whose first cell names options."""
+    for row in re.findall(r"^\| (`--.*?) \|", section, re.M):
+        yield re.findall(r"`(--[a-z0-9-]+)", row), row
+
+
+def test_every_option_of_the_readme_tables_is_in_the_commands_help():
+    """Each option the README's training and decoding tables name is one ``--help`` lists for
+    that command line: training options with an HRT arch and ``--criterion hrt_loss`` (a row
+    marked ``cmlm_*`` with a Mask-Predict arch instead, and not with the HRT arch), decoding
+    options for ``fairseq-generate --task hrt_translation``."""
+    from benchmarks.tiny_runs import USER_DIR, run_cli
+
+    def help_of(command, *args):
+        out = run_cli([command, "--user-dir", USER_DIR, "--task", "hrt_translation", *args, "--help"]).stdout
+        return set(re.findall(r"(?<![\w-])(--[a-z0-9-]+)", out))
+
+    train = {arch: help_of("train", "--arch", arch, "--criterion", "hrt_loss") for arch in ("hrt_tiny", "cmlm_tiny")}
+    generate = help_of("generate")
+    text = (REPO / "README.md").read_text()
+    rows = 0
+    for options, row in _table_options(_section(text, "Training")):
+        for option in options:
+            if "cmlm_*" in row:
+                assert option in train["cmlm_tiny"] and option not in train["hrt_tiny"], row
+            else:
+                assert option in train["hrt_tiny"], row
+        rows += 1
+    for options, row in _table_options(_section(text, "Decoding")):
+        assert set(options) <= generate, row
+        rows += 1
+    assert rows >= 30
+
+
+def test_the_readmes_shortlist_sentence_names_what_supports_shortlists():
+    """ "Works with `--decoding ...` on the engines ...": the strategies and engines that declare
+    ``supports_shortlist``, no more, no fewer."""
+    import fairseq_hrt  # noqa: F401  (registers the strategies)
+    from fairseq_hrt.generation.engines import ENGINES
+    from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
+
+    text = " ".join((REPO / "README.md").read_text().split())
+    sentence = re.search(r"Works with `--decoding (.*?) on the engines (.*?) \(", text)
+    assert set(re.findall(r"`?([a-z-]+)`?(?:,| and|$)", sentence.group(1).replace("`", "") + ",")) == {
+        n for n, s in DECODING_STRATEGIES.items() if s.supports_shortlist
+    }
+    assert set(re.findall(r"`([a-z]+)`", sentence.group(2))) == {n for n, e in ENGINES.items() if e.supports_shortlist}
+
+
+def test_the_readmes_architecture_table_is_the_plugins_archs():
+    """The archs the README's table lists are the ones the plugin registers (besides the
+    models' own names), no more, no fewer."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_REGISTRY
+
+    import fairseq_hrt  # noqa: F401
+
+    text = (REPO / "README.md").read_text()
+    table = re.search(r"^\| family \| archs \|\n(.*?)\n\n", text, re.S | re.M).group(1)
+    listed = {
+        name for cell in re.findall(r"^\| [^|]* \| ([^|]*) \|", table, re.M) for name in re.findall(r"`(\w+)`", cell)
+    }
+    plugin = {
+        arch
+        for arch, configure in ARCH_CONFIG_REGISTRY.items()
+        if configure.__module__.startswith("fairseq_hrt") and arch not in MODEL_REGISTRY
+    }
+    assert listed == plugin

@@ -838,6 +838,41 @@ def test_two_rank_gloo_training(data, work, precision_runs):
             assert ddp[u].get(key, 0) == pytest.approx(ref[u].get(key, 0)), (u, key, ddp[u], ref[u])
 
 
+@pytest.mark.slow
+def test_the_readmes_torchrun_command_trains_on_two_ranks_and_rank_0_logs(data, work):
+    """README's ``OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 $(which fairseq-train) ...
+    --distributed-backend gloo --ddp-backend legacy_ddp`` on CPU: one run of two ranks (each
+    says so), whose batches are all-reduced (the logged sentences per update are both ranks'),
+    logged once, by rank 0, as fairseq logs (before compat's fix: two unrelated runs of world
+    size 1, each logging every line)."""
+    import subprocess
+    import sys
+
+    from benchmarks.tiny_runs import cli_env
+
+    save = work / "ck_torchrun"
+    args = train_args(data.bin_dir, save, max_update=3, max_tokens=1000)[1:]
+    args += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    torchrun += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    done = subprocess.run(
+        [*torchrun, "-m", "fairseq_cli.train", *map(str, args)],
+        env=cli_env({"OMP_NUM_THREADS": "1"}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "distributed init (rank 0)" in out and "distributed init (rank 1)" in out
+    assert "'distributed_world_size': 2" in out
+    records = parse_logs(out)
+    assert [int(r["num_updates"]) for r in records] == [1, 2, 3]  # each update logged once
+    single = _by_update(parse_logs(run_cli(train_args(data.bin_dir, work / "ck_single", max_update=1)).stdout))
+    assert records[0]["bsz"] > single[1]["bsz"]  # the first update holds both ranks' batches
+    assert (save / "checkpoint_last.pt").exists()
+
+
 def test_kind_weights_scale_the_trained_loss_of_each_kind(data):
     """--kind-weights skip_cmlm=2,at=0.5: the trained loss is the weighted sum of the per-kind
     losses (logged unweighted); validation is unweighted; bad specs are refused."""

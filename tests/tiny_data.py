@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import traceback
 import warnings
 from typing import Dict, List, Optional
 
@@ -93,8 +92,8 @@ def _run_forked(cmd: List[str], env: Dict[str, str], cwd: str, log_path: str, in
         else:  # sys.exit("message"): the interpreter prints it and exits 1
             print(e.code, file=sys.stderr)
             code = 1
-    except BaseException:  # noqa: B902 - as the interpreter does: traceback, exit 1
-        traceback.print_exc()
+    except BaseException:  # noqa: B902 - as the interpreter does: its excepthook (a traceback), exit 1
+        sys.excepthook(*sys.exc_info())
         code = 1
     finally:
         sys.stdout.flush()

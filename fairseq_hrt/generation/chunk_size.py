@@ -46,6 +46,9 @@ class ChunkSizeByLength:
         self.k = min(trained)
         self.short = short
 
+    def __repr__(self):  # the chunk size as the logs name it
+        return f"by-length (1 for sources under {self.short} tokens, else {self.k})"
+
     def __call__(self, src_lengths):
         return torch.where(src_lengths < self.short, torch.ones_like(src_lengths), torch.full_like(src_lengths, self.k))
 

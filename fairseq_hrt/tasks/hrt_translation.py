@@ -31,7 +31,8 @@ from omegaconf import II
 
 from fairseq_hrt import checkpoint_checks, chunking, compat, text_input
 from fairseq_hrt import shortlist as shortlists
-from fairseq_hrt.data import mixdistill
+from fairseq_hrt.cli_logging import install_refusal_hook, refusals
+from fairseq_hrt.data import mixdistill, truncation
 from fairseq_hrt.generation import hypotheses, strategies
 from fairseq_hrt.generation.engines import engines_help
 from fairseq_hrt.generation.options import QUANTIZE_CHOICES, DecodingOptions, task_field
@@ -173,6 +174,19 @@ class HRTTranslationTask(TranslationTask):
         compat.patch_interactive_reading()
 
     @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        """fairseq's; an option this task refuses is one line under a command line
+        (:class:`~fairseq_hrt.cli_logging.RefusedOptions`), as are the model's, the criterion's
+        and the decoding's (``build_model``, ``build_criterion``, ``build_generator``)."""
+        install_refusal_hook()
+        with refusals():
+            return super().setup_task(cfg, **kwargs)
+
+    def build_criterion(self, cfg, *args, **kwargs):
+        with refusals():
+            return super().build_criterion(cfg, *args, **kwargs)
+
+    @classmethod
     def load_dictionary(cls, filename):
         return add_hrt_symbols(super().load_dictionary(filename))
 
@@ -182,6 +196,16 @@ class HRTTranslationTask(TranslationTask):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         if self.cfg.distill_data and split == self.cfg.train_subset:
             self.datasets[split] = self._with_distilled_targets(split, self.datasets[split])
+        elif split != self.cfg.train_subset:  # fairseq-generate's (and validation's) sources
+            limit = self.cfg.max_source_positions
+            truncated = truncation.truncate_sources(self.datasets[split], limit, self.source_dictionary.eos())
+            if truncated:
+                logger.warning(
+                    "%s: %d source sentence(s) longer than --max-source-positions %d tokens were truncated",
+                    split,
+                    truncated,
+                    limit,
+                )
 
     def _with_distilled_targets(self, split, pair_dataset):
         """MixDistill: the split with its aligned distilled targets (:mod:`fairseq_hrt.data.mixdistill`)."""
@@ -227,6 +251,10 @@ class HRTTranslationTask(TranslationTask):
     # ------------------------------------------------------------ training
 
     def build_model(self, cfg, from_checkpoint=False):
+        with refusals():
+            return self._build_model(cfg, from_checkpoint)
+
+    def _build_model(self, cfg, from_checkpoint):
         # the model's own configuration (a checkpoint's at decoding time) decides, not the
         # decoding command line's task options
         tie = bool(getattr(cfg, "decoder_tie_layers", False))
@@ -397,7 +425,7 @@ class HRTTranslationTask(TranslationTask):
         truncated = 0
         for i, tokens in enumerate(src_tokens):
             if tokens.numel() > limit:
-                src_tokens[i] = torch.cat([tokens[: limit - 1], tokens.new_tensor([eos])])
+                src_tokens[i] = truncation.truncate(tokens, limit, eos)
                 src_lengths[i] = limit
                 truncated += 1
         if truncated:
@@ -418,12 +446,13 @@ class HRTTranslationTask(TranslationTask):
                 models_, args_, seq_gen_cls, extra_gen_cls_kwargs, **kwargs
             )
 
-        options = DecodingOptions.from_fairseq(self.cfg, args)
-        if kwargs.get("prefix_allowed_tokens_fn") is not None:  # fairseq's hub passes it beside args
-            options = options.replace(
-                sequence_generator_only=(*options.sequence_generator_only, "--prefix-allowed-tokens-fn")
-            )
-        return self.build_decoding(models, options, fairseq_generator)
+        with refusals():
+            options = DecodingOptions.from_fairseq(self.cfg, args)
+            if kwargs.get("prefix_allowed_tokens_fn") is not None:  # fairseq's hub passes it beside args
+                options = options.replace(
+                    sequence_generator_only=(*options.sequence_generator_only, "--prefix-allowed-tokens-fn")
+                )
+            return self.build_decoding(models, options, fairseq_generator)
 
     def build_decoding(self, models, options: DecodingOptions, fairseq_generator=None):
         """The generator of ``options`` for ``models`` (loaded for decoding)."""

@@ -1,0 +1,158 @@
+"""The commands of README.md, docs/*.md and examples/multi30k/README.md, as written: every
+option a command line of a ```bash block gives is one that command's ``--help`` lists (for
+fairseq's commands, with the task, arch and criterion that line names), and every program
+it runs exists."""
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.tiny_runs import USER_DIR, cli_env, run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = ["README.md", "examples/multi30k/README.md", *sorted(str(p.relative_to(REPO)) for p in REPO.glob("docs/*.md"))]
+
+FAIRSEQ = {"fairseq-train": "train", "fairseq-generate": "generate", "fairseq-interactive": "interactive"}
+# the plugin's own programs: how to ask each for its help
+MODULES = {
+    "fairseq-hrt-export": "fairseq_hrt.export.exporter",
+    "fairseq-hrt-shortlist": "fairseq_hrt.shortlist",
+    "fairseq-hrt-comet": "fairseq_hrt.scoring.comet",
+    "hrt-translate": "hrt_runtime.translator",
+    "hrt-serve": "hrt_runtime.serve",
+}
+RUNPY = "import runpy, sys; runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+# the options of a fairseq command line that add other options
+SELECTING = ("--task", "--arch", "--criterion", "--optimizer", "--lr-scheduler", "--bpe", "--tokenizer", "--scoring")
+OPTION = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)")
+
+
+def doc_commands():
+    """``(file, command line)`` of every line of a bash block, continuations joined, comments
+    and the commands around ``&&`` and pipes split off."""
+    for name in DOCS:
+        text = (REPO / name).read_text()
+        for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = re.sub(r"\s#\s.*$", "", line)
+                for part in re.split(r"&&|\|(?!\|)|;", line):
+                    if part.strip():
+                        yield name, part.strip()
+
+
+def program_and_args(command: str):
+    """The program a command line runs (``fairseq-train``, ``python -m M``, ``python FILE``,
+    ``bash FILE``, ``FILE.sh``) and its arguments; ``None`` for other lines (pip, cd, ...)."""
+    command = re.sub(r"\$\([^)]*\)", "X", command)  # $(which fairseq-train)
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    while words and re.match(r"^[A-Z_]+=", words[0]):  # VAR=value before the program
+        words = words[1:]
+    if words[:1] == ["torchrun"]:
+        return None  # README's torchrun line is prose; tests/test_training.py runs it
+    if not words:
+        return None
+    if words[0] in ("python", "python3", ".venv/bin/python") and len(words) > 1:
+        if words[1] == "-m" and len(words) > 2:
+            return ("module", words[2]), words[3:]
+        if words[1].endswith(".py"):
+            return ("file", words[1]), words[2:]
+        return None
+    if words[0] == "bash" and len(words) > 1:
+        return ("file", words[1]), words[2:]
+    if words[0].endswith(".sh"):
+        return ("file", words[0]), words[1:]
+    if words[0] in FAIRSEQ or words[0] in MODULES:
+        return ("program", words[0]), words[1:]
+    return None
+
+
+def help_text(program, args) -> str:
+    kind, name = program
+    if kind == "program" and name in FAIRSEQ:
+        selected = []
+        for flag in SELECTING:
+            if flag in args:
+                selected += [flag, args[args.index(flag) + 1]]
+        return run_cli([FAIRSEQ[name], "--user-dir", USER_DIR, *selected, "--help"]).stdout
+    if kind == "program":
+        name = MODULES[name]
+    if kind in ("program", "module") and not name.startswith("pytest"):
+        if name.startswith(("fairseq_hrt.", "fairseq_cli.")):
+            return run_cli([name, "--help"]).stdout
+        return run_cli(["-c", RUNPY, name, "--help"]).stdout
+    path = REPO / name
+    assert path.exists(), f"{name} does not exist"
+    runner = [sys.executable] if name.endswith(".py") else ["bash"]
+    done = subprocess.run(
+        [*runner, str(path), "--help"], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def test_every_documented_command_line_uses_options_its_help_lists():
+    helps, checked, wrong = {}, 0, []
+    for doc, command in doc_commands():
+        found = program_and_args(command)
+        if found is None or found[0] == ("module", "pytest"):
+            continue
+        program, args = found
+        key = (program, tuple(a for f in SELECTING if f in args for a in (f, args[args.index(f) + 1])))
+        if key not in helps:
+            helps[key] = set(OPTION.findall(help_text(program, args)))
+        given = {a.split("=", 1)[0] for a in args if a.startswith("--")}
+        missing = sorted(given - helps[key] - {"--help"})
+        if missing:
+            wrong.append(f"{doc}: {command}\n    not in its --help: {', '.join(missing)}")
+        checked += 1
+    assert not wrong, "\n".join(wrong)
+    assert checked >= 25, checked
+
+
+@pytest.mark.parametrize("line", [r"fairseq-train d --arch a \ ", "python -m fairseq_hrt.distill --x 1"])
+def test_the_command_parser(line):
+    assert program_and_args(line.rstrip("\\ "))[1][-1] in ("a", "1")
+
+
+def test_the_quickstarts_variable_table_gives_the_scripts_defaults():
+    """examples/multi30k/README.md's table of quickstart.sh's environment variables: each
+    plain default is the script's ``${VAR:-default}``."""
+    script = (REPO / "examples/multi30k/quickstart.sh").read_text()
+    defaults = dict(re.findall(r'^([A-Z_]+)="\$\{\1:-([^$}"]*)\}"', script, re.M))
+    readme = (REPO / "examples/multi30k/README.md").read_text()
+    compared = 0
+    for names, values in re.findall(r"^\| (`[A-Z_]+`(?:, `[A-Z_]+`)*) \| ([^|]*) \|", readme, re.M):
+        names = re.findall(r"`([A-Z_]+)`", names)
+        values = [v.strip().strip("`") for v in values.split(",")] if len(names) > 1 else [values.strip().strip("`")]
+        for name, value in zip(names, values):
+            if defaults.get(name) and " " not in value:
+                assert value == defaults[name], (name, value, defaults[name])
+                compared += 1
+    assert compared >= 10
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_relative_link_of_the_docs_reaches_a_file_and_heading():
+    broken = []
+    for name in DOCS:
+        doc = REPO / name
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", doc.read_text()):
+            if target.startswith(("http:", "https:", "mailto:")):
+                continue
+            path = (doc.parent / target).resolve() if target else doc
+            if not path.exists():
+                broken.append(f"{name}: {target}")
+            elif anchor and anchor not in {_anchor(h) for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}:
+                broken.append(f"{name}: {target}#{anchor}")
+    assert not broken, broken
