@@ -183,6 +183,26 @@ def test_python_api_translates_as_fairseq_interactive(hrt_trained):
         fairseq_hrt.from_pretrained(str(ckpt.parent), checkpoint_file=ckpt.name)
 
 
+def test_python_api_builds_a_generator_once_per_options(hrt_trained, monkeypatch):
+    """fairseq's hub builds a generator on every call; this one builds one per options (an
+    engine's set-up, e.g. onnxruntime's sessions, is paid once), and the same options give the
+    same translations from it."""
+    import fairseq_hrt
+
+    data, ckpt = hrt_trained
+    hub = fairseq_hrt.from_pretrained(str(ckpt.parent), checkpoint_file=ckpt.name, data_name_or_path=str(data.bin_dir))
+    built = []
+    build = hub.task.build_generator
+    monkeypatch.setattr(hub.task, "build_generator", lambda *a, **k: built.append(a[1].beam) or build(*a, **k))
+    lines = ["a man rides a horse .", "two dogs play in the snow .", "a woman sings ."]
+    first = [hub.translate(line, chunk_size=2) for line in lines]
+    assert built == [1]
+    assert hub.translate(lines, chunk_size=2, beam=2, batch_size=1)
+    assert built == [1, 2]
+    assert [hub.translate(line, chunk_size=2) for line in lines] == first
+    assert hub.translate(lines, chunk_size=2) == first and built == [1, 2]
+
+
 def test_python_api_says_what_it_expects(tmp_path):
     """A missing model folder or checkpoint, and input that is not text, get errors that say
     what was expected (not fairseq's TypeError about None)."""
