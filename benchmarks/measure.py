@@ -45,9 +45,9 @@ class System:
 
 
 def read_lines(path, limit=0) -> List[str]:
-    """Input text as every entry point reads it (fairseq_hrt.text_input: bad bytes replaced
+    """Input text as every entry point reads it (hrt_runtime.text_input: bad bytes replaced
     with a warning naming file and line, lines split at \\n only)."""
-    from fairseq_hrt import text_input
+    from hrt_runtime import text_input
 
     lines = text_input.read_lines(path)
     return lines[:limit] if limit else lines
@@ -328,6 +328,9 @@ def parse_ints(text: str) -> List[int]:
 # its name (--engines), an engine-free strategy by its name (--parallel).
 
 
+ROW_NAMES = {"fairseq": "fairseq engine"}  # how a row names an engine: "(fairseq)" would read as fairseq itself
+
+
 def default_engine() -> str:
     from fairseq_hrt.generation.options import DecodingOptions
 
@@ -336,10 +339,8 @@ def default_engine() -> str:
 
 def engine_suffix(engine: str) -> str:
     """A row's name suffix for ``--decoder-engine engine``: none for the default engine
-    (lean), else the engine's name in parentheses (its ``row_name`` where it has one)."""
-    from fairseq_hrt.generation.engines import get_engine
-
-    return "" if engine == default_engine() else f" ({get_engine(engine).row_name or engine})"
+    (lean), else the engine's name in parentheses (its :data:`ROW_NAMES` entry where it has one)."""
+    return "" if engine == default_engine() else f" ({ROW_NAMES.get(engine, engine)})"
 
 
 def engine_suffixes() -> List[str]:

@@ -158,7 +158,7 @@ def _patch_finetune_training_time():
 
 def _buffered_read_repairing_bad_lines(buffered_read):
     """Replace ``fairseq_cli.interactive.buffered_read`` by one that reads through
-    :mod:`fairseq_hrt.text_input`.
+    :mod:`hrt_runtime.text_input`.
 
     Why: fairseq 0.12 reads ``--input`` with ``fileinput`` (strict UTF-8) and stdin with
     Python's own decoding (``surrogateescape`` in a C/C.UTF-8 locale), so one line holding
@@ -171,7 +171,7 @@ def _buffered_read_repairing_bad_lines(buffered_read):
 
     @functools.wraps(buffered_read)
     def wrapper(input, buffer_size):
-        from fairseq_hrt import text_input
+        from hrt_runtime import text_input
 
         buffer = []
         for line in text_input.iter_lines(input):

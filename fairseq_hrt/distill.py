@@ -59,11 +59,11 @@ def select_by_sentence_bleu(candidates: Sequence[str], reference: str) -> int:
 
 
 def read_lines(path: str, errors: str = "replace") -> List[str]:
-    """The lines of ``path`` as every entry point reads input (:mod:`fairseq_hrt.text_input`):
+    """The lines of ``path`` as every entry point reads input (:mod:`hrt_runtime.text_input`):
     bytes that are not valid UTF-8 become U+FFFD (or stop the run, ``errors="strict"``) and
     control characters are handled, with a warning naming the file and line; never a line
     more or less, so the output stays aligned."""
-    from fairseq_hrt import text_input
+    from hrt_runtime import text_input
 
     return text_input.read_lines(path, errors=errors)
 
@@ -207,7 +207,7 @@ def main(argv=None):
     use_cuda = torch.cuda.is_available() and not args.cpu
     if args.fp16 and not use_cuda:
         raise SystemExit("--fp16 needs a GPU")
-    from fairseq_hrt.text_input import InputTextError
+    from hrt_runtime.text_input import InputTextError
 
     try:
         src = read_lines(args.src, args.input_errors)

@@ -397,7 +397,7 @@ def read_binarized(data: str, split: str, source_lang: str, target_lang: str, sr
 
 def read_text(path: str, dictionary, limit: int = 0) -> List[np.ndarray]:
     """Sentences of a tokenised text file (pieces as the model reads them) as id arrays."""
-    from fairseq_hrt import text_input
+    from hrt_runtime import text_input
 
     lines = text_input.read_lines(path)
     if limit:

@@ -1,4 +1,4 @@
-"""Input text is read one way everywhere (fairseq_hrt/text_input.py): bad bytes, control
+"""Input text is read one way everywhere (hrt_runtime/text_input.py): bad bytes, control
 characters, NUL, blank and huge lines, any script. Unit tests of the reader, of its use by
 fairseq-interactive (compat) and the task, and end to end through fairseq-interactive with
 SentencePiece and ``python -m fairseq_hrt.distill`` on a tiny trained model."""
@@ -14,8 +14,9 @@ import pytest
 
 import fairseq_hrt  # noqa: F401  (applies compat)
 from benchmarks.tiny_runs import REPO, USER_DIR, cli_env, make_tiny_spm_data, run_cli, train_args
-from fairseq_hrt import compat, text_input
-from fairseq_hrt.text_input import CONTROL, NUL, REPLACEMENT_CHARACTER, UNDECODABLE, InputTextError
+from fairseq_hrt import compat
+from hrt_runtime import text_input
+from hrt_runtime.text_input import CONTROL, NUL, REPLACEMENT_CHARACTER, UNDECODABLE, InputTextError
 from tests.tiny_data import hyp_lines
 
 MIXED = "Ein Mann 👨‍👩‍👧 läuft — 東京 Москва مرحبا שלום नमस्ते ½ café"

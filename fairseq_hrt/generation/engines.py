@@ -28,7 +28,6 @@ from hrt_runtime.search import SearchConfig
 class DecoderEngine:
     name: str = ""
     summary: str = ""  # one line of --decoder-engine's help
-    row_name: str = ""  # how a benchmark row names it (default: its name)
     supports_shortlist: bool = False
     supports_compile: bool = False
     quantizes_itself: bool = False  # --quantize int8 is the engine's own: the loaded model stays float
@@ -64,11 +63,17 @@ ENGINES: Dict[str, DecoderEngine] = {}
 
 
 def register_engine(name: str):
+    """Register an engine under ``name``. The registry lists the default engine
+    (:class:`DecodingOptions`' ``decoder_engine``) first and the others by name, whatever the
+    order their modules are imported in."""
+
     def register(cls):
         if name in ENGINES and type(ENGINES[name]) is not cls:
             raise ValueError(f"decoder engine {name!r} is already registered")
         cls.name = name
-        ENGINES[name] = cls()
+        engines = {**ENGINES, name: cls()}
+        ENGINES.clear()
+        ENGINES.update(sorted(engines.items(), key=lambda item: (item[0] != DecodingOptions.decoder_engine, item[0])))
         return cls
 
     return register

@@ -8,7 +8,6 @@ import torch
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor
 
-from fairseq_hrt.generation import lean  # noqa: F401  (registers lean first: the default engine leads the choices)
 from fairseq_hrt.generation.engines import DecoderEngine, register_engine
 from fairseq_hrt.generation.options import fairseq_values, with_options
 
@@ -46,7 +45,6 @@ class FairseqEngine(DecoderEngine):
         "fairseq's SequenceGenerator, the same hypotheses as lean (needed for --prefix-size, constraints, "
         "sampling, alignments)"
     )
-    row_name = "fairseq engine"  # "(fairseq)" would read as fairseq itself
 
     def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
         pad = ctx.task.target_dictionary.pad()

@@ -339,7 +339,7 @@ def comet_score(
 
 
 def _read_lines(path: str) -> List[str]:
-    from fairseq_hrt import text_input
+    from hrt_runtime import text_input
 
     return text_input.read_lines(path)
 

@@ -25,7 +25,7 @@ from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from fairseq_hrt import checkpoint_checks, chunking, compat, text_input
+from fairseq_hrt import checkpoint_checks, chunking, compat
 from fairseq_hrt import shortlist as shortlists
 from fairseq_hrt.data import mixdistill
 from fairseq_hrt.generation import hypotheses, strategies
@@ -35,6 +35,7 @@ from fairseq_hrt.generation.quantize import prepare_for_decoding
 from fairseq_hrt.models import ssru_transformer, tied_layers
 from fairseq_hrt.models.kinds import family_of
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
+from hrt_runtime import text_input
 
 logger = logging.getLogger(__name__)
 
@@ -333,7 +334,7 @@ class HRTTranslationTask(TranslationTask):
     def get_interactive_tokens_and_lengths(self, lines, encode_fn):
         """fairseq-interactive: one line that cannot be encoded never ends the session.
 
-        Every line is repaired as :mod:`fairseq_hrt.text_input` repairs input files (a caller
+        Every line is repaired as :mod:`hrt_runtime.text_input` repairs input files (a caller
         may hand over text that did not come through it, e.g. with lone surrogates); a line
         that the tokenizer/BPE still refuses is logged with its number and translated as an
         empty line, so the output keeps one translation per input line.
