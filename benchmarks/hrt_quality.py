@@ -27,9 +27,10 @@ import argparse
 import json
 import logging
 import os
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
+from torch import Tensor
 
 if not __package__:  # python benchmarks/NAME.py (a file): the repository root on sys.path, as -m benchmarks.NAME has it
     import sys
@@ -42,10 +43,11 @@ from benchmarks.measure import build_generator, decode, detok, load, make_batche
 from benchmarks.report_files import write_file  # noqa: E402
 from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
-from fairseq_hrt.generation.hrt_generator import fill_skeletons  # noqa: E402
+from fairseq_hrt.generation.lean import TorchBackend  # noqa: E402
 from fairseq_hrt.generation.search_rules import banned_symbols  # noqa: E402
 from fairseq_hrt.models.kinds import family_of  # noqa: E402
 from fairseq_hrt.scoring.metrics import sacrebleu_score  # noqa: E402
+from hrt_runtime.search import banned_bias_of, fill_masks  # noqa: E402
 
 logger = logging.getLogger("hrt_quality")
 
@@ -77,6 +79,47 @@ def reference_skeletons(ref_tokens: List[torch.Tensor], k: int, pad: int, eos: i
         padded = chunking.pad_to_chunk_multiple(tokens.unsqueeze(0), k, pad, eos)[0]
         out.append(padded[k - 1 :: k])
     return out
+
+
+@torch.no_grad()
+def fill_skeletons(
+    model,
+    skeleton: Tensor,
+    skeleton_scores: Tensor,
+    k: int,
+    encoder_out,
+    banned: Tensor,
+    mask: int,
+    eos: int,
+    pad: int,
+    vocab: Optional[Tensor] = None,
+    refine_fraction: float = 0.0,
+):
+    """Stage II of right-padded skeletons ``(B, M)`` (each ending in ``</s>``) given as
+    tensors, by the one search (:func:`hrt_runtime.search.fill_masks`) over the model's
+    :class:`~fairseq_hrt.generation.lean.TorchBackend`: the oracles of
+    ``benchmarks/hrt_quality.py`` fill the reference's or AT mode's skeleton with it (and
+    ``tests/test_hrt_options.py`` checks the refinement pass with it).
+    ``encoder_out``: fairseq's encoder output, one row per skeleton; ``vocab``: the sorted
+    target ids the masks may take (default all). Returns ``(stage II input as a
+    DecoderSample, tokens, positional_scores, lengths)`` (tokens padded after the first
+    ``</s>``; the sum of ``positional_scores`` is eq. (2) over the kept tokens)."""
+    backend = TorchBackend(model, model.decoder.dictionary, mask=mask)
+    device = skeleton.device
+    rows = backend.rows(None if vocab is None else vocab.cpu().numpy())
+    size = backend.vocab_size if rows.ids is None else rows.ids.size
+    bias = banned_bias_of(banned.tolist(), rows, size)
+    encoded = backend.encoding(encoder_out)
+    tokens, positions, filled, scores, lengths, _ = fill_masks(
+        backend, encoded, skeleton.cpu().numpy(), skeleton_scores.float().cpu().numpy(), k, bias, rows, refine_fraction
+    )
+    sample = chunking.DecoderSample(torch.from_numpy(tokens).to(device), torch.from_numpy(positions).to(device), None)
+    return (
+        sample,
+        torch.from_numpy(filled).to(device),
+        torch.from_numpy(scores).to(device),
+        torch.from_numpy(lengths).to(device),
+    )
 
 
 @torch.no_grad()

@@ -154,9 +154,9 @@ def test_an_engine_registers_and_is_picked_by_name(models, monkeypatch):
     class CountingEngine(LeanEngine):
         supports_shortlist = False
 
-        def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
+        def left_to_right(self, ctx, search, banned):
             calls.append(search.beam)
-            return super().left_to_right(ctx, search, banned, keep_encoder_out)
+            return super().left_to_right(ctx, search, banned)
 
     assert "counting" in engines_module.engine_choices()
     sample = make_sample(task, RAGGED)

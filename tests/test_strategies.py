@@ -6,6 +6,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hrt.generation.hrt_generator import HRTGenerator
 from fairseq_hrt.generation.hypotheses import select_rows
+from fairseq_hrt.generation.lean import TorchBackend
 from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
 from hrt_runtime.search import length_buckets
@@ -103,12 +104,14 @@ def test_select_rows_keeps_per_row_entries(models):
 class FixedSkeletons:
     """A stage I that returns given skeletons (of very different lengths)."""
 
-    def __init__(self, model, skeletons):
-        self.model, self.skeletons = model, skeletons
-        self.last_encoder_out = None
+    last_vocab = None
+
+    def __init__(self, model, skeletons, backend):
+        self.model, self.skeletons, self.backend = model, skeletons, backend
+        self.last_encoded = None
 
     def generate(self, models, sample, bos_token=None):
-        self.last_encoder_out = self.model.encoder(**sample["net_input"])
+        self.last_encoded = self.backend.encoding(self.model.encoder(**sample["net_input"]))
         return self.skeletons
 
 
@@ -130,7 +133,8 @@ def test_stage2_length_buckets_give_the_one_pass_output(models):
         ]
         for pair in lengths
     ]
-    stage1 = FixedSkeletons(model, skeletons)
+    backend = TorchBackend(model, d, task.chunk_start_idx, task.mask_idx)
+    stage1 = FixedSkeletons(model, skeletons, backend)
     sample = make_sample(task, [[1, 2, 3]] * len(lengths))
 
     def decode(bucket_padding):
@@ -145,6 +149,7 @@ def test_stage2_length_buckets_give_the_one_pass_output(models):
             len_penalty=1.0,
             b_nat=2,
             bucket_padding=bucket_padding,
+            backend=backend,
         )
         return gen.generate([model], sample)
 

@@ -6,8 +6,11 @@ An engine declares what it supports (``supports_shortlist``, ``supports_compile`
 generation options), and builds:
 
 * :meth:`DecoderEngine.left_to_right`: a generator with fairseq's
-  ``generate(models, sample, bos_token=...)`` and ``last_encoder_out`` (HRT's stage I and AT
-  mode, AT beam / greedy search);
+  ``generate(models, sample, bos_token=...)`` (AT beam / greedy search, HRT's AT mode);
+  :meth:`DecoderEngine.stage1`: the same, keeping its last batch's encoding for HRT's stage II;
+* :meth:`DecoderEngine.backend`: the engine's backend of the one search over the model, on
+  which :class:`~fairseq_hrt.generation.hrt_generator.HRTGenerator` runs stage II and
+  :class:`~fairseq_hrt.generation.mask_predict.MaskPredictGenerator` Mask-Predict;
 * :meth:`DecoderEngine.two_stage` / :meth:`DecoderEngine.mask_predict`: optionally, HRT's two
   stages or Mask-Predict as one generator of the engine's own backend of the one search
   (:mod:`hrt_runtime.search`).
@@ -41,10 +44,21 @@ class DecoderEngine:
         """Why this engine cannot decode ``model`` (empty: it can)."""
         return []
 
-    def left_to_right(self, ctx, search: SearchConfig, banned: Sequence[int], keep_encoder_out: bool = False):
-        """``keep_encoder_out``: the generator must expose its last batch's encoder output
-        (``last_encoder_out``, for HRT's stage II)."""
+    def left_to_right(self, ctx, search: SearchConfig, banned: Sequence[int]):
+        """A left-to-right generator of ``search`` that never produces ``banned``."""
         raise NotImplementedError
+
+    def stage1(self, ctx, search: SearchConfig, banned: Sequence[int]):
+        """HRT's stage I (or AT mode) for :class:`HRTGenerator`: a :meth:`left_to_right`
+        generator that also keeps its last batch's encoding in :meth:`backend`'s form
+        (``last_encoded``) and its shortlist rows (``last_vocab``, ``None`` without one)."""
+        return self.left_to_right(ctx, search, banned)
+
+    def backend(self, ctx):
+        """The engine's backend of the one search (:mod:`hrt_runtime.search`) over
+        ``ctx.model``, with the task's ``<s_k>`` and ``<mask>``: stage II of
+        :class:`HRTGenerator` and Mask-Predict run on it."""
+        raise NotImplementedError(f"--decoder-engine {self.name} has no backend of the one search")
 
     def mask_predict(self, ctx):
         """The generator of Mask-Predict on this engine (``runs_mask_predict``); the other

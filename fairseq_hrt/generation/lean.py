@@ -134,7 +134,11 @@ class TorchBackend:
     @profiled("hrt.encoder")
     def encode_fairseq(self, net_input) -> TorchEncoded:
         """A fairseq batch's ``net_input`` encoded, the encoder keys/values projected once."""
-        encoder_out = self.model.encoder.forward_torchscript(net_input)
+        return self.encoding(self.model.encoder.forward_torchscript(net_input))
+
+    def encoding(self, encoder_out) -> TorchEncoded:
+        """The encoding of a batch whose encoder output is given (fairseq's
+        ``SequenceGenerator`` as HRT's stage I): its encoder keys/values projected once."""
         return TorchEncoded(encoder_out, self.decoder_pass.encoder(encoder_out))
 
     def stride_of(self, start: int) -> int:
@@ -192,8 +196,7 @@ class LeanSequenceGenerator(SearchGenerator):
     """The one search (:class:`SearchGenerator`) over the model's :class:`TorchBackend`, for one
     model. ``compile``: the steps run ``torch.compile``'s static step (``--compile``);
     ``chunk_start`` / ``mask``: an HRT model's start symbols and ``<mask>`` (HRT's two stages
-    with ``chunk_size``). The last batch's encoder output and encoder keys/values are kept
-    (``last_encoder_out``, ``last_encoder_kv``: :class:`HRTGenerator`'s stage II reuses them)."""
+    with ``chunk_size``)."""
 
     engine = "lean"
 
@@ -214,14 +217,10 @@ class LeanSequenceGenerator(SearchGenerator):
         backend = TorchBackend(model, tgt_dict, chunk_start, mask, temperature, compile)
         super().__init__(backend, tgt_dict, options, banned, shortlist, chunk_size, b_nat)
         self.model = model
-        self.decoder_pass = backend.decoder_pass  # the decoder's one pass (HRT's stage II may share it)
-        self.last_encoder_out = None
-        self.last_encoder_kv = None
+        self.decoder_pass = backend.decoder_pass  # the decoder's one pass
 
     def encode(self, net_input) -> TorchEncoded:
-        encoded = self.backend.encode_fairseq(net_input)
-        self.last_encoder_out, self.last_encoder_kv = encoded.encoder_out, encoded.kv
-        return encoded
+        return self.backend.encode_fairseq(net_input)
 
 
 @register_engine("lean")
@@ -239,7 +238,10 @@ class LeanEngine(DecoderEngine):
     def unsupported(self, options):
         return list(options.sequence_generator_only) + super().unsupported(options)
 
-    def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
+    def backend(self, ctx):
+        return TorchBackend(ctx.model, ctx.task.target_dictionary, ctx.task.chunk_start_idx, ctx.task.mask_idx)
+
+    def left_to_right(self, ctx, search, banned):
         if len(ctx.models) != 1:
             raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
         return LeanSequenceGenerator(

@@ -140,7 +140,7 @@ class OnnxRuntimeEngine(DecoderEngine):
 
         return unsupported(model)
 
-    def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
+    def left_to_right(self, ctx, search, banned):
         if len(ctx.models) != 1:
             raise ValueError("--decoder-engine onnxruntime decodes a single model (no ensembles)")
         return OnnxRuntimeGenerator(ctx, search, banned)

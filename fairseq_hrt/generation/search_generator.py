@@ -23,7 +23,9 @@ class SearchGenerator:
     stages (``chunk_size`` an int, or a function of the source lengths giving each sentence's:
     ``--decode-chunk-size by-length``) with ``b_nat`` skeletons per sentence filled, or
     Mask-Predict (``iterations`` > 0, with ``length_beam``). ``banned``: symbols never generated;
-    ``shortlist``: each batch decodes over its candidates only (kept as ``last_vocab``).
+    ``shortlist``: each batch decodes over its candidates only (kept as ``last_vocab``). The
+    backend's encoding of the last batch is kept as ``last_encoded`` (HRT's stage II of
+    :class:`~fairseq_hrt.generation.hrt_generator.HRTGenerator` reads both).
 
     A subclass sets :attr:`engine` (its ``--decoder-engine`` name) and implements
     :meth:`encode`."""
@@ -55,6 +57,7 @@ class SearchGenerator:
         self.chunk_size, self.b_nat = chunk_size, b_nat
         self.iterations, self.length_beam = iterations, length_beam  # Mask-Predict's I and l
         self.last_vocab: Optional[torch.Tensor] = None
+        self.last_encoded = None
         self.on_iteration = None  # Mask-Predict: called with the first row before and after each pass
         self._stage1: Dict[int, "SearchGenerator"] = {}
 
@@ -85,7 +88,7 @@ class SearchGenerator:
         reject_unsupported_inputs(self.what or f"--decoder-engine {self.engine}", **kwargs)
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
-        encoded = self.encode(net_input)
+        encoded = self.last_encoded = self.encode(net_input)
         width = src_tokens.size(1)
         if self.iterations:
             found = search.mask_predict(
