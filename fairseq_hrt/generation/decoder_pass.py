@@ -285,13 +285,20 @@ def compile_step(step_function):
     """``torch.compile`` of a step function of static shapes (dynamic dimensions, so batches
     of other sizes reuse the graph). The default mode on every device: CUDA-graph capture
     (``reduce-overhead``) would also need the caches at static addresses and the logits read
-    before the next replay, which no GPU has verified here yet."""
-    import torch._dynamo
+    before the next replay, which no GPU has verified here yet. Its calls (where dynamo
+    compiles) run with a recompile limit of at least :data:`COMPILED_GRAPHS_LIMIT`; the
+    process's own setting is left as it is for every other compiled function."""
+    import torch._dynamo  # noqa: PLC0415 - optional: torch.compile only where --compile asks for it
 
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # renamed in torch 2.7
-    setattr(config, name, max(getattr(config, name), COMPILED_GRAPHS_LIMIT))
-    return torch.compile(step_function, dynamic=True)
+    compiled = torch.compile(step_function, dynamic=True)
+
+    def step(*args):
+        with config.patch(**{name: max(getattr(config, name), COMPILED_GRAPHS_LIMIT)}):
+            return compiled(*args)
+
+    return step
 
 
 # ------------------------------------------------------------------------------ state
