@@ -474,15 +474,21 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         "opset": OPSET,
         "exported_with": {"torch": torch.__version__},
     }
+    _finish(tmp, out_dir, config)
+    logger.info("exported %s model (%s) to %s", kind, ", ".join(files.values()), out_dir)
+    return config
+
+
+def _finish(tmp: str, out_dir: str, config: Dict) -> None:
+    """An export written in ``tmp`` (:func:`_temporary_folder`) made ``out_dir``'s: its files
+    recorded in ``config`` (:func:`record_files`), config.json written, and the files moved in,
+    config.json last, so the folder appears whole or not at all."""
     record_files(tmp, config)
     with open(os.path.join(tmp, CONFIG), "w") as f:
         json.dump(config, f, indent=1)
-    # the folder appears whole or not at all: files move in, config.json last
     for name in sorted(os.listdir(tmp), key=lambda n: n == CONFIG):
         os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
     os.rmdir(tmp)
-    logger.info("exported %s model (%s) to %s", kind, ", ".join(files.values()), out_dir)
-    return config
 
 
 def record_files(folder: str, config: Dict) -> None:
@@ -536,12 +542,7 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
             shutil.copyfile(source, os.path.join(tmp, name))
     share_weights(tmp, sorted(graphs))
     config = dict(config, int8=True)
-    record_files(tmp, config)  # the int8 graphs' and weights' own sizes and checksums
-    with open(os.path.join(tmp, CONFIG), "w") as f:
-        json.dump(config, f, indent=1)
-    for name in sorted(os.listdir(tmp), key=lambda n: n == CONFIG):
-        os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
-    os.rmdir(tmp)
+    _finish(tmp, out_dir, config)  # the int8 graphs' and weights' own sizes and checksums
     return config
 
 
