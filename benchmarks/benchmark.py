@@ -87,6 +87,7 @@ from benchmarks.measure import (  # noqa: E402,F401  (the pure parts are part of
     CT2_FAMILY,
     Context,
     System,
+    add_data_arguments,
     cuda_sync,
     engine_suffixes,
     family_of,
@@ -539,12 +540,7 @@ def run(args) -> dict:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("data")
-    g.add_argument("--data", required=True, help="binarized data dir (the models' dictionaries)")
-    g.add_argument("--src", required=True, help="test source as the models read it (SentencePiece pieces)")
-    g.add_argument("--raw-src", required=True, help="raw test source (words counted here; COMET input)")
-    g.add_argument("--raw-ref", required=True, help="raw test reference (sacreBLEU, COMET)")
-    g.add_argument("--spm", required=True, help="SentencePiece model, to detokenise hypotheses")
-    g.add_argument("--max-sentences", type=int, default=0, help="use the first N test sentences (0 = all)")
+    add_data_arguments(g)
     g = p.add_argument_group("systems (a family is skipped when its checkpoint is not given)")
     g.add_argument("--at", help="AT checkpoint (fairseq transformer / at_* arch)")
     g.add_argument("--at-beams", default="1,5", help="AT beam sizes; beam 1 = AT greedy, the speed baseline")

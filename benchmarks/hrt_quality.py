@@ -39,7 +39,15 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 
 from fairseq.data import data_utils  # noqa: E402
 
-from benchmarks.measure import build_generator, decode, detok, load, make_batches, read_lines  # noqa: E402
+from benchmarks.measure import (  # noqa: E402
+    add_data_arguments,
+    build_generator,
+    decode,
+    detok,
+    load,
+    make_batches,
+    read_lines,
+)
 from benchmarks.report_files import write_file  # noqa: E402
 from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
@@ -236,16 +244,11 @@ def run(args) -> dict:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="binarized data dir (the model's dictionaries)")
+    add_data_arguments(p)
     p.add_argument("--path", required=True, help="HRT (or AT) checkpoint")
-    p.add_argument("--src", required=True, help="test source as the model reads it (SentencePiece pieces)")
     p.add_argument("--ref-pieces", required=True, help="test reference as SentencePiece pieces (stage-II oracle)")
-    p.add_argument("--raw-src", required=True, help="raw test source (length buckets)")
-    p.add_argument("--raw-ref", required=True, help="raw test reference (sacreBLEU)")
-    p.add_argument("--spm", required=True, help="SentencePiece model, to detokenise hypotheses")
     p.add_argument("--chunk-size", type=int, default=2, help="HRT chunk size k (trained by the model)")
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--max-sentences", type=int, default=0, help="use the first N sentences (0 = all)")
     p.add_argument("--max-len-b", type=int, default=200, help="L, the maximum target length")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cpu", action="store_true")

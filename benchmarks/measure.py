@@ -44,6 +44,21 @@ class System:
 # --------------------------------------------------------------------------- text and models
 
 
+def add_data_arguments(parser, data_help: str = "binarized data dir (the models' dictionaries)", max_sentences=True):
+    """The test-data flags of the measuring scripts (``benchmark.py``, ``hrt_quality.py``,
+    ``shortlist_sweep.py``): ``--data``, ``--src``, ``--raw-src``, ``--raw-ref``, ``--spm`` and
+    (``max_sentences``) ``--max-sentences``."""
+    parser.add_argument("--data", required=True, help=data_help)
+    parser.add_argument("--src", required=True, help="test source as the models read it (SentencePiece pieces)")
+    parser.add_argument(
+        "--raw-src", required=True, help="raw test source (words counted here; length buckets; COMET input)"
+    )
+    parser.add_argument("--raw-ref", required=True, help="raw test reference (sacreBLEU, COMET)")
+    parser.add_argument("--spm", required=True, help="SentencePiece model, to detokenise hypotheses")
+    if max_sentences:
+        parser.add_argument("--max-sentences", type=int, default=0, help="use the first N test sentences (0 = all)")
+
+
 def read_lines(path, limit=0) -> List[str]:
     """Input text as every entry point reads it (hrt_runtime.text_input: bad bytes replaced
     with a warning naming file and line, lines split at \\n only)."""

@@ -35,7 +35,7 @@ import torch
 from fairseq_hrt.generation.search_generator import SearchGenerator
 from fairseq_hrt.generation.strategies import DecodingContext, DecodingStrategy, register_decoding
 from fairseq_hrt.models.kinds import family_of
-from hrt_runtime.search import SearchConfig
+from hrt_runtime.search import SearchConfig, check_mask_predict
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +77,7 @@ class MaskPredictGenerator(SearchGenerator):
             raise ValueError("Mask-Predict decoding supports a single model (no ensembles)")
         if not family_of(models[0]).length_predictor:
             raise ValueError("Mask-Predict decoding needs a model with a length predictor (--arch cmlm_*)")
-        if iterations < 1:
-            raise ValueError(f"--iter-decode-max-iter (Mask-Predict's I) must be >= 1, got {iterations}")
-        if length_beam < 1:
-            raise ValueError(f"--iter-decode-with-beam (Mask-Predict's length beam l) must be >= 1, got {length_beam}")
+        check_mask_predict(iterations, length_beam)
         self.model = models[0]
         super().__init__(
             backend,
