@@ -37,9 +37,8 @@ def test_one_pass_and_one_plan_per_decoder(random_models):
     _, spec = build_generator(data_dir, hrt, "--decoding", "hrt-spec", "--beam", "1")
     _, two_stage = build_generator(data_dir, hrt, "--decode-chunk-size", "2", "--beam", "2")
     assert isinstance(spec, ParallelGreedyGenerator) and isinstance(spec.drafter, NATDrafter)
-    stage1 = two_stage.stage1(2)
-    assert isinstance(stage1, LeanSequenceGenerator)
-    passes = [spec.decoder_pass, spec.drafter.decoder_pass, stage1.decoder_pass, two_stage.backend.decoder_pass]
+    assert isinstance(two_stage, LeanSequenceGenerator)  # stage I and II on its backend
+    passes = [spec.decoder_pass, spec.drafter.decoder_pass, two_stage.decoder_pass, two_stage.backend.decoder_pass]
     assert all(p is the_pass for p in passes)
     sample = make_sample(task, RAGGED[:6])
     plan = the_pass.plan()

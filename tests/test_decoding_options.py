@@ -15,7 +15,7 @@ from fairseq_hrt.generation.lean import LeanEngine
 from fairseq_hrt.generation.options import DecodingOptions
 from fairseq_hrt.generation.quantize import is_quantized
 from fairseq_hrt.generation.search_rules import SearchRules, banned_symbols
-from fairseq_hrt.models.kinds import AT, HRT, MASK_PREDICT, model_kind
+from fairseq_hrt.models.kinds import AT, HRT, MASK_PREDICT, family_of
 from hrt_runtime.model import OutputRows
 from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample
@@ -104,7 +104,7 @@ def test_model_kinds_and_their_banned_symbols(models):
     _, built = models
     task, hrt = built["hrt_tiny"]
     d = task.target_dictionary
-    kinds = {arch: model_kind(m) for arch, (_, m) in built.items()}
+    kinds = {arch: family_of(m).kind for arch, (_, m) in built.items()}
     assert kinds == {"hrt_tiny": HRT, "at_tiny": AT, "cmlm_tiny": MASK_PREDICT}
     specials = {task.mask_idx, d.bos(), *task.chunk_start_idx.values()}
     assert set(banned_symbols(task, built["at_tiny"][1])) == {d.pad()}

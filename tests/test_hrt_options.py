@@ -8,6 +8,7 @@ import torch
 from benchmarks.hrt_quality import fill_skeletons
 from fairseq_hrt import chunking
 from fairseq_hrt.generation.hrt_generator import HRTGenerator, at_mode_scores
+from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from fairseq_hrt.generation.search_rules import banned_symbols
 from hrt_runtime.search import refine_counts
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
@@ -52,7 +53,8 @@ def test_refine_counts_round_up():
 
 def _skeletons(task, model, data_dir):
     gen, hypos = decode(data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1")
-    stage1 = gen.stage1(2).generate([model], make_sample(task, SENTENCES), bos_token=task.chunk_start_idx[2])
+    stage1 = LeanSequenceGenerator(model, task.target_dictionary, gen.options.for_chunk_size(2), gen.banned)
+    stage1 = stage1.generate([model], make_sample(task, SENTENCES), bos_token=task.chunk_start_idx[2])
     return [h[0]["tokens"] for h in stage1]
 
 

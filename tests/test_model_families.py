@@ -15,7 +15,7 @@ from fairseq_hrt.generation.options import DecodingOptions, fairseq_values, sear
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES, DecodingStrategy, register_decoding
 from fairseq_hrt.models.cmlm_transformer import CMLMTransformerModel
 from fairseq_hrt.models.hrt_transformer import HRTTransformerModel
-from fairseq_hrt.models.kinds import AT, FAMILIES, HRT, MASK_PREDICT, family_of, model_kind
+from fairseq_hrt.models.kinds import AT, FAMILIES, HRT, MASK_PREDICT, family_of
 from fairseq_hrt.models.ssru_transformer import SSRUTransformerModel
 from fairseq_hrt.tasks.hrt_translation import HRTTranslationConfig
 from hrt_runtime.search import SearchConfig
@@ -52,7 +52,7 @@ def test_an_undeclared_model_is_refused_by_name_never_taken_for_at(models):
 
     at.__class__ = MyTransformer
     try:
-        for ask in (family_of, model_kind):
+        for ask in (family_of, lambda model: family_of(model).kind):
             with pytest.raises(ValueError, match="MyTransformer is not a model family of fairseq-hrt"):
                 ask(at)
         with pytest.raises(ValueError, match="MyTransformer is not a model family"):

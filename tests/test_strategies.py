@@ -49,7 +49,7 @@ def test_lean_is_the_default_engine(models):
     _, gen = build_generator(data_dir, by_arch["at_tiny"])
     assert isinstance(gen, LeanSequenceGenerator)
     _, gen = build_generator(data_dir, by_arch["hrt_tiny"], "--decode-chunk-size", "2")
-    assert isinstance(gen.stage1(2), LeanSequenceGenerator)
+    assert isinstance(gen, LeanSequenceGenerator) and gen.chunk_size == 2  # both stages on lean
 
 
 def test_beam_on_hrt_model_is_at_mode(models):

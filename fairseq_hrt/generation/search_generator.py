@@ -59,22 +59,10 @@ class SearchGenerator:
         self.last_vocab: Optional[torch.Tensor] = None
         self.last_encoded = None
         self.on_iteration = None  # Mask-Predict: called with the first row before and after each pass
-        self._stage1: Dict[int, "SearchGenerator"] = {}
 
     def encode(self, net_input):
         """The backend's encoding of a fairseq batch (``length_lprobs`` set for Mask-Predict)."""
         raise NotImplementedError
-
-    def stage1(self, k: int) -> "SearchGenerator":
-        """The left-to-right generator of HRT's stage I at chunk size ``k`` (at most ``L / k``
-        steps, from ``<s_k>`` given as ``bos_token``), on the same backend."""
-        if k not in self._stage1:
-            stage1 = type(self).__new__(type(self))
-            stage1.__dict__.update(self.__dict__)
-            stage1.options = self.options.for_chunk_size(k)
-            stage1.chunk_size, stage1._stage1 = None, {}
-            self._stage1[k] = stage1
-        return self._stage1[k]
 
     def rows_of(self, src_tokens):
         """The output rows of a batch: all, or its shortlist candidates (kept as ``last_vocab``)."""
