@@ -81,6 +81,11 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import fairseq  # noqa: E402
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
 from benchmarks import ct2_reference  # noqa: E402
 from benchmarks.measure import (  # noqa: E402,F401  (the pure parts are part of this script's interface)
     BASELINE,
@@ -102,6 +107,8 @@ from benchmarks.measure import (  # noqa: E402,F401  (the pure parts are part of
 from benchmarks.report_files import write_file, write_files  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
+from fairseq_hrt.scoring.comet import CometUnavailable, comet_score, resolve_comet_model  # noqa: E402
+from fairseq_hrt.scoring.metrics import sacrebleu_score, source_words  # noqa: E402
 
 logger = logging.getLogger("benchmark")
 
@@ -273,10 +280,10 @@ def pareto_png(report: dict) -> bytes:
 def pareto_plot(report: dict, path):
     """BLEU vs words/s, one panel per batch size, Pareto front as a dashed line (``path``: a
     file name or a binary file object)."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - optional: matplotlib, for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - optional: matplotlib, for plots
 
     bss = [str(b) for b in report["meta"]["batch_sizes"]]
     systems = report["systems"]
@@ -348,8 +355,6 @@ def cpu_name() -> str:
 
 def comet_for(systems: List[System], raw_src, refs, hyps, args) -> dict:
     """Score every system with a local COMET model, or say why COMET is not available."""
-    from fairseq_hrt.scoring.comet import CometUnavailable, comet_score, resolve_comet_model
-
     try:
         model = resolve_comet_model(args.comet_model)
         for s in systems:
@@ -365,13 +370,6 @@ def comet_for(systems: List[System], raw_src, refs, hyps, args) -> dict:
 
 
 def run(args) -> dict:
-    import fairseq
-    import torch
-    from tqdm import tqdm
-
-    import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
-    from fairseq_hrt.scoring.metrics import sacrebleu_score, source_words
-
     torch.set_num_threads(args.threads)
     use_cuda = torch.cuda.is_available() and not args.cpu
     if args.fp16 and not use_cuda:

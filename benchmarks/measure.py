@@ -13,9 +13,23 @@ import logging
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import sentencepiece as spm
 import torch
+from fairseq import checkpoint_utils, utils
+from fairseq.dataclass.configs import GenerationConfig
+from fairseq.models.transformer import TransformerModel
 
+import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
+from benchmarks import ct2_reference
 from benchmarks.timing import time_runs
+from fairseq_hrt.generation.engines import ENGINES, engine_choices, get_engine
+from fairseq_hrt.generation.jacobi import JACOBI_METHODS, SPEC_METHOD
+from fairseq_hrt.generation.options import DecodingOptions, task_defaults
+from fairseq_hrt.generation.quantize import engine_quantizes_itself, prepare_for_decoding
+from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
+from fairseq_hrt.models.hrt_transformer import HRTTransformerModel
+from hrt_runtime import text_input
+from hrt_runtime.search import SearchConfig
 
 logger = logging.getLogger("measure")
 
@@ -62,18 +76,12 @@ def add_data_arguments(parser, data_help: str = "binarized data dir (the models'
 def read_lines(path, limit=0) -> List[str]:
     """Input text as every entry point reads it (hrt_runtime.text_input: bad bytes replaced
     with a warning naming file and line, lines split at \\n only)."""
-    from hrt_runtime import text_input
-
     lines = text_input.read_lines(path)
     return lines[:limit] if limit else lines
 
 
 def load(path, data, use_cuda=False, fp16=False):
     """``(model, task)`` of one checkpoint, in eval mode, with ``data``'s dictionaries."""
-    from fairseq import checkpoint_utils
-
-    import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
-
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
     model = models[0]
     model.eval()
@@ -87,8 +95,6 @@ def load(path, data, use_cuda=False, fp16=False):
 def make_batches(task, model, lines: List[str], batch_size: int, use_cuda: bool):
     """fairseq's inference batches (length-sorted, as fairseq-generate makes them) of
     SentencePiece-piece lines."""
-    from fairseq import utils
-
     d = task.source_dictionary
     tokens = [d.encode_line(line, add_if_not_exist=False).long() for line in lines]
     dataset = task.build_dataset_for_inference(tokens, [t.numel() for t in tokens])
@@ -107,10 +113,6 @@ def build_generator(task, model, gen_args: dict, options: dict):
     ``decode_chunk_size``, ``shortlist``, ...), passed down as data; the task and the model are
     not changed, so one loaded model serves many rows (``quantize="int8"`` rows load their own
     quantized copy, :meth:`Context.model`)."""
-    from fairseq.dataclass.configs import GenerationConfig
-
-    from fairseq_hrt.generation.options import DecodingOptions
-
     decoding = DecodingOptions.from_fairseq(task.cfg, GenerationConfig(**gen_args)).replace(**options)
     return task.build_decoding([model], decoding)
 
@@ -139,8 +141,6 @@ def decode(task, model, generator, batches, use_cuda=False) -> Tuple[Dict[int, t
 
 
 def sentencepiece(spm_model: str):
-    import sentencepiece as spm
-
     return spm.SentencePieceProcessor(model_file=spm_model)
 
 
@@ -180,8 +180,6 @@ class Context:
         """The checkpoint loaded as ``--decoder-engine engine --quantize quantize`` loads it: an
         int8 copy for the PyTorch engines, the float model for an engine that quantizes its own
         graphs (ONNX Runtime)."""
-        from fairseq_hrt.generation.quantize import engine_quantizes_itself, prepare_for_decoding
-
         if engine_quantizes_itself(engine):
             quantize = "none"
         key = (checkpoint, quantize)
@@ -276,8 +274,6 @@ class CT2Runner(Runner):
     source token and the same frequent tokens as the lean and ONNX Runtime "+shortlist" rows."""
 
     def __init__(self, system: System, ctx: Context, translators: dict):
-        from benchmarks import ct2_reference
-
         self.system, self.ctx, self.ct2 = system, ctx, ct2_reference
         _, task = ctx.model(system.checkpoint)
         shortlist = system.decoding.get("shortlist")
@@ -347,8 +343,6 @@ ROW_NAMES = {"fairseq": "fairseq engine"}  # how a row names an engine: "(fairse
 
 
 def default_engine() -> str:
-    from fairseq_hrt.generation.options import DecodingOptions
-
     return DecodingOptions.decoder_engine
 
 
@@ -360,14 +354,10 @@ def engine_suffix(engine: str) -> str:
 
 def engine_suffixes() -> List[str]:
     """The suffixes of every registered engine but the default."""
-    from fairseq_hrt.generation.engines import engine_choices
-
     return [engine_suffix(e) for e in engine_choices() if e != default_engine()]
 
 
 def parse_engines(text: str) -> List[str]:
-    from fairseq_hrt.generation.engines import engine_choices
-
     engines = [e.strip() for e in str(text).split(",") if e.strip()]
     bad = [e for e in engines if e not in engine_choices()]
     if bad or not engines:
@@ -379,24 +369,17 @@ def int8_engines(engines: Sequence[str]) -> List[str]:
     """The engines of ``engines`` with an int8 row each (``--int8``): every engine that quantizes
     its own graphs (``quantizes_itself``: onnxruntime), and the default engine for PyTorch's
     dynamic quantization, which the other engines decode alike (one row of it is enough)."""
-    from fairseq_hrt.generation.engines import get_engine
-
     return [e for e in engines if get_engine(e).quantizes_itself or e == default_engine()] or [default_engine()]
 
 
 def compiled_engines(engines: Sequence[str]) -> List[str]:
     """The engines of ``engines`` that compile their step (``supports_compile``), else the default."""
-    from fairseq_hrt.generation.engines import get_engine
-
     return [e for e in engines if get_engine(e).supports_compile] or [default_engine()]
 
 
 def parallel_methods() -> List[str]:
     """The strategies that decode with their own passes, on no engine (Jacobi decoding,
     hrt-spec): a row each, not one per engine."""
-    from fairseq_hrt.generation.engines import ENGINES
-    from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
-
     return [n for n, s in DECODING_STRATEGIES.items() if not any(s.uses_engine(e) for e in ENGINES.values())]
 
 
@@ -404,25 +387,18 @@ def row_defaults() -> dict:
     """What a row decodes with where it says nothing: every task option of decoding at its
     default (a row states its whole decoding, whatever the checkpoint's saved task options
     are), AT mode for HRT checkpoints (chunk size 1) unless the row says otherwise."""
-    from fairseq_hrt.generation.options import task_defaults
-
     return dict(task_defaults(), decode_chunk_size=1)
 
 
 def engine_supports_shortlist(engine: str) -> bool:
     """Whether ``--decoder-engine engine`` restricts the output layer to a shortlist (the
     engine registry says: lean and onnxruntime)."""
-    from fairseq_hrt.generation.engines import get_engine
-
     return get_engine(engine).supports_shortlist
 
 
 def engine_refuses(engine: str, decoding: dict) -> List[str]:
     """The options of a row's ``decoding`` that ``--decoder-engine engine`` cannot honour
     (e.g. HRT's stage-II options in ONNX Runtime), as the engine names them; empty: none."""
-    from fairseq_hrt.generation.engines import get_engine
-    from fairseq_hrt.generation.options import DecodingOptions
-
     options = dict(row_defaults(), **dict(decoding, decoder_engine=engine))
     options["decode_chunk_size"] = str(options["decode_chunk_size"])
     return list(get_engine(engine).unsupported(DecodingOptions().replace(**options)))
@@ -548,8 +524,6 @@ class _FairseqFamily(Family):
         Runtime: HRT's stage-II options of ``--hrt-options`` rows) or a checkpoint it cannot
         take (``DecoderEngine.unsupported_model``; ONNX Runtime: one the exporter refuses);
         None: it can."""
-        from fairseq_hrt.generation.engines import get_engine
-
         engine = system.decoding.get("decoder_engine")
         if not self.engine_rows or engine is None:
             return None
@@ -623,7 +597,6 @@ class CT2Family(Family):
         decoder layers): its reason, so the report says why there is no CTranslate2 row."""
         if not args.at or getattr(args, "ctranslate2", "auto") == "no":
             return None
-        from benchmarks import ct2_reference
 
         return ct2_reference.unsupported_checkpoint_reason(args.at)
 
@@ -672,9 +645,6 @@ class HRTFamily(_FairseqFamily):
 def parse_row_options(items: List[str]) -> Dict[str, dict]:
     """``NAME:OPTION=VALUE,OPTION=VALUE`` rows (decoding options by their one name, e.g.
     ``refine20:hrt_refine_fraction=0.2`` or ``rescore:hrt_rescore=true,beam=5,b_nat=5``)."""
-    from fairseq_hrt.generation.options import DecodingOptions
-    from hrt_runtime.search import SearchConfig
-
     known = set(DecodingOptions.__dataclass_fields__) | set(SearchConfig.__dataclass_fields__)
     rows = {}
     for item in items:
@@ -750,12 +720,6 @@ class ParallelFamily(_FairseqFamily):
     name = "parallel"
 
     def systems(self, args):
-        from fairseq.models.transformer import TransformerModel
-
-        from fairseq_hrt.generation.jacobi import JACOBI_METHODS, SPEC_METHOD
-        from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
-        from fairseq_hrt.models.hrt_transformer import HRTTransformerModel
-
         methods = [m.strip() for m in str(getattr(args, "parallel", "")).split(",") if m.strip()]
         known = parallel_methods()
         bad = [m for m in methods if m not in known]

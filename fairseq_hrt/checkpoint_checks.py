@@ -10,6 +10,7 @@
 import logging
 from typing import Dict, Sequence
 
+from fairseq_hrt.models.hrt_transformer import HRTTransformerModel, check_dictionary_compatible
 from fairseq_hrt.symbols import dictionary_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -56,8 +57,6 @@ def check_dictionary_when_loading(model):
     into one failed with "size mismatch for decoder.output_projection.weight ... please ensure
     that the architectures match", which points at the architecture. Check the dictionary
     first, as HRT and CMLM models do in their ``load_state_dict`` (one message for all)."""
-    from fairseq_hrt.models.hrt_transformer import HRTTransformerModel, check_dictionary_compatible
-
     if isinstance(model, HRTTransformerModel) or getattr(
         model.load_state_dict, "__fairseq_hrt_dictionary_check__", False
     ):

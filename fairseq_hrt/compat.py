@@ -9,6 +9,7 @@ Every fix states the breakage it works around; each has a test in ``tests/test_c
 import functools
 import glob
 import inspect
+import logging
 import os
 import pickle
 import shutil
@@ -17,7 +18,13 @@ import time
 import types
 import zipfile
 
+import fairseq.checkpoint_utils as checkpoint_utils
+import fairseq.distributed.utils as distributed_utils
+import fairseq.trainer as trainer
 import torch
+from fairseq.trainer import Trainer
+
+from hrt_runtime import text_input
 
 
 def _load_trusting_fairseq_pickles(torch_load):
@@ -58,9 +65,6 @@ class _TorchProxy(types.ModuleType):
 
 
 def _patch_checkpoint_loading():
-    import fairseq.checkpoint_utils as checkpoint_utils
-    import fairseq.distributed.utils as distributed_utils
-
     # checkpoint_utils: load_checkpoint_to_cpu (train/generate/interactive/hub) and
     # torch_persistent_save's verification; distributed.utils: broadcast_object, used to
     # share the restored trainer state between ranks.
@@ -87,8 +91,6 @@ def _patch_fp16_overflow_on_cpu():
     ``grad_norm = torch.tensor(0.0).cuda()``, which crashes without CUDA ("Torch not compiled
     with CUDA enabled"), so fp16 training on CPU died at its first overflow. That is the only
     ``torch.tensor`` call in fairseq/trainer.py; on CPU it now stays on the CPU."""
-    import fairseq.trainer as trainer
-
     _wrap_once(trainer, "torch", lambda _: _TorchProxy(tensor=_tensor_with_optional_cuda))
 
 
@@ -146,8 +148,6 @@ def _load_checkpoint_restarting_the_clock(load_checkpoint):
 
 
 def _patch_finetune_training_time():
-    from fairseq.trainer import Trainer
-
     _expect_parameters(
         Trainer.load_checkpoint,
         ["self", "filename", "reset_optimizer", "reset_lr_scheduler", "optimizer_overrides", "reset_meters"],
@@ -171,8 +171,6 @@ def _buffered_read_repairing_bad_lines(buffered_read):
 
     @functools.wraps(buffered_read)
     def wrapper(input, buffer_size):
-        from hrt_runtime import text_input
-
         buffer = []
         for line in text_input.iter_lines(input):
             buffer.append(line.strip())
@@ -237,8 +235,6 @@ def _train_stopping_when_finished(train):
         max_update = cfg.optimization.max_update or 0
         num_updates = trainer.get_num_updates()
         if 0 < max_update <= num_updates:
-            import logging
-
             logging.getLogger("fairseq_cli.train").info(
                 "training is already finished: the checkpoint restored from %s is at update %d, --max-update is %d; "
                 "nothing to train and no checkpoint written (raise --max-update to train on)",
@@ -291,8 +287,6 @@ def _load_checkpoint_patching_the_loop(load_checkpoint):
 
 
 def _patch_finished_runs():
-    import fairseq.checkpoint_utils as checkpoint_utils
-
     patch_training_loop()
     _wrap_once(checkpoint_utils, "load_checkpoint", _load_checkpoint_patching_the_loop)
 
@@ -478,9 +472,6 @@ def _save_checkpoint_cleaning_up_on_failure(save_checkpoint):
 
 
 def _patch_checkpoint_files():
-    import fairseq.checkpoint_utils as checkpoint_utils
-    from fairseq.trainer import Trainer
-
     _wrap_once(checkpoint_utils, "PathManager", _PathManagerProxy)
     _wrap_once(checkpoint_utils, "load_checkpoint_to_cpu", _load_checkpoint_explaining_corruption)
     _expect_parameters(Trainer.save_checkpoint, ["self", "filename", "extra_state"], "Trainer.save_checkpoint")

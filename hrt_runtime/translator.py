@@ -7,15 +7,18 @@ the model's source positions truncated (with a warning), empty lines translated 
 lines, batches left-padded.
 """
 
+import argparse
 import itertools
 import logging
 import math
 import os
+import sys
 import threading
 from dataclasses import dataclass, replace
 from typing import Iterable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
+import sentencepiece
 
 from hrt_runtime.families import DESCRIPTION, HRT, MASK_PREDICT
 from hrt_runtime.model import ExportedModel
@@ -125,8 +128,6 @@ class Translator:
         self.source_index = {s: i for i, s in enumerate(self.source_symbols)}
         self.spm = None
         if config.get("sentencepiece_model"):
-            import sentencepiece
-
             self.spm = sentencepiece.SentencePieceProcessor(
                 model_file=os.path.join(folder, config["sentencepiece_model"])
             )
@@ -411,9 +412,6 @@ class Translator:
 
 
 def cli_main(argv=None):
-    import argparse
-    import sys
-
     p = argparse.ArgumentParser(
         prog="hrt-translate",
         description="Translate raw text (stdin or --input, one sentence "

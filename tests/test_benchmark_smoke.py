@@ -17,10 +17,18 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
+from fairseq.data import Dictionary
 
-from benchmarks import benchmark
+from benchmarks import benchmark, ct2_reference, measure, time_split
 from benchmarks.tiny_runs import REPO, SHARED_MULTI30K, corpus_source, default_prefer, write_lines, write_raw_corpus
+from fairseq_hrt import shortlist as sl
 from fairseq_hrt.distill import select_by_sentence_bleu, sentence_bleu_scores
+from fairseq_hrt.generation.quantize import is_quantized, quantize_int8
+from fairseq_hrt.shortlist import Shortlist
+from fairseq_hrt.symbols import dictionary_fingerprint, hrt_symbols
+from tests.comet_tiny import build_tiny_comet
+from tests.hrt_fixtures import build_task_and_model
 
 HAVE_CT2 = importlib.util.find_spec("ctranslate2") is not None
 AT_SYSTEMS = ["AT greedy", "AT beam 5"]
@@ -273,9 +281,6 @@ def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
     """ONNX Runtime rows of options it does not honour (stage-II options) or of a checkpoint
     it cannot export (a model quantized by PyTorch) are refused with the reason; the benchmark
     leaves them out and lists them as skipped."""
-    from fairseq_hrt.generation.quantize import quantize_int8
-    from tests.hrt_fixtures import build_task_and_model
-
     (tmp_path / "hrt").mkdir()
     task, hrt = build_task_and_model(str(tmp_path / "hrt"), arch="hrt_tiny")
     args = SimpleNamespace(
@@ -312,12 +317,6 @@ def test_ctranslate2_vocabulary_map_of_a_shortlist():
     """vmap.txt: the always-on targets under an empty source (with those of </s>, which
     fairseq appends to every source), then each source token with targets; padding is no
     source; targets spelled as CTranslate2 spells them (<blank> for <pad>)."""
-    import torch
-    from fairseq.data import Dictionary
-
-    from benchmarks import ct2_reference
-    from fairseq_hrt.shortlist import Shortlist
-
     d = Dictionary()
     for word in ("a", "b", "c", "x", "y", "z"):
         d.add_symbol(word)
@@ -572,7 +571,6 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(ti
     """COMET's real plumbing (a tiny random COMET model built offline, tests/comet_tiny.py):
     with a local model every system gets a score; families without a checkpoint are listed."""
     pytest.importorskip("comet")
-    from tests.comet_tiny import build_tiny_comet
 
     out, _, _ = tiny_run
     ckpt = build_tiny_comet(tmp_path / "comet")
@@ -634,11 +632,6 @@ def restrictive_shortlist(data_bin: Path, path: Path, per_source=2, seed=0):
     (what an undertrained model repeats), and only the special symbols always on; but the
     source token every fairseq batch holds, </s>, brings the 2nd and 3rd most frequent words
     (the models' next favourites: a vocabulary map without them decodes otherwise)."""
-    import torch
-
-    from fairseq_hrt import shortlist as sl
-    from fairseq_hrt.symbols import dictionary_fingerprint
-
     _, _, src_dict, tgt_dict = sl.load_dictionaries(str(data_bin), None, None)
     words = torch.tensor(
         [i for i in range(tgt_dict.nspecial + 5, len(tgt_dict)) if not tgt_dict[i].startswith(("<", "madeupword"))]
@@ -769,7 +762,7 @@ def test_onnxruntime_rows_and_the_ctranslate2_vocabulary_map(tiny_run, tmp_path)
     for ct2_name in ("CTranslate2 AT greedy", "CTranslate2 AT beam 3"):
         assert hyps(ct2_name + " +vmap") != hyps(ct2_name), ct2_name
 
-    import ctranslate2
+    import ctranslate2  # noqa: PLC0415 - optional: CTranslate2
 
     translator = ctranslate2.Translator(str(bench / "ctranslate2-at"), device="cpu", intra_threads=1)
     produced = 0
@@ -794,7 +787,6 @@ def test_time_split_parts_add_up_and_hrt_halves_the_steps(trained, tmp_path, mon
     if engine == "onnxruntime":
         pytest.importorskip("onnxruntime")
         monkeypatch.setenv("FAIRSEQ_HRT_ONNX_CACHE", str(tmp_path / "onnx-cache"))
-    from benchmarks import time_split
 
     data, ckpts = trained
     time_split.main(
@@ -835,16 +827,12 @@ def test_time_split_parts_add_up_and_hrt_halves_the_steps(trained, tmp_path, mon
 def test_ctranslate2_suppresses_the_plugins_special_symbols():
     """ct2_reference.SPECIAL_SYMBOLS (written out: the module runs without PyTorch) are the
     symbols the task adds to every dictionary."""
-    from benchmarks import ct2_reference
-    from fairseq_hrt.symbols import hrt_symbols
-
     assert list(ct2_reference.SPECIAL_SYMBOLS) == hrt_symbols()
 
 
 def test_ctranslate2_outputs_obey_a_source_relative_maximum_length():
     """--max-len-a: CTranslate2's batches get fairseq's limit, a x the batch's longest source
     (with </s>) + b, and the outputs come back in input order."""
-    from benchmarks import ct2_reference
 
     class Translator:
         def __init__(self):
@@ -916,11 +904,6 @@ def test_int8_rows_load_the_model_their_engine_quantizes(monkeypatch):
     """An int8 row of the lean engine decodes PyTorch's int8 copy; one of ONNX Runtime decodes
     the float model (it quantizes its exported graphs itself), so both share the float copy
     with the float rows."""
-    import torch
-
-    from benchmarks import measure
-    from fairseq_hrt.generation.quantize import is_quantized
-
     loads = []
 
     def fake_load(checkpoint, data, use_cuda, fp16):

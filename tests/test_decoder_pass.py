@@ -2,9 +2,12 @@
 shared by every engine; its modes agree with each other; encoder keys/values are projected
 once per batch; profiler labels."""
 
+import copy
+
 import pytest
 import torch
 
+from fairseq_hrt.export.exporter import unsupported
 from fairseq_hrt.generation.decoder_pass import DecoderPass, decoder_pass
 from fairseq_hrt.generation.jacobi import NATDrafter, ParallelGreedyGenerator
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
@@ -118,9 +121,6 @@ def test_a_module_the_plan_does_not_know_is_refused_by_name(tmp_path):
     """Support is an allow-list: a module of a class the plan does not read -- here a subclass
     of nn.Linear that computes otherwise -- is refused by name by the lean engine and by the
     exporter, never planned as the class it derives from."""
-    import copy
-
-    from fairseq_hrt.export.exporter import unsupported
 
     class ScaledLinear(torch.nn.Linear):
         def forward(self, x):

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from fairseq_hrt.generation import engines as engines_module
 from fairseq_hrt.generation import strategies
@@ -52,7 +53,6 @@ def test_options_from_the_task_and_per_call_generation_options(models):
     assert (options.decode_chunk_size, options.decoder_engine, options.b_nat) == ("2", "fairseq", 1)
     assert options.search == SearchConfig(beam=3, max_len_a=1.2, max_len_b=10)
     # a task option given with the generation options (the hub's per-call keywords) wins
-    from omegaconf import OmegaConf
 
     call = OmegaConf.create({"beam": 1, "decoding": "beam", "decode_chunk_size": "1"})
     options = DecodingOptions.from_fairseq(args, call)

@@ -9,6 +9,7 @@ import pytest
 from fairseq.dataclass.configs import GenerationConfig
 from fairseq.models.transformer import TransformerModel
 
+from fairseq_hrt.export.exporter import check_exportable
 from fairseq_hrt.generation import strategies
 from fairseq_hrt.generation.engines import ENGINES
 from fairseq_hrt.generation.options import DecodingOptions, fairseq_values, search_config, task_defaults
@@ -57,7 +58,6 @@ def test_an_undeclared_model_is_refused_by_name_never_taken_for_at(models):
                 ask(at)
         with pytest.raises(ValueError, match="MyTransformer is not a model family"):
             build_generator(data_dir, at)
-        from fairseq_hrt.export.exporter import check_exportable
 
         with pytest.raises(ValueError, match="cannot export this model to ONNX: .*MyTransformer is not a model family"):
             check_exportable(at)

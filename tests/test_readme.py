@@ -1,7 +1,11 @@
 """README.md's two set-up commands are exactly what CI (.ci/run) runs."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,11 +38,6 @@ def test_setup_installs_fairseq_without_its_dependencies():
 def test_readme_python_example_runs_on_the_quickstart_model():
     """The README's Python example, verbatim, on the model the set-up command trains (CI runs
     the set-up command before the tests; skipped where the quickstart has not run)."""
-    import subprocess
-    import sys
-
-    import pytest
-
     text = (REPO / "README.md").read_text()
     code = re.search(r"### From Python\n.*?```python\n(.*?)\n```", text, re.S).group(1)
     ckpt = REPO / "work/multi30k-sp4000/runs/hrt_translation-hrt_transformer/checkpoints/checkpoint_best.pt"

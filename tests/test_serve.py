@@ -19,6 +19,8 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("aiohttp")
 
+from aiohttp import web  # noqa: E402
+
 from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
 from hrt_runtime import Translator  # noqa: E402
 from hrt_runtime.serve import BATCHER, make_app  # noqa: E402
@@ -29,8 +31,6 @@ class Server:
     """The service's application run by aiohttp in a thread of this process, on a free port."""
 
     def __init__(self, translator, **settings):
-        from aiohttp import web
-
         self.app = make_app(translator, **settings)
         self.loop = asyncio.new_event_loop()
         self.runner = web.AppRunner(self.app, access_log=None)

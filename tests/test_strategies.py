@@ -6,7 +6,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hrt.generation.hrt_generator import HRTGenerator
 from fairseq_hrt.generation.hypotheses import select_rows
-from fairseq_hrt.generation.lean import TorchBackend
+from fairseq_hrt.generation.lean import LeanSequenceGenerator, TorchBackend
 from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
 from hrt_runtime.search import length_buckets
@@ -44,7 +44,6 @@ def test_auto_and_named_strategies(models, arch, decoding, expected):
 
 def test_lean_is_the_default_engine(models):
     data_dir, by_arch = models
-    from fairseq_hrt.generation.lean import LeanSequenceGenerator
 
     _, gen = build_generator(data_dir, by_arch["at_tiny"])
     assert isinstance(gen, LeanSequenceGenerator)

@@ -15,6 +15,10 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
+from fairseq import options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.tasks import FairseqTask
 
 from benchmarks.tiny_runs import (
     SRC,
@@ -32,6 +36,9 @@ from benchmarks.tiny_runs import (
     write_lines,
     write_raw_corpus,
 )
+from fairseq_hrt import chunking
+from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, label_smoothed_token_loss, parse_kind_weights
+from fairseq_hrt.tasks.hrt_translation import parse_chunk_sizes
 from tests.tiny_data import free_port
 
 KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
@@ -199,9 +206,6 @@ def test_resume_continues_curriculum(curriculum_runs):
 
 def _setup(data_dir, *extra):
     """The task (training set loaded) and config of a training command line."""
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
         parser,
@@ -376,8 +380,6 @@ def test_no_sentence_is_dropped_outside_training(data, max_sentences):
     --required-batch-size-multiple (8): fairseq-generate --batch-size 1 translated 999 of 1000
     sentences. The task batches every set but the training set with multiple 1; the training
     set keeps fairseq's own batches."""
-    from fairseq.tasks import FairseqTask
-
     task = _setup_task(data.bin_dir)
     task.load_dataset("valid")
 
@@ -409,11 +411,6 @@ def test_skip_at_self_distillation_loss(data):
     distribution at AT slot ik - 1, teacher-forced on the full target. Recomputed here row by
     row from the model's two modes; the logged per-kind losses stay the label-smoothed ones;
     validation trains nothing and is unchanged."""
-    import torch.nn.functional as F
-
-    from fairseq_hrt import chunking
-    from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, label_smoothed_token_loss
-
     task, model = _task_model(data.bin_dir)
     ds = task.dataset("train")
     pad, eos = task.target_dictionary.pad(), task.target_dictionary.eos()
@@ -478,8 +475,6 @@ def test_skip_at_self_distillation_loss(data):
 def test_logged_kinds_are_the_trained_ones(data, mode, arch, kinds):
     """--hrt-mode at / cmlm log their one kind, no Skip-AT/Skip-CMLM zeros; HRT logs all four,
     zeros included (p_k = 0 at the first update: the curve shows the kind fading in)."""
-    from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion
-
     task, model = _task_model(data.bin_dir, "--hrt-mode", mode, "--arch", arch)
     ds = task.dataset("train")
     sample = task.build_decoder_samples(ds.collater([ds[i] for i in range(8)]), p_k=0.0 if mode == "hrt" else None)
@@ -490,8 +485,6 @@ def test_logged_kinds_are_the_trained_ones(data, mode, arch, kinds):
 
 
 def test_self_distillation_and_chunked_share_option_checks(data, aux):
-    from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion
-
     task = _setup_task(data.bin_dir)
     with pytest.raises(ValueError, match="skip-at-self-distill"):
         HRTLossCriterion(task, 0.1, skip_at_self_distill=1.5)
@@ -518,8 +511,6 @@ def test_self_distillation_and_chunked_share_option_checks(data, aux):
 )
 def test_bad_chunk_sizes_are_rejected_by_the_task(data, text, message):
     """What fairseq-train prints for a bad --chunk-sizes: the task refuses it at set-up."""
-    from fairseq_hrt.tasks.hrt_translation import parse_chunk_sizes
-
     with pytest.raises(ValueError, match=message):
         parse_chunk_sizes(text)
     with pytest.raises(ValueError, match=message):
@@ -817,8 +808,6 @@ def test_two_rank_gloo_training(data, work, precision_runs):
 def test_kind_weights_scale_the_trained_loss_of_each_kind(data):
     """--kind-weights skip_cmlm=2,at=0.5: the trained loss is the weighted sum of the per-kind
     losses (logged unweighted); validation is unweighted; bad specs are refused."""
-    from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, parse_kind_weights
-
     task, model = _task_model(data.bin_dir)
     ds = task.dataset("train")
     sample = task.build_decoder_samples(

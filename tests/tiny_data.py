@@ -19,7 +19,10 @@ import sys
 import tempfile
 import traceback
 import warnings
+from multiprocessing import forkserver
 from typing import Dict, List, Optional
+
+import torch
 
 from benchmarks import tiny_runs
 from benchmarks.tiny_runs import cli_env
@@ -48,8 +51,6 @@ def _warm_context():
         os.environ.update(cli_env())
         try:
             ctx.set_forkserver_preload(WARM_MODULES)
-            from multiprocessing import forkserver
-
             forkserver.ensure_running()
         finally:
             os.environ.clear()
@@ -76,8 +77,6 @@ def _run_forked(cmd: List[str], env: Dict[str, str], cwd: str, log_path: str, in
     sys.stdin = open(input_path or os.devnull, encoding="utf-8")
     if env.get("PYTHONWARNINGS") == "ignore":
         warnings.simplefilter("ignore")
-    import torch
-
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or 1))
     code = 0
     try:

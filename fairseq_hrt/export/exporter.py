@@ -35,11 +35,18 @@ import tempfile
 import warnings
 from typing import Dict, List, Optional
 
+import numpy as np
 import torch
+from fairseq import checkpoint_utils
 
+import fairseq_hrt  # noqa: F401  (registers the task and models)
 from fairseq_hrt.export.graphs import EncoderGraph, GreedyLoopBody, ParallelGraph, StepGraph
 from fairseq_hrt.export.loop import body_inputs, greedy_loop
+from fairseq_hrt.generation.decoder_pass import DecoderPass, decoder_pass, unplanned_modules
+from fairseq_hrt.generation.search_rules import banned_symbols
 from fairseq_hrt.models.kinds import family_of, unwrap
+from fairseq_hrt.symbols import find_sentencepiece_model
+from hrt_runtime.integrity import FILES, FILES_INT8, list_files
 from hrt_runtime.model import FORMAT, VERSION  # the runtime reads what this writes: defined once
 
 logger = logging.getLogger(__name__)
@@ -50,8 +57,6 @@ CONFIG = "config.json"
 
 def unsupported(model) -> List[str]:
     """Why ``model`` cannot be exported (empty: it can)."""
-    from fairseq_hrt.generation.decoder_pass import DecoderPass, unplanned_modules
-
     model = unwrap(model)
     try:
         family_of(model)  # an undeclared model class is refused by name
@@ -103,7 +108,7 @@ def _names(prefix: str, layers: int) -> List[str]:
 def _constants_to_initializers(graph_model):
     """Move the tracer's ``Constant`` tensors (the planned weights it saw as constants) into the
     graph's initializers, where ONNX Runtime's quantization finds weights."""
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # noqa: PLC0415 - optional: onnx, for exporting
 
     graph = graph_model.graph
     for node in list(graph.node):
@@ -122,8 +127,8 @@ def share_weights(folder: str, graphs: List[str]):
     data, 64-byte aligned): the step, top-k, restricted and non-causal graphs hold the same
     planned weights, which each graph file would otherwise carry (a folder of several times the
     model's size)."""
-    import onnx
-    from onnx import numpy_helper
+    import onnx  # noqa: PLC0415 - optional: onnx, for exporting
+    from onnx import numpy_helper  # noqa: PLC0415 - optional: onnx, for exporting
 
     offsets: Dict[str, int] = {}
     with open(os.path.join(folder, WEIGHTS), "wb") as weights:
@@ -177,7 +182,7 @@ def _alive(pid: int) -> bool:
 def _k_as_input(graph_model):
     """Make the ``k`` of the step graph's TopK a graph input (``k``, int64 ``(1,)``): the
     tracer writes the Python int it saw as a constant, beam search needs ``2 x beam``."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper  # noqa: PLC0415 - optional: onnx, for exporting
 
     graph = graph_model.graph
     topk = [node for node in graph.node if node.op_type == "TopK"]
@@ -210,8 +215,6 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     family = family_of(model)  # what it is decides the graphs: left to right, non-causal, a length predictor
     kind = family.kind
     tgt_dict, src_dict = task.target_dictionary, task.source_dictionary
-    from fairseq_hrt.generation.decoder_pass import decoder_pass
-    from fairseq_hrt.generation.search_rules import banned_symbols
 
     layers = len(decoder.layers)
     pass_ = decoder_pass(decoder)
@@ -225,7 +228,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     def export(graph, args, inputs, outputs, dynamic, name, k_input=False, wrap=None):
         """Trace ``graph`` into ``tmp/name``, weights as initializers (``k_input``: TopK's k an
         input; ``wrap``: the traced model -> the model to save)."""
-        import onnx
+        import onnx  # noqa: PLC0415 - optional: onnx, for exporting
 
         path = os.path.join(tmp, name)
         with warnings.catch_warnings(), torch.no_grad():
@@ -419,7 +422,6 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
 
     share_weights(tmp, list(files.values()))
     # the output rows as arrays: a shortlist gathers its rows from them once per batch
-    import numpy as np
 
     np.save(os.path.join(tmp, "output_weight.npy"), decoder.output_projection.weight.float().numpy())
     if getattr(decoder.output_projection, "bias", None) is not None:
@@ -496,8 +498,6 @@ def record_files(folder: str, config: Dict) -> None:
     SHA-256: the runtime compares them when it opens the folder
     (:func:`hrt_runtime.integrity.check_folder`), so a truncated or altered file, or a
     config.json of another export, is named at load instead of failing or translating wrongly."""
-    from hrt_runtime.integrity import FILES, FILES_INT8, list_files
-
     config[FILES] = list_files(folder)
     config[FILES_INT8] = bool(config.get("int8"))
 
@@ -518,7 +518,7 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
     """An int8 copy of an exported folder: ONNX Runtime's dynamic quantization of every graph's
     matrix products with constant weights (int8 weights, activations quantized per call), the
     rest copied. Returns its config (``"int8": true``)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415 - optional: onnxruntime
 
     with open(os.path.join(folder, CONFIG)) as f:
         config = json.load(f)
@@ -557,11 +557,6 @@ def export_checkpoint(
     """Load a checkpoint as ``fairseq-generate`` does (``data``: the data-bin folder with its
     dictionaries, default the one it was trained on) and :func:`export_model` it (``int8``: then
     :func:`quantize_folder` it in place)."""
-    from fairseq import checkpoint_utils
-
-    import fairseq_hrt  # noqa: F401  (registers the task and models)
-    from fairseq_hrt.symbols import find_sentencepiece_model
-
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"no checkpoint {checkpoint}")
     if sentencepiece_model and not os.path.isfile(sentencepiece_model):

@@ -35,11 +35,28 @@ from typing import Dict, List, Optional
 import torch
 import torch.autograd.profiler as autograd_profiler
 import torch.nn.functional as F
+from fairseq.models.transformer import (
+    TransformerDecoder,
+    TransformerDecoderBase,
+    TransformerEncoder,
+    TransformerEncoderBase,
+)
+from fairseq.modules import (
+    FairseqDropout,
+    LearnedPositionalEmbedding,
+    MultiheadAttention,
+    SinusoidalPositionalEmbedding,
+    TransformerDecoderLayer,
+    TransformerEncoderLayer,
+)
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from torch import Tensor, nn
 
 from fairseq_hrt.generation.output_vocab import restricted_output_layer
+from fairseq_hrt.models.hrt_transformer import HRTDecoder, HRTDecoderLayer
+from fairseq_hrt.models.ssru_transformer import SSRUDecoder, SSRUDecoderLayer
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention, relative_bucket
-from fairseq_hrt.modules.ssru import linear_recurrence
+from fairseq_hrt.modules.ssru import SSRU, linear_recurrence
 
 # ------------------------------------------------------------------------ profiling labels
 
@@ -114,8 +131,6 @@ def attention(
 
 def is_recurrent(layer) -> bool:
     """Whether a decoder layer is an SSRU layer (no self-attention)."""
-    from fairseq_hrt.models.ssru_transformer import SSRUDecoderLayer
-
     return isinstance(layer, SSRUDecoderLayer)
 
 
@@ -369,26 +384,6 @@ class DecoderState:
 @functools.lru_cache(maxsize=None)
 def _planned_classes():
     """The module classes the planned passes read, exactly (a subclass may compute otherwise)."""
-    from fairseq.models.transformer import (
-        TransformerDecoder,
-        TransformerDecoderBase,
-        TransformerEncoder,
-        TransformerEncoderBase,
-    )
-    from fairseq.modules import (
-        FairseqDropout,
-        LearnedPositionalEmbedding,
-        MultiheadAttention,
-        SinusoidalPositionalEmbedding,
-        TransformerDecoderLayer,
-        TransformerEncoderLayer,
-    )
-    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
-
-    from fairseq_hrt.models.hrt_transformer import HRTDecoder, HRTDecoderLayer
-    from fairseq_hrt.models.ssru_transformer import SSRUDecoder, SSRUDecoderLayer
-    from fairseq_hrt.modules.ssru import SSRU
-
     # modules the plan calls as they are (it reads their arithmetic, not their insides)
     calls = {
         nn.Linear,
@@ -411,14 +406,14 @@ def _planned_classes():
     }
     encoder = {TransformerEncoderBase, TransformerEncoder, TransformerEncoderLayerBase, TransformerEncoderLayer}
     try:  # --quantize int8 (the lean engine runs the quantized linears as they are)
-        from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
+        from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear  # noqa: PLC0415 - optional: torch.ao
 
         classes.add(QuantizedLinear)
         calls.add(QuantizedLinear)
     except ImportError:  # pragma: no cover
         pass
     try:  # fairseq's LayerNorm on a GPU with apex
-        from fairseq.modules.layer_norm import FusedLayerNorm
+        from fairseq.modules.layer_norm import FusedLayerNorm  # noqa: PLC0415 - optional: apex, GPU only
 
         classes.add(FusedLayerNorm)
         calls.add(FusedLayerNorm)
@@ -522,7 +517,6 @@ class DecoderPass:
         if decoder.embed_positions is None:
             return None
         tokens = torch.full((1, steps), start_token, dtype=torch.long, device=device)
-        from fairseq_hrt.models.hrt_transformer import HRTDecoder
 
         if isinstance(decoder, HRTDecoder):  # positions 0, k, 2k, .. from <s_k>
             positions = (torch.arange(steps, device=device) * stride).unsqueeze(0)

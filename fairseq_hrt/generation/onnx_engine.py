@@ -16,9 +16,11 @@ from typing import List
 
 import torch
 
+from fairseq_hrt.export import exporter
 from fairseq_hrt.generation.engines import DecoderEngine, register_engine
 from fairseq_hrt.generation.search_generator import SearchGenerator
 from fairseq_hrt.models.kinds import unwrap
+from hrt_runtime.model import VERSION, ExportedModel, read_config
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +34,6 @@ def cache_root() -> str:
 
 
 def _cached(folder: str, digest: str, int8: bool) -> bool:
-    from hrt_runtime.model import VERSION, read_config
-
     try:
         config = read_config(folder)
     except (FileNotFoundError, ValueError):
@@ -44,32 +44,27 @@ def _cached(folder: str, digest: str, int8: bool) -> bool:
 
 def exported_folder(model, task, int8: bool = False) -> str:
     """The cache folder of ``model``'s export (``int8``: its int8 copy), made if missing."""
-    from fairseq_hrt.export.exporter import check_exportable, export_model, parameters_sha256, quantize_folder
-
-    check_exportable(model)
-    digest = parameters_sha256(model)
+    exporter.check_exportable(model)
+    digest = exporter.parameters_sha256(model)
     folder = os.path.join(cache_root(), digest[:32])
     with _LOCK:
         if not _cached(folder, digest, False):
             logger.info("exporting the model to ONNX (once per checkpoint): %s", folder)
-            export_model(model, task, folder)
+            exporter.export_model(model, task, folder)
         if not int8:
             return folder
         quantized = folder + "-int8"
         if not _cached(quantized, digest, True):
             logger.info("quantizing the exported graphs to int8 (once per checkpoint): %s", quantized)
-            quantize_folder(folder, quantized)
+            exporter.quantize_folder(folder, quantized)
         return quantized
 
 
 def given_folder(folder: str, model, int8: bool) -> str:
     """``--onnx-model FOLDER``, checked against the loaded model: the same parameters (SHA-256)
     and the same precision as ``--quantize`` asks for."""
-    from fairseq_hrt.export.exporter import parameters_sha256
-    from hrt_runtime.model import read_config
-
     config = read_config(folder)
-    if config["parameters_sha256"] != parameters_sha256(model):
+    if config["parameters_sha256"] != exporter.parameters_sha256(model):
         raise ValueError(
             f"--onnx-model {folder} was exported from another checkpoint than --path's (the SHA-256 of "
             "their parameters differ); export this checkpoint, or drop --onnx-model to export it on first use"
@@ -89,11 +84,9 @@ class OnnxRuntimeGenerator(SearchGenerator):
     engine = "onnxruntime"
 
     def __init__(self, ctx, search, banned: List[int], **kwargs):
-        from hrt_runtime.model import ExportedModel
-
         model = unwrap(ctx.model)
         try:
-            import onnxruntime  # noqa: F401
+            import onnxruntime  # noqa: F401,PLC0415 - optional: onnxruntime
         except ImportError as e:
             raise ValueError(
                 f"--decoder-engine onnxruntime needs the onnxruntime and onnx packages ({e}); "
@@ -136,9 +129,7 @@ class OnnxRuntimeEngine(DecoderEngine):
         return used
 
     def unsupported_model(self, model):
-        from fairseq_hrt.export.exporter import unsupported
-
-        return unsupported(model)
+        return exporter.unsupported(model)
 
     def left_to_right(self, ctx, search, banned):
         if len(ctx.models) != 1:

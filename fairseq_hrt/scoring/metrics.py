@@ -8,6 +8,8 @@
 
 from typing import Iterable, List
 
+from sacrebleu.metrics import BLEU
+
 
 def _check_pair(hyps, refs, what="hypotheses", other="references"):
     if isinstance(hyps, str) or isinstance(refs, str):
@@ -35,8 +37,6 @@ def sacrebleu_score(hyps: List[str], refs: List[str], tokenize: str = "13a", **b
     ``bleu_kwargs`` go to :class:`sacrebleu.metrics.BLEU` (e.g. ``lowercase=True``).
     Raises ``ValueError`` when the lists are empty or of different lengths.
     """
-    from sacrebleu.metrics import BLEU
-
     hyps, refs = _check_pair(hyps, refs)
     bleu = BLEU(tokenize=tokenize, **bleu_kwargs)
     result = bleu.corpus_score(hyps, [refs])
