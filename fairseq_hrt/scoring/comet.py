@@ -239,7 +239,7 @@ def load_comet_model(model_path: Optional[str] = None, encoder_path: Optional[st
 
     with _offline_and_quiet(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # transformers' and Lightning's advice while building
-        from comet.models import str2model  # noqa: PLC0415 - optional: unbabel-comet (seconds to import); slow (seconds): imported only here
+        from comet.models import str2model  # noqa: PLC0415 - optional: unbabel-comet (seconds to import)
 
         identifier = hparams.get("class_identifier")
         if identifier not in str2model:
