@@ -1,7 +1,7 @@
-"""``--quantize int8``: dynamic int8 quantization of a model's linear layers, applied once,
-when the model is loaded for decoding (the task wraps ``prepare_for_inference_``, which
-fairseq-generate, fairseq-interactive and the hub call after loading the weights); building a
-generator never changes a model."""
+"""``--quantize int8``: dynamic int8 quantization of a model's linear layers, applied once to a
+model loaded for decoding, after its weights are loaded (the task does it before the first
+generator of a model it loaded from a checkpoint: ``HRTTranslationTask.build_decoding``); a
+strategy or an engine building a generator never changes a model."""
 
 import logging
 

@@ -16,6 +16,7 @@ targets read by :mod:`fairseq_hrt.data.mixdistill`, checkpoints checked by
 
 import inspect
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -167,6 +168,9 @@ class HRTTranslationTask(TranslationTask):
         self.mask_idx = tgt_dict.index(MASK_SYMBOL)
         self.chunk_start_idx = {k: tgt_dict.index(chunk_start_symbol(k)) for k in range(2, MAX_CHUNK_SIZE + 1)}
         self.interactive_lines_seen = 0  # line numbers in fairseq-interactive's warnings
+        # models this task built from a checkpoint under --quantize: quantized (after their
+        # weights are loaded) before the first generator decodes them; see build_decoding
+        self._to_quantize = weakref.WeakSet()
         compat.patch_interactive_reading()
 
     @classmethod
@@ -242,13 +246,13 @@ class HRTTranslationTask(TranslationTask):
         if not from_checkpoint and self.cfg.hrt_mode == "hrt" and family.chunk_sizes:
             model.mark_trained_chunk_sizes(self.chunk_sizes)
         checkpoint_checks.check_dictionary_when_loading(model)
-        if from_checkpoint:
-            _quantize_when_prepared(model, str(self.cfg.quantize), str(self.cfg.decoder_engine))
+        if from_checkpoint and str(self.cfg.quantize) != "none":
+            self._to_quantize.add(model)
         return model
 
     def prepare_models_for_decoding(self, models):
         """What loading for decoding does to the models (``--quantize``), for models built
-        elsewhere (fairseq-generate and the hub call ``prepare_for_inference_`` instead)."""
+        elsewhere (those this task loads from a checkpoint are prepared by :meth:`build_decoding`)."""
         for model in models:
             prepare_for_decoding(model, str(self.cfg.quantize), str(self.cfg.decoder_engine))
         return models
@@ -396,7 +400,14 @@ class HRTTranslationTask(TranslationTask):
         return self.build_decoding(models, options, fairseq_generator)
 
     def build_decoding(self, models, options: DecodingOptions, fairseq_generator=None):
-        """The generator of ``options`` for ``models`` (loaded for decoding)."""
+        """The generator of ``options`` for ``models`` (loaded for decoding). A model this task
+        loaded from a checkpoint under ``--quantize int8`` is quantized here, once, before its
+        first generator: fairseq-generate, fairseq-interactive and the hub build one after the
+        weights are loaded (quantizing before would break loading them)."""
+        for model in models:
+            if model in self._to_quantize:
+                self._to_quantize.discard(model)
+                prepare_for_decoding(model, str(self.cfg.quantize), str(self.cfg.decoder_engine))
         if fairseq_generator is None:
 
             def fairseq_generator(models_, args_, seq_gen_cls=None, extra_gen_cls_kwargs=None):
@@ -441,20 +452,3 @@ class HRTTranslationTask(TranslationTask):
             for i, hypos in zip(rest, super().inference_step(generator, models, sub, sub_prefix, sub_constraints)):
                 results[i] = hypos
         return results
-
-
-def _quantize_when_prepared(model, quantize: str, engine: str = "lean"):
-    """``--quantize`` at load time: fairseq-generate, fairseq-interactive and the hub call
-    ``prepare_for_inference_`` after loading the weights (quantizing before would break loading
-    them); the model is quantized there, once."""
-    if quantize == "none" or getattr(model.prepare_for_inference_, "__fairseq_hrt_quantize__", False):
-        return
-    prepare = model.prepare_for_inference_
-
-    def prepared(cfg, *args, **kwargs):
-        out = prepare(cfg, *args, **kwargs)
-        prepare_for_decoding(model, quantize, engine)
-        return out
-
-    prepared.__fairseq_hrt_quantize__ = True
-    model.prepare_for_inference_ = prepared
