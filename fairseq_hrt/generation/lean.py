@@ -95,7 +95,6 @@ class TorchBackend:
         self.max_target_positions = model.max_decoder_positions()
         self.chunk_start = dict(chunk_start or {})
         self.device = next(model.parameters()).device
-        self._biases: Dict[int, tuple] = {}  # id(numpy bias) -> (the array, its tensor)
 
     # ------------------------------------------------------------------------ helpers
 
@@ -103,14 +102,9 @@ class TorchBackend:
         return TorchRows(None if ids is None else np.asarray(ids, np.int64), self.device)
 
     def _bias(self, bias: np.ndarray) -> Tensor:
-        """The search's logit bias as a tensor on the model's device (made once per array: the
-        search's rules hold three)."""
-        found = self._biases.get(id(bias))
-        if found is None or found[0] is not bias:
-            if len(self._biases) > 64:
-                self._biases.clear()
-            found = self._biases[id(bias)] = (bias, torch.from_numpy(bias).to(self.device))
-        return found[1]
+        """The search's logit bias as a tensor on the model's device (on a CPU, the array's own
+        memory)."""
+        return torch.from_numpy(bias).to(self.device)
 
     def _tensor(self, array: np.ndarray) -> Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
