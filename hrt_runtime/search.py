@@ -1,8 +1,8 @@
-"""Greedy, beam and HRT search over an :class:`~hrt_runtime.model.ExportedModel`, on numpy arrays.
-
-The one search of ``--decoder-engine onnxruntime`` and of the deployed runtime. It follows the
-lean engine (:mod:`fairseq_hrt.generation.lean`) rule for rule, so both give the same tokens:
-fairseq's maximum length ``min(a x S + b, max positions - 1)`` (``S``: the padded source
+"""The one search -- greedy, beam, HRT's two stages, Mask-Predict -- on numpy arrays, over a
+backend of a small contract (docs/design.md): :class:`~hrt_runtime.model.ExportedModel`
+(``--decoder-engine onnxruntime`` and the deployed runtime) and the lean engine's
+``TorchBackend`` (:mod:`fairseq_hrt.generation.lean`) run the same code, so they give the same
+tokens. Its rules are fairseq's: maximum length ``min(a x S + b, max positions - 1)`` (``S``: the padded source
 width), ``</s>`` banned before ``min_len`` and forced at the maximum length, the banned
 symbols, ``unk_penalty``, fairseq's ``BeamSearch`` (2 x beam candidates, ``</s>`` only among
 the first beam), finished sentences leaving the batch, scores normalised by

@@ -573,7 +573,7 @@ def export_checkpoint(
 def cli_main(argv=None):
     p = argparse.ArgumentParser(
         prog="fairseq-hrt-export",
-        description="Export an AT or HRT checkpoint into a folder that ONNX Runtime decodes "
+        description="Export an AT, HRT or Mask-Predict checkpoint into a folder that ONNX Runtime decodes "
         "(--decoder-engine onnxruntime, or hrt-translate without PyTorch).",
     )
     p.add_argument("checkpoint", help="a checkpoint of fairseq-train (--task hrt_translation)")

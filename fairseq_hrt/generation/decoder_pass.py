@@ -448,11 +448,15 @@ class DecoderPass:
         unknown = unplanned_modules(decoder)
         if unknown:
             raise ValueError(
-                f"--decoder-engine lean does not know the module(s) {', '.join(unknown)}; use --decoder-engine fairseq"
+                f"the planned decoder pass (the lean engine, Jacobi decoding, the ONNX export) does not know the "
+                f"module(s) {', '.join(unknown)}; use --decoder-engine fairseq"
             )
         for reason, bad in self._unsupported(decoder).items():
             if bad:
-                raise ValueError(f"--decoder-engine lean does not support {reason}; use --decoder-engine fairseq")
+                raise ValueError(
+                    f"the planned decoder pass (the lean engine, Jacobi decoding, the ONNX export) does not support "
+                    f"{reason}; use --decoder-engine fairseq"
+                )
         self._decoder = weakref.ref(decoder)  # the pass is cached per decoder: no cycle
         first = decoder.layers[0]
         self.recurrent = is_recurrent(first)

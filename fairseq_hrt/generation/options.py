@@ -127,8 +127,8 @@ class DecodingOptions:
         "lexical shortlist file (built by fairseq-hrt-shortlist from this data directory): the "
         "output layer of every batch is computed only for the shortlists of its source tokens plus "
         "the frequent target tokens, and scores are log-probabilities over those candidates; for "
-        "--decoding beam/hrt with --decoder-engine lean (AT search, HRT stage I and II) and "
-        "--decoding mask-predict"
+        "--decoding beam/hrt (AT search, HRT stage I and II) and --decoding mask-predict, with "
+        "--decoder-engine lean or onnxruntime"
     )
     decode_chunk_size: str = task_option(
         "HRT decoding chunk size: an integer k the model was trained for, 1 = AT "
