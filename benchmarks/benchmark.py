@@ -92,10 +92,10 @@ from benchmarks.measure import (  # noqa: E402,F401  (the pure parts are part of
     CT2_FAMILY,
     Context,
     System,
+    adapter_of,
     add_data_arguments,
     cuda_sync,
     engine_suffixes,
-    family_of,
     fastest_baseline,
     parse_beam_pairs,
     parse_engines,
@@ -413,12 +413,12 @@ def run(args) -> dict:
     )
     shared, runners = {}, {}
     for s in systems:
-        reason = family_of(s).refused(s, ctx)
+        reason = adapter_of(s).refused(s, ctx)
         if reason:  # e.g. an ONNX Runtime row of a checkpoint the exporter cannot take
             logger.warning("%s: left out: %s", s.name, reason)
             skipped.append({"family": s.family, "system": s.name, "reason": reason})
         else:
-            runners[s.name] = family_of(s).runner(s, ctx, shared)
+            runners[s.name] = adapter_of(s).runner(s, ctx, shared)
     systems = [s for s in systems if s.name in runners]
 
     def passes_from(s, hyps, before):

@@ -4,7 +4,7 @@ fairseq does, decode it (timing the model only), detokenise, and count decoder p
 ``benchmark.py`` (the table, JSON and Pareto plot) and ``hrt_quality.py`` (where HRT loses
 quality) both decode through this module. Each *system family* -- AT, the CTranslate2
 reference, HRT, Mask-Predict and the exact parallel strategies (Jacobi, hrt-spec) -- is one
-:class:`Family` adapter: it says which rows the command line asks for and builds a
+:class:`RowAdapter`: it says which rows the command line asks for and builds a
 :class:`Runner` per row. The measuring loop only talks to runners, so a new family or
 strategy is a new adapter, never a new branch in the loop.
 """
@@ -431,7 +431,7 @@ def parse_named_checkpoints(items: Sequence[str], flag: str = "--at-extra") -> L
     return out
 
 
-class Family:
+class RowAdapter:
     """The rows of one kind of system and how to decode them."""
 
     name = ""
@@ -452,7 +452,7 @@ class Family:
         return None
 
 
-class _FairseqFamily(Family):
+class _FairseqAdapter(RowAdapter):
     """Families decoded by the plugin's generators, with one row per ``--engines`` value, an
     int8 row (``--int8``), a shortlist row (``--shortlist``) and a compiled row (``--compile``,
     left-to-right families only) per configuration."""
@@ -552,7 +552,7 @@ class _FairseqFamily(Family):
         return FairseqRunner(system, ctx, dict(gen_args, lenpen=ctx.lenpen), options, self.greedy(system))
 
 
-class ATFamily(_FairseqFamily):
+class ATAdapter(_FairseqAdapter):
     """``--at`` (greedy is the speed baseline) and ``--at-extra NAME=CKPT`` students (e.g. SSRU):
     greedy and each ``--at-beams`` beam."""
 
@@ -572,7 +572,7 @@ class ATFamily(_FairseqFamily):
         return None if args.at else "no --at checkpoint given (speed ratios need AT greedy)"
 
 
-class CT2Family(Family):
+class CT2Adapter(RowAdapter):
     """The ``--at`` checkpoint in CTranslate2: the outside reference for AT speed; with
     ``--shortlist`` also a "+vmap" row per beam, CTranslate2 with its vocabulary map of the
     same shortlist."""
@@ -604,7 +604,7 @@ class CT2Family(Family):
         return CT2Runner(system, ctx, shared.setdefault("ct2_translators", {}))
 
 
-class HRTFamily(_FairseqFamily):
+class HRTAdapter(_FairseqAdapter):
     """``--hrt``: AT mode (C_d = 1) with each b_at, and every chunk size with each b_at/b_nat;
     the same for every ``--hrt-extra NAME=CKPT`` (e.g. another seed: rows ``HRT[NAME] ...``)."""
 
@@ -672,7 +672,7 @@ def _option_value(text: str):
     return text
 
 
-class MPFamily(_FairseqFamily):
+class MPAdapter(_FairseqAdapter):
     """``--mp``: Mask-Predict with each iteration count I and length beam l (no left-to-right
     search, so no engine rows)."""
 
@@ -712,7 +712,7 @@ class MPFamily(_FairseqFamily):
         return FairseqRunner(system, ctx, gen_args, options, greedy=False)
 
 
-class ParallelFamily(_FairseqFamily):
+class ParallelAdapter(_FairseqAdapter):
     """``--parallel``: the strategies that decode with their own passes (:func:`parallel_methods`:
     Jacobi decoding PJ / PGJ / HGJ, hrt-spec), each on the first checkpoint kind it decodes:
     ``--at``, else ``--hrt`` (in AT mode)."""
@@ -748,14 +748,14 @@ class ParallelFamily(_FairseqFamily):
 
 
 # in row order: AT first (the baseline), the outside reference next to it
-FAMILIES: Tuple[Family, ...] = (ATFamily(), CT2Family(), HRTFamily(), MPFamily(), ParallelFamily())
-ADAPTERS: Dict[str, Family] = {family.name: family for family in FAMILIES}
+ROW_ADAPTERS: Tuple[RowAdapter, ...] = (ATAdapter(), CT2Adapter(), HRTAdapter(), MPAdapter(), ParallelAdapter())
+ADAPTERS: Dict[str, RowAdapter] = {family.name: family for family in ROW_ADAPTERS}
 
 
 def systems_from_args(args) -> Tuple[List[System], List[dict]]:
     """The systems to measure and the families skipped (no checkpoint given)."""
     systems, skipped = [], []
-    for family in FAMILIES:
+    for family in ROW_ADAPTERS:
         systems += family.systems(args)
         reason = family.skipped(args)
         if reason:
@@ -763,10 +763,10 @@ def systems_from_args(args) -> Tuple[List[System], List[dict]]:
     return systems, skipped
 
 
-def family_of(system: System) -> Family:
+def adapter_of(system: System) -> RowAdapter:
     """The adapter that decodes ``system`` (parallel rows carry their strategy in ``decoding``)."""
     if system.decoding.get("decoding") in parallel_methods():
-        return ADAPTERS[ParallelFamily.name]
+        return ADAPTERS[ParallelAdapter.name]
     return ADAPTERS[system.family]
 
 

@@ -202,8 +202,8 @@ def test_compiled_rows_for_left_to_right_systems_only():
     ]
     compiled = systems[1]
     assert compiled.decoding["compile"] is True and compiled.decoding["decoder_engine"] == "lean"
-    _, options = benchmark.family_of(compiled).generation(compiled)
-    assert options["compile"] is True and benchmark.family_of(systems[0]).generation(systems[0])[1]["compile"] is False
+    _, options = benchmark.adapter_of(compiled).generation(compiled)
+    assert options["compile"] is True and benchmark.adapter_of(systems[0]).generation(systems[0])[1]["compile"] is False
     for s in systems:
         s.speed = {"1": {"words_per_second": {"AT greedy": 300.0, "AT greedy compiled": 450.0}.get(s.name, 9999.0)}}
     assert benchmark.fastest_baseline(systems, ["1"]) == {"1": "AT greedy compiled"}
@@ -255,7 +255,7 @@ def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_outp
     by_name = {s.name: s for s in systems}
 
     def options(name):
-        return benchmark.family_of(by_name[name]).generation(by_name[name])[1]
+        return benchmark.adapter_of(by_name[name]).generation(by_name[name])[1]
 
     assert options("AT greedy (onnxruntime) +shortlist")["decoder_engine"] == "onnxruntime"
     assert options("AT greedy (onnxruntime) +shortlist")["shortlist"] == "s.pt"
@@ -299,9 +299,9 @@ def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
     by_name = {s.name: s for s in benchmark.systems_from_args(args)[0]}
     hrt_ctx = SimpleNamespace(model=lambda checkpoint, quantize="none", engine="lean": (hrt, task))
     row = by_name["HRT k=2 b_at=1 b_nat=1 refine20 (onnxruntime)"]
-    assert "--hrt-refine-fraction" in benchmark.family_of(row).refused(row, hrt_ctx)
+    assert "--hrt-refine-fraction" in benchmark.adapter_of(row).refused(row, hrt_ctx)
     row = by_name["HRT k=2 b_at=1 b_nat=1 refine20"]
-    assert benchmark.family_of(row).refused(row, hrt_ctx) is None
+    assert benchmark.adapter_of(row).refused(row, hrt_ctx) is None
 
     (tmp_path / "at").mkdir()
     task, at = build_task_and_model(str(tmp_path / "at"), arch="at_tiny", extra=("--hrt-mode", "at"))
@@ -309,8 +309,8 @@ def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
     ctx = SimpleNamespace(model=lambda checkpoint, quantize="none", engine="lean": (at, task))
     args = SimpleNamespace(at="at.pt", at_beams="1", hrt=None, mp=None, ctranslate2="no", engines="lean,onnxruntime")
     lean, onnx = benchmark.systems_from_args(args)[0]
-    assert benchmark.family_of(lean).refused(lean, ctx) is None
-    assert "quantized" in benchmark.family_of(onnx).refused(onnx, ctx)
+    assert benchmark.adapter_of(lean).refused(lean, ctx) is None
+    assert "quantized" in benchmark.adapter_of(onnx).refused(onnx, ctx)
 
 
 def test_ctranslate2_vocabulary_map_of_a_shortlist():
@@ -870,7 +870,7 @@ def test_hrt_rows_with_decoding_options_by_name():
     by_name = {s.name: s for s in systems}
     assert list(by_name)[-2:] == ["HRT k=2 b_at=1 b_nat=1 refine20", "HRT k=2 b_at=3 b_nat=3 rescore"]
     row = by_name["HRT k=2 b_at=3 b_nat=3 rescore"]
-    gen_args, options = benchmark.family_of(row).generation(row)
+    gen_args, options = benchmark.adapter_of(row).generation(row)
     assert gen_args == {"beam": 3} and options["hrt_rescore"] is True and options["b_nat"] == 3
     assert options["decode_chunk_size"] == "2" and options["decoder_engine"] == "lean"
     args.hrt_options = ["bad:chunk_size=2"]

@@ -148,7 +148,7 @@ def test_benchmark_rows_set_or_clear_the_shortlist():
     systems, _ = measure.systems_from_args(args)
     assert sum(s.name.endswith("+shortlist") for s in systems) == 5  # AT x 2, HRT x 2, MP
     for s in systems:
-        _, options = measure.family_of(s).generation(s)
+        _, options = measure.adapter_of(s).generation(s)
         assert options["shortlist"] == ("s.pt" if s.name.endswith("+shortlist") else None)
 
 
