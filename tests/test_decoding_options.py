@@ -51,16 +51,18 @@ def test_options_from_the_task_and_per_call_generation_options(models):
     task, _ = built["hrt_tiny"]
     options = DecodingOptions.from_fairseq(args, args)
     assert (options.decode_chunk_size, options.decoder_engine, options.b_nat) == ("2", "fairseq", 1)
-    assert options.search == SearchConfig(beam=3, max_len_a=1.2, max_len_b=10)
+    assert options.search_config == SearchConfig(beam=3, max_len_a=1.2, max_len_b=10)
     # a task option given with the generation options (the hub's per-call keywords) wins
 
     call = OmegaConf.create({"beam": 1, "decoding": "beam", "decode_chunk_size": "1"})
     options = DecodingOptions.from_fairseq(args, call)
-    assert (options.decoding, options.decode_chunk_size, options.search.beam) == ("beam", "1", 1)
-    assert options.replace(beam=4, b_nat=2).search.beam == 4 and options.replace(b_nat=2).b_nat == 2
+    assert (options.decoding, options.decode_chunk_size, options.search_config.beam) == ("beam", "1", 1)
+    assert options.replace(beam=4, b_nat=2).search_config.beam == 4 and options.replace(b_nat=2).b_nat == 2
     with pytest.raises(ValueError, match="unknown decoding option"):
         options.replace(chunk_size=2)
-    assert options.search.for_chunk_size(2) == dataclasses.replace(options.search, max_len_a=0.0, max_len_b=100)
+    assert options.search_config.for_chunk_size(2) == dataclasses.replace(
+        options.search_config, max_len_a=0.0, max_len_b=100
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.b_nat = 3  # data, passed down, never written back
 
@@ -154,9 +156,9 @@ def test_an_engine_registers_and_is_picked_by_name(models, monkeypatch):
     class CountingEngine(LeanEngine):
         supports_shortlist = False
 
-        def left_to_right(self, ctx, search, banned):
-            calls.append(search.beam)
-            return super().left_to_right(ctx, search, banned)
+        def left_to_right(self, ctx, config, banned):
+            calls.append(config.beam)
+            return super().left_to_right(ctx, config, banned)
 
     assert "counting" in engines_module.engine_choices()
     sample = make_sample(task, RAGGED)

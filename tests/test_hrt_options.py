@@ -53,7 +53,7 @@ def test_refine_counts_round_up():
 
 def _skeletons(task, model, data_dir):
     gen, hypos = decode(data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1")
-    stage1 = LeanSequenceGenerator(model, task.target_dictionary, gen.options.for_chunk_size(2), gen.banned)
+    stage1 = LeanSequenceGenerator(model, task.target_dictionary, gen.config.for_chunk_size(2), gen.banned)
     stage1 = stage1.generate([model], make_sample(task, SENTENCES), bos_token=task.chunk_start_idx[2])
     return [h[0]["tokens"] for h in stage1]
 

@@ -44,15 +44,15 @@ class DecoderEngine:
         """Why this engine cannot decode ``model`` (empty: it can)."""
         return []
 
-    def left_to_right(self, ctx, search: SearchConfig, banned: Sequence[int]):
+    def left_to_right(self, ctx, config: SearchConfig, banned: Sequence[int]):
         """A left-to-right generator of ``search`` that never produces ``banned``."""
         raise NotImplementedError
 
-    def stage1(self, ctx, search: SearchConfig, banned: Sequence[int]):
+    def stage1(self, ctx, config: SearchConfig, banned: Sequence[int]):
         """HRT's stage I (or AT mode) for :class:`HRTGenerator`: a :meth:`left_to_right`
         generator that also keeps its last batch's encoding in :meth:`backend`'s form
         (``last_encoded``) and its shortlist rows (``last_vocab``, ``None`` without one)."""
-        return self.left_to_right(ctx, search, banned)
+        return self.left_to_right(ctx, config, banned)
 
     def backend(self, ctx):
         """The engine's backend of the one search (:mod:`hrt_runtime.search`) over

@@ -55,19 +55,19 @@ class FairseqEngine(DecoderEngine):
     def backend(self, ctx):
         return TorchBackend(ctx.model, ctx.task.target_dictionary, ctx.task.chunk_start_idx, ctx.task.mask_idx)
 
-    def left_to_right(self, ctx, search, banned):
-        return self._generator(ctx, search, banned, keep_encoding=False)
+    def left_to_right(self, ctx, config, banned):
+        return self._generator(ctx, config, banned, keep_encoding=False)
 
-    def stage1(self, ctx, search, banned):
-        return self._generator(ctx, search, banned, keep_encoding=True)
+    def stage1(self, ctx, config, banned):
+        return self._generator(ctx, config, banned, keep_encoding=True)
 
-    def _generator(self, ctx, search, banned, keep_encoding: bool):
+    def _generator(self, ctx, config, banned, keep_encoding: bool):
         pad = ctx.task.target_dictionary.pad()
         suppress = [ctx.task.target_dictionary[i] for i in banned if i != pad]  # fairseq bans <pad> itself
         args = ctx.options.fairseq_args
         # the search options win over the command line's (stage I's L / k, a strategy's beam)
         changed = {
-            k: v for k, v in fairseq_values(search, ctx.options.temperature).items() if getattr(args, k, None) != v
+            k: v for k, v in fairseq_values(config, ctx.options.temperature).items() if getattr(args, k, None) != v
         }
         if changed:
             args = with_options(args, **changed)

@@ -225,7 +225,7 @@ def stage1_generators(ctx: DecodingContext, banned: List[int]) -> Callable[[int]
 
     def generator(k: int):
         if k not in built:
-            built[k] = ctx.engine.stage1(ctx, ctx.options.search.for_chunk_size(k), banned)
+            built[k] = ctx.engine.stage1(ctx, ctx.options.search_config.for_chunk_size(k), banned)
         return built[k]
 
     return generator
@@ -233,7 +233,7 @@ def stage1_generators(ctx: DecodingContext, banned: List[int]) -> Callable[[int]
 
 def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
     task, model, options = ctx.task, ctx.model, ctx.options
-    b_at = options.search.beam
+    b_at = options.search_config.beam
     if b_at < 1:
         raise ValueError("--beam (b_at) must be >= 1")
     if len(ctx.models) != 1:
@@ -256,7 +256,7 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
         mask=task.mask_idx,
         chunk_size=chunk_size,
         b_at=b_at,
-        len_penalty=options.search.len_penalty,
+        len_penalty=options.search_config.len_penalty,
         b_nat=options.b_nat,
         print_steps=options.print_step,
         shortlist=ctx.shortlist,
@@ -307,8 +307,8 @@ class BeamDecoding(LeftToRightDecoding):
         check_at_mode(ctx, "--decoding beam")
         if family_of(ctx.model).chunk_sizes:
             return build_hrt_generator(ctx, 1)
-        logger.info("left-to-right decoding (beam %s), %s engine", ctx.options.search.beam, ctx.engine.name)
-        return ctx.engine.left_to_right(ctx, ctx.options.search, ctx.banned())
+        logger.info("left-to-right decoding (beam %s), %s engine", ctx.options.search_config.beam, ctx.engine.name)
+        return ctx.engine.left_to_right(ctx, ctx.options.search_config, ctx.banned())
 
 
 @register_decoding("hrt")

@@ -198,7 +198,7 @@ class LeanSequenceGenerator(SearchGenerator):
         self,
         model,
         tgt_dict,
-        options: SearchConfig,
+        config: SearchConfig,
         banned: Sequence[int] = (),
         shortlist=None,
         compile: bool = False,
@@ -209,7 +209,7 @@ class LeanSequenceGenerator(SearchGenerator):
         temperature: float = 1.0,
     ):
         backend = TorchBackend(model, tgt_dict, chunk_start, mask, temperature, compile)
-        super().__init__(backend, tgt_dict, options, banned, shortlist, chunk_size, b_nat)
+        super().__init__(backend, tgt_dict, config, banned, shortlist, chunk_size, b_nat)
         self.model = model
         self.decoder_pass = backend.decoder_pass  # the decoder's one pass
 
@@ -235,13 +235,13 @@ class LeanEngine(DecoderEngine):
     def backend(self, ctx):
         return TorchBackend(ctx.model, ctx.task.target_dictionary, ctx.task.chunk_start_idx, ctx.task.mask_idx)
 
-    def left_to_right(self, ctx, search, banned):
+    def left_to_right(self, ctx, config, banned):
         if len(ctx.models) != 1:
             raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
         return LeanSequenceGenerator(
             ctx.models[0],
             ctx.task.target_dictionary,
-            search,
+            config,
             banned,
             shortlist=ctx.shortlist,
             compile=ctx.options.compile,
@@ -260,7 +260,7 @@ class LeanEngine(DecoderEngine):
         return LeanSequenceGenerator(
             ctx.models[0],
             task.target_dictionary,
-            options.search,
+            options.search_config,
             ctx.banned(),
             shortlist=ctx.shortlist,
             compile=options.compile,

@@ -163,8 +163,8 @@ class MaskPredictDecoding(DecodingStrategy):
             banned=ctx.banned(),
             iterations=options.iter_decode_max_iter,
             length_beam=options.iter_decode_with_beam,
-            max_len_a=options.search.max_len_a,
-            max_len_b=options.search.max_len_b,
+            max_len_a=options.search_config.max_len_a,
+            max_len_b=options.search_config.max_len_b,
             print_steps=options.print_step,
             shortlist=ctx.shortlist,
         )

@@ -83,7 +83,7 @@ class OnnxRuntimeGenerator(SearchGenerator):
 
     engine = "onnxruntime"
 
-    def __init__(self, ctx, search, banned: List[int], **kwargs):
+    def __init__(self, ctx, config, banned: List[int], **kwargs):
         model = unwrap(ctx.model)
         try:
             import onnxruntime  # noqa: F401,PLC0415 - optional: onnxruntime
@@ -97,7 +97,7 @@ class OnnxRuntimeGenerator(SearchGenerator):
         else:
             folder = exported_folder(model, ctx.task, int8=ctx.options.quantize == "int8")
         runtime = ExportedModel(folder, threads=torch.get_num_threads())
-        super().__init__(runtime, ctx.task.target_dictionary, search, banned, ctx.shortlist, **kwargs)
+        super().__init__(runtime, ctx.task.target_dictionary, config, banned, ctx.shortlist, **kwargs)
         self.model = model
         self.runtime = runtime
 
@@ -131,16 +131,16 @@ class OnnxRuntimeEngine(DecoderEngine):
     def unsupported_model(self, model):
         return exporter.unsupported(model)
 
-    def left_to_right(self, ctx, search, banned):
+    def left_to_right(self, ctx, config, banned):
         if len(ctx.models) != 1:
             raise ValueError("--decoder-engine onnxruntime decodes a single model (no ensembles)")
-        return OnnxRuntimeGenerator(ctx, search, banned)
+        return OnnxRuntimeGenerator(ctx, config, banned)
 
     def mask_predict(self, ctx):
         options = ctx.options
         return OnnxRuntimeGenerator(
             ctx,
-            options.search,
+            options.search_config,
             ctx.banned(),
             iterations=options.iter_decode_max_iter,
             length_beam=options.iter_decode_with_beam,
@@ -148,5 +148,5 @@ class OnnxRuntimeEngine(DecoderEngine):
 
     def two_stage(self, ctx, chunk_size):
         return OnnxRuntimeGenerator(
-            ctx, ctx.options.search, ctx.banned(), chunk_size=chunk_size, b_nat=ctx.options.b_nat
+            ctx, ctx.options.search_config, ctx.banned(), chunk_size=chunk_size, b_nat=ctx.options.b_nat
         )

@@ -37,7 +37,7 @@ class SearchGenerator:
         self,
         backend,
         tgt_dict,
-        options: SearchConfig,
+        config: SearchConfig,
         banned: Sequence[int],
         shortlist=None,
         chunk_size=None,
@@ -45,12 +45,12 @@ class SearchGenerator:
         iterations: int = 0,
         length_beam: int = 1,
     ):
-        if options.beam < 1:
+        if config.beam < 1:
             raise ValueError("--beam must be >= 1")
         if chunk_size is not None:
-            search.check_b_nat(options.beam, b_nat)
+            search.check_b_nat(config.beam, b_nat)
         self.backend = backend
-        self.options = options
+        self.config = config
         self.banned = sorted(set(banned) | {tgt_dict.pad()})
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()  # fairseq-generate reads eos
         self.shortlist = shortlist
@@ -85,8 +85,8 @@ class SearchGenerator:
                 src_tokens.cpu().numpy(),
                 self.iterations,
                 self.length_beam,
-                self.options.max_len_a,
-                self.options.max_len_b,
+                self.config.max_len_a,
+                self.config.max_len_b,
                 self.banned,
                 rows=self.rows_of(src_tokens),
                 on_iteration=self.on_iteration,
@@ -94,7 +94,7 @@ class SearchGenerator:
             return to_fairseq(found, src_tokens.device)
         if self.chunk_size is None or bos_token is not None:
             found = search.left_to_right(
-                self.backend, encoded, width, self.options, self.banned, start=bos_token, rows=self.rows_of(src_tokens)
+                self.backend, encoded, width, self.config, self.banned, start=bos_token, rows=self.rows_of(src_tokens)
             )
             return to_fairseq(found, src_tokens.device)
         results: List = [None] * src_tokens.size(0)
@@ -104,7 +104,7 @@ class SearchGenerator:
                 part = encoded.select(index)
                 part_src = src_tokens.index_select(0, torch.from_numpy(index).to(src_tokens.device))
             found = search.hrt(
-                self.backend, part, width, self.options, k, self.banned, b_nat=self.b_nat, rows=self.rows_of(part_src)
+                self.backend, part, width, self.config, k, self.banned, b_nat=self.b_nat, rows=self.rows_of(part_src)
             )
             for i, hypos in zip(index.tolist(), found):
                 results[i] = hypos
