@@ -142,6 +142,23 @@ def test_search_rules_one_step_for_every_row_or_one_per_slot(models):
     assert np.array_equal(rows.to_full(restricted.numpy()), best.numpy())
 
 
+def test_an_engines_own_option_is_refused_by_the_other_engines_and_engine_free_strategies(models):
+    """An engine's own option (DecoderEngine.own_options: a DecodingOptions task field) is
+    refused by every other engine and by a strategy that decodes without an engine, from the
+    declaration alone (nothing else names it)."""
+    data_dir, built = models
+    task_fields = {f.name for f in dataclasses.fields(type(built["at_tiny"][0].cfg))}
+    owned = [(name, option) for name, engine in ENGINES.items() for option in engine.own_options]
+    assert owned == [("onnxruntime", "onnx_model")]
+    for owner, option in owned:
+        assert option in task_fields and option in DecodingOptions.__dataclass_fields__
+        flag = "--" + option.replace("_", "-")
+        options = DecodingOptions().replace(**{option: "/a/folder"})
+        assert all((flag in e.unsupported(options)) == (n != owner) for n, e in ENGINES.items())
+        with pytest.raises(ValueError, match=f"{flag}: an engine's own option"):
+            build_generator(data_dir, built["at_tiny"][1], "--decoding", "pj", "--beam", "1", flag, "/a/folder")
+
+
 def test_an_engine_registers_and_is_picked_by_name(models, monkeypatch):
     """A new engine is one registered class: --decoder-engine accepts its name, and what it
     declares it does not support is refused in one message."""

@@ -22,9 +22,9 @@ Each engine registers in its own module: ``lean`` (:mod:`fairseq_hrt.generation.
 help, and in the benchmark's rows. This module imports no engine.
 """
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
-from fairseq_hrt.generation.options import DecodingOptions
+from fairseq_hrt.generation.options import DecodingOptions, task_defaults
 from hrt_runtime.search import SearchConfig
 
 
@@ -35,10 +35,15 @@ class DecoderEngine:
     supports_compile: bool = False
     quantizes_itself: bool = False  # --quantize int8 is the engine's own: the loaded model stays float
     runs_mask_predict: bool = False  # mask_predict() builds the generator (else the model's own decoder runs it)
+    # the task options only this engine reads (DecodingOptions fields, e.g. onnxruntime's
+    # onnx_model): set, every other engine refuses them, and so does a strategy that decodes
+    # without an engine
+    own_options: Tuple[str, ...] = ()
 
     def unsupported(self, options: DecodingOptions) -> List[str]:
-        """The options in use that this engine cannot honour (flags, as typed)."""
-        return ["--onnx-model"] if options.onnx_model else []  # an exported folder is for onnxruntime only
+        """The options in use that this engine cannot honour (flags, as typed): by default,
+        the other engines' own options (:attr:`own_options`)."""
+        return engine_options_in_use(options, but=self.name)
 
     def unsupported_model(self, model) -> List[str]:
         """Why this engine cannot decode ``model`` (empty: it can)."""
@@ -91,6 +96,19 @@ def register_engine(name: str):
         return cls
 
     return register
+
+
+def engine_options_in_use(options: DecodingOptions, but: str = "") -> List[str]:
+    """The flags of the engines' own options (:attr:`DecoderEngine.own_options`) set in
+    ``options``, those of the engine ``but`` left out."""
+    defaults = task_defaults()
+    return [
+        "--" + name.replace("_", "-")
+        for engine_name, engine in ENGINES.items()
+        if engine_name != but
+        for name in engine.own_options
+        if getattr(options, name) != defaults[name]
+    ]
 
 
 def engine_choices() -> List[str]:

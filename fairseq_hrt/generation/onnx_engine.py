@@ -118,6 +118,7 @@ class OnnxRuntimeEngine(DecoderEngine):
     supports_shortlist = True
     quantizes_itself = True  # --quantize int8: ONNX Runtime's dynamic quantization of the exported graphs
     runs_mask_predict = True
+    own_options = ("onnx_model",)  # --onnx-model: an exported folder to decode instead of the cache's
 
     def unsupported(self, options):
         used = list(options.sequence_generator_only)
@@ -126,7 +127,7 @@ class OnnxRuntimeEngine(DecoderEngine):
         used += options.stage2_options_used()
         if options.print_step:
             used.append("--print-step")
-        return used
+        return used + super().unsupported(options)
 
     def unsupported_model(self, model):
         return exporter.unsupported(model)
