@@ -17,7 +17,6 @@ import sentencepiece as spm
 import torch
 from fairseq import checkpoint_utils, utils
 from fairseq.dataclass.configs import GenerationConfig
-from fairseq.models.transformer import TransformerModel
 
 import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
 from benchmarks import ct2_reference
@@ -27,7 +26,8 @@ from fairseq_hrt.generation.jacobi import JACOBI_METHODS, SPEC_METHOD
 from fairseq_hrt.generation.options import DecodingOptions, task_defaults
 from fairseq_hrt.generation.quantize import engine_quantizes_itself, prepare_for_decoding
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
-from fairseq_hrt.models.hrt_transformer import HRTTransformerModel
+from fairseq_hrt.models.kinds import AT, HRT
+from fairseq_hrt.models.kinds import FAMILIES as MODEL_FAMILIES
 from hrt_runtime import text_input
 from hrt_runtime.search import SearchConfig
 
@@ -725,7 +725,9 @@ class ParallelAdapter(_FairseqAdapter):
         bad = [m for m in methods if m not in known]
         if bad:
             raise ValueError(f"--parallel {bad}: choose among {', '.join(known)}")
-        kinds = (("AT", args.at, TransformerModel), ("HRT", args.hrt, HRTTransformerModel))
+        # a checkpoint kind stands for the model classes that declare it (models/kinds.py)
+        declared = {family.kind: cls for cls, family in reversed(list(MODEL_FAMILIES.items()))}
+        kinds = (("AT", args.at, declared[AT]), ("HRT", args.hrt, declared[HRT]))
         out = []
         for m in methods:
             family, checkpoint = next(

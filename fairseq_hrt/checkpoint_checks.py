@@ -10,7 +10,7 @@
 import logging
 from typing import Dict, Sequence
 
-from fairseq_hrt.models.hrt_transformer import HRTTransformerModel, check_dictionary_compatible
+from fairseq_hrt.models.hrt_transformer import check_dictionary_compatible
 from fairseq_hrt.symbols import dictionary_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -56,10 +56,9 @@ def check_dictionary_when_loading(model):
     """AT models are fairseq's own ``transformer``: loading a checkpoint of another dictionary
     into one failed with "size mismatch for decoder.output_projection.weight ... please ensure
     that the architectures match", which points at the architecture. Check the dictionary
-    first, as HRT and CMLM models do in their ``load_state_dict`` (one message for all): a
-    load-state-dict pre-hook of the model (PyTorch's hook, run before any tensor is copied)."""
-    if isinstance(model, HRTTransformerModel):
-        return
+    first (one message for all models, whatever their class): a load-state-dict pre-hook of the
+    model (PyTorch's hook, run before any tensor is copied; HRT and CMLM models check in their
+    ``load_state_dict`` before filling the tensors an AT checkpoint lacks, then here again)."""
     model.register_load_state_dict_pre_hook(_check_dictionary_hook)
 
 

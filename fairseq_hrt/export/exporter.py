@@ -44,6 +44,7 @@ from fairseq_hrt.export.graphs import EncoderGraph, GreedyLoopBody, ParallelGrap
 from fairseq_hrt.export.loop import body_inputs, greedy_loop
 from fairseq_hrt.generation.decoder_pass import DecoderPass, decoder_pass, unplanned_modules
 from fairseq_hrt.generation.search_rules import banned_symbols
+from fairseq_hrt.models.cmlm_transformer import CMLMTransformerModel
 from fairseq_hrt.models.kinds import family_of, unwrap
 from fairseq_hrt.symbols import find_sentencepiece_model
 from hrt_runtime.integrity import FILES, FILES_INT8, list_files
@@ -59,10 +60,16 @@ def unsupported(model) -> List[str]:
     """Why ``model`` cannot be exported (empty: it can)."""
     model = unwrap(model)
     try:
-        family_of(model)  # an undeclared model class is refused by name
+        family = family_of(model)  # an undeclared model class is refused by name
     except ValueError as e:
         return [str(e)]
     reasons = []
+    if family.length_predictor and type(model).forward_length is not CMLMTransformerModel.forward_length:
+        # EncoderGraph writes CMLM's predictor: embed_length over the mean of the encoder states
+        reasons.append(
+            f"{type(model).__name__}.forward_length: the exported encoder computes CMLMTransformerModel's length "
+            "predictor only"
+        )
     decoder = model.decoder
     unknown = unplanned_modules(decoder, "decoder") + unplanned_modules(model.encoder, "encoder")
     if unknown:

@@ -522,7 +522,7 @@ class DecoderPass:
             return None
         tokens = torch.full((1, steps), start_token, dtype=torch.long, device=device)
 
-        if isinstance(decoder, HRTDecoder):  # positions 0, k, 2k, .. from <s_k>
+        if self.start_stride is not None:  # a decoder of <s_k> start symbols: positions 0, k, 2k, ..
             positions = (torch.arange(steps, device=device) * stride).unsqueeze(0)
             table = decoder.embed_target_positions(tokens, positions)
         else:
