@@ -90,7 +90,7 @@ def reference_skeletons(ref_tokens: List[torch.Tensor], k: int, pad: int, eos: i
 
 
 @torch.no_grad()
-def fill_skeletons(
+def fill_skeleton_tensors(
     model,
     skeleton: Tensor,
     skeleton_scores: Tensor,
@@ -133,13 +133,13 @@ def fill_skeletons(
 @torch.no_grad()
 def oracle_fill(model, task, sample, skeletons: List[torch.Tensor], k: int) -> List[torch.Tensor]:
     """Stage II over given skeletons (one per row of ``sample``): the HRT generator's own
-    stage II (:func:`fill_skeletons`), with no stage-I scores."""
+    stage II (:func:`fill_skeleton_tensors`), with no stage-I scores."""
     d = task.target_dictionary
     net_input = sample["net_input"]
     skeleton = data_utils.collate_tokens(skeletons, d.pad()).to(net_input["src_tokens"].device)
     enc = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
     banned = torch.tensor(banned_symbols(task, model))
-    _, tokens, _, lengths = fill_skeletons(
+    _, tokens, _, lengths = fill_skeleton_tensors(
         model,
         skeleton,
         torch.zeros(skeleton.shape, device=skeleton.device),

@@ -5,7 +5,7 @@ mode (--hrt-fallback-threshold), on random tiny models."""
 import pytest
 import torch
 
-from benchmarks.hrt_quality import fill_skeletons
+from benchmarks.hrt_quality import fill_skeleton_tensors
 from fairseq_hrt import chunking
 from fairseq_hrt.generation.hrt_generator import HRTGenerator, at_mode_scores
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
@@ -70,10 +70,10 @@ def test_refinement_repredicts_only_the_least_probable_fills(setup):
     enc = model.encoder(**sample["net_input"])
     banned = torch.tensor(banned_symbols(task, model))
     args = (model, skeleton, torch.zeros(skeleton.shape), 2, enc, banned, task.mask_idx, d.eos(), d.pad())
-    stage2, plain, plain_scores, _ = fill_skeletons(*args)
-    _, everything, _, _ = fill_skeletons(*args, refine_fraction=1.0)
+    stage2, plain, plain_scores, _ = fill_skeleton_tensors(*args)
+    _, everything, _, _ = fill_skeleton_tensors(*args, refine_fraction=1.0)
     assert torch.equal(everything, plain)
-    _, half, half_scores, _ = fill_skeletons(*args, refine_fraction=0.5)
+    _, half, half_scores, _ = fill_skeleton_tensors(*args, refine_fraction=0.5)
     # the expected second pass, by the decoder module: re-mask the lowest-probability half
     is_mask = stage2.tokens.eq(task.mask_idx)
     features, _ = model.decoder(

@@ -119,7 +119,7 @@ def hgj_parallel_end(src_lengths: Tensor, parallel_length: int) -> Tensor:
 
 class NATDrafter:
     """Drafts of ``hrt-spec``: one non-causal pass of an HRT model over the final prefix
-    followed by masks (the CMLM / stage-II fill of :func:`hrt_generator.fill_skeletons`),
+    followed by masks (the CMLM / stage-II fill of :func:`hrt_runtime.search.fill_masks`),
     argmax in the masks, never a banned symbol. The pass is the decoder's one
     (:func:`~fairseq_hrt.generation.decoder_pass.decoder_pass`); the encoder keys/values of
     a batch are projected once (:meth:`begin`) and serve every drafting round."""
