@@ -202,12 +202,7 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
                 batch_size=batch_size,
                 **kwargs,
             )[0]
-        gen_args = copy.deepcopy(self.cfg.generation)
-        with open_dict(gen_args):
-            gen_args.beam = beam
-            for name, value in kwargs.items():
-                setattr(gen_args, name, value)
-        generator = self.generator(gen_args, prefix_allowed_tokens_fn)
+        generator = self.generator(beam, kwargs, prefix_allowed_tokens_fn)
         results = []
         for batch in self._batches(tokenized_sentences, skip_invalid_size_inputs, batch_size):
             batch = utils.apply_to_sample(lambda t: t.to(self.device), batch)
@@ -222,21 +217,29 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
                     logger.info("P\t%s", " ".join(f"{x:.4f}" for x in hypo["positional_scores"].tolist()))
         return outputs
 
-    def generator(self, gen_args, prefix_allowed_tokens_fn=None):
-        """The task's generator of these generation options, built once per options and the
-        models' device and precision: an engine's set-up (an ``onnxruntime`` engine hashes the
-        parameters and opens its sessions) is paid on the first call, not on every call."""
-        if prefix_allowed_tokens_fn is not None:  # a function: built for this call
-            return self.task.build_generator(self.models, gen_args, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+    def generator(self, beam: int, options: Dict[str, object], prefix_allowed_tokens_fn=None):
+        """The task's generator of the hub's generation options with ``beam`` and ``options``
+        (fairseq's names), built once per options and the models' device and precision: an
+        engine's set-up (an ``onnxruntime`` engine hashes the parameters and opens its sessions)
+        is paid on the first call, not on every call."""
         weight = next(self.models[0].parameters())
         key = (
-            json.dumps(OmegaConf.to_container(gen_args, resolve=True), sort_keys=True, default=repr),
+            json.dumps(OmegaConf.to_container(self.cfg.generation, resolve=True), sort_keys=True, default=repr),
+            beam,
+            json.dumps(options, sort_keys=True, default=repr),
             str(weight.device),
             str(weight.dtype),
         )
-        found = self._generators.get(key)
-        if found is None:
-            found = self._generators[key] = self.task.build_generator(self.models, gen_args)
+        if prefix_allowed_tokens_fn is None and key in self._generators:
+            return self._generators[key]
+        gen_args = copy.deepcopy(self.cfg.generation)
+        with open_dict(gen_args):
+            gen_args.beam = beam
+            for name, value in options.items():
+                setattr(gen_args, name, value)
+        if prefix_allowed_tokens_fn is not None:  # a function: built for this call
+            return self.task.build_generator(self.models, gen_args, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+        found = self._generators[key] = self.task.build_generator(self.models, gen_args)
         return found
 
     def _batches(self, tokens, skip_invalid_size_inputs: bool, batch_size: Optional[int]):
