@@ -64,7 +64,7 @@ def unsupported_checkpoint_reason(checkpoint: str) -> Optional[str]:
 
 
 def _unsupported_reason(checkpoint: str) -> Optional[str]:
-    import torch  # noqa: PLC0415 - optional: PyTorch and fairseq (this module runs without them)
+    import torch  # noqa: PLC0415 - optional: PyTorch (runtime_vs_ct2 runs this module without it)
 
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # fairseq pickles its args
     cfg = state.get("cfg") or {}

@@ -64,10 +64,10 @@ def _die(info: dict):
 
 
 def install_kill_point(spec: str):
-    import torch  # noqa: PLC0415 - optional: PyTorch and fairseq (this module runs without them)
-    from fairseq import checkpoint_utils  # noqa: PLC0415 - optional: PyTorch and fairseq (this module runs without them)
+    import torch  # noqa: PLC0415 - optional: PyTorch and fairseq (the fault table's own process runs without them)
+    from fairseq import checkpoint_utils  # noqa: PLC0415 - optional: PyTorch and fairseq (the fault table's own process runs without them)
 
-    import fairseq_hrt  # noqa: F401,PLC0415 - optional: PyTorch and fairseq (this module runs without them)  (the plugin, as --user-dir would load it)
+    import fairseq_hrt  # noqa: F401,PLC0415 - optional: the plugin, as --user-dir loads it (the fault table's own process runs without it)
 
     parts = spec.split(",")
     if "stock-copy" in parts:
@@ -120,7 +120,7 @@ def install_kill_point(spec: str):
 
 def child_main(spec: str, train_argv: List[str]):
     install_kill_point(spec)
-    from fairseq_cli.train import cli_main  # noqa: PLC0415 - optional: PyTorch and fairseq (this module runs without them)
+    from fairseq_cli.train import cli_main  # noqa: PLC0415 - optional: PyTorch and fairseq (the fault table's own process runs without them)
 
     sys.argv = ["fairseq-train", *train_argv]
     cli_main()
@@ -133,7 +133,7 @@ LOADED = re.compile(r"Loaded checkpoint (\S+) \(epoch (\d+) @ (\d+) updates\)")
 
 def checkpoint_updates(path: Path) -> Optional[int]:
     """The update count stored in a checkpoint, None when it is not a complete archive."""
-    import torch  # noqa: PLC0415 - optional: PyTorch and fairseq (this module runs without them)
+    import torch  # noqa: PLC0415 - optional: PyTorch and fairseq (the fault table's own process runs without them)
 
     if not path.is_file() or not zipfile.is_zipfile(path):
         return None

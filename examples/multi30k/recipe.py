@@ -765,7 +765,7 @@ def idle_cores() -> int:
 
 
 def cuda_available() -> bool:
-    import torch  # noqa: PLC0415 - optional: PyTorch and fairseq (this module runs without them)
+    import torch  # noqa: PLC0415 - optional: PyTorch (the recipe runs its stages as commands)
 
     return torch.cuda.is_available()
 
