@@ -22,6 +22,7 @@ import copy
 import json
 import logging
 import os
+from collections import OrderedDict
 from typing import Dict, List, Optional, Union
 
 import torch
@@ -34,6 +35,7 @@ from hrt_runtime.text_input import repair_lines
 logger = logging.getLogger(__name__)
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
+GENERATORS_KEPT = 8  # the generators a hub keeps, the most recently used
 
 
 def _dictionary_folder(model_dir: str, data_name_or_path: Optional[str]) -> str:
@@ -131,7 +133,7 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
 
     def __init__(self, cfg, task, models):
         super().__init__(cfg, task, models)
-        self._generators: Dict[tuple, object] = {}  # see generator()
+        self._generators: "OrderedDict[tuple, object]" = OrderedDict()  # see generator()
 
     def translate(
         self,
@@ -221,7 +223,8 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
         """The task's generator of the hub's generation options with ``beam`` and ``options``
         (fairseq's names), built once per options and the models' device and precision: an
         engine's set-up (an ``onnxruntime`` engine hashes the parameters and opens its sessions)
-        is paid on the first call, not on every call."""
+        is paid on the first call, not on every call. The :data:`GENERATORS_KEPT` most recently
+        used are kept."""
         weight = next(self.models[0].parameters())
         key = (
             json.dumps(OmegaConf.to_container(self.cfg.generation, resolve=True), sort_keys=True, default=repr),
@@ -231,6 +234,7 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
             str(weight.dtype),
         )
         if prefix_allowed_tokens_fn is None and key in self._generators:
+            self._generators.move_to_end(key)
             return self._generators[key]
         gen_args = copy.deepcopy(self.cfg.generation)
         with open_dict(gen_args):
@@ -240,6 +244,8 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
         if prefix_allowed_tokens_fn is not None:  # a function: built for this call
             return self.task.build_generator(self.models, gen_args, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
         found = self._generators[key] = self.task.build_generator(self.models, gen_args)
+        while len(self._generators) > GENERATORS_KEPT:  # an engine's generator may hold sessions: the oldest go
+            self._generators.popitem(last=False)
         return found
 
     def _batches(self, tokens, skip_invalid_size_inputs: bool, batch_size: Optional[int]):
