@@ -81,15 +81,22 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import fairseq  # noqa: E402
+import sentencepiece  # noqa: E402
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
 from benchmarks import ct2_reference  # noqa: E402
 from benchmarks.measure import (  # noqa: E402,F401  (the pure parts are part of this script's interface)
     BASELINE,
     CT2_FAMILY,
     Context,
     System,
+    adapter_of,
+    add_data_arguments,
     cuda_sync,
     engine_suffixes,
-    family_of,
     fastest_baseline,
     model_shape,
     parse_beam_pairs,
@@ -102,6 +109,8 @@ from benchmarks.measure import (  # noqa: E402,F401  (the pure parts are part of
 from benchmarks.report_files import write_file, write_files  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
+from fairseq_hrt.scoring.comet import CometUnavailable, comet_score, resolve_comet_model  # noqa: E402
+from fairseq_hrt.scoring.metrics import chrf_score, sacrebleu_score, source_words  # noqa: E402
 
 logger = logging.getLogger("benchmark")
 
@@ -291,10 +300,10 @@ def pareto_png(report: dict) -> bytes:
 def pareto_plot(report: dict, path):
     """BLEU vs words/s, one panel per batch size, Pareto front as a dashed line (``path``: a
     file name or a binary file object)."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - optional: matplotlib, for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - optional: matplotlib, for plots
 
     bss = [str(b) for b in report["meta"]["batch_sizes"]]
     systems = report["systems"]
@@ -366,8 +375,6 @@ def cpu_name() -> str:
 
 def comet_for(systems: List[System], raw_src, refs, hyps, args) -> dict:
     """Score every system with a local COMET model, or say why COMET is not available."""
-    from fairseq_hrt.scoring.comet import CometUnavailable, comet_score, resolve_comet_model
-
     try:
         model = resolve_comet_model(args.comet_model)
         for s in systems:
@@ -383,13 +390,6 @@ def comet_for(systems: List[System], raw_src, refs, hyps, args) -> dict:
 
 
 def run(args) -> dict:
-    import fairseq
-    import torch
-    from tqdm import tqdm
-
-    import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
-    from fairseq_hrt.scoring.metrics import chrf_score, sacrebleu_score, source_words
-
     torch.set_num_threads(args.threads)
     use_cuda = torch.cuda.is_available() and not args.cpu
     if args.fp16 and not use_cuda:
@@ -433,12 +433,12 @@ def run(args) -> dict:
     )
     shared, runners = {}, {}
     for s in systems:
-        reason = family_of(s).refused(s, ctx)
+        reason = adapter_of(s).refused(s, ctx)
         if reason:  # e.g. an ONNX Runtime row of a checkpoint the exporter cannot take
             logger.warning("%s: left out: %s", s.name, reason)
             skipped.append({"family": s.family, "system": s.name, "reason": reason})
         else:
-            runners[s.name] = family_of(s).runner(s, ctx, shared)
+            runners[s.name] = adapter_of(s).runner(s, ctx, shared)
     systems = [s for s in systems if s.name in runners]
 
     def passes_from(s, hyps, before):
@@ -571,8 +571,6 @@ def translate_sets(args, systems, runners, batch_size) -> Dict[str, tuple]:
     ``--spm``, batches of ``batch_size``, untimed) into ``OUT/<--translations-dir>/NAME/<system><ext>``
     (``ext``: the reference's, e.g. ``.de``), one detokenised line per source line.
     ``{NAME: (RAW_FILE, folder relative to OUT)}``."""
-    import sentencepiece
-
     sets = parse_named_checkpoints(args.translate, "--translate", "RAW_FILE")
     if not sets:
         return {}
@@ -595,12 +593,7 @@ def translate_sets(args, systems, runners, batch_size) -> Dict[str, tuple]:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("data")
-    g.add_argument("--data", required=True, help="binarized data dir (the models' dictionaries)")
-    g.add_argument("--src", required=True, help="test source as the models read it (SentencePiece pieces)")
-    g.add_argument("--raw-src", required=True, help="raw test source (words counted here; COMET input)")
-    g.add_argument("--raw-ref", required=True, help="raw test reference (sacreBLEU, COMET)")
-    g.add_argument("--spm", required=True, help="SentencePiece model, to detokenise hypotheses")
-    g.add_argument("--max-sentences", type=int, default=0, help="use the first N test sentences (0 = all)")
+    add_data_arguments(g)
     g = p.add_argument_group("systems (a family is skipped when its checkpoint is not given)")
     g.add_argument("--at", help="AT checkpoint (fairseq transformer / at_* arch)")
     g.add_argument("--at-beams", default="1,5", help="AT beam sizes; beam 1 = AT greedy, the speed baseline")

@@ -18,6 +18,7 @@ model's folder from the same lexical shortlist, so both runtimes restrict a batc
 layer to the same candidates (each source token's shortlist and the frequent tokens).
 """
 
+import json
 import os
 from typing import Dict, List, Optional, Sequence
 
@@ -35,7 +36,7 @@ SPECIAL_SYMBOLS = ("<mask>",) + tuple(f"<s{k}>" for k in range(2, 9))
 def unavailable_reason(use_cuda: bool = False) -> Optional[str]:
     """None when CTranslate2 can be used (on the GPU when ``use_cuda``), else why not."""
     try:
-        import ctranslate2
+        import ctranslate2  # noqa: PLC0415 - optional: CTranslate2
     except ImportError as e:
         return f"the ctranslate2 package is not installed ({e}); pip install ctranslate2==4.8.5"
     if use_cuda and ctranslate2.get_cuda_device_count() == 0:
@@ -63,7 +64,7 @@ def unsupported_checkpoint_reason(checkpoint: str) -> Optional[str]:
 
 
 def _unsupported_reason(checkpoint: str) -> Optional[str]:
-    import torch
+    import torch  # noqa: PLC0415 - optional: PyTorch (runtime_vs_ct2 runs this module without it)
 
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # fairseq pickles its args
     cfg = state.get("cfg") or {}
@@ -92,7 +93,7 @@ def _stamp(checkpoint: str) -> str:
 def convert(checkpoint: str, data_dir: str, out_dir: str, source_lang: str, target_lang: str) -> str:
     """Convert a fairseq AT checkpoint to a CTranslate2 model directory under ``out_dir``
     (done once: the conversion is kept and reused while the checkpoint is unchanged)."""
-    from ctranslate2.converters import FairseqConverter
+    from ctranslate2.converters import FairseqConverter  # noqa: PLC0415 - optional: CTranslate2
 
     reason = unsupported_checkpoint_reason(checkpoint)
     if reason:
@@ -116,7 +117,7 @@ def convert(checkpoint: str, data_dir: str, out_dir: str, source_lang: str, targ
 def load(model_dir: str, use_cuda: bool, fp16: bool, threads: int, compute_type: Optional[str] = None):
     """A translator of the converted model; ``compute_type`` (default: the precision of the
     fairseq models it is compared with) e.g. ``int8`` beside the int8 rows."""
-    import ctranslate2
+    import ctranslate2  # noqa: PLC0415 - optional: CTranslate2
 
     return ctranslate2.Translator(
         model_dir,
@@ -198,8 +199,6 @@ def write_vmap(model_dir: str, shortlist, source_dictionary, target_dictionary) 
 
 def target_vocabulary(model_dir: str) -> Optional[List[str]]:
     """The target tokens of a converted model (its target or shared vocabulary file), or None."""
-    import json
-
     for name in ("target_vocabulary", "shared_vocabulary"):
         path = os.path.join(model_dir, name + ".json")
         if os.path.isfile(path):

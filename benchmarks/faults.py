@@ -7,6 +7,7 @@ happened (a dict). No reporting here.
 (:func:`launch` starts it).
 """
 
+import http.client
 import io
 import json
 import os
@@ -15,10 +16,13 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -38,6 +42,7 @@ from benchmarks.tiny_runs import (
     write_lines,
     write_raw_corpus,
 )
+from hrt_runtime import Translator
 
 SAVE_INTERVAL = 5
 MAX_UPDATE = 30
@@ -60,10 +65,10 @@ def _die(info: dict):
 
 
 def install_kill_point(spec: str):
-    import torch
-    from fairseq import checkpoint_utils
+    import torch  # noqa: PLC0415 - optional: PyTorch and fairseq (the fault table's own process runs without them)
+    from fairseq import checkpoint_utils  # noqa: PLC0415 - optional: PyTorch and fairseq (the fault table's own process runs without them)
 
-    import fairseq_hrt  # noqa: F401  (the plugin, as --user-dir would load it)
+    import fairseq_hrt  # noqa: F401,PLC0415 - optional: the plugin, as --user-dir loads it (the fault table's own process runs without it)
 
     parts = spec.split(",")
     if "stock-copy" in parts:
@@ -116,7 +121,7 @@ def install_kill_point(spec: str):
 
 def child_main(spec: str, train_argv: List[str]):
     install_kill_point(spec)
-    from fairseq_cli.train import cli_main
+    from fairseq_cli.train import cli_main  # noqa: PLC0415 - optional: PyTorch and fairseq (the fault table's own process runs without them)
 
     sys.argv = ["fairseq-train", *train_argv]
     cli_main()
@@ -129,7 +134,7 @@ LOADED = re.compile(r"Loaded checkpoint (\S+) \(epoch (\d+) @ (\d+) updates\)")
 
 def checkpoint_updates(path: Path) -> Optional[int]:
     """The update count stored in a checkpoint, None when it is not a complete archive."""
-    import torch
+    import torch  # noqa: PLC0415 - optional: PyTorch and fairseq (the fault table's own process runs without them)
 
     if not path.is_file() or not zipfile.is_zipfile(path):
         return None
@@ -756,8 +761,6 @@ def _runtime_error(folder: Path) -> str:
 
 
 def _post(port: int, body: dict, timeout: float = 300):
-    import http.client
-
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         connection.request("POST", "/translate", json.dumps(body).encode(), {"Content-Type": "application/json"})
@@ -771,11 +774,6 @@ def runtime_and_service(work: Path) -> dict:
     """hrt-translate, Translator and hrt-serve on a tiny AT model (SentencePiece) exported with
     fairseq-hrt-export: bad input, damaged folders, a killed export, many threads on one
     Translator, a full queue, clients that disconnect."""
-    import socket
-    from concurrent.futures import ThreadPoolExecutor
-
-    from hrt_runtime import Translator
-
     data = make_tiny_spm_data(work / "rt")
     ckpt_dir = work / "rt" / "ck"
     run_cli(train_args(data.bin_dir, ckpt_dir, "--hrt-mode", "at", arch="at_tiny", max_update=3))
@@ -971,8 +969,6 @@ def _rss_mib(pid: int) -> Dict[str, int]:
 
 
 def _info(port: int) -> dict:
-    import http.client
-
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
         connection.request("GET", "/info")
@@ -982,9 +978,7 @@ def _info(port: int) -> dict:
 
 
 def _metrics(port: int) -> Dict[str, float]:
-    import http.client
-
-    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - optional: hrt-serve's extra
 
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
@@ -1003,9 +997,6 @@ def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
     """What an operator hits (issue 40): options out of range, bind errors, a client that hangs
     up during a long request, a large request (memory before, at peak, after), SIGTERM with
     long requests queued, /metrics after all of it."""
-    import socket
-    import threading
-
     out: Dict[str, dict] = {}
     options = {}
     for name, args in (

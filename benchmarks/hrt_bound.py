@@ -34,9 +34,16 @@ if not __package__:  # python benchmarks/hrt_bound.py (a file): the repository r
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from fairseq import options as fairseq_options  # noqa: E402
 
+from benchmarks import measure, time_split  # noqa: E402
+from benchmarks.onnx_gate import random_model  # noqa: E402
 from benchmarks.report_files import write_report  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
+from fairseq_hrt.generation.lean import TorchBackend  # noqa: E402
+from fairseq_hrt.generation.onnx_engine import exported_folder  # noqa: E402
+from hrt_runtime.model import ExportedModel  # noqa: E402
+from hrt_runtime.search import Rules, SearchConfig, mask_columns  # noqa: E402
 
 ENGINES = ("lean", "onnxruntime")
 
@@ -46,12 +53,8 @@ def backend_of(engine: str, model, task, threads: int):
     gives the backend's encoding of a batch."""
     tgt = task.target_dictionary
     if engine == "onnxruntime":
-        from fairseq_hrt.generation.onnx_engine import exported_folder
-        from hrt_runtime.model import ExportedModel
-
         backend = ExportedModel(exported_folder(model, task), threads=threads)
         return backend, backend.encode
-    from fairseq_hrt.generation.lean import TorchBackend
 
     backend = TorchBackend(model, tgt, task.chunk_start_idx, task.mask_idx)
 
@@ -65,8 +68,6 @@ def backend_of(engine: str, model, task, threads: int):
 def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: int, k: int, runs: int) -> dict:
     """ms of the encoder, N AT steps, N / k Skip-AT steps and one stage-II pass (the fastest
     of ``runs``, round-robin), and the HRT / AT ratio they bound."""
-    from hrt_runtime.search import Rules, SearchConfig, mask_columns
-
     tgt = task.target_dictionary
     vocab = backend.vocab_size
     rng = np.random.RandomState(0)
@@ -126,8 +127,6 @@ def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: i
 
 def delivered(path: str, data: str, lines, engine: str, bsz: int, k: int, runs: int, max_len_a: float, max_len_b: int):
     """Source words/second of AT mode and HRT k on ``lines`` and their time split."""
-    from benchmarks import measure, time_split
-
     model, task = measure.load(path, data)
     batches = measure.make_batches(task, model, lines, bsz, False)
     words = sum(len(line.replace("\u2581", " ").split()) for line in lines)
@@ -154,13 +153,8 @@ def delivered(path: str, data: str, lines, engine: str, bsz: int, k: int, runs: 
 
 def model_and_task(args, workdir: str):
     if args.path:
-        from benchmarks import measure
-
         model, task = measure.load(args.path, args.data)
         return model, task, os.path.basename(os.path.dirname(os.path.abspath(args.path))) or args.path
-    from fairseq import options as fairseq_options
-
-    from benchmarks.onnx_gate import random_model
 
     parse = fairseq_options.parse_args_and_arch
     extra = args.model_args.split()
@@ -203,7 +197,6 @@ def main(argv=None):
         if e not in ENGINES:
             p.error(f"--engines: {e!r} is not one of {', '.join(ENGINES)}")
     batches = [int(b) for b in args.batches.split(",")]
-    from benchmarks import measure
 
     workdir = tempfile.mkdtemp()
     model, task, name = model_and_task(args, workdir)

@@ -27,9 +27,10 @@ import argparse
 import json
 import logging
 import os
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
+from torch import Tensor
 
 if not __package__:  # python benchmarks/NAME.py (a file): the repository root on sys.path, as -m benchmarks.NAME has it
     import sys
@@ -38,14 +39,23 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 
 from fairseq.data import data_utils  # noqa: E402
 
-from benchmarks.measure import build_generator, decode, detok, load, make_batches, read_lines  # noqa: E402
+from benchmarks.measure import (  # noqa: E402
+    add_data_arguments,
+    build_generator,
+    decode,
+    detok,
+    load,
+    make_batches,
+    read_lines,
+)
 from benchmarks.report_files import write_file  # noqa: E402
 from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
-from fairseq_hrt.generation.hrt_generator import fill_skeletons  # noqa: E402
+from fairseq_hrt.generation.lean import TorchBackend  # noqa: E402
 from fairseq_hrt.generation.search_rules import banned_symbols  # noqa: E402
 from fairseq_hrt.models.kinds import family_of  # noqa: E402
 from fairseq_hrt.scoring.metrics import sacrebleu_score  # noqa: E402
+from hrt_runtime.search import banned_bias_of, fill_masks  # noqa: E402
 
 logger = logging.getLogger("hrt_quality")
 
@@ -80,15 +90,56 @@ def reference_skeletons(ref_tokens: List[torch.Tensor], k: int, pad: int, eos: i
 
 
 @torch.no_grad()
+def fill_skeleton_tensors(
+    model,
+    skeleton: Tensor,
+    skeleton_scores: Tensor,
+    k: int,
+    encoder_out,
+    banned: Tensor,
+    mask: int,
+    eos: int,
+    pad: int,
+    vocab: Optional[Tensor] = None,
+    refine_fraction: float = 0.0,
+):
+    """Stage II of right-padded skeletons ``(B, M)`` (each ending in ``</s>``) given as
+    tensors, by the one search (:func:`hrt_runtime.search.fill_masks`) over the model's
+    :class:`~fairseq_hrt.generation.lean.TorchBackend`: the oracles of
+    ``benchmarks/hrt_quality.py`` fill the reference's or AT mode's skeleton with it (and
+    ``tests/test_hrt_options.py`` checks the refinement pass with it).
+    ``encoder_out``: fairseq's encoder output, one row per skeleton; ``vocab``: the sorted
+    target ids the masks may take (default all). Returns ``(stage II input as a
+    DecoderSample, tokens, positional_scores, lengths)`` (tokens padded after the first
+    ``</s>``; the sum of ``positional_scores`` is eq. (2) over the kept tokens)."""
+    backend = TorchBackend(model, model.decoder.dictionary, mask=mask)
+    device = skeleton.device
+    rows = backend.rows(None if vocab is None else vocab.cpu().numpy())
+    size = backend.vocab_size if rows.ids is None else rows.ids.size
+    bias = banned_bias_of(banned.tolist(), rows, size)
+    encoded = backend.encoding(encoder_out)
+    tokens, positions, filled, scores, lengths, _ = fill_masks(
+        backend, encoded, skeleton.cpu().numpy(), skeleton_scores.float().cpu().numpy(), k, bias, rows, refine_fraction
+    )
+    sample = chunking.DecoderSample(torch.from_numpy(tokens).to(device), torch.from_numpy(positions).to(device), None)
+    return (
+        sample,
+        torch.from_numpy(filled).to(device),
+        torch.from_numpy(scores).to(device),
+        torch.from_numpy(lengths).to(device),
+    )
+
+
+@torch.no_grad()
 def oracle_fill(model, task, sample, skeletons: List[torch.Tensor], k: int) -> List[torch.Tensor]:
     """Stage II over given skeletons (one per row of ``sample``): the HRT generator's own
-    stage II (:func:`fill_skeletons`), with no stage-I scores."""
+    stage II (:func:`fill_skeleton_tensors`), with no stage-I scores."""
     d = task.target_dictionary
     net_input = sample["net_input"]
     skeleton = data_utils.collate_tokens(skeletons, d.pad()).to(net_input["src_tokens"].device)
     enc = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
     banned = torch.tensor(banned_symbols(task, model))
-    _, tokens, _, lengths = fill_skeletons(
+    _, tokens, _, lengths = fill_skeleton_tensors(
         model,
         skeleton,
         torch.zeros(skeleton.shape, device=skeleton.device),
@@ -193,16 +244,11 @@ def run(args) -> dict:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="binarized data dir (the model's dictionaries)")
+    add_data_arguments(p)
     p.add_argument("--path", required=True, help="HRT (or AT) checkpoint")
-    p.add_argument("--src", required=True, help="test source as the model reads it (SentencePiece pieces)")
     p.add_argument("--ref-pieces", required=True, help="test reference as SentencePiece pieces (stage-II oracle)")
-    p.add_argument("--raw-src", required=True, help="raw test source (length buckets)")
-    p.add_argument("--raw-ref", required=True, help="raw test reference (sacreBLEU)")
-    p.add_argument("--spm", required=True, help="SentencePiece model, to detokenise hypotheses")
     p.add_argument("--chunk-size", type=int, default=2, help="HRT chunk size k (trained by the model)")
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--max-sentences", type=int, default=0, help="use the first N sentences (0 = all)")
     p.add_argument("--max-len-b", type=int, default=200, help="L, the maximum target length")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cpu", action="store_true")

@@ -4,7 +4,7 @@ fairseq does, decode it (timing the model only), detokenise, and count decoder p
 ``benchmark.py`` (the table, JSON and Pareto plot) and ``hrt_quality.py`` (where HRT loses
 quality) both decode through this module. Each *system family* -- AT, the CTranslate2
 reference, HRT, Mask-Predict and the exact parallel strategies (Jacobi, hrt-spec) -- is one
-:class:`Family` adapter: it says which rows the command line asks for and builds a
+:class:`RowAdapter`: it says which rows the command line asks for and builds a
 :class:`Runner` per row. The measuring loop only talks to runners, so a new family or
 strategy is a new adapter, never a new branch in the loop.
 """
@@ -13,9 +13,23 @@ import logging
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import sentencepiece as spm
 import torch
+from fairseq import checkpoint_utils, utils
+from fairseq.dataclass.configs import GenerationConfig
 
+import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
+from benchmarks import ct2_reference
 from benchmarks.timing import time_runs
+from fairseq_hrt.generation.engines import ENGINES, engine_choices, get_engine
+from fairseq_hrt.generation.jacobi import JACOBI_METHODS, SPEC_METHOD
+from fairseq_hrt.generation.options import DecodingOptions, task_defaults
+from fairseq_hrt.generation.quantize import engine_quantizes_itself, prepare_for_decoding
+from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
+from fairseq_hrt.models.kinds import AT, HRT
+from fairseq_hrt.models.kinds import FAMILIES as MODEL_FAMILIES
+from hrt_runtime import text_input
+from hrt_runtime.search import SearchConfig
 
 logger = logging.getLogger("measure")
 
@@ -66,21 +80,30 @@ def model_shape(checkpoint: str) -> dict:
     return _SHAPES[checkpoint]
 
 
-def read_lines(path, limit=0) -> List[str]:
-    """Input text as every entry point reads it (fairseq_hrt.text_input: bad bytes replaced
-    with a warning naming file and line, lines split at \\n only)."""
-    from fairseq_hrt import text_input
+def add_data_arguments(parser, data_help: str = "binarized data dir (the models' dictionaries)", max_sentences=True):
+    """The test-data flags of the measuring scripts (``benchmark.py``, ``hrt_quality.py``,
+    ``shortlist_sweep.py``): ``--data``, ``--src``, ``--raw-src``, ``--raw-ref``, ``--spm`` and
+    (``max_sentences``) ``--max-sentences``."""
+    parser.add_argument("--data", required=True, help=data_help)
+    parser.add_argument("--src", required=True, help="test source as the models read it (SentencePiece pieces)")
+    parser.add_argument(
+        "--raw-src", required=True, help="raw test source (words counted here; length buckets; COMET input)"
+    )
+    parser.add_argument("--raw-ref", required=True, help="raw test reference (sacreBLEU, COMET)")
+    parser.add_argument("--spm", required=True, help="SentencePiece model, to detokenise hypotheses")
+    if max_sentences:
+        parser.add_argument("--max-sentences", type=int, default=0, help="use the first N test sentences (0 = all)")
 
+
+def read_lines(path, limit=0) -> List[str]:
+    """Input text as every entry point reads it (hrt_runtime.text_input: bad bytes replaced
+    with a warning naming file and line, lines split at \\n only)."""
     lines = text_input.read_lines(path)
     return lines[:limit] if limit else lines
 
 
 def load(path, data, use_cuda=False, fp16=False):
     """``(model, task)`` of one checkpoint, in eval mode, with ``data``'s dictionaries."""
-    from fairseq import checkpoint_utils
-
-    import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
-
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
     model = models[0]
     model.eval()
@@ -94,8 +117,6 @@ def load(path, data, use_cuda=False, fp16=False):
 def make_batches(task, model, lines: List[str], batch_size: int, use_cuda: bool):
     """fairseq's inference batches (length-sorted, as fairseq-generate makes them) of
     SentencePiece-piece lines."""
-    from fairseq import utils
-
     d = task.source_dictionary
     tokens = [d.encode_line(line, add_if_not_exist=False).long() for line in lines]
     dataset = task.build_dataset_for_inference(tokens, [t.numel() for t in tokens])
@@ -114,10 +135,6 @@ def build_generator(task, model, gen_args: dict, options: dict):
     ``decode_chunk_size``, ``shortlist``, ...), passed down as data; the task and the model are
     not changed, so one loaded model serves many rows (``quantize="int8"`` rows load their own
     quantized copy, :meth:`Context.model`)."""
-    from fairseq.dataclass.configs import GenerationConfig
-
-    from fairseq_hrt.generation.options import DecodingOptions
-
     decoding = DecodingOptions.from_fairseq(task.cfg, GenerationConfig(**gen_args)).replace(**options)
     return task.build_decoding([model], decoding)
 
@@ -146,8 +163,6 @@ def decode(task, model, generator, batches, use_cuda=False) -> Tuple[Dict[int, t
 
 
 def sentencepiece(spm_model: str):
-    import sentencepiece as spm
-
     return spm.SentencePieceProcessor(model_file=spm_model)
 
 
@@ -187,8 +202,6 @@ class Context:
         """The checkpoint loaded as ``--decoder-engine engine --quantize quantize`` loads it: an
         int8 copy for the PyTorch engines, the float model for an engine that quantizes its own
         graphs (ONNX Runtime)."""
-        from fairseq_hrt.generation.quantize import engine_quantizes_itself, prepare_for_decoding
-
         if engine_quantizes_itself(engine):
             quantize = "none"
         key = (checkpoint, quantize)
@@ -283,8 +296,6 @@ class CT2Runner(Runner):
     source token and the same frequent tokens as the lean and ONNX Runtime "+shortlist" rows."""
 
     def __init__(self, system: System, ctx: Context, translators: dict):
-        from benchmarks import ct2_reference
-
         self.system, self.ctx, self.ct2 = system, ctx, ct2_reference
         _, task = ctx.model(system.checkpoint)
         shortlist = system.decoding.get("shortlist")
@@ -350,30 +361,25 @@ def parse_ints(text: str) -> List[int]:
 # its name (--engines), an engine-free strategy by its name (--parallel).
 
 
-def default_engine() -> str:
-    from fairseq_hrt.generation.options import DecodingOptions
+ROW_NAMES = {"fairseq": "fairseq engine"}  # how a row names an engine: "(fairseq)" would read as fairseq itself
 
+
+def default_engine() -> str:
     return DecodingOptions.decoder_engine
 
 
 def engine_suffix(engine: str) -> str:
     """A row's name suffix for ``--decoder-engine engine``: none for the default engine
-    (lean), else the engine's name in parentheses (its ``row_name`` where it has one)."""
-    from fairseq_hrt.generation.engines import get_engine
-
-    return "" if engine == default_engine() else f" ({get_engine(engine).row_name or engine})"
+    (lean), else the engine's name in parentheses (its :data:`ROW_NAMES` entry where it has one)."""
+    return "" if engine == default_engine() else f" ({ROW_NAMES.get(engine, engine)})"
 
 
 def engine_suffixes() -> List[str]:
     """The suffixes of every registered engine but the default."""
-    from fairseq_hrt.generation.engines import engine_choices
-
     return [engine_suffix(e) for e in engine_choices() if e != default_engine()]
 
 
 def parse_engines(text: str) -> List[str]:
-    from fairseq_hrt.generation.engines import engine_choices
-
     engines = [e.strip() for e in str(text).split(",") if e.strip()]
     bad = [e for e in engines if e not in engine_choices()]
     if bad or not engines:
@@ -385,24 +391,17 @@ def int8_engines(engines: Sequence[str]) -> List[str]:
     """The engines of ``engines`` with an int8 row each (``--int8``): every engine that quantizes
     its own graphs (``quantizes_itself``: onnxruntime), and the default engine for PyTorch's
     dynamic quantization, which the other engines decode alike (one row of it is enough)."""
-    from fairseq_hrt.generation.engines import get_engine
-
     return [e for e in engines if get_engine(e).quantizes_itself or e == default_engine()] or [default_engine()]
 
 
 def compiled_engines(engines: Sequence[str]) -> List[str]:
     """The engines of ``engines`` that compile their step (``supports_compile``), else the default."""
-    from fairseq_hrt.generation.engines import get_engine
-
     return [e for e in engines if get_engine(e).supports_compile] or [default_engine()]
 
 
 def parallel_methods() -> List[str]:
     """The strategies that decode with their own passes, on no engine (Jacobi decoding,
     hrt-spec): a row each, not one per engine."""
-    from fairseq_hrt.generation.engines import ENGINES
-    from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
-
     return [n for n, s in DECODING_STRATEGIES.items() if not any(s.uses_engine(e) for e in ENGINES.values())]
 
 
@@ -410,25 +409,18 @@ def row_defaults() -> dict:
     """What a row decodes with where it says nothing: every task option of decoding at its
     default (a row states its whole decoding, whatever the checkpoint's saved task options
     are), AT mode for HRT checkpoints (chunk size 1) unless the row says otherwise."""
-    from fairseq_hrt.generation.options import task_defaults
-
     return dict(task_defaults(), decode_chunk_size=1)
 
 
 def engine_supports_shortlist(engine: str) -> bool:
     """Whether ``--decoder-engine engine`` restricts the output layer to a shortlist (the
     engine registry says: lean and onnxruntime)."""
-    from fairseq_hrt.generation.engines import get_engine
-
     return get_engine(engine).supports_shortlist
 
 
 def engine_refuses(engine: str, decoding: dict) -> List[str]:
     """The options of a row's ``decoding`` that ``--decoder-engine engine`` cannot honour
     (e.g. HRT's stage-II options in ONNX Runtime), as the engine names them; empty: none."""
-    from fairseq_hrt.generation.engines import get_engine
-    from fairseq_hrt.generation.options import DecodingOptions
-
     options = dict(row_defaults(), **dict(decoding, decoder_engine=engine))
     options["decode_chunk_size"] = str(options["decode_chunk_size"])
     return list(get_engine(engine).unsupported(DecodingOptions().replace(**options)))
@@ -463,7 +455,7 @@ def parse_named_checkpoints(
     return out
 
 
-class Family:
+class RowAdapter:
     """The rows of one kind of system and how to decode them."""
 
     name = ""
@@ -484,7 +476,7 @@ class Family:
         return None
 
 
-class _FairseqFamily(Family):
+class _FairseqAdapter(RowAdapter):
     """Families decoded by the plugin's generators, with one row per ``--engines`` value, an
     int8 row (``--int8``), a shortlist row (``--shortlist``) and a compiled row (``--compile``,
     left-to-right families only) per configuration."""
@@ -556,8 +548,6 @@ class _FairseqFamily(Family):
         Runtime: HRT's stage-II options of ``--hrt-options`` rows) or a checkpoint it cannot
         take (``DecoderEngine.unsupported_model``; ONNX Runtime: one the exporter refuses);
         None: it can."""
-        from fairseq_hrt.generation.engines import get_engine
-
         engine = system.decoding.get("decoder_engine")
         if not self.engine_rows or engine is None:
             return None
@@ -586,7 +576,7 @@ class _FairseqFamily(Family):
         return FairseqRunner(system, ctx, dict(gen_args, lenpen=ctx.lenpen), options, self.greedy(system))
 
 
-class ATFamily(_FairseqFamily):
+class ATAdapter(_FairseqAdapter):
     """``--at`` (greedy is the speed baseline) and ``--at-extra NAME=CKPT`` students (e.g. SSRU):
     greedy and each ``--at-beams`` beam."""
 
@@ -606,7 +596,7 @@ class ATFamily(_FairseqFamily):
         return None if args.at else "no --at checkpoint given (speed ratios need AT greedy)"
 
 
-class CT2Family(Family):
+class CT2Adapter(RowAdapter):
     """Every AT checkpoint (``--at``, ``--at-extra``) in CTranslate2: the outside reference for
     AT speed (rows ``CTranslate2 AT greedy``, ``CTranslate2 AT[NAME] greedy``, ...); with
     ``--int8`` also CTranslate2's own int8, with ``--shortlist`` also a "+vmap" row per beam,
@@ -639,8 +629,6 @@ class CT2Family(Family):
 
     @staticmethod
     def unsupported(checkpoint: str) -> Optional[str]:
-        from benchmarks import ct2_reference
-
         return ct2_reference.unsupported_checkpoint_reason(checkpoint)
 
     def skipped(self, args):
@@ -658,7 +646,7 @@ class CT2Family(Family):
         return CT2Runner(system, ctx, shared.setdefault("ct2_translators", {}))
 
 
-class HRTFamily(_FairseqFamily):
+class HRTAdapter(_FairseqAdapter):
     """``--hrt``: AT mode (C_d = 1) with each b_at, and every chunk size with each b_at/b_nat;
     the same for every ``--hrt-extra NAME=CKPT`` (e.g. another seed: rows ``HRT[NAME] ...``)."""
 
@@ -699,9 +687,6 @@ class HRTFamily(_FairseqFamily):
 def parse_row_options(items: List[str]) -> Dict[str, dict]:
     """``NAME:OPTION=VALUE,OPTION=VALUE`` rows (decoding options by their one name, e.g.
     ``refine20:hrt_refine_fraction=0.2`` or ``rescore:hrt_rescore=true,beam=5,b_nat=5``)."""
-    from fairseq_hrt.generation.options import DecodingOptions
-    from hrt_runtime.search import SearchConfig
-
     known = set(DecodingOptions.__dataclass_fields__) | set(SearchConfig.__dataclass_fields__)
     rows = {}
     for item in items:
@@ -729,7 +714,7 @@ def _option_value(text: str):
     return text
 
 
-class MPFamily(_FairseqFamily):
+class MPAdapter(_FairseqAdapter):
     """``--mp``: Mask-Predict with each iteration count I and length beam l (no left-to-right
     search, so no engine rows)."""
 
@@ -769,7 +754,7 @@ class MPFamily(_FairseqFamily):
         return FairseqRunner(system, ctx, gen_args, options, greedy=False)
 
 
-class ParallelFamily(_FairseqFamily):
+class ParallelAdapter(_FairseqAdapter):
     """``--parallel``: the strategies that decode with their own passes (:func:`parallel_methods`:
     Jacobi decoding PJ / PGJ / HGJ, hrt-spec), each on the first checkpoint kind it decodes:
     ``--at``, else ``--hrt`` (in AT mode)."""
@@ -777,18 +762,14 @@ class ParallelFamily(_FairseqFamily):
     name = "parallel"
 
     def systems(self, args):
-        from fairseq.models.transformer import TransformerModel
-
-        from fairseq_hrt.generation.jacobi import JACOBI_METHODS, SPEC_METHOD
-        from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
-        from fairseq_hrt.models.hrt_transformer import HRTTransformerModel
-
         methods = [m.strip() for m in str(getattr(args, "parallel", "")).split(",") if m.strip()]
         known = parallel_methods()
         bad = [m for m in methods if m not in known]
         if bad:
             raise ValueError(f"--parallel {bad}: choose among {', '.join(known)}")
-        kinds = (("AT", args.at, TransformerModel), ("HRT", args.hrt, HRTTransformerModel))
+        # a checkpoint kind stands for the model classes that declare it (models/kinds.py)
+        declared = {family.kind: cls for cls, family in reversed(list(MODEL_FAMILIES.items()))}
+        kinds = (("AT", args.at, declared[AT]), ("HRT", args.hrt, declared[HRT]))
         out = []
         for m in methods:
             family, checkpoint = next(
@@ -811,14 +792,14 @@ class ParallelFamily(_FairseqFamily):
 
 
 # in row order: AT first (the baseline), the outside reference next to it
-FAMILIES: Tuple[Family, ...] = (ATFamily(), CT2Family(), HRTFamily(), MPFamily(), ParallelFamily())
-ADAPTERS: Dict[str, Family] = {family.name: family for family in FAMILIES}
+ROW_ADAPTERS: Tuple[RowAdapter, ...] = (ATAdapter(), CT2Adapter(), HRTAdapter(), MPAdapter(), ParallelAdapter())
+ADAPTERS: Dict[str, RowAdapter] = {family.name: family for family in ROW_ADAPTERS}
 
 
 def systems_from_args(args) -> Tuple[List[System], List[dict]]:
     """The systems to measure and the families skipped (no checkpoint given)."""
     systems, skipped = [], []
-    for family in FAMILIES:
+    for family in ROW_ADAPTERS:
         systems += family.systems(args)
         reason = family.skipped(args)
         if reason:
@@ -826,10 +807,10 @@ def systems_from_args(args) -> Tuple[List[System], List[dict]]:
     return systems, skipped
 
 
-def family_of(system: System) -> Family:
+def adapter_of(system: System) -> RowAdapter:
     """The adapter that decodes ``system`` (parallel rows carry their strategy in ``decoding``)."""
     if system.decoding.get("decoding") in parallel_methods():
-        return ADAPTERS[ParallelFamily.name]
+        return ADAPTERS[ParallelAdapter.name]
     return ADAPTERS[system.family]
 
 

@@ -30,14 +30,17 @@ if not __package__:  # python benchmarks/onnx_gate.py (a file): the repository r
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from fairseq import options, tasks  # noqa: E402
+from fairseq.data import Dictionary  # noqa: E402
 
 from benchmarks.timing import time_runs  # noqa: E402
+from fairseq_hrt.export.exporter import export_model  # noqa: E402
+from fairseq_hrt.generation.decoder_pass import decoder_pass  # noqa: E402
+from fairseq_hrt.generation.output_vocab import OutputLayer  # noqa: E402
+from hrt_runtime.model import ExportedModel  # noqa: E402
 
 
 def random_model(arch: str, vocab: int, workdir: str):
-    from fairseq import options, tasks
-    from fairseq.data import Dictionary
-
     d = Dictionary()
     for i in range(vocab - 4):
         d.add_symbol(f"w{i}", n=10**6 - i)
@@ -84,12 +87,7 @@ def main(argv=None):
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    import onnxruntime as ort
-
-    from fairseq_hrt.export.exporter import export_model
-    from fairseq_hrt.generation.decoder_pass import decoder_pass
-    from fairseq_hrt.generation.output_vocab import OutputLayer
-    from hrt_runtime.model import ExportedModel
+    import onnxruntime as ort  # noqa: PLC0415 - optional: onnxruntime
 
     work = tempfile.mkdtemp()
     task, model = random_model(a.arch, a.vocab, work)

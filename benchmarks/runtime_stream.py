@@ -29,6 +29,8 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.report_files import write_files  # noqa: E402
+from hrt_runtime import integrity  # noqa: E402
+from hrt_runtime.translator import Translator  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPTIONS = ["--beam", "1", "--max-len-a", "1.2", "--max-len-b", "10"]
@@ -94,9 +96,6 @@ def memory(root: str, folder: str, path: str, name: str) -> Dict:
 
 
 def integrity_cost(folder: str) -> Dict:
-    from hrt_runtime import integrity
-    from hrt_runtime.translator import Translator
-
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
     total = sum(e["bytes"] for e in config["files"].values())

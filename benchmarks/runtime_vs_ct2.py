@@ -39,9 +39,14 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+import sacrebleu  # noqa: E402
+import sentencepiece  # noqa: E402
 
+from benchmarks import ct2_reference  # noqa: E402
 from benchmarks.report_files import write_report  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
+from hrt_runtime.search import SearchConfig  # noqa: E402
+from hrt_runtime.translator import Translator  # noqa: E402
 
 
 def named(values: List[str], flag: str) -> List[Tuple[str, str]]:
@@ -71,9 +76,6 @@ def runtime_rows(
     max_len_b: int,
 ) -> Dict[str, Tuple[Callable, Callable]]:
     """``{row: (decode(batches) -> {index: pieces}, ...)}`` of one exported folder."""
-    from hrt_runtime.search import SearchConfig
-    from hrt_runtime.translator import Translator
-
     translator = Translator(folder, threads=threads)
     model = translator.model
     unk, eos = model.config["source_unk"], model.config["source_eos"]
@@ -108,9 +110,7 @@ def ctranslate2_rows(
     max_len_a: float,
     max_len_b: int,
 ) -> Dict[str, Callable]:
-    import ctranslate2
-
-    from benchmarks import ct2_reference
+    import ctranslate2  # noqa: PLC0415 - optional: CTranslate2
 
     vocabulary = ct2_reference.target_vocabulary(model_dir) or []
     suppress = ct2_reference.suppressed(vocabulary)
@@ -175,8 +175,6 @@ def main(argv: Optional[List[str]] = None):
     args = p.parse_args(argv)
     if "torch" in sys.modules:
         raise SystemExit("runtime_vs_ct2: PyTorch was imported into this process; the point is a process without it")
-    import sacrebleu
-    import sentencepiece
 
     def read(path: str) -> List[str]:
         with open(path, encoding="utf-8") as f:

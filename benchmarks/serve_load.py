@@ -40,6 +40,8 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.report_files import write_files  # noqa: E402
+from hrt_runtime import Translator  # noqa: E402
+from hrt_runtime.text_input import read_lines  # noqa: E402
 
 
 def free_port() -> int:
@@ -254,9 +256,6 @@ def main(argv=None):
     p.add_argument("--max-request-tokens", type=int, default=None, help="hrt-serve's (to take the large request)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-
-    from hrt_runtime import Translator
-    from hrt_runtime.text_input import read_lines
 
     sentences = [line for line in read_lines(a.input) if line.strip()]
     total = a.clients * a.requests

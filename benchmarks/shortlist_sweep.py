@@ -34,7 +34,7 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.measure import Context, FairseqRunner, System, read_lines  # noqa: E402
+from benchmarks.measure import Context, FairseqRunner, System, add_data_arguments, read_lines  # noqa: E402
 from benchmarks.report_files import write_report  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
 from fairseq_hrt import shortlist as sl  # noqa: E402
@@ -69,11 +69,7 @@ def setting_name(setting) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="binarized data dir: dictionaries and the training set")
-    p.add_argument("--spm", required=True, help="SentencePiece model (detokenising hypotheses)")
-    p.add_argument("--src", required=True, help="source pieces of the tuning set")
-    p.add_argument("--raw-src", required=True, help="raw source of the tuning set (words)")
-    p.add_argument("--raw-ref", required=True, help="raw reference of the tuning set (sacreBLEU)")
+    add_data_arguments(p, data_help="binarized data dir: dictionaries and the training set", max_sentences=False)
     p.add_argument("--at", help="AT checkpoint (greedy rows)")
     p.add_argument("--hrt", help="HRT checkpoint (k = 2, 1/1 rows)")
     p.add_argument("--hrt-chunk-size", type=int, default=2)

@@ -32,9 +32,13 @@ from typing import Callable, Dict, List, Optional
 if not __package__:  # python benchmarks/NAME.py (a file): the repository root on sys.path, as -m benchmarks.NAME has it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import tempfile  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 from benchmarks.report_files import write_report  # noqa: E402
+from hrt_runtime.model import ExportedModel  # noqa: E402
+from hrt_runtime.search import Rules, SearchConfig  # noqa: E402
 
 # the groups of the step graph's operators (the output layer: the matrix product whose logits
 # the log-softmax reads; the choice: everything after it)
@@ -66,7 +70,7 @@ def best_time(fn: Callable[[], object], calls: int, repeats: int) -> float:
 
 
 def session_options(threads: int):
-    import onnxruntime as ort
+    import onnxruntime as ort  # noqa: PLC0415 - optional: onnxruntime
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -88,8 +92,6 @@ def loop_step_cost(
     """us per step of the greedy loop (``greedy.onnx``, or ``greedy_restricted.onnx`` over
     ``rows``), called as the search calls it (``ExportedModel.greedy_loop``): two runs of
     ``short`` and ``long`` forced steps, the difference per step."""
-    from hrt_runtime.search import Rules, SearchConfig
-
     encoded = model.encode(source)
     out_rows = model.rows(rows)
     size = model.vocab_size if rows is None else rows.size
@@ -117,10 +119,8 @@ def step_graph_prefixes(model, source: np.ndarray, past_steps: int, calls: int, 
     """``(fixed, [(op, group, us)], total)`` of the optimised step graph at batch 1 after
     ``past_steps`` steps: the run of its first operator alone (``fixed``: the run's own cost
     and that operator), then what each further operator adds."""
-    import tempfile
-
-    import onnx
-    import onnxruntime as ort
+    import onnx  # noqa: PLC0415 - optional: onnx, for exporting
+    import onnxruntime as ort  # noqa: PLC0415 - optional: onnxruntime
 
     encoded = model.encode(source)
     state = model.begin(encoded, 1, past_steps + 1, model.eos, model.rows(None))
@@ -221,7 +221,7 @@ def step_graph_prefixes(model, source: np.ndarray, past_steps: int, calls: int, 
 def ctranslate2_step_cost(model_dir: str, length: int, short: int, long: int, calls: int, repeats: int, threads: int):
     """us per greedy step of CTranslate2 (float32, int8; with the vocabulary map when the
     folder has one): forced lengths ``short`` and ``long``, the difference per step."""
-    import ctranslate2
+    import ctranslate2  # noqa: PLC0415 - optional: CTranslate2
 
     source = [[f"▁w{i}" for i in range(length - 1)]]
     out = {}
@@ -259,9 +259,7 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out-dir", required=True)
     args = p.parse_args(argv)
-    import onnxruntime
-
-    from hrt_runtime.model import ExportedModel
+    import onnxruntime  # noqa: PLC0415 - optional: onnxruntime
 
     short, long = (int(x) for x in args.steps.split(","))
     model = ExportedModel(args.onnx, threads=args.threads)

@@ -43,6 +43,7 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 from benchmarks import measure  # noqa: E402
 from benchmarks.report_files import write_report  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
+from hrt_runtime.model import ExportedModel  # noqa: E402
 
 PARTS = ("encoder", "decoder steps", "stage II", "other")
 # the record_function scope of each timed part (the rest is "other")
@@ -73,8 +74,6 @@ def session_run_times():
     ``hrt_runtime.ExportedModel`` is wrapped in a wall-clock timer for the block's duration
     (a greedy loop's calls: the steps it made). :data:`RUN_ONLY`: the decoder steps' session
     runs alone, so that a step's own work around its run (feeds, the state) is the difference."""
-    from hrt_runtime.model import ExportedModel
-
     times = {SCOPES[part]: [0.0, 0] for part in SESSION_RUNS}
     times[RUN_ONLY] = [0.0, 0]
     originals = {
@@ -241,7 +240,7 @@ def main(argv=None):
         "|---|---:|---:|" + "---:|" * len(PARTS) + "---:|---:|" + run_rule,
     ] + rows
     if onnx:
-        import onnxruntime
+        import onnxruntime  # noqa: PLC0415 - optional: onnxruntime
 
         head = (
             f"## Where the decoding time goes (ONNX Runtime {onnxruntime.__version__}, {args.threads} thread(s), "

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
+import sentencepiece as spm
+
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "fairseq_hrt")
 SHARED_MULTI30K = REPO.parent / "shared" / "data" / "multi30k-en-de"
@@ -483,8 +485,6 @@ def make_tiny_spm_data(
     """:func:`make_tiny_data` through a joint SentencePiece model, as the quickstart prepares
     Multi30k: ``root/spm/spm.model`` and the encoded splits, binarized into ``root/bin``
     (for ``fairseq-interactive --bpe sentencepiece`` on raw text)."""
-    import sentencepiece as spm
-
     root = Path(root)
     raw = write_raw_corpus(root / "raw", n_train=n_train, n_valid=n_valid, prefer=prefer)
     spm_dir = root / "spm"

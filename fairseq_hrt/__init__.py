@@ -22,10 +22,4 @@ __version__ = "0.1.0"
 
 # components register themselves with fairseq's registries on import
 from fairseq_hrt import criterions, models, tasks  # noqa: E402,F401
-
-
-def from_pretrained(*args, **kwargs):
-    """``fairseq_hrt.from_pretrained(model_dir, ...).translate(...)``: see :mod:`fairseq_hrt.hub`."""
-    from fairseq_hrt.hub import from_pretrained as load
-
-    return load(*args, **kwargs)
+from fairseq_hrt.hub import from_pretrained  # noqa: E402,F401  (the Python API: see fairseq_hrt.hub)

@@ -10,6 +10,7 @@
 import logging
 from typing import Dict, Sequence
 
+from fairseq_hrt.models.hrt_transformer import check_dictionary_compatible
 from fairseq_hrt.symbols import dictionary_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -55,18 +56,12 @@ def check_dictionary_when_loading(model):
     """AT models are fairseq's own ``transformer``: loading a checkpoint of another dictionary
     into one failed with "size mismatch for decoder.output_projection.weight ... please ensure
     that the architectures match", which points at the architecture. Check the dictionary
-    first, as HRT and CMLM models do in their ``load_state_dict`` (one message for all)."""
-    from fairseq_hrt.models.hrt_transformer import HRTTransformerModel, check_dictionary_compatible
+    first (one message for all models, whatever their class): a load-state-dict pre-hook of the
+    model (PyTorch's hook, run before any tensor is copied; HRT and CMLM models check in their
+    ``load_state_dict`` before filling the tensors an AT checkpoint lacks, then here again)."""
+    model.register_load_state_dict_pre_hook(_check_dictionary_hook)
 
-    if isinstance(model, HRTTransformerModel) or getattr(
-        model.load_state_dict, "__fairseq_hrt_dictionary_check__", False
-    ):
-        return
-    load_state_dict = model.load_state_dict
 
-    def checked(state_dict, *args, **kwargs):
-        check_dictionary_compatible(model, state_dict)
-        return load_state_dict(state_dict, *args, **kwargs)
-
-    checked.__fairseq_hrt_dictionary_check__ = True
-    model.load_state_dict = checked
+def _check_dictionary_hook(module, state_dict, prefix, *args):
+    if not prefix:  # the model itself (the hook runs for it only: it is registered on it)
+        check_dictionary_compatible(module, state_dict)

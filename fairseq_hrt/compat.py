@@ -10,6 +10,7 @@ import argparse
 import functools
 import glob
 import inspect
+import logging
 import os
 import pickle
 import shutil
@@ -18,7 +19,17 @@ import time
 import types
 import zipfile
 
+import fairseq.checkpoint_utils as checkpoint_utils
+import fairseq.distributed.utils as distributed_utils
+import fairseq.trainer as trainer
+import fairseq.utils
 import torch
+from fairseq import options
+from fairseq.scoring.bleu import SacrebleuScorer
+from fairseq.trainer import Trainer
+from sacrebleu.metrics import BLEU
+
+from hrt_runtime import text_input
 
 
 def _load_trusting_fairseq_pickles(torch_load):
@@ -59,9 +70,6 @@ class _TorchProxy(types.ModuleType):
 
 
 def _patch_checkpoint_loading():
-    import fairseq.checkpoint_utils as checkpoint_utils
-    import fairseq.distributed.utils as distributed_utils
-
     # checkpoint_utils: load_checkpoint_to_cpu (train/generate/interactive/hub) and
     # torch_persistent_save's verification; distributed.utils: broadcast_object, used to
     # share the restored trainer state between ranks.
@@ -88,8 +96,6 @@ def _patch_fp16_overflow_on_cpu():
     ``grad_norm = torch.tensor(0.0).cuda()``, which crashes without CUDA ("Torch not compiled
     with CUDA enabled"), so fp16 training on CPU died at its first overflow. That is the only
     ``torch.tensor`` call in fairseq/trainer.py; on CPU it now stays on the CPU."""
-    import fairseq.trainer as trainer
-
     _wrap_once(trainer, "torch", lambda _: _TorchProxy(tensor=_tensor_with_optional_cuda))
 
 
@@ -147,8 +153,6 @@ def _load_checkpoint_restarting_the_clock(load_checkpoint):
 
 
 def _patch_finetune_training_time():
-    from fairseq.trainer import Trainer
-
     _expect_parameters(
         Trainer.load_checkpoint,
         ["self", "filename", "reset_optimizer", "reset_lr_scheduler", "optimizer_overrides", "reset_meters"],
@@ -159,7 +163,7 @@ def _patch_finetune_training_time():
 
 def _buffered_read_repairing_bad_lines(buffered_read):
     """Replace ``fairseq_cli.interactive.buffered_read`` by one that reads through
-    :mod:`fairseq_hrt.text_input`.
+    :mod:`hrt_runtime.text_input`.
 
     Why: fairseq 0.12 reads ``--input`` with ``fileinput`` (strict UTF-8) and stdin with
     Python's own decoding (``surrogateescape`` in a C/C.UTF-8 locale), so one line holding
@@ -172,8 +176,6 @@ def _buffered_read_repairing_bad_lines(buffered_read):
 
     @functools.wraps(buffered_read)
     def wrapper(input, buffer_size):
-        from fairseq_hrt import text_input
-
         buffer = []
         for line in text_input.iter_lines(input):
             buffer.append(line.strip())
@@ -238,8 +240,6 @@ def _train_stopping_when_finished(train):
         max_update = cfg.optimization.max_update or 0
         num_updates = trainer.get_num_updates()
         if 0 < max_update <= num_updates:
-            import logging
-
             logging.getLogger("fairseq_cli.train").info(
                 "training is already finished: the checkpoint restored from %s is at update %d, --max-update is %d; "
                 "nothing to train and no checkpoint written (raise --max-update to train on)",
@@ -292,8 +292,6 @@ def _load_checkpoint_patching_the_loop(load_checkpoint):
 
 
 def _patch_finished_runs():
-    import fairseq.checkpoint_utils as checkpoint_utils
-
     patch_training_loop()
     _wrap_once(checkpoint_utils, "load_checkpoint", _load_checkpoint_patching_the_loop)
 
@@ -479,9 +477,6 @@ def _save_checkpoint_cleaning_up_on_failure(save_checkpoint):
 
 
 def _patch_checkpoint_files():
-    import fairseq.checkpoint_utils as checkpoint_utils
-    from fairseq.trainer import Trainer
-
     _wrap_once(checkpoint_utils, "PathManager", _PathManagerProxy)
     _wrap_once(checkpoint_utils, "load_checkpoint_to_cpu", _load_checkpoint_explaining_corruption)
     _expect_parameters(Trainer.save_checkpoint, ["self", "filename", "extra_state"], "Trainer.save_checkpoint")
@@ -496,8 +491,6 @@ def sacrebleu_signature(cfg) -> str:
     tokenizes both sides with sacreBLEU's tokenizer ``--sacrebleu-tokenizer`` (lowercased with
     ``--sacrebleu-lowercase``) and scores the tokens with ``tokenize='none'``, which is sacreBLEU
     with that tokenizer; ``--sacrebleu-char-level`` splits into characters after it (``+char``)."""
-    from sacrebleu.metrics import BLEU
-
     tokenizer = str(cfg.sacrebleu_tokenizer)
     bleu = BLEU(tokenize=tokenizer, lowercase=bool(cfg.sacrebleu_lowercase))
     bleu.num_refs = 1  # fairseq scores against one reference per sentence
@@ -521,8 +514,6 @@ def _sacrebleu_result_with_signature(result_string):
 
 
 def _patch_sacrebleu_scorer():
-    from fairseq.scoring.bleu import SacrebleuScorer
-
     _wrap_once(SacrebleuScorer, "result_string", _sacrebleu_result_with_signature)
 
 
@@ -566,8 +557,6 @@ def _infer_init_method_of_torchrun_on_cpu(infer_init_method):
 
 
 def _patch_torchrun_on_cpu():
-    import fairseq.distributed.utils as distributed_utils
-
     _wrap_once(distributed_utils, "infer_init_method", _infer_init_method_of_torchrun_on_cpu)
 
 
@@ -599,8 +588,6 @@ class _HelpAfterTaskOptions(argparse._HelpAction):
 def defer_help_to_the_second_parse():
     """When a ``parse_args_and_arch`` that asks for ``--help`` is running (it imports the user
     dir before its first parse), its parser's help action becomes :class:`_HelpAfterTaskOptions`."""
-    from fairseq import options
-
     frame = sys._getframe(1)
     while frame is not None and frame.f_code is not options.parse_args_and_arch.__code__:
         frame = frame.f_back
@@ -630,8 +617,6 @@ def _patch_help():
     """The first import of the plugin happens inside the running parse (``--user-dir``): its
     help is deferred here; later parses in the same process (the plugin imported already)
     through ``fairseq.utils.import_user_module``."""
-    import fairseq.utils
-
     _wrap_once(fairseq.utils, "import_user_module", _importing_user_module_defers_help)
     defer_help_to_the_second_parse()
 

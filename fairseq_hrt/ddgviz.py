@@ -26,8 +26,14 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
+import sentencepiece as spm
 import torch
+from fairseq import checkpoint_utils, utils
 
+import fairseq_hrt  # noqa: F401
+from fairseq_hrt.cli_logging import setup_logging
+from fairseq_hrt.generation.options import DecodingOptions
 from fairseq_hrt.models.kinds import family_of
 
 logger = logging.getLogger("fairseq_hrt.ddgviz")
@@ -90,13 +96,12 @@ MAX_FIGURE_INCHES = (40, 30)
 
 
 def draw_png(g: dict, path: str):
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - optional: matplotlib, for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.colors import to_rgb
-    from matplotlib.patches import FancyArrowPatch
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - optional: matplotlib, for plots
+    from matplotlib.colors import to_rgb  # noqa: PLC0415 - optional: matplotlib, for plots
+    from matplotlib.patches import FancyArrowPatch  # noqa: PLC0415 - optional: matplotlib, for plots
 
     n, passes = len(g["words"]), g["passes"]
     width = min(max(6, 0.9 * n + 1.5), MAX_FIGURE_INCHES[0])
@@ -255,8 +260,6 @@ Hover a token to see the chain of tokens it waited for.</p>
 def trace(task, model, sample, method: str, block_size: Optional[int], max_len_b: int):
     """Decode ``sample`` with the generator of ``--decoding method`` (the task's one factory),
     every pass recorded: ``(hypotheses, records)``."""
-    from fairseq_hrt.generation.options import DecodingOptions
-
     if method == "hrt-spec" and not family_of(model).chunk_sizes:
         raise ValueError("--method hrt-spec needs an HRT model (it drafts with the non-autoregressive mode)")
     options = DecodingOptions(decoding=method, jacobi_block_size=block_size).replace(beam=1, max_len_b=max_len_b)
@@ -331,10 +334,6 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from fairseq import checkpoint_utils
-
-    import fairseq_hrt  # noqa: F401
-    from fairseq_hrt.cli_logging import setup_logging
 
     setup_logging()
 
@@ -359,14 +358,10 @@ def main(argv=None):
                 lines += [line.rstrip("\n") for line in f if line.strip()]
         sources = lines
         if args.spm:
-            import sentencepiece as spm
-
             sp = spm.SentencePieceProcessor(model_file=args.spm)
             lines = [" ".join(sp.encode(line, out_type=str)) for line in lines]
         sample = make_sample(task, lines)
     if next(model.parameters()).is_cuda:
-        from fairseq import utils
-
         sample = utils.move_to_cuda(sample)
     graphs = build_graphs(task, model, sample, sources, args.method, args.jacobi_block_size, args.max_len_b)
     written = write_outputs(graphs, args.out_dir)

@@ -28,8 +28,17 @@ import time
 from typing import List, Optional, Sequence
 
 import torch
+from fairseq import checkpoint_utils, utils
+from fairseq.data import data_utils
+from fairseq.dataclass.configs import GenerationConfig
+from sacrebleu.metrics import BLEU
+from tqdm import tqdm
 
+import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
 from fairseq_hrt.cli_logging import setup_logging
+from fairseq_hrt.generation.engines import engine_choices
+from hrt_runtime import text_input
+from hrt_runtime.text_input import InputTextError
 
 logger = logging.getLogger("fairseq_hrt.distill")
 
@@ -39,8 +48,6 @@ logger = logging.getLogger("fairseq_hrt.distill")
 
 def sentence_bleu_scores(candidates: Sequence[str], reference: str) -> List[float]:
     """Sentence-BLEU of every candidate against one reference (detokenised text)."""
-    from sacrebleu.metrics import BLEU
-
     # effective_order: short sentences are not all zero for lack of 4-gram matches
     bleu = BLEU(effective_order=True)
     return [bleu.sentence_score(c, [reference]).score for c in candidates]
@@ -59,12 +66,10 @@ def select_by_sentence_bleu(candidates: Sequence[str], reference: str) -> int:
 
 
 def read_lines(path: str, errors: str = "replace") -> List[str]:
-    """The lines of ``path`` as every entry point reads input (:mod:`fairseq_hrt.text_input`):
+    """The lines of ``path`` as every entry point reads input (:mod:`hrt_runtime.text_input`):
     bytes that are not valid UTF-8 become U+FFFD (or stop the run, ``errors="strict"``) and
     control characters are handled, with a warning naming the file and line; never a line
     more or less, so the output stays aligned."""
-    from fairseq_hrt import text_input
-
     return text_input.read_lines(path, errors=errors)
 
 
@@ -100,10 +105,6 @@ def translate_nbest(
     Lines are batched by fairseq's length-sorted batching; empty lines get ``[""]`` and are
     not decoded.
     """
-    from fairseq import utils
-    from fairseq.dataclass.configs import GenerationConfig
-    from tqdm import tqdm
-
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
     todo = [i for i, line in enumerate(lines) if line.strip()]
     results: List[List[str]] = [[""] for _ in lines]
@@ -197,17 +198,12 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     setup_logging(args.log_file)
-    from fairseq import checkpoint_utils
-    from fairseq.data import data_utils
-
-    import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
 
     if args.threads:
         torch.set_num_threads(args.threads)
     use_cuda = torch.cuda.is_available() and not args.cpu
     if args.fp16 and not use_cuda:
         raise SystemExit("--fp16 needs a GPU")
-    from fairseq_hrt.text_input import InputTextError
 
     try:
         src = read_lines(args.src, args.input_errors)
@@ -219,8 +215,6 @@ def main(argv=None):
             f"--select-by-bleu {args.select_by_bleu} has {len(refs)} lines but --src {args.src} has {len(src)}; "
             "they must be aligned line by line"
         )
-
-    from fairseq_hrt.generation.engines import engine_choices
 
     if args.decoder_engine not in engine_choices():
         raise SystemExit(f"--decoder-engine must be one of {', '.join(engine_choices())}, got {args.decoder_engine!r}")

@@ -18,14 +18,17 @@ strings give empty translations and over-long inputs are truncated at
 so the API and the command line cannot differ).
 """
 
-import contextlib
+import copy
 import difflib
+import json
 import logging
 import os
+from collections import OrderedDict
 from typing import Dict, List, Optional, Union
 
-from fairseq import hub_utils
-from omegaconf import open_dict
+import torch
+from fairseq import hub_utils, utils
+from omegaconf import OmegaConf, open_dict
 
 from fairseq_hrt.generation.options import task_defaults
 from fairseq_hrt.symbols import find_sentencepiece_model
@@ -34,6 +37,7 @@ from hrt_runtime.text_input import check_sentences, repair_lines
 logger = logging.getLogger(__name__)
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
+GENERATORS_KEPT = 8  # the generators a hub keeps, the most recently used
 
 
 def _dictionary_folder(model_dir: str, data_name_or_path: Optional[str]) -> str:
@@ -111,7 +115,12 @@ def from_pretrained(
 
 
 class HRTHubInterface(hub_utils.GeneratorHubInterface):
-    """fairseq's ``GeneratorHubInterface`` with the plugin's decoding options per call."""
+    """fairseq's ``GeneratorHubInterface`` with the plugin's decoding options per call; a
+    generator is built once per model and options (fairseq's hub builds one per call)."""
+
+    def __init__(self, cfg, task, models):
+        super().__init__(cfg, task, models)
+        self._generators: "OrderedDict[tuple, object]" = OrderedDict()  # see generator()
 
     def translate(
         self,
@@ -130,7 +139,7 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
         ``chunk_size``: HRT's k (1 = AT mode, ``'auto-trained'`` / ``'by-length'`` as
         ``--decode-chunk-size``; default: the checkpoint's setting); ``beam`` (= b_at for HRT),
         ``b_nat``, ``decoding`` (``--decoding``: auto, beam, hrt, mask-predict, ...),
-        ``engine`` (``--decoder-engine``: lean or fairseq), ``batch_size`` (sentences per
+        ``engine`` (``--decoder-engine``: lean, fairseq, onnxruntime, ...), ``batch_size`` (sentences per
         batch). Other keywords are fairseq generation options (``max_len_a``, ``iter_decode_max_iter``, ...).
         """
         check_sentences(sentences)
@@ -157,10 +166,7 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
             )
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        # the batch size is the hub's own batching setting (fairseq's hub reads it from its
-        # configuration), set for this call only
-        with self._options(self.cfg.dataset, {"batch_size": batch_size} if batch_size else {}):
-            return self.sample(sentences, beam=beam, verbose=verbose, **generation_options)
+        return self.sample(sentences, beam=beam, verbose=verbose, batch_size=batch_size, **generation_options)
 
     # fairseq's hub.generate() takes these besides the generation options
     HUB_GENERATE_OPTIONS = ("skip_invalid_size_inputs", "inference_step_args", "prefix_allowed_tokens_fn")
@@ -175,17 +181,82 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise TypeError(f"translate() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}{hint}")
 
-    @staticmethod
-    @contextlib.contextmanager
-    def _options(cfg, values: Dict[str, object]):
-        """Set the hub's own configuration values for one call and restore them after it."""
-        old = {name: getattr(cfg, name) for name in values}
-        with open_dict(cfg):
-            for name, value in values.items():
-                setattr(cfg, name, value)
-        try:
-            yield
-        finally:
-            with open_dict(cfg):
-                for name, value in old.items():
-                    setattr(cfg, name, value)
+    def generate(
+        self,
+        tokenized_sentences: List[torch.LongTensor],
+        beam: int = 5,
+        verbose: bool = False,
+        skip_invalid_size_inputs: bool = False,
+        inference_step_args=None,
+        prefix_allowed_tokens_fn=None,
+        batch_size: Optional[int] = None,
+        **kwargs,
+    ) -> List[List[Dict[str, torch.Tensor]]]:
+        """fairseq's ``generate``, with the generator of these options built once
+        (:meth:`generator`) and ``batch_size`` sentences a batch (default: the hub's setting)."""
+        if torch.is_tensor(tokenized_sentences) and tokenized_sentences.dim() == 1:
+            return self.generate(
+                tokenized_sentences.unsqueeze(0),
+                beam=beam,
+                verbose=verbose,
+                skip_invalid_size_inputs=skip_invalid_size_inputs,
+                inference_step_args=inference_step_args,
+                prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+                batch_size=batch_size,
+                **kwargs,
+            )[0]
+        generator = self.generator(beam, kwargs, prefix_allowed_tokens_fn)
+        results = []
+        for batch in self._batches(tokenized_sentences, skip_invalid_size_inputs, batch_size):
+            batch = utils.apply_to_sample(lambda t: t.to(self.device), batch)
+            translations = self.task.inference_step(generator, self.models, batch, **(inference_step_args or {}))
+            results.extend(zip(batch["id"].tolist(), translations))
+        outputs = [hypos for _, hypos in sorted(results, key=lambda x: x[0])]
+        if verbose:
+            for source_tokens, hypos in zip(tokenized_sentences, outputs):
+                logger.info("S\t%s", self.string(source_tokens))
+                for hypo in hypos:
+                    logger.info("H\t%s\t%s", hypo["score"], self.decode(hypo["tokens"]))
+                    logger.info("P\t%s", " ".join(f"{x:.4f}" for x in hypo["positional_scores"].tolist()))
+        return outputs
+
+    def generator(self, beam: int, options: Dict[str, object], prefix_allowed_tokens_fn=None):
+        """The task's generator of the hub's generation options with ``beam`` and ``options``
+        (fairseq's names), built once per options and the models' device and precision: an
+        engine's set-up (an ``onnxruntime`` engine hashes the parameters and opens its sessions)
+        is paid on the first call, not on every call. The :data:`GENERATORS_KEPT` most recently
+        used are kept."""
+        weight = next(self.models[0].parameters())
+        key = (
+            json.dumps(OmegaConf.to_container(self.cfg.generation, resolve=True), sort_keys=True, default=repr),
+            beam,
+            json.dumps(options, sort_keys=True, default=repr),
+            str(weight.device),
+            str(weight.dtype),
+        )
+        if prefix_allowed_tokens_fn is None and key in self._generators:
+            self._generators.move_to_end(key)
+            return self._generators[key]
+        gen_args = copy.deepcopy(self.cfg.generation)
+        with open_dict(gen_args):
+            gen_args.beam = beam
+            for name, value in options.items():
+                setattr(gen_args, name, value)
+        if prefix_allowed_tokens_fn is not None:  # a function: built for this call
+            return self.task.build_generator(self.models, gen_args, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+        found = self._generators[key] = self.task.build_generator(self.models, gen_args)
+        while len(self._generators) > GENERATORS_KEPT:  # an engine's generator may hold sessions: the oldest go
+            self._generators.popitem(last=False)
+        return found
+
+    def _batches(self, tokens, skip_invalid_size_inputs: bool, batch_size: Optional[int]):
+        """fairseq's ``_build_batches`` with this call's batch size (default: the hub's)."""
+        lengths = torch.LongTensor([t.numel() for t in tokens])
+        return self.task.get_batch_iterator(
+            dataset=self.task.build_dataset_for_inference(tokens, lengths),
+            max_tokens=self.cfg.dataset.max_tokens,
+            max_sentences=batch_size or self.cfg.dataset.batch_size,
+            max_positions=self.max_positions,
+            ignore_invalid_inputs=skip_invalid_size_inputs,
+            disable_iterator_cache=True,
+        ).next_epoch_itr(shuffle=False)

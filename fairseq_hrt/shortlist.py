@@ -33,7 +33,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from fairseq.data import Dictionary, data_utils
 from torch import Tensor
+from tqdm import tqdm
+
+from fairseq_hrt.cli_logging import setup_logging
+from fairseq_hrt.symbols import add_hrt_symbols, dictionary_fingerprint, hrt_symbols
+from hrt_runtime import text_input
 
 logger = logging.getLogger(__name__)
 
@@ -286,8 +292,6 @@ def special_ids(dictionary) -> List[int]:
     """fairseq's special symbols (``<s>``, ``<pad>``, ``</s>``, ``<unk>``) and the HRT task's
     (``<mask>``, ``<s2>``..): every shortlist includes them, so the decoders' rules about them
     (``</s>`` forced at the maximum length, banned symbols) behave as without a shortlist."""
-    from fairseq_hrt.symbols import hrt_symbols
-
     ids = set(range(dictionary.nspecial))
     ids.update(dictionary.index(s) for s in hrt_symbols() if s in dictionary.indices)
     return sorted(ids)
@@ -308,8 +312,6 @@ def build_shortlist(
     """A :class:`Shortlist` from a tokenised parallel corpus (lists of id arrays, without
     ``</s>``) and its dictionaries: per source token its ``per_source`` best targets whose
     score (``p(t | s)`` or Dice) is at least ``min_score``."""
-    from fairseq_hrt.symbols import dictionary_fingerprint
-
     if per_source < 1:
         raise ValueError(f"--per-source must be >= 1, got {per_source}")
     if frequent < 1:
@@ -355,10 +357,6 @@ def build_shortlist(
 def load_dictionaries(data: str, source_lang: Optional[str], target_lang: Optional[str]):
     """The dictionaries of a data directory as ``--task hrt_translation`` loads them (with the
     HRT symbols), so the fingerprint matches the task's."""
-    from fairseq.data import Dictionary, data_utils
-
-    from fairseq_hrt.symbols import add_hrt_symbols
-
     if source_lang is None or target_lang is None:
         source_lang, target_lang = data_utils.infer_language_pair(data)
         if source_lang is None:
@@ -374,8 +372,6 @@ def load_dictionaries(data: str, source_lang: Optional[str], target_lang: Option
 
 def read_binarized(data: str, split: str, source_lang: str, target_lang: str, src_dict, tgt_dict, limit: int = 0):
     """Sentences of a binarized split (``</s>`` removed) as id arrays."""
-    from fairseq.data import data_utils
-
     out = []
     for lang, dictionary in ((source_lang, src_dict), (target_lang, tgt_dict)):
         dataset = None
@@ -397,8 +393,6 @@ def read_binarized(data: str, split: str, source_lang: str, target_lang: str, sr
 
 def read_text(path: str, dictionary, limit: int = 0) -> List[np.ndarray]:
     """Sentences of a tokenised text file (pieces as the model reads them) as id arrays."""
-    from fairseq_hrt import text_input
-
     lines = text_input.read_lines(path)
     if limit:
         lines = lines[:limit]
@@ -409,8 +403,6 @@ def read_text(path: str, dictionary, limit: int = 0) -> List[np.ndarray]:
 
 
 def _progress(iterable, desc: str):
-    from tqdm import tqdm
-
     return tqdm(iterable, desc=desc, unit=" sentences", mininterval=2.0, disable=not sys.stderr.isatty())
 
 
@@ -462,8 +454,6 @@ def get_parser() -> argparse.ArgumentParser:
 
 
 def cli_main(argv: Optional[List[str]] = None) -> int:
-    from fairseq_hrt.cli_logging import setup_logging
-
     setup_logging()
     args = get_parser().parse_args(argv)
     try:

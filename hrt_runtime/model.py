@@ -254,7 +254,7 @@ class ExportedModel:
     intra-op threads (inter-op 1: the graphs are chains of operators; workers do not spin)."""
 
     def __init__(self, folder: str, threads: int = 1):
-        import onnxruntime as ort
+        import onnxruntime as ort  # noqa: PLC0415 - optional: onnxruntime
 
         self.folder = folder
         self.config = read_config(folder)

@@ -1,8 +1,8 @@
-"""Greedy, beam and HRT search over an :class:`~hrt_runtime.model.ExportedModel`, on numpy arrays.
-
-The one search of ``--decoder-engine onnxruntime`` and of the deployed runtime. It follows the
-lean engine (:mod:`fairseq_hrt.generation.lean`) rule for rule, so both give the same tokens:
-fairseq's maximum length ``min(a x S + b, max positions - 1)`` (``S``: the padded source
+"""The one search -- greedy, beam, HRT's two stages, Mask-Predict -- on numpy arrays, over a
+backend of a small contract (docs/design.md): :class:`~hrt_runtime.model.ExportedModel`
+(``--decoder-engine onnxruntime`` and the deployed runtime) and the lean engine's
+``TorchBackend`` (:mod:`fairseq_hrt.generation.lean`) run the same code, so they give the same
+tokens. Its rules are fairseq's: maximum length ``min(a x S + b, max positions - 1)`` (``S``: the padded source
 width), ``</s>`` banned before ``min_len`` and forced at the maximum length, the banned
 symbols, ``unk_penalty``, fairseq's ``BeamSearch`` (2 x beam candidates, ``</s>`` only among
 the first beam), finished sentences leaving the batch, scores normalised by
@@ -688,6 +688,14 @@ def initial_input(lengths: np.ndarray, mask: int, eos: int, pad: int):
     return tokens, np.where(slot <= n, slot + 1, 0).astype(np.int64)
 
 
+def check_mask_predict(iterations: int, length_beam: int):
+    """The one check of Mask-Predict's settings: ``I >= 1`` and ``l >= 1``."""
+    if iterations < 1:
+        raise ValueError(f"--iter-decode-max-iter (Mask-Predict's I) must be >= 1, got {iterations}")
+    if length_beam < 1:
+        raise ValueError(f"--iter-decode-with-beam (Mask-Predict's length beam l) must be >= 1, got {length_beam}")
+
+
 def mask_predict(
     model,
     encoded,
@@ -706,10 +714,7 @@ def mask_predict(
     best average log-probability first. Every sentence gets exactly ``iterations`` passes (a
     pass whose schedule re-masks nothing still runs: MP(I) costs what its name says).
     ``on_iteration(t, before, after)``: called with the first row's tokens of every pass."""
-    if iterations < 1:
-        raise ValueError(f"--iter-decode-max-iter (Mask-Predict's I) must be >= 1, got {iterations}")
-    if length_beam < 1:
-        raise ValueError(f"--iter-decode-with-beam (Mask-Predict's length beam l) must be >= 1, got {length_beam}")
+    check_mask_predict(iterations, length_beam)
     rows = rows or model.rows(None)
     pad, eos, mask = model.pad, model.eos, model.mask
     classes = encoded.length_lprobs.shape[-1]
@@ -724,8 +729,7 @@ def mask_predict(
     slots = tokens == mask
     scores = np.zeros(tokens.shape, np.float32)
     size = model.vocab_size if rows.ids is None else rows.ids.size
-    bias = np.zeros(size, np.float32)
-    bias[rows.positions(sorted({mask, pad, eos, model.bos, *banned}))] = -np.inf
+    bias = banned_bias_of(sorted({mask, pad, eos, model.bos, *banned}), rows, size)
     for t in range(iterations):
         if t > 0:
             tokens[lowest_confidence_mask(scores, slots, remask_counts(lengths, t, iterations))] = mask

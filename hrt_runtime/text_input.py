@@ -2,8 +2,8 @@
 stdin, ``fairseq-interactive`` (through :mod:`fairseq_hrt.compat`), ``hrt-translate``,
 ``python -m fairseq_hrt.distill`` and the benchmark scripts; from Python, ``Translator.translate``
 and the hub's ``translate`` (:func:`repair_lines`). Standard library only: the deployed runtime
-(no PyTorch, no fairseq) and the plugin import this one module (``fairseq_hrt.text_input`` is
-this module), so every entry point repairs a line the same way, with the same warning.
+(no PyTorch, no fairseq) and the plugin import this one module, so every entry point repairs a
+line the same way, with the same warning.
 
 Why: fairseq-interactive read stdin with Python's default error handler, so a line holding
 bytes that are not valid UTF-8 reached SentencePiece as lone surrogates and ended the whole

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
+import sentencepiece
 
 from hrt_runtime.families import DESCRIPTION, HRT, MASK_PREDICT
 from hrt_runtime.model import ExportedModel
@@ -150,8 +151,6 @@ class Translator:
         self.source_index = {s: i for i, s in enumerate(self.source_symbols)}
         self.spm = None
         if config.get("sentencepiece_model"):
-            import sentencepiece
-
             self.spm = sentencepiece.SentencePieceProcessor(
                 model_file=os.path.join(folder, config["sentencepiece_model"])
             )

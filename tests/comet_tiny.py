@@ -19,7 +19,13 @@ Usage::
 """
 
 import os
+import shutil
 from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+import torch
+import yaml
 
 _SENTENCES = [
     "The cat sat on the mat.",
@@ -41,8 +47,7 @@ def build_tiny_encoder(out_dir, vocab_size=120, seed=0):
     Only config.json and tokenizer files are written: COMET loads the encoder with
     ``load_pretrained_weights=False`` and takes every weight from its own checkpoint.
     """
-    import sentencepiece as spm
-    from transformers import XLMRobertaConfig, XLMRobertaTokenizer, XLMRobertaTokenizerFast
+    from transformers import XLMRobertaConfig, XLMRobertaTokenizer, XLMRobertaTokenizerFast  # noqa: PLC0415 - optional: transformers (COMET)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -97,13 +102,8 @@ def build_tiny_comet(
     ``encoder_dir``: reuse an encoder directory built earlier by :func:`build_tiny_encoder`
     instead of building ``root/encoder``.
     """
-    import shutil
-
-    import numpy as np
-    import pytorch_lightning as pl
-    import torch
-    import yaml
-    from comet.models import RegressionMetric
+    import pytorch_lightning as pl  # noqa: PLC0415 - optional: pytorch_lightning (COMET)
+    from comet.models import RegressionMetric  # noqa: PLC0415 - optional: unbabel-comet (seconds to import)
 
     root = Path(root)
     enc_dir = Path(encoder_dir) if encoder_dir else build_tiny_encoder(root / "encoder")

@@ -9,6 +9,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import tests.tiny_data  # noqa: E402,F401  (the fork server starts every fairseq command of the tests)
+from benchmarks.tiny_runs import make_tiny_data, run_cli, train_args  # noqa: E402
+from fairseq_hrt.export.exporter import export_model  # noqa: E402
+from tests.hrt_fixtures import random_tiny_models  # noqa: E402
 
 
 def pytest_configure(config):
@@ -20,8 +23,6 @@ def trained(tmp_path_factory):
     """Tiny AT and HRT (k = 2, 3) models trained for 40 updates on the tiny corpus: their
     sentences end at different steps. ``(TinyData, {arch: checkpoint})``; the lean-engine and
     Jacobi tests share them."""
-    from benchmarks.tiny_runs import make_tiny_data, run_cli, train_args
-
     root = tmp_path_factory.mktemp("lean_trained")
     data = make_tiny_data(root, n_train=300, n_valid=40)
     ckpts = {}
@@ -36,8 +37,6 @@ def trained_ssru(tmp_path_factory):
     """Tiny SSRU students trained for 40 updates on the tiny corpus: ``at_tiny_ssru`` (one SSRU
     layer) and ``at_tiny_ssru_tied`` (two tied SSRU layers, Marian's tied student). ``(TinyData,
     {name: checkpoint}, {name: training log})``; the SSRU and tied-layer tests share them."""
-    from benchmarks.tiny_runs import make_tiny_data, run_cli, train_args
-
     root = tmp_path_factory.mktemp("ssru_trained")
     data = make_tiny_data(root, n_train=300, n_valid=40)
     ckpts, logs = {}, {}
@@ -58,9 +57,6 @@ def exported_tiny(tmp_path_factory):
     """Untrained tiny HRT (k = 2, 3) and AT models exported in-process: ``{"hrt": folder,
     "at": folder}`` (inputs are pieces ``w0``..``w39``: no SentencePiece model). Read-only:
     a test that damages a folder copies it first. The runtime and service tests share them."""
-    from fairseq_hrt.export.exporter import export_model
-    from tests.hrt_fixtures import random_tiny_models
-
     _, task, hrt, at = random_tiny_models(tmp_path_factory, "exported_tiny_models")
     root = tmp_path_factory.mktemp("exported_tiny")
     for name, model in (("hrt", hrt), ("at", at)):

@@ -17,10 +17,18 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
+from fairseq.data import Dictionary
 
-from benchmarks import benchmark
+from benchmarks import benchmark, ct2_reference, measure, time_split
 from benchmarks.tiny_runs import REPO, SHARED_MULTI30K, corpus_source, default_prefer, write_lines, write_raw_corpus
+from fairseq_hrt import shortlist as sl
 from fairseq_hrt.distill import select_by_sentence_bleu, sentence_bleu_scores
+from fairseq_hrt.generation.quantize import is_quantized, quantize_int8
+from fairseq_hrt.shortlist import Shortlist
+from fairseq_hrt.symbols import dictionary_fingerprint, hrt_symbols
+from tests.comet_tiny import build_tiny_comet
+from tests.hrt_fixtures import build_task_and_model
 
 HAVE_CT2 = importlib.util.find_spec("ctranslate2") is not None
 AT_SYSTEMS = ["AT greedy", "AT beam 5"]
@@ -194,8 +202,8 @@ def test_compiled_rows_for_left_to_right_systems_only():
     ]
     compiled = systems[1]
     assert compiled.decoding["compile"] is True and compiled.decoding["decoder_engine"] == "lean"
-    _, options = benchmark.family_of(compiled).generation(compiled)
-    assert options["compile"] is True and benchmark.family_of(systems[0]).generation(systems[0])[1]["compile"] is False
+    _, options = benchmark.adapter_of(compiled).generation(compiled)
+    assert options["compile"] is True and benchmark.adapter_of(systems[0]).generation(systems[0])[1]["compile"] is False
     for s in systems:
         s.speed = {"1": {"words_per_second": {"AT greedy": 300.0, "AT greedy compiled": 450.0}.get(s.name, 9999.0)}}
     assert benchmark.fastest_baseline(systems, ["1"]) == {"1": "AT greedy compiled"}
@@ -247,7 +255,7 @@ def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_outp
     by_name = {s.name: s for s in systems}
 
     def options(name):
-        return benchmark.family_of(by_name[name]).generation(by_name[name])[1]
+        return benchmark.adapter_of(by_name[name]).generation(by_name[name])[1]
 
     assert options("AT greedy (onnxruntime) +shortlist")["decoder_engine"] == "onnxruntime"
     assert options("AT greedy (onnxruntime) +shortlist")["shortlist"] == "s.pt"
@@ -272,10 +280,8 @@ def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_outp
 def test_every_at_student_has_its_ctranslate2_rows_and_one_the_converter_refuses_is_named(monkeypatch):
     """CTranslate2 rows (float, int8, +vmap) for --at and every --at-extra checkpoint, named by
     the student; a checkpoint CTranslate2 cannot convert has none and is listed as skipped."""
-    from benchmarks import measure
-
     refused = {"ssru.pt": "an SSRU decoder"}
-    monkeypatch.setattr(measure.CT2Family, "unsupported", staticmethod(lambda checkpoint: refused.get(checkpoint)))
+    monkeypatch.setattr(measure.CT2Adapter, "unsupported", staticmethod(lambda checkpoint: refused.get(checkpoint)))
     args = SimpleNamespace(
         at="at.pt",
         at_extra=["kd=kd.pt", "ssru=ssru.pt"],
@@ -305,9 +311,6 @@ def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
     """ONNX Runtime rows of options it does not honour (stage-II options) or of a checkpoint
     it cannot export (a model quantized by PyTorch) are refused with the reason; the benchmark
     leaves them out and lists them as skipped."""
-    from fairseq_hrt.generation.quantize import quantize_int8
-    from tests.hrt_fixtures import build_task_and_model
-
     (tmp_path / "hrt").mkdir()
     task, hrt = build_task_and_model(str(tmp_path / "hrt"), arch="hrt_tiny")
     args = SimpleNamespace(
@@ -326,9 +329,9 @@ def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
     by_name = {s.name: s for s in benchmark.systems_from_args(args)[0]}
     hrt_ctx = SimpleNamespace(model=lambda checkpoint, quantize="none", engine="lean": (hrt, task))
     row = by_name["HRT k=2 b_at=1 b_nat=1 refine20 (onnxruntime)"]
-    assert "--hrt-refine-fraction" in benchmark.family_of(row).refused(row, hrt_ctx)
+    assert "--hrt-refine-fraction" in benchmark.adapter_of(row).refused(row, hrt_ctx)
     row = by_name["HRT k=2 b_at=1 b_nat=1 refine20"]
-    assert benchmark.family_of(row).refused(row, hrt_ctx) is None
+    assert benchmark.adapter_of(row).refused(row, hrt_ctx) is None
 
     (tmp_path / "at").mkdir()
     task, at = build_task_and_model(str(tmp_path / "at"), arch="at_tiny", extra=("--hrt-mode", "at"))
@@ -336,20 +339,14 @@ def test_rows_an_engine_cannot_decode_are_refused(tmp_path):
     ctx = SimpleNamespace(model=lambda checkpoint, quantize="none", engine="lean": (at, task))
     args = SimpleNamespace(at="at.pt", at_beams="1", hrt=None, mp=None, ctranslate2="no", engines="lean,onnxruntime")
     lean, onnx = benchmark.systems_from_args(args)[0]
-    assert benchmark.family_of(lean).refused(lean, ctx) is None
-    assert "quantized" in benchmark.family_of(onnx).refused(onnx, ctx)
+    assert benchmark.adapter_of(lean).refused(lean, ctx) is None
+    assert "quantized" in benchmark.adapter_of(onnx).refused(onnx, ctx)
 
 
 def test_ctranslate2_vocabulary_map_of_a_shortlist():
     """vmap.txt: the always-on targets under an empty source (with those of </s>, which
     fairseq appends to every source), then each source token with targets; padding is no
     source; targets spelled as CTranslate2 spells them (<blank> for <pad>)."""
-    import torch
-    from fairseq.data import Dictionary
-
-    from benchmarks import ct2_reference
-    from fairseq_hrt.shortlist import Shortlist
-
     d = Dictionary()
     for word in ("a", "b", "c", "x", "y", "z"):
         d.add_symbol(word)
@@ -604,7 +601,6 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(ti
     """COMET's real plumbing (a tiny random COMET model built offline, tests/comet_tiny.py):
     with a local model every system gets a score; families without a checkpoint are listed."""
     pytest.importorskip("comet")
-    from tests.comet_tiny import build_tiny_comet
 
     out, _, _ = tiny_run
     ckpt = build_tiny_comet(tmp_path / "comet")
@@ -679,11 +675,6 @@ def restrictive_shortlist(data_bin: Path, path: Path, per_source=2, seed=0):
     (what an undertrained model repeats), and only the special symbols always on; but the
     source token every fairseq batch holds, </s>, brings the 2nd and 3rd most frequent words
     (the models' next favourites: a vocabulary map without them decodes otherwise)."""
-    import torch
-
-    from fairseq_hrt import shortlist as sl
-    from fairseq_hrt.symbols import dictionary_fingerprint
-
     _, _, src_dict, tgt_dict = sl.load_dictionaries(str(data_bin), None, None)
     words = torch.tensor(
         [i for i in range(tgt_dict.nspecial + 5, len(tgt_dict)) if not tgt_dict[i].startswith(("<", "madeupword"))]
@@ -814,7 +805,7 @@ def test_onnxruntime_rows_and_the_ctranslate2_vocabulary_map(tiny_run, tmp_path)
     for ct2_name in ("CTranslate2 AT greedy", "CTranslate2 AT beam 3"):
         assert hyps(ct2_name + " +vmap") != hyps(ct2_name), ct2_name
 
-    import ctranslate2
+    import ctranslate2  # noqa: PLC0415 - optional: CTranslate2
 
     translator = ctranslate2.Translator(str(bench / "ctranslate2-at"), device="cpu", intra_threads=1)
     produced = 0
@@ -839,7 +830,6 @@ def test_time_split_parts_add_up_and_hrt_halves_the_steps(trained, tmp_path, mon
     if engine == "onnxruntime":
         pytest.importorskip("onnxruntime")
         monkeypatch.setenv("FAIRSEQ_HRT_ONNX_CACHE", str(tmp_path / "onnx-cache"))
-    from benchmarks import time_split
 
     data, ckpts = trained
     time_split.main(
@@ -880,16 +870,12 @@ def test_time_split_parts_add_up_and_hrt_halves_the_steps(trained, tmp_path, mon
 def test_ctranslate2_suppresses_the_plugins_special_symbols():
     """ct2_reference.SPECIAL_SYMBOLS (written out: the module runs without PyTorch) are the
     symbols the task adds to every dictionary."""
-    from benchmarks import ct2_reference
-    from fairseq_hrt.symbols import hrt_symbols
-
     assert list(ct2_reference.SPECIAL_SYMBOLS) == hrt_symbols()
 
 
 def test_ctranslate2_outputs_obey_a_source_relative_maximum_length():
     """--max-len-a: CTranslate2's batches get fairseq's limit, a x the batch's longest source
     (with </s>) + b, and the outputs come back in input order."""
-    from benchmarks import ct2_reference
 
     class Translator:
         def __init__(self):
@@ -927,7 +913,7 @@ def test_hrt_rows_with_decoding_options_by_name():
     by_name = {s.name: s for s in systems}
     assert list(by_name)[-2:] == ["HRT k=2 b_at=1 b_nat=1 refine20", "HRT k=2 b_at=3 b_nat=3 rescore"]
     row = by_name["HRT k=2 b_at=3 b_nat=3 rescore"]
-    gen_args, options = benchmark.family_of(row).generation(row)
+    gen_args, options = benchmark.adapter_of(row).generation(row)
     assert gen_args == {"beam": 3} and options["hrt_rescore"] is True and options["b_nat"] == 3
     assert options["decode_chunk_size"] == "2" and options["decoder_engine"] == "lean"
     args.hrt_options = ["bad:chunk_size=2"]
@@ -961,11 +947,6 @@ def test_int8_rows_load_the_model_their_engine_quantizes(monkeypatch):
     """An int8 row of the lean engine decodes PyTorch's int8 copy; one of ONNX Runtime decodes
     the float model (it quantizes its exported graphs itself), so both share the float copy
     with the float rows."""
-    import torch
-
-    from benchmarks import measure
-    from fairseq_hrt.generation.quantize import is_quantized
-
     loads = []
 
     def fake_load(checkpoint, data, use_cuda, fp16):

@@ -13,8 +13,10 @@ import torch
 from fairseq_hrt import chunking
 from fairseq_hrt.chunking import (
     at_sample,
+    batch_decoder_samples,
     choose_chunked_rows,
     chunk_final_mask,
+    chunked_rows_generator,
     cmlm_sample,
     curriculum_p_k,
     merge_rows,
@@ -713,8 +715,6 @@ def test_skip_at_teacher_slots_point_at_the_same_tokens(k):
 def test_batch_decoder_samples_without_a_task():
     """chunking.batch_decoder_samples: the per-batch samples of SPEC section 2 from tensors and
     settings only (the task's build_decoder_samples calls it)."""
-    from fairseq_hrt.chunking import batch_decoder_samples, chunked_rows_generator
-
     pad, eos, mask = 1, 2, 3
     target = torch.tensor([[10, 11, 12, 13, eos], [14, 15, eos, pad, pad], [16, eos, pad, pad, pad]])
     kw = dict(pad=pad, eos=eos, mask=mask, chunk_sizes=[2], chunk_start={2: 5})

@@ -8,7 +8,12 @@ import sys
 
 import pytest
 
+import fairseq_hrt
 from benchmarks.tiny_runs import REPO, USER_DIR, make_tiny_data, run_cli, train_args
+from fairseq_hrt.generation.engines import ENGINES
+from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
+from fairseq_hrt.hub import HRTHubInterface
+from fairseq_hrt.symbols import find_sentencepiece_model
 from tests.tiny_data import hyp_lines
 
 GEN = ["--user-dir", USER_DIR, "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]
@@ -22,8 +27,6 @@ def hrt_trained(trained):
 
 
 def test_plugin_loads_from_repo_path_and_installed_path():
-    import fairseq_hrt
-
     installed = os.path.dirname(fairseq_hrt.__file__)
     for user_dir in (os.path.join(REPO, "fairseq_hrt"), installed, "fairseq_hrt"):
         out = subprocess.run(
@@ -46,9 +49,6 @@ def test_help_lists_the_plugins_options(hrt_trained, fresh):
     """``--help`` after ``--task hrt_translation`` (and an arch and criterion) lists their
     options, every decoding strategy and every engine by name, in a fresh interpreter (the
     plugin imported by --user-dir during the parse) and in one that imported it already."""
-    from fairseq_hrt.generation.engines import ENGINES
-    from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
-
     data, _ = hrt_trained
     generate = ["generate", data.bin_dir, "--user-dir", USER_DIR, "--task", "hrt_translation", "--help"]
     train = ["train", data.bin_dir, "--user-dir", USER_DIR, "--task", "hrt_translation", "--arch", "hrt_tiny"]
@@ -250,8 +250,6 @@ def test_python_api_translates_as_fairseq_interactive(hrt_trained):
     """``fairseq_hrt.from_pretrained(...).translate(...)`` gives fairseq-interactive's
     translations for the same options, empty and over-long lines included, and leaves the
     loaded options as they were after each call."""
-    import fairseq_hrt
-
     data, ckpt = hrt_trained
     lines = [
         "a man rides a horse .",
@@ -290,12 +288,27 @@ def test_python_api_translates_as_fairseq_interactive(hrt_trained):
         fairseq_hrt.from_pretrained(str(ckpt.parent), checkpoint_file=ckpt.name)
 
 
+def test_python_api_builds_a_generator_once_per_options(hrt_trained, monkeypatch):
+    """fairseq's hub builds a generator on every call; this one builds one per options (an
+    engine's set-up, e.g. onnxruntime's sessions, is paid once), and the same options give the
+    same translations from it."""
+    data, ckpt = hrt_trained
+    hub = fairseq_hrt.from_pretrained(str(ckpt.parent), checkpoint_file=ckpt.name, data_name_or_path=str(data.bin_dir))
+    built = []
+    build = hub.task.build_generator
+    monkeypatch.setattr(hub.task, "build_generator", lambda *a, **k: built.append(a[1].beam) or build(*a, **k))
+    lines = ["a man rides a horse .", "two dogs play in the snow .", "a woman sings ."]
+    first = [hub.translate(line, chunk_size=2) for line in lines]
+    assert built == [1]
+    assert hub.translate(lines, chunk_size=2, beam=2, batch_size=1)
+    assert built == [1, 2]
+    assert [hub.translate(line, chunk_size=2) for line in lines] == first
+    assert hub.translate(lines, chunk_size=2) == first and built == [1, 2]
+
+
 def test_python_api_says_what_it_expects(tmp_path):
     """A missing model folder or checkpoint, and input that is not text, get errors that say
     what was expected (not fairseq's TypeError about None)."""
-    import fairseq_hrt
-    from fairseq_hrt.hub import HRTHubInterface
-
     with pytest.raises(FileNotFoundError, match=r"no/such/dir.*does not exist.*checkpoint_last\.pt"):
         fairseq_hrt.from_pretrained("no/such/dir", data_name_or_path=str(tmp_path))
     (tmp_path / "checkpoint_best.pt").write_bytes(b"")
@@ -310,8 +323,6 @@ def test_python_api_says_what_it_expects(tmp_path):
 
 
 def test_sentencepiece_model_found_beside_the_data(tmp_path):
-    from fairseq_hrt.symbols import find_sentencepiece_model
-
     (tmp_path / "data-bin").mkdir()
     (tmp_path / "ckpt").mkdir()
     assert find_sentencepiece_model(str(tmp_path / "data-bin"), str(tmp_path / "ckpt")) is None

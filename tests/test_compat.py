@@ -2,13 +2,23 @@
 
 import argparse
 import pickle
+import types
+from unittest import mock
 
+import fairseq.trainer as trainer
+import fairseq_cli.train  # noqa: F401 - loaded, as in fairseq's whole suite
+import fairseq_cli.train as fairseq_train
 import pytest
 import torch
-from fairseq import checkpoint_utils
+from fairseq import checkpoint_utils, options
+from fairseq.scoring.bleu import SacrebleuConfig, SacrebleuScorer
+from fairseq.trainer import Trainer
+from omegaconf import OmegaConf
+from sacrebleu.metrics import BLEU
 
 import fairseq_hrt  # noqa: F401  (applies compat)
 from fairseq_hrt import compat
+from tests.hrt_fixtures import build_task_and_model
 
 
 def _fairseq_like_checkpoint(path):
@@ -28,10 +38,6 @@ def test_fairseq_loader_reads_pickled_config(tmp_path):
 def test_real_checkpoint_loads_through_load_model_ensemble(tmp_path):
     """A checkpoint as fairseq-train writes it (argparse config pickled inside) loads into
     a model through fairseq's Python API, the path generate and interactive take."""
-    from fairseq import options
-
-    from tests.hrt_fixtures import build_task_and_model
-
     task, model = build_task_and_model(str(tmp_path))
     args = options.parse_args_and_arch(
         options.get_training_parser(),
@@ -90,9 +96,6 @@ def test_explicit_weights_only_is_respected(tmp_path):
 
 
 def test_apply_is_idempotent():
-    import fairseq.trainer as trainer
-    from fairseq.trainer import Trainer
-
     before = (checkpoint_utils.torch, trainer.torch, Trainer.load_checkpoint)
     compat.apply()
     compat.apply()  # a second application must not wrap the wrappers
@@ -145,8 +148,6 @@ def test_trainer_overflow_handler_tensor_works_without_cuda():
     """fairseq.trainer's overflow handler runs ``torch.tensor(0.0).cuda()``; on a machine
     without CUDA that must give a CPU tensor, not an AssertionError (the end-to-end check
     is tests/test_training.py::test_fp16_on_cpu_survives_gradient_overflow)."""
-    import fairseq.trainer as trainer
-
     if torch.cuda.is_available():
         pytest.skip("only meaningful without CUDA")
     grad_norm = trainer.torch.tensor(0.0).cuda()
@@ -158,8 +159,6 @@ def test_trainer_overflow_handler_tensor_works_without_cuda():
 
 
 def test_a_finished_run_skips_its_epoch_and_an_unfinished_one_trains():
-    import types
-
     calls = []
 
     def train(cfg, trainer, task, epoch_itr):
@@ -183,8 +182,6 @@ def test_a_finished_run_skips_its_epoch_and_an_unfinished_one_trains():
 
 
 def test_fairseq_train_module_is_patched_once():
-    import fairseq_cli.train as fairseq_train
-
     compat.patch_training_loop()
     first = fairseq_train.train
     assert getattr(first, "__fairseq_hrt_compat__", False)
@@ -196,12 +193,6 @@ def test_a_checkpoint_loads_with_os_path_join_mocked():
     """fairseq's own tests (tests/test_train.py::TestLoadCheckpoint) load checkpoints with
     ``os.path.join`` replaced by a MagicMock, in a process that has loaded fairseq_cli.train;
     the plugin's wrapper of ``load_checkpoint`` used to call it and die with a TypeError."""
-    from unittest import mock
-
-    import fairseq_cli.train  # noqa: F401 - loaded, as in fairseq's whole suite
-    from fairseq import checkpoint_utils
-    from omegaconf import OmegaConf
-
     assert getattr(checkpoint_utils.load_checkpoint, "__fairseq_hrt_compat__", False)
     cfg = OmegaConf.create(
         {
@@ -236,9 +227,6 @@ def test_a_checkpoint_loads_with_os_path_join_mocked():
 def test_sacrebleu_scoring_prints_sacrebleus_signature_and_score(lowercase):
     """fairseq's ``--scoring sacrebleu`` line is sacreBLEU's own for the same detokenised text:
     the same score and the signature that says how it was computed."""
-    from fairseq.scoring.bleu import SacrebleuConfig, SacrebleuScorer
-    from sacrebleu.metrics import BLEU
-
     hyps = ["A man rides a bike.", "Two dogs, playing in snow!", "Hello World"]
     refs = ["A man is riding a bike.", "Two dogs play in the snow!", "hello world"]
     scorer = SacrebleuScorer(SacrebleuConfig(sacrebleu_lowercase=lowercase))

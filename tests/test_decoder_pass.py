@@ -2,9 +2,12 @@
 shared by every engine; its modes agree with each other; encoder keys/values are projected
 once per batch; profiler labels."""
 
+import copy
+
 import pytest
 import torch
 
+from fairseq_hrt.export.exporter import unsupported
 from fairseq_hrt.generation.decoder_pass import DecoderPass, decoder_pass
 from fairseq_hrt.generation.jacobi import NATDrafter, ParallelGreedyGenerator
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
@@ -37,9 +40,8 @@ def test_one_pass_and_one_plan_per_decoder(random_models):
     _, spec = build_generator(data_dir, hrt, "--decoding", "hrt-spec", "--beam", "1")
     _, two_stage = build_generator(data_dir, hrt, "--decode-chunk-size", "2", "--beam", "2")
     assert isinstance(spec, ParallelGreedyGenerator) and isinstance(spec.drafter, NATDrafter)
-    stage1 = two_stage.stage1(2)
-    assert isinstance(stage1, LeanSequenceGenerator)
-    passes = [spec.decoder_pass, spec.drafter.decoder_pass, stage1.decoder_pass, two_stage.backend.decoder_pass]
+    assert isinstance(two_stage, LeanSequenceGenerator)  # stage I and II on its backend
+    passes = [spec.decoder_pass, spec.drafter.decoder_pass, two_stage.decoder_pass, two_stage.backend.decoder_pass]
     assert all(p is the_pass for p in passes)
     sample = make_sample(task, RAGGED[:6])
     plan = the_pass.plan()
@@ -119,9 +121,6 @@ def test_a_module_the_plan_does_not_know_is_refused_by_name(tmp_path):
     """Support is an allow-list: a module of a class the plan does not read -- here a subclass
     of nn.Linear that computes otherwise -- is refused by name by the lean engine and by the
     exporter, never planned as the class it derives from."""
-    import copy
-
-    from fairseq_hrt.export.exporter import unsupported
 
     class ScaledLinear(torch.nn.Linear):
         def forward(self, x):

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from fairseq_hrt.generation import engines as engines_module
 from fairseq_hrt.generation import strategies
@@ -15,7 +16,7 @@ from fairseq_hrt.generation.lean import LeanEngine
 from fairseq_hrt.generation.options import DecodingOptions
 from fairseq_hrt.generation.quantize import is_quantized
 from fairseq_hrt.generation.search_rules import SearchRules, banned_symbols
-from fairseq_hrt.models.kinds import AT, HRT, MASK_PREDICT, model_kind
+from fairseq_hrt.models.kinds import AT, HRT, MASK_PREDICT, family_of
 from hrt_runtime.model import OutputRows
 from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample
@@ -50,17 +51,18 @@ def test_options_from_the_task_and_per_call_generation_options(models):
     task, _ = built["hrt_tiny"]
     options = DecodingOptions.from_fairseq(args, args)
     assert (options.decode_chunk_size, options.decoder_engine, options.b_nat) == ("2", "fairseq", 1)
-    assert options.search == SearchConfig(beam=3, max_len_a=1.2, max_len_b=10)
+    assert options.search_config == SearchConfig(beam=3, max_len_a=1.2, max_len_b=10)
     # a task option given with the generation options (the hub's per-call keywords) wins
-    from omegaconf import OmegaConf
 
     call = OmegaConf.create({"beam": 1, "decoding": "beam", "decode_chunk_size": "1"})
     options = DecodingOptions.from_fairseq(args, call)
-    assert (options.decoding, options.decode_chunk_size, options.search.beam) == ("beam", "1", 1)
-    assert options.replace(beam=4, b_nat=2).search.beam == 4 and options.replace(b_nat=2).b_nat == 2
+    assert (options.decoding, options.decode_chunk_size, options.search_config.beam) == ("beam", "1", 1)
+    assert options.replace(beam=4, b_nat=2).search_config.beam == 4 and options.replace(b_nat=2).b_nat == 2
     with pytest.raises(ValueError, match="unknown decoding option"):
         options.replace(chunk_size=2)
-    assert options.search.for_chunk_size(2) == dataclasses.replace(options.search, max_len_a=0.0, max_len_b=100)
+    assert options.search_config.for_chunk_size(2) == dataclasses.replace(
+        options.search_config, max_len_a=0.0, max_len_b=100
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.b_nat = 3  # data, passed down, never written back
 
@@ -104,7 +106,7 @@ def test_model_kinds_and_their_banned_symbols(models):
     _, built = models
     task, hrt = built["hrt_tiny"]
     d = task.target_dictionary
-    kinds = {arch: model_kind(m) for arch, (_, m) in built.items()}
+    kinds = {arch: family_of(m).kind for arch, (_, m) in built.items()}
     assert kinds == {"hrt_tiny": HRT, "at_tiny": AT, "cmlm_tiny": MASK_PREDICT}
     specials = {task.mask_idx, d.bos(), *task.chunk_start_idx.values()}
     assert set(banned_symbols(task, built["at_tiny"][1])) == {d.pad()}
@@ -140,6 +142,23 @@ def test_search_rules_one_step_for_every_row_or_one_per_slot(models):
     assert np.array_equal(rows.to_full(restricted.numpy()), best.numpy())
 
 
+def test_an_engines_own_option_is_refused_by_the_other_engines_and_engine_free_strategies(models):
+    """An engine's own option (DecoderEngine.own_options: a DecodingOptions task field) is
+    refused by every other engine and by a strategy that decodes without an engine, from the
+    declaration alone (nothing else names it)."""
+    data_dir, built = models
+    task_fields = {f.name for f in dataclasses.fields(type(built["at_tiny"][0].cfg))}
+    owned = [(name, option) for name, engine in ENGINES.items() for option in engine.own_options]
+    assert owned == [("onnxruntime", "onnx_model")]
+    for owner, option in owned:
+        assert option in task_fields and option in DecodingOptions.__dataclass_fields__
+        flag = "--" + option.replace("_", "-")
+        options = DecodingOptions().replace(**{option: "/a/folder"})
+        assert all((flag in e.unsupported(options)) == (n != owner) for n, e in ENGINES.items())
+        with pytest.raises(ValueError, match=f"{flag}: an engine's own option"):
+            build_generator(data_dir, built["at_tiny"][1], "--decoding", "pj", "--beam", "1", flag, "/a/folder")
+
+
 def test_an_engine_registers_and_is_picked_by_name(models, monkeypatch):
     """A new engine is one registered class: --decoder-engine accepts its name, and what it
     declares it does not support is refused in one message."""
@@ -154,9 +173,9 @@ def test_an_engine_registers_and_is_picked_by_name(models, monkeypatch):
     class CountingEngine(LeanEngine):
         supports_shortlist = False
 
-        def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
-            calls.append(search.beam)
-            return super().left_to_right(ctx, search, banned, keep_encoder_out)
+        def left_to_right(self, ctx, config, banned):
+            calls.append(config.beam)
+            return super().left_to_right(ctx, config, banned)
 
     assert "counting" in engines_module.engine_choices()
     sample = make_sample(task, RAGGED)

@@ -5,8 +5,10 @@ mode (--hrt-fallback-threshold), on random tiny models."""
 import pytest
 import torch
 
+from benchmarks.hrt_quality import fill_skeleton_tensors
 from fairseq_hrt import chunking
-from fairseq_hrt.generation.hrt_generator import at_mode_scores, fill_skeletons
+from fairseq_hrt.generation.hrt_generator import HRTGenerator, at_mode_scores
+from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from fairseq_hrt.generation.search_rules import banned_symbols
 from hrt_runtime.search import refine_counts
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
@@ -21,8 +23,22 @@ def setup(tmp_path_factory):
     return data_dir, task, model
 
 
+class AtModeCounter:
+    """HRTGenerator's stage I of k = 1 (its fallback to AT mode), counting the sentences it decodes."""
+
+    def __init__(self, generator):
+        self.generator, self.sentences = generator, 0
+
+    def generate(self, models, sample, **kwargs):
+        self.sentences += sample["net_input"]["src_tokens"].size(0)
+        return self.generator.generate(models, sample, **kwargs)
+
+
 def decode(data_dir, task, model, *flags):
     _, gen = build_generator(data_dir, model, "--max-len-b", "20", *flags)
+    if isinstance(gen, HRTGenerator):  # the sentences that fell back to AT mode: gen.at_mode.sentences
+        stage1, gen.at_mode = gen.stage1, AtModeCounter(gen.stage1(1))
+        gen.stage1 = lambda k: gen.at_mode if k == 1 else stage1(k)
     return gen, task.inference_step(gen, [model], make_sample(task, SENTENCES))
 
 
@@ -37,7 +53,8 @@ def test_refine_counts_round_up():
 
 def _skeletons(task, model, data_dir):
     gen, hypos = decode(data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1")
-    stage1 = gen.stage1(2).generate([model], make_sample(task, SENTENCES), bos_token=task.chunk_start_idx[2])
+    stage1 = LeanSequenceGenerator(model, task.target_dictionary, gen.config.for_chunk_size(2), gen.banned)
+    stage1 = stage1.generate([model], make_sample(task, SENTENCES), bos_token=task.chunk_start_idx[2])
     return [h[0]["tokens"] for h in stage1]
 
 
@@ -53,10 +70,10 @@ def test_refinement_repredicts_only_the_least_probable_fills(setup):
     enc = model.encoder(**sample["net_input"])
     banned = torch.tensor(banned_symbols(task, model))
     args = (model, skeleton, torch.zeros(skeleton.shape), 2, enc, banned, task.mask_idx, d.eos(), d.pad())
-    stage2, plain, plain_scores, _ = fill_skeletons(*args)
-    _, everything, _, _ = fill_skeletons(*args, refine_fraction=1.0)
+    stage2, plain, plain_scores, _ = fill_skeleton_tensors(*args)
+    _, everything, _, _ = fill_skeleton_tensors(*args, refine_fraction=1.0)
     assert torch.equal(everything, plain)
-    _, half, half_scores, _ = fill_skeletons(*args, refine_fraction=0.5)
+    _, half, half_scores, _ = fill_skeleton_tensors(*args, refine_fraction=0.5)
     # the expected second pass, by the decoder module: re-mask the lowest-probability half
     is_mask = stage2.tokens.eq(task.mask_idx)
     features, _ = model.decoder(
@@ -117,11 +134,11 @@ def test_fallback_threshold_decides_per_sentence_between_k2_and_at_mode(setup):
     gen, never = decode(
         data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1", "--hrt-fallback-threshold", "-1000"
     )
-    assert tokens_of(never) == tokens_of(k2) and gen.stage2_stats["fallbacks"] == 0
+    assert tokens_of(never) == tokens_of(k2) and gen.at_mode.sentences == 0
     gen, always = decode(
         data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1", "--hrt-fallback-threshold", "0"
     )
-    assert tokens_of(always) == tokens_of(at_mode) and gen.stage2_stats["fallbacks"] == len(SENTENCES)
+    assert tokens_of(always) == tokens_of(at_mode) and gen.at_mode.sentences == len(SENTENCES)
     # in between: exactly the sentences whose stage-II confidence is below the threshold
     confidence = [float(h[0]["stage2_confidence"]) for h in k2]
     threshold = sorted(confidence)[len(confidence) // 2]
@@ -129,7 +146,7 @@ def test_fallback_threshold_decides_per_sentence_between_k2_and_at_mode(setup):
         data_dir, task, model, "--decode-chunk-size", "2", "--beam", "1", "--hrt-fallback-threshold", str(threshold)
     )
     expected = [a if c < threshold else b for c, a, b in zip(confidence, tokens_of(at_mode), tokens_of(k2))]
-    assert tokens_of(mixed) == expected and gen.stage2_stats["fallbacks"] == sum(c < threshold for c in confidence)
+    assert tokens_of(mixed) == expected and gen.at_mode.sentences == sum(c < threshold for c in confidence)
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,14 @@ import os
 import random
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 import torch
 from fairseq import checkpoint_utils
 
+from benchmarks import benchmark
+from benchmarks.measure import FairseqRunner
 from benchmarks.tiny_runs import run_cli
 from fairseq_hrt import ddgviz
 from fairseq_hrt.generation import jacobi
@@ -363,14 +366,10 @@ def test_fairseq_generate_pgj_and_ddgviz_cli(trained, tmp_path):
 
 
 def _benchmark_module():
-    from benchmarks import benchmark
-
     return benchmark
 
 
 def test_benchmark_parallel_rows_and_passes():
-    from types import SimpleNamespace
-
     benchmark = _benchmark_module()
     args = SimpleNamespace(
         at="at.pt",
@@ -391,7 +390,6 @@ def test_benchmark_parallel_rows_and_passes():
     with pytest.raises(ValueError, match="--parallel"):
         benchmark.systems_from_args(SimpleNamespace(**dict(vars(args), parallel="jacobi")))
     # passes per sentence: from the generator's counters for parallel rows, one per token for greedy
-    from benchmarks.measure import FairseqRunner
 
     runner = FairseqRunner.__new__(FairseqRunner)
     runner.generator = SimpleNamespace(stats={"sentences": 12, "passes": 50, "draft_passes": 20, "tokens": 60})

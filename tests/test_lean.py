@@ -9,6 +9,7 @@ from fairseq.search import BeamSearch
 from fairseq.sequence_generator import SequenceGenerator
 
 from benchmarks.tiny_runs import run_cli
+from fairseq_hrt import chunking
 from fairseq_hrt.generation import decoder_pass
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from fairseq_hrt.modules.relative_attention import relative_bucket
@@ -283,8 +284,6 @@ def test_lean_sees_weights_loaded_after_it_was_built(random_models):
 def test_non_causal_pass_equals_the_decoder_module(random_models):
     """The lean non-causal pass (stage II, hrt-spec drafts) gives the HRT decoder's features
     on a ragged batch of stage-II inputs (masks, pads, positions 1, 2, .. per row)."""
-    from fairseq_hrt import chunking
-
     _, task, hrt, _ = random_models
     d = task.target_dictionary
     sample = make_sample(task, RAGGED[:9])

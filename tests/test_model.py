@@ -8,6 +8,7 @@ and initialisation from an AT checkpoint.
 
 import logging
 import math
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,10 @@ import torch.nn.functional as F
 from fairseq import options, tasks
 from fairseq.data import Dictionary
 from fairseq.modules import MultiheadAttention
+from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_hrt  # noqa: F401  (registers the task, model and archs)
-from fairseq_hrt.models.hrt_transformer import HRTDecoder
+from fairseq_hrt.models.hrt_transformer import HRTDecoder, refuse_unsupported_options
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention, relative_bucket
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
 
@@ -473,8 +475,6 @@ def test_hrt_loaded_from_at_starts_as_the_at_model(data_dir):
     """Fine-tuning from AT starts from the AT model: with the default relative-position
     window (w = 16), the HRT model loaded from an AT checkpoint gives the AT model's
     decoder outputs (teacher-forced, ragged batch) and its greedy translations."""
-    from fairseq.sequence_generator import SequenceGenerator
-
     _, hrt = build(data_dir, "hrt_tiny", "--decoder-layers", "2", seed=11)
     task, at = build(data_dir, "at_tiny", "--decoder-layers", "2", seed=12)
     hrt.load_state_dict(_copy_state(at), strict=True)
@@ -585,10 +585,6 @@ def test_small_shapes_match_across_families(data_dir):
 
 
 def test_unsupported_transformer_options_are_refused_together(data_dir):
-    from argparse import Namespace
-
-    from fairseq_hrt.models.hrt_transformer import refuse_unsupported_options
-
     with pytest.raises(ValueError) as err:
         build(data_dir, "hrt_tiny", "--cross-self-attention", "--adaptive-softmax-cutoff", "5,10")
     assert "--cross-self-attention" in str(err.value) and "--adaptive-softmax-cutoff" in str(err.value)

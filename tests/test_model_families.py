@@ -9,13 +9,16 @@ import pytest
 from fairseq.dataclass.configs import GenerationConfig
 from fairseq.models.transformer import TransformerModel
 
+from fairseq_hrt.export.exporter import check_exportable, unsupported
 from fairseq_hrt.generation import strategies
+from fairseq_hrt.generation.decoder_pass import DecoderPass
 from fairseq_hrt.generation.engines import ENGINES
 from fairseq_hrt.generation.options import DecodingOptions, fairseq_values, search_config, task_defaults
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES, DecodingStrategy, register_decoding
+from fairseq_hrt.models import kinds
 from fairseq_hrt.models.cmlm_transformer import CMLMTransformerModel
 from fairseq_hrt.models.hrt_transformer import HRTTransformerModel
-from fairseq_hrt.models.kinds import AT, FAMILIES, HRT, MASK_PREDICT, family_of, model_kind
+from fairseq_hrt.models.kinds import AT, FAMILIES, HRT, MASK_PREDICT, ModelFamily, declare, family_of
 from fairseq_hrt.models.ssru_transformer import SSRUTransformerModel
 from fairseq_hrt.tasks.hrt_translation import HRTTranslationConfig
 from hrt_runtime.search import SearchConfig
@@ -52,17 +55,55 @@ def test_an_undeclared_model_is_refused_by_name_never_taken_for_at(models):
 
     at.__class__ = MyTransformer
     try:
-        for ask in (family_of, model_kind):
+        for ask in (family_of, lambda model: family_of(model).kind):
             with pytest.raises(ValueError, match="MyTransformer is not a model family of fairseq-hrt"):
                 ask(at)
         with pytest.raises(ValueError, match="MyTransformer is not a model family"):
             build_generator(data_dir, at)
-        from fairseq_hrt.export.exporter import check_exportable
 
         with pytest.raises(ValueError, match="cannot export this model to ONNX: .*MyTransformer is not a model family"):
             check_exportable(at)
     finally:
         at.__class__ = TransformerModel
+
+
+def test_a_new_family_of_a_new_decoder_class_is_read_by_its_declaration(models, monkeypatch):
+    """A new family (a declared model class) with a new decoder class: what reads a model
+    reads its declaration (the criterion's decoder call, the strategies, the exporter), and
+    what the planned pass and the exported graphs do not compute is refused by name: a decoder
+    class outside the allow-list, a length predictor other than the one the graphs write."""
+    data_dir, built = models
+    cmlm = built["cmlm_tiny"]
+    monkeypatch.setattr(kinds, "FAMILIES", dict(FAMILIES))  # the declarations below are this test's
+
+    class MyDecoder(type(cmlm.decoder)):  # a subclass may compute otherwise
+        pass
+
+    @declare(ModelFamily("mask-predict", left_to_right=False, non_causal=True, length_predictor=True))
+    class MyModel(CMLMTransformerModel):
+        pass
+
+    class MyLengthModel(MyModel):
+        def forward_length(self, encoder_out, normalize=True):
+            return super().forward_length(encoder_out, normalize)
+
+    declare(family_of(MyModel))(MyLengthModel)
+    decoder_class, model_class = cmlm.decoder.__class__, cmlm.__class__
+    try:
+        cmlm.__class__ = MyModel
+        assert family_of(cmlm).length_predictor and strategies.pick_strategy("auto", cmlm).name == "mask-predict"
+        assert unsupported(cmlm) == []
+        cmlm.__class__ = MyLengthModel
+        assert unsupported(cmlm) == [
+            "MyLengthModel.forward_length: the exported encoder computes CMLMTransformerModel's length predictor only"
+        ]
+        cmlm.__class__ = MyModel
+        cmlm.decoder.__class__ = MyDecoder
+        assert any("decoder.(itself) (MyDecoder)" in reason for reason in unsupported(cmlm))
+        with pytest.raises(ValueError, match=r"does not know the module\(s\) decoder.\(itself\) \(MyDecoder\)"):
+            DecoderPass(cmlm.decoder)
+    finally:
+        cmlm.__class__, cmlm.decoder.__class__ = model_class, decoder_class
 
 
 def test_auto_takes_the_claim_of_highest_priority_and_refuses_a_tie(models, monkeypatch):

@@ -1,12 +1,24 @@
 """--decoder-engine onnxruntime and the exported folder: token-identical to the lean engine."""
 
+import ast
 import math
+import os
+import sys
 
 import pytest
 import torch
 
-from tests.hrt_fixtures import build_generator, make_sample, random_tiny_models
-from tests.test_lean import RAGGED, assert_same_hypotheses
+from benchmarks.tiny_runs import run_cli
+from fairseq_hrt.export import exporter
+from fairseq_hrt.export.exporter import export_model
+from fairseq_hrt.export.graphs import argmax_block, blocked_max
+from fairseq_hrt.generation import onnx_engine
+from fairseq_hrt.generation.quantize import is_quantized, prepare_for_decoding
+from hrt_runtime.model import LOOP_ROWS
+from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
+from tests.test_lean import RAGGED, TINY_TRANSFORMER, assert_same_hypotheses
+from tests.test_shortlist import shortlist_file
+from tests.tiny_data import hyp_lines
 
 pytest.importorskip("onnxruntime")
 
@@ -56,8 +68,6 @@ SHORTLIST_CASES = [
 def with_a_shortlist(random_models, tmp_path, which, flags):
     """``(task, model, lean, onnxruntime)``: generators of one model restricted to a shortlist
     that changes its output."""
-    from tests.test_shortlist import shortlist_file
-
     data_dir, task, hrt, at = random_models
     model = hrt if which == "hrt" else at
     path = shortlist_file(task, tmp_path / "s.pt", keep_per_source=2, always=[task.target_dictionary.index("w0")])
@@ -110,9 +120,6 @@ def test_batches_without_padding_and_one_sentence(random_models):
 def test_export_is_cached_by_content(random_models, tmp_path, monkeypatch):
     """A model is exported once per content: building a second generator reuses the folder;
     another model (other weights) gets its own."""
-    from fairseq_hrt.export import exporter
-    from fairseq_hrt.generation import onnx_engine
-
     data_dir, task, hrt, at = random_models
     monkeypatch.setenv("FAIRSEQ_HRT_ONNX_CACHE", str(tmp_path / "cache"))
     calls = []
@@ -139,10 +146,7 @@ def test_int8_quantizes_the_exported_graphs_not_the_model(tmp_path):
     """--quantize int8 with this engine: the PyTorch model stays in float (loading skips
     PyTorch's quantization), the exported graphs are quantized by ONNX Runtime (integer matrix
     products in them), and the search decodes."""
-    import onnx
-
-    from fairseq_hrt.generation.quantize import is_quantized, prepare_for_decoding
-    from tests.hrt_fixtures import build_task_and_model
+    import onnx  # noqa: PLC0415 - optional: onnx, for exporting
 
     task, model = build_task_and_model(str(tmp_path), arch="hrt_tiny")
     prepare_for_decoding(model, "int8", "onnxruntime")
@@ -180,8 +184,6 @@ def test_int8_quantizes_the_exported_graphs_not_the_model(tmp_path):
 
 @pytest.fixture(scope="module")
 def cmlm_model(tmp_path_factory):
-    from tests.hrt_fixtures import build_task_and_model
-
     data_dir = str(tmp_path_factory.mktemp("onnx_cmlm"))
     task, model = build_task_and_model(
         data_dir, arch="cmlm_tiny", extra=("--hrt-mode", "cmlm", "--decoder-rpr-window", "4"), seed=5
@@ -209,8 +211,6 @@ def test_mask_predict_equals_the_model_decoder(cmlm_model, flags):
 def test_an_exported_folder_is_checked_against_the_checkpoint(random_models, tmp_path):
     """--onnx-model FOLDER decodes that folder (fairseq-hrt-export's) when it is the export of
     the loaded checkpoint, and refuses another checkpoint's, another precision's, another engine."""
-    from fairseq_hrt.export.exporter import export_model
-
     data_dir, task, hrt, at = random_models
     folder = str(tmp_path / "at-onnx")
     export_model(at, task, folder)
@@ -233,10 +233,6 @@ def test_the_runtime_imports_neither_torch_nor_the_plugin():
     """hrt_runtime is what a deployed model runs on: numpy, onnxruntime, sentencepiece and the
     standard library only (the fresh-venv test in test_onnx_deploy.py runs it without torch);
     hrt-serve (serve.py) also aiohttp and prometheus_client, the optional extra ``pip install .[serve]``."""
-    import ast
-    import os
-    import sys
-
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hrt_runtime")
     allowed = {"numpy", "onnxruntime", "sentencepiece", "hrt_runtime"} | set(sys.stdlib_module_names)
     for name in os.listdir(root):
@@ -259,8 +255,6 @@ def test_the_runtime_imports_neither_torch_nor_the_plugin():
 @pytest.mark.parametrize("extra", [(), ("--decoder-layers", "2", "--decoder-tie-layers")], ids=["ssru", "ssru-tied"])
 def test_ssru_students_equal_lean(tmp_path, extra):
     """SSRU decoders (Marian's students): the exported step carries one cell per layer."""
-    from tests.hrt_fixtures import build_task_and_model
-
     task, model = build_task_and_model(str(tmp_path), arch="at_tiny_ssru", extra=("--hrt-mode", "at", *extra), seed=6)
     sample = make_sample(task, RAGGED)
     for flags in (("--beam", "1"), ("--beam", "3", "--lenpen", "0.7")):
@@ -286,9 +280,6 @@ def test_ssru_students_equal_lean(tmp_path, extra):
 def test_fairseq_transformer_variants(tmp_path, variant):
     """fairseq's own ``transformer`` (post-norm, learned positions, embedding layer norm, two
     decoder layers): the exported encoder and step are the modules' arithmetic."""
-    from tests.hrt_fixtures import build_task_and_model
-    from tests.test_lean import TINY_TRANSFORMER
-
     task, model = build_task_and_model(str(tmp_path), arch="transformer", extra=TINY_TRANSFORMER + variant, seed=5)
     sample = make_sample(task, RAGGED)
     for beam in ("1", "3"):
@@ -304,9 +295,6 @@ def test_fairseq_transformer_variants(tmp_path, variant):
 def test_trained_models_and_fairseq_generate(trained, arch, tmp_path, monkeypatch):
     """Trained models end sentences at different steps; fairseq-generate prints the same
     hypotheses and scores with --decoder-engine onnxruntime as with lean."""
-    from benchmarks.tiny_runs import run_cli
-    from tests.tiny_data import hyp_lines
-
     monkeypatch.setenv("FAIRSEQ_HRT_ONNX_CACHE", str(tmp_path / "cache"))
     data, ckpts = trained
     common = [
@@ -348,8 +336,6 @@ def test_trained_models_and_fairseq_generate(trained, arch, tmp_path, monkeypatc
 def test_blocked_max_is_max_with_the_first_index():
     """The greedy choice over blocks: the maximum and the first index holding it, as
     ``Tensor.max`` gives, for every block size dividing the width (ties included)."""
-    from fairseq_hrt.export.graphs import argmax_block, blocked_max
-
     torch.manual_seed(0)
     x = torch.randn(7, 60).round()  # many ties
     x[2] = 1.0  # a row of one value: index 0
@@ -408,8 +394,6 @@ def test_the_greedy_loop_over_a_shortlists_rows_equals_lean(random_models, tmp_p
 def test_the_greedy_loop_serves_few_rows_only(random_models):
     """More rows than ``LOOP_ROWS`` (the loop would decode rows that ended) or a folder
     without the loop: the search makes its own steps."""
-    from hrt_runtime.model import LOOP_ROWS
-
     data_dir, task, hrt, at = random_models
     _, ours = build_generator(data_dir, at, "--max-len-b", "12", "--beam", "1", "--decoder-engine", "onnxruntime")
     runtime = ours.runtime

@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
+import fairseq_hrt  # noqa: E402
 from benchmarks.tiny_runs import (  # noqa: E402
     REPO,
     USER_DIR,
@@ -32,7 +33,19 @@ from benchmarks.tiny_runs import (  # noqa: E402
     run_cli_many,
     train_args,
 )
+from fairseq_hrt.export.exporter import (
+    _temporary_folder,  # noqa: E402
+    cli_main,  # noqa: E402
+    export_model,  # noqa: E402
+)
+from fairseq_hrt.generation.onnx_engine import _cached  # noqa: E402
+from fairseq_hrt.generation.quantize import quantize_int8  # noqa: E402
 from hrt_runtime import Translator  # noqa: E402
+from hrt_runtime.model import READABLE_VERSIONS, VERSION  # noqa: E402
+from tests.hrt_fixtures import (
+    build_task_and_model,  # noqa: E402
+    random_tiny_models,  # noqa: E402
+)
 from tests.tiny_data import hyp_lines  # noqa: E402
 
 MAX_LEN_B = 30
@@ -92,8 +105,6 @@ FAIRSEQ_NAMES = {"iterations": "iter_decode_max_iter", "length_beam": "iter_deco
 
 @pytest.fixture(scope="module")
 def hubs(deployed):
-    import fairseq_hrt
-
     data, _, models = deployed  # the SentencePiece model is found beside the data, as by the exporter
     return {
         arch: fairseq_hrt.from_pretrained(str(ckpt.parent), data_name_or_path=str(data.bin_dir))
@@ -473,9 +484,6 @@ def test_hrt_translate_in_a_fresh_venv_without_torch(deployed, tmp_path):
 def exported_random(tmp_path_factory):
     """Untrained tiny AT and HRT models exported in-process: ``{kind: folder}`` (inputs are
     pieces: no SentencePiece model)."""
-    from fairseq_hrt.export.exporter import export_model
-    from tests.hrt_fixtures import random_tiny_models
-
     data_dir, task, hrt, at = random_tiny_models(tmp_path_factory, "deploy_random")
     root = tmp_path_factory.mktemp("deploy_random_onnx")
     for name, model in (("hrt", hrt), ("at", at)):
@@ -502,7 +510,6 @@ def test_folder_errors(exported_random, tmp_path):
         Translator(str(tmp_path))
     folder = _copy(exported_random["at"], tmp_path)
     config = json.loads((folder / "config.json").read_text())
-    from hrt_runtime.model import READABLE_VERSIONS, VERSION
 
     other = VERSION + 1
     readable = ", ".join(map(str, READABLE_VERSIONS))
@@ -531,8 +538,6 @@ def test_folder_errors(exported_random, tmp_path):
 def test_a_folder_of_the_previous_version_decodes_without_the_loop(exported_random, tmp_path):
     """A version-3 folder (exported before greedy.onnx) still translates, the search making
     its own steps, to the same output; the engine's cache exports such a folder again."""
-    from fairseq_hrt.generation.onnx_engine import _cached
-
     folder = _copy(exported_random["hrt"], tmp_path)
     config = json.loads((folder / "config.json").read_text())
     del config["graphs"]["greedy"]
@@ -610,10 +615,6 @@ def test_cli_errors_exit_2_with_a_message(exported_random, tmp_path):
     ],
 )
 def test_exporter_refuses_in_one_message(tmp_path, arch, extra, reason):
-    from fairseq_hrt.export.exporter import export_model
-    from fairseq_hrt.generation.quantize import quantize_int8
-    from tests.hrt_fixtures import build_task_and_model
-
     (tmp_path / "data").mkdir()
     task, model = build_task_and_model(str(tmp_path / "data"), arch=arch, extra=extra)
     quantize_int8(model)  # PyTorch's int8 modules: the graphs are exported from float weights
@@ -627,8 +628,6 @@ def test_exporter_refuses_in_one_message(tmp_path, arch, extra, reason):
 
 
 def test_export_command_errors_exit_2(tmp_path, capsys):
-    from fairseq_hrt.export.exporter import cli_main
-
     with pytest.raises(SystemExit) as exit_:
         cli_main([str(tmp_path / "absent.pt"), str(tmp_path / "out")])
     assert exit_.value.code == 2
@@ -674,11 +673,6 @@ def test_an_export_removes_what_a_killed_export_left(tmp_path):
     """A killed export leaves its temporary folder (``.export-<pid>-*``, ``.int8-<pid>-*``);
     the next export into that folder removes those of processes that are gone, and keeps those
     of a live process (an export running beside it)."""
-    import subprocess
-    import sys
-
-    from fairseq_hrt.export.exporter import _temporary_folder
-
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     left = [tmp_path / f".export-{gone.pid}-x1", tmp_path / f".int8-{gone.pid}-x2"]

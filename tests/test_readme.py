@@ -1,7 +1,17 @@
 """README.md's two set-up commands are exactly what CI (.ci/run) runs."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_REGISTRY
+
+import fairseq_hrt  # noqa: F401  (registers the strategies and archs)
+from benchmarks.tiny_runs import USER_DIR, run_cli
+from fairseq_hrt.generation.engines import ENGINES
+from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,11 +44,6 @@ def test_setup_installs_fairseq_without_its_dependencies():
 def test_readme_python_example_runs_on_the_quickstart_model():
     """The README's Python example, verbatim, on the model the set-up command trains (CI runs
     the set-up command before the tests; skipped where the quickstart has not run)."""
-    import subprocess
-    import sys
-
-    import pytest
-
     text = (REPO / "README.md").read_text()
     code = re.search(r"### From Python\n.*?```python\n(.*?)\n```", text, re.S).group(1)
     ckpt = REPO / "work/multi30k-sp4000/runs/hrt_translation-hrt_transformer/checkpoints/checkpoint_best.pt"
@@ -67,7 +72,6 @@ def test_every_option_of_the_readme_tables_is_in_the_commands_help():
     that command line: training options with an HRT arch and ``--criterion hrt_loss`` (a row
     marked ``cmlm_*`` with a Mask-Predict arch instead, and not with the HRT arch), decoding
     options for ``fairseq-generate --task hrt_translation``."""
-    from benchmarks.tiny_runs import USER_DIR, run_cli
 
     def help_of(command, *args):
         out = run_cli([command, "--user-dir", USER_DIR, "--task", "hrt_translation", *args, "--help"]).stdout
@@ -93,10 +97,6 @@ def test_every_option_of_the_readme_tables_is_in_the_commands_help():
 def test_the_readmes_shortlist_sentence_names_what_supports_shortlists():
     """ "Works with `--decoding ...` on the engines ...": the strategies and engines that declare
     ``supports_shortlist``, no more, no fewer."""
-    import fairseq_hrt  # noqa: F401  (registers the strategies)
-    from fairseq_hrt.generation.engines import ENGINES
-    from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
-
     text = " ".join((REPO / "README.md").read_text().split())
     sentence = re.search(r"Works with `--decoding (.*?) on the engines (.*?) \(", text)
     assert set(re.findall(r"`?([a-z-]+)`?(?:,| and|$)", sentence.group(1).replace("`", "") + ",")) == {
@@ -108,10 +108,6 @@ def test_the_readmes_shortlist_sentence_names_what_supports_shortlists():
 def test_the_readmes_architecture_table_is_the_plugins_archs():
     """The archs the README's table lists are the ones the plugin registers (besides the
     models' own names), no more, no fewer."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_REGISTRY
-
-    import fairseq_hrt  # noqa: F401
-
     text = (REPO / "README.md").read_text()
     table = re.search(r"^\| family \| archs \|\n(.*?)\n\n", text, re.S | re.M).group(1)
     listed = {

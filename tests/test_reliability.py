@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 from fairseq import checkpoint_utils
+from fairseq.trainer import Trainer
 
 import fairseq_hrt  # noqa: F401  (applies compat)
 from benchmarks import faults
 from benchmarks.tiny_runs import make_tiny_data, parse_logs, train_args
 from fairseq_hrt import compat
+from tests.hrt_fixtures import build_task_and_model
 
 
 def _save(path, value=1.0):
@@ -89,14 +91,11 @@ def test_a_failed_save_removes_its_partial_file_and_says_what_is_kept(tmp_path):
     assert info.value.errno == errno.ENOSPC
     assert "No space left on device" in str(info.value) and "complete and unchanged" in str(info.value)
     assert not Path(str(last) + ".tmp").exists()
-    from fairseq.trainer import Trainer
 
     assert getattr(Trainer.save_checkpoint, "__fairseq_hrt_compat__", False)
 
 
 def test_task_state_refuses_another_dictionary_and_warns_about_another_schedule(tmp_path, caplog):
-    from tests.hrt_fixtures import build_task_and_model
-
     task, _ = build_task_and_model(str(tmp_path), extra=["--max-update", "40"])
     state = task.get_checkpoint_dict()[type(task).__name__]
     assert state["curriculum_updates"] == 40 and state["chunk_sizes"] == [2, 3]

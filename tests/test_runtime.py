@@ -24,7 +24,11 @@ import pytest
 
 onnxruntime = pytest.importorskip("onnxruntime")
 
+import importlib.util  # noqa: E402
+
+import hrt_commands  # noqa: E402
 from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
+from fairseq_hrt.export.exporter import quantize_folder  # noqa: E402
 from hrt_runtime import Translator, search  # noqa: E402
 from hrt_runtime.integrity import DamagedFolderError  # noqa: E402
 from hrt_runtime.model import DECLARED_KEY  # noqa: E402
@@ -356,10 +360,6 @@ def test_many_threads_share_one_translator(exported_tiny):
 def test_torch_only_commands_say_where_they_belong(command, monkeypatch, capsys):
     """On the translating machine (no torch: simulated), fairseq-hrt-export / -shortlist /
     -comet say that they belong on the machine that trains instead of No module named 'torch'."""
-    import importlib.util
-
-    import hrt_commands
-
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a))
     with pytest.raises(SystemExit) as exit_:
@@ -374,8 +374,6 @@ def test_torch_only_commands_say_where_they_belong(command, monkeypatch, capsys)
 
 
 def test_torch_only_commands_run_where_torch_is(capsys):
-    import hrt_commands
-
     with pytest.raises(SystemExit) as exit_:
         hrt_commands.export(["--help"])
     assert exit_.value.code == 0 and "fairseq-hrt-export" in capsys.readouterr().out
@@ -401,8 +399,6 @@ def test_very_long_lines_stay_within_the_positions_and_memory(exported_tiny):
 def test_an_int8_copy_loads_and_its_unchanged_files_are_checked(exported_tiny, tmp_path):
     """quantize_folder (--int8) rewrites the graphs and weights.bin after the float export listed
     them: the copy loads, and the files it copied unchanged are still checked."""
-    from fairseq_hrt.export.exporter import quantize_folder
-
     quantize_folder(exported_tiny["at"], str(tmp_path / "int8"))
     assert Translator(str(tmp_path / "int8")).translate(["w5 w6"], beam=1, max_len_b=4)[0]
     size = os.path.getsize(tmp_path / "int8" / "output_weight.npy")

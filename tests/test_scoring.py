@@ -16,6 +16,12 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for comet_tiny
 
+import pickle  # noqa: E402
+
+import sacrebleu  # noqa: E402
+import torch  # noqa: E402
+from comet_tiny import build_tiny_comet  # noqa: E402
+
 from fairseq_hrt.scoring import comet as comet_mod  # noqa: E402
 from fairseq_hrt.scoring.comet import (  # noqa: E402
     CometUnavailable,
@@ -56,8 +62,6 @@ def test_sacrebleu_identical_is_100_with_signature():
 
 
 def test_sacrebleu_matches_sacrebleu_and_known_properties():
-    import sacrebleu
-
     out = sacrebleu_score(HYPS, REFS)
     direct = sacrebleu.corpus_bleu(HYPS, [REFS])
     assert out["score"] == pytest.approx(direct.score)
@@ -161,7 +165,6 @@ def test_comet_cli_exits_2_without_model(tmp_path, capsys):
 def tiny_comet(tmp_path_factory):
     """A tiny self-contained COMET model (encoder files in <model dir>/encoder) -> (root, ckpt)."""
     pytest.importorskip("comet")
-    from comet_tiny import build_tiny_comet
 
     root = tmp_path_factory.mktemp("tiny_comet")
     ckpt = build_tiny_comet(root)
@@ -194,10 +197,6 @@ def test_comet_checkpoint_needs_weights_only_false(tiny_comet):
     """The checkpoint (like real Lightning ones) is refused by torch.load's default;
     comet_score loads it anyway (weights_only=False for this trusted local file) and does
     not change the global torch.load default."""
-    import pickle
-
-    import torch
-
     _, ckpt = tiny_comet
     with pytest.raises(pickle.UnpicklingError):
         torch.load(str(ckpt), map_location="cpu")
@@ -230,8 +229,6 @@ def test_comet_env_var_and_cli(tiny_comet, tmp_path, monkeypatch, capsys):
 def test_comet_hub_named_encoder_needs_local_files(tiny_comet, tmp_path, monkeypatch):
     """Like wmt22-comet-da (hparams: pretrained_model: xlm-roberta-large): the encoder's
     config + tokenizer must be given locally; without them COMET is unavailable, offline."""
-    from comet_tiny import build_tiny_comet
-
     root, _ = tiny_comet
     enc = root / "encoder"
     ckpt = build_tiny_comet(tmp_path / "hub", encoder_dir=enc, bundle_encoder=False)
@@ -259,8 +256,6 @@ def test_comet_hub_named_encoder_needs_local_files(tiny_comet, tmp_path, monkeyp
 def test_comet_refuses_checkpoint_with_missing_weights(tiny_comet, tmp_path):
     """COMET loads with strict=False; a checkpoint lacking weights must not be scored with
     randomly initialised layers."""
-    import torch
-
     root, ckpt = tiny_comet
     broken = tmp_path / "broken"
     shutil.copytree(root / "model", broken)

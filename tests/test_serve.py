@@ -21,6 +21,9 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("aiohttp")
 
+from aiohttp import web  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
 from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
 from hrt_runtime import Translator  # noqa: E402
 from hrt_runtime.serve import BATCHER, make_app, runner_of  # noqa: E402
@@ -31,8 +34,6 @@ class Server:
     """The service's application run by aiohttp in a thread of this process, on a free port."""
 
     def __init__(self, translator, **settings):
-        from aiohttp import web
-
         self.app = make_app(translator, **settings)
         self.loop = asyncio.new_event_loop()
         self.runner = runner_of(self.app, drain_seconds=settings.get("drain_seconds", 30.0))
@@ -392,8 +393,6 @@ def test_draining_at_shutdown_is_limited(translator):
 
 
 def _samples(text):
-    from prometheus_client.parser import text_string_to_metric_families
-
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for f in text_string_to_metric_families(text)

@@ -1,15 +1,20 @@
 """Lexical shortlists: the builder (fairseq-hrt-shortlist) and decoding with --shortlist."""
 
+import ast
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from fairseq.data import Dictionary
 
-from benchmarks.tiny_runs import run_cli
+from benchmarks import measure
+from benchmarks.tiny_runs import make_tiny_data, run_cli
 from fairseq_hrt import shortlist as sl
+from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from fairseq_hrt.symbols import add_hrt_symbols, dictionary_fingerprint
+from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
 from tests.tiny_data import hyp_lines
 
@@ -126,10 +131,6 @@ def test_min_score_drops_unlikely_translations():
 def test_benchmark_rows_set_or_clear_the_shortlist():
     """Rows of one checkpoint share its task: a row without a shortlist must clear the option
     a '+shortlist' row set before it."""
-    from types import SimpleNamespace
-
-    from benchmarks import measure
-
     args = SimpleNamespace(
         at="at.pt",
         at_beams="1,5",
@@ -147,7 +148,7 @@ def test_benchmark_rows_set_or_clear_the_shortlist():
     systems, _ = measure.systems_from_args(args)
     assert sum(s.name.endswith("+shortlist") for s in systems) == 5  # AT x 2, HRT x 2, MP
     for s in systems:
-        _, options = measure.family_of(s).generation(s)
+        _, options = measure.adapter_of(s).generation(s)
         assert options["shortlist"] == ("s.pt" if s.name.endswith("+shortlist") else None)
 
 
@@ -263,9 +264,6 @@ def test_outputs_lie_in_the_batch_candidates(random_models, tmp_path, name):
 def test_greedy_with_a_shortlist_picks_what_a_ban_of_the_other_tokens_picks(random_models, tmp_path):
     """Greedy search over the candidates = greedy search over the vocabulary with every other
     token banned (the same argmax; only the normaliser of the scores differs)."""
-    from fairseq_hrt.generation.lean import LeanSequenceGenerator
-    from hrt_runtime.search import SearchConfig
-
     data_dir, task, _, at = random_models
     d = task.target_dictionary
     short = sl.Shortlist.load(shortlist_file(task, tmp_path / "s.pt", keep_per_source=3, always=[d.index("w3")]))
@@ -357,8 +355,6 @@ def test_mask_predict_with_shortlist(cmlm_model, tmp_path):
 
 
 def test_builder_cli_on_binarized_and_text_data(tmp_path):
-    from benchmarks.tiny_runs import make_tiny_data
-
     data = make_tiny_data(tmp_path, n_train=60, n_valid=10, prefer="synthetic")
     out_bin, out_text = tmp_path / "bin.pt", tmp_path / "text.pt"
     run_cli(["fairseq_hrt.shortlist", data.bin_dir, "-o", out_bin, "--per-source", "3", "--frequent", "5"])
@@ -425,8 +421,6 @@ def test_fairseq_generate_with_shortlist(trained, tmp_path):
 def test_shortlist_module_does_not_import_the_task():
     """The task reads --shortlist through shortlist.load_for_decoding; shortlist.py itself must
     not import the task module (no import cycle)."""
-    import ast
-
     with open(sl.__file__, encoding="utf-8") as f:
         tree = ast.parse(f.read())
     imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + [

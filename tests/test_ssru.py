@@ -1,6 +1,9 @@
 """SSRU decoder (``--arch *_ssru``, Marian's WNGT 2019 students): the recurrence, fairseq's
 incremental decoding, the lean engine, Jacobi decoding, training, and the refusals."""
 
+import argparse
+import importlib.util
+import os
 import random
 
 import pytest
@@ -8,7 +11,9 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.sequence_generator import SequenceGenerator
 
+from benchmarks import ct2_reference
 from benchmarks.tiny_runs import parse_logs, run_cli
+from fairseq_hrt.generation.decoder_pass import ssru_projections, ssru_step_
 from fairseq_hrt.generation.jacobi import ParallelGreedyGenerator
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from fairseq_hrt.models.ssru_transformer import SSRUDecoderLayer, SSRUTransformerModel
@@ -82,8 +87,6 @@ def test_padding_leaves_the_cell_unchanged():
 def test_lean_step_is_the_units_step():
     """The lean engine's fused ``[-W_f; W]`` projection and in-place ``lerp`` give the cell of
     the module's incremental step."""
-    from fairseq_hrt.generation.decoder_pass import ssru_projections, ssru_step_
-
     torch.manual_seed(4)
     unit = SSRU(6)
     x, previous = torch.randn(3, 6), torch.randn(3, 6)
@@ -323,14 +326,10 @@ def test_fairseq_generate_beam_search_with_both_engines(trained_ssru):
 
 
 def _ct2_reference():
-    from benchmarks import ct2_reference
-
     return ct2_reference
 
 
 def test_ctranslate2_reference_gives_a_skip_reason_for_ssru_and_tied_students(tmp_path):
-    import argparse
-
     ct2 = _ct2_reference()
     reasons = {}
     for name, arch, extra in (
@@ -356,9 +355,6 @@ def test_ctranslate2_reference_gives_a_skip_reason_for_ssru_and_tied_students(tm
 def test_recipe_trains_ssru_students_on_request(tmp_path):
     """``recipe.py --ssru-students``: the AT student's command with the SSRU twin of its arch
     (one layer; two tied layers); the benchmark gets them as --at-extra rows."""
-    import importlib.util
-    import os
-
     path = os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "multi30k", "recipe.py"
     )

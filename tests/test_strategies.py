@@ -6,6 +6,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hrt.generation.hrt_generator import HRTGenerator
 from fairseq_hrt.generation.hypotheses import select_rows
+from fairseq_hrt.generation.lean import LeanSequenceGenerator, TorchBackend
 from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
 from hrt_runtime.search import length_buckets
@@ -43,12 +44,11 @@ def test_auto_and_named_strategies(models, arch, decoding, expected):
 
 def test_lean_is_the_default_engine(models):
     data_dir, by_arch = models
-    from fairseq_hrt.generation.lean import LeanSequenceGenerator
 
     _, gen = build_generator(data_dir, by_arch["at_tiny"])
     assert isinstance(gen, LeanSequenceGenerator)
     _, gen = build_generator(data_dir, by_arch["hrt_tiny"], "--decode-chunk-size", "2")
-    assert isinstance(gen.stage1(2), LeanSequenceGenerator)
+    assert isinstance(gen, LeanSequenceGenerator) and gen.chunk_size == 2  # both stages on lean
 
 
 def test_beam_on_hrt_model_is_at_mode(models):
@@ -103,12 +103,14 @@ def test_select_rows_keeps_per_row_entries(models):
 class FixedSkeletons:
     """A stage I that returns given skeletons (of very different lengths)."""
 
-    def __init__(self, model, skeletons):
-        self.model, self.skeletons = model, skeletons
-        self.last_encoder_out = None
+    last_vocab = None
+
+    def __init__(self, model, skeletons, backend):
+        self.model, self.skeletons, self.backend = model, skeletons, backend
+        self.last_encoded = None
 
     def generate(self, models, sample, bos_token=None):
-        self.last_encoder_out = self.model.encoder(**sample["net_input"])
+        self.last_encoded = self.backend.encoding(self.model.encoder(**sample["net_input"]))
         return self.skeletons
 
 
@@ -130,7 +132,8 @@ def test_stage2_length_buckets_give_the_one_pass_output(models):
         ]
         for pair in lengths
     ]
-    stage1 = FixedSkeletons(model, skeletons)
+    backend = TorchBackend(model, d, task.chunk_start_idx, task.mask_idx)
+    stage1 = FixedSkeletons(model, skeletons, backend)
     sample = make_sample(task, [[1, 2, 3]] * len(lengths))
 
     def decode(bucket_padding):
@@ -145,6 +148,7 @@ def test_stage2_length_buckets_give_the_one_pass_output(models):
             len_penalty=1.0,
             b_nat=2,
             bucket_padding=bucket_padding,
+            backend=backend,
         )
         return gen.generate([model], sample)
 

@@ -1,4 +1,4 @@
-"""Input text is read one way everywhere (fairseq_hrt/text_input.py): bad bytes, control
+"""Input text is read one way everywhere (hrt_runtime/text_input.py): bad bytes, control
 characters, NUL, blank and huge lines, any script. Unit tests of the reader, of its use by
 fairseq-interactive (compat) and the task, and end to end through fairseq-interactive with
 SentencePiece and ``python -m fairseq_hrt.distill`` on a tiny trained model."""
@@ -10,12 +10,15 @@ import re
 import subprocess
 import sys
 
+import fairseq_cli.interactive as interactive
 import pytest
 
 import fairseq_hrt  # noqa: F401  (applies compat)
 from benchmarks.tiny_runs import REPO, USER_DIR, cli_env, make_tiny_spm_data, run_cli, train_args
-from fairseq_hrt import compat, text_input
-from fairseq_hrt.text_input import CONTROL, NUL, REPLACEMENT_CHARACTER, UNDECODABLE, InputTextError
+from fairseq_hrt import compat
+from hrt_runtime import text_input
+from hrt_runtime.text_input import CONTROL, NUL, REPLACEMENT_CHARACTER, UNDECODABLE, InputTextError
+from tests.hrt_fixtures import build_task_and_model
 from tests.tiny_data import hyp_lines
 
 MIXED = "Ein Mann 👨‍👩‍👧 läuft — 東京 Москва مرحبا שלום नमस्ते ½ café"
@@ -101,8 +104,6 @@ def test_a_100k_character_line_is_read_whole():
 
 
 def test_interactive_reader_is_patched_once_and_keeps_fairseq_buffering(tmp_path):
-    import fairseq_cli.interactive as interactive
-
     compat.patch_interactive_reading()
     first = interactive.buffered_read
     compat.patch_interactive_reading()  # fairseq imports user dirs several times
@@ -116,8 +117,6 @@ def test_interactive_reader_is_patched_once_and_keeps_fairseq_buffering(tmp_path
 
 
 def test_task_translates_a_line_its_tokenizer_refuses_as_empty(tmp_path, caplog):
-    from tests.hrt_fixtures import build_task_and_model
-
     task, _ = build_task_and_model(str(tmp_path))
 
     def encode_fn(x):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import report_files, timing
+from benchmarks import report_files, step_anatomy, timing
+from benchmarks.benchmark import engine_agreement
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,8 +140,6 @@ def test_every_script_runs_as_a_module_and_as_a_file(script, tmp_path):
 
 
 def test_engine_agreement_pairs_every_engine_row_with_its_lean_row():
-    from benchmarks.benchmark import engine_agreement
-
     hyps = {
         "AT greedy": ["a b", "c", "d"],
         "AT greedy (onnxruntime)": ["a b", "c d", "d"],
@@ -174,10 +173,7 @@ def test_step_anatomy_adds_up_to_the_step(exported_tiny, tmp_path):
     operator, and the loop's cost per step is reported (a folder without restricted graphs: no
     loop over a shortlist's rows, and the report says why). Structure and arithmetic only: no
     time is compared with another (a busy machine changes every one of them)."""
-    import json
-
     pytest.importorskip("onnxruntime")
-    from benchmarks import step_anatomy
 
     step_anatomy.main(
         [
@@ -219,8 +215,6 @@ def test_runtime_vs_ct2_runs_without_pytorch(exported_tiny, tmp_path):
     """benchmarks/runtime_vs_ct2.py: a process that never imports PyTorch decodes the exported
     AT and HRT folders (greedy; the HRT model in AT mode and with k = 2) at batch 1 and 2, with
     BLEU and words/s per row and batch size."""
-    import json
-
     pytest.importorskip("onnxruntime")
     lines = [" ".join(f"w{(3 * i + j) % 40}" for j in range(1 + i % 7)) for i in range(6)]
     for name in ("src", "ref"):

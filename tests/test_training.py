@@ -12,15 +12,23 @@ input; fine-tuning HRT from an AT checkpoint; fp16 / memory-efficient fp16 / AMP
 """
 
 import math
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
+from fairseq import options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.logging import metrics
+from fairseq.tasks import FairseqTask
 
 from benchmarks.tiny_runs import (
     SRC,
     TGT,
     USER_DIR,
+    cli_env,
     make_tiny_data,
     parse_logs,
     preprocess_args,
@@ -33,6 +41,9 @@ from benchmarks.tiny_runs import (
     write_lines,
     write_raw_corpus,
 )
+from fairseq_hrt import chunking
+from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, label_smoothed_token_loss, parse_kind_weights
+from fairseq_hrt.tasks.hrt_translation import HRTTranslationTask, parse_chunk_sizes
 from tests.tiny_data import free_port
 
 KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
@@ -200,9 +211,6 @@ def test_resume_continues_curriculum(curriculum_runs):
 
 def _setup(data_dir, *extra):
     """The task (training set loaded) and config of a training command line."""
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
         parser,
@@ -377,8 +385,6 @@ def test_no_sentence_is_dropped_outside_training(data, max_sentences):
     --required-batch-size-multiple (8): fairseq-generate --batch-size 1 translated 999 of 1000
     sentences. The task batches every set but the training set with multiple 1; the training
     set keeps fairseq's own batches."""
-    from fairseq.tasks import FairseqTask
-
     task = _setup_task(data.bin_dir)
     task.load_dataset("valid")
 
@@ -410,11 +416,6 @@ def test_skip_at_self_distillation_loss(data):
     distribution at AT slot ik - 1, teacher-forced on the full target. Recomputed here row by
     row from the model's two modes; the logged per-kind losses stay the label-smoothed ones;
     validation trains nothing and is unchanged."""
-    import torch.nn.functional as F
-
-    from fairseq_hrt import chunking
-    from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, label_smoothed_token_loss
-
     task, model = _task_model(data.bin_dir)
     ds = task.dataset("train")
     pad, eos = task.target_dictionary.pad(), task.target_dictionary.eos()
@@ -479,8 +480,6 @@ def test_skip_at_self_distillation_loss(data):
 def test_logged_kinds_are_the_trained_ones(data, mode, arch, kinds):
     """--hrt-mode at / cmlm log their one kind, no Skip-AT/Skip-CMLM zeros; HRT logs all four,
     zeros included (p_k = 0 at the first update: the curve shows the kind fading in)."""
-    from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion
-
     task, model = _task_model(data.bin_dir, "--hrt-mode", mode, "--arch", arch)
     ds = task.dataset("train")
     sample = task.build_decoder_samples(ds.collater([ds[i] for i in range(8)]), p_k=0.0 if mode == "hrt" else None)
@@ -491,8 +490,6 @@ def test_logged_kinds_are_the_trained_ones(data, mode, arch, kinds):
 
 
 def test_self_distillation_and_chunked_share_option_checks(data, aux):
-    from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion
-
     task = _setup_task(data.bin_dir)
     with pytest.raises(ValueError, match="skip-at-self-distill"):
         HRTLossCriterion(task, 0.1, skip_at_self_distill=1.5)
@@ -519,8 +516,6 @@ def test_self_distillation_and_chunked_share_option_checks(data, aux):
 )
 def test_bad_chunk_sizes_are_rejected_by_the_task(data, text, message):
     """What fairseq-train prints for a bad --chunk-sizes: the task refuses it at set-up."""
-    from fairseq_hrt.tasks.hrt_translation import parse_chunk_sizes
-
     with pytest.raises(ValueError, match=message):
         parse_chunk_sizes(text)
     with pytest.raises(ValueError, match=message):
@@ -845,11 +840,6 @@ def test_the_readmes_torchrun_command_trains_on_two_ranks_and_rank_0_logs(data, 
     says so), whose batches are all-reduced (the logged sentences per update are both ranks'),
     logged once, by rank 0, as fairseq logs (before compat's fix: two unrelated runs of world
     size 1, each logging every line)."""
-    import subprocess
-    import sys
-
-    from benchmarks.tiny_runs import cli_env
-
     save = work / "ck_torchrun"
     args = train_args(data.bin_dir, save, max_update=3, max_tokens=1000)[1:]
     args += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
@@ -876,8 +866,6 @@ def test_the_readmes_torchrun_command_trains_on_two_ranks_and_rank_0_logs(data, 
 def test_kind_weights_scale_the_trained_loss_of_each_kind(data):
     """--kind-weights skip_cmlm=2,at=0.5: the trained loss is the weighted sum of the per-kind
     losses (logged unweighted); validation is unweighted; bad specs are refused."""
-    from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, parse_kind_weights
-
     task, model = _task_model(data.bin_dir)
     ds = task.dataset("train")
     sample = task.build_decoder_samples(
@@ -904,10 +892,6 @@ def test_a_validation_of_empty_hypotheses_has_bleu_0():
     """--eval-bleu with --best-checkpoint-metric bleu: fairseq logs no BLEU when every
     validation hypothesis is empty, and fairseq-train then dies with KeyError: 'bleu'. The task
     logs 0 there, and nothing for training batches."""
-    from fairseq.logging import metrics
-
-    from fairseq_hrt.tasks.hrt_translation import HRTTranslationTask
-
     task = object.__new__(HRTTranslationTask)
     task.cfg = SimpleNamespace(eval_bleu=True)
 

@@ -18,7 +18,10 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from multiprocessing import forkserver
 from typing import Dict, List, Optional
+
+import torch
 
 from benchmarks import tiny_runs
 from benchmarks.tiny_runs import cli_env
@@ -47,8 +50,6 @@ def _warm_context():
         os.environ.update(cli_env())
         try:
             ctx.set_forkserver_preload(WARM_MODULES)
-            from multiprocessing import forkserver
-
             forkserver.ensure_running()
         finally:
             os.environ.clear()
@@ -75,8 +76,6 @@ def _run_forked(cmd: List[str], env: Dict[str, str], cwd: str, log_path: str, in
     sys.stdin = open(input_path or os.devnull, encoding="utf-8")
     if env.get("PYTHONWARNINGS") == "ignore":
         warnings.simplefilter("ignore")
-    import torch
-
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or 1))
     code = 0
     try:

@@ -31,6 +31,7 @@ and ``full`` (CPU-sized shapes, about 2 hours on 2 cores); see examples/multi30k
 """
 
 import argparse
+import ctypes
 import json
 import os
 import re
@@ -43,6 +44,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
+
+from tqdm import tqdm
 
 SCRIPT_DIR = Path(__file__).resolve().parent
 REPO = SCRIPT_DIR.parents[1]
@@ -755,8 +758,6 @@ def die_with_parent():
     child with the recipe; elsewhere this does nothing.
     """
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -790,7 +791,7 @@ def idle_cores() -> int:
 
 
 def cuda_available() -> bool:
-    import torch
+    import torch  # noqa: PLC0415 - optional: PyTorch (the recipe runs its stages as commands)
 
     return torch.cuda.is_available()
 
@@ -830,8 +831,6 @@ def last_num_updates(log_path: Path) -> Optional[int]:
 def run_with_update_bar(cmd, env, log_file, log_path: Path, max_update: int, desc: str) -> int:
     """Run a fairseq-train command with its output in ``log_file`` and a progress bar of its
     updates (read back from the json log lines) on the terminal."""
-    from tqdm import tqdm
-
     proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     bar = tqdm(total=max_update, desc=desc, unit="upd", disable=None)
     stop = threading.Event()

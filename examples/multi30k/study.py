@@ -957,10 +957,10 @@ def valid_losses(log_path: Path) -> List[dict]:
 
 
 def losses_plot(models: Dict[str, dict], path: Path):
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - optional: matplotlib, for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - optional: matplotlib, for plots
 
     hrt = [(n, m) for n, m in sorted(models.items()) if m["kind"] == "HRT"]
     fig, axes = plt.subplots(1, len(hrt), figsize=(5 * len(hrt), 4), squeeze=False)

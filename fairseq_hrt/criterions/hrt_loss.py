@@ -22,7 +22,6 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 
 from fairseq_hrt import chunking
-from fairseq_hrt.models.hrt_transformer import HRTDecoder
 from fairseq_hrt.models.kinds import family_of
 
 KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
@@ -108,8 +107,10 @@ def length_loss(model, encoder_out, target, pad: int, eos: int):
 
 
 def run_decoder(model, decoder_sample, encoder_out, causal: bool):
-    """Decoder logits for one pass; plain fairseq decoders take the default (AT) positions."""
-    if isinstance(model.decoder, HRTDecoder):
+    """Decoder logits for one pass: a family that declares a non-causal pass (``non_causal``)
+    takes the sample's positions and the pass's direction; the others (causal decoders,
+    fairseq's among them) take their default (AT) positions."""
+    if family_of(model).non_causal:
         return model.decoder(
             decoder_sample.tokens,
             encoder_out=encoder_out,

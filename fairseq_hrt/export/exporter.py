@@ -35,12 +35,25 @@ import tempfile
 import warnings
 from typing import Dict, List, Optional
 
+import numpy as np
 import torch
+from fairseq import checkpoint_utils
 
+import fairseq_hrt  # noqa: F401  (registers the task and models)
 from fairseq_hrt.export.graphs import EncoderGraph, GreedyLoopBody, ParallelGraph, StepGraph
 from fairseq_hrt.export.loop import body_inputs, greedy_loop
+from fairseq_hrt.generation.decoder_pass import DecoderPass, decoder_pass, unplanned_modules
+from fairseq_hrt.generation.search_rules import banned_symbols
+from fairseq_hrt.models.cmlm_transformer import CMLMTransformerModel
 from fairseq_hrt.models.kinds import family_of, unwrap
-from hrt_runtime.model import DECLARED_KEY, FORMAT, VERSION, declared_of  # the runtime reads what this writes
+from fairseq_hrt.symbols import find_sentencepiece_model
+from hrt_runtime.integrity import FILES, FILES_INT8, list_files
+from hrt_runtime.model import (  # the runtime reads what this writes: defined once
+    DECLARED_KEY,
+    FORMAT,
+    VERSION,
+    declared_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +63,18 @@ CONFIG = "config.json"
 
 def unsupported(model) -> List[str]:
     """Why ``model`` cannot be exported (empty: it can)."""
-    from fairseq_hrt.generation.decoder_pass import DecoderPass, unplanned_modules
-
     model = unwrap(model)
     try:
-        family_of(model)  # an undeclared model class is refused by name
+        family = family_of(model)  # an undeclared model class is refused by name
     except ValueError as e:
         return [str(e)]
     reasons = []
+    if family.length_predictor and type(model).forward_length is not CMLMTransformerModel.forward_length:
+        # EncoderGraph writes CMLM's predictor: embed_length over the mean of the encoder states
+        reasons.append(
+            f"{type(model).__name__}.forward_length: the exported encoder computes CMLMTransformerModel's length "
+            "predictor only"
+        )
     decoder = model.decoder
     unknown = unplanned_modules(decoder, "decoder") + unplanned_modules(model.encoder, "encoder")
     if unknown:
@@ -103,7 +120,7 @@ def _names(prefix: str, layers: int) -> List[str]:
 def _constants_to_initializers(graph_model):
     """Move the tracer's ``Constant`` tensors (the planned weights it saw as constants) into the
     graph's initializers, where ONNX Runtime's quantization finds weights."""
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # noqa: PLC0415 - optional: onnx, for exporting
 
     graph = graph_model.graph
     for node in list(graph.node):
@@ -122,8 +139,8 @@ def share_weights(folder: str, graphs: List[str]):
     data, 64-byte aligned): the step, top-k, restricted and non-causal graphs hold the same
     planned weights, which each graph file would otherwise carry (a folder of several times the
     model's size)."""
-    import onnx
-    from onnx import numpy_helper
+    import onnx  # noqa: PLC0415 - optional: onnx, for exporting
+    from onnx import numpy_helper  # noqa: PLC0415 - optional: onnx, for exporting
 
     offsets: Dict[str, int] = {}
     with open(os.path.join(folder, WEIGHTS), "wb") as weights:
@@ -177,7 +194,7 @@ def _alive(pid: int) -> bool:
 def _k_as_input(graph_model):
     """Make the ``k`` of the step graph's TopK a graph input (``k``, int64 ``(1,)``): the
     tracer writes the Python int it saw as a constant, beam search needs ``2 x beam``."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper  # noqa: PLC0415 - optional: onnx, for exporting
 
     graph = graph_model.graph
     topk = [node for node in graph.node if node.op_type == "TopK"]
@@ -210,8 +227,6 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     family = family_of(model)  # what it is decides the graphs: left to right, non-causal, a length predictor
     kind = family.kind
     tgt_dict, src_dict = task.target_dictionary, task.source_dictionary
-    from fairseq_hrt.generation.decoder_pass import decoder_pass
-    from fairseq_hrt.generation.search_rules import banned_symbols
 
     layers = len(decoder.layers)
     pass_ = decoder_pass(decoder)
@@ -225,7 +240,7 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
     def export(graph, args, inputs, outputs, dynamic, name, k_input=False, wrap=None):
         """Trace ``graph`` into ``tmp/name``, weights as initializers (``k_input``: TopK's k an
         input; ``wrap``: the traced model -> the model to save)."""
-        import onnx
+        import onnx  # noqa: PLC0415 - optional: onnx, for exporting
 
         path = os.path.join(tmp, name)
         with warnings.catch_warnings(), torch.no_grad():
@@ -419,7 +434,6 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
 
     share_weights(tmp, list(files.values()))
     # the output rows as arrays: a shortlist gathers its rows from them once per batch
-    import numpy as np
 
     np.save(os.path.join(tmp, "output_weight.npy"), decoder.output_projection.weight.float().numpy())
     if getattr(decoder.output_projection, "bias", None) is not None:
@@ -475,15 +489,21 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         "exported_with": {"torch": torch.__version__},
     }
     stamp_graphs(tmp, config)
+    _finish(tmp, out_dir, config)
+    logger.info("exported %s model (%s) to %s", kind, ", ".join(files.values()), out_dir)
+    return config
+
+
+def _finish(tmp: str, out_dir: str, config: Dict) -> None:
+    """An export written in ``tmp`` (:func:`_temporary_folder`) made ``out_dir``'s: its files
+    recorded in ``config`` (:func:`record_files`), config.json written, and the files moved in,
+    config.json last, so the folder appears whole or not at all."""
     record_files(tmp, config)
     with open(os.path.join(tmp, CONFIG), "w") as f:
         json.dump(config, f, indent=1)
-    # the folder appears whole or not at all: files move in, config.json last
     for name in sorted(os.listdir(tmp), key=lambda n: n == CONFIG):
         os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
     os.rmdir(tmp)
-    logger.info("exported %s model (%s) to %s", kind, ", ".join(files.values()), out_dir)
-    return config
 
 
 def stamp_graphs(folder: str, config: Dict) -> None:
@@ -491,7 +511,7 @@ def stamp_graphs(folder: str, config: Dict) -> None:
     every graph's metadata: the runtime compares it with ``config.json`` at load, so an edited
     ``config.json`` (positions, chunk sizes, symbols) is refused instead of translating into
     garbage. The weights stay where they are (``weights.bin``)."""
-    import onnx
+    import onnx  # noqa: PLC0415 - optional: onnx, for exporting
 
     for name in sorted(set(config["graphs"].values())):
         path = os.path.join(folder, name)
@@ -509,8 +529,6 @@ def record_files(folder: str, config: Dict) -> None:
     SHA-256: the runtime compares them when it opens the folder
     (:func:`hrt_runtime.integrity.check_folder`), so a truncated or altered file, or a
     config.json of another export, is named at load instead of failing or translating wrongly."""
-    from hrt_runtime.integrity import FILES, FILES_INT8, list_files
-
     config[FILES] = list_files(folder)
     config[FILES_INT8] = bool(config.get("int8"))
 
@@ -531,7 +549,7 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
     """An int8 copy of an exported folder: ONNX Runtime's dynamic quantization of every graph's
     matrix products with constant weights (int8 weights, activations quantized per call), the
     rest copied. Returns its config (``"int8": true``)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415 - optional: onnxruntime
 
     with open(os.path.join(folder, CONFIG)) as f:
         config = json.load(f)
@@ -556,12 +574,7 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
     share_weights(tmp, sorted(graphs))
     config = dict(config, int8=True)
     stamp_graphs(tmp, config)  # quantization may drop a graph's metadata
-    record_files(tmp, config)  # the int8 graphs' and weights' own sizes and checksums
-    with open(os.path.join(tmp, CONFIG), "w") as f:
-        json.dump(config, f, indent=1)
-    for name in sorted(os.listdir(tmp), key=lambda n: n == CONFIG):
-        os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
-    os.rmdir(tmp)
+    _finish(tmp, out_dir, config)  # the int8 graphs' and weights' own sizes and checksums
     return config
 
 
@@ -576,11 +589,6 @@ def export_checkpoint(
     """Load a checkpoint as ``fairseq-generate`` does (``data``: the data-bin folder with its
     dictionaries, default the one it was trained on) and :func:`export_model` it (``int8``: then
     :func:`quantize_folder` it in place)."""
-    from fairseq import checkpoint_utils
-
-    import fairseq_hrt  # noqa: F401  (registers the task and models)
-    from fairseq_hrt.symbols import find_sentencepiece_model
-
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"no checkpoint {checkpoint}")
     if sentencepiece_model and not os.path.isfile(sentencepiece_model):
@@ -597,7 +605,7 @@ def export_checkpoint(
 def cli_main(argv=None):
     p = argparse.ArgumentParser(
         prog="fairseq-hrt-export",
-        description="Export an AT or HRT checkpoint into a folder that ONNX Runtime decodes "
+        description="Export an AT, HRT or Mask-Predict checkpoint into a folder that ONNX Runtime decodes "
         "(--decoder-engine onnxruntime, or hrt-translate without PyTorch).",
     )
     p.add_argument("checkpoint", help="a checkpoint of fairseq-train (--task hrt_translation)")

@@ -15,7 +15,7 @@ exported graph does better differs:
   rows for its beam, once, in numpy), and its position row and relative-key buckets come as
   inputs: arithmetic the caller has anyway;
 * the choice ends the graph: ``log_softmax`` then ``TopK`` of ``log_probs + logit_bias``
-  (``-inf``: banned; the rules of :class:`~fairseq_hrt.generation.search_rules.SearchRules`),
+  (``-inf``: banned; the rules of :class:`hrt_runtime.search.Rules`),
   so only ids and scores leave it (ONNX Runtime's ``ReduceLogSumExp`` took 3.6 ms of a 9.2 ms
   step at batch 128, d = 256, V = 8000; its ``LogSoftmax`` takes 0.6 ms), the argmax over
   blocks of the vocabulary (:func:`blocked_max`).

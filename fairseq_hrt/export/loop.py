@@ -38,7 +38,7 @@ def greedy_loop(body_model, past: Sequence[str], present: Sequence[str], enc_nam
     ``score``). The body's weights move to the loop's graph (where :func:`share_weights` stores
     them with every other graph's), the settings and encoder inputs become the loop graph's
     own, read by the body from the enclosing scope."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper  # noqa: PLC0415 - optional: onnx, for exporting
 
     body = body_model.graph
     outer_names = set(SETTINGS) | set(enc_names) | set(LOOP_ROWS_INPUTS)

@@ -35,11 +35,28 @@ from typing import Dict, List, Optional
 import torch
 import torch.autograd.profiler as autograd_profiler
 import torch.nn.functional as F
+from fairseq.models.transformer import (
+    TransformerDecoder,
+    TransformerDecoderBase,
+    TransformerEncoder,
+    TransformerEncoderBase,
+)
+from fairseq.modules import (
+    FairseqDropout,
+    LearnedPositionalEmbedding,
+    MultiheadAttention,
+    SinusoidalPositionalEmbedding,
+    TransformerDecoderLayer,
+    TransformerEncoderLayer,
+)
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from torch import Tensor, nn
 
 from fairseq_hrt.generation.output_vocab import restricted_output_layer
+from fairseq_hrt.models.hrt_transformer import HRTDecoder, HRTDecoderLayer
+from fairseq_hrt.models.ssru_transformer import SSRUDecoder, SSRUDecoderLayer
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention, relative_bucket
-from fairseq_hrt.modules.ssru import linear_recurrence
+from fairseq_hrt.modules.ssru import SSRU, linear_recurrence
 
 # ------------------------------------------------------------------------ profiling labels
 
@@ -114,8 +131,6 @@ def attention(
 
 def is_recurrent(layer) -> bool:
     """Whether a decoder layer is an SSRU layer (no self-attention)."""
-    from fairseq_hrt.models.ssru_transformer import SSRUDecoderLayer
-
     return isinstance(layer, SSRUDecoderLayer)
 
 
@@ -285,13 +300,20 @@ def compile_step(step_function):
     """``torch.compile`` of a step function of static shapes (dynamic dimensions, so batches
     of other sizes reuse the graph). The default mode on every device: CUDA-graph capture
     (``reduce-overhead``) would also need the caches at static addresses and the logits read
-    before the next replay, which no GPU has verified here yet."""
-    import torch._dynamo
+    before the next replay, which no GPU has verified here yet. Its calls (where dynamo
+    compiles) run with a recompile limit of at least :data:`COMPILED_GRAPHS_LIMIT`; the
+    process's own setting is left as it is for every other compiled function."""
+    import torch._dynamo  # noqa: PLC0415 - optional: torch.compile only where --compile asks for it
 
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # renamed in torch 2.7
-    setattr(config, name, max(getattr(config, name), COMPILED_GRAPHS_LIMIT))
-    return torch.compile(step_function, dynamic=True)
+    compiled = torch.compile(step_function, dynamic=True)
+
+    def step(*args):
+        with config.patch(**{name: max(getattr(config, name), COMPILED_GRAPHS_LIMIT)}):
+            return compiled(*args)
+
+    return step
 
 
 # ------------------------------------------------------------------------------ state
@@ -362,26 +384,6 @@ class DecoderState:
 @functools.lru_cache(maxsize=None)
 def _planned_classes():
     """The module classes the planned passes read, exactly (a subclass may compute otherwise)."""
-    from fairseq.models.transformer import (
-        TransformerDecoder,
-        TransformerDecoderBase,
-        TransformerEncoder,
-        TransformerEncoderBase,
-    )
-    from fairseq.modules import (
-        FairseqDropout,
-        LearnedPositionalEmbedding,
-        MultiheadAttention,
-        SinusoidalPositionalEmbedding,
-        TransformerDecoderLayer,
-        TransformerEncoderLayer,
-    )
-    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
-
-    from fairseq_hrt.models.hrt_transformer import HRTDecoder, HRTDecoderLayer
-    from fairseq_hrt.models.ssru_transformer import SSRUDecoder, SSRUDecoderLayer
-    from fairseq_hrt.modules.ssru import SSRU
-
     # modules the plan calls as they are (it reads their arithmetic, not their insides)
     calls = {
         nn.Linear,
@@ -404,14 +406,14 @@ def _planned_classes():
     }
     encoder = {TransformerEncoderBase, TransformerEncoder, TransformerEncoderLayerBase, TransformerEncoderLayer}
     try:  # --quantize int8 (the lean engine runs the quantized linears as they are)
-        from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
+        from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear  # noqa: PLC0415 - optional: torch.ao
 
         classes.add(QuantizedLinear)
         calls.add(QuantizedLinear)
     except ImportError:  # pragma: no cover
         pass
     try:  # fairseq's LayerNorm on a GPU with apex
-        from fairseq.modules.layer_norm import FusedLayerNorm
+        from fairseq.modules.layer_norm import FusedLayerNorm  # noqa: PLC0415 - optional: apex, GPU only
 
         classes.add(FusedLayerNorm)
         calls.add(FusedLayerNorm)
@@ -446,11 +448,15 @@ class DecoderPass:
         unknown = unplanned_modules(decoder)
         if unknown:
             raise ValueError(
-                f"--decoder-engine lean does not know the module(s) {', '.join(unknown)}; use --decoder-engine fairseq"
+                f"the planned decoder pass (the lean engine, Jacobi decoding, the ONNX export) does not know the "
+                f"module(s) {', '.join(unknown)}; use --decoder-engine fairseq"
             )
         for reason, bad in self._unsupported(decoder).items():
             if bad:
-                raise ValueError(f"--decoder-engine lean does not support {reason}; use --decoder-engine fairseq")
+                raise ValueError(
+                    f"the planned decoder pass (the lean engine, Jacobi decoding, the ONNX export) does not support "
+                    f"{reason}; use --decoder-engine fairseq"
+                )
         self._decoder = weakref.ref(decoder)  # the pass is cached per decoder: no cycle
         first = decoder.layers[0]
         self.recurrent = is_recurrent(first)
@@ -515,9 +521,8 @@ class DecoderPass:
         if decoder.embed_positions is None:
             return None
         tokens = torch.full((1, steps), start_token, dtype=torch.long, device=device)
-        from fairseq_hrt.models.hrt_transformer import HRTDecoder
 
-        if isinstance(decoder, HRTDecoder):  # positions 0, k, 2k, .. from <s_k>
+        if self.start_stride is not None:  # a decoder of <s_k> start symbols: positions 0, k, 2k, ..
             positions = (torch.arange(steps, device=device) * stride).unsqueeze(0)
             table = decoder.embed_target_positions(tokens, positions)
         else:

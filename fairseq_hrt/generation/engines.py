@@ -6,8 +6,11 @@ An engine declares what it supports (``supports_shortlist``, ``supports_compile`
 generation options), and builds:
 
 * :meth:`DecoderEngine.left_to_right`: a generator with fairseq's
-  ``generate(models, sample, bos_token=...)`` and ``last_encoder_out`` (HRT's stage I and AT
-  mode, AT beam / greedy search);
+  ``generate(models, sample, bos_token=...)`` (AT beam / greedy search, HRT's AT mode);
+  :meth:`DecoderEngine.stage1`: the same, keeping its last batch's encoding for HRT's stage II;
+* :meth:`DecoderEngine.backend`: the engine's backend of the one search over the model, on
+  which :class:`~fairseq_hrt.generation.hrt_generator.HRTGenerator` runs stage II and
+  :class:`~fairseq_hrt.generation.mask_predict.MaskPredictGenerator` Mask-Predict;
 * :meth:`DecoderEngine.two_stage` / :meth:`DecoderEngine.mask_predict`: optionally, HRT's two
   stages or Mask-Predict as one generator of the engine's own backend of the one search
   (:mod:`hrt_runtime.search`).
@@ -19,33 +22,48 @@ Each engine registers in its own module: ``lean`` (:mod:`fairseq_hrt.generation.
 help, and in the benchmark's rows. This module imports no engine.
 """
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
-from fairseq_hrt.generation.options import DecodingOptions
+from fairseq_hrt.generation.options import DecodingOptions, task_defaults
 from hrt_runtime.search import SearchConfig
 
 
 class DecoderEngine:
     name: str = ""
     summary: str = ""  # one line of --decoder-engine's help
-    row_name: str = ""  # how a benchmark row names it (default: its name)
     supports_shortlist: bool = False
     supports_compile: bool = False
     quantizes_itself: bool = False  # --quantize int8 is the engine's own: the loaded model stays float
     runs_mask_predict: bool = False  # mask_predict() builds the generator (else the model's own decoder runs it)
+    # the task options only this engine reads (DecodingOptions fields, e.g. onnxruntime's
+    # onnx_model): set, every other engine refuses them, and so does a strategy that decodes
+    # without an engine
+    own_options: Tuple[str, ...] = ()
 
     def unsupported(self, options: DecodingOptions) -> List[str]:
-        """The options in use that this engine cannot honour (flags, as typed)."""
-        return ["--onnx-model"] if options.onnx_model else []  # an exported folder is for onnxruntime only
+        """The options in use that this engine cannot honour (flags, as typed): by default,
+        the other engines' own options (:attr:`own_options`)."""
+        return engine_options_in_use(options, but=self.name)
 
     def unsupported_model(self, model) -> List[str]:
         """Why this engine cannot decode ``model`` (empty: it can)."""
         return []
 
-    def left_to_right(self, ctx, search: SearchConfig, banned: Sequence[int], keep_encoder_out: bool = False):
-        """``keep_encoder_out``: the generator must expose its last batch's encoder output
-        (``last_encoder_out``, for HRT's stage II)."""
+    def left_to_right(self, ctx, config: SearchConfig, banned: Sequence[int]):
+        """A left-to-right generator of ``search`` that never produces ``banned``."""
         raise NotImplementedError
+
+    def stage1(self, ctx, config: SearchConfig, banned: Sequence[int]):
+        """HRT's stage I (or AT mode) for :class:`HRTGenerator`: a :meth:`left_to_right`
+        generator that also keeps its last batch's encoding in :meth:`backend`'s form
+        (``last_encoded``) and its shortlist rows (``last_vocab``, ``None`` without one)."""
+        return self.left_to_right(ctx, config, banned)
+
+    def backend(self, ctx):
+        """The engine's backend of the one search (:mod:`hrt_runtime.search`) over
+        ``ctx.model``, with the task's ``<s_k>`` and ``<mask>``: stage II of
+        :class:`HRTGenerator` and Mask-Predict run on it."""
+        raise NotImplementedError(f"--decoder-engine {self.name} has no backend of the one search")
 
     def mask_predict(self, ctx):
         """The generator of Mask-Predict on this engine (``runs_mask_predict``); the other
@@ -64,14 +82,33 @@ ENGINES: Dict[str, DecoderEngine] = {}
 
 
 def register_engine(name: str):
+    """Register an engine under ``name``. The registry lists the default engine
+    (:class:`DecodingOptions`' ``decoder_engine``) first and the others by name, whatever the
+    order their modules are imported in."""
+
     def register(cls):
         if name in ENGINES and type(ENGINES[name]) is not cls:
             raise ValueError(f"decoder engine {name!r} is already registered")
         cls.name = name
-        ENGINES[name] = cls()
+        engines = {**ENGINES, name: cls()}
+        ENGINES.clear()
+        ENGINES.update(sorted(engines.items(), key=lambda item: (item[0] != DecodingOptions.decoder_engine, item[0])))
         return cls
 
     return register
+
+
+def engine_options_in_use(options: DecodingOptions, but: str = "") -> List[str]:
+    """The flags of the engines' own options (:attr:`DecoderEngine.own_options`) set in
+    ``options``, those of the engine ``but`` left out."""
+    defaults = task_defaults()
+    return [
+        "--" + name.replace("_", "-")
+        for engine_name, engine in ENGINES.items()
+        if engine_name != but
+        for name in engine.own_options
+        if getattr(options, name) != defaults[name]
+    ]
 
 
 def engine_choices() -> List[str]:

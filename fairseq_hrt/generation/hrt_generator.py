@@ -12,34 +12,33 @@ with the same stage II.
 import logging
 from typing import Callable, Dict, List, Optional
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from fairseq_hrt import chunking
 from fairseq_hrt.generation.chunk_size import chunk_sizes_of, resolve_decode_chunk_size
 from fairseq_hrt.generation.hypotheses import reject_unsupported_inputs, select_rows, to_fairseq
-from fairseq_hrt.generation.lean import TorchEncoded
 from fairseq_hrt.generation.search_rules import banned_symbols_of
 from fairseq_hrt.generation.strategies import DecodingContext, DecodingStrategy, LeftToRightDecoding, register_decoding
 from fairseq_hrt.models.kinds import family_of
-from hrt_runtime.search import check_b_nat, chunk_size_groups, fill_masks, stage2
+from hrt_runtime.search import check_b_nat, chunk_size_groups, stage2
 
 logger = logging.getLogger(__name__)
 
 
 class HRTGenerator:
     """Hybrid-regressive decoding composed from an engine's left-to-right generator (stage I)
-    and the one search's stage II (:func:`hrt_runtime.search.stage2` over the model's
-    :class:`~fairseq_hrt.generation.lean.TorchBackend`), with the options beyond the papers.
+    and the one search's stage II (:func:`hrt_runtime.search.stage2` over the engine's backend,
+    :meth:`DecoderEngine.backend`), with the options beyond the papers.
     The plain two stages of the ``lean`` and ``onnxruntime`` engines run inside their
     generators; this one serves ``--decoder-engine fairseq`` (fairseq's ``SequenceGenerator``
     in stage I) and the options below.
 
     Args:
         stage1: ``k -> `` left-to-right generator for chunk size ``k`` (``generate(models,
-            sample, bos_token=...)`` and ``last_encoder_out``), with beam ``b_at`` and at most
-            ``L / k`` steps
+            sample, bos_token=...)``, its last batch's encoding ``last_encoded`` in ``backend``'s
+            form and shortlist rows ``last_vocab``: :meth:`DecoderEngine.stage1`), with beam
+            ``b_at`` and at most ``L / k`` steps
+        backend: the backend of the one search that runs stage II (``parallel``)
         chunk_start: ``{k: index of <s_k>}``
         b_nat: skeletons per sentence filled by stage II (``<= b_at``)
         chunk_size: ``k`` for every sentence, or a function ``src_lengths -> (B,) chunk sizes``
@@ -77,9 +76,9 @@ class HRTGenerator:
         refine_fraction: float = 0.0,
         fallback_threshold: Optional[float] = None,
         rescore: bool = False,
+        *,
+        backend,
     ):
-        from fairseq_hrt.generation.lean import TorchBackend
-
         check_hrt_options(refine_fraction, fallback_threshold)
         check_b_nat(b_at, b_nat)
         self.stage1 = stage1
@@ -97,10 +96,8 @@ class HRTGenerator:
         self.refine_fraction = refine_fraction
         self.fallback_threshold = fallback_threshold
         self.rescore = rescore
-        self.backend = TorchBackend(model, tgt_dict, chunk_start, mask)  # stage II's arithmetic
+        self.backend = backend  # stage II's arithmetic
         self.banned = banned_symbols_of(family_of(model), tgt_dict, mask, chunk_start)
-        # sentences decoded with stage II, and those of them that fell back to AT mode
-        self.stage2_stats = {"sentences": 0, "fallbacks": 0}
 
     # fairseq's generate loop calls generator.generate(models, sample, prefix_tokens=..., ...)
     @torch.no_grad()
@@ -122,23 +119,18 @@ class HRTGenerator:
             return skeletons  # AT mode: no stage II
         vocab = None
         if self.shortlist is not None:
-            vocab = getattr(stage1, "last_vocab", None)
+            vocab = stage1.last_vocab
             if vocab is None:
                 vocab = self.shortlist.candidates(sample["net_input"]["src_tokens"], self.pad)
-        encoder_out = stage1.last_encoder_out
-        encoder_kv = getattr(stage1, "last_encoder_kv", None)  # a lean stage I's projections of this batch
-        if encoder_kv is None or getattr(stage1, "decoder_pass", None) is not self.backend.decoder_pass:
-            encoder_kv = self.backend.decoder_pass.encoder(encoder_out)
-        results = self._stage2(skeletons, k, TorchEncoded(encoder_out, encoder_kv), vocab)
+        encoded = stage1.last_encoded
+        results = self._stage2(skeletons, k, encoded, vocab)
         if self.rescore:
-            results = self._rescore(results, encoder_out)
-        self.stage2_stats["sentences"] += len(results)
+            results = self._rescore(results, encoded.encoder_out)
         if self.fallback_threshold is not None:
             low = [
                 i for i, hypos in enumerate(results) if float(hypos[0]["stage2_confidence"]) < self.fallback_threshold
             ]
             if low:
-                self.stage2_stats["fallbacks"] += len(low)
                 for i, hypos in zip(low, self._generate_k(select_rows(sample, low), 1)):
                     results[i] = hypos
         return results
@@ -197,49 +189,6 @@ class HRTGenerator:
         return to_fairseq(filled, device)
 
 
-@torch.no_grad()
-def fill_skeletons(
-    model,
-    skeleton: Tensor,
-    skeleton_scores: Tensor,
-    k: int,
-    encoder_out,
-    banned: Tensor,
-    mask: int,
-    eos: int,
-    pad: int,
-    vocab: Optional[Tensor] = None,
-    refine_fraction: float = 0.0,
-):
-    """Stage II of right-padded skeletons ``(B, M)`` (each ending in ``</s>``) given as
-    tensors, by the one search (:func:`hrt_runtime.search.fill_masks`) over the model's
-    :class:`~fairseq_hrt.generation.lean.TorchBackend`: the oracles of
-    ``benchmarks/hrt_quality.py`` fill the reference's or AT mode's skeleton with it.
-    ``encoder_out``: fairseq's encoder output, one row per skeleton; ``vocab``: the sorted
-    target ids the masks may take (default all). Returns ``(stage II input as a
-    DecoderSample, tokens, positional_scores, lengths)`` (tokens padded after the first
-    ``</s>``; the sum of ``positional_scores`` is eq. (2) over the kept tokens)."""
-    from fairseq_hrt.generation.lean import TorchBackend
-
-    backend = TorchBackend(model, model.decoder.dictionary, mask=mask)
-    device = skeleton.device
-    rows = backend.rows(None if vocab is None else vocab.cpu().numpy())
-    size = backend.vocab_size if rows.ids is None else rows.ids.size
-    bias = np.zeros(size, np.float32)
-    bias[rows.positions(banned.tolist())] = -np.inf
-    encoded = TorchEncoded(encoder_out, backend.decoder_pass.encoder(encoder_out))
-    tokens, positions, filled, scores, lengths, _ = fill_masks(
-        backend, encoded, skeleton.cpu().numpy(), skeleton_scores.float().cpu().numpy(), k, bias, rows, refine_fraction
-    )
-    sample = chunking.DecoderSample(torch.from_numpy(tokens).to(device), torch.from_numpy(positions).to(device), None)
-    return (
-        sample,
-        torch.from_numpy(filled).to(device),
-        torch.from_numpy(scores).to(device),
-        torch.from_numpy(lengths).to(device),
-    )
-
-
 def at_mode_scores(model, encoder_out, candidates: List[Tensor], eos: int, pad: int, len_penalty: float):
     """Exact AT-mode scores of ``candidates`` (token rows ending in ``</s>``; ``encoder_out``
     has one row per candidate): one teacher-forced causal pass from ``</s>``, as AT-mode
@@ -268,16 +217,15 @@ def check_hrt_options(refine_fraction: float, fallback_threshold: Optional[float
 # ------------------------------------------------------------------------ strategies
 
 
-def left_to_right_generators(
-    ctx: DecodingContext, banned: List[int], keep_encoder_out: bool = True
-) -> Callable[[int], object]:
-    """``k -> `` the engine's left-to-right generator for at most ``L / k`` steps
-    (``L = max_len_a * src_len + max_len_b``), never producing ``banned``; built once per k."""
+def stage1_generators(ctx: DecodingContext, banned: List[int]) -> Callable[[int], object]:
+    """``k -> `` the engine's generator of HRT's stage I (:meth:`DecoderEngine.stage1`) for at
+    most ``L / k`` steps (``L = max_len_a * src_len + max_len_b``), never producing ``banned``;
+    built once per k."""
     built: Dict[int, object] = {}
 
     def generator(k: int):
         if k not in built:
-            built[k] = ctx.engine.left_to_right(ctx, ctx.options.search.for_chunk_size(k), banned, keep_encoder_out)
+            built[k] = ctx.engine.stage1(ctx, ctx.options.search_config.for_chunk_size(k), banned)
         return built[k]
 
     return generator
@@ -285,7 +233,7 @@ def left_to_right_generators(
 
 def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
     task, model, options = ctx.task, ctx.model, ctx.options
-    b_at = options.search.beam
+    b_at = options.search_config.beam
     if b_at < 1:
         raise ValueError("--beam (b_at) must be >= 1")
     if len(ctx.models) != 1:
@@ -301,20 +249,21 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
         )
         return generator
     generator = HRTGenerator(
-        left_to_right_generators(ctx, ctx.banned()),
+        stage1_generators(ctx, ctx.banned()),
         model,
         task.target_dictionary,
         chunk_start=task.chunk_start_idx,
         mask=task.mask_idx,
         chunk_size=chunk_size,
         b_at=b_at,
-        len_penalty=options.search.len_penalty,
+        len_penalty=options.search_config.len_penalty,
         b_nat=options.b_nat,
         print_steps=options.print_step,
         shortlist=ctx.shortlist,
         refine_fraction=options.hrt_refine_fraction,
         fallback_threshold=options.hrt_fallback_threshold,
         rescore=options.hrt_rescore,
+        backend=ctx.engine.backend(ctx),
     )
     if chunk_size == 1 and options.b_nat == 1:
         logger.info("HRT decoding in AT mode (chunk size 1) from </s>, %s engine", ctx.engine.name)
@@ -358,8 +307,8 @@ class BeamDecoding(LeftToRightDecoding):
         check_at_mode(ctx, "--decoding beam")
         if family_of(ctx.model).chunk_sizes:
             return build_hrt_generator(ctx, 1)
-        logger.info("left-to-right decoding (beam %s), %s engine", ctx.options.search.beam, ctx.engine.name)
-        return left_to_right_generators(ctx, ctx.banned(), keep_encoder_out=False)(1)
+        logger.info("left-to-right decoding (beam %s), %s engine", ctx.options.search_config.beam, ctx.engine.name)
+        return ctx.engine.left_to_right(ctx, ctx.options.search_config, ctx.banned())
 
 
 @register_decoding("hrt")

@@ -119,7 +119,7 @@ def hgj_parallel_end(src_lengths: Tensor, parallel_length: int) -> Tensor:
 
 class NATDrafter:
     """Drafts of ``hrt-spec``: one non-causal pass of an HRT model over the final prefix
-    followed by masks (the CMLM / stage-II fill of :func:`hrt_generator.fill_skeletons`),
+    followed by masks (the CMLM / stage-II fill of :func:`hrt_runtime.search.fill_masks`),
     argmax in the masks, never a banned symbol. The pass is the decoder's one
     (:func:`~fairseq_hrt.generation.decoder_pass.decoder_pass`); the encoder keys/values of
     a batch are projected once (:meth:`begin`) and serve every drafting round."""
@@ -186,7 +186,7 @@ class ParallelGreedyGenerator:
         self,
         model,
         tgt_dict,
-        options: SearchConfig,
+        config: SearchConfig,
         method: str,
         block_size: int,
         banned: Sequence[int] = (),
@@ -195,23 +195,23 @@ class ParallelGreedyGenerator:
         trace: bool = False,
         temperature: float = 1.0,
     ):
-        check_parallel_options(method, options.beam, block_size, parallel_length)
+        check_parallel_options(method, config.beam, block_size, parallel_length)
         if method == SPEC_METHOD and drafter is None:
             raise ValueError("hrt-spec needs a drafter (an HRT model's non-autoregressive mode)")
         self.model = model
         self.decoder_pass = decoder_pass(model.decoder)
-        self.options = options
+        self.config = config
         self.method, self.block_size, self.parallel_length = method, block_size, parallel_length
         self.drafter = drafter
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
-        self.rules = SearchRules(options, tgt_dict, banned, temperature)
+        self.rules = SearchRules(config, tgt_dict, banned, temperature)
         self.max_len_cap = model.max_decoder_positions() - 1
         self.trace: Optional[List[PassRecord]] = [] if trace else None
         self.stats = {"sentences": 0, "passes": 0, "draft_passes": 0, "tokens": 0}
 
     def max_len(self, src_tokens: Tensor) -> int:
         """fairseq's maximum length (the padded source width), as greedy search has it."""
-        return self.options.max_len(src_tokens.size(1), self.max_len_cap)
+        return self.config.max_len(src_tokens.size(1), self.max_len_cap)
 
     @torch.no_grad()
     def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict[str, Tensor]]]:
@@ -316,8 +316,8 @@ class ParallelGreedyGenerator:
             for i, r in enumerate(rows.tolist()):
                 length = int(lengths[r])
                 total = cumulative[i, length - 1]
-                if self.options.normalize_scores:
-                    total = total / length**self.options.len_penalty
+                if self.config.normalize_scores:
+                    total = total / length**self.config.len_penalty
                 # steps: every decoder pass (hrt-spec: drafting and verifying ones)
                 steps = int(passes[r]) + int(draft_passes[r])
                 hypo = hypothesis(
@@ -389,7 +389,7 @@ def build_parallel_generator(ctx: DecodingContext, method: str) -> ParallelGreed
     if block_size is None:
         block_size = DEFAULT_BLOCK_SIZE.get(method, 1)
     parallel_length = int(options.jacobi_parallel_length or 0)
-    check_parallel_options(method, options.search.beam, block_size, parallel_length)
+    check_parallel_options(method, options.search_config.beam, block_size, parallel_length)
     hrt = family_of(model).chunk_sizes
     check_at_mode(ctx, f"--decoding {method}")
     # the symbols greedy search of the same model never produces (HRT's AT mode bans its
@@ -400,7 +400,7 @@ def build_parallel_generator(ctx: DecodingContext, method: str) -> ParallelGreed
     generator = ParallelGreedyGenerator(
         model,
         tgt_dict,
-        options.search,
+        options.search_config,
         method,
         block_size,
         banned,

@@ -95,7 +95,6 @@ class TorchBackend:
         self.max_target_positions = model.max_decoder_positions()
         self.chunk_start = dict(chunk_start or {})
         self.device = next(model.parameters()).device
-        self._biases: Dict[int, tuple] = {}  # id(numpy bias) -> (the array, its tensor)
 
     # ------------------------------------------------------------------------ helpers
 
@@ -103,14 +102,9 @@ class TorchBackend:
         return TorchRows(None if ids is None else np.asarray(ids, np.int64), self.device)
 
     def _bias(self, bias: np.ndarray) -> Tensor:
-        """The search's logit bias as a tensor on the model's device (made once per array: the
-        search's rules hold three)."""
-        found = self._biases.get(id(bias))
-        if found is None or found[0] is not bias:
-            if len(self._biases) > 64:
-                self._biases.clear()
-            found = self._biases[id(bias)] = (bias, torch.from_numpy(bias).to(self.device))
-        return found[1]
+        """The search's logit bias as a tensor on the model's device (on a CPU, the array's own
+        memory)."""
+        return torch.from_numpy(bias).to(self.device)
 
     def _tensor(self, array: np.ndarray) -> Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
@@ -134,7 +128,11 @@ class TorchBackend:
     @profiled("hrt.encoder")
     def encode_fairseq(self, net_input) -> TorchEncoded:
         """A fairseq batch's ``net_input`` encoded, the encoder keys/values projected once."""
-        encoder_out = self.model.encoder.forward_torchscript(net_input)
+        return self.encoding(self.model.encoder.forward_torchscript(net_input))
+
+    def encoding(self, encoder_out) -> TorchEncoded:
+        """The encoding of a batch whose encoder output is given (fairseq's
+        ``SequenceGenerator`` as HRT's stage I): its encoder keys/values projected once."""
         return TorchEncoded(encoder_out, self.decoder_pass.encoder(encoder_out))
 
     def stride_of(self, start: int) -> int:
@@ -192,8 +190,7 @@ class LeanSequenceGenerator(SearchGenerator):
     """The one search (:class:`SearchGenerator`) over the model's :class:`TorchBackend`, for one
     model. ``compile``: the steps run ``torch.compile``'s static step (``--compile``);
     ``chunk_start`` / ``mask``: an HRT model's start symbols and ``<mask>`` (HRT's two stages
-    with ``chunk_size``). The last batch's encoder output and encoder keys/values are kept
-    (``last_encoder_out``, ``last_encoder_kv``: :class:`HRTGenerator`'s stage II reuses them)."""
+    with ``chunk_size``)."""
 
     engine = "lean"
 
@@ -201,7 +198,7 @@ class LeanSequenceGenerator(SearchGenerator):
         self,
         model,
         tgt_dict,
-        options: SearchConfig,
+        config: SearchConfig,
         banned: Sequence[int] = (),
         shortlist=None,
         compile: bool = False,
@@ -212,16 +209,12 @@ class LeanSequenceGenerator(SearchGenerator):
         temperature: float = 1.0,
     ):
         backend = TorchBackend(model, tgt_dict, chunk_start, mask, temperature, compile)
-        super().__init__(backend, tgt_dict, options, banned, shortlist, chunk_size, b_nat)
+        super().__init__(backend, tgt_dict, config, banned, shortlist, chunk_size, b_nat)
         self.model = model
-        self.decoder_pass = backend.decoder_pass  # the decoder's one pass (HRT's stage II may share it)
-        self.last_encoder_out = None
-        self.last_encoder_kv = None
+        self.decoder_pass = backend.decoder_pass  # the decoder's one pass
 
     def encode(self, net_input) -> TorchEncoded:
-        encoded = self.backend.encode_fairseq(net_input)
-        self.last_encoder_out, self.last_encoder_kv = encoded.encoder_out, encoded.kv
-        return encoded
+        return self.backend.encode_fairseq(net_input)
 
 
 @register_engine("lean")
@@ -239,13 +232,16 @@ class LeanEngine(DecoderEngine):
     def unsupported(self, options):
         return list(options.sequence_generator_only) + super().unsupported(options)
 
-    def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
+    def backend(self, ctx):
+        return TorchBackend(ctx.model, ctx.task.target_dictionary, ctx.task.chunk_start_idx, ctx.task.mask_idx)
+
+    def left_to_right(self, ctx, config, banned):
         if len(ctx.models) != 1:
             raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
         return LeanSequenceGenerator(
             ctx.models[0],
             ctx.task.target_dictionary,
-            search,
+            config,
             banned,
             shortlist=ctx.shortlist,
             compile=ctx.options.compile,
@@ -264,7 +260,7 @@ class LeanEngine(DecoderEngine):
         return LeanSequenceGenerator(
             ctx.models[0],
             task.target_dictionary,
-            options.search,
+            options.search_config,
             ctx.banned(),
             shortlist=ctx.shortlist,
             compile=options.compile,

@@ -21,7 +21,8 @@ The algorithm is the one search's (:func:`hrt_runtime.search.mask_predict`, with
 functions :func:`~hrt_runtime.search.remask_counts`,
 :func:`~hrt_runtime.search.lowest_confidence_mask`,
 :func:`~hrt_runtime.search.length_candidates`, :func:`~hrt_runtime.search.initial_input`),
-run here over the model's :class:`~fairseq_hrt.generation.lean.TorchBackend` and on ONNX
+run here over the engine's backend (:meth:`DecoderEngine.backend`: the model's
+:class:`~fairseq_hrt.generation.lean.TorchBackend` for ``lean`` and ``fairseq``) and on ONNX
 Runtime by ``--decoder-engine onnxruntime``.
 """
 
@@ -34,17 +35,18 @@ import torch
 from fairseq_hrt.generation.search_generator import SearchGenerator
 from fairseq_hrt.generation.strategies import DecodingContext, DecodingStrategy, register_decoding
 from fairseq_hrt.models.kinds import family_of
-from hrt_runtime.search import SearchConfig
+from hrt_runtime.search import SearchConfig, check_mask_predict
 
 logger = logging.getLogger(__name__)
 
 
 class MaskPredictGenerator(SearchGenerator):
     """Mask-Predict with ``iterations`` (I) decoder passes and a length beam of ``length_beam`` (l),
-    the one search's (:class:`SearchGenerator`) over the model's ``TorchBackend``.
+    the one search's (:class:`SearchGenerator`) over ``backend``.
 
     Args:
         models: one ``cmlm_*`` model (no ensembles)
+        backend: the backend of the one search over it (``encode_fairseq`` and ``parallel``)
         banned: extra symbols that may never be predicted (the task's ``<mask>`` and
             ``<s2>``..``<s8>``); ``<pad>``, ``<s>`` and ``</s>`` are always banned
         max_len_a, max_len_b: a sentence's length is at most ``a * src_len + b`` (fairseq's
@@ -60,6 +62,7 @@ class MaskPredictGenerator(SearchGenerator):
     def __init__(
         self,
         models,
+        backend,
         tgt_dict,
         mask: int,
         banned: Iterable[int] = (),
@@ -70,19 +73,14 @@ class MaskPredictGenerator(SearchGenerator):
         print_steps: bool = False,
         shortlist=None,
     ):
-        from fairseq_hrt.generation.lean import TorchBackend
-
         if len(models) != 1:
             raise ValueError("Mask-Predict decoding supports a single model (no ensembles)")
         if not family_of(models[0]).length_predictor:
             raise ValueError("Mask-Predict decoding needs a model with a length predictor (--arch cmlm_*)")
-        if iterations < 1:
-            raise ValueError(f"--iter-decode-max-iter (Mask-Predict's I) must be >= 1, got {iterations}")
-        if length_beam < 1:
-            raise ValueError(f"--iter-decode-with-beam (Mask-Predict's length beam l) must be >= 1, got {length_beam}")
+        check_mask_predict(iterations, length_beam)
         self.model = models[0]
         super().__init__(
-            TorchBackend(self.model, tgt_dict, mask=mask),
+            backend,
             tgt_dict,
             SearchConfig(beam=1, max_len_a=max_len_a, max_len_b=max_len_b),
             banned,
@@ -159,13 +157,14 @@ class MaskPredictDecoding(DecodingStrategy):
             return ctx.engine.mask_predict(ctx)
         generator = MaskPredictGenerator(
             ctx.models,
+            ctx.engine.backend(ctx),
             ctx.task.target_dictionary,
             mask=ctx.task.mask_idx,
             banned=ctx.banned(),
             iterations=options.iter_decode_max_iter,
             length_beam=options.iter_decode_with_beam,
-            max_len_a=options.search.max_len_a,
-            max_len_b=options.search.max_len_b,
+            max_len_a=options.search_config.max_len_a,
+            max_len_b=options.search_config.max_len_b,
             print_steps=options.print_step,
             shortlist=ctx.shortlist,
         )

@@ -16,9 +16,11 @@ from typing import List
 
 import torch
 
+from fairseq_hrt.export import exporter
 from fairseq_hrt.generation.engines import DecoderEngine, register_engine
 from fairseq_hrt.generation.search_generator import SearchGenerator
 from fairseq_hrt.models.kinds import unwrap
+from hrt_runtime.model import VERSION, ExportedModel, read_config
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +34,6 @@ def cache_root() -> str:
 
 
 def _cached(folder: str, digest: str, int8: bool) -> bool:
-    from hrt_runtime.model import VERSION, read_config
-
     try:
         config = read_config(folder)
     except (FileNotFoundError, ValueError):
@@ -44,32 +44,27 @@ def _cached(folder: str, digest: str, int8: bool) -> bool:
 
 def exported_folder(model, task, int8: bool = False) -> str:
     """The cache folder of ``model``'s export (``int8``: its int8 copy), made if missing."""
-    from fairseq_hrt.export.exporter import check_exportable, export_model, parameters_sha256, quantize_folder
-
-    check_exportable(model)
-    digest = parameters_sha256(model)
+    exporter.check_exportable(model)
+    digest = exporter.parameters_sha256(model)
     folder = os.path.join(cache_root(), digest[:32])
     with _LOCK:
         if not _cached(folder, digest, False):
             logger.info("exporting the model to ONNX (once per checkpoint): %s", folder)
-            export_model(model, task, folder)
+            exporter.export_model(model, task, folder)
         if not int8:
             return folder
         quantized = folder + "-int8"
         if not _cached(quantized, digest, True):
             logger.info("quantizing the exported graphs to int8 (once per checkpoint): %s", quantized)
-            quantize_folder(folder, quantized)
+            exporter.quantize_folder(folder, quantized)
         return quantized
 
 
 def given_folder(folder: str, model, int8: bool) -> str:
     """``--onnx-model FOLDER``, checked against the loaded model: the same parameters (SHA-256)
     and the same precision as ``--quantize`` asks for."""
-    from fairseq_hrt.export.exporter import parameters_sha256
-    from hrt_runtime.model import read_config
-
     config = read_config(folder)
-    if config["parameters_sha256"] != parameters_sha256(model):
+    if config["parameters_sha256"] != exporter.parameters_sha256(model):
         raise ValueError(
             f"--onnx-model {folder} was exported from another checkpoint than --path's (the SHA-256 of "
             "their parameters differ); export this checkpoint, or drop --onnx-model to export it on first use"
@@ -88,12 +83,10 @@ class OnnxRuntimeGenerator(SearchGenerator):
 
     engine = "onnxruntime"
 
-    def __init__(self, ctx, search, banned: List[int], **kwargs):
-        from hrt_runtime.model import ExportedModel
-
+    def __init__(self, ctx, config, banned: List[int], **kwargs):
         model = unwrap(ctx.model)
         try:
-            import onnxruntime  # noqa: F401
+            import onnxruntime  # noqa: F401,PLC0415 - optional: onnxruntime
         except ImportError as e:
             raise ValueError(
                 f"--decoder-engine onnxruntime needs the onnxruntime and onnx packages ({e}); "
@@ -104,7 +97,7 @@ class OnnxRuntimeGenerator(SearchGenerator):
         else:
             folder = exported_folder(model, ctx.task, int8=ctx.options.quantize == "int8")
         runtime = ExportedModel(folder, threads=torch.get_num_threads())
-        super().__init__(runtime, ctx.task.target_dictionary, search, banned, ctx.shortlist, **kwargs)
+        super().__init__(runtime, ctx.task.target_dictionary, config, banned, ctx.shortlist, **kwargs)
         self.model = model
         self.runtime = runtime
 
@@ -125,6 +118,7 @@ class OnnxRuntimeEngine(DecoderEngine):
     supports_shortlist = True
     quantizes_itself = True  # --quantize int8: ONNX Runtime's dynamic quantization of the exported graphs
     runs_mask_predict = True
+    own_options = ("onnx_model",)  # --onnx-model: an exported folder to decode instead of the cache's
 
     def unsupported(self, options):
         used = list(options.sequence_generator_only)
@@ -133,23 +127,21 @@ class OnnxRuntimeEngine(DecoderEngine):
         used += options.stage2_options_used()
         if options.print_step:
             used.append("--print-step")
-        return used
+        return used + super().unsupported(options)
 
     def unsupported_model(self, model):
-        from fairseq_hrt.export.exporter import unsupported
+        return exporter.unsupported(model)
 
-        return unsupported(model)
-
-    def left_to_right(self, ctx, search, banned, keep_encoder_out=False):
+    def left_to_right(self, ctx, config, banned):
         if len(ctx.models) != 1:
             raise ValueError("--decoder-engine onnxruntime decodes a single model (no ensembles)")
-        return OnnxRuntimeGenerator(ctx, search, banned)
+        return OnnxRuntimeGenerator(ctx, config, banned)
 
     def mask_predict(self, ctx):
         options = ctx.options
         return OnnxRuntimeGenerator(
             ctx,
-            options.search,
+            options.search_config,
             ctx.banned(),
             iterations=options.iter_decode_max_iter,
             length_beam=options.iter_decode_with_beam,
@@ -157,5 +149,5 @@ class OnnxRuntimeEngine(DecoderEngine):
 
     def two_stage(self, ctx, chunk_size):
         return OnnxRuntimeGenerator(
-            ctx, ctx.options.search, ctx.banned(), chunk_size=chunk_size, b_nat=ctx.options.b_nat
+            ctx, ctx.options.search_config, ctx.banned(), chunk_size=chunk_size, b_nat=ctx.options.b_nat
         )

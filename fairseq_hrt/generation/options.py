@@ -82,10 +82,10 @@ def search_config(args) -> SearchConfig:
     return SearchConfig(**values)
 
 
-def fairseq_values(search: SearchConfig, temperature: float) -> dict:
+def fairseq_values(config: SearchConfig, temperature: float) -> dict:
     """The search settings and ``--temperature`` under fairseq's generation option names."""
     values = {
-        flag: (not getattr(search, name)) if name in NEGATED else getattr(search, name)
+        flag: (not getattr(config, name)) if name in NEGATED else getattr(config, name)
         for name, flag in FAIRSEQ_NAMES.items()
     }
     return dict(values, temperature=temperature)
@@ -127,8 +127,8 @@ class DecodingOptions:
         "lexical shortlist file (built by fairseq-hrt-shortlist from this data directory): the "
         "output layer of every batch is computed only for the shortlists of its source tokens plus "
         "the frequent target tokens, and scores are log-probabilities over those candidates; for "
-        "--decoding beam/hrt with --decoder-engine lean (AT search, HRT stage I and II) and "
-        "--decoding mask-predict"
+        "--decoding beam/hrt (AT search, HRT stage I and II) and --decoding mask-predict, with "
+        "--decoder-engine lean or onnxruntime"
     )
     decode_chunk_size: str = task_option(
         "HRT decoding chunk size: an integer k the model was trained for, 1 = AT "
@@ -168,7 +168,7 @@ class DecodingOptions:
         "exporting the loaded model into the cache ($FAIRSEQ_HRT_ONNX_CACHE, default ~/.cache/fairseq-hrt/onnx); "
         "it must be the export of the same checkpoint (its parameters' SHA-256 is checked)"
     )
-    search: SearchConfig = field(default_factory=SearchConfig)
+    search_config: SearchConfig = field(default_factory=SearchConfig)
     temperature: float = 1.0  # --temperature: only the PyTorch engines apply it
     print_step: bool = False
     iter_decode_max_iter: int = 10
@@ -193,7 +193,7 @@ class DecodingOptions:
         args = gen_args if gen_args is not None else object()
         return cls(
             **values,
-            search=search_config(args),
+            search_config=search_config(args),
             temperature=getattr(args, "temperature", cls.temperature),
             print_step=bool(getattr(args, "print_step", False)),
             iter_decode_max_iter=getattr(args, "iter_decode_max_iter", cls.iter_decode_max_iter),
@@ -211,7 +211,7 @@ class DecodingOptions:
         if unknown:
             raise ValueError(f"unknown decoding option(s): {', '.join(unknown)}")
         if search:
-            changes["search"] = dataclasses.replace(changes.get("search", self.search), **search)
+            changes["search_config"] = dataclasses.replace(changes.get("search_config", self.search_config), **search)
         return dataclasses.replace(self, **changes)
 
     def stage2_options_used(self) -> Tuple[str, ...]:

@@ -1,12 +1,14 @@
-"""``--quantize int8``: dynamic int8 quantization of a model's linear layers, applied once,
-when the model is loaded for decoding (the task wraps ``prepare_for_inference_``, which
-fairseq-generate, fairseq-interactive and the hub call after loading the weights); building a
-generator never changes a model."""
+"""``--quantize int8``: dynamic int8 quantization of a model's linear layers, applied once to a
+model loaded for decoding, after its weights are loaded (the task does it before the first
+generator of a model it loaded from a checkpoint: ``HRTTranslationTask.build_decoding``); a
+strategy or an engine building a generator never changes a model."""
 
 import logging
 
 import torch
+from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
 
+from fairseq_hrt.generation.engines import ENGINES
 from fairseq_hrt.generation.options import QUANTIZE_CHOICES
 
 logger = logging.getLogger(__name__)
@@ -29,7 +31,6 @@ def quantize_int8(model):
             "--quantize int8 is dynamic int8 quantization for CPU decoding; drop it on a GPU "
             "(use --fp16 there) or decode with --cpu"
         )
-    from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
 
     names = {
         name: default_dynamic_qconfig
@@ -44,8 +45,6 @@ def quantize_int8(model):
 def engine_quantizes_itself(engine: str) -> bool:
     """Whether ``--decoder-engine`` quantizes what it runs itself (``onnxruntime``: its exported
     graphs), so the loaded PyTorch model must stay in float."""
-    from fairseq_hrt.generation.engines import ENGINES
-
     found = ENGINES.get(str(engine))
     return found is not None and found.quantizes_itself
 

@@ -23,7 +23,9 @@ class SearchGenerator:
     stages (``chunk_size`` an int, or a function of the source lengths giving each sentence's:
     ``--decode-chunk-size by-length``) with ``b_nat`` skeletons per sentence filled, or
     Mask-Predict (``iterations`` > 0, with ``length_beam``). ``banned``: symbols never generated;
-    ``shortlist``: each batch decodes over its candidates only (kept as ``last_vocab``).
+    ``shortlist``: each batch decodes over its candidates only (kept as ``last_vocab``). The
+    backend's encoding of the last batch is kept as ``last_encoded`` (HRT's stage II of
+    :class:`~fairseq_hrt.generation.hrt_generator.HRTGenerator` reads both).
 
     A subclass sets :attr:`engine` (its ``--decoder-engine`` name) and implements
     :meth:`encode`."""
@@ -35,7 +37,7 @@ class SearchGenerator:
         self,
         backend,
         tgt_dict,
-        options: SearchConfig,
+        config: SearchConfig,
         banned: Sequence[int],
         shortlist=None,
         chunk_size=None,
@@ -43,35 +45,24 @@ class SearchGenerator:
         iterations: int = 0,
         length_beam: int = 1,
     ):
-        if options.beam < 1:
+        if config.beam < 1:
             raise ValueError("--beam must be >= 1")
         if chunk_size is not None:
-            search.check_b_nat(options.beam, b_nat)
+            search.check_b_nat(config.beam, b_nat)
         self.backend = backend
-        self.options = options
+        self.config = config
         self.banned = sorted(set(banned) | {tgt_dict.pad()})
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()  # fairseq-generate reads eos
         self.shortlist = shortlist
         self.chunk_size, self.b_nat = chunk_size, b_nat
         self.iterations, self.length_beam = iterations, length_beam  # Mask-Predict's I and l
         self.last_vocab: Optional[torch.Tensor] = None
+        self.last_encoded = None
         self.on_iteration = None  # Mask-Predict: called with the first row before and after each pass
-        self._stage1: Dict[int, "SearchGenerator"] = {}
 
     def encode(self, net_input):
         """The backend's encoding of a fairseq batch (``length_lprobs`` set for Mask-Predict)."""
         raise NotImplementedError
-
-    def stage1(self, k: int) -> "SearchGenerator":
-        """The left-to-right generator of HRT's stage I at chunk size ``k`` (at most ``L / k``
-        steps, from ``<s_k>`` given as ``bos_token``), on the same backend."""
-        if k not in self._stage1:
-            stage1 = type(self).__new__(type(self))
-            stage1.__dict__.update(self.__dict__)
-            stage1.options = self.options.for_chunk_size(k)
-            stage1.chunk_size, stage1._stage1 = None, {}
-            self._stage1[k] = stage1
-        return self._stage1[k]
 
     def rows_of(self, src_tokens):
         """The output rows of a batch: all, or its shortlist candidates (kept as ``last_vocab``)."""
@@ -85,7 +76,7 @@ class SearchGenerator:
         reject_unsupported_inputs(self.what or f"--decoder-engine {self.engine}", **kwargs)
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
-        encoded = self.encode(net_input)
+        encoded = self.last_encoded = self.encode(net_input)
         width = src_tokens.size(1)
         if self.iterations:
             found = search.mask_predict(
@@ -94,8 +85,8 @@ class SearchGenerator:
                 src_tokens.cpu().numpy(),
                 self.iterations,
                 self.length_beam,
-                self.options.max_len_a,
-                self.options.max_len_b,
+                self.config.max_len_a,
+                self.config.max_len_b,
                 self.banned,
                 rows=self.rows_of(src_tokens),
                 on_iteration=self.on_iteration,
@@ -103,7 +94,7 @@ class SearchGenerator:
             return to_fairseq(found, src_tokens.device)
         if self.chunk_size is None or bos_token is not None:
             found = search.left_to_right(
-                self.backend, encoded, width, self.options, self.banned, start=bos_token, rows=self.rows_of(src_tokens)
+                self.backend, encoded, width, self.config, self.banned, start=bos_token, rows=self.rows_of(src_tokens)
             )
             return to_fairseq(found, src_tokens.device)
         results: List = [None] * src_tokens.size(0)
@@ -113,7 +104,7 @@ class SearchGenerator:
                 part = encoded.select(index)
                 part_src = src_tokens.index_select(0, torch.from_numpy(index).to(src_tokens.device))
             found = search.hrt(
-                self.backend, part, width, self.options, k, self.banned, b_nat=self.b_nat, rows=self.rows_of(part_src)
+                self.backend, part, width, self.config, k, self.banned, b_nat=self.b_nat, rows=self.rows_of(part_src)
             )
             for i, hypos in zip(index.tolist(), found):
                 results[i] = hypos

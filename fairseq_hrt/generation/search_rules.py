@@ -54,10 +54,10 @@ class SearchRules:
     added); ``rows``: the output rows the logits' columns are (default all, or a shortlist's
     :class:`hrt_runtime.model.OutputRows`)."""
 
-    def __init__(self, options: SearchConfig, tgt_dict, banned: Sequence[int] = (), temperature: float = 1.0):
+    def __init__(self, config: SearchConfig, tgt_dict, banned: Sequence[int] = (), temperature: float = 1.0):
         if temperature <= 0:
             raise ValueError("--temperature must be greater than 0")
-        self.options = options
+        self.config = config
         self.temperature = temperature
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
         self.vocab_size = len(tgt_dict)
@@ -76,7 +76,7 @@ class SearchRules:
         found = self._tables.get(key)
         if found is None:
             size = self.vocab_size if rows.ids is None else rows.ids.size
-            rules = rules_of(self.options, self.eos, self.unk, self.banned, rows, size)
+            rules = rules_of(self.config, self.eos, self.unk, self.banned, rows, size)
             if len(self._tables) > 16:
                 self._tables.clear()
             found = self._tables[key] = torch.from_numpy(np.stack([rules.usual, rules.early, rules.final])).to(device)
@@ -87,6 +87,6 @@ class SearchRules:
         (float, after :meth:`logits`). ``steps``: the step of every row (an int: all rows)."""
         usual, early, final = self.table(rows or OutputRows(None), logits.device)
         steps = torch.as_tensor(steps, device=logits.device)
-        bias = bias_at(steps.unsqueeze(-1), max_len, self.options.min_len, usual, early, final)
+        bias = bias_at(steps.unsqueeze(-1), max_len, self.config.min_len, usual, early, final)
         best, row = (logits + bias).max(dim=1)
         return best - torch.logsumexp(logits, dim=1), row

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Type
 
-from fairseq_hrt.generation.engines import ENGINES, DecoderEngine, get_engine
+from fairseq_hrt.generation.engines import ENGINES, DecoderEngine, engine_options_in_use, get_engine
 from fairseq_hrt.generation.options import DecodingOptions
 from fairseq_hrt.generation.quantize import check_quantization, is_quantized
 from fairseq_hrt.generation.search_rules import banned_symbols
@@ -194,10 +194,11 @@ def check_supported(
                 f"engine quantizes its own graphs): it would decode in float; use --decoder-engine lean --quantize "
                 f"{options.quantize}"
             )
-        if options.onnx_model:
+        own = engine_options_in_use(options)
+        if own:
             raise ValueError(
-                f"--onnx-model is the exported folder of --decoder-engine onnxruntime; --decoding "
-                f"{strategy.name} does not decode with an engine (drop --onnx-model)"
+                f"{', '.join(own)}: an engine's own option(s); --decoding {strategy.name} does not decode with an "
+                f"engine (drop {', '.join(own)})"
             )
         return
     used = engine.unsupported(options)

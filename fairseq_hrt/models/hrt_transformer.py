@@ -11,19 +11,17 @@ import logging
 from typing import Dict, List, Optional
 
 import torch
-from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerModel
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from fairseq.modules import LearnedPositionalEmbedding
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
 from fairseq_hrt.models.kinds import HRT, ModelFamily, declare
-from fairseq_hrt.models.shapes import set_shape_defaults
+from fairseq_hrt.models.shapes import deep_shallow, set_shape_defaults
 from fairseq_hrt.models.ssru_transformer import is_ssru_state_dict, refuse_ssru_for_non_causal
-from fairseq_hrt.modules.decoder_layer_blocks import encoder_attention_and_ffn
+from fairseq_hrt.modules.decoder_layer_blocks import encoder_attention_and_ffn, wrapped_layer
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention
 from fairseq_hrt.symbols import MAX_CHUNK_SIZE, chunk_start_symbol
 
@@ -103,12 +101,7 @@ class HRTDecoder(TransformerDecoderBase):
         self.register_buffer("start_stride", stride, persistent=False)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        # fairseq's own wrapping (TransformerDecoderBase.build_decoder_layer), so that
-        # --checkpoint-activations, --offload-activations and FSDP apply to HRT layers too
-        layer = HRTDecoderLayer(cfg, self._rpr_window, no_encoder_attn=no_encoder_attn)
-        if cfg.checkpoint_activations:
-            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-        return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
+        return wrapped_layer(HRTDecoderLayer(cfg, self._rpr_window, no_encoder_attn=no_encoder_attn), cfg)
 
     def default_positions(self, tokens: Tensor, causal: bool) -> Tensor:
         steps = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0)
@@ -407,17 +400,8 @@ def hrt_base(args):
     hrt_base_architecture(args)
 
 
-def _deep_shallow(encoder_layers):
-    def arch(args):
-        args.encoder_layers = getattr(args, "encoder_layers", encoder_layers)
-        args.decoder_layers = getattr(args, "decoder_layers", 1)
-        hrt_base_architecture(args)
-
-    return arch
-
-
 for _layers in (6, 12, 20):
-    register_model_architecture("hrt_transformer", f"hrt_e{_layers}d1")(_deep_shallow(_layers))
+    register_model_architecture("hrt_transformer", f"hrt_e{_layers}d1")(deep_shallow(_layers, hrt_base_architecture))
 
 
 @register_model_architecture("hrt_transformer", "hrt_small")

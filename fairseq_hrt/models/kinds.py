@@ -85,8 +85,3 @@ def family_of(model) -> ModelFamily:
             "itself with fairseq_hrt.models.kinds.declare (docs/design.md, 'Adding a model family')"
         )
     return found
-
-
-def model_kind(model) -> str:
-    """``family_of(model).kind``: ``"at"``, ``"hrt"`` or ``"mask-predict"``."""
-    return family_of(model).kind

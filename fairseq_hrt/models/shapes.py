@@ -28,3 +28,15 @@ def set_shape_defaults(args, name: str):
         ):
             key = f"{side}_{option}"
             setattr(args, key, getattr(args, key, value))
+
+
+def deep_shallow(encoder_layers: int, base):
+    """The arch function of a deep-encoder / shallow-decoder shape: ``encoder_layers`` encoder
+    layers and 1 decoder layer (flags on ``args`` win), then the model's ``base`` architecture."""
+
+    def arch(args):
+        args.encoder_layers = getattr(args, "encoder_layers", encoder_layers)
+        args.decoder_layers = getattr(args, "decoder_layers", 1)
+        base(args)
+
+    return arch

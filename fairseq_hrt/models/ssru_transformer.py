@@ -14,17 +14,16 @@ non-causally, so an SSRU decoder is refused there (:func:`refuse_ssru_for_non_ca
 
 from typing import Dict, List, Optional
 
-from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerModel
 from fairseq.modules import LayerNorm
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
 from fairseq_hrt.models import at_transformer
 from fairseq_hrt.models.kinds import AT, ModelFamily, declare
-from fairseq_hrt.modules.decoder_layer_blocks import encoder_attention_and_ffn
+from fairseq_hrt.models.shapes import deep_shallow
+from fairseq_hrt.modules.decoder_layer_blocks import encoder_attention_and_ffn, wrapped_layer
 from fairseq_hrt.modules.ssru import SSRU
 
 SSRU_KEY = ".ssru."
@@ -113,11 +112,7 @@ class SSRUDecoder(TransformerDecoderBase):
     layer) over :class:`SSRUDecoderLayer` layers."""
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        # fairseq's own wrapping, so --checkpoint-activations / FSDP apply to SSRU layers too
-        layer = SSRUDecoderLayer(cfg, no_encoder_attn=no_encoder_attn)
-        if cfg.checkpoint_activations:
-            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-        return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
+        return wrapped_layer(SSRUDecoderLayer(cfg, no_encoder_attn=no_encoder_attn), cfg)
 
 
 @register_model("transformer_ssru")
@@ -147,12 +142,12 @@ def _ssru_twin(name, attention_arch):
 @register_model_architecture("transformer_ssru", "transformer_ssru")
 def ssru_base_architecture(args):
     """Transformer-base shape, 6 encoder layers and 1 SSRU decoder layer, pre-norm."""
-    at_transformer._deep_shallow(6)(args)
+    deep_shallow(6, at_transformer.pre_norm_architecture)(args)
 
 
 for _layers in (6, 12, 20):
     register_model_architecture("transformer_ssru", f"at_e{_layers}d1_ssru")(
-        _ssru_twin(f"at_e{_layers}d1", at_transformer._deep_shallow(_layers))
+        _ssru_twin(f"at_e{_layers}d1", deep_shallow(_layers, at_transformer.pre_norm_architecture))
     )
 for _name in ("at_small", "at_mini", "at_tiny"):
     register_model_architecture("transformer_ssru", f"{_name}_ssru")(_ssru_twin(_name, getattr(at_transformer, _name)))

@@ -1,9 +1,20 @@
 """The blocks of fairseq's decoder layer after its self-attention, for the layers here that
-replace only the self-attention (HRT's relative self-attention, the SSRU)."""
+replace only the self-attention (HRT's relative self-attention, the SSRU), and fairseq's
+wrapping of a decoder layer."""
 
 from typing import Optional
 
+from fairseq.distributed import fsdp_wrap
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor
+
+
+def wrapped_layer(layer, cfg):
+    """``layer`` wrapped as fairseq's ``TransformerDecoderBase.build_decoder_layer`` wraps its
+    own, so ``--checkpoint-activations``, ``--offload-activations`` and FSDP apply to it too."""
+    if cfg.checkpoint_activations:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
 
 
 def encoder_attention_and_ffn(

@@ -41,6 +41,11 @@ import warnings
 from pathlib import Path
 from typing import List, Optional
 
+import torch
+import yaml
+
+from hrt_runtime import text_input
+
 logger = logging.getLogger(__name__)
 
 ENV_MODEL = "COMET_MODEL"
@@ -131,8 +136,6 @@ def _hparams_file(ckpt: Path) -> Optional[Path]:
 
 
 def _read_hparams(ckpt: Path) -> dict:
-    import yaml
-
     with open(_hparams_file(ckpt)) as f:
         # FullLoader, as COMET itself reads this file (some hparams.yaml files carry tags)
         return yaml.load(f, Loader=yaml.FullLoader) or {}
@@ -236,8 +239,7 @@ def load_comet_model(model_path: Optional[str] = None, encoder_path: Optional[st
 
     with _offline_and_quiet(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # transformers' and Lightning's advice while building
-        import torch
-        from comet.models import str2model  # slow (seconds): imported only here
+        from comet.models import str2model  # noqa: PLC0415 - optional: unbabel-comet (seconds to import)
 
         identifier = hparams.get("class_identifier")
         if identifier not in str2model:
@@ -339,8 +341,6 @@ def comet_score(
 
 
 def _read_lines(path: str) -> List[str]:
-    from fairseq_hrt import text_input
-
     return text_input.read_lines(path)
 
 

@@ -9,6 +9,8 @@
 
 from typing import Iterable, List
 
+from sacrebleu.metrics import BLEU, CHRF
+
 
 def _check_pair(hyps, refs, what="hypotheses", other="references"):
     if isinstance(hyps, str) or isinstance(refs, str):
@@ -36,8 +38,6 @@ def sacrebleu_score(hyps: List[str], refs: List[str], tokenize: str = "13a", **b
     ``bleu_kwargs`` go to :class:`sacrebleu.metrics.BLEU` (e.g. ``lowercase=True``).
     Raises ``ValueError`` when the lists are empty or of different lengths.
     """
-    from sacrebleu.metrics import BLEU
-
     hyps, refs = _check_pair(hyps, refs)
     bleu = BLEU(tokenize=tokenize, **bleu_kwargs)
     result = bleu.corpus_score(hyps, [refs])
@@ -58,8 +58,6 @@ def chrf_score(hyps: List[str], refs: List[str]) -> dict:
     """Corpus chrF (sacreBLEU's defaults: character 6-grams, beta 2) of detokenized ``hyps``
     against one reference per line: ``{"score", "signature"}``. Reported beside BLEU, where a
     close BLEU can hide a worse translation."""
-    from sacrebleu.metrics import CHRF
-
     hyps, refs = _check_pair(hyps, refs)
     chrf = CHRF()
     return {"score": float(chrf.corpus_score(hyps, [refs]).score), "signature": str(chrf.get_signature())}

@@ -17,6 +17,7 @@ targets read by :mod:`fairseq_hrt.data.mixdistill`, checkpoints checked by
 import inspect
 import json
 import logging
+import weakref
 from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -29,7 +30,7 @@ from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from fairseq_hrt import checkpoint_checks, chunking, compat, text_input
+from fairseq_hrt import checkpoint_checks, chunking, compat
 from fairseq_hrt import shortlist as shortlists
 from fairseq_hrt.cli_logging import install_refusal_hook, refusals
 from fairseq_hrt.data import mixdistill, truncation
@@ -40,6 +41,7 @@ from fairseq_hrt.generation.quantize import prepare_for_decoding
 from fairseq_hrt.models import ssru_transformer, tied_layers
 from fairseq_hrt.models.kinds import family_of
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
+from hrt_runtime import text_input
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +173,9 @@ class HRTTranslationTask(TranslationTask):
         self.mask_idx = tgt_dict.index(MASK_SYMBOL)
         self.chunk_start_idx = {k: tgt_dict.index(chunk_start_symbol(k)) for k in range(2, MAX_CHUNK_SIZE + 1)}
         self.interactive_lines_seen = 0  # line numbers in fairseq-interactive's warnings
+        # models this task built from a checkpoint under --quantize: quantized (after their
+        # weights are loaded) before the first generator decodes them; see build_decoding
+        self._to_quantize = weakref.WeakSet()
         compat.patch_interactive_reading()
 
     @classmethod
@@ -281,13 +286,13 @@ class HRTTranslationTask(TranslationTask):
             detok_args = json.loads(self.cfg.eval_bleu_detok_args)
             self.tokenizer = encoders.build_tokenizer(Namespace(tokenizer=self.cfg.eval_bleu_detok, **detok_args))
             self.sequence_generator = self.build_generator([model], Namespace(**json.loads(self.cfg.eval_bleu_args)))
-        if from_checkpoint:
-            _quantize_when_prepared(model, str(self.cfg.quantize), str(self.cfg.decoder_engine))
+        if from_checkpoint and str(self.cfg.quantize) != "none":
+            self._to_quantize.add(model)
         return model
 
     def prepare_models_for_decoding(self, models):
         """What loading for decoding does to the models (``--quantize``), for models built
-        elsewhere (fairseq-generate and the hub call ``prepare_for_inference_`` instead)."""
+        elsewhere (those this task loads from a checkpoint are prepared by :meth:`build_decoding`)."""
         for model in models:
             prepare_for_decoding(model, str(self.cfg.quantize), str(self.cfg.decoder_engine))
         return models
@@ -382,7 +387,7 @@ class HRTTranslationTask(TranslationTask):
     def get_interactive_tokens_and_lengths(self, lines, encode_fn):
         """fairseq-interactive: one line that cannot be encoded never ends the session.
 
-        Every line is repaired as :mod:`fairseq_hrt.text_input` repairs input files (a caller
+        Every line is repaired as :mod:`hrt_runtime.text_input` repairs input files (a caller
         may hand over text that did not come through it, e.g. with lone surrogates); a line
         that the tokenizer/BPE still refuses is logged with its number and translated as an
         empty line, so the output keeps one translation per input line.
@@ -455,7 +460,14 @@ class HRTTranslationTask(TranslationTask):
             return self.build_decoding(models, options, fairseq_generator)
 
     def build_decoding(self, models, options: DecodingOptions, fairseq_generator=None):
-        """The generator of ``options`` for ``models`` (loaded for decoding)."""
+        """The generator of ``options`` for ``models`` (loaded for decoding). A model this task
+        loaded from a checkpoint under ``--quantize int8`` is quantized here, once, before its
+        first generator: fairseq-generate, fairseq-interactive and the hub build one after the
+        weights are loaded (quantizing before would break loading them)."""
+        for model in models:
+            if model in self._to_quantize:
+                self._to_quantize.discard(model)
+                prepare_for_decoding(model, str(self.cfg.quantize), str(self.cfg.decoder_engine))
         if fairseq_generator is None:
 
             def fairseq_generator(models_, args_, seq_gen_cls=None, extra_gen_cls_kwargs=None):
@@ -500,20 +512,3 @@ class HRTTranslationTask(TranslationTask):
             for i, hypos in zip(rest, super().inference_step(generator, models, sub, sub_prefix, sub_constraints)):
                 results[i] = hypos
         return results
-
-
-def _quantize_when_prepared(model, quantize: str, engine: str = "lean"):
-    """``--quantize`` at load time: fairseq-generate, fairseq-interactive and the hub call
-    ``prepare_for_inference_`` after loading the weights (quantizing before would break loading
-    them); the model is quantized there, once."""
-    if quantize == "none" or getattr(model.prepare_for_inference_, "__fairseq_hrt_quantize__", False):
-        return
-    prepare = model.prepare_for_inference_
-
-    def prepared(cfg, *args, **kwargs):
-        out = prepare(cfg, *args, **kwargs)
-        prepare_for_decoding(model, quantize, engine)
-        return out
-
-    prepared.__fairseq_hrt_quantize__ = True
-    model.prepare_for_inference_ = prepared
