@@ -644,7 +644,8 @@ class ConvergedStudy(Study):
             more = self.logs / f"{name}_more.log"
             logs = [log_path] + ([more] if more.exists() else [])
             valid = [v for lp in logs for v in validation_bleu(lp)]
-            best = max(valid, key=lambda v: v["bleu"]) if valid else None
+            # the last of equal scores, as fairseq keeps it (a tie is a new checkpoint_best.pt)
+            best = max(valid, key=lambda v: (v["bleu"], v["updates"])) if valid else None
             out[name] = {
                 "kind": "HRT" if name.startswith("hrt_") else "AT",
                 "checkpoint": str(self.best(name).relative_to(self.out)),
