@@ -5,6 +5,7 @@ Only ``numpy`` and ``onnxruntime``: this is what a deployed model runs on.
 
 import json
 import os
+import threading
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -286,6 +287,9 @@ class ExportedModel:
         self._options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._ort = ort
         self._sessions: Dict[str, object] = {}
+        # sessions are made on first use; two threads decoding at once (hrt-serve, a Translator
+        # shared by threads) must not both make the same one
+        self._sessions_lock = threading.Lock()
         self._runners: Dict[str, object] = {}
         self._positions: Dict[int, np.ndarray] = {}
         self._output_layer = None  # (weight, bias) of the output projection, for shortlists
@@ -327,17 +331,18 @@ class ExportedModel:
         )
 
     def session(self, graph: str):
-        if graph not in self._sessions:
-            name = self.config["graphs"].get(graph)
-            if name is None:
-                raise ValueError(
-                    f"{self.folder} has no {graph} graph (a {self.kind} model; graphs: "
-                    f"{', '.join(self.config['graphs'])})"
+        with self._sessions_lock:
+            if graph not in self._sessions:
+                name = self.config["graphs"].get(graph)
+                if name is None:
+                    raise ValueError(
+                        f"{self.folder} has no {graph} graph (a {self.kind} model; graphs: "
+                        f"{', '.join(self.config['graphs'])})"
+                    )
+                self._sessions[graph] = self._ort.InferenceSession(
+                    os.path.join(self.folder, name), self._options, providers=["CPUExecutionProvider"]
                 )
-            self._sessions[graph] = self._ort.InferenceSession(
-                os.path.join(self.folder, name), self._options, providers=["CPUExecutionProvider"]
-            )
-        return self._sessions[graph]
+            return self._sessions[graph]
 
     # ------------------------------------------------------------------------ passes
 

@@ -12,7 +12,6 @@ import itertools
 import logging
 import os
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence, Union
 
@@ -139,7 +138,6 @@ class Translator:
         threads = THREADS.check(threads)
         folder = os.fspath(folder)
         self.model = ExportedModel(folder, threads=threads)
-        self._guard_sessions()
         config = self.model.config
         self.source_symbols = read_dictionary(os.path.join(folder, config["source_dictionary"]))
         self.target_symbols = read_dictionary(os.path.join(folder, config["target_dictionary"]))
@@ -155,18 +153,6 @@ class Translator:
                 model_file=os.path.join(folder, config["sentencepiece_model"])
             )
         self.max_source_tokens = int(config["max_source_positions"])
-
-    def _guard_sessions(self):
-        """Make the model's sessions (created on first use) under a lock: two threads decoding
-        at once would otherwise both build the same session."""
-        lock = threading.Lock()
-        make = self.model.session
-
-        def session(graph):
-            with lock:
-                return make(graph)
-
-        self.model.session = session
 
     def encode(self, line: str, warnings: Optional[LineWarnings] = None, lineno: int = 0) -> np.ndarray:
         """Source ids of one line, truncated to the model's source positions (``warnings``: where

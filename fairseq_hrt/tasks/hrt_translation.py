@@ -417,7 +417,7 @@ class HRTTranslationTask(TranslationTask):
                     ids.numel(),
                     limit,
                 )
-                ids = torch.cat([ids[: limit - 1], ids.new_tensor([self.source_dictionary.eos()])])
+                ids = truncation.truncate(ids, limit, self.source_dictionary.eos())
             tokens.append(ids)
         self.interactive_lines_seen += len(lines)
         return tokens, [t.numel() for t in tokens]
