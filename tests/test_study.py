@@ -411,3 +411,39 @@ def test_converged_report_reads_budgets_and_validation_bleu_from_the_logs(tmp_pa
         }
     )
     assert "| hrt_d1_s1 | yes | 450 | 300 | 150 | 29.50 | 0.11 |" in md
+
+
+def test_converged_benchmark_measures_every_model_and_translates_the_blind_sets(tmp_path, monkeypatch):
+    """One benchmark run of every AT student (and the teacher) and every HRT model: lean and ONNX
+    Runtime, float and int8, CTranslate2 with its vocabulary map (a shortlist), batch 1/8/128,
+    1 thread, 1.2 x source + 10; each blind source translated by every system; hrt_bound per HRT."""
+    blind = tmp_path / "blind"
+    blind.mkdir()
+    for name in ("set_a.en", "set_b.en"):
+        (blind / name).write_text("A dog.\n")
+    s = _converged(tmp_path / "out", "--blind-dir", str(blind))
+    ran = {}
+    monkeypatch.setattr(s, "run_step", lambda i, name, cmd, outputs, **kw: ran.update({name: cmd}))
+    s.step_benchmark(8)
+    s.step_bounds(9)
+    cmd = ran["benchmark"]
+    out = tmp_path / "out"
+    assert _option(cmd, "--at") == str(out / "at_d2_s1" / "checkpoint_best.pt")
+    assert _option(cmd, "--hrt") == str(out / "hrt_d2_s1" / "checkpoint_best.pt")
+    extra = [cmd[i + 1] for i, w in enumerate(cmd) if w == "--at-extra"]
+    assert [e.split("=")[0] for e in extra] == ["at_d1_s1", "at_d2_s2", "at_d1_s2", "teacher"]
+    hrt_extra = [cmd[i + 1].split("=")[0] for i, w in enumerate(cmd) if w == "--hrt-extra"]
+    assert hrt_extra == ["hrt_d1_s1", "hrt_d2_s2", "hrt_d1_s2"]
+    assert _option(cmd, "--engines") == "lean,onnxruntime" and _option(cmd, "--int8") == "yes"
+    assert _option(cmd, "--batch-sizes") == "1,8,128" and _option(cmd, "--threads") == "1"
+    assert (_option(cmd, "--max-len-a"), _option(cmd, "--max-len-b")) == ("1.2", "10")
+    assert _option(cmd, "--shortlist") == str(out / "shortlist" / "shortlist.pt")
+    translated = [cmd[i + 1] for i, w in enumerate(cmd) if w == "--translate"]
+    assert translated == [f"set_a={blind / 'set_a.en'}", f"set_b={blind / 'set_b.en'}"]
+    assert _option(cmd, "--translations-dir") == "blind"
+    assert sorted(n for n in ran if n.startswith("bound_")) == [
+        "bound_hrt_d1_s1",
+        "bound_hrt_d1_s2",
+        "bound_hrt_d2_s1",
+        "bound_hrt_d2_s2",
+    ]

@@ -627,12 +627,10 @@ class Recipe:
         ]
         self.run_step(i, "shortlist", cmd, [self.shortlist_file()])
 
-    def step_benchmark(self, i):
-        p = self.profile
-        bench = self.out / "benchmark"
-        cmd = [
-            sys.executable,
-            str(REPO / "benchmarks" / "benchmark.py"),
+    def test_set_args(self) -> List[str]:
+        """The measuring scripts' test-data flags (``benchmarks.measure.add_data_arguments``):
+        the dictionaries, the SentencePiece model, test2016 in pieces and raw, its references."""
+        return [
             "--data",
             str(self.data_bin),
             "--spm",
@@ -643,6 +641,15 @@ class Recipe:
             str(self.data / "raw" / "test.en"),
             "--raw-ref",
             str(self.data / "raw" / "test.de"),
+        ]
+
+    def step_benchmark(self, i):
+        p = self.profile
+        bench = self.out / "benchmark"
+        cmd = [
+            sys.executable,
+            str(REPO / "benchmarks" / "benchmark.py"),
+            *self.test_set_args(),
             "--at",
             str(self.checkpoint("at")),
             "--hrt",

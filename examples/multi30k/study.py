@@ -676,23 +676,13 @@ class ConvergedStudy(Study):
         lean and ONNX Runtime, float and int8, and in CTranslate2 (float, int8, +vmap), every
         HRT model in AT mode and at k = 2 (b_at = b_nat = 1) likewise, batch 1, 8 and 128, at
         most 1.2 x source + 10 tokens; the blind sets translated by every system."""
-        d = self.data
         bench = self.out / "benchmark"
         at, *at_extra = self.at_models()
         hrt, *hrt_extra = self.hrt_models()
         cmd = [
             sys.executable,
             str(REPO / "benchmarks" / "benchmark.py"),
-            "--data",
-            str(self.data_bin),
-            "--spm",
-            str(d / "spm" / "spm.model"),
-            "--src",
-            str(d / "spm" / "test.en"),
-            "--raw-src",
-            str(d / "raw" / "test.en"),
-            "--raw-ref",
-            str(d / "raw" / "test.de"),
+            *self.test_set_args(),
             "--at",
             str(self.best(at)),
             "--at-beams",
