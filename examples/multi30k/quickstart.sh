@@ -273,6 +273,12 @@ if [[ "$DECODE_K" =~ ^[0-9]+$ && "$DECODE_K" -gt 1 ]]; then
         --data "$DATA_BIN" --raw-src "$DATA_DIR/raw/test.en" --raw-ref "$REF" --chunk-size "$DECODE_K" \
         --beam "$BEAM" --json "$RUN_DIR/modes.json")" || die "compare_modes.py failed"
 fi
+MODES_TEXT=""  # ends with a line break when set: the box's next line follows it
+if [[ -n "$MODES_BLOCK" ]]; then
+    MODES_TEXT=" HRT decoding against the same model's AT mode ($RUN_DIR/modes.json):
+$MODES_BLOCK
+"
+fi
 T_TOTAL=$(( $(now) - T_START ))
 
 cat <<EOF
@@ -286,9 +292,7 @@ cat <<EOF
    $CHRF_LINE
  fairseq's own scorer (references rebuilt from the binarized data):
    ${FAIRSEQ_LINE:-n/a}
-${MODES_BLOCK:+ HRT decoding against the same model's AT mode ($RUN_DIR/modes.json):
-$MODES_BLOCK
-} data:        $DATA_BIN
+${MODES_TEXT} data:        $DATA_BIN
  checkpoints: $SAVE_DIR
  train log:   $RUN_DIR/train.log
  generation:  $GEN_OUT
