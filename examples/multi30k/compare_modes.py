@@ -12,7 +12,9 @@ reached (:data:`REFERENCE`), so that a first number is not taken for HRT's quali
 
 import argparse
 import json
+import logging
 import sys
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,6 +50,10 @@ def main(argv=None):
     p.add_argument("--speed-sentences", type=int, default=100, help="test sentences timed at batch 1")
     p.add_argument("--json", help="write the numbers here")
     a = p.parse_args(argv)
+    # the numbers are the output: fairseq's loading and batching INFO lines would bury them
+    for name in ("fairseq", "fairseq_hrt"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*pin_memory.*")  # PyTorch's data loader on a machine without GPU
 
     model = fairseq_hrt.from_pretrained(a.checkpoint_dir, checkpoint_file=a.checkpoint_file, data_name_or_path=a.data)
     sources = Path(a.raw_src).read_text(encoding="utf-8").splitlines()

@@ -104,10 +104,13 @@ class TorchBackend:
     def _bias(self, bias: np.ndarray) -> Tensor:
         """The search's logit bias as a tensor on the model's device (on a CPU, the array's own
         memory)."""
-        return torch.from_numpy(bias).to(self.device)
+        return self._tensor(bias)
 
     def _tensor(self, array: np.ndarray) -> Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        # the search's arrays may be read-only (made once and shared); PyTorch warns on sharing
+        # such memory, so those few (a step's tokens or bias) are copied
+        array = np.ascontiguousarray(array)
+        return torch.from_numpy(array if array.flags.writeable else array.copy()).to(self.device)
 
     def _choose(self, logits: Tensor, bias: np.ndarray, top: int):
         """``(scores, rows)`` as numpy: the ``top`` best of ``log_softmax(logits) + bias``."""
