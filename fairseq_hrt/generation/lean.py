@@ -102,8 +102,8 @@ class TorchBackend:
         return TorchRows(None if ids is None else np.asarray(ids, np.int64), self.device)
 
     def _bias(self, bias: np.ndarray) -> Tensor:
-        """The search's logit bias as a tensor on the model's device (on a CPU, the array's own
-        memory)."""
+        """The search's logit bias as a tensor on the model's device (the search's shared, read-only
+        biases are copied: one vocabulary row a step)."""
         return self._tensor(bias)
 
     def _tensor(self, array: np.ndarray) -> Tensor:
