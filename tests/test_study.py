@@ -360,6 +360,26 @@ def test_converged_students_and_the_two_runs_of_an_hrt_model(tmp_path, monkeypat
     assert _option(more, "--patience") == "5" and kw_more["train_max_update"] == 20000
 
 
+def test_cpu_bf16_trains_every_model_under_autocast_and_nothing_else(tmp_path, monkeypatch):
+    """--cpu-bf16: every training command gets the task's --cpu-autocast-bf16; distillation and
+    the benchmark do not (they decode in float32); the report says how the models were trained;
+    on a GPU it is refused."""
+    monkeypatch.setattr(study.recipe, "cuda_available", lambda: False)
+    plain, bf16 = _converged(tmp_path / "a"), _converged(tmp_path / "b", "--cpu-bf16")
+    for s, wanted in ((plain, False), (bf16, True)):
+        ran = {}
+        monkeypatch.setattr(s, "run_step", lambda i, name, cmd, outputs, **kw: ran.update({name: cmd}))
+        s.step_teacher(2)
+        s.step_at_student(4, 2, 1)
+        assert [("--cpu-autocast-bf16" in cmd) for cmd in ran.values()] == [wanted, wanted]
+        assert "--cpu-autocast-bf16" not in s.distill_cmd(tmp_path / "t.pt", tmp_path / "o.de", tmp_path / "d.log")
+    assert bf16.device_words() == "CPU, 1 thread(s), trained under bfloat16 autocast"
+    assert plain.device_words() == "CPU, 1 thread(s)"
+    monkeypatch.setattr(study.recipe, "cuda_available", lambda: True)
+    with pytest.raises(study.StepError, match="--cpu-bf16 is for training on the CPU"):
+        _converged(tmp_path / "c", "--cpu-bf16")
+
+
 def test_converged_report_reads_budgets_and_validation_bleu_from_the_logs(tmp_path):
     s = _converged(tmp_path, "--seeds", "1", "--depths", "1")
     logs = tmp_path / "logs"

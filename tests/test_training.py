@@ -42,6 +42,7 @@ from benchmarks.tiny_runs import (
     write_raw_corpus,
 )
 from fairseq_hrt import chunking
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, label_smoothed_token_loss, parse_kind_weights
 from fairseq_hrt.tasks.hrt_translation import HRTTranslationTask, parse_chunk_sizes
 from tests.tiny_data import free_port
@@ -469,6 +470,52 @@ def test_skip_at_self_distillation_loss(data):
     assert float(distilled(model, valid)[0]) == pytest.approx(float(plain(model, valid)[0]))
 
 
+def _one_train_step(task, model, sample):
+    """``task.train_step`` on ``model``; returns the loss and the dtypes of the outputs of
+    the model's linear layers during it."""
+    dtypes = set()
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
+    criterion = HRTLossCriterion(task, 0.1)
+    optimizer = SimpleNamespace(backward=lambda loss: loss.backward())
+    model.zero_grad()
+    try:
+        loss, _, _ = task.train_step(sample, model, criterion, optimizer, update_num=0)
+    finally:
+        for h in hooks:
+            h.remove()
+    return loss.detach().item(), dtypes
+
+
+def test_cpu_autocast_bf16_runs_products_in_bfloat16_and_keeps_float32_weights(data):
+    """--cpu-autocast-bf16: inside a training step the linear layers compute in bfloat16; the
+    weights and their gradients stay float32, and the loss is float32's within bfloat16's
+    rounding. Without it everything is float32. A model already in bfloat16 (or on a GPU) is
+    refused with one message."""
+    ds = None
+    losses = {}
+    for flags in ((), ("--cpu-autocast-bf16",)):
+        task, model = _task_model(data.bin_dir, *flags)
+        ds = ds or task.dataset("train")
+        sample = ds.collater([ds[i] for i in range(16)])
+        model.train()
+        torch.manual_seed(1)
+        loss, dtypes = _one_train_step(task, model, sample)
+        assert dtypes == ({torch.bfloat16} if flags else {torch.float32}), flags
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+        losses[flags] = loss
+    plain, bf16 = losses.values()
+    assert bf16 != plain and bf16 == pytest.approx(plain, rel=0.02)
+
+    with pytest.raises(RefusedOptions, match="--cpu-autocast-bf16 trains a float32 model on the CPU"):
+        _one_train_step(task, model.to(torch.bfloat16), sample)
+
+
 @pytest.mark.parametrize(
     "mode,arch,kinds",
     [
@@ -654,6 +701,7 @@ PRECISION = {
     "fp16_no_flatten": ["--fp16", "--fp16-no-flatten-grads", "--fp16-init-scale", 4],
     "memory_efficient_fp16": ["--memory-efficient-fp16", "--fp16-init-scale", 4],
     "amp": ["--amp"],
+    "cpu_autocast_bf16": ["--cpu-autocast-bf16"],
     "update_freq2": ["--update-freq", 2],
     # 2**17: the first updates overflow for sure (a target logit's gradient alone is ~ the
     # scale, > 65504), so the dynamic scaler must skip them and halve the scale
@@ -737,6 +785,19 @@ def test_amp_on_cpu(precision_runs):
     torch.cuda GradScaler, both disabled without CUDA): it trains in fp32, loss scale 1."""
     records = _assert_trains(*precision_runs["amp"])
     assert all(r.get("loss_scale") == 1 for r in records), records
+
+
+@pytest.mark.slow
+def test_cpu_autocast_bf16_through_fairseq_train(precision_runs):
+    """The plugin's bfloat16 training on CPU: plain Adam on float32 weights (no loss scaler),
+    losses within bfloat16's rounding of the otherwise identical float32 run (--amp is float32
+    on CPU, test_amp_on_cpu) but not equal to them."""
+    records = _assert_trains(*precision_runs["cpu_autocast_bf16"])
+    fp32 = parse_logs(precision_runs["amp"][1])
+    assert all("loss_scale" not in r for r in records), records
+    assert [r["loss"] for r in records] != [r["loss"] for r in fp32]
+    for a, b in zip(records, fp32):
+        assert a["loss"] == pytest.approx(b["loss"], abs=0.05)
 
 
 @pytest.mark.slow

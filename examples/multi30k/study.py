@@ -446,7 +446,7 @@ class Study(Recipe):
             "variants": self.variants,
             "at_variants": self.at_variants,
             "variant_from": self.variant_from,
-            "device": "GPU" + (" fp16" if self.args.fp16 else "") if not self.cpu else f"CPU, {self.threads} thread(s)",
+            "device": self.device_words(),
             "models": results,
             "study_seconds": round(time.time() - start, 1),
         }
@@ -782,7 +782,7 @@ class ConvergedStudy(Study):
         self.study_dir.mkdir(parents=True, exist_ok=True)
         report = {
             "profile": self.args.profile,
-            "device": f"CPU, {self.threads} thread(s)" if self.cpu else "GPU" + (" fp16" if self.args.fp16 else ""),
+            "device": self.device_words(),
             "patience": self.args.patience,
             "student_args": self.args.student_args,
             "teacher": f"--arch {self.args.teacher_arch} {self.args.teacher_args}",
@@ -986,6 +986,7 @@ def parse_args(argv=None):
     p.add_argument("--p-raw", type=float, default=0.5, help="MixDistill (profiles with a teacher)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--fp16", action="store_true", help="GPU only: fairseq's --fp16 everywhere")
+    p.add_argument("--cpu-bf16", action="store_true", help=recipe.CPU_BF16_HELP)
     p.add_argument(
         "--variants",
         nargs="+",
