@@ -104,13 +104,15 @@ def _wrap_once(owner, name, make_wrapper):
 
     The one guard against applying a fix twice (fairseq imports a user dir several times
     per process, and the plugin may also be imported by name): the replacement carries a
-    ``__fairseq_hrt_compat__`` mark.
+    ``__fairseq_hrt_compat__`` mark, the names of the fixes applied to ``owner.name`` (one
+    function may take several, each once).
     """
     current = getattr(owner, name)
-    if getattr(current, "__fairseq_hrt_compat__", False):
+    applied = getattr(current, "__fairseq_hrt_compat__", ())
+    if make_wrapper.__name__ in applied:
         return
     wrapper = make_wrapper(current)
-    wrapper.__fairseq_hrt_compat__ = True
+    wrapper.__fairseq_hrt_compat__ = (*applied, make_wrapper.__name__)
     setattr(owner, name, wrapper)
 
 
@@ -228,7 +230,9 @@ def _train_stopping_when_finished(train):
     ``--max-update 300``: 300, then 301, then 302; fairseq's own ``--task translation`` alike).
     Now the epoch ends before its first update with "training is already finished", fairseq's
     loop stops as it does at ``--max-update``, and no checkpoint is written. A run stopped by
-    ``--max-epoch`` never enters the loop, in fairseq already.
+    ``--max-epoch`` never enters the loop, in fairseq already. A run whose restored checkpoint
+    was saved when ``--patience`` stopped it (:func:`_save_checkpoint_with_patience`) is
+    finished too.
     """
 
     signature = inspect.signature(train)
@@ -246,6 +250,18 @@ def _train_stopping_when_finished(train):
                 cfg.checkpoint.save_dir,
                 num_updates,
                 max_update,
+            )
+            return [None], True
+        state = patience_state()
+        patience = cfg.checkpoint.patience
+        if patience > 0 and state is not None and state["num_runs"] >= patience:
+            logging.getLogger("fairseq_cli.train").info(
+                "training is already finished: the checkpoint restored from %s was saved after %d validations "
+                "without a better score than %s, --patience is %d; nothing to train and no checkpoint written",
+                cfg.checkpoint.save_dir,
+                state["num_runs"],
+                state["best"],
+                patience,
             )
             return [None], True
         return train(*args, **kwargs)
@@ -294,6 +310,95 @@ def _load_checkpoint_patching_the_loop(load_checkpoint):
 def _patch_finished_runs():
     patch_training_loop()
     _wrap_once(checkpoint_utils, "load_checkpoint", _load_checkpoint_patching_the_loop)
+
+
+# ------------------------------------------------------------------ --patience over restarts
+
+PATIENCE_KEY = "fairseq_hrt_patience"
+
+
+def _running_train_module():
+    """The fairseq-train module running in this process, if any: ``__main__`` under ``python -m
+    fairseq_cli.train`` (where an imported ``fairseq_cli.train`` may sit unused beside it), else
+    ``fairseq_cli.train`` (the console script)."""
+    for name in ("__main__", "fairseq_cli.train"):
+        module = sys.modules.get(name)
+        if module is not None and _is_fairseq_train(module) and hasattr(module, "should_stop_early"):
+            return module
+    return None
+
+
+def patience_state():
+    """``--patience``'s count (``fairseq_cli.train.should_stop_early``'s ``best`` and
+    ``num_runs``), or None when no validation has been counted in this process."""
+    module = _running_train_module()
+    stop = getattr(module, "should_stop_early", None)
+    if stop is None or getattr(stop, "best", None) is None:
+        return None
+    return {"best": stop.best, "num_runs": getattr(stop, "num_runs", 0)}
+
+
+def restore_patience(extra_state) -> None:
+    """Give ``should_stop_early`` the count saved in ``extra_state``; a checkpoint saved before
+    the count was gives its best score (fairseq's ``best``) and a count of 0."""
+    module = _running_train_module()
+    if module is None or not extra_state:
+        return
+    saved = extra_state.get(PATIENCE_KEY)
+    if saved is None and extra_state.get("best") is not None:
+        saved = {"best": extra_state["best"], "num_runs": 0}
+    if saved is None:
+        return
+    module.should_stop_early.best = saved["best"]
+    module.should_stop_early.num_runs = saved["num_runs"]
+    logging.getLogger("fairseq_cli.train").info(
+        "--patience: %d validation(s) without a better score than %s before this resume",
+        saved["num_runs"],
+        saved["best"],
+    )
+
+
+def _save_checkpoint_with_patience(save_checkpoint):
+    """Wrap ``Trainer.save_checkpoint`` to store ``--patience``'s count in the checkpoint.
+
+    Why: fairseq 0.12 keeps that count in attributes of ``should_stop_early``, so every resume
+    started it again from 0 with the first validation after it as the best: a run resumed
+    once a session validated up to ``--patience`` more times, and stopped by comparing with
+    a score below its real best. Saved here and restored at a plain resume
+    (:func:`_load_checkpoint_restoring_patience`), a resumed run stops at the validation an
+    uninterrupted one stops at."""
+
+    @functools.wraps(save_checkpoint)
+    def wrapper(self, filename, extra_state):
+        state = patience_state()
+        if state is not None and isinstance(extra_state, dict):
+            extra_state = {**extra_state, PATIENCE_KEY: state}
+        return save_checkpoint(self, filename, extra_state)
+
+    return wrapper
+
+
+def _load_checkpoint_restoring_patience(load_checkpoint):
+    """Wrap ``Trainer.load_checkpoint``: a plain resume (optimizer and meters restored, as
+    fairseq restores its best score) restores ``--patience``'s count; a fine-tuning start or a
+    reset starts it afresh."""
+    signature = inspect.signature(load_checkpoint)
+
+    @functools.wraps(load_checkpoint)
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        extra_state = load_checkpoint(*args, **kwargs)
+        if not bound.arguments["reset_optimizer"] and not bound.arguments["reset_meters"]:
+            restore_patience(extra_state)
+        return extra_state
+
+    return wrapper
+
+
+def _patch_patience():
+    _wrap_once(Trainer, "save_checkpoint", _save_checkpoint_with_patience)
+    _wrap_once(Trainer, "load_checkpoint", _load_checkpoint_restoring_patience)
 
 
 # ------------------------------------------------------------------ checkpoint files
@@ -629,6 +734,7 @@ def apply():
     _patch_checkpoint_files()
     patch_interactive_reading()
     _patch_finished_runs()
+    _patch_patience()
     _patch_sacrebleu_scorer()
     _patch_help()
     _patch_torchrun_on_cpu()

@@ -169,7 +169,8 @@ def test_a_finished_run_skips_its_epoch_and_an_unfinished_one_trains():
 
     def args(num_updates, max_update):
         cfg = types.SimpleNamespace(
-            optimization=types.SimpleNamespace(max_update=max_update), checkpoint=types.SimpleNamespace(save_dir="ck")
+            optimization=types.SimpleNamespace(max_update=max_update),
+            checkpoint=types.SimpleNamespace(save_dir="ck", patience=0),
         )
         return cfg, types.SimpleNamespace(get_num_updates=lambda: num_updates), None, None
 

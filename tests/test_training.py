@@ -630,6 +630,44 @@ def test_eval_bleu_validates_an_hrt_model_with_its_chunk_size(data, work):
     assert "checkpoint_best.pt" in out
 
 
+@pytest.mark.slow
+def test_patience_counts_over_resumes_as_in_one_run(data, work):
+    """--patience over restarts: with lr 0 no validation beats the first, so an uninterrupted
+    run stops at epoch 1 + patience. Stopped after epoch 2 and resumed, the run stops at that
+    same epoch (fairseq alone started the count again, with the first validation after the
+    resume as the best, and went on to epoch 2 + 1 + patience); run again once stopped, it
+    trains nothing."""
+    patience = 3
+
+    def run(save_dir, max_epoch):
+        args = train_args(
+            data.bin_dir,
+            work / save_dir,
+            "--hrt-mode",
+            "at",
+            "--patience",
+            patience,
+            "--max-epoch",
+            max_epoch,
+            arch="at_tiny",
+            lr=0,
+            max_update=0,
+        )
+        out = run_cli([a for a in args if a != "--disable-validation"]).stdout
+        return [v["epoch"] for v in parse_logs(out, "valid")], out
+
+    whole, out = run("ck_patience_whole", 20)
+    assert whole == list(range(1, patience + 2)), out[-3000:]
+    assert "early stop since valid performance hasn't improved" in out
+    first, _ = run("ck_patience_resumed", 2)
+    assert first == [1, 2]
+    second, out = run("ck_patience_resumed", 20)
+    assert "--patience: 1 validation(s) without a better score" in out
+    assert first + second == whole, out[-3000:]
+    again, out = run("ck_patience_resumed", 20)
+    assert again == [] and "training is already finished" in out, out[-3000:]
+
+
 def _finished_state(path):
     state = _load(path)
     return state["optimizer_history"][-1]["num_updates"], path.read_bytes(), path.stat().st_mtime_ns
