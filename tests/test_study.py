@@ -318,7 +318,7 @@ def test_converged_plan_order_and_its_teacher(tmp_path):
     ]
     a = s.args
     assert a.teacher_arch == "at_small" and a.teacher_args == "--decoder-layers 2 --dropout 0.3"
-    assert (a.teacher_patience, a.teacher_max_update, a.teacher_hours) == (5, 20000, 12.0)
+    assert (a.teacher_patience, a.teacher_max_update, a.teacher_hours) == (10, 20000, 12.0)
     assert s.teacher_depth() == 2
     assert s.out == tmp_path and s.profile.vocab_size == 8000
     with pytest.raises(ValueError, match="--seeds"):
@@ -336,7 +336,7 @@ def test_converged_students_and_the_two_runs_of_an_hrt_model(tmp_path, monkeypat
     cmd, kw = ran["at_d1_s2"]
     assert _option(cmd, "--decoder-layers") == "1" and _option(cmd, "--seed") == "2"
     assert _option(cmd, "--distill-data") == str(tmp_path / "tkd" / "distill-bin") and _option(cmd, "--p-raw") == "0.5"
-    assert _option(cmd, "--patience") == "5" and "--eval-bleu" in cmd and "--maximize-best-checkpoint-metric" in cmd
+    assert _option(cmd, "--patience") == "10" and "--eval-bleu" in cmd and "--maximize-best-checkpoint-metric" in cmd
     assert _option(cmd, "--dropout") == "0.3" and _option(cmd, "--max-update") == "20000"
     assert kw["train_max_update"] == 20000
 
@@ -357,7 +357,7 @@ def test_converged_students_and_the_two_runs_of_an_hrt_model(tmp_path, monkeypat
     assert _option(first, "--chunk-sizes") == "2" and _option(first, "--arch") == "hrt_small"
     assert _option(more, "--save-dir") == _option(first, "--save-dir") == str(tmp_path / "hrt_d1_s2")
     assert _option(more, "--curriculum-updates") == "1260" and _option(more, "--max-update") == "20000"
-    assert _option(more, "--patience") == "5" and kw_more["train_max_update"] == 20000
+    assert _option(more, "--patience") == "10" and kw_more["train_max_update"] == 20000
 
 
 def test_cpu_bf16_trains_every_model_under_autocast_and_nothing_else(tmp_path, monkeypatch):
