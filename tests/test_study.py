@@ -467,3 +467,52 @@ def test_converged_benchmark_measures_every_model_and_translates_the_blind_sets(
         "bound_hrt_d2_s1",
         "bound_hrt_d2_s2",
     ]
+
+
+def test_converged_stage_oracles_of_every_hrt_model_in_the_report(tmp_path, monkeypatch):
+    """hrt_quality.py on every HRT model's best checkpoint (k = 2); the report splits each
+    model's gap D into stage I and stage II from its oracles."""
+    s = _converged(tmp_path)
+    ran = {}
+
+    def fake_run(i, name, cmd, outputs, **kw):
+        ran[name] = cmd
+        k2 = 30.0 if "d2" in name else 28.0
+        quality = {
+            "chunk_size": 2,
+            "systems": {"at_mode_b1": {"bleu": 31.0}, "k2_b1": {"bleu": k2}},
+            "gap": {"b1": 31.0 - k2},
+            "oracles": {"reference": {"bleu": 45.0}, "at_mode": {"bleu": 30.5}},
+            "stage_losses_b1": {"stage2": 0.5, "stage1": 30.5 - k2},
+        }
+        outputs[0].write_text(json.dumps(quality))
+
+    monkeypatch.setattr(s, "run_step", fake_run)
+    oracles = s.step_oracles(10)
+    assert sorted(ran) == ["quality_hrt_d1_s1", "quality_hrt_d1_s2", "quality_hrt_d2_s1", "quality_hrt_d2_s2"]
+    cmd = ran["quality_hrt_d1_s2"]
+    assert _option(cmd, "--path") == str(tmp_path / "hrt_d1_s2" / "checkpoint_best.pt")
+    assert _option(cmd, "--chunk-size") == "2" and _option(cmd, "--json") == str(
+        tmp_path / "quality" / "hrt_d1_s2.json"
+    )
+    assert oracles["hrt_d1_s1"] == {
+        "at_mode": 31.0,
+        "k2": 28.0,
+        "gap": 3.0,
+        "oracle_reference": 45.0,
+        "oracle_at_mode": 30.5,
+        "stage2_loss": 0.5,
+        "stage1_loss": 2.5,
+    }
+    report = {
+        "profile": "small",
+        "device": "CPU",
+        "patience": 10,
+        "student_args": "-",
+        "teacher": "t",
+        "p_raw": 0.5,
+        "models": {},
+        "stage_oracles": oracles,
+    }
+    md = study.converged_report(report)
+    assert "| hrt_d1_s1 | 31.00 | 28.00 | 3.00 | 2.50 | 0.50 | 45.00 | 30.50 |" in md

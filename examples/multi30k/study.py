@@ -320,40 +320,42 @@ class Study(Recipe):
             }
         return out
 
-    def step_quality(self, i):
+    def quality_cmd(self, checkpoint: Path, out_json: Path, hrt: bool) -> List[str]:
+        """``benchmarks/hrt_quality.py`` of one model on test2016: for an HRT model (k = 2) AT
+        mode and k = 2 at beam 1 and 5 and the stage-II oracles; for an AT model greedy and beam 5."""
         d = self.data
+        cmd = [
+            sys.executable,
+            str(REPO / "benchmarks" / "hrt_quality.py"),
+            "--data",
+            str(self.data_bin),
+            "--spm",
+            str(d / "spm" / "spm.model"),
+            "--src",
+            str(d / "spm" / "test.en"),
+            "--ref-pieces",
+            str(d / "spm" / "test.de"),
+            "--raw-src",
+            str(d / "raw" / "test.en"),
+            "--raw-ref",
+            str(d / "raw" / "test.de"),
+            "--path",
+            str(checkpoint),
+            "--threads",
+            str(self.threads),
+            "--json",
+            str(out_json),
+        ]
+        cmd += ["--cpu"] if self.cpu else []
+        cmd += ["--fp16"] if self.args.fp16 else []
+        return cmd + (["--chunk-size", "2"] if hrt else [])
+
+    def step_quality(self, i):
         self.study_dir.mkdir(parents=True, exist_ok=True)
         results = {}
         for name, m in self.models().items():
             out_json = self.study_dir / f"{name}.json"
-            cmd = (
-                [
-                    sys.executable,
-                    str(REPO / "benchmarks" / "hrt_quality.py"),
-                    "--data",
-                    str(self.data_bin),
-                    "--spm",
-                    str(d / "spm" / "spm.model"),
-                    "--src",
-                    str(d / "spm" / "test.en"),
-                    "--ref-pieces",
-                    str(d / "spm" / "test.de"),
-                    "--raw-src",
-                    str(d / "raw" / "test.en"),
-                    "--raw-ref",
-                    str(d / "raw" / "test.de"),
-                    "--path",
-                    str(m["checkpoint"]),
-                    "--threads",
-                    str(self.threads),
-                    "--json",
-                    str(out_json),
-                ]
-                + (["--cpu"] if self.cpu else [])
-                + (["--fp16"] if self.args.fp16 else [])
-            )
-            if m["kind"] == "HRT":
-                cmd += ["--chunk-size", "2"]
+            cmd = self.quality_cmd(m["checkpoint"], out_json, m["kind"] == "HRT")
             self.run_step(i, f"quality_{name}", cmd, [out_json])
             # report paths relative to the output folder: the report is read on other machines
             results[name] = {
@@ -757,6 +759,18 @@ class ConvergedStudy(Study):
             ]
             self.run_step(i, f"bound_{name}", cmd, [out / "hrt_bound.json"])
 
+    def step_oracles(self, i) -> Dict[str, dict]:
+        """``benchmarks/hrt_quality.py`` of every HRT model's best checkpoint: where its k = 2
+        output loses against its own AT mode (stage I, Skip-AT's skeleton, or stage II, the
+        one-pass fill), read from the stage-II oracles; ``OUT/quality/<model>.json``."""
+        found = {}
+        for name in self.hrt_models():
+            out_json = self.out / "quality" / f"{name}.json"
+            out_json.parent.mkdir(parents=True, exist_ok=True)
+            self.run_step(i, f"quality_{name}", self.quality_cmd(self.best(name), out_json, hrt=True), [out_json])
+            found[name] = stage_summary(json.loads(out_json.read_text()))
+        return found
+
     def run(self):
         self.out.mkdir(parents=True, exist_ok=True)
         log(
@@ -775,10 +789,12 @@ class ConvergedStudy(Study):
         for name, run_step in plan:
             if not wanted or name in wanted:
                 run_step()
+        oracles = {}
         if not wanted and not self.args.train_only:
             self.step_shortlist(7)
             self.step_benchmark(8)
             self.step_bounds(9)
+            oracles = self.step_oracles(10)
         self.study_dir.mkdir(parents=True, exist_ok=True)
         report = {
             "profile": self.args.profile,
@@ -788,6 +804,7 @@ class ConvergedStudy(Study):
             "teacher": f"--arch {self.args.teacher_arch} {self.args.teacher_args}",
             "p_raw": self.args.p_raw,
             "models": self.trained_models(),
+            "stage_oracles": oracles,
         }
         (self.study_dir / "converged.json").write_text(json.dumps(report, indent=2) + "\n")
         md = converged_report(report)
@@ -812,6 +829,24 @@ def training_seconds(log_path: Path) -> float:
     return total + last
 
 
+def stage_summary(quality: dict) -> dict:
+    """What ``hrt_quality.py`` says of an HRT model at b_at = 1: BLEU of AT mode and k = 2, their
+    gap D, the stage-II oracles (over the reference's skeleton and over AT mode's), and D split
+    into what stage II costs (AT mode - oracle on AT mode's skeleton) and what stage I costs
+    (the rest)."""
+    k = quality["chunk_size"]
+    s, o = quality["systems"], quality["oracles"]
+    return {
+        "at_mode": s["at_mode_b1"]["bleu"],
+        f"k{k}": s[f"k{k}_b1"]["bleu"],
+        "gap": quality["gap"]["b1"],
+        "oracle_reference": o["reference"]["bleu"],
+        "oracle_at_mode": o["at_mode"]["bleu"],
+        "stage2_loss": quality["stage_losses_b1"]["stage2"],
+        "stage1_loss": quality["stage_losses_b1"]["stage1"],
+    }
+
+
 def converged_report(report: dict) -> str:
     lines = [
         f"## Converged study ({report['profile']} profile, {report['device']})",
@@ -829,6 +864,23 @@ def converged_report(report: dict) -> str:
             f"| {name} | {'yes' if m['done'] else 'no'} | {m['updates'] or '-'} | {m['best_updates'] or '-'} | "
             f"{m['curriculum_updates'] or '-'} | {_f(m['best_valid_bleu'])} | {m['hours']:.2f} |"
         )
+    oracles = report.get("stage_oracles") or {}
+    if oracles:
+        lines += [
+            "",
+            "Where each HRT model loses (test2016, b_at = b_nat = 1, `benchmarks/hrt_quality.py`): D = AT mode - "
+            "k = 2 on the same model; stage II = AT mode - the one-pass fill of AT mode's own skeleton; stage I = "
+            "the rest of D (Skip-AT's skeleton); `oracle ref`: the fill of the reference's skeleton.",
+            "",
+            "| model | AT mode | k = 2 | D | stage I | stage II | oracle ref | oracle AT mode |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, o in oracles.items():
+            k2 = next(v for key, v in o.items() if key.startswith("k") and key[1:].isdigit())
+            lines.append(
+                f"| {name} | {_f(o['at_mode'])} | {_f(k2)} | {_f(o['gap'])} | {_f(o['stage1_loss'])} | "
+                f"{_f(o['stage2_loss'])} | {_f(o['oracle_reference'])} | {_f(o['oracle_at_mode'])} |"
+            )
     return "\n".join(lines) + "\n"
 
 
