@@ -138,6 +138,18 @@ def _load_checkpoint_restarting_the_clock(load_checkpoint):
     ``--reset-meters``) the clock starts at 0, like the other meters; a plain resume keeps it.
     """
 
+    def restart_the_clock(arguments, extra_state):
+        if arguments["reset_meters"]:
+            trainer = arguments["self"]
+            trainer._previous_training_time = 0
+            trainer._start_time = time.time()
+
+    return _after_loading(load_checkpoint, restart_the_clock)
+
+
+def _after_loading(load_checkpoint, then):
+    """``Trainer.load_checkpoint`` followed by ``then(arguments, extra_state)``, ``arguments``
+    the call's, defaults included."""
     signature = inspect.signature(load_checkpoint)
 
     @functools.wraps(load_checkpoint)
@@ -145,10 +157,7 @@ def _load_checkpoint_restarting_the_clock(load_checkpoint):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         extra_state = load_checkpoint(*args, **kwargs)
-        if bound.arguments["reset_meters"]:
-            trainer = bound.arguments["self"]
-            trainer._previous_training_time = 0
-            trainer._start_time = time.time()
+        then(bound.arguments, extra_state)
         return extra_state
 
     return wrapper
@@ -382,18 +391,12 @@ def _load_checkpoint_restoring_patience(load_checkpoint):
     """Wrap ``Trainer.load_checkpoint``: a plain resume (optimizer and meters restored, as
     fairseq restores its best score) restores ``--patience``'s count; a fine-tuning start or a
     reset starts it afresh."""
-    signature = inspect.signature(load_checkpoint)
 
-    @functools.wraps(load_checkpoint)
-    def wrapper(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        extra_state = load_checkpoint(*args, **kwargs)
-        if not bound.arguments["reset_optimizer"] and not bound.arguments["reset_meters"]:
+    def restore_at_a_plain_resume(arguments, extra_state):
+        if not arguments["reset_optimizer"] and not arguments["reset_meters"]:
             restore_patience(extra_state)
-        return extra_state
 
-    return wrapper
+    return _after_loading(load_checkpoint, restore_at_a_plain_resume)
 
 
 def _patch_patience():
