@@ -499,15 +499,21 @@ class DecoderPass:
         }
 
     def plan(self) -> "StepPlan":
-        """The decoder's modules as plain functions; rebuilt only when a parameter changed
-        (moved, cast, updated in place)."""
+        """The decoder's modules as plain functions; rebuilt when a parameter was moved, cast
+        or written in place through the parameter itself, and after :meth:`forget_plan`."""
         # the fused q/k/v weights are copies: a parameter moved, cast or overwritten in place
         # (load_state_dict copies into the same storage, which only the version counter shows)
-        # must rebuild them
+        # must rebuild them. An update through ``p.data`` (fairseq's optimizers) leaves the
+        # version counter as it was: whoever trains between two decodings says so (forget_plan)
         key = tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in self.decoder.parameters())
         if self._plan is None or self._plan_key != key:
             self._plan, self._plan_key = StepPlan(self.decoder), key
         return self._plan
+
+    def forget_plan(self):
+        """Build the plan again at the next pass: the parameters were updated in a way the
+        version counters do not show (an optimizer step through ``p.data``)."""
+        self._plan, self._plan_key = None, None
 
     # ------------------------------------------------------------------- batch state
 
@@ -792,6 +798,16 @@ class DecoderPass:
 
 
 _PASSES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def forget_plans(model):
+    """:meth:`DecoderPass.forget_plan` for every decoder of ``model`` that has a pass: called
+    before each validation of a model being trained (:class:`HRTTranslationTask`), whose
+    optimizer updated the weights since the last one."""
+    for module in model.modules():
+        found = _PASSES.get(module)
+        if found is not None:
+            found.forget_plan()
 
 
 def decoder_pass(decoder) -> DecoderPass:

@@ -36,7 +36,7 @@ from fairseq_hrt import checkpoint_checks, chunking, compat
 from fairseq_hrt import shortlist as shortlists
 from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook, refusals
 from fairseq_hrt.data import mixdistill, truncation
-from fairseq_hrt.generation import hypotheses, strategies
+from fairseq_hrt.generation import decoder_pass, hypotheses, strategies
 from fairseq_hrt.generation.engines import engines_help
 from fairseq_hrt.generation.options import QUANTIZE_CHOICES, DecodingOptions, task_field
 from fairseq_hrt.generation.quantize import prepare_for_decoding
@@ -357,6 +357,14 @@ class HRTTranslationTask(TranslationTask):
         # add the chunk sizes this run trains
         if self.cfg.hrt_mode == "hrt" and family_of(model).chunk_sizes:
             model.mark_trained_chunk_sizes(self.chunk_sizes)
+
+    def begin_valid_epoch(self, epoch, model):
+        super().begin_valid_epoch(epoch, model)
+        # fairseq's optimizers update the weights through p.data, which the planned decoder
+        # pass cannot see: without this, --eval-bleu decoded with the self-attention
+        # projections of an earlier validation (at_small student, epoch 14: 20.78 logged,
+        # 35.89 for the same weights in a fresh process)
+        decoder_pass.forget_plans(model)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         # fairseq passes the number of updates already done; Algorithm 1 counts t = 1..T, so
