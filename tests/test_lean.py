@@ -281,6 +281,29 @@ def test_lean_sees_weights_loaded_after_it_was_built(random_models):
         at.load_state_dict(original)
 
 
+def test_validation_during_training_decodes_the_updated_weights(random_models):
+    """fairseq's optimizers write the weights through ``p.data``, which leaves the version
+    counters (the plan's key) as they were: the task forgets the plans before every
+    validation (``begin_valid_epoch``), so --eval-bleu decodes the weights of that moment,
+    not the fused q/k/v projections of the previous validation."""
+    data_dir, task, hrt, at = random_models
+    d = task.target_dictionary
+    sample = make_sample(task, RAGGED[:6])
+    gen = LeanSequenceGenerator(at, d, SearchConfig(beam=1, max_len_b=6))
+    gen.generate([at], sample)
+    original = {k: v.clone() for k, v in at.state_dict().items()}
+    try:
+        versions = [p._version for p in at.decoder.parameters()]
+        for p in at.decoder.parameters():
+            p.data.mul_(1.5)  # as fairseq's Adam.step: p.data.addcdiv_(...)
+        assert [p._version for p in at.decoder.parameters()] == versions
+        task.begin_valid_epoch(2, at)
+        ref = SequenceGenerator([at], d, beam_size=1, max_len_b=6).generate([at], sample)
+        assert_same_hypotheses(ref, gen.generate([at], sample))
+    finally:
+        at.load_state_dict(original)
+
+
 def test_non_causal_pass_equals_the_decoder_module(random_models):
     """The lean non-causal pass (stage II, hrt-spec drafts) gives the HRT decoder's features
     on a ragged batch of stage-II inputs (masks, pads, positions 1, 2, .. per row)."""
