@@ -263,8 +263,9 @@ def test_lean_on_fairseq_transformer_variants(tmp_path, variant):
         assert_same_hypotheses(ref, ours)
 
 
-def test_lean_sees_weights_loaded_after_it_was_built(random_models):
-    """The fused projections are rebuilt when the model's weights change in place."""
+def _assert_lean_decodes_changed_weights(random_models, change):
+    """Lean, built and run once, then ``change(task, at)`` alters the AT model's weights: its
+    next hypotheses are SequenceGenerator's on the changed weights."""
     data_dir, task, hrt, at = random_models
     d = task.target_dictionary
     sample = make_sample(task, RAGGED[:6])
@@ -272,13 +273,22 @@ def test_lean_sees_weights_loaded_after_it_was_built(random_models):
     gen.generate([at], sample)
     original = {k: v.clone() for k, v in at.state_dict().items()}
     try:
-        with torch.no_grad():
-            for p in at.decoder.parameters():
-                p.mul_(1.5)
+        change(task, at)
         ref = SequenceGenerator([at], d, beam_size=1, max_len_b=6).generate([at], sample)
         assert_same_hypotheses(ref, gen.generate([at], sample))
     finally:
         at.load_state_dict(original)
+
+
+def test_lean_sees_weights_loaded_after_it_was_built(random_models):
+    """The fused projections are rebuilt when the model's weights change in place."""
+
+    def scale(task, at):
+        with torch.no_grad():
+            for p in at.decoder.parameters():
+                p.mul_(1.5)
+
+    _assert_lean_decodes_changed_weights(random_models, scale)
 
 
 def test_validation_during_training_decodes_the_updated_weights(random_models):
@@ -286,22 +296,15 @@ def test_validation_during_training_decodes_the_updated_weights(random_models):
     counters (the plan's key) as they were: the task forgets the plans before every
     validation (``begin_valid_epoch``), so --eval-bleu decodes the weights of that moment,
     not the fused q/k/v projections of the previous validation."""
-    data_dir, task, hrt, at = random_models
-    d = task.target_dictionary
-    sample = make_sample(task, RAGGED[:6])
-    gen = LeanSequenceGenerator(at, d, SearchConfig(beam=1, max_len_b=6))
-    gen.generate([at], sample)
-    original = {k: v.clone() for k, v in at.state_dict().items()}
-    try:
+
+    def optimizer_step_then_validation(task, at):
         versions = [p._version for p in at.decoder.parameters()]
         for p in at.decoder.parameters():
             p.data.mul_(1.5)  # as fairseq's Adam.step: p.data.addcdiv_(...)
         assert [p._version for p in at.decoder.parameters()] == versions
         task.begin_valid_epoch(2, at)
-        ref = SequenceGenerator([at], d, beam_size=1, max_len_b=6).generate([at], sample)
-        assert_same_hypotheses(ref, gen.generate([at], sample))
-    finally:
-        at.load_state_dict(original)
+
+    _assert_lean_decodes_changed_weights(random_models, optimizer_step_then_validation)
 
 
 def test_non_causal_pass_equals_the_decoder_module(random_models):

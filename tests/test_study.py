@@ -496,6 +496,7 @@ def test_converged_stage_oracles_of_every_hrt_model_in_the_report(tmp_path, monk
         tmp_path / "quality" / "hrt_d1_s2.json"
     )
     assert oracles["hrt_d1_s1"] == {
+        "chunk_size": 2,
         "at_mode": 31.0,
         "k2": 28.0,
         "gap": 3.0,

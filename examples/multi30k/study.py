@@ -764,9 +764,9 @@ class ConvergedStudy(Study):
         output loses against its own AT mode (stage I, Skip-AT's skeleton, or stage II, the
         one-pass fill), read from the stage-II oracles; ``OUT/quality/<model>.json``."""
         found = {}
+        (self.out / "quality").mkdir(parents=True, exist_ok=True)
         for name in self.hrt_models():
             out_json = self.out / "quality" / f"{name}.json"
-            out_json.parent.mkdir(parents=True, exist_ok=True)
             self.run_step(i, f"quality_{name}", self.quality_cmd(self.best(name), out_json, hrt=True), [out_json])
             found[name] = stage_summary(json.loads(out_json.read_text()))
         return found
@@ -837,6 +837,7 @@ def stage_summary(quality: dict) -> dict:
     k = quality["chunk_size"]
     s, o = quality["systems"], quality["oracles"]
     return {
+        "chunk_size": k,
         "at_mode": s["at_mode_b1"]["bleu"],
         f"k{k}": s[f"k{k}_b1"]["bleu"],
         "gap": quality["gap"]["b1"],
@@ -876,9 +877,9 @@ def converged_report(report: dict) -> str:
             "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, o in oracles.items():
-            k2 = next(v for key, v in o.items() if key.startswith("k") and key[1:].isdigit())
+            hrt_bleu = o["k%d" % o["chunk_size"]]
             lines.append(
-                f"| {name} | {_f(o['at_mode'])} | {_f(k2)} | {_f(o['gap'])} | {_f(o['stage1_loss'])} | "
+                f"| {name} | {_f(o['at_mode'])} | {_f(hrt_bleu)} | {_f(o['gap'])} | {_f(o['stage1_loss'])} | "
                 f"{_f(o['stage2_loss'])} | {_f(o['oracle_reference'])} | {_f(o['oracle_at_mode'])} |"
             )
     return "\n".join(lines) + "\n"
