@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from fairseq import options, tasks
+from fairseq import checkpoint_utils, options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.logging import metrics
 from fairseq.tasks import FairseqTask
@@ -628,6 +628,12 @@ def test_eval_bleu_validates_an_hrt_model_with_its_chunk_size(data, work):
     valid = parse_logs(out, "valid")
     assert valid and all("valid_bleu" in v for v in valid), out[-3000:]
     assert "checkpoint_best.pt" in out
+    # loaded with the checkpoint's own task (--eval-bleu on), as the benchmarks load it: the
+    # validation generator is not built before the weights say which chunk sizes they trained
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(work / "ck_eval_hrt" / "checkpoint_best.pt")], arg_overrides={"data": str(data.bin_dir)}
+    )
+    assert task.cfg.eval_bleu and 2 in models[0].get_trained_chunk_sizes()
 
 
 @pytest.mark.slow

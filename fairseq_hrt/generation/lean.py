@@ -196,6 +196,7 @@ class LeanSequenceGenerator(SearchGenerator):
     with ``chunk_size``)."""
 
     engine = "lean"
+    backend_class = TorchBackend  # an engine with its own backend of the lean step subclasses both
 
     def __init__(
         self,
@@ -211,7 +212,7 @@ class LeanSequenceGenerator(SearchGenerator):
         b_nat: int = 1,
         temperature: float = 1.0,
     ):
-        backend = TorchBackend(model, tgt_dict, chunk_start, mask, temperature, compile)
+        backend = self.backend_class(model, tgt_dict, chunk_start, mask, temperature, compile)
         super().__init__(backend, tgt_dict, config, banned, shortlist, chunk_size, b_nat)
         self.model = model
         self.decoder_pass = backend.decoder_pass  # the decoder's one pass
@@ -231,17 +232,20 @@ class LeanEngine(DecoderEngine):
     )
     supports_shortlist = True
     supports_compile = True
+    generator_class = LeanSequenceGenerator  # its backend: generator_class.backend_class
 
     def unsupported(self, options):
         return list(options.sequence_generator_only) + super().unsupported(options)
 
     def backend(self, ctx):
-        return TorchBackend(ctx.model, ctx.task.target_dictionary, ctx.task.chunk_start_idx, ctx.task.mask_idx)
+        return self.generator_class.backend_class(
+            ctx.model, ctx.task.target_dictionary, ctx.task.chunk_start_idx, ctx.task.mask_idx
+        )
 
     def left_to_right(self, ctx, config, banned):
         if len(ctx.models) != 1:
-            raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
-        return LeanSequenceGenerator(
+            raise ValueError(f"--decoder-engine {self.name} decodes a single model (no ensembles)")
+        return self.generator_class(
             ctx.models[0],
             ctx.task.target_dictionary,
             config,
@@ -258,9 +262,9 @@ class LeanEngine(DecoderEngine):
         if options.stage2_options_used() or options.print_step:
             return None
         if len(ctx.models) != 1:
-            raise ValueError("--decoder-engine lean decodes a single model (no ensembles)")
+            raise ValueError(f"--decoder-engine {self.name} decodes a single model (no ensembles)")
         task = ctx.task
-        return LeanSequenceGenerator(
+        return self.generator_class(
             ctx.models[0],
             task.target_dictionary,
             options.search_config,

@@ -293,9 +293,12 @@ class HRTTranslationTask(TranslationTask):
         if not from_checkpoint and self.cfg.hrt_mode == "hrt" and family.chunk_sizes:
             model.mark_trained_chunk_sizes(self.chunk_sizes)
         checkpoint_checks.check_dictionary_when_loading(model)
-        if self.cfg.eval_bleu:
+        if self.cfg.eval_bleu and not from_checkpoint:
             # TranslationTask.build_model's validation generator (fairseq-train --eval-bleu), built
-            # now that an HRT model knows its chunk sizes: it validates with HRT decoding
+            # now that an HRT model knows its chunk sizes: it validates with HRT decoding. A model
+            # loaded from a checkpoint (load_model_ensemble_and_task with the checkpoint's own
+            # task) learns its chunk sizes only when its weights are loaded, after this; it is
+            # loaded to decode, with the generator its decoding command builds
             detok_args = json.loads(self.cfg.eval_bleu_detok_args)
             self.tokenizer = encoders.build_tokenizer(Namespace(tokenizer=self.cfg.eval_bleu_detok, **detok_args))
             self.sequence_generator = self.build_generator([model], Namespace(**json.loads(self.cfg.eval_bleu_args)))

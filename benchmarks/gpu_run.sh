@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The GPU run in one command each side (docs/gpu.md).
+#
+#   here (any machine with this checkout, its venv and a trained AT / HRT pair):
+#     bash benchmarks/gpu_run.sh prepare AT_CHECKPOINT HRT_CHECKPOINT DATA_DIR
+#   DATA_DIR: the recipe's data folder (data-bin/, spm/, raw/). Builds .gpu/ (ignored by git,
+#   under 64 MiB with the checkout): the Python packages the GPU image lacks (fairseq, hydra,
+#   omegaconf, antlr4, bitarray) packed for PYTHONPATH, the two checkpoints without their
+#   optimizer state and in float16, and the test set.
+#
+#   there (the GPU machine; carry .gpu):
+#     bash benchmarks/gpu_run.sh device OUT_DIR [STAGE ...]
+#   STAGES (default all, in this order): env cudagraph bench gputests fairseq compile
+#     env       nvidia-smi, torch, the packages
+#     cudagraph tests/test_cuda_graph.py (the CUDA-graph engine against the lean engine)
+#     bench     benchmark.py --fp16: AT greedy, HRT k = 2 (b_at 1 and 5) and AT mode on the lean and
+#               cuda-graph engines, batch 1, 8 and 128 (ratios to the run's fastest AT greedy)
+#     gputests  tests/test_gpu.py (fp16 training and decoding through the fairseq commands)
+#     fairseq   the same systems on the lean and fairseq engines, batch 1, 50 sentences
+#     compile   the same on lean and lean --compile, batch 1 and 8
+#   Each stage has its own time limit and writes OUT_DIR/<stage>.log (and report.{md,json}
+#   as <stage>.report.md/json): a stage that fails or runs out of time loses only itself.
+set -u -o pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+G="$REPO/.gpu"
+
+prepare() {
+    local at="$1" hrt="$2" data="$3"
+    local py="${PYTHON:-python3}"
+    rm -rf "$G" && mkdir -p "$G/site" "$G/ckpt" "$G/data" "$G/wheels"
+    # wheels for the GPU image's Python (3.12, manylinux x86-64): fairseq's and its needs the image lacks
+    local plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
+    for req in ve-fairseq==0.12.3 hydra-core==1.3.2 omegaconf==2.3.0 bitarray; do
+        "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat -d "$G/wheels" "$req" || exit 1
+    done
+    "$py" -m pip download -q --no-deps --no-binary=:all: -d "$G/wheels" antlr4-python3-runtime==4.9.3 || exit 1
+    (
+        cd "$G/site" || exit 1
+        for w in "$G"/wheels/*.whl; do unzip -q -o "$w"; done
+        tar xzf "$G"/wheels/antlr4-python3-runtime-*.tar.gz
+        mv antlr4-python3-runtime-*/src/antlr4 . && rm -rf antlr4-python3-runtime-* ./*.dist-info
+        # what decoding and training here never load: the Levenshtein/BASE-layer extensions,
+        # the alignment binding and the examples' data files (their .py stay: fairseq imports some)
+        rm -f fairseq/libnat*.so fairseq/libbase*.so alignment_train_cpu_binding*.so
+        find fairseq/examples -type f ! -name "*.py" -delete
+    )
+    rm -rf "$G/wheels"
+    tar cJf "$G/site.tar.xz" -C "$G" site && rm -rf "$G/site"  # Python sources pack about 5x
+    "$py" - "$at" "$G/ckpt/at.pt" "$hrt" "$G/ckpt/hrt.pt" <<'EOF'
+import sys
+import torch
+
+for source, target in zip(sys.argv[1::2], sys.argv[2::2]):
+    state = torch.load(source, map_location="cpu", weights_only=False)
+    state.pop("last_optimizer_state", None)  # decoding needs the weights alone
+    halves = {}  # tied weights (shared embeddings) stay one tensor, saved once
+    state["model"] = {
+        k: halves.setdefault(v.untyped_storage().data_ptr(), v.half()) if v.is_floating_point() else v
+        for k, v in state["model"].items()
+    }
+    torch.save(state, target)
+    print(f"{source} -> {target}")
+EOF
+    cp "$data"/data-bin/dict.*.txt "$data"/spm/spm.model "$G/data/"
+    cp "$data"/spm/test.en "$G/data/test.spm.en"
+    cp "$data"/raw/test.en "$data"/raw/test.de "$G/data/"
+    du -sh "$G"
+    echo "carry: .gpu   command: bash benchmarks/gpu_run.sh device \$OUT"
+}
+
+stage() {  # stage NAME SECONDS COMMAND...
+    local name="$1" seconds="$2"
+    shift 2
+    echo "=== $name ($(date -u +%T), at most ${seconds}s)"
+    timeout "$seconds" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "=== $name: exit $rc"
+    tail -n 25 "$OUT/$name.log"
+    return 0
+}
+
+bench() {  # bench NAME ENGINES BATCHES BS1_SENTENCES [MORE...]
+    local name="$1" engines="$2" batches="$3" sentences="$4"
+    shift 4
+    python3 benchmarks/benchmark.py --data "$G/data" --spm "$G/data/spm.model" --src "$G/data/test.spm.en" \
+        --raw-src "$G/data/test.en" --raw-ref "$G/data/test.de" --at "$G/ckpt/at.pt" --at-beams 1 \
+        --hrt "$G/ckpt/hrt.pt" --hrt-chunk-sizes 2 --hrt-beams 1/1,5/1 --engines "$engines" --fp16 \
+        --batch-sizes "$batches" --bs1-sentences "$sentences" --runs 3 --max-len-a 1.2 --max-len-b 10 \
+        --ctranslate2 auto --int8 no --out-dir "/tmp/gpu-$name" "$@" || return 1
+    cp "/tmp/gpu-$name/report.md" "$OUT/$name.report.md"
+    cp "/tmp/gpu-$name/report.json" "$OUT/$name.report.json"
+}
+
+device() {
+    export OUT="$1"
+    shift
+    local stages=("$@")
+    [ ${#stages[@]} -eq 0 ] && stages=(env cudagraph bench gputests fairseq compile)
+    mkdir -p "$OUT" /tmp/gpu-site
+    tar xJf "$G/site.tar.xz" -C /tmp/gpu-site || exit 1
+    export PYTHONPATH="/tmp/gpu-site/site:$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+    cd "$REPO" || exit 1
+    for s in "${stages[@]}"; do
+        case "$s" in
+        env) stage env 60 bash -c 'nvidia-smi; python3 -c "import torch, numpy, fairseq, onnxruntime; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), numpy.__version__, fairseq.__version__, onnxruntime.__version__, onnxruntime.get_available_providers())"; python3 -c "import ctranslate2; print(ctranslate2.__version__, ctranslate2.get_cuda_device_count())"' ;;
+        cudagraph) stage cudagraph 150 python3 -m pytest -q -rs -p no:cacheprovider -s tests/test_cuda_graph.py ;;
+        bench) stage bench 200 bash "$REPO/benchmarks/gpu_run.sh" bench bench lean,cuda-graph 1,8,128 100 ;;
+        gputests) stage gputests 200 python3 -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py ;;
+        fairseq) stage fairseq 120 bash "$REPO/benchmarks/gpu_run.sh" bench fairseq lean,cuda-graph,fairseq 1 50 ;;
+        compile) stage compile 150 bash "$REPO/benchmarks/gpu_run.sh" bench compile lean,cuda-graph 1,8 50 --compile yes ;;
+        *) echo "unknown stage $s" && exit 2 ;;
+        esac
+    done
+}
+
+case "${1:-}" in
+prepare) shift && prepare "$@" ;;
+device) shift && device "$@" ;;
+bench) shift && bench "$@" ;;  # one benchmark of the device stages (OUT set)
+*) sed -n 2,25p "$0" && exit 2 ;;
+esac

@@ -1,0 +1,321 @@
+"""The CUDA-graph engine (``--decoder-engine cuda-graph``): the lean engine's decoder step
+captured once per batch shape as a CUDA graph and replayed at every step.
+
+At batch 1 on a GPU a decoder step is a few hundred small kernels, and launching them from
+Python costs more than running them; a replayed graph launches them all in one call. What
+the lean engine already gives (``docs/design.md``, "A CUDA-graph backend"):
+
+* :meth:`~fairseq_hrt.generation.decoder_pass.DecoderPass.static_step`, a step whose shapes do
+  not depend on the step (self-attention over the whole cache, the future masked; the step
+  index a tensor), so one capture serves every step;
+* the self-attention caches written in place, and finished or reordered rows compacted into
+  the first rows of the same buffers (``DecoderState.reorder_rows``);
+* the choice made on the device, so a step hands back ``(N, top)`` arrays only.
+
+A graph (:class:`StepGraph`) owns fixed buffers -- the tokens and step index, the logit
+bias, every layer's self-attention cache and encoder keys/values, the chosen rows -- for a
+:class:`GraphShape`: sentences rounded up to a power of two, rows per sentence (the beam),
+cache length and source length rounded up to powers of two (at least 16), start symbol and
+``top``. The backend keeps the graphs it captured (one capture, tens of milliseconds, per shape
+and model; a benchmark's warm-up pays them) and at each batch loads the batch's encoder
+keys/values into the graph's buffers. Rows beyond the batch's are computed and never read;
+their inputs are kept finite so that no NaN reaches a cache. When sentences finish and the
+live ones fit a graph of half as many sentences or fewer, the live rows move into that graph
+(its caches up to the current step, its encoder rows), so a large batch does not compute its
+finished rows to the end.
+
+The encoder, HRT's stage II and Mask-Predict's passes run once per batch (or iteration), as
+the lean engine runs them; only the step loop is replayed. Same arithmetic as the lean
+engine's static step: in float32 the same tokens as ``--decoder-engine lean``
+(``tests/test_cuda_graph.py``, on a GPU).
+"""
+
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from fairseq_hrt.generation.decoder_pass import DecoderState, EncoderKV, relative_buckets
+from fairseq_hrt.generation.engines import register_engine
+from fairseq_hrt.generation.lean import LeanEngine, LeanSequenceGenerator, TorchBackend, TorchEncoded, TorchRows
+from hrt_runtime.search import position_cap
+
+LEAST_BUCKET = 16  # the shortest cache and source lengths a graph is captured for
+
+
+def bucket(n: int, least: int = 1) -> int:
+    """The power of two at or above ``max(n, least)``: the sizes graphs are captured for."""
+    return 1 << (max(n, least) - 1).bit_length()
+
+
+def step_bucket(steps: int, cap: int) -> int:
+    """The cache length of a graph for ``steps`` steps: :func:`bucket` of it, at least
+    :data:`LEAST_BUCKET`, never past ``cap`` (the most steps the decoder's positions allow,
+    which ``steps`` never exceeds)."""
+    return max(steps, min(bucket(steps, LEAST_BUCKET), cap))
+
+
+@dataclass(frozen=True)
+class GraphShape:
+    """What one captured graph serves: ``sentences`` (a power of two) of ``per_sentence`` rows,
+    ``steps`` cache positions, ``source`` encoder positions, from ``start`` with the ``top``
+    best rows of each step chosen."""
+
+    sentences: int
+    per_sentence: int
+    steps: int
+    source: int
+    start: int
+    top: int
+
+    @property
+    def rows(self) -> int:
+        return self.sentences * self.per_sentence
+
+
+def cuda_graph_refusals(model) -> List[str]:
+    """Why the CUDA-graph engine cannot decode ``model`` (empty: it can)."""
+    reasons = []
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        reasons.append(
+            f"the model is on {device.type}, not on a CUDA device (a GPU machine, without --cpu; "
+            "--decoder-engine lean decodes on CPU)"
+        )
+    if getattr(getattr(model, "decoder", None), "layers", None) is not None and any(
+        hasattr(layer, "ssru") for layer in model.decoder.layers
+    ):
+        reasons.append("its decoder is recurrent (SSRU): use --decoder-engine lean")
+    return reasons
+
+
+class StepGraph:
+    """One captured step (:class:`GraphShape`) and the fixed buffers it reads and writes."""
+
+    def __init__(self, backend: "CudaGraphBackend", shape: GraphShape, plan, like: EncoderKV):
+        self.shape, self.temperature = shape, backend.temperature
+        device, dtype = backend.device, like.keys[0].dtype
+        heads, head_dim = like.keys[0].size(1), like.keys[0].size(3)
+        rows, steps, sentences, source = shape.rows, shape.steps, shape.sentences, shape.source
+        decoder_pass = backend.decoder_pass
+        # the tokens of a step, then its index: one copy from one pinned host buffer a step
+        self.host_inputs = torch.full((rows + 1,), backend.pad, dtype=torch.long).pin_memory()
+        self.inputs = self.host_inputs.to(device)
+        self.bias = torch.zeros(backend.vocab_size, dtype=torch.float32, device=device)
+        self.bias_source = None  # the search's bias array now in self.bias (its arrays are constants)
+        layers = len(plan.layers)
+
+        def zeros(*size, dtype=dtype):
+            return torch.zeros(*size, dtype=dtype, device=device)
+
+        self.encoder = EncoderKV(
+            [zeros(sentences, heads, source, head_dim) for _ in range(layers)],
+            [zeros(sentences, heads, source, head_dim) for _ in range(layers)],
+            zeros(sentences, 1, 1, source, dtype=torch.float32),
+        )
+        stride = decoder_pass.stride_of(shape.start)
+        self.state = DecoderState(
+            plan,
+            self.encoder,
+            [zeros(rows, heads, steps, head_dim) for _ in range(layers)],
+            [zeros(rows, heads, steps, head_dim) for _ in range(layers)],
+            [],
+            decoder_pass.position_table(steps, stride, shape.start, device),
+            relative_buckets(steps, stride, decoder_pass.window).to(device) if decoder_pass.relative else None,
+        )
+        self.out = zeros(rows, 2 * shape.top, dtype=torch.float32)  # scores, then rows (exact below 2^24)
+        self.host_out = torch.empty(rows, 2 * shape.top, dtype=torch.float32).pin_memory()
+        self._static_step = decoder_pass.static_step
+        self.graph = self._capture(device)
+
+    def _body(self):
+        rows, top = self.shape.rows, self.shape.top
+        logits = self._static_step(self.state, self.inputs[:rows], self.inputs[rows:])
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        logits = logits.float()
+        allowed = logits + self.bias
+        if top == 1:
+            best, row = allowed.max(dim=1, keepdim=True)
+        else:
+            best, row = allowed.topk(top, dim=1)
+        self.out[:, :top].copy_(best - torch.logsumexp(logits, dim=1, keepdim=True))
+        self.out[:, top:].copy_(row)
+
+    def _capture(self, device) -> "torch.cuda.CUDAGraph":
+        # warm-up on a side stream (cuBLAS workspaces, lazy kernels), as torch.cuda.graph asks
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._body()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._body()
+        return graph
+
+    # ------------------------------------------------------------------------ batches
+
+    def clear(self):
+        """Zeros in every cache: the static step reads masked future slots, and ``0 x NaN``
+        would be NaN."""
+        for cache in self.state.self_k + self.state.self_v:
+            cache.zero_()
+
+    def load_encoder(self, kv: EncoderKV, sentences: int):
+        """The first ``sentences`` rows of ``kv`` (of ``kv.keys[0].size(2)`` source positions)
+        into the graph's encoder buffers; the graph's other sentences attend to zeros."""
+        length = kv.keys[0].size(2)
+        for static, live in zip(self.encoder.keys + self.encoder.values, kv.keys + kv.values):
+            static.zero_()
+            static[:sentences, :, :length].copy_(live[:sentences])
+        bias = self.encoder.bias
+        bias.zero_()
+        bias[:sentences].fill_(-float("inf"))
+        bias[:sentences, :, :, :length].copy_(kv.bias[:sentences])
+
+    def run(self, tokens: np.ndarray, step: int, logit_bias: np.ndarray, spread: int):
+        """Replay for ``tokens`` ``(N,)`` at ``step``; each token fills ``spread`` consecutive
+        rows (a beam's first step: one row per sentence, as the search gives it). Returns
+        ``(scores, rows)``, ``(N, top)``, of the rows the search gave."""
+        n, top, rows = tokens.size, self.shape.top, self.shape.rows
+        host = self.host_inputs.numpy()
+        host[: n * spread] = tokens if spread == 1 else np.repeat(tokens, spread)
+        host[rows] = step
+        self.inputs.copy_(self.host_inputs, non_blocking=True)
+        if logit_bias is not self.bias_source:
+            self.bias.copy_(torch.from_numpy(np.array(logit_bias, np.float32)), non_blocking=False)
+            self.bias_source = logit_bias
+        self.graph.replay()
+        used = n * spread
+        self.host_out[:used].copy_(self.out[:used])
+        out = self.host_out.numpy()[:used:spread]
+        return out[:, :top].copy(), out[:, top:].astype(np.int64)
+
+
+class GraphState:
+    """A batch on the CUDA-graph backend: its graph (chosen at the first step, when ``top`` is
+    known), its live sentences, and ``spread`` (rows of the graph per row of the search: the
+    beam before the first reorder, else 1)."""
+
+    def __init__(self, encoded: TorchEncoded, rows: int, steps: int, start: int):
+        self.kv = encoded.kv
+        self.sentences = encoded.size
+        self.per_sentence = max(1, rows // max(1, self.sentences))
+        self.steps, self.start = steps, start
+        self.graph: Optional[StepGraph] = None
+        self.spread = 1
+
+
+class CudaGraphBackend(TorchBackend):
+    """:class:`~fairseq_hrt.generation.lean.TorchBackend` whose steps replay captured CUDA
+    graphs (see the module's docstring); its encoder and non-causal passes are the lean
+    engine's."""
+
+    def __init__(self, model, tgt_dict, chunk_start=None, mask=None, temperature: float = 1.0, compile=False):
+        reasons = cuda_graph_refusals(model) + (["--compile (the graph is the step)"] if compile else [])
+        if reasons:
+            raise ValueError("--decoder-engine cuda-graph cannot decode here: " + "; ".join(reasons))
+        super().__init__(model, tgt_dict, chunk_start, mask, temperature)
+        self._graphs: Dict[GraphShape, StepGraph] = {}
+        self._plan = None
+
+    @property
+    def graphs(self) -> int:
+        """How many graphs this backend has captured (and keeps)."""
+        return len(self._graphs)
+
+    def _graph(self, shape: GraphShape, like: EncoderKV) -> StepGraph:
+        plan = self.decoder_pass.plan()
+        if plan is not self._plan:  # the weights changed: the graphs read the old plan's tensors
+            self._graphs.clear()
+            self._plan = plan
+        found = self._graphs.get(shape)
+        if found is None:
+            found = self._graphs[shape] = StepGraph(self, shape, plan, like)
+        return found
+
+    def begin(self, encoded: TorchEncoded, rows: int, steps: int, start: int, out_rows: TorchRows) -> GraphState:
+        if out_rows.vocab is not None:
+            raise ValueError("--decoder-engine cuda-graph always scores the whole vocabulary (no --shortlist)")
+        return GraphState(encoded, rows, steps, start)
+
+    def step(self, state: GraphState, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1):
+        graph = state.graph
+        if graph is None:
+            cap = position_cap(self.max_target_positions, self.stride_of(state.start)) + 1
+            shape = GraphShape(
+                sentences=bucket(state.sentences),
+                per_sentence=state.per_sentence,
+                steps=step_bucket(state.steps, cap),
+                source=bucket(state.kv.keys[0].size(2), LEAST_BUCKET),
+                start=state.start,
+                top=top,
+            )
+            graph = state.graph = self._graph(shape, state.kv)
+            graph.clear()
+            graph.load_encoder(state.kv, state.sentences)
+        elif top != graph.shape.top:
+            raise ValueError(f"a batch's steps changed their number of candidates ({graph.shape.top} -> {top})")
+        n = np.asarray(tokens).size
+        if n == state.sentences * graph.shape.per_sentence:
+            state.spread = 1
+        elif n == state.sentences:  # a beam's first step: one row per sentence
+            state.spread = graph.shape.per_sentence
+        else:
+            raise ValueError(f"{n} rows for {state.sentences} sentences of {graph.shape.per_sentence} rows each")
+        scores, rows = graph.run(np.asarray(tokens, np.int64), step, logit_bias, state.spread)
+        return (scores[:, 0], rows[:, 0]) if top == 1 else (scores, rows)
+
+    def reorder(self, state: GraphState, index: np.ndarray, step: int, sentences: Optional[np.ndarray] = None):
+        graph = state.graph
+        index = np.asarray(index, np.int64) * state.spread  # the search's rows -> the graph's
+        state.spread = 1
+        graph.state.reorder_rows(self._tensor(index), step)
+        if sentences is None:
+            return
+        live = len(sentences)
+        select = self._tensor(np.asarray(sentences, np.int64))
+        encoder = graph.encoder
+        for static in encoder.keys + encoder.values:
+            static[:live] = static.index_select(0, select)
+        encoder.bias[:live] = encoder.bias.index_select(0, select)
+        state.sentences = live
+        if live and bucket(live) < graph.shape.sentences:
+            state.graph = self._moved(graph, live, step)
+
+    def _moved(self, graph: StepGraph, live: int, step: int) -> StepGraph:
+        """The graph of fewer sentences holding ``graph``'s first ``live`` sentences (their
+        caches up to ``step``): a batch whose sentences finish stops computing their rows."""
+        smaller = self._graph(replace(graph.shape, sentences=bucket(live)), graph.encoder)
+        rows = live * graph.shape.per_sentence
+        smaller.clear()
+        for target, source in zip(smaller.state.self_k + smaller.state.self_v, graph.state.self_k + graph.state.self_v):
+            target[:rows, :, : step + 1].copy_(source[:rows, :, : step + 1])
+        smaller.load_encoder(graph.encoder, live)
+        return smaller
+
+
+class CudaGraphSequenceGenerator(LeanSequenceGenerator):
+    """:class:`~fairseq_hrt.generation.lean.LeanSequenceGenerator` over :class:`CudaGraphBackend`."""
+
+    engine = "cuda-graph"
+    backend_class = CudaGraphBackend
+
+
+@register_engine("cuda-graph")
+class CudaGraphEngine(LeanEngine):
+    """The lean engine with its step loop replayed as CUDA graphs (a GPU only)."""
+
+    summary = (
+        "the lean engine with its decoder step captured as CUDA graphs (one per batch, length and source "
+        "bucket) and replayed, on a GPU only: one launch a step instead of hundreds; no --shortlist, no --compile"
+    )
+    supports_shortlist = False
+    supports_compile = False
+    generator_class = CudaGraphSequenceGenerator
+
+    def unsupported_model(self, model) -> List[str]:
+        return cuda_graph_refusals(model)
