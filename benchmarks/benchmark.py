@@ -48,7 +48,8 @@ Speed: source words per second (whitespace words of the raw source), model time 
 text reading or detokenisation), at every ``--batch-sizes``. Batch 1 is the mean of ``--runs``
 passes over the first ``--bs1-sentences`` sentences (the WMT efficiency task's metric); larger
 batches decode every sentence (``--runs-large`` passes) with fairseq's length-sorted batching.
-Each system is warmed up on one batch first, and the passes go round-robin over the systems
+Each system is warmed up on one batch first (an engine that captures per batch shape,
+``cuda-graph``, on a whole pass), and the passes go round-robin over the systems
 (pass r of every system, then pass r + 1), so that a slow patch of a shared machine hits all
 systems alike. Every speed is also given as a ratio to the fastest AT greedy measured in this
 process.
@@ -197,7 +198,7 @@ def markdown_report(report: dict) -> str:
         f"- test set: `{test['raw_src']}`, {test['sentences']} sentences, {test['words']} source words; "
         f"batch 1: first {test['bs1_sentences']} sentences ({test['bs1_words']} words), mean of "
         f"{meta['runs_bs1']} runs; larger batches: all sentences, {meta['runs_large']} run(s); "
-        "each after a warm-up",
+        "each after a warm-up (one batch; the cuda-graph engine's: a whole pass, its graphs captured)",
         f"- device: {meta['device']}, {meta['threads']} torch thread(s); torch {meta['torch']}, "
         f"fairseq {meta['fairseq']}, Python {meta['python']}; {meta['date']}",
         f"- BLEU: sacreBLEU on detokenised output, signature `{report['bleu_signature']}`",

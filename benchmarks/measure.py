@@ -261,12 +261,14 @@ class FairseqRunner(Runner):
         gen_args = dict(gen_args, max_len_a=ctx.max_len_a, max_len_b=ctx.max_len_b)
         self.generator = build_generator(self.task, self.model, gen_args, task_options)
         self.sync = cuda_sync(ctx.use_cuda)
+        self.whole_warm_up = get_engine(self.engine).warms_up_per_shape
 
     def prepare(self, lines, batch_size):
         return self.ctx.batches(self.system.checkpoint, self.quantize, lines, batch_size, self.engine)
 
     def run(self, prepared, warm_up=False):
-        return generate(self.task, self.model, self.generator, prepared[:1] if warm_up else prepared)
+        first_only = warm_up and not self.whole_warm_up
+        return generate(self.task, self.model, self.generator, prepared[:1] if first_only else prepared)
 
     def texts(self, hyps, n):
         return detok(self.task, hyps, self.ctx.spm, n)

@@ -1,11 +1,12 @@
 """The CUDA-graph engine (``--decoder-engine cuda-graph``): the lean engine's step replayed as
 CUDA graphs gives the lean engine's hypotheses.
 
-The differential tests need a CUDA GPU (skipped without one; CI has none): in float32 the same
-tokens as ``--decoder-engine lean`` on the same GPU (random models and trained ones whose
-sentences end at different steps, so rows are compacted and batches move to smaller graphs);
-in float16 the agreement is measured and stated. Without a GPU the bucket arithmetic and the
-refusals are tested.
+The differential tests run twice: on CPU with the graphs' bodies run as they are (the same
+buffers, buckets, first-step spreading of a beam, row compaction and moves to graphs of fewer
+sentences, without capture: ``captures = False``), and on a CUDA GPU with captured graphs
+(skipped without one; CI has none). In float32 the same tokens as ``--decoder-engine lean``
+(random models, and trained ones whose sentences end at different steps, so batches move to
+smaller graphs mid-search); in float16 (GPU) the agreement is measured and stated.
 """
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from fairseq import checkpoint_utils, utils
 
 from fairseq_hrt.generation.cuda_graph import (
+    CudaGraphBackend,
     CudaGraphSequenceGenerator,
     GraphShape,
     bucket,
@@ -61,7 +63,35 @@ def test_compile_is_refused_by_name(random_models):
         build_generator(data_dir, hrt, "--decoder-engine", "cuda-graph", "--compile")
 
 
-# ------------------------------------------------------------------------ on a GPU
+# ------------------------------------------------------------------ differential tests
+
+
+class EagerGraphBackend(CudaGraphBackend):
+    captures = False  # the graphs' bodies run as they are: the bookkeeping, on any device
+
+
+class EagerGraphGenerator(CudaGraphSequenceGenerator):
+    backend_class = EagerGraphBackend
+
+
+DEVICES = [
+    pytest.param("cpu", id="cpu-uncaptured"),
+    pytest.param("cuda", id="cuda-graphs", marks=needs_gpu),
+]
+
+
+def _graph_generator(device):
+    return CudaGraphSequenceGenerator if device == "cuda" else EagerGraphGenerator
+
+
+def _on(model, device):
+    return model.to(device).float()
+
+
+def _sample(task, device):
+    sample = make_sample(task, RAGGED)
+    return utils.move_to_cuda(sample) if device == "cuda" else sample
+
 
 SEARCHES = [
     dict(beam=1),
@@ -71,41 +101,45 @@ SEARCHES = [
 ]
 
 
-def _pair(model, d, suppress, search):
-    temperature = search.pop("temperature", 1.0)
-    config = SearchConfig(max_len_b=9, **search)
-    banned = [d.index(s) for s in suppress]
-    return (
-        LeanSequenceGenerator(model, d, config, banned, temperature=temperature),
-        CudaGraphSequenceGenerator(model, d, config, banned, temperature=temperature),
-    )
-
-
-@needs_gpu
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("search", SEARCHES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 @pytest.mark.parametrize("which", ["at", "hrt-at-mode", "hrt-skip-at-k2"])
-def test_same_hypotheses_as_lean_on_random_models(random_models, which, search):
+def test_same_hypotheses_as_lean_on_random_models(random_models, which, search, device):
     _, task, hrt, at = random_models
     d = task.target_dictionary
-    model = (at if which == "at" else hrt).cuda().float()
+    model = _on(at if which == "at" else hrt, device)
     bos = task.chunk_start_idx[2] if which == "hrt-skip-at-k2" else None
-    lean, graphs = _pair(model, d, [] if which == "at" else SPECIALS, dict(search))
-    sample = utils.move_to_cuda(make_sample(task, RAGGED))
+    search = dict(search)
+    temperature = search.pop("temperature", 1.0)
+    config = SearchConfig(max_len_b=9, **search)
+    banned = [d.index(s) for s in ([] if which == "at" else SPECIALS)]
+    lean = LeanSequenceGenerator(model, d, config, banned, temperature=temperature)
+    graphs = _graph_generator(device)(model, d, config, banned, temperature=temperature)
+    sample = _sample(task, device)
     ref = lean.generate([model], sample, bos_token=bos)
     assert_same_hypotheses(ref, graphs.generate([model], sample, bos_token=bos))
-    assert_same_hypotheses(ref, graphs.generate([model], sample, bos_token=bos))  # replayed, not captured
+    assert_same_hypotheses(ref, graphs.generate([model], sample, bos_token=bos))  # the graphs again, kept
+    assert graphs.backend.graphs >= 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k, beam, b_nat", [(2, 1, 1), (3, 4, 2)])
+def test_hrt_two_stages_same_as_lean(random_models, k, beam, b_nat, device):
+    _, task, hrt, _ = random_models
+    d = task.target_dictionary
+    model = _on(hrt, device)
+    config = SearchConfig(beam=beam, max_len_b=16)
+    banned = [d.index(s) for s in SPECIALS]
+    kwargs = dict(chunk_start=task.chunk_start_idx, mask=task.mask_idx, chunk_size=k, b_nat=b_nat)
+    sample = _sample(task, device)
+    ref = LeanSequenceGenerator(model, d, config, banned, **kwargs).generate([model], sample)
+    ours = _graph_generator(device)(model, d, config, banned, **kwargs).generate([model], sample)
+    assert_same_hypotheses(ref, ours)
 
 
 @needs_gpu
-@pytest.mark.parametrize(
-    "flags",
-    [
-        ("--decode-chunk-size", "2", "--beam", "1"),
-        ("--decode-chunk-size", "3", "--beam", "4", "--b-nat", "2"),
-        ("--decode-chunk-size", "by-length", "--beam", "2"),
-    ],
-)
-def test_hrt_two_stages_same_as_lean(random_models, flags):
+@pytest.mark.parametrize("flags", [("--decode-chunk-size", "2", "--beam", "1"), ("--decode-chunk-size", "by-length")])
+def test_fairseq_generate_engine_option_builds_the_graph_engine(random_models, flags):
     data_dir, task, hrt, _ = random_models
     hrt.cuda().float()
     sample = utils.move_to_cuda(make_sample(task, RAGGED))
@@ -114,44 +148,50 @@ def test_hrt_two_stages_same_as_lean(random_models, flags):
     assert_same_hypotheses(ref.generate([hrt], sample), ours.generate([hrt], sample))
 
 
-def _trained_on_gpu(trained, arch):
+def _trained(trained, arch, device):
     data, ckpts = trained
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(ckpts[arch])], arg_overrides={"data": str(data.bin_dir)}
     )
     task.load_dataset("valid")
-    return data, task, models[0].eval().cuda()
-
-
-def _decodes(arch):
-    decodes = [("--beam", "1"), ("--beam", "5", "--lenpen", "0.6")]
-    if arch == "hrt_tiny":
-        decodes = [d + ("--decode-chunk-size", "1") for d in decodes] + [("--decode-chunk-size", "2", "--beam", "3")]
-    return decodes
-
-
-def _batches(task):
     itr = task.get_batch_iterator(task.dataset("valid"), max_sentences=16).next_epoch_itr(shuffle=False)
-    return [utils.move_to_cuda(sample) for sample in itr]
+    batches = [utils.move_to_cuda(s) if device == "cuda" else s for s in itr]
+    return task, models[0].eval().to(device), batches
 
 
-@needs_gpu
+def _decodes(task, arch):
+    """``(config, generator keyword arguments)`` of the searches a trained model is decoded with."""
+    searches = [SearchConfig(beam=1, max_len_b=40), SearchConfig(beam=5, len_penalty=0.6, max_len_b=40)]
+    if arch == "at_tiny":
+        return [(c, {}) for c in searches]
+    hrt = dict(chunk_start=task.chunk_start_idx, mask=task.mask_idx)
+    return [(c, {}) for c in searches] + [(SearchConfig(beam=3, max_len_b=40), dict(hrt, chunk_size=2))]
+
+
+def _banned(task, arch):
+    d = task.target_dictionary
+    return [] if arch == "at_tiny" else [d.index(s) for s in SPECIALS]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["at_tiny", "hrt_tiny"])
-def test_trained_models_same_tokens_as_lean_in_float32(trained, arch):
-    """Trained models end sentences at different steps: rows are compacted and batches move to
-    graphs of fewer sentences mid-search."""
-    data, task, model = _trained_on_gpu(trained, arch)
-    langs = ("--source-lang", "en", "--target-lang", "de")
-    lengths = set()
-    for flags in _decodes(arch):
-        _, ref = build_generator(str(data.bin_dir), model, *langs, *flags, "--decoder-engine", "lean")
-        _, ours = build_generator(str(data.bin_dir), model, *langs, *flags, "--decoder-engine", "cuda-graph")
-        for sample in _batches(task):
-            out = ours.generate([model], sample)
-            assert_same_hypotheses(ref.generate([model], sample), out)
+def test_trained_models_same_tokens_as_lean_in_float32(trained, arch, device):
+    """Trained models end sentences at different steps: rows are compacted, and batches move
+    to graphs of fewer sentences mid-search (more graph shapes than batches' first steps)."""
+    task, model, batches = _trained(trained, arch, device)
+    d, banned = task.target_dictionary, _banned(task, arch)
+    lengths, moved = set(), False
+    for config, kwargs in _decodes(task, arch):
+        lean = LeanSequenceGenerator(model, d, config, banned, **kwargs)
+        graphs = _graph_generator(device)(model, d, config, banned, **kwargs)
+        for sample in batches:
+            out = graphs.generate([model], sample)
+            assert_same_hypotheses(lean.generate([model], sample), out)
             lengths |= {len(h[0]["tokens"]) for h in out}
+        moved |= len({shape.sentences for shape in graphs.backend._graphs}) > 1
     assert len(lengths) > 2  # sentences really end at different steps
+    assert moved  # and batches moved to graphs of fewer sentences
 
 
 @needs_gpu
@@ -161,17 +201,23 @@ def test_trained_models_in_float16_mostly_agree_with_lean(trained, arch, capsys)
     """In half precision the graph's static step (the whole cache, the future masked) and the
     lean step (the cache up to the step) sum in other orders: a near-tie can flip. The agreement
     is printed (pytest -s) and must stay high."""
-    data, task, model = _trained_on_gpu(trained, arch)
+    task, model, batches = _trained(trained, arch, "cuda")
     model.half()
-    langs = ("--source-lang", "en", "--target-lang", "de")
-    same = total = 0
-    for flags in _decodes(arch):
-        _, ref = build_generator(str(data.bin_dir), model, *langs, *flags, "--decoder-engine", "lean")
-        _, ours = build_generator(str(data.bin_dir), model, *langs, *flags, "--decoder-engine", "cuda-graph")
-        for sample in _batches(task):
-            for r, o in zip(ref.generate([model], sample), ours.generate([model], sample)):
+    d, banned = task.target_dictionary, _banned(task, arch)
+    same = total = graphs_made = 0
+    seconds = 0.0
+    for config, kwargs in _decodes(task, arch):
+        lean = LeanSequenceGenerator(model, d, config, banned, **kwargs)
+        graphs = CudaGraphSequenceGenerator(model, d, config, banned, **kwargs)
+        for sample in batches:
+            for r, o in zip(lean.generate([model], sample), graphs.generate([model], sample)):
                 same += r[0]["tokens"].tolist() == o[0]["tokens"].tolist()
                 total += 1
+        graphs_made += graphs.backend.graphs
+        seconds += graphs.backend.capture_seconds
     with capsys.disabled():
-        print(f"\n[cuda-graph fp16] {arch}: {same}/{total} best hypotheses identical to the lean engine's")
+        print(
+            f"\n[cuda-graph fp16] {arch}: {same}/{total} best hypotheses identical to the lean engine's; "
+            f"{graphs_made} graphs made in {seconds:.2f} s"
+        )
     assert same >= 0.9 * total

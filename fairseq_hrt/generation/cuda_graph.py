@@ -30,6 +30,7 @@ engine's static step: in float32 the same tokens as ``--decoder-engine lean``
 (``tests/test_cuda_graph.py``, on a GPU).
 """
 
+import time
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional
 
@@ -96,11 +97,12 @@ class StepGraph:
     def __init__(self, backend: "CudaGraphBackend", shape: GraphShape, plan, like: EncoderKV):
         self.shape, self.temperature = shape, backend.temperature
         device, dtype = backend.device, like.keys[0].dtype
+        pin = device.type == "cuda"  # page-locked host buffers: copies to and from the GPU without staging
         heads, head_dim = like.keys[0].size(1), like.keys[0].size(3)
         rows, steps, sentences, source = shape.rows, shape.steps, shape.sentences, shape.source
         decoder_pass = backend.decoder_pass
         # the tokens of a step, then its index: one copy from one pinned host buffer a step
-        self.host_inputs = torch.full((rows + 1,), backend.pad, dtype=torch.long).pin_memory()
+        self.host_inputs = torch.full((rows + 1,), backend.pad, dtype=torch.long, pin_memory=pin)
         self.inputs = self.host_inputs.to(device)
         self.bias = torch.zeros(backend.vocab_size, dtype=torch.float32, device=device)
         self.bias_source = None  # the search's bias array now in self.bias (its arrays are constants)
@@ -125,9 +127,9 @@ class StepGraph:
             relative_buckets(steps, stride, decoder_pass.window).to(device) if decoder_pass.relative else None,
         )
         self.out = zeros(rows, 2 * shape.top, dtype=torch.float32)  # scores, then rows (exact below 2^24)
-        self.host_out = torch.empty(rows, 2 * shape.top, dtype=torch.float32).pin_memory()
+        self.host_out = torch.empty(rows, 2 * shape.top, dtype=torch.float32, pin_memory=pin)
         self._static_step = decoder_pass.static_step
-        self.graph = self._capture(device)
+        self.graph = self._capture(device) if backend.captures else None
 
     def _body(self):
         rows, top = self.shape.rows, self.shape.top
@@ -188,7 +190,10 @@ class StepGraph:
         if logit_bias is not self.bias_source:
             self.bias.copy_(torch.from_numpy(np.array(logit_bias, np.float32)), non_blocking=False)
             self.bias_source = logit_bias
-        self.graph.replay()
+        if self.graph is None:
+            self._body()
+        else:
+            self.graph.replay()
         used = n * spread
         self.host_out[:used].copy_(self.out[:used])
         out = self.host_out.numpy()[:used:spread]
@@ -212,15 +217,20 @@ class GraphState:
 class CudaGraphBackend(TorchBackend):
     """:class:`~fairseq_hrt.generation.lean.TorchBackend` whose steps replay captured CUDA
     graphs (see the module's docstring); its encoder and non-causal passes are the lean
-    engine's."""
+    engine's. ``captures`` false (a subclass's): the graphs' bodies run as they are, on any
+    device, with the same buffers and bookkeeping (what the tests check without a GPU)."""
+
+    captures = True
 
     def __init__(self, model, tgt_dict, chunk_start=None, mask=None, temperature: float = 1.0, compile=False):
-        reasons = cuda_graph_refusals(model) + (["--compile (the graph is the step)"] if compile else [])
+        reasons = cuda_graph_refusals(model) if self.captures else []
+        reasons += ["--compile (the graph is the step)"] if compile else []
         if reasons:
             raise ValueError("--decoder-engine cuda-graph cannot decode here: " + "; ".join(reasons))
         super().__init__(model, tgt_dict, chunk_start, mask, temperature)
         self._graphs: Dict[GraphShape, StepGraph] = {}
         self._plan = None
+        self.capture_seconds = 0.0  # spent making graphs (their buffers, warm-up and capture)
 
     @property
     def graphs(self) -> int:
@@ -234,7 +244,9 @@ class CudaGraphBackend(TorchBackend):
             self._plan = plan
         found = self._graphs.get(shape)
         if found is None:
+            started = time.perf_counter()
             found = self._graphs[shape] = StepGraph(self, shape, plan, like)
+            self.capture_seconds += time.perf_counter() - started
         return found
 
     def begin(self, encoded: TorchEncoded, rows: int, steps: int, start: int, out_rows: TorchRows) -> GraphState:
@@ -315,6 +327,7 @@ class CudaGraphEngine(LeanEngine):
     )
     supports_shortlist = False
     supports_compile = False
+    warms_up_per_shape = True
     generator_class = CudaGraphSequenceGenerator
 
     def unsupported_model(self, model) -> List[str]:

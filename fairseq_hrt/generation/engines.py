@@ -35,6 +35,9 @@ class DecoderEngine:
     supports_compile: bool = False
     quantizes_itself: bool = False  # --quantize int8 is the engine's own: the loaded model stays float
     runs_mask_predict: bool = False  # mask_predict() builds the generator (else the model's own decoder runs it)
+    # its first pass over new batch shapes costs more than later passes (cuda-graph captures a
+    # graph per shape): a benchmark warms it up on a whole pass, not on one batch
+    warms_up_per_shape: bool = False
     # the task options only this engine reads (DecodingOptions fields, e.g. onnxruntime's
     # onnx_model): set, every other engine refuses them, and so does a strategy that decodes
     # without an engine
