@@ -143,7 +143,11 @@ def test_fp16_interactive_on_gpu(fp16_runs):
         capture_output=True,
         text=True,
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), **GPU_ENV},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            **GPU_ENV,
+        },
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     hyps = hyp_lines(proc.stdout)
