@@ -16,8 +16,8 @@
 #     bench     benchmark.py --fp16: AT greedy, HRT k = 2 (b_at 1 and 5) and AT mode on the lean and
 #               cuda-graph engines, batch 1, 8 and 128 (ratios to the run's fastest AT greedy)
 #     gputests  tests/test_gpu.py (fp16 training and decoding through the fairseq commands)
-#     fairseq   the same systems on the lean and fairseq engines, batch 1, 50 sentences
-#     compile   the same on lean and lean --compile, batch 1 and 8
+#     fairseq   the same systems on the lean, cuda-graph and fairseq engines, batch 1, 50 sentences
+#     compile   the same on lean, lean --compile and cuda-graph, batch 1, 50 sentences
 #   Each stage has its own time limit and writes OUT_DIR/<stage>.log (and report.{md,json}
 #   as <stage>.report.md/json): a stage that fails or runs out of time loses only itself.
 set -u -o pipefail
@@ -106,8 +106,8 @@ device() {
         cudagraph) stage cudagraph 150 python3 -m pytest -q -rs -p no:cacheprovider -s tests/test_cuda_graph.py ;;
         bench) stage bench 200 bash "$REPO/benchmarks/gpu_run.sh" bench bench lean,cuda-graph 1,8,128 100 ;;
         gputests) stage gputests 200 python3 -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py ;;
-        fairseq) stage fairseq 120 bash "$REPO/benchmarks/gpu_run.sh" bench fairseq lean,cuda-graph,fairseq 1 50 ;;
-        compile) stage compile 150 bash "$REPO/benchmarks/gpu_run.sh" bench compile lean,cuda-graph 1,8 50 --compile yes ;;
+        fairseq) stage fairseq 120 bash "$REPO/benchmarks/gpu_run.sh" bench fairseq lean,cuda-graph,fairseq 1 50 --max-sentences 50 ;;
+        compile) stage compile 200 bash "$REPO/benchmarks/gpu_run.sh" bench compile lean,cuda-graph 1 50 --max-sentences 50 --compile yes ;;
         *) echo "unknown stage $s" && exit 2 ;;
         esac
     done
@@ -117,5 +117,6 @@ case "${1:-}" in
 prepare) shift && prepare "$@" ;;
 device) shift && device "$@" ;;
 bench) shift && bench "$@" ;;  # one benchmark of the device stages (OUT set)
-*) sed -n 2,25p "$0" && exit 2 ;;
+-h | --help) sed -n 2,22p "$0" ;;
+*) sed -n 2,22p "$0" && exit 2 ;;
 esac
