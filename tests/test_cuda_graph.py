@@ -9,6 +9,8 @@ sentences, without capture: ``captures = False``), and on a CUDA GPU with captur
 smaller graphs mid-search); in float16 (GPU) the agreement is measured and stated.
 """
 
+import copy
+
 import pytest
 import torch
 from fairseq import checkpoint_utils, utils
@@ -22,9 +24,10 @@ from fairseq_hrt.generation.cuda_graph import (
     step_bucket,
 )
 from fairseq_hrt.generation.engines import engine_choices
-from fairseq_hrt.generation.lean import LeanSequenceGenerator
+from fairseq_hrt.generation.lean import LeanSequenceGenerator, TorchBackend
+from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
 from hrt_runtime.search import SearchConfig
-from tests.hrt_fixtures import build_generator, make_sample, random_tiny_models
+from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
 from tests.test_generator import SPECIALS
 from tests.test_lean import RAGGED, assert_same_hypotheses
 
@@ -133,8 +136,46 @@ def test_hrt_two_stages_same_as_lean(random_models, k, beam, b_nat, device):
     kwargs = dict(chunk_start=task.chunk_start_idx, mask=task.mask_idx, chunk_size=k, b_nat=b_nat)
     sample = _sample(task, device)
     ref = LeanSequenceGenerator(model, d, config, banned, **kwargs).generate([model], sample)
-    ours = _graph_generator(device)(model, d, config, banned, **kwargs).generate([model], sample)
-    assert_same_hypotheses(ref, ours)
+    graphs = _graph_generator(device)(model, d, config, banned, **kwargs)
+    assert_same_hypotheses(ref, graphs.generate([model], sample))
+    # the encoder, the steps and stage II each ran from graphs of their own
+    assert graphs.backend._encoders and graphs.backend._graphs and graphs.backend._parallel
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mask_predict_same_as_lean(tmp_path_factory, device):
+    """Mask-Predict's iterations run the captured non-causal pass; its length predictor reads
+    the encoder output, made when first read."""
+    data_dir = str(tmp_path_factory.mktemp("cuda_graph_cmlm"))
+    task, model = build_task_and_model(data_dir, arch="cmlm_tiny", extra=("--hrt-mode", "cmlm"), seed=1)
+    model = _on(model.eval(), device)
+    d = task.target_dictionary
+    sample = _sample(task, device)
+    graph_backend = CudaGraphBackend if device == "cuda" else EagerGraphBackend
+    backends = (TorchBackend(model, d, mask=task.mask_idx), graph_backend(model, d, mask=task.mask_idx))
+    out = [
+        MaskPredictGenerator([model], backend, d, task.mask_idx, iterations=4, length_beam=3).generate([model], sample)
+        for backend in backends
+    ]
+    assert_same_hypotheses(*out)
+    assert backends[1]._parallel
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_weights_loaded_later_drop_the_graphs(random_models, device):
+    """The graphs read the weights' tensors (and copies of them): weights loaded into the model
+    after its engine was built are decoded, not the ones the graphs were made with."""
+    data_dir, task, _, at = random_models
+    _, other = build_task_and_model(data_dir, arch="at_tiny", seed=9)
+    model, other = _on(copy.deepcopy(at), device), _on(other, device)
+    d, config, sample = task.target_dictionary, SearchConfig(beam=1, max_len_b=9), _sample(task, device)
+    graphs = _graph_generator(device)(model, d, config, [])
+    assert_same_hypotheses(
+        LeanSequenceGenerator(at, d, config, []).generate([at], sample), graphs.generate([model], sample)
+    )
+    model.load_state_dict(other.state_dict())
+    expected = LeanSequenceGenerator(other, d, config, []).generate([other], sample)
+    assert_same_hypotheses(expected, graphs.generate([model], sample))
 
 
 @needs_gpu

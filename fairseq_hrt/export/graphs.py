@@ -350,7 +350,9 @@ class EncoderGraph(nn.Module):
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = (x * (~padding).unsqueeze(-1).type_as(x)).reshape(-1, self.dim)  # (B x S, C): projections are Gemms
-        bias = torch.zeros(b, 1, 1, s, dtype=torch.float32).masked_fill(padding.view(b, 1, 1, s), -math.inf)
+        bias = torch.zeros(b, 1, 1, s, dtype=torch.float32, device=src_tokens.device).masked_fill(
+            padding.view(b, 1, 1, s), -math.inf
+        )
         shape = (b, s, self.heads, self.head_dim)
         for layer, qkv in self.layers:
             residual = x

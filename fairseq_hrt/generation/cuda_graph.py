@@ -32,12 +32,19 @@ engine's static step: in float32 the same tokens as ``--decoder-engine lean``
 
 import time
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from fairseq_hrt.generation.decoder_pass import DecoderState, EncoderKV, relative_buckets
+from fairseq_hrt.generation.decoder_pass import (
+    DecoderState,
+    EncoderKV,
+    profiled,
+    relative_buckets,
+    unplanned_modules,
+)
 from fairseq_hrt.generation.engines import register_engine
 from fairseq_hrt.generation.lean import LeanEngine, LeanSequenceGenerator, TorchBackend, TorchEncoded, TorchRows
 from hrt_runtime.search import position_cap
@@ -73,6 +80,35 @@ class GraphShape:
     @property
     def rows(self) -> int:
         return self.sentences * self.per_sentence
+
+
+def capture(body: Callable[[], None], device) -> "torch.cuda.CUDAGraph":
+    """``body`` (reading and writing fixed buffers only) captured as a CUDA graph, after a
+    warm-up on a side stream (cuBLAS workspaces, lazy kernels), as ``torch.cuda.graph`` asks."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            body()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph
+
+
+class Captured:
+    """``body`` captured (or, ``captures`` false, run as it is at each :meth:`run`)."""
+
+    def __init__(self, body: Callable[[], None], device, captures: bool):
+        self.body = body
+        self.graph = capture(body, device) if captures else None
+
+    def run(self):
+        if self.graph is None:
+            self.body()
+        else:
+            self.graph.replay()
 
 
 def cuda_graph_refusals(model) -> List[str]:
@@ -129,7 +165,7 @@ class StepGraph:
         self.out = zeros(rows, 2 * shape.top, dtype=torch.float32)  # scores, then rows (exact below 2^24)
         self.host_out = torch.empty(rows, 2 * shape.top, dtype=torch.float32, pin_memory=pin)
         self._static_step = decoder_pass.static_step
-        self.graph = self._capture(device) if backend.captures else None
+        self.graph = Captured(self._body, device, backend.captures)
 
     def _body(self):
         rows, top = self.shape.rows, self.shape.top
@@ -144,19 +180,6 @@ class StepGraph:
             best, row = allowed.topk(top, dim=1)
         self.out[:, :top].copy_(best - torch.logsumexp(logits, dim=1, keepdim=True))
         self.out[:, top:].copy_(row)
-
-    def _capture(self, device) -> "torch.cuda.CUDAGraph":
-        # warm-up on a side stream (cuBLAS workspaces, lazy kernels), as torch.cuda.graph asks
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._body()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._body()
-        return graph
 
     # ------------------------------------------------------------------------ batches
 
@@ -190,14 +213,124 @@ class StepGraph:
         if logit_bias is not self.bias_source:
             self.bias.copy_(torch.from_numpy(np.array(logit_bias, np.float32)), non_blocking=False)
             self.bias_source = logit_bias
-        if self.graph is None:
-            self._body()
-        else:
-            self.graph.replay()
+        self.graph.run()
         used = n * spread
         self.host_out[:used].copy_(self.out[:used])
         out = self.host_out.numpy()[:used:spread]
         return out[:, :top].copy(), out[:, top:].astype(np.int64)
+
+
+class EncoderRun:
+    """The encoder of ``sentences`` x ``length`` source tokens (a power of two of each, the
+    batch's sources at the top left, ``<pad>`` around them: positions count the tokens that
+    are not padding, so where the padding is changes nothing) captured with the projection of
+    every decoder layer's encoder keys/values (``export.graphs.EncoderGraph``). Rows beyond the
+    batch's hold ``</s>`` alone, a finite empty sentence."""
+
+    def __init__(self, backend: "CudaGraphBackend", module, sentences: int, length: int):
+        device, self.pad, self.eos = backend.device, backend.source_pad, backend.source_eos
+        self.tokens = torch.full((sentences, length), self.pad, dtype=torch.long, device=device)
+        self.module = module
+        with torch.no_grad():
+            first = module(self.tokens)  # the outputs' shapes and dtypes
+        self.outputs = [torch.empty_like(t) for t in first]
+        self.graph = Captured(self._body, device, backend.captures)
+
+    def _body(self):
+        for static, value in zip(self.outputs, self.module(self.tokens)):
+            static.copy_(value)
+
+    def __call__(self, src_tokens: Tensor) -> EncoderKV:
+        """The keys/values of the batch ``src_tokens`` ``(B, S)``: copies, the next batch
+        replays into the graph's buffers."""
+        b, s = src_tokens.shape
+        self.tokens.fill_(self.pad)
+        self.tokens[:b, :s].copy_(src_tokens)
+        self.tokens[b:, 0] = self.eos
+        self.graph.run()
+        bias, rest = self.outputs[0], self.outputs[1:]
+        layers = len(rest) // 2
+        keys, values = [k[:b].clone() for k in rest[:layers]], [v[:b].clone() for v in rest[layers:]]
+        return EncoderKV(keys, values, bias[:b].clone())
+
+
+class ParallelRun:
+    """One non-causal pass (HRT's stage II, Mask-Predict's iterations) of ``rows`` x ``width``
+    tokens, ``queries`` columns read, over ``source`` encoder positions, captured with its
+    choice at every ``(row, query)`` slot (``export.graphs.ParallelGraph``): the search's
+    slots are picked from the copy that comes back. Tokens, positions and query columns travel
+    in one copy from one page-locked buffer; padded slots hold ``<pad>`` (masked as keys), padded
+    rows ``</s>`` first, padded queries column 0."""
+
+    def __init__(self, backend: "CudaGraphBackend", module, rows: int, width: int, queries: int, like: EncoderKV):
+        device, self.pad, self.eos = backend.device, backend.pad, backend.eos
+        pin = device.type == "cuda"
+        self.rows, self.width, self.queries = rows, width, queries
+        self.host = torch.zeros(2 * rows * width + queries, dtype=torch.long, pin_memory=pin)
+        self.inputs = self.host.to(device)
+        cells = rows * width
+        self.tokens = self.inputs[:cells].view(rows, width)
+        self.positions = self.inputs[cells : 2 * cells].view(rows, width)
+        self.columns = self.inputs[2 * cells :]
+        self.select = torch.arange(rows * queries, device=device)
+        self.bias = torch.zeros(backend.vocab_size, dtype=torch.float32, device=device)
+        self.bias_source = None
+        _, heads, source, head_dim = like.keys[0].shape
+        dtype = like.keys[0].dtype
+        self.encoder = EncoderKV(
+            [torch.zeros(rows, heads, source, head_dim, dtype=dtype, device=device) for _ in like.keys],
+            [torch.zeros(rows, heads, source, head_dim, dtype=dtype, device=device) for _ in like.values],
+            torch.zeros(rows, 1, 1, source, dtype=torch.float32, device=device),
+        )
+        self.module = module
+        self.out = torch.zeros(rows * queries, 2, dtype=torch.float32, device=device)  # score, row
+        self.host_out = torch.empty(rows * queries, 2, dtype=torch.float32, pin_memory=pin)
+        host = self.host.numpy()
+        host[:cells] = self.pad
+        host[:cells:width] = self.eos
+        self.inputs.copy_(self.host)
+        self.graph = Captured(self._body, device, backend.captures)
+
+    def _body(self):
+        score, row = self.module(
+            self.tokens,
+            self.positions,
+            self.columns,
+            self.select,
+            self.bias,
+            self.encoder.bias,
+            *self.encoder.keys,
+            *self.encoder.values,
+        )
+        self.out[:, 0].copy_(score)
+        self.out[:, 1].copy_(row)
+
+    def __call__(self, kv: EncoderKV, tokens, positions, queries, select, logit_bias):
+        n, t = tokens.shape
+        q, cells = queries.size, self.rows * self.width
+        host = self.host.numpy()
+        grid = host[:cells].reshape(self.rows, self.width)
+        grid[:n] = self.pad
+        grid[:n, :t] = tokens
+        grid[n:, 0] = self.eos
+        grid = host[cells : 2 * cells].reshape(self.rows, self.width)
+        grid[:n] = 0
+        grid[:n, :t] = positions
+        host[2 * cells :] = 0
+        host[2 * cells : 2 * cells + q] = queries
+        self.inputs.copy_(self.host, non_blocking=True)
+        for static, live in zip(self.encoder.keys + self.encoder.values, kv.keys + kv.values):
+            static[:n].copy_(live)
+        self.encoder.bias[:n].copy_(kv.bias)
+        if logit_bias is not self.bias_source:
+            self.bias.copy_(torch.from_numpy(np.array(logit_bias, np.float32)))
+            self.bias_source = logit_bias
+        self.graph.run()
+        self.host_out.copy_(self.out)
+        out = self.host_out.numpy()
+        select = np.asarray(select, np.int64)
+        slots = (select // q) * self.queries + select % q
+        return out[slots, 0].copy(), out[slots, 1].astype(np.int64)
 
 
 class GraphState:
@@ -229,25 +362,88 @@ class CudaGraphBackend(TorchBackend):
             raise ValueError("--decoder-engine cuda-graph cannot decode here: " + "; ".join(reasons))
         super().__init__(model, tgt_dict, chunk_start, mask, temperature)
         self._graphs: Dict[GraphShape, StepGraph] = {}
-        self._plan = None
+        self._encoders: Dict[Tuple[int, int], EncoderRun] = {}
+        self._parallel: Dict[Tuple[int, int, int, int], ParallelRun] = {}
+        self._modules: Dict[str, Optional[torch.nn.Module]] = {}  # the encoder's and the non-causal pass's
+        self._weights = None  # what the graphs were made of: the decoder's plan, every parameter's version
         self.capture_seconds = 0.0  # spent making graphs (their buffers, warm-up and capture)
 
     @property
     def graphs(self) -> int:
-        """How many graphs this backend has captured (and keeps)."""
-        return len(self._graphs)
+        """How many graphs this backend has made (and keeps): steps, encoders, non-causal passes."""
+        return len(self._graphs) + len(self._encoders) + len(self._parallel)
 
-    def _graph(self, shape: GraphShape, like: EncoderKV) -> StepGraph:
+    def _current(self, every_parameter: bool = False):
+        """The decoder's plan, after dropping every graph if the weights changed since they were
+        made (they read the old tensors, or copies of them): the plan is rebuilt when the
+        decoder's weights change; ``every_parameter`` (once a batch, at its encoding) also
+        compares every parameter's storage and version (the encoder's)."""
         plan = self.decoder_pass.plan()
-        if plan is not self._plan:  # the weights changed: the graphs read the old plan's tensors
+        versions = None
+        if every_parameter or self._weights is None:
+            versions = tuple((p.data_ptr(), p.dtype, p._version) for p in self.model.parameters())
+        known_plan, known_versions = self._weights or (None, None)
+        if plan is not known_plan or (versions is not None and versions != known_versions):
             self._graphs.clear()
-            self._plan = plan
-        found = self._graphs.get(shape)
+            self._encoders.clear()
+            self._parallel.clear()
+            self._modules.clear()
+        self._weights = (plan, versions if versions is not None else known_versions)
+        return plan
+
+    def _made(self, table: dict, key, make):
+        found = table.get(key)
         if found is None:
             started = time.perf_counter()
-            found = self._graphs[shape] = StepGraph(self, shape, plan, like)
+            found = table[key] = make()
             self.capture_seconds += time.perf_counter() - started
         return found
+
+    def _graph(self, shape: GraphShape, like: EncoderKV) -> StepGraph:
+        plan = self._current()
+        return self._made(self._graphs, shape, lambda: StepGraph(self, shape, plan, like))
+
+    def _module(self, name: str):
+        """``export.graphs``' ``EncoderGraph`` (``"encoder"``) or ``ParallelGraph``
+        (``"parallel"``) of the model, or ``None`` where the planned passes do not know its
+        encoder (its eager encoder runs then)."""
+        if name not in self._modules:
+            from fairseq_hrt.export.graphs import EncoderGraph, ParallelGraph  # noqa: PLC0415 - export imports this package
+
+            if name == "encoder":
+                known = not unplanned_modules(self.model.encoder, "encoder")
+                self._modules[name] = EncoderGraph(self.model) if known else None
+            else:
+                self._modules[name] = ParallelGraph(self.model, self.max_target_positions)
+        return self._modules[name]
+
+    @profiled("hrt.encoder")
+    def encode_fairseq(self, net_input) -> TorchEncoded:
+        """The batch's encoder keys/values from a captured encoder (:class:`EncoderRun`); the
+        fairseq encoder output is made only if a caller reads it."""
+        self._current(every_parameter=True)
+        module = self._module("encoder")
+        if module is None:
+            return super().encode_fairseq(net_input)
+        src_tokens = net_input["src_tokens"]
+        b, s = src_tokens.shape
+        key = (bucket(b), bucket(s, LEAST_BUCKET))
+        run = self._made(self._encoders, key, lambda: EncoderRun(self, module, *key))
+        return TorchEncoded(
+            None, run(src_tokens), make_encoder_out=lambda: self.model.encoder.forward_torchscript(net_input)
+        )
+
+    @profiled("hrt.stage2")
+    def parallel(self, encoded, tokens, positions, queries, select, logit_bias, out_rows):
+        """One non-causal pass and its choice, replayed (:class:`ParallelRun`)."""
+        if out_rows.vocab is not None or np.asarray(queries).size == 0:
+            return super().parallel(encoded, tokens, positions, queries, select, logit_bias, out_rows)
+        self._current()
+        kv = encoded.kv
+        rows, width = np.asarray(tokens).shape
+        key = (bucket(rows), bucket(width, LEAST_BUCKET), bucket(np.asarray(queries).size, 8), kv.keys[0].size(2))
+        run = self._made(self._parallel, key, lambda: ParallelRun(self, self._module("parallel"), *key[:3], kv))
+        return run(kv, np.asarray(tokens), np.asarray(positions), np.asarray(queries), select, logit_bias)
 
     def begin(self, encoded: TorchEncoded, rows: int, steps: int, start: int, out_rows: TorchRows) -> GraphState:
         if out_rows.vocab is not None:

@@ -23,7 +23,7 @@ is fairseq's generator interface over it; :class:`LeanEngine` registers them as
 ``--decoder-engine lean``.
 """
 
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 import torch
@@ -41,12 +41,28 @@ from hrt_runtime.search import SearchConfig
 class TorchEncoded:
     """The encoder side of a batch for :class:`TorchBackend`: the encoder output (kept for
     fairseq's callers) and every decoder layer's encoder keys/values (:class:`EncoderKV`),
-    one row per sentence."""
+    one row per sentence. ``make_encoder_out``: a backend that projects the keys/values
+    without fairseq's encoder (``cuda-graph``) gives how to make the encoder output instead,
+    made when a caller first reads it (HRT's rescoring, Mask-Predict's length)."""
 
-    __slots__ = ("encoder_out", "kv", "length_lprobs")  # length_lprobs: Mask-Predict's (B, classes)
+    # length_lprobs: Mask-Predict's (B, classes)
+    __slots__ = ("_encoder_out", "_make_encoder_out", "kv", "length_lprobs")
 
-    def __init__(self, encoder_out, kv: EncoderKV, length_lprobs: Optional[np.ndarray] = None):
-        self.encoder_out, self.kv, self.length_lprobs = encoder_out, kv, length_lprobs
+    def __init__(
+        self,
+        encoder_out,
+        kv: EncoderKV,
+        length_lprobs: Optional[np.ndarray] = None,
+        make_encoder_out: Optional[Callable[[], dict]] = None,
+    ):
+        self._encoder_out, self._make_encoder_out = encoder_out, make_encoder_out
+        self.kv, self.length_lprobs = kv, length_lprobs
+
+    @property
+    def encoder_out(self):
+        if self._encoder_out is None and self._make_encoder_out is not None:
+            self._encoder_out = self._make_encoder_out()
+        return self._encoder_out
 
     @property
     def size(self) -> int:
@@ -54,7 +70,7 @@ class TorchEncoded:
 
     def select(self, index) -> "TorchEncoded":
         index = torch.as_tensor(np.asarray(index, np.int64), device=self.kv.bias.device)
-        return TorchEncoded(self.encoder_out, self.kv.select(index))
+        return TorchEncoded(self._encoder_out, self.kv.select(index), make_encoder_out=self._make_encoder_out)
 
 
 class TorchRows(OutputRows):
