@@ -96,8 +96,13 @@ def test_the_layer_rules_of_docs_design():
     assert importers("fairseq_hrt.export", "fairseq_hrt.hub") == []
     assert importers("fairseq_hrt.generation", "fairseq_hrt.tasks") == []
     assert importers("fairseq_hrt.models", "fairseq_hrt.generation") == []
-    # export/ builds on the decoder pass; the one module of generation/ above it is its engine
-    assert importers("fairseq_hrt.generation", "fairseq_hrt.export") == ["fairseq_hrt.generation.onnx_engine"]
+    # export/ builds on the decoder pass; the modules of generation/ above it are the engines that
+    # run its graphs (ONNX Runtime the exported ones, cuda-graph the captured encoder and
+    # non-causal pass)
+    assert importers("fairseq_hrt.generation", "fairseq_hrt.export") == [
+        "fairseq_hrt.generation.cuda_graph",
+        "fairseq_hrt.generation.onnx_engine",
+    ]
     # the engine registry is below every engine and strategy
     assert graph["fairseq_hrt.generation.engines"] <= {"fairseq_hrt.generation.options", "hrt_runtime.search"}
     assert importers("fairseq_hrt", "benchmarks") == [] and importers("hrt_runtime", "benchmarks") == []

@@ -17,7 +17,8 @@ generation options), and builds:
 
 Each engine registers in its own module: ``lean`` (:mod:`fairseq_hrt.generation.lean`),
 ``fairseq`` (:mod:`fairseq_hrt.generation.fairseq_engine`), ``onnxruntime``
-(:mod:`fairseq_hrt.generation.onnx_engine`); a further one registers with
+(:mod:`fairseq_hrt.generation.onnx_engine`), ``cuda-graph``
+(:mod:`fairseq_hrt.generation.cuda_graph`); a further one registers with
 :func:`register_engine` in its own module and appears in ``--decoder-engine``'s choices and
 help, and in the benchmark's rows. This module imports no engine.
 """
