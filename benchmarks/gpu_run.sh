@@ -46,21 +46,8 @@ prepare() {
     )
     rm -rf "$G/wheels"
     tar cJf "$G/site.tar.xz" -C "$G" site && rm -rf "$G/site"  # Python sources pack about 5x
-    "$py" - "$at" "$G/ckpt/at.pt" "$hrt" "$G/ckpt/hrt.pt" <<'EOF'
-import sys
-import torch
-
-for source, target in zip(sys.argv[1::2], sys.argv[2::2]):
-    state = torch.load(source, map_location="cpu", weights_only=False)
-    state.pop("last_optimizer_state", None)  # decoding needs the weights alone
-    halves = {}  # tied weights (shared embeddings) stay one tensor, saved once
-    state["model"] = {
-        k: halves.setdefault(v.untyped_storage().data_ptr(), v.half()) if v.is_floating_point() else v
-        for k, v in state["model"].items()
-    }
-    torch.save(state, target)
-    print(f"{source} -> {target}")
-EOF
+    "$py" "$REPO/benchmarks/slim_checkpoint.py" "$at" "$G/ckpt/at.pt" || exit 1
+    "$py" "$REPO/benchmarks/slim_checkpoint.py" "$hrt" "$G/ckpt/hrt.pt" || exit 1
     cp "$data"/data-bin/dict.*.txt "$data"/spm/spm.model "$G/data/"
     cp "$data"/spm/test.en "$G/data/test.spm.en"
     cp "$data"/raw/test.en "$data"/raw/test.de "$G/data/"
