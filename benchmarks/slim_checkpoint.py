@@ -1,6 +1,6 @@
 """A checkpoint for decoding elsewhere: without its optimizer state, its weights in float16,
 tied weights (shared embeddings) saved once. ``benchmarks/gpu_run.sh prepare`` carries the
-models to a GPU machine this way (a `small` model: 107 MB -> 26 MB).
+models to a GPU machine this way (a `small` model: 107 MB -> 18 MB).
 
     python benchmarks/slim_checkpoint.py CHECKPOINT OUT [--keep-float32]
 
