@@ -2,7 +2,7 @@
 # The GPU run in one command each side (docs/gpu.md).
 #
 #   here (any machine with this checkout, its venv and a trained AT / HRT pair):
-#     bash benchmarks/gpu_run.sh prepare AT_CHECKPOINT HRT_CHECKPOINT DATA_DIR
+#     bash benchmarks/gpu_run.sh prepare AT_CHECKPOINT HRT_CHECKPOINT DATA_DIR [MP_CHECKPOINT]
 #   DATA_DIR: the recipe's data folder (data-bin/, spm/, raw/). Builds .gpu/ (ignored by git,
 #   under 64 MiB with the checkout): the Python packages the GPU image lacks (fairseq, hydra,
 #   omegaconf, antlr4, bitarray) packed for PYTHONPATH, the two checkpoints without their
@@ -25,7 +25,7 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 G="$REPO/.gpu"
 
 prepare() {
-    local at="$1" hrt="$2" data="$3"
+    local at="$1" hrt="$2" data="$3" mp="${4:-}"
     local py="${PYTHON:-python3}"
     rm -rf "$G" && mkdir -p "$G/site" "$G/ckpt" "$G/data" "$G/wheels"
     # wheels for the GPU image's Python (3.12, manylinux x86-64): fairseq's and its needs the image lacks
@@ -48,6 +48,7 @@ prepare() {
     tar cJf "$G/site.tar.xz" -C "$G" site && rm -rf "$G/site"  # Python sources pack about 5x
     "$py" "$REPO/benchmarks/slim_checkpoint.py" "$at" "$G/ckpt/at.pt" || exit 1
     "$py" "$REPO/benchmarks/slim_checkpoint.py" "$hrt" "$G/ckpt/hrt.pt" || exit 1
+    if [ -n "$mp" ]; then "$py" "$REPO/benchmarks/slim_checkpoint.py" "$mp" "$G/ckpt/mp.pt" || exit 1; fi
     cp "$data"/data-bin/dict.*.txt "$data"/spm/spm.model "$G/data/"
     cp "$data"/spm/test.en "$G/data/test.spm.en"
     cp "$data"/raw/test.en "$data"/raw/test.de "$G/data/"
@@ -69,11 +70,13 @@ stage() {  # stage NAME SECONDS COMMAND...
 bench() {  # bench NAME ENGINES BATCHES BS1_SENTENCES [MORE...]
     local name="$1" engines="$2" batches="$3" sentences="$4"
     shift 4
+    local mp=()
+    [ -f "$G/ckpt/mp.pt" ] && mp=(--mp "$G/ckpt/mp.pt")  # Mask-Predict rows when prepare was given one
     python3 benchmarks/benchmark.py --data "$G/data" --spm "$G/data/spm.model" --src "$G/data/test.spm.en" \
         --raw-src "$G/data/test.en" --raw-ref "$G/data/test.de" --at "$G/ckpt/at.pt" --at-beams 1 \
         --hrt "$G/ckpt/hrt.pt" --hrt-chunk-sizes 2 --hrt-beams 1/1,5/1 --engines "$engines" --fp16 \
         --batch-sizes "$batches" --bs1-sentences "$sentences" --runs 3 --max-len-a 1.2 --max-len-b 10 \
-        --ctranslate2 auto --int8 no --out-dir "/tmp/gpu-$name" "$@" || return 1
+        --ctranslate2 auto --int8 no "${mp[@]}" --out-dir "/tmp/gpu-$name" "$@" || return 1
     cp "/tmp/gpu-$name/report.md" "$OUT/$name.report.md"
     cp "/tmp/gpu-$name/report.json" "$OUT/$name.report.json"
 }
