@@ -10,16 +10,19 @@
 #
 #   there (the GPU machine; carry .gpu):
 #     bash benchmarks/gpu_run.sh device OUT_DIR [STAGE ...]
-#   STAGES (default all, in this order): env cudagraph bench gputests fairseq compile
+#   STAGES (default all, in this order): env cudagraph bench split gputests fairseq compile
 #     env       nvidia-smi, torch, the packages
 #     cudagraph tests/test_cuda_graph.py (the CUDA-graph engine against the lean engine)
 #     bench     benchmark.py --fp16: AT greedy, HRT k = 2 (b_at 1 and 5) and AT mode on the lean and
 #               cuda-graph engines, batch 1, 8 and 128 (ratios to the run's fastest AT greedy)
+#     split     time_split.py --fp16 on cuda-graph and lean, batch 1: encoder, steps, stage II, the rest
 #     gputests  tests/test_gpu.py (fp16 training and decoding through the fairseq commands)
 #     fairseq   the same systems on the lean, cuda-graph and fairseq engines, batch 1, 50 sentences
 #     compile   the same on lean, lean --compile and cuda-graph, batch 1, 50 sentences
-#   Each stage has its own time limit and writes OUT_DIR/<stage>.log (and report.{md,json}
-#   as <stage>.report.md/json): a stage that fails or runs out of time loses only itself.
+#   Each stage has its own time limit and writes <stage>.log (and report.{md,json} as
+#   <stage>.report.md/json) into OUT_DIR/gpu-run.tar.gz, packed again after every stage: a stage
+#   that fails or runs out of time loses only itself (one archive: a lent machine hands back
+#   few files).
 set -u -o pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 G="$REPO/.gpu"
@@ -60,10 +63,11 @@ stage() {  # stage NAME SECONDS COMMAND...
     local name="$1" seconds="$2"
     shift 2
     echo "=== $name ($(date -u +%T), at most ${seconds}s)"
-    timeout "$seconds" "$@" >"$OUT/$name.log" 2>&1
+    timeout "$seconds" "$@" >"$RUN/$name.log" 2>&1
     local rc=$?
     echo "=== $name: exit $rc"
-    tail -n 25 "$OUT/$name.log"
+    tail -n 25 "$RUN/$name.log"
+    tar czf "$OUT/gpu-run.tar.gz" -C "$(dirname "$RUN")" "$(basename "$RUN")"
     return 0
 }
 
@@ -77,16 +81,24 @@ bench() {  # bench NAME ENGINES BATCHES BS1_SENTENCES [MORE...]
         --hrt "$G/ckpt/hrt.pt" --hrt-chunk-sizes 2 --hrt-beams 1/1,5/1 --engines "$engines" --fp16 \
         --batch-sizes "$batches" --bs1-sentences "$sentences" --runs 3 --max-len-a 1.2 --max-len-b 10 \
         --ctranslate2 auto --int8 no "${mp[@]}" --out-dir "/tmp/gpu-$name" "$@" || return 1
-    cp "/tmp/gpu-$name/report.md" "$OUT/$name.report.md"
-    cp "/tmp/gpu-$name/report.json" "$OUT/$name.report.json"
+    cp "/tmp/gpu-$name/report.md" "$RUN/$name.report.md"
+    cp "/tmp/gpu-$name/report.json" "$RUN/$name.report.json"
+}
+
+split() {  # split ENGINE: where batch-1 time goes on that engine
+    python3 benchmarks/time_split.py --data "$G/data" --src "$G/data/test.spm.en" --at "$G/ckpt/at.pt" \
+        --hrt "$G/ckpt/hrt.pt" --engine "$1" --fp16 --batch-sizes 1 --bs1-sentences 100 --runs 3 \
+        --out-dir "/tmp/gpu-split-$1" || return 1
+    cp "/tmp/gpu-split-$1/time_split.md" "$RUN/split-$1.md"
+    cp "/tmp/gpu-split-$1/time_split.json" "$RUN/split-$1.json"
 }
 
 device() {
-    export OUT="$1"
+    export OUT="$1" RUN=/tmp/gpu-run
     shift
     local stages=("$@")
-    [ ${#stages[@]} -eq 0 ] && stages=(env cudagraph bench gputests fairseq compile)
-    mkdir -p "$OUT" /tmp/gpu-site
+    [ ${#stages[@]} -eq 0 ] && stages=(env cudagraph bench split gputests fairseq compile)
+    mkdir -p "$OUT" "$RUN" /tmp/gpu-site
     tar xJf "$G/site.tar.xz" -C /tmp/gpu-site || exit 1
     export PYTHONPATH="/tmp/gpu-site/site:$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
     cd "$REPO" || exit 1
@@ -95,6 +107,7 @@ device() {
         env) stage env 60 bash -c 'nvidia-smi; python3 -c "import torch, numpy, fairseq, onnxruntime; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), numpy.__version__, fairseq.__version__, onnxruntime.__version__, onnxruntime.get_available_providers())"; python3 -c "import ctranslate2; print(ctranslate2.__version__, ctranslate2.get_cuda_device_count())"' ;;
         cudagraph) stage cudagraph 150 python3 -m pytest -q -rs -p no:cacheprovider -s tests/test_cuda_graph.py ;;
         bench) stage bench 200 bash "$REPO/benchmarks/gpu_run.sh" bench bench lean,cuda-graph 1,8,128 100 ;;
+        split) stage split 150 bash -c 'bash "$0" split cuda-graph && bash "$0" split lean' "$REPO/benchmarks/gpu_run.sh" ;;
         gputests) stage gputests 200 python3 -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py ;;
         fairseq) stage fairseq 120 bash "$REPO/benchmarks/gpu_run.sh" bench fairseq lean,cuda-graph,fairseq 1 50 --max-sentences 50 ;;
         compile) stage compile 200 bash "$REPO/benchmarks/gpu_run.sh" bench compile lean,cuda-graph 1 50 --max-sentences 50 --compile yes ;;
@@ -106,7 +119,8 @@ device() {
 case "${1:-}" in
 prepare) shift && prepare "$@" ;;
 device) shift && device "$@" ;;
-bench) shift && bench "$@" ;;  # one benchmark of the device stages (OUT set)
+bench) shift && bench "$@" ;;  # one benchmark of the device stages (RUN set)
+split) shift && split "$@" ;;  # one time split of the device stages (RUN set)
 -h | --help) sed -n 2,22p "$0" ;;
 *) sed -n 2,22p "$0" && exit 2 ;;
 esac

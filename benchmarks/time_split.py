@@ -19,6 +19,12 @@ runs (``hrt_runtime.ExportedModel.encode`` / ``step`` / ``parallel``), timed aro
 during an ordinary run (no profiler): the time a part takes where it runs in the search, after
 the other parts (its weights may have left the CPU's caches), not in a loop of its own.
 
+On a GPU (``--fp16`` for half precision; ``--engine lean`` or ``cuda-graph``) the parts are the
+wall-clock time of the engine's backend calls (``encode_fairseq`` / ``step`` / ``parallel``)
+with the GPU synchronised before and after each: what each part costs, launches and kernels,
+where the search makes it (the synchronisations keep the CPU from running ahead, so the
+total is a little above an ordinary run's).
+
 Example (after examples/multi30k/recipe.py --profile full)::
 
     python -m benchmarks.time_split --data R/data/data-bin --src R/data/spm/test.en \\
@@ -43,6 +49,7 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 from benchmarks import measure  # noqa: E402
 from benchmarks.report_files import write_report  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
+from fairseq_hrt.generation.engines import get_engine  # noqa: E402
 from hrt_runtime.model import ExportedModel  # noqa: E402
 
 PARTS = ("encoder", "decoder steps", "stage II", "other")
@@ -65,6 +72,36 @@ def scope_times(profile) -> Dict[str, Tuple[float, int]]:
 # (greedy.onnx: every step of a batch in one run) counts as decoder steps, as many as it made
 SESSION_RUNS = {"encoder": ("encode",), "decoder steps": ("step", "greedy_loop"), "stage II": ("parallel",)}
 RUN_ONLY = "hrt.step_runs"  # the decoder steps' session runs alone (without the step's feeds and state)
+# the backend methods of each timed part on a GPU (lean, cuda-graph)
+BACKEND_CALLS = {"encoder": "encode_fairseq", "decoder steps": "step", "stage II": "parallel"}
+
+
+@contextlib.contextmanager
+def backend_call_times(backend, sync):
+    """``{scope: [seconds, calls]}`` of ``backend``'s :data:`BACKEND_CALLS` inside the block,
+    keyed like :func:`scope_times`: each call timed by the wall clock with ``sync()`` (the GPU
+    synchronised) before and after it. The instance's methods are wrapped for the block only."""
+    times = {SCOPES[part]: [0.0, 0] for part in BACKEND_CALLS}
+
+    def timed(method, slot):
+        def run(*args, **kwargs):
+            sync()
+            start = time.perf_counter()
+            result = method(*args, **kwargs)
+            sync()
+            slot[0] += time.perf_counter() - start
+            slot[1] += 1
+            return result
+
+        return run
+
+    for part, name in BACKEND_CALLS.items():
+        setattr(backend, name, timed(getattr(backend, name), times[SCOPES[part]]))
+    try:
+        yield times
+    finally:
+        for name in BACKEND_CALLS.values():
+            delattr(backend, name)  # the class's method again
 
 
 @contextlib.contextmanager
@@ -135,8 +172,10 @@ def split(
     engine: str = "lean",
     max_len_a: float = 0.0,
     max_len_b: int = 200,
+    use_cuda: bool = False,
+    fp16: bool = False,
 ) -> dict:
-    model, task = measure.load(checkpoint, data)
+    model, task = measure.load(checkpoint, data, use_cuda, fp16)
     options = {
         "decoder_engine": engine,
         "quantize": "none",
@@ -149,11 +188,17 @@ def split(
     generator = measure.build_generator(
         task, model, {"beam": 1, "max_len_a": max_len_a, "max_len_b": max_len_b}, options
     )
-    batches = measure.make_batches(task, model, lines, batch_size, False)
-    measure.generate(task, model, generator, batches[:1])  # warm-up
+    batches = measure.make_batches(task, model, lines, batch_size, use_cuda)
+    # warm-up (an engine that captures per shape: a whole pass, as benchmark.py warms it up)
+    whole = get_engine(engine).warms_up_per_shape
+    measure.generate(task, model, generator, batches if whole else batches[:1])
     if engine == "onnxruntime":
         with session_run_times() as scopes:
             timing = time_runs(lambda: measure.generate(task, model, generator, batches), runs=runs)
+    elif use_cuda:
+        sync = torch.cuda.synchronize
+        with backend_call_times(generator.backend, sync) as scopes:
+            timing = time_runs(lambda: measure.generate(task, model, generator, batches), runs=runs, sync=sync)
     else:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
             timing = time_runs(lambda: measure.generate(task, model, generator, batches), runs=runs)
@@ -194,13 +239,18 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
         "--engine",
-        choices=("lean", "onnxruntime"),
+        choices=("lean", "onnxruntime", "cuda-graph"),
         default="lean",
-        help="the decoder engine (onnxruntime: its session runs timed in place, no profiler)",
+        help="the decoder engine (onnxruntime: its session runs timed in place, no profiler; cuda-graph: a GPU)",
     )
+    p.add_argument("--cpu", action="store_true", help="decode on CPU even if a GPU is present")
+    p.add_argument("--fp16", action="store_true", help="half precision (GPU only)")
     p.add_argument("--out-dir", required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    use_cuda = torch.cuda.is_available() and not args.cpu and args.engine != "onnxruntime"
+    if (args.fp16 or args.engine == "cuda-graph") and not use_cuda:
+        raise SystemExit("--fp16 and --engine cuda-graph need a GPU")
     src = measure.read_lines(args.src, args.sentences)
     systems = [("AT greedy", args.at, 1)]
     if args.hrt:
@@ -217,13 +267,18 @@ def main(argv=None):
         "engine": args.engine,
         "measured_under": "wall clock around each session run (hrt_runtime.ExportedModel encode/step/parallel)"
         if onnx
+        else "wall clock around each backend call, the GPU synchronised before and after"
+        if use_cuda
         else "torch.profiler (CPU activity; hrt.* record_function scopes)",
+        "device": (torch.cuda.get_device_name() + (" fp16" if args.fp16 else "")) if use_cuda else "CPU",
     }
     rows = []
     for bs in measure.parse_ints(args.batch_sizes):
         lines = src[: args.bs1_sentences] if bs == 1 else src
         for name, checkpoint, k in systems:
-            result = split(checkpoint, args.data, lines, bs, k, args.runs, args.engine)
+            result = split(
+                checkpoint, args.data, lines, bs, k, args.runs, args.engine, use_cuda=use_cuda, fp16=args.fp16
+            )
             result["sentences"] = len(lines)
             report["systems"].setdefault(name, {})[str(bs)] = result
             parts = result["parts_ms_per_sentence"]
@@ -250,6 +305,13 @@ def main(argv=None):
             "all of a batch's steps, counted as the steps it made); other: the numpy search around them and "
             "batching; of which session run: a step's session run alone (the rest of ms/step: its feeds and "
             "state)"
+        )
+    elif use_cuda:
+        head = (
+            f"## Where the decoding time goes ({args.engine} engine, {report['device']}, torch {torch.__version__}, "
+            "each backend call timed with the GPU synchronised)\n\n"
+            "ms per sentence (share of the total): encoder, decoder steps and stage II are the engine's backend "
+            "calls, launches and kernels; other: the numpy search around them and batching"
         )
     else:
         head = (

@@ -867,6 +867,36 @@ def test_time_split_parts_add_up_and_hrt_halves_the_steps(trained, tmp_path, mon
     assert report["engine"] == engine
 
 
+def test_time_split_backend_call_times_count_each_part_and_restore_the_methods(tmp_path):
+    """The GPU split of benchmarks/time_split.py: every encoder, step and stage-II call of the
+    engine's backend is timed (the GPU synchronised around it), and the methods are the
+    class's again afterwards."""
+    from fairseq_hrt.generation.lean import LeanSequenceGenerator  # noqa: PLC0415 - one test's imports
+    from hrt_runtime.search import SearchConfig  # noqa: PLC0415
+    from tests.hrt_fixtures import make_sample  # noqa: PLC0415
+    from tests.test_generator import SPECIALS  # noqa: PLC0415
+
+    task, hrt = build_task_and_model(str(tmp_path), arch="hrt_tiny", seed=3)
+    d = task.target_dictionary
+    generator = LeanSequenceGenerator(
+        hrt.eval(),
+        d,
+        SearchConfig(beam=1, max_len_b=8),
+        [d.index(s) for s in SPECIALS],
+        chunk_start=task.chunk_start_idx,
+        mask=task.mask_idx,
+        chunk_size=2,
+    )
+    syncs = []
+    with time_split.backend_call_times(generator.backend, lambda: syncs.append(1)) as times:
+        generator.generate([hrt], make_sample(task, [[1, 2, 3], [4, 5]]))
+    counts = {scope: calls for scope, (_, calls) in times.items()}
+    assert counts["hrt.encoder"] == 1 and counts["hrt.step"] >= 2 and counts["hrt.stage2"] == 1
+    assert all(seconds > 0 for seconds, _ in times.values())
+    assert len(syncs) == 2 * sum(counts.values())
+    assert not {"encode_fairseq", "step", "parallel"} & set(vars(generator.backend))
+
+
 def test_ctranslate2_suppresses_the_plugins_special_symbols():
     """ct2_reference.SPECIAL_SYMBOLS (written out: the module runs without PyTorch) are the
     symbols the task adds to every dictionary."""
