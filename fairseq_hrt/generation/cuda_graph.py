@@ -1,9 +1,9 @@
-"""The CUDA-graph engine (``--decoder-engine cuda-graph``): the lean engine's decoder step
-captured once per batch shape as a CUDA graph and replayed at every step.
+"""The CUDA-graph engine (``--decoder-engine cuda-graph``): the lean engine's decoder step,
+encoder and non-causal pass captured once per padded shape as CUDA graphs and replayed.
 
 At batch 1 on a GPU a decoder step is a few hundred small kernels, and launching them from
 Python costs more than running them; a replayed graph launches them all in one call. What
-the lean engine already gives (``docs/design.md``, "A CUDA-graph backend"):
+the lean engine already gives (``docs/design.md``, "The CUDA-graph backend"):
 
 * :meth:`~fairseq_hrt.generation.decoder_pass.DecoderPass.static_step`, a step whose shapes do
   not depend on the step (self-attention over the whole cache, the future masked; the step
@@ -16,18 +16,21 @@ A graph (:class:`StepGraph`) owns fixed buffers -- the tokens and step index, th
 bias, every layer's self-attention cache and encoder keys/values, the chosen rows -- for a
 :class:`GraphShape`: sentences rounded up to a power of two, rows per sentence (the beam),
 cache length and source length rounded up to powers of two (at least 16), start symbol and
-``top``. The backend keeps the graphs it captured (one capture, tens of milliseconds, per shape
-and model; a benchmark's warm-up pays them) and at each batch loads the batch's encoder
+``top``. The backend keeps the graphs it captured (a few milliseconds each on an H200, per
+shape and model; a benchmark's warm-up pays them) and at each batch loads the batch's encoder
 keys/values into the graph's buffers. Rows beyond the batch's are computed and never read;
 their inputs are kept finite so that no NaN reaches a cache. When sentences finish and the
 live ones fit a graph of half as many sentences or fewer, the live rows move into that graph
 (its caches up to the current step, its encoder rows), so a large batch does not compute its
 finished rows to the end.
 
-The encoder, HRT's stage II and Mask-Predict's passes run once per batch (or iteration), as
-the lean engine runs them; only the step loop is replayed. Same arithmetic as the lean
-engine's static step: in float32 the same tokens as ``--decoder-engine lean``
-(``tests/test_cuda_graph.py``, on a GPU).
+The encoder (:class:`EncoderRun`: with every decoder layer's encoder keys/values) and the
+non-causal pass of HRT's stage II and Mask-Predict (:class:`ParallelRun`: with its choice at
+every slot) are captured too, from the forms written for the ONNX export
+(``export.graphs.EncoderGraph`` / ``ParallelGraph``), over padded shapes of their own.
+
+In float32 the same tokens as ``--decoder-engine lean`` (``tests/test_cuda_graph.py``: on a
+GPU, and with ``captures`` false on CPU, where the graphs' bodies run uncaptured).
 """
 
 import time
