@@ -56,6 +56,8 @@ def test_registered_and_refuses_a_model_on_cpu(random_models):
     data_dir, task, hrt, _ = random_models
     assert "cuda-graph" in engine_choices()
     assert any("not on a CUDA device" in r for r in cuda_graph_refusals(hrt.cpu()))
+    _, ssru = build_task_and_model(data_dir, arch="at_tiny_ssru", extra=("--hrt-mode", "at"))
+    assert any("recurrent (SSRU)" in r for r in cuda_graph_refusals(ssru))
     with pytest.raises(ValueError, match="--decoder-engine cuda-graph cannot decode here: the model is on cpu"):
         build_generator(data_dir, hrt.cpu(), "--decoder-engine", "cuda-graph", "--decode-chunk-size", "2")
 

@@ -49,7 +49,15 @@ from fairseq_hrt.generation.decoder_pass import (
     unplanned_modules,
 )
 from fairseq_hrt.generation.engines import register_engine
-from fairseq_hrt.generation.lean import LeanEngine, LeanSequenceGenerator, TorchBackend, TorchEncoded, TorchRows
+from fairseq_hrt.generation.lean import (
+    LeanEngine,
+    LeanSequenceGenerator,
+    TorchBackend,
+    TorchEncoded,
+    TorchRows,
+    choose,
+)
+from fairseq_hrt.models.kinds import family_of
 from hrt_runtime.search import position_cap
 
 LEAST_BUCKET = 16  # the shortest cache and source lengths a graph is captured for
@@ -114,6 +122,20 @@ class Captured:
             self.graph.replay()
 
 
+class DeviceBias:
+    """A graph's logit bias ``(V,)`` on the device, copied from the search's array only when
+    the search hands another one (its arrays are constants, made once per configuration)."""
+
+    def __init__(self, size: int, device):
+        self.tensor = torch.zeros(size, dtype=torch.float32, device=device)
+        self.source = None  # the array now in the tensor (held, so its identity stays its own)
+
+    def load(self, bias: np.ndarray):
+        if bias is not self.source:
+            self.tensor.copy_(torch.from_numpy(np.array(bias, np.float32)))
+            self.source = bias
+
+
 def cuda_graph_refusals(model) -> List[str]:
     """Why the CUDA-graph engine cannot decode ``model`` (empty: it can)."""
     reasons = []
@@ -123,9 +145,7 @@ def cuda_graph_refusals(model) -> List[str]:
             f"the model is on {device.type}, not on a CUDA device (a GPU machine, without --cpu; "
             "--decoder-engine lean decodes on CPU)"
         )
-    if getattr(getattr(model, "decoder", None), "layers", None) is not None and any(
-        hasattr(layer, "ssru") for layer in model.decoder.layers
-    ):
+    if family_of(model).recurrent_decoder:
         reasons.append("its decoder is recurrent (SSRU): use --decoder-engine lean")
     return reasons
 
@@ -143,8 +163,7 @@ class StepGraph:
         # the tokens of a step, then its index: one copy from one pinned host buffer a step
         self.host_inputs = torch.full((rows + 1,), backend.pad, dtype=torch.long, pin_memory=pin)
         self.inputs = self.host_inputs.to(device)
-        self.bias = torch.zeros(backend.vocab_size, dtype=torch.float32, device=device)
-        self.bias_source = None  # the search's bias array now in self.bias (its arrays are constants)
+        self.bias = DeviceBias(backend.vocab_size, device)
         layers = len(plan.layers)
 
         def zeros(*size, dtype=dtype):
@@ -173,16 +192,9 @@ class StepGraph:
     def _body(self):
         rows, top = self.shape.rows, self.shape.top
         logits = self._static_step(self.state, self.inputs[:rows], self.inputs[rows:])
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        logits = logits.float()
-        allowed = logits + self.bias
-        if top == 1:
-            best, row = allowed.max(dim=1, keepdim=True)
-        else:
-            best, row = allowed.topk(top, dim=1)
-        self.out[:, :top].copy_(best - torch.logsumexp(logits, dim=1, keepdim=True))
-        self.out[:, top:].copy_(row)
+        score, row = choose(logits, self.bias.tensor, top, self.temperature)
+        self.out[:, :top].copy_(score.view(rows, top))
+        self.out[:, top:].copy_(row.view(rows, top))
 
     # ------------------------------------------------------------------------ batches
 
@@ -213,9 +225,7 @@ class StepGraph:
         host[: n * spread] = tokens if spread == 1 else np.repeat(tokens, spread)
         host[rows] = step
         self.inputs.copy_(self.host_inputs, non_blocking=True)
-        if logit_bias is not self.bias_source:
-            self.bias.copy_(torch.from_numpy(np.array(logit_bias, np.float32)), non_blocking=False)
-            self.bias_source = logit_bias
+        self.bias.load(logit_bias)
         self.graph.run()
         used = n * spread
         self.host_out[:used].copy_(self.out[:used])
@@ -276,8 +286,7 @@ class ParallelRun:
         self.positions = self.inputs[cells : 2 * cells].view(rows, width)
         self.columns = self.inputs[2 * cells :]
         self.select = torch.arange(rows * queries, device=device)
-        self.bias = torch.zeros(backend.vocab_size, dtype=torch.float32, device=device)
-        self.bias_source = None
+        self.bias = DeviceBias(backend.vocab_size, device)
         _, heads, source, head_dim = like.keys[0].shape
         dtype = like.keys[0].dtype
         self.encoder = EncoderKV(
@@ -300,7 +309,7 @@ class ParallelRun:
             self.positions,
             self.columns,
             self.select,
-            self.bias,
+            self.bias.tensor,
             self.encoder.bias,
             *self.encoder.keys,
             *self.encoder.values,
@@ -325,9 +334,7 @@ class ParallelRun:
         for static, live in zip(self.encoder.keys + self.encoder.values, kv.keys + kv.values):
             static[:n].copy_(live)
         self.encoder.bias[:n].copy_(kv.bias)
-        if logit_bias is not self.bias_source:
-            self.bias.copy_(torch.from_numpy(np.array(logit_bias, np.float32)))
-            self.bias_source = logit_bias
+        self.bias.load(logit_bias)
         self.graph.run()
         self.host_out.copy_(self.out)
         out = self.host_out.numpy()
@@ -518,16 +525,15 @@ class CudaGraphSequenceGenerator(LeanSequenceGenerator):
 
 @register_engine("cuda-graph")
 class CudaGraphEngine(LeanEngine):
-    """The lean engine with its step loop replayed as CUDA graphs (a GPU only)."""
+    """The lean engine with its step, encoder and non-causal pass replayed as CUDA graphs (a GPU
+    only; a model elsewhere is refused by :class:`CudaGraphBackend`)."""
 
     summary = (
-        "the lean engine with its decoder step captured as CUDA graphs (one per batch, length and source "
-        "bucket) and replayed, on a GPU only: one launch a step instead of hundreds; no --shortlist, no --compile"
+        "the lean engine with its decoder step, encoder and non-causal pass captured as CUDA graphs (one per "
+        "padded shape) and replayed, on a GPU only: one launch a pass instead of hundreds; no --shortlist, "
+        "no --compile"
     )
     supports_shortlist = False
     supports_compile = False
     warms_up_per_shape = True
     generator_class = CudaGraphSequenceGenerator
-
-    def unsupported_model(self, model) -> List[str]:
-        return cuda_graph_refusals(model)

@@ -73,6 +73,21 @@ class TorchEncoded:
         return TorchEncoded(self._encoder_out, self.kv.select(index), make_encoder_out=self._make_encoder_out)
 
 
+def choose(logits: Tensor, bias: Tensor, top: int, temperature: float = 1.0):
+    """``(scores, rows)`` on the logits' device: the ``top`` best of ``log_softmax(logits /
+    temperature) + bias``, ``(N,)`` each for ``top`` 1, else ``(N, top)`` (the lean step's
+    choice, and the one the cuda-graph engine captures)."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    logits = logits.float()
+    allowed = logits + bias
+    if top == 1:
+        best, row = allowed.max(dim=1)
+        return best - torch.logsumexp(logits, dim=1), row
+    best, row = allowed.topk(top, dim=1)
+    return best - torch.logsumexp(logits, dim=1, keepdim=True), row
+
+
 class TorchRows(OutputRows):
     """:class:`~hrt_runtime.model.OutputRows` with the ids as a tensor too (the rows the lean
     step's output layer computes)."""
@@ -130,16 +145,7 @@ class TorchBackend:
 
     def _choose(self, logits: Tensor, bias: np.ndarray, top: int):
         """``(scores, rows)`` as numpy: the ``top`` best of ``log_softmax(logits) + bias``."""
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        logits = logits.float()
-        allowed = logits + self._bias(bias)
-        if top == 1:
-            best, row = allowed.max(dim=1)
-            score = best - torch.logsumexp(logits, dim=1)
-        else:
-            best, row = allowed.topk(top, dim=1)
-            score = best - torch.logsumexp(logits, dim=1, keepdim=True)
+        score, row = choose(logits, self._bias(bias), top, self.temperature)
         return score.cpu().numpy(), row.cpu().numpy()
 
     # ------------------------------------------------------------------------ contract
