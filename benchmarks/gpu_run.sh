@@ -19,6 +19,8 @@
 #     gputests  tests/test_gpu.py (fp16 training and decoding through the fairseq commands)
 #     fairseq   the same systems on the lean, cuda-graph and fairseq engines, batch 1, 50 sentences
 #     compile   the same on lean, lean --compile and cuda-graph, batch 1, 50 sentences
+#     bs1all    AT greedy and HRT k = 2 (b_at 1) on cuda-graph, batch 1, all 1000 sentences
+#     split1000 split on cuda-graph over the same 1000 sentences (these two: not in the default list)
 #   Each stage has its own time limit and writes <stage>.log (and report.{md,json} as
 #   <stage>.report.md/json) into OUT_DIR/gpu-run.tar.gz, packed again after every stage: a stage
 #   that fails or runs out of time loses only itself (one archive: a lent machine hands back
@@ -85,12 +87,13 @@ bench() {  # bench NAME ENGINES BATCHES BS1_SENTENCES [MORE...]
     cp "/tmp/gpu-$name/report.json" "$RUN/$name.report.json"
 }
 
-split() {  # split ENGINE: where batch-1 time goes on that engine
+split() {  # split ENGINE [SENTENCES]: where batch-1 time goes on that engine
+    local sentences="${2:-100}" name="split-$1${2:+-$2}"
     python3 benchmarks/time_split.py --data "$G/data" --src "$G/data/test.spm.en" --at "$G/ckpt/at.pt" \
-        --hrt "$G/ckpt/hrt.pt" --engine "$1" --fp16 --batch-sizes 1 --bs1-sentences 100 --runs 3 \
-        --out-dir "/tmp/gpu-split-$1" || return 1
-    cp "/tmp/gpu-split-$1/time_split.md" "$RUN/split-$1.md"
-    cp "/tmp/gpu-split-$1/time_split.json" "$RUN/split-$1.json"
+        --hrt "$G/ckpt/hrt.pt" --engine "$1" --fp16 --batch-sizes 1 --bs1-sentences "$sentences" --runs 3 \
+        --out-dir "/tmp/gpu-$name" || return 1
+    cp "/tmp/gpu-$name/time_split.md" "$RUN/$name.md"
+    cp "/tmp/gpu-$name/time_split.json" "$RUN/$name.json"
 }
 
 device() {
@@ -110,6 +113,8 @@ device() {
         split) stage split 150 bash -c 'bash "$0" split cuda-graph && bash "$0" split lean' "$REPO/benchmarks/gpu_run.sh" ;;
         gputests) stage gputests 200 python3 -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py ;;
         fairseq) stage fairseq 120 bash "$REPO/benchmarks/gpu_run.sh" bench fairseq lean,cuda-graph,fairseq 1 50 --max-sentences 50 ;;
+        bs1all) stage bs1all 150 bash "$REPO/benchmarks/gpu_run.sh" bench bs1all cuda-graph 1 1000 --hrt-beams 1/1 ;;
+        split1000) stage split1000 120 bash "$REPO/benchmarks/gpu_run.sh" split cuda-graph 1000 ;;
         compile) stage compile 200 bash "$REPO/benchmarks/gpu_run.sh" bench compile lean,cuda-graph 1 50 --max-sentences 50 --compile yes ;;
         *) echo "unknown stage $s" && exit 2 ;;
         esac
