@@ -12,6 +12,11 @@ For an HRT checkpoint (``--chunk-size k``, default 2):
   - ``reference``: the reference's skeleton, the ceiling of the non-autoregressive stage;
   - ``at_mode``: the skeleton of AT mode's own greedy output. Its BLEU against AT mode's
     says what stage II costs; AT mode minus BLEU(k) beyond that is stage I's (Skip-AT's) loss.
+* with ``--skeleton-from AT_CHECKPOINT`` (the AT student HRT is measured against), a third
+  oracle, ``at_student``: that AT model's greedy output, its skeleton filled by this model's
+  stage II. The gap to the AT student, ``BLEU(AT student) - BLEU(k)``, splits into stage II
+  (the AT student minus that fill) and stage I (the fill minus BLEU(k)). This split holds
+  where AT mode does not: a model trained on with p_k = 1 loses its AT mode.
 
 For an AT checkpoint (fairseq ``transformer`` / ``at_*``) only greedy and beam 5 are
 decoded. Prints a JSON report (and writes it with ``--json``).
@@ -187,14 +192,15 @@ def run(args) -> dict:
     k = args.chunk_size
     report = {"checkpoint": os.path.basename(args.path), "sentences": len(src), "systems": {}}
 
-    def run_system(name, chunk_size, beam):
+    def run_system(name, chunk_size, beam, on=(task, model, batches)):
+        on_task, on_model, on_batches = on
         gen = build_generator(
-            task,
-            model,
+            on_task,
+            on_model,
             {"beam": beam, "max_len_b": args.max_len_b, "lenpen": 1.0},
             {"decoder_engine": "lean", "decode_chunk_size": str(chunk_size), "b_nat": 1},
         )
-        hyps, seconds = decode(task, model, gen, batches, use_cuda)
+        hyps, seconds = decode(on_task, on_model, gen, on_batches, use_cuda)
         report["systems"][name] = score(task, hyps, args.spm, refs, raw_src, buckets, args.max_len_b, chunk_size)
         report["systems"][name]["seconds"] = round(seconds, 2)
         logger.info(
@@ -206,6 +212,8 @@ def run(args) -> dict:
         return hyps
 
     if not hrt:
+        if args.skeleton_from:
+            raise SystemExit(f"--skeleton-from: {args.path} is an AT model; the option measures an HRT model against one")
         run_system("greedy", 1, 1)
         run_system("beam5", 1, 5)
         return report
@@ -222,8 +230,18 @@ def run(args) -> dict:
     d = task.target_dictionary
     ref_pieces = read_lines(args.ref_pieces, args.max_sentences)
     ref_tokens = [d.encode_line(line, add_if_not_exist=False).long() for line in ref_pieces]
+    sources = [("reference", ref_tokens), ("at_mode", [at_hyps[i].cpu() for i in range(len(src))])]
+    if args.skeleton_from:
+        # loaded with --data's dictionary, as the HRT model: a checkpoint of another one is refused at load
+        student, student_task = load(args.skeleton_from, args.data, use_cuda, args.fp16)
+        if family_of(student).chunk_sizes:
+            raise SystemExit(f"--skeleton-from {args.skeleton_from}: an HRT model; give the AT student to measure against")
+        student_batches = make_batches(student_task, student, src, args.batch_size, use_cuda)
+        student_hyps = run_system("at_student_b1", 1, 1, on=(student_task, student, student_batches))
+        report["at_student"] = os.path.basename(args.skeleton_from)
+        sources.append(("at_student", [student_hyps[i].cpu() for i in range(len(src))]))
     oracles = {}
-    for name, source in (("reference", ref_tokens), ("at_mode", [at_hyps[i].cpu() for i in range(len(src))])):
+    for name, source in sources:
         skeletons = reference_skeletons(source, k, d.pad(), d.eos())
         hyps = {}
         for sample in batches:
@@ -239,6 +257,12 @@ def run(args) -> dict:
         "stage2": s["at_mode_b1"]["bleu"] - oracles["at_mode"]["bleu"],
         "stage1": oracles["at_mode"]["bleu"] - s[f"k{k}_b1"]["bleu"],
     }
+    if args.skeleton_from:  # the same split of the gap to the AT student
+        report["gap_to_at_student_b1"] = s["at_student_b1"]["bleu"] - s[f"k{k}_b1"]["bleu"]
+        report["stage_losses_vs_at_student_b1"] = {
+            "stage2": s["at_student_b1"]["bleu"] - oracles["at_student"]["bleu"],
+            "stage1": oracles["at_student"]["bleu"] - s[f"k{k}_b1"]["bleu"],
+        }
     return report
 
 
@@ -248,6 +272,11 @@ def parse_args(argv=None):
     p.add_argument("--path", required=True, help="HRT (or AT) checkpoint")
     p.add_argument("--ref-pieces", required=True, help="test reference as SentencePiece pieces (stage-II oracle)")
     p.add_argument("--chunk-size", type=int, default=2, help="HRT chunk size k (trained by the model)")
+    p.add_argument(
+        "--skeleton-from",
+        help="AT checkpoint of the same dictionary (the AT student the HRT model is measured against): its greedy "
+        "output is decoded, its skeleton filled by the HRT model's stage II, and the gap to it split by stage",
+    )
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--max-len-b", type=int, default=200, help="L, the maximum target length")
     p.add_argument("--threads", type=int, default=1)

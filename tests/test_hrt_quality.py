@@ -1,10 +1,12 @@
-"""benchmarks/hrt_quality.py: the stage-II oracle, length buckets and limit counting."""
+"""benchmarks/hrt_quality.py: the stage-II oracle, length buckets, limit counting and the split of
+the gap to an AT student (--skeleton-from)."""
 
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from benchmarks import hrt_quality
+from benchmarks.tiny_runs import make_tiny_spm_data, run_cli, train_args
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
 
 SPECIALS = ["<s>", "<mask>"] + [f"<s{k}>" for k in range(2, 9)]
@@ -54,3 +56,61 @@ def test_oracle_on_the_models_own_skeleton_reproduces_hrt_decoding(setup):
     for f, s in zip(filled, stage1):
         n = f.numel() // 2
         assert torch.equal(f[1::2][:n], s[0]["tokens"][:n])
+
+
+@pytest.fixture(scope="module")
+def spm_pair(tmp_path_factory):
+    """A tiny HRT (k = 2) and AT model on SentencePiece data of one dictionary, 30 updates each."""
+    root = tmp_path_factory.mktemp("quality_pair")
+    data = make_tiny_spm_data(root, n_train=300, n_valid=16)
+    run_cli(train_args(data.bin_dir, root / "hrt", "--chunk-sizes", "2", arch="hrt_tiny", max_update=30))
+    run_cli(train_args(data.bin_dir, root / "at", "--hrt-mode", "at", arch="at_tiny", max_update=30))
+    return root, data
+
+
+def _quality(root, data, path, *extra):
+    spm = root / "spm"
+    return hrt_quality.run(
+        hrt_quality.parse_args(
+            [
+                "--data", str(data.bin_dir), "--spm", str(spm / "spm.model"),
+                "--src", str(spm / "valid.en"), "--ref-pieces", str(spm / "valid.de"),
+                "--raw-src", str(data.raw("valid", "en")), "--raw-ref", str(data.raw("valid", "de")),
+                "--path", str(path), "--cpu", "--max-len-b", "24", *extra,
+            ]
+        )
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_gap_to_the_at_student_splits_into_its_stages(spm_pair):
+    """--skeleton-from: the AT student's greedy output (the same BLEU as that checkpoint's own
+    greedy row), its skeleton filled by the HRT model's stage II; the gap to the AT student is
+    stage II's part (student - fill) plus stage I's (fill - k = 2)."""
+    root, data = spm_pair
+    at = root / "at" / "checkpoint_last.pt"
+    report = _quality(root, data, root / "hrt" / "checkpoint_last.pt", "--skeleton-from", str(at))
+    alone = _quality(root, data, at)
+    s = report["systems"]
+    assert s["at_student_b1"]["bleu"] == pytest.approx(alone["systems"]["greedy"]["bleu"])
+    assert report["at_student"] == "checkpoint_last.pt" and "at_student" in report["oracles"]
+    gap = report["gap_to_at_student_b1"]
+    assert gap == pytest.approx(s["at_student_b1"]["bleu"] - s["k2_b1"]["bleu"])
+    split = report["stage_losses_vs_at_student_b1"]
+    assert split["stage2"] == pytest.approx(s["at_student_b1"]["bleu"] - report["oracles"]["at_student"]["bleu"])
+    assert split["stage1"] + split["stage2"] == pytest.approx(gap)
+    # without the option the report is as before: no student rows
+    assert "at_student_b1" not in _quality(root, data, root / "hrt" / "checkpoint_last.pt")["systems"]
+
+
+@pytest.mark.slow
+def test_skeleton_from_refuses_an_hrt_model_another_dictionary_and_an_at_path(spm_pair, trained):
+    root, data = spm_pair
+    hrt = root / "hrt" / "checkpoint_last.pt"
+    with pytest.raises(SystemExit, match="an HRT model; give the AT student"):
+        _quality(root, data, hrt, "--skeleton-from", str(hrt))
+    _, other = trained  # the tiny word-level corpus: another dictionary
+    with pytest.raises(ValueError, match="checkpoint was trained with another dictionary"):
+        _quality(root, data, hrt, "--skeleton-from", str(other["at_tiny"]))
+    with pytest.raises(SystemExit, match="is an AT model"):
+        _quality(root, data, root / "at" / "checkpoint_last.pt", "--skeleton-from", str(hrt))

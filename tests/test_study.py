@@ -485,6 +485,11 @@ def test_converged_stage_oracles_of_every_hrt_model_in_the_report(tmp_path, monk
             "oracles": {"reference": {"bleu": 45.0}, "at_mode": {"bleu": 30.5}},
             "stage_losses_b1": {"stage2": 0.5, "stage1": 30.5 - k2},
         }
+        if "--skeleton-from" in cmd:  # hrt_quality.py's split of the gap to the AT student
+            quality["systems"]["at_student_b1"] = {"bleu": 32.0}
+            quality["oracles"]["at_student"] = {"bleu": 31.2}
+            quality["gap_to_at_student_b1"] = 32.0 - k2
+            quality["stage_losses_vs_at_student_b1"] = {"stage2": 0.8, "stage1": 31.2 - k2}
         outputs[0].write_text(json.dumps(quality))
 
     monkeypatch.setattr(s, "run_step", fake_run)
@@ -495,7 +500,16 @@ def test_converged_stage_oracles_of_every_hrt_model_in_the_report(tmp_path, monk
     assert _option(cmd, "--chunk-size") == "2" and _option(cmd, "--json") == str(
         tmp_path / "quality" / "hrt_d1_s2.json"
     )
+    # each HRT model against the AT student of its depth and seed, the one it was fine-tuned from
+    for name in ran:
+        depth_seed = name[len("quality_hrt_") :]
+        assert _option(ran[name], "--skeleton-from") == str(tmp_path / f"at_{depth_seed}" / "checkpoint_best.pt")
     assert oracles["hrt_d1_s1"] == {
+        "at_student": 32.0,
+        "gap_to_at_student": 4.0,
+        "oracle_at_student": 31.2,
+        "stage2_loss_vs_at_student": 0.8,
+        "stage1_loss_vs_at_student": pytest.approx(3.2),
         "chunk_size": 2,
         "at_mode": 31.0,
         "k2": 28.0,
@@ -517,3 +531,5 @@ def test_converged_stage_oracles_of_every_hrt_model_in_the_report(tmp_path, monk
     }
     md = study.converged_report(report)
     assert "| hrt_d1_s1 | 31.00 | 28.00 | 3.00 | 2.50 | 0.50 | 45.00 | 30.50 |" in md
+    assert "| hrt_d1_s1 | 32.00 | 28.00 | 4.00 | 3.20 | 0.80 | 31.20 |" in md
+    assert s.at_student_of("hrt_d2_s1_from_teacher") == "at_d2_s1" and s.at_student_of("hrt_d3_s1") is None

@@ -320,9 +320,10 @@ class Study(Recipe):
             }
         return out
 
-    def quality_cmd(self, checkpoint: Path, out_json: Path, hrt: bool) -> List[str]:
+    def quality_cmd(self, checkpoint: Path, out_json: Path, hrt: bool, at_student: Optional[Path] = None) -> List[str]:
         """``benchmarks/hrt_quality.py`` of one model on test2016: for an HRT model (k = 2) AT
-        mode and k = 2 at beam 1 and 5 and the stage-II oracles; for an AT model greedy and beam 5."""
+        mode and k = 2 at beam 1 and 5 and the stage-II oracles (``at_student``: also over that
+        AT model's greedy output, splitting the gap to it); for an AT model greedy and beam 5."""
         d = self.data
         cmd = [
             sys.executable,
@@ -348,6 +349,7 @@ class Study(Recipe):
         ]
         cmd += ["--cpu"] if self.cpu else []
         cmd += ["--fp16"] if self.args.fp16 else []
+        cmd += ["--skeleton-from", str(at_student)] if at_student else []
         return cmd + (["--chunk-size", "2"] if hrt else [])
 
     def step_quality(self, i):
@@ -759,15 +761,25 @@ class ConvergedStudy(Study):
             ]
             self.run_step(i, f"bound_{name}", cmd, [out / "hrt_bound.json"])
 
+    def at_student_of(self, hrt_name: str) -> Optional[str]:
+        """The AT student an HRT model is measured against: the one of its decoder depth and
+        seed (also for the HRT fine-tuned from the teacher), where the study trains one."""
+        m = re.match(r"hrt_d(\d+)_s(\d+)", hrt_name)
+        name = m and self.at_name(int(m.group(1)), int(m.group(2)))
+        return name if name in self.at_models() else None
+
     def step_oracles(self, i) -> Dict[str, dict]:
         """``benchmarks/hrt_quality.py`` of every HRT model's best checkpoint: where its k = 2
-        output loses against its own AT mode (stage I, Skip-AT's skeleton, or stage II, the
-        one-pass fill), read from the stage-II oracles; ``OUT/quality/<model>.json``."""
+        output loses against its own AT mode and against its AT student (stage I, Skip-AT's
+        skeleton, or stage II, the one-pass fill), read from the stage-II oracles;
+        ``OUT/quality/<model>.json``."""
         found = {}
         (self.out / "quality").mkdir(parents=True, exist_ok=True)
         for name in self.hrt_models():
             out_json = self.out / "quality" / f"{name}.json"
-            self.run_step(i, f"quality_{name}", self.quality_cmd(self.best(name), out_json, hrt=True), [out_json])
+            student = self.at_student_of(name)
+            cmd = self.quality_cmd(self.best(name), out_json, True, self.best(student) if student else None)
+            self.run_step(i, f"quality_{name}", cmd, [out_json])
             found[name] = stage_summary(json.loads(out_json.read_text()))
         return found
 
@@ -833,10 +845,22 @@ def stage_summary(quality: dict) -> dict:
     """What ``hrt_quality.py`` says of an HRT model at b_at = 1: BLEU of AT mode and k = 2, their
     gap D, the stage-II oracles (over the reference's skeleton and over AT mode's), and D split
     into what stage II costs (AT mode - oracle on AT mode's skeleton) and what stage I costs
-    (the rest)."""
+    (the rest); where it was measured against its AT student, the same split of the gap to
+    that student (``*_vs_at_student``)."""
     k = quality["chunk_size"]
     s, o = quality["systems"], quality["oracles"]
+    versus = quality.get("stage_losses_vs_at_student_b1")
+    student = {}
+    if versus:
+        student = {
+            "at_student": s["at_student_b1"]["bleu"],
+            "gap_to_at_student": quality["gap_to_at_student_b1"],
+            "oracle_at_student": o["at_student"]["bleu"],
+            "stage2_loss_vs_at_student": versus["stage2"],
+            "stage1_loss_vs_at_student": versus["stage1"],
+        }
     return {
+        **student,
         "chunk_size": k,
         "at_mode": s["at_mode_b1"]["bleu"],
         f"k{k}": s[f"k{k}_b1"]["bleu"],
@@ -882,6 +906,23 @@ def converged_report(report: dict) -> str:
                 f"| {name} | {_f(o['at_mode'])} | {_f(hrt_bleu)} | {_f(o['gap'])} | {_f(o['stage1_loss'])} | "
                 f"{_f(o['stage2_loss'])} | {_f(o['oracle_reference'])} | {_f(o['oracle_at_mode'])} |"
             )
+        against = {name: o for name, o in oracles.items() if "at_student" in o}
+        if against:
+            lines += [
+                "",
+                "The gap to the AT student of the same depth and seed (the target), split the same way: stage II = "
+                "the AT student - the one-pass fill of its greedy output's skeleton; stage I = the rest. It holds "
+                "where AT mode does not (trained on with p_k = 1, an HRT model's AT mode decays).",
+                "",
+                "| model | AT student | k = 2 | gap | stage I | stage II | oracle AT student |",
+                "|---|---:|---:|---:|---:|---:|---:|",
+            ]
+            for name, o in against.items():
+                lines.append(
+                    f"| {name} | {_f(o['at_student'])} | {_f(o['k%d' % o['chunk_size']])} | "
+                    f"{_f(o['gap_to_at_student'])} | {_f(o['stage1_loss_vs_at_student'])} | "
+                    f"{_f(o['stage2_loss_vs_at_student'])} | {_f(o['oracle_at_student'])} |"
+                )
     return "\n".join(lines) + "\n"
 
 
