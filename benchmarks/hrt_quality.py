@@ -213,7 +213,7 @@ def run(args) -> dict:
 
     if not hrt:
         if args.skeleton_from:
-            raise SystemExit(f"--skeleton-from: {args.path} is an AT model; the option measures an HRT model against one")
+            raise SystemExit(f"--skeleton-from: {args.path} is an AT model; the option measures an HRT model")
         run_system("greedy", 1, 1)
         run_system("beam5", 1, 5)
         return report
@@ -235,7 +235,7 @@ def run(args) -> dict:
         # loaded with --data's dictionary, as the HRT model: a checkpoint of another one is refused at load
         student, student_task = load(args.skeleton_from, args.data, use_cuda, args.fp16)
         if family_of(student).chunk_sizes:
-            raise SystemExit(f"--skeleton-from {args.skeleton_from}: an HRT model; give the AT student to measure against")
+            raise SystemExit(f"--skeleton-from {args.skeleton_from}: an HRT model; give the AT student to compare with")
         student_batches = make_batches(student_task, student, src, args.batch_size, use_cuda)
         student_hyps = run_system("at_student_b1", 1, 1, on=(student_task, student, student_batches))
         report["at_student"] = os.path.basename(args.skeleton_from)
