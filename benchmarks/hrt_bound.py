@@ -15,7 +15,10 @@ depend on the weights), and each engine (``--engines lean,onnxruntime``), at eac
   (greedy) and with HRT k, source words/second (``--max-len-a`` / ``--max-len-b`` for both),
   the ratio, and the share of the bound it reaches; then where the time goes per sentence
   (encoder, decoder steps, stage II, the search around them: :mod:`benchmarks.time_split`),
-  so a gap between the two ratios is explained part by part.
+  so a gap between the two ratios is explained part by part. ``--at-path``: the AT greedy
+  row is decoded by that AT model (the AT student) instead of the HRT model's AT mode, for an
+  HRT model trained on with p_k = 1, whose AT mode has decayed and writes outputs of other
+  lengths than an AT's.
 
 Prints a table and writes ``OUT/hrt_bound.md`` and ``OUT/hrt_bound.json``::
 
@@ -28,6 +31,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 if not __package__:  # python benchmarks/hrt_bound.py (a file): the repository root on sys.path, as -m has it
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -125,13 +129,25 @@ def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: i
     }
 
 
-def delivered(path: str, data: str, lines, engine: str, bsz: int, k: int, runs: int, max_len_a: float, max_len_b: int):
-    """Source words/second of AT mode and HRT k on ``lines`` and their time split."""
-    model, task = measure.load(path, data)
-    batches = measure.make_batches(task, model, lines, bsz, False)
+def delivered(
+    path: str,
+    data: str,
+    lines,
+    engine: str,
+    bsz: int,
+    k: int,
+    runs: int,
+    max_len_a: float,
+    max_len_b: int,
+    at_path: Optional[str] = None,
+):
+    """Source words/second of AT greedy (the HRT model's AT mode, or the AT model ``at_path``)
+    and HRT k on ``lines``, and their time split."""
     words = sum(len(line.replace("\u2581", " ").split()) for line in lines)
-    out = {}
-    for name, chunk in (("at_mode", 1), ("hrt", k)):
+    out = {"at_from": os.path.basename(at_path) if at_path else "AT mode"}
+    for name, chunk, checkpoint in (("at", 1, at_path or path), ("hrt", k, path)):
+        model, task = measure.load(checkpoint, data)
+        batches = measure.make_batches(task, model, lines, bsz, False)
         options = {"decoder_engine": engine, "decode_chunk_size": str(chunk), "b_nat": 1}
         generator = measure.build_generator(
             task, model, {"beam": 1, "max_len_a": max_len_a, "max_len_b": max_len_b}, options
@@ -143,11 +159,11 @@ def delivered(path: str, data: str, lines, engine: str, bsz: int, k: int, runs: 
             "ms_per_sentence": round(timing.min / len(lines) * 1000, 4),
         }
         split = time_split.split(
-            path, data, lines, bsz, chunk, 1, engine=engine, max_len_a=max_len_a, max_len_b=max_len_b
+            checkpoint, data, lines, bsz, chunk, 1, engine=engine, max_len_a=max_len_a, max_len_b=max_len_b
         )
         out[name]["split_ms_per_sentence"] = {part: round(v, 4) for part, v in split["parts_ms_per_sentence"].items()}
         out[name]["decoder_steps_per_batch"] = round(split["decoder_steps_per_batch"], 2)
-    out["ratio"] = round(out["hrt"]["words_per_second"] / out["at_mode"]["words_per_second"], 3)
+    out["ratio"] = round(out["hrt"]["words_per_second"] / out["at"]["words_per_second"], 3)
     return out
 
 
@@ -184,6 +200,11 @@ def main(argv=None):
     p.add_argument("--src", help="SentencePiece-piece source lines to decode (delivered speed; needs --path)")
     p.add_argument("--limit-batch1", type=int, default=200, help="sentences of --src decoded at batch 1")
     p.add_argument("--delivered-runs", type=int, default=3)
+    p.add_argument(
+        "--at-path",
+        help="AT checkpoint of the same dictionary whose greedy decoding is the delivered AT row (the AT student), "
+        "instead of the HRT model's AT mode",
+    )
     p.add_argument("--max-len-a", type=float, default=1.2)
     p.add_argument("--max-len-b", type=int, default=10)
     p.add_argument("--threads", type=int, default=1)
@@ -191,6 +212,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.src and not args.path:
         p.error("--src (the delivered speed) needs a checkpoint (--path, --data)")
+    if args.at_path and not args.src:
+        p.error("--at-path is the delivered AT row: it needs --src")
     torch.set_num_threads(args.threads)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     for e in engines:
@@ -219,7 +242,16 @@ def main(argv=None):
                 if bsz == 1 and args.limit_batch1:
                     lines = lines[: args.limit_batch1]
                 row["delivered"] = delivered(
-                    args.path, args.data, lines, engine, bsz, k, args.delivered_runs, args.max_len_a, args.max_len_b
+                    args.path,
+                    args.data,
+                    lines,
+                    engine,
+                    bsz,
+                    k,
+                    args.delivered_runs,
+                    args.max_len_a,
+                    args.max_len_b,
+                    at_path=args.at_path,
                 )
                 row["delivered"]["share_of_bound"] = round(row["delivered"]["ratio"] / row["bound"], 3)
                 row["delivered"]["sentences"] = len(lines)
@@ -251,19 +283,21 @@ def report_text(rows, args) -> str:
             f"## Delivered on `{os.path.basename(args.src)}` (at most {args.max_len_a} x source + "
             f"{args.max_len_b} tokens; ms per sentence split as benchmarks/time_split.py)",
             "",
-            "| engine | batch | sentences | AT mode words/s | HRT words/s | ratio | bound | share of bound | "
-            "AT mode: encoder / steps / other | HRT: encoder / steps / stage II / other | steps per batch (AT / HRT) |",
+            f"AT greedy: {delivered_rows[0]['delivered']['at_from']}.",
+            "",
+            "| engine | batch | sentences | AT words/s | HRT words/s | ratio | bound | share of bound | "
+            "AT: encoder / steps / other | HRT: encoder / steps / stage II / other | steps per batch (AT / HRT) |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
         ]
         for r in delivered_rows:
             d = r["delivered"]
-            a, h = d["at_mode"]["split_ms_per_sentence"], d["hrt"]["split_ms_per_sentence"]
+            a, h = d["at"]["split_ms_per_sentence"], d["hrt"]["split_ms_per_sentence"]
             out.append(
-                f"| {r['engine']} | {r['batch']} | {d['sentences']} | {d['at_mode']['words_per_second']:.0f} | "
+                f"| {r['engine']} | {r['batch']} | {d['sentences']} | {d['at']['words_per_second']:.0f} | "
                 f"{d['hrt']['words_per_second']:.0f} | {d['ratio']:.2f}x | {r['bound']:.2f}x | "
                 f"{d['share_of_bound']:.0%} | {a['encoder']:.3f} / {a['decoder steps']:.3f} / {a['other']:.3f} | "
                 f"{h['encoder']:.3f} / {h['decoder steps']:.3f} / {h['stage II']:.3f} / {h['other']:.3f} | "
-                f"{d['at_mode']['decoder_steps_per_batch']:.1f} / {d['hrt']['decoder_steps_per_batch']:.1f} |"
+                f"{d['at']['decoder_steps_per_batch']:.1f} / {d['hrt']['decoder_steps_per_batch']:.1f} |"
             )
         out += [
             "",

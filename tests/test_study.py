@@ -467,6 +467,8 @@ def test_converged_benchmark_measures_every_model_and_translates_the_blind_sets(
         "bound_hrt_d2_s1",
         "bound_hrt_d2_s2",
     ]
+    # delivered speed against the AT student of the HRT model's depth and seed, not its AT mode
+    assert _option(ran["bound_hrt_d1_s2"], "--at-path") == str(out / "at_d1_s2" / "checkpoint_best.pt")
 
 
 def test_converged_stage_oracles_of_every_hrt_model_in_the_report(tmp_path, monkeypatch):

@@ -732,7 +732,8 @@ class ConvergedStudy(Study):
 
     def step_bounds(self, i):
         """``benchmarks/hrt_bound.py`` of every HRT model (1 thread, ONNX Runtime): its
-        fixed-length bound at batch 1 and 128 beside what it delivers on test2016."""
+        fixed-length bound at batch 1 and 128 beside what it delivers on test2016, against its
+        AT student's greedy decoding (``--at-path``: at p_k = 1 the HRT model's AT mode decays)."""
         for name in self.hrt_models():
             out = self.out / "bounds" / name
             cmd = [
@@ -759,6 +760,8 @@ class ConvergedStudy(Study):
                 "--out",
                 str(out),
             ]
+            student = self.at_student_of(name)
+            cmd += ["--at-path", str(self.best(student))] if student else []
             self.run_step(i, f"bound_{name}", cmd, [out / "hrt_bound.json"])
 
     def at_student_of(self, hrt_name: str) -> Optional[str]:
