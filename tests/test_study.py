@@ -535,3 +535,48 @@ def test_converged_stage_oracles_of_every_hrt_model_in_the_report(tmp_path, monk
     assert "| hrt_d1_s1 | 31.00 | 28.00 | 3.00 | 2.50 | 0.50 | 45.00 | 30.50 |" in md
     assert "| hrt_d1_s1 | 32.00 | 28.00 | 4.00 | 3.20 | 0.80 | 31.20 |" in md
     assert s.at_student_of("hrt_d2_s1_from_teacher") == "at_d2_s1" and s.at_student_of("hrt_d3_s1") is None
+
+
+def test_publish_copies_the_finished_studys_results_and_names_their_folders(tmp_path):
+    """--publish: the benchmark report, every blind output, converged.*, each HRT model's bound and
+    quality into one results folder, with SOURCES.md naming where the relative paths point."""
+    out, dest = tmp_path / "out", tmp_path / "results"
+    s = _converged(out, "--publish", str(dest))
+    with pytest.raises(study.StepError, match="run the study without --only first"):
+        s.run()
+    files = {
+        "benchmark/report.md": "r",
+        "benchmark/report.json": "{}",
+        "benchmark/pareto.png": "p",
+        "benchmark/blind/set_a/AT greedy.de": "Ein Hund.\n",
+        "benchmark/blind/set_b/HRT k=2 b_at=1 b_nat=1.de": "Zwei.\n",
+        "study/converged.md": "c",
+        "study/converged.json": "{}",
+        "bounds/hrt_d2_s1/hrt_bound.md": "b",
+        "bounds/hrt_d2_s1/hrt_bound.json": "{}",
+        "quality/hrt_d2_s1.json": "{}",
+        "at_d2_s1/checkpoint_best.pt": "not copied",
+    }
+    for name, text in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    s.run()  # trains nothing: no marker is written
+    assert not (out / "markers").exists()
+    published = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert published == [
+        "SOURCES.md",
+        "blind/set_a/AT greedy.de",
+        "blind/set_b/HRT k=2 b_at=1 b_nat=1.de",
+        "bounds/hrt_d2_s1.json",
+        "bounds/hrt_d2_s1.md",
+        "converged.json",
+        "converged.md",
+        "pareto.png",
+        "quality/hrt_d2_s1.json",
+        "report.json",
+        "report.md",
+    ]
+    assert (dest / "blind" / "set_a" / "AT greedy.de").read_text() == "Ein Hund.\n"
+    assert f"`{out / 'benchmark'}`" in (dest / "SOURCES.md").read_text()
+    with pytest.raises(SystemExit):
+        study.parse_args(["--profile", "small", "--publish", str(dest)])

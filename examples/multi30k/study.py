@@ -44,6 +44,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -786,7 +787,48 @@ class ConvergedStudy(Study):
             found[name] = stage_summary(json.loads(out_json.read_text()))
         return found
 
+    def publish(self, dest: Path) -> List[Path]:
+        """Copy what the finished study measured into ``dest`` (a folder of ``benchmarks/results``):
+        the benchmark's ``report.md``/``report.json``/``pareto.png``, the blind sets' outputs
+        (``blind/<set>/<system>.de``), ``converged.md``/``converged.json``, each HRT model's bound
+        (``bounds/<model>.md``/``.json``) and quality (``quality/<model>.json``). The files are
+        copied as they are; ``SOURCES.md`` names the folder that the paths inside each are
+        relative to. Returns the files written."""
+        bench = self.out / "benchmark"
+        if not (bench / "report.json").exists():
+            raise StepError(f"--publish: {bench / 'report.json'} does not exist; run the study without --only first")
+        copies = [(bench / name, dest / name) for name in ("report.md", "report.json", "pareto.png")]
+        copies += [(f, dest / f.relative_to(bench)) for f in sorted((bench / "blind").glob("*/*.de"))]
+        copies += [(self.study_dir / name, dest / name) for name in ("converged.md", "converged.json")]
+        for name in self.hrt_models():
+            for suffix in (".md", ".json"):
+                copies.append((self.out / "bounds" / name / f"hrt_bound{suffix}", dest / "bounds" / f"{name}{suffix}"))
+            copies.append((self.out / "quality" / f"{name}.json", dest / "quality" / f"{name}.json"))
+        written = []
+        for source, target in copies:
+            if source.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
+                written.append(target)
+        sources = [
+            f"# Where these files come from ({time.strftime('%Y-%m-%d')})",
+            "",
+            f"Copied by `examples/multi30k/study.py --publish` from the study's folder `{self.out}`. Paths "
+            "inside the files are relative to the folder each was written in:",
+            "",
+            f"- `report.md`, `report.json`, `pareto.png`, `blind/`: `{bench}`",
+            f"- `converged.md`, `converged.json`: `{self.study_dir}`",
+            f"- `bounds/<model>.*`: `{self.out / 'bounds'}/<model>`",
+            f"- `quality/<model>.json`: `{self.out / 'quality'}`",
+        ]
+        (dest / "SOURCES.md").write_text("\n".join(sources) + "\n")
+        log(f"published {len(written)} files into {dest}")
+        return written + [dest / "SOURCES.md"]
+
     def run(self):
+        if self.args.publish:
+            self.publish(Path(self.args.publish))
+            return
         self.out.mkdir(parents=True, exist_ok=True)
         log(
             f"converged study: profile {self.args.profile}, seeds {self.seeds}, decoder depths {self.depths}, "
@@ -1179,11 +1221,19 @@ def parse_args(argv=None):
         "(default: ../shared/blind beside the repository, when it exists)",
     )
     g.add_argument(
+        "--publish",
+        metavar="DIR",
+        help="train nothing: copy the finished study's reports, blind outputs, bounds and quality files into DIR "
+        "(e.g. benchmarks/results/small-converged-cpu)",
+    )
+    g.add_argument(
         "--also-from-teacher",
         action="store_true",
         help="also fine-tune HRT (seed 1, the teacher's depth) from the raw-data teacher: which start is better",
     )
     args = p.parse_args(argv)
+    if args.publish and not args.converged:
+        p.error("--publish copies the converged study's results: it needs --converged")
     if args.converged:
         depths = [x for x in args.depths.split(",") if x.strip()]
         defaults = {
