@@ -1,5 +1,6 @@
 """examples/multi30k/study.py: its pure parts (budgets, checkpoints per budget, logs, report)."""
 
+import fcntl
 import importlib.util
 import json
 import sys
@@ -580,3 +581,22 @@ def test_publish_copies_the_finished_studys_results_and_names_their_folders(tmp_
     assert f"`{out / 'benchmark'}`" in (dest / "SOURCES.md").read_text()
     with pytest.raises(SystemExit):
         study.parse_args(["--profile", "small", "--publish", str(dest)])
+
+
+def test_a_step_run_by_another_process_is_refused_not_run_twice(tmp_path):
+    """Two processes on one step (overlapping --only lanes) would train into the same folder:
+    the second stops with a message while the first holds the step's lock, and runs it after."""
+    s = _converged(tmp_path)
+    s.markers.mkdir(parents=True, exist_ok=True)
+    out = tmp_path / "made.txt"
+    cmd = [sys.executable, "-c", f"open({str(out)!r}, 'w').write('x')"]
+    with open(s.markers / "at_d1_s1.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("process 123 (since then)\n")
+        held.flush()
+        with pytest.raises(study.StepError, match=r"process 123 \(since then\) is running this step now"):
+            s.run_step(4, "at_d1_s1", cmd, [out])
+        assert not out.exists() and not (s.markers / "at_d1_s1.done").exists()
+    s.run_step(4, "at_d1_s1", cmd, [out])
+    assert out.exists() and (s.markers / "at_d1_s1.done").exists()
+    assert (s.markers / "at_d1_s1.lock").read_text().startswith("process ")

@@ -32,6 +32,7 @@ and ``full`` (CPU-sized shapes, about 2 hours on 2 cores); see examples/multi30k
 
 import argparse
 import ctypes
+import fcntl
 import json
 import os
 import re
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -355,42 +357,47 @@ class Recipe:
             return
         self.markers.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
-        if cmd_file.exists() and not same_command(cmd_file.read_text(), cmd_str):
-            raise StepError(
-                f"{tag}: an interrupted run of another command is in {self.out} (see {cmd_file}). "
-                f"Delete {self.out} or use another --out."
-            )
-        write_atomic(cmd_file, cmd_str + "\n")
-        log_path = self.logs / f"{name}.log"
-        resumed = train_max_update and (self.out / name / "checkpoint_last.pt").exists()
-        log(f"{tag}: {'resuming' if resumed else 'running'}, log in {log_path}")
-        start = time.time()
-        with open(log_path, "a") as log_file:
-            log_file.write(f"$ {cmd_str}\n")
-            log_file.flush()
+        # one process per step: two processes on one step would write the same checkpoints
+        with step_lock(self.markers / f"{name}.lock", tag):
+            if marker.exists():  # done by another process while this one reached the step
+                log(f"{tag}: skipped, done meanwhile ({marker})")
+                return
+            if cmd_file.exists() and not same_command(cmd_file.read_text(), cmd_str):
+                raise StepError(
+                    f"{tag}: an interrupted run of another command is in {self.out} (see {cmd_file}). "
+                    f"Delete {self.out} or use another --out."
+                )
+            write_atomic(cmd_file, cmd_str + "\n")
+            log_path = self.logs / f"{name}.log"
+            resumed = train_max_update and (self.out / name / "checkpoint_last.pt").exists()
+            log(f"{tag}: {'resuming' if resumed else 'running'}, log in {log_path}")
+            start = time.time()
+            with open(log_path, "a") as log_file:
+                log_file.write(f"$ {cmd_str}\n")
+                log_file.flush()
+                if train_max_update:
+                    rc = run_with_update_bar(cmd, self.env, log_file, log_path, train_max_update, name)
+                elif own_log:
+                    # the command logs to the file itself (--log-file) and draws its progress bar
+                    # on the terminal (stderr); what it prints (the benchmark's table) is logged too
+                    rc = subprocess.run(cmd, env=self.env, stdout=log_file, preexec_fn=die_with_parent).returncode
+                else:
+                    rc = subprocess.run(
+                        cmd, env=self.env, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+                    ).returncode
+            if rc != 0:
+                raise StepError(f"{tag}: failed (exit {rc}); see {log_path}:\n{tail(log_path)}")
+            missing = [str(p) for p in outputs if not p.exists()]
+            if missing:
+                raise StepError(f"{tag}: finished but did not produce {', '.join(missing)}; see {log_path}")
+            note = ""
             if train_max_update:
-                rc = run_with_update_bar(cmd, self.env, log_file, log_path, train_max_update, name)
-            elif own_log:
-                # the command logs to the file itself (--log-file) and draws its progress bar
-                # on the terminal (stderr); what it prints (the benchmark's table) is logged too
-                rc = subprocess.run(cmd, env=self.env, stdout=log_file, preexec_fn=die_with_parent).returncode
-            else:
-                rc = subprocess.run(
-                    cmd, env=self.env, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
-                ).returncode
-        if rc != 0:
-            raise StepError(f"{tag}: failed (exit {rc}); see {log_path}:\n{tail(log_path)}")
-        missing = [str(p) for p in outputs if not p.exists()]
-        if missing:
-            raise StepError(f"{tag}: finished but did not produce {', '.join(missing)}; see {log_path}")
-        note = ""
-        if train_max_update:
-            done = last_num_updates(log_path)
-            if done is not None and done < train_max_update:
-                cause = "patience" if stopped_early(log_path) else "the time cap"
-                note = f" (stopped by {cause} after {done} of {train_max_update} updates)"
-        write_atomic(marker, cmd_str + "\n")
-        log(f"{tag}: done in {time.time() - start:.0f}s{note} -> {', '.join(str(p) for p in outputs)}")
+                done = last_num_updates(log_path)
+                if done is not None and done < train_max_update:
+                    cause = "patience" if stopped_early(log_path) else "the time cap"
+                    note = f" (stopped by {cause} after {done} of {train_max_update} updates)"
+            write_atomic(marker, cmd_str + "\n")
+            log(f"{tag}: done in {time.time() - start:.0f}s{note} -> {', '.join(str(p) for p in outputs)}")
 
     def train_cmd(
         self, name: str, arch: str, budget: Budget, extra: List[str], seed: Optional[int] = None
@@ -762,6 +769,34 @@ def same_command(a: str, b: str) -> bool:
         ]
 
     return key(a) == key(b)
+
+
+@contextmanager
+def step_lock(path: Path, tag: str):
+    """Hold an exclusive lock on ``path`` while a step runs: a second process that reaches the
+    same step (two lanes given overlapping ``--only`` lists, or a full run started beside a
+    lane) stops with a message instead of training into the same folder. The lock goes with
+    the process, however it ends."""
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "another process"
+        handle.close()
+        raise StepError(
+            f"{tag}: {owner} is running this step now ({path}). Give each process its own steps "
+            "(--only), and run the study without --only once they are done."
+        ) from None
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"process {os.getpid()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+        handle.flush()
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
 
 
 def write_atomic(path: Path, text: str):
