@@ -211,9 +211,15 @@ def run(args) -> dict:
         )
         return hyps
 
-    if not hrt:
-        if args.skeleton_from:
+    if args.skeleton_from:  # checked before anything is decoded
+        if not hrt:
             raise SystemExit(f"--skeleton-from: {args.path} is an AT model; the option measures an HRT model")
+        # loaded with --data's dictionary, as the HRT model: a checkpoint of another one is refused at load
+        student, student_task = load(args.skeleton_from, args.data, use_cuda, args.fp16)
+        if family_of(student).chunk_sizes:
+            raise SystemExit(f"--skeleton-from {args.skeleton_from}: an HRT model; give the AT student to compare with")
+        student_batches = make_batches(student_task, student, src, args.batch_size, use_cuda)
+    if not hrt:
         run_system("greedy", 1, 1)
         run_system("beam5", 1, 5)
         return report
@@ -232,11 +238,6 @@ def run(args) -> dict:
     ref_tokens = [d.encode_line(line, add_if_not_exist=False).long() for line in ref_pieces]
     sources = [("reference", ref_tokens), ("at_mode", [at_hyps[i].cpu() for i in range(len(src))])]
     if args.skeleton_from:
-        # loaded with --data's dictionary, as the HRT model: a checkpoint of another one is refused at load
-        student, student_task = load(args.skeleton_from, args.data, use_cuda, args.fp16)
-        if family_of(student).chunk_sizes:
-            raise SystemExit(f"--skeleton-from {args.skeleton_from}: an HRT model; give the AT student to compare with")
-        student_batches = make_batches(student_task, student, src, args.batch_size, use_cuda)
         student_hyps = run_system("at_student_b1", 1, 1, on=(student_task, student, student_batches))
         report["at_student"] = os.path.basename(args.skeleton_from)
         sources.append(("at_student", [student_hyps[i].cpu() for i in range(len(src))]))
