@@ -145,9 +145,12 @@ def delivered(
     and HRT k on ``lines``, and their time split."""
     words = sum(len(line.replace("\u2581", " ").split()) for line in lines)
     out = {"at_from": os.path.basename(at_path) if at_path else "AT mode"}
+    loaded = {}  # without at_path both rows decode the one HRT model: load it once
     for name, chunk, checkpoint in (("at", 1, at_path or path), ("hrt", k, path)):
-        model, task = measure.load(checkpoint, data)
-        batches = measure.make_batches(task, model, lines, bsz, False)
+        if checkpoint not in loaded:
+            model, task = measure.load(checkpoint, data)
+            loaded[checkpoint] = model, task, measure.make_batches(task, model, lines, bsz, False)
+        model, task, batches = loaded[checkpoint]
         options = {"decoder_engine": engine, "decode_chunk_size": str(chunk), "b_nat": 1}
         generator = measure.build_generator(
             task, model, {"beam": 1, "max_len_a": max_len_a, "max_len_b": max_len_b}, options
