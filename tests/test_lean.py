@@ -2,6 +2,7 @@
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from fairseq import checkpoint_utils
@@ -11,7 +12,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from benchmarks.tiny_runs import run_cli
 from fairseq_hrt import chunking
 from fairseq_hrt.generation import decoder_pass
-from fairseq_hrt.generation.lean import LeanSequenceGenerator
+from fairseq_hrt.generation.lean import LeanSequenceGenerator, TorchBackend
 from fairseq_hrt.modules.relative_attention import relative_bucket
 from hrt_runtime import search as numpy_search
 from hrt_runtime.search import SearchConfig
@@ -328,3 +329,15 @@ def test_non_causal_pass_equals_the_decoder_module(random_models):
     real = stage2.tokens.ne(d.pad())
     assert stage2.tokens.eq(d.pad()).any() and stage2.tokens.eq(task.mask_idx).any()
     assert torch.allclose(ours[real], ref[real], atol=1e-5)
+
+
+def test_backend_follows_the_model_to_its_device(tmp_path):
+    """fairseq-train builds the --eval-bleu generator before the trainer moves the model to the
+    GPU: a device read at construction sent the search's tokens to the CPU (embedding on cuda:0
+    with an index on the CPU, at the first validation of a GPU run)."""
+    task, model = build_task_and_model(str(tmp_path))
+    backend = TorchBackend(model, task.target_dictionary)
+    assert backend.device == torch.device("cpu")
+    model.to("meta")  # a device this machine has without a GPU
+    assert backend.device.type == "meta"
+    assert backend._tensor(np.zeros(3, np.int64)).device.type == "meta"

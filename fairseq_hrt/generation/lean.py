@@ -125,7 +125,12 @@ class TorchBackend:
         self.vocab_size = len(tgt_dict)
         self.max_target_positions = model.max_decoder_positions()
         self.chunk_start = dict(chunk_start or {})
-        self.device = next(model.parameters()).device
+
+    @property
+    def device(self) -> torch.device:
+        # read at each use: fairseq-train builds the --eval-bleu generator before the trainer
+        # moves the model to the GPU, and a device taken then sent the search's tokens to the CPU
+        return next(self.model.parameters()).device
 
     # ------------------------------------------------------------------------ helpers
 
