@@ -28,7 +28,7 @@ from fairseq_hrt.scoring.metrics import chrf_score, sacrebleu_score  # noqa: E40
 # numbers (test2016, greedy; the report says how they were trained)
 REFERENCE = (
     "the small study's d = 256 E6D2 HRT, fine-tuned from its distilled AT student for 12,549 updates "
-    "(seed 1, still training: benchmarks/results/small-converged-cpu), scores 38.86 at k = 2 against that AT "
+    "(seed 1 of 2, benchmarks/results/small-converged-cpu), scores 38.86 at k = 2 against that AT "
     "student's 38.79; its AT mode, worn down by the last phase at p_k = 1, no longer counts"
 )
 
