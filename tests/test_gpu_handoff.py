@@ -83,3 +83,53 @@ def test_packed_state_resumes_in_fairseq_train(trained, tmp_path):
         torch.load(study / "at" / "checkpoint_last.pt", weights_only=False)["optimizer_history"][-1]["num_updates"]
         == done + 2
     )
+
+
+def test_start_checkpoint_travels_without_optimizer_and_with_tied_weights_once(trained, tmp_path):
+    """An HRT step fine-tunes from its AT student's best checkpoint: it travels with its float32
+    weights alone, the tied embeddings once even where the GPU saved one copy per use."""
+    _, ckpts = trained
+    state = torch.load(ckpts["at_tiny"], map_location="cpu", weights_only=False)
+    tied = [n for n in state["model"] if n.endswith("embed_tokens.weight") or n.endswith("output_projection.weight")]
+    assert len(tied) >= 2
+    for name in tied:  # as a checkpoint written on a GPU holds them
+        state["model"][name] = state["model"][name].clone()
+    gpu_saved = tmp_path / "gpu_best.pt"
+    torch.save(state, gpu_saved)
+    slim = tmp_path / "start.pt"
+    handoff.slim_start(gpu_saved, slim)
+    back = torch.load(slim, map_location="cpu", weights_only=False)
+    assert "last_optimizer_state" not in back
+    for name, weight in state["model"].items():
+        assert torch.equal(weight, back["model"][name]) and back["model"][name].dtype == weight.dtype
+    assert len({back["model"][n].untyped_storage().data_ptr() for n in tied}) == 1
+    assert slim.stat().st_size < gpu_saved.stat().st_size
+
+
+def test_prepare_carries_the_steps_inputs_and_refuses_a_started_step(trained, tmp_path):
+    data, ckpts = trained
+    study = tmp_path / "study"
+    shutil.copytree(data.bin_dir, study / "data" / "data-bin")
+    (study / "at").mkdir(parents=True)
+    shutil.copy(ckpts["at_tiny"], study / "at" / "checkpoint_best.pt")
+    (study / "markers").mkdir()
+    cmd = (
+        f"/venv/bin/python -m fairseq_cli.train {study}/data/data-bin --arch hrt_tiny --cpu "
+        f"--save-dir {study}/hrt --finetune-from-model {study}/at/checkpoint_best.pt --stop-time-hours 12.0"
+    )
+    (study / "markers" / "hrt.cmd").write_text(cmd + "\n")
+    site, dest = tmp_path / "site.tar.xz", tmp_path / "carry"
+    site.write_bytes(b"packed fairseq")
+    handoff.main(["prepare", str(study), "hrt", "--minutes", "5", "--dest", str(dest), "--site", str(site)])
+    run_sh = (dest / "run.sh").read_text()
+    assert "--finetune-from-model $G/study/at/checkpoint_best.pt" in run_sh
+    assert "--save-dir $W/hrt" in run_sh and " --cpu " not in run_sh
+    assert sorted(p.name for p in (dest / "study" / "data" / "data-bin").iterdir()) == sorted(
+        p.name for p in Path(data.bin_dir).iterdir() if not p.name.startswith("test.") and p.suffix != ".log"
+    )
+    assert "last_optimizer_state" not in torch.load(dest / "study" / "at" / "checkpoint_best.pt", weights_only=False)
+
+    (study / "hrt").mkdir()
+    shutil.copy(ckpts["hrt_tiny"], study / "hrt" / "checkpoint_last.pt")
+    with pytest.raises(SystemExit, match="under way"):
+        handoff.main(["prepare", str(study), "hrt", "--dest", str(dest), "--site", str(site)])

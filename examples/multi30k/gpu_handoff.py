@@ -13,7 +13,7 @@ first three digits; the weights stay float32), xz-compressed, in parts of at mos
 Back here the moments are widened again and the checkpoint is put where the study resumes
 it, beside the step's command file, so ``study.py`` carries on as after any interruption.
 
-    # here: the steps' commands (their markers/<step>.cmd) and data, for the GPU
+    # here: the steps' commands (their markers/<step>.cmd), data and start checkpoints, for the GPU
     python examples/multi30k/gpu_handoff.py prepare STUDY_DIR at_d2_s2 at_d1_s2 --minutes 7
     # on the GPU machine (carry .gpustudy): train them side by side, pack the first into $OUT
     bash .gpustudy/run.sh train $OUT
@@ -69,21 +69,37 @@ def gpu_command(cmd: List[str], study: Path, minutes: float, save_dir: str) -> L
     return out
 
 
-def data_folders(cmd: List[str], study: Path) -> List[Path]:
-    """The study folders a command reads (binarised data), i.e. what must travel."""
+def study_inputs(cmd: List[str], study: Path) -> List[Path]:
+    """What a command reads from the study folder and must travel: binarised data folders and
+    files (an HRT step's ``--finetune-from-model`` AT checkpoint)."""
     found = []
     for i, a in enumerate(cmd):
         if a.startswith(str(study)) and (i == 0 or cmd[i - 1] != "--save-dir"):
             p = Path(a)
-            if p.is_dir() and p not in found:
+            if p.exists() and p not in found:
                 found.append(p)
     return found
 
 
+def slim_start(src: Path, dst: Path):
+    """A checkpoint to fine-tune from, small enough to travel: its weights in float32 without
+    the optimizer's state, tied embeddings saved once (a checkpoint saved on a GPU holds them
+    once per use: fairseq copies each tensor to the CPU on its own)."""
+    state = torch.load(src, map_location="cpu", weights_only=False)
+    state.pop("last_optimizer_state", None)
+    kept: List[torch.Tensor] = []
+    for name, tensor in state["model"].items():
+        same = next((t for t in kept if t.shape == tensor.shape and torch.equal(t, tensor)), None)
+        if same is None:
+            kept.append(tensor)
+        else:
+            state["model"][name] = same
+    torch.save(state, dst)
+
+
 def prepare(args):
     study = Path(args.study).resolve()
-    dest = REPO / ".gpustudy"
-    site = REPO / ".gpu" / "site.tar.xz"
+    dest, site = Path(args.dest), Path(args.site)
     if not site.exists():
         raise SystemExit(f"{site} is missing: `bash benchmarks/gpu_run.sh prepare ...` packs fairseq for the GPU image")
     shutil.rmtree(dest, ignore_errors=True)
@@ -97,10 +113,15 @@ def prepare(args):
         if (study / "markers" / f"{step}.done").exists() or (study / step / "checkpoint_last.pt").exists():
             raise SystemExit(f"{step} is done or under way here ({study / step}); the GPU starts steps from scratch")
         cmd = shlex.split(cmd_file.read_text())
-        for folder in data_folders(cmd, study):
-            target = dest / "study" / folder.relative_to(study)
-            if not target.exists():
-                shutil.copytree(folder, target, ignore=shutil.ignore_patterns("test.*", "*.log"))
+        for path in study_inputs(cmd, study):
+            target = dest / "study" / path.relative_to(study)
+            if target.exists():
+                continue
+            if path.is_dir():
+                shutil.copytree(path, target, ignore=shutil.ignore_patterns("test.*", "*.log"))
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                slim_start(path, target)
         gpu = gpu_command(cmd, study, args.minutes, f"$W/{step}")
         # $G, $REPO and $W are the device side's folders; everything else is quoted
         text = " ".join(a if a.startswith(("$G/", "$REPO/", "$W/")) else shlex.quote(a) for a in gpu)
@@ -110,6 +131,8 @@ def prepare(args):
     (dest / "run.sh").write_text(script)
     (dest / "steps.txt").write_text(steps + "\n")
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+    if size > 56 * 2**20:  # the call's working tree (checkout and carried folders) holds 64 MiB
+        raise SystemExit(f"{dest} holds {size / 2**20:.1f} MiB: too much to travel with the checkout (64 MiB)")
     print(f"{dest} ({size / 2**20:.1f} MiB): {steps}, {args.minutes} minutes each, side by side")
     print("on the GPU machine, carrying .gpustudy:  bash .gpustudy/run.sh train $OUT")
 
@@ -221,6 +244,16 @@ def main(argv=None):
     a.add_argument("study", help="the study folder (e.g. ~/.cache/fairseq-hrt/studies/study-small)")
     a.add_argument("steps", nargs="+", help="steps whose markers/<step>.cmd exist and that have not started")
     a.add_argument("--minutes", type=float, default=7.0, help="training minutes per step (fairseq --stop-time-hours)")
+    a.add_argument(
+        "--dest",
+        default=str(REPO / ".gpustudy"),
+        help="the folder to carry: ignored by git, directly in the checkout (run.sh takes its parent for it)",
+    )
+    a.add_argument(
+        "--site",
+        default=str(REPO / ".gpu" / "site.tar.xz"),
+        help="fairseq and its needs packed for the GPU image (benchmarks/gpu_run.sh prepare makes it)",
+    )
     a = sub.add_parser("pack", help="on the GPU: one step's trainer state into parts")
     a.add_argument("work")
     a.add_argument("step")
