@@ -4,6 +4,7 @@ state's round trip (pack there, receive here) into a checkpoint fairseq-train re
 import importlib.util
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,10 @@ REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("gpu_handoff", REPO / "examples" / "multi30k" / "gpu_handoff.py")
 handoff = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(handoff)
+sys.path.insert(0, str(REPO / "examples" / "multi30k"))
+_spec = importlib.util.spec_from_file_location("hrt_study", REPO / "examples" / "multi30k" / "study.py")
+study_py = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(study_py)
 
 STUDY = "/cache/study-small"
 STUDY_CMD = (
@@ -124,6 +129,9 @@ def test_prepare_carries_the_steps_inputs_and_refuses_a_started_step(trained, tm
     run_sh = (dest / "run.sh").read_text()
     assert "--finetune-from-model $G/study/at/checkpoint_best.pt" in run_sh
     assert "--save-dir $W/hrt" in run_sh and " --cpu " not in run_sh
+    # each GPU run's log begins with the line by which study.py counts its hours apart
+    assert f"printf '%s\\n' '{handoff.GPU_RUN} python3 -m fairseq_cli.train" in run_sh
+    assert handoff.GPU_RUN == study_py.GPU_RUN
     assert sorted(p.name for p in (dest / "study" / "data" / "data-bin").iterdir()) == sorted(
         p.name for p in Path(data.bin_dir).iterdir() if not p.name.startswith("test.") and p.suffix != ".log"
     )

@@ -405,8 +405,22 @@ def test_converged_report_reads_budgets_and_validation_bleu_from_the_logs(tmp_pa
         )
         + "\n"
     )
+    # begun on a lent GPU (gpu_handoff.py): two runs there, the second resumed with a json wall
+    # of 0 (a stopwatch restored from another machine) and only its end line to time it
+    gpu_runs = "\n".join(
+        [
+            "$ [gpu] train at",
+            valid(100, 20.0, 300),
+            "$ [gpu] train at (resumed)",
+            valid(120, 22.0, 0),
+            "2026-11-26 | INFO | fairseq_cli.train | done training in 50.5 seconds",
+        ]
+    )
     (logs / "at_d1_s1.log").write_text(
-        "$ x\n" + valid(150, 30.0, 100) + "\n... checkpoint_best.pt (epoch 1 @ 150 updates, score 30.0) ...\n"
+        gpu_runs
+        + "\n$ x\n"
+        + valid(150, 30.0, 100)
+        + "\n... checkpoint_best.pt (epoch 1 @ 150 updates, score 30.0) ...\n"
     )
     (logs / "hrt_d1_s1.log").write_text("$ x\n" + valid(150, 25.0, 200) + "\n")
     (logs / "hrt_d1_s1_more.log").write_text("$ x\n" + valid(300, 29.5, 100) + "\n" + valid(450, 29.0, 200) + "\n")
@@ -416,6 +430,10 @@ def test_converged_report_reads_budgets_and_validation_bleu_from_the_logs(tmp_pa
     assert models["teacher"]["best_updates"] == 200 and models["teacher"]["best_valid_bleu"] == 20.5
     assert models["teacher"]["hours"] == round((60 + 90) / 3600, 2)  # each run's last wall clock, summed
     assert models["teacher"]["done"] is False and models["teacher"]["updates"] == 300
+    assert models["teacher"]["gpu_hours"] == 0
+    at = models["at_d1_s1"]
+    assert at["hours"] == round(100 / 3600, 2) and at["gpu_hours"] == round((300 + 50.5) / 3600, 2)
+    assert at["best_valid_bleu"] == 30.0 and at["updates"] == 150
     hrt = models["hrt_d1_s1"]
     assert hrt["curriculum_updates"] == 150 and hrt["best_updates"] == 300 and hrt["best_valid_bleu"] == 29.5
     assert hrt["updates"] == 450 and hrt["done"] is True and hrt["hours"] == round(400 / 3600, 2)
@@ -431,7 +449,8 @@ def test_converged_report_reads_budgets_and_validation_bleu_from_the_logs(tmp_pa
             "models": models,
         }
     )
-    assert "| hrt_d1_s1 | yes | 450 | 300 | 150 | 29.50 | 0.11 |" in md
+    assert "| hrt_d1_s1 | yes | 450 | 300 | 150 | 29.50 | 0.11 | - |" in md
+    assert "| at_d1_s1 | no | 150 | 150 | - | 30.00 | 0.13 | 0.10 |" in md
 
 
 def test_converged_benchmark_measures_every_model_and_translates_the_blind_sets(tmp_path, monkeypatch):

@@ -36,6 +36,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 PART_BYTES = 15 * 2**20
+GPU_RUN = "$ [gpu]"  # study.py's mark of a GPU run in a step's log (its hours are counted apart)
 MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 # options of the CPU run that have no meaning on the GPU
 CPU_ONLY = {"--cpu", "--cpu-autocast-bf16"}
@@ -125,7 +126,10 @@ def prepare(args):
         gpu = gpu_command(cmd, study, args.minutes, f"$W/{step}")
         # $G, $REPO and $W are the device side's folders; everything else is quoted
         text = " ".join(a if a.startswith(("$G/", "$REPO/", "$W/")) else shlex.quote(a) for a in gpu)
-        lines.append(f'    ( {text} > "$W/{step}.log" 2>&1; echo "exit $?" >> "$W/{step}.log" ) &')
+        # the log's first line marks the run as the GPU's (study.py counts its hours apart)
+        mark = shlex.quote(f"{GPU_RUN} {text}")
+        log = f'"$W/{step}.log"'
+        lines.append(f"    ( printf '%s\\n' {mark} > {log}; {text} >> {log} 2>&1; echo \"exit $?\" >> {log} ) &")
     steps = " ".join(args.steps)
     script = RUN_SH.format(trainings="\n".join(lines), steps=steps)
     (dest / "run.sh").write_text(script)
@@ -231,9 +235,9 @@ def receive(args):
         else:
             shutil.copy(target / "checkpoint_last.pt", target / "checkpoint_best.pt")
         log = study / "logs" / f"{step}.log"
+        text = (got / f"{step}.log").read_text()
         with open(log, "a") as f:
-            f.write("# trained on a lent GPU (fp32) by examples/multi30k/gpu_handoff.py; its log:\n")
-            f.write((got / f"{step}.log").read_text())
+            f.write(text if text.startswith(GPU_RUN) else f"{GPU_RUN} (a run on a lent GPU)\n{text}")
         print(f"{step}: update {last['optimizer_history'][-1]['num_updates']} -> {target}")
 
 

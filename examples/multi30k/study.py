@@ -472,6 +472,9 @@ class Study(Recipe):
 # "Saved checkpoint DIR/checkpoint_best.pt (epoch 12 @ 1500 updates, score 35.1) ..."
 _SAVED_BEST = re.compile(r"checkpoint_best\.pt \(epoch (\d+) @ (\d+) updates, score ([-\d.]+)\)")
 _WALL = re.compile(r'"wall": "([\d.]+)"')
+# a run's own clock at its end: its json "wall" restarts at 0 when it resumes a checkpoint
+# written on another machine (the restored stopwatch's start is that machine's clock)
+_DONE_TRAINING = re.compile(r"done training in ([\d.]+) seconds")
 _VALID_RECORD = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})")
 
 
@@ -662,6 +665,7 @@ class ConvergedStudy(Study):
                 "best_valid_bleu": best["bleu"] if best else None,
                 "curriculum_updates": best_checkpoint_update(self.start_log(name)) if name.startswith("hrt_") else None,
                 "hours": round(sum(training_seconds(lp) for lp in logs) / 3600, 2),
+                "gpu_hours": round(sum(training_seconds(lp, gpu=True) for lp in logs) / 3600, 2),
                 "valid_bleu": valid,
             }
         return out
@@ -869,21 +873,26 @@ class ConvergedStudy(Study):
         print(md)
 
 
-def training_seconds(log_path: Path) -> float:
+GPU_RUN = "$ [gpu]"  # how a run on a lent GPU (examples/multi30k/gpu_handoff.py) starts in a step's log
+
+
+def training_seconds(log_path: Path, gpu: bool = False) -> float:
     """Wall time of the runs in a fairseq json log (validation included): the last ``wall`` of
     each run (fairseq counts it from the process start), summed over the runs the log holds
-    (``run_step`` writes ``$ command`` before each)."""
+    (``run_step`` writes ``$ command`` before each). ``gpu``: the runs on a lent GPU (their
+    ``$ [gpu]`` line), else the others; the two are not one clock."""
     if not log_path.exists():
         return 0.0
-    total, last = 0.0, 0.0
+    total, last, counted = 0.0, 0.0, True
     for line in log_path.read_text(errors="replace").splitlines():
         if line.startswith("$ "):  # a new run of the step (resumed): its clock starts again
-            total, last = total + last, 0.0
+            total += last if counted else 0.0
+            last, counted = 0.0, line.startswith(GPU_RUN) == gpu
             continue
-        m = _WALL.search(line)
+        m = _WALL.search(line) or _DONE_TRAINING.search(line)
         if m:
             last = max(last, float(m.group(1)))
-    return total + last
+    return total + (last if counted else 0.0)
 
 
 def stage_summary(quality: dict) -> dict:
@@ -926,13 +935,14 @@ def converged_report(report: dict) -> str:
         f"risen for {report['patience']} epochs. HRT: fine-tuned from the AT student of its depth and seed for as "
         "many updates as that AT had (the curriculum), then on with p_k = 1.",
         "",
-        "| model | done | updates | best at | curriculum | best valid BLEU | hours |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| model | done | updates | best at | curriculum | best valid BLEU | hours | of them on a GPU |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, m in report["models"].items():
         lines.append(
             f"| {name} | {'yes' if m['done'] else 'no'} | {m['updates'] or '-'} | {m['best_updates'] or '-'} | "
-            f"{m['curriculum_updates'] or '-'} | {_f(m['best_valid_bleu'])} | {m['hours']:.2f} |"
+            f"{m['curriculum_updates'] or '-'} | {_f(m['best_valid_bleu'])} | "
+            f"{m['hours'] + m.get('gpu_hours', 0):.2f} | {_f(m.get('gpu_hours') or None)} |"
         )
     oracles = report.get("stage_oracles") or {}
     if oracles:
