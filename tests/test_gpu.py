@@ -52,6 +52,32 @@ def fp16_runs(tmp_path_factory):
     return data, root, runs
 
 
+def test_eval_bleu_validation_on_gpu(fp16_runs, tmp_path):
+    """fairseq-train --eval-bleu on the GPU in float32, as the study's steps run on a lent GPU
+    (examples/multi30k/gpu_handoff.py): fairseq builds the validation generator before the
+    trainer moves the model to the GPU, and the search sent its tokens to the CPU ('index is on
+    cpu') until the lean engine read the model's device at each use. HRT k = 2, so the
+    validation runs both stages on the GPU."""
+    data, root, _ = fp16_runs
+    validated = [
+        "--eval-bleu",
+        "--eval-bleu-args",
+        '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
+        "--best-checkpoint-metric",
+        "bleu",
+        "--maximize-best-checkpoint-metric",
+        "--chunk-sizes",
+        "2",
+        "--finetune-from-model",
+        root / "at" / "checkpoint_last.pt",
+    ]
+    args = train_args(data.bin_dir, tmp_path / "hrt_eval", *validated, max_update=12, log_interval=4)
+    out = run_cli(on_gpu([a for a in args if a != "--disable-validation"]), env=GPU_ENV).stdout
+    valid = parse_logs(out, "valid")
+    assert valid and all("valid_bleu" in v for v in valid), out[-3000:]
+    assert "checkpoint_best.pt" in out
+
+
 @pytest.mark.parametrize("name", ["at", "hrt", "mp"])
 def test_fp16_training_on_gpu(fp16_runs, name):
     _, root, runs = fp16_runs
