@@ -428,6 +428,22 @@ def make_tiny_data(
     return TinyData(raw_dir=root / "raw", bin_dir=bin_dir, source=raw["source"])
 
 
+def eval_bleu_finetune_args(start) -> List[str]:
+    """``fairseq-train`` options of a run fine-tuned from ``start`` that validates with greedy
+    BLEU and keeps the best checkpoint by it (the converged study's runs); the caller drops
+    ``train_args``' ``--disable-validation``."""
+    return [
+        "--eval-bleu",
+        "--eval-bleu-args",
+        '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
+        "--best-checkpoint-metric",
+        "bleu",
+        "--maximize-best-checkpoint-metric",
+        "--finetune-from-model",
+        str(start),
+    ]
+
+
 def train_args(
     data_dir,
     save_dir,

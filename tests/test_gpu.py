@@ -16,7 +16,17 @@ import torch
 from fairseq import utils
 from fairseq.sequence_generator import SequenceGenerator
 
-from benchmarks.tiny_runs import REPO, SRC, TGT, USER_DIR, make_tiny_data, parse_logs, run_cli, train_args
+from benchmarks.tiny_runs import (
+    REPO,
+    SRC,
+    TGT,
+    USER_DIR,
+    eval_bleu_finetune_args,
+    make_tiny_data,
+    parse_logs,
+    run_cli,
+    train_args,
+)
 from tests.hrt_fixtures import build_task_and_model, make_sample
 from tests.test_generator import SENTENCES, SPECIALS, generate
 from tests.tiny_data import hyp_lines
@@ -59,18 +69,7 @@ def test_eval_bleu_validation_on_gpu(fp16_runs, tmp_path):
     cpu') until the lean engine read the model's device at each use. HRT k = 2, so the
     validation runs both stages on the GPU."""
     data, root, _ = fp16_runs
-    validated = [
-        "--eval-bleu",
-        "--eval-bleu-args",
-        '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
-        "--best-checkpoint-metric",
-        "bleu",
-        "--maximize-best-checkpoint-metric",
-        "--chunk-sizes",
-        "2",
-        "--finetune-from-model",
-        root / "at" / "checkpoint_last.pt",
-    ]
+    validated = ["--chunk-sizes", "2", *eval_bleu_finetune_args(root / "at" / "checkpoint_last.pt")]
     args = train_args(data.bin_dir, tmp_path / "hrt_eval", *validated, max_update=12, log_interval=4)
     out = run_cli(on_gpu([a for a in args if a != "--disable-validation"]), env=GPU_ENV).stdout
     valid = parse_logs(out, "valid")

@@ -29,6 +29,7 @@ from benchmarks.tiny_runs import (
     TGT,
     USER_DIR,
     cli_env,
+    eval_bleu_finetune_args,
     make_tiny_data,
     parse_logs,
     preprocess_args,
@@ -613,16 +614,7 @@ def test_eval_bleu_validates_an_hrt_model_with_its_chunk_size(data, work):
     so validation decodes it with HRT (k = 2) and logs BLEU every epoch instead of refusing the
     model as 'not trained with chunked samples'."""
     run_cli(train_args(data.bin_dir, work / "ck_eval_at", "--hrt-mode", "at", arch="at_tiny", max_update=10))
-    validated = [
-        "--eval-bleu",
-        "--eval-bleu-args",
-        '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
-        "--best-checkpoint-metric",
-        "bleu",
-        "--maximize-best-checkpoint-metric",
-        "--finetune-from-model",
-        work / "ck_eval_at" / "checkpoint_last.pt",
-    ]
+    validated = eval_bleu_finetune_args(work / "ck_eval_at" / "checkpoint_last.pt")
     args = train_args(data.bin_dir, work / "ck_eval_hrt", *validated, max_update=12, log_interval=4)
     out = run_cli([a for a in args if a != "--disable-validation"]).stdout
     valid = parse_logs(out, "valid")
