@@ -50,18 +50,14 @@ def gpu_command(cmd: List[str], study: Path, minutes: float, save_dir: str) -> L
         raise SystemExit(f"not a fairseq-train command: {shlex.join(cmd[:4])} ...")
     out = ["python3", "-m", "fairseq_cli.train"]
     args = cmd[cmd.index("-m") + 2 :]
+    moved = {"--stop-time-hours": f"{minutes / 60:.4f}", "--save-dir": save_dir, "--user-dir": "$REPO/fairseq_hrt"}
     i = 0
     while i < len(args):
         a = args[i]
         if a in CPU_ONLY:
             i += 1
             continue
-        if a in ("--stop-time-hours", "--save-dir", "--user-dir") and i + 1 < len(args):
-            moved = {
-                "--stop-time-hours": f"{minutes / 60:.4f}",
-                "--save-dir": save_dir,
-                "--user-dir": "$REPO/fairseq_hrt",
-            }
+        if a in moved and i + 1 < len(args):
             out += [a, moved[a]]
             i += 2
             continue
@@ -80,6 +76,14 @@ def study_inputs(cmd: List[str], study: Path) -> List[Path]:
             if p.exists() and p not in found:
                 found.append(p)
     return found
+
+
+def cast_moments(checkpoint: dict, dtype: torch.dtype):
+    """Adam's moments of a fairseq checkpoint to ``dtype`` (bfloat16 to travel, float32 back)."""
+    for state in checkpoint["last_optimizer_state"]["state"].values():
+        for key in MOMENTS:
+            if key in state:
+                state[key] = state[key].to(dtype)
 
 
 def slim_start(src: Path, dst: Path):
@@ -133,7 +137,6 @@ def prepare(args):
     steps = " ".join(args.steps)
     script = RUN_SH.format(trainings="\n".join(lines), steps=steps)
     (dest / "run.sh").write_text(script)
-    (dest / "steps.txt").write_text(steps + "\n")
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
     if size > 56 * 2**20:  # the call's working tree (checkout and carried folders) holds 64 MiB
         raise SystemExit(f"{dest} holds {size / 2**20:.1f} MiB: too much to travel with the checkout (64 MiB)")
@@ -185,10 +188,7 @@ def pack(args):
     work, step, out = Path(args.work), args.step, Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     last = torch.load(work / step / "checkpoint_last.pt", map_location="cpu", weights_only=False)
-    for state in last["last_optimizer_state"]["state"].values():
-        for key in MOMENTS:
-            if key in state:
-                state[key] = state[key].to(torch.bfloat16)
+    cast_moments(last, torch.bfloat16)
     bundle = {"last": last, "best_model": None}
     best_path = work / step / "checkpoint_best.pt"
     if best_path.exists():
@@ -219,10 +219,7 @@ def receive(args):
         parts = sorted(got.glob(f"{step}.state.*"))
         bundle = torch.load(io.BytesIO(lzma.decompress(b"".join(p.read_bytes() for p in parts))), weights_only=False)
         last = bundle["last"]
-        for state in last["last_optimizer_state"]["state"].values():
-            for key in MOMENTS:
-                if key in state:
-                    state[key] = state[key].to(torch.float32)
+        cast_moments(last, torch.float32)
         target = study / step
         if (target / "checkpoint_last.pt").exists() and not args.force:
             raise SystemExit(
