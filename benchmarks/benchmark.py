@@ -55,7 +55,10 @@ systems alike. Every speed is also given as a ratio to the fastest AT greedy mea
 process.
 
 Output (``--out-dir``): ``report.json``, ``report.md`` (also printed), ``pareto.png`` (BLEU vs
-words/s per batch size, Pareto front marked) and ``hyps/<system>.txt``.
+words/s per batch size, Pareto front marked) and ``hyps/<system>.txt``. A long run (a study's
+hundred rows on one thread take hours) saves what it has measured in ``resume.json`` as it
+goes: ``--resume`` after an interruption keeps every finished batch size (speeds compared
+within one batch size always come from one process), the outputs and the ``--translate`` files.
 
 Example (after examples/multi30k/recipe.py)::
 
@@ -155,6 +158,61 @@ def relative_paths(decoding: dict, rel) -> dict:
     return {k: rel(v) if k == "shortlist" and v else v for k, v in decoding.items()}
 
 
+RESUME_FILE = "resume.json"
+# options that change neither what is decoded nor how it is timed: a resumed run may differ in them
+_NOT_MEASURED = {"out_dir", "log_file", "resume", "translate", "translations_dir", "comet_model", "comet_encoder"}
+
+
+def command_fingerprint(args, system_names: Sequence[str]) -> dict:
+    """What a resumed run must share with the interrupted one for the measurements to be
+    reused: every option that changes what is decoded or how it is timed, the systems, and the
+    size and modification time of every file an option names (a study rewrites
+    ``checkpoint_best.pt`` in place; ``NAME=PATH`` values count by their path)."""
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_MEASURED}
+    files = {}
+    for value in options.values():
+        for item in value if isinstance(value, list) else [value]:
+            if not isinstance(item, str):
+                continue
+            for path in (item, item.split("=", 1)[-1]):
+                if os.path.isfile(path):
+                    st = os.stat(path)
+                    files[os.path.abspath(path)] = [st.st_size, st.st_mtime_ns]
+    # as it reads back from JSON (lists, not tuples), so that equal commands compare equal
+    return json.loads(json.dumps({"options": options, "systems": list(system_names), "files": files}))
+
+
+class ResumeState:
+    """``OUT/resume.json``: what a run has measured so far (each batch size's speeds once every
+    system has them, each system's outputs on the whole test set, the ``--translate`` files
+    written), saved as it goes and removed when the report is written. ``resume``: start from
+    the file when it was written by the same command (:func:`command_fingerprint`); a file of
+    another command is ignored and replaced, with a warning."""
+
+    def __init__(self, path: str, fingerprint: dict, resume: bool):
+        self.path = path
+        self.data = {"command": fingerprint, "batch_sizes": {}, "outputs": {}, "translated": {}}
+        if resume and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                old = json.load(f)
+            if old.get("command") == fingerprint:
+                self.data = old
+                logger.info(
+                    "%s: going on from an interrupted run (batch sizes measured: %s; outputs of %d systems)",
+                    path,
+                    ", ".join(old["batch_sizes"]) or "none",
+                    len(old["outputs"]),
+                )
+            else:
+                logger.warning(
+                    "%s: written by another command (options, systems or checkpoint files differ): starting again",
+                    path,
+                )
+
+    def save(self):
+        write_file(self.path, json.dumps(self.data) + "\n")
+
+
 def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9=._-]+", "_", name).strip("_")
 
@@ -200,7 +258,13 @@ def markdown_report(report: dict) -> str:
         f"{meta['runs_bs1']} runs; larger batches: all sentences, {meta['runs_large']} run(s); "
         "each after a warm-up (one batch; the cuda-graph engine's: a whole pass, its graphs captured)",
         f"- device: {meta['device']}, {meta['threads']} torch thread(s); torch {meta['torch']}, "
-        f"fairseq {meta['fairseq']}, Python {meta['python']}; {meta['date']}",
+        f"fairseq {meta['fairseq']}, Python {meta['python']}; {meta['date']}"
+        + (
+            "; measured by an earlier process of the same command, interrupted and resumed: "
+            + ", ".join(f"bs={b} ({d})" for b, d in meta["resumed_batch_sizes"].items())
+            if meta.get("resumed_batch_sizes")
+            else ""
+        ),
         f"- BLEU: sacreBLEU on detokenised output, signature `{report['bleu_signature']}`",
         f"- chrF: sacreBLEU, signature `{report.get('chrf_signature')}`",
         "- COMET: "
@@ -442,17 +506,30 @@ def run(args) -> dict:
             runners[s.name] = adapter_of(s).runner(s, ctx, shared)
     systems = [s for s in systems if s.name in runners]
 
+    state = ResumeState(
+        os.path.join(args.out_dir, RESUME_FILE), command_fingerprint(args, [s.name for s in systems]), args.resume
+    )
+    outputs = state.data["outputs"]  # system -> its texts and passes, from a pass over every sentence
+
     def passes_from(s, hyps, before):
         """The row's outputs and decoder passes, from its first passes over every sentence
         (the counters of ``before`` are diffed: per sentence, so any number of passes)."""
-        if s.name not in hyps_out:
-            hyps_out[s.name] = hyps
-            s.passes_per_sentence, s.accepted_per_verify_pass = runners[s.name].passes(hyps, before)
+        if s.name not in outputs:
+            passes, accepted = runners[s.name].passes(hyps, before)
+            outputs[s.name] = {
+                "texts": runners[s.name].texts(hyps, len(src)),
+                "passes_per_sentence": passes,
+                "accepted_per_verify_pass": accepted,
+            }
 
-    hyps_out = {}  # system -> {sentence index: output}, from a pass over every sentence
-    total_passes = sum((args.runs if bs == 1 else args.runs_large) * len(systems) for bs in batch_sizes)
+    measured = state.data["batch_sizes"]  # str(bs) -> {"date", "speed": {system: ...}}, as they finish
+    resumed = {b: measured[str(b)]["date"] for b in batch_sizes if str(b) in measured}
+    for b, date in resumed.items():
+        logger.info("batch size %d: taken from the interrupted run of %s (%s)", b, date, state.path)
+    todo = [bs for bs in batch_sizes if bs not in resumed]
+    total_passes = sum((args.runs if bs == 1 else args.runs_large) * len(systems) for bs in todo)
     bar = tqdm(total=total_passes, desc="benchmark", unit="pass", disable=None)
-    for bs in batch_sizes:
+    for bs in todo:
         lines = src[:n_bs1] if bs == 1 else src
         words = source_words(raw_src[: len(lines)])
         prepared = {s.name: runners[s.name].prepare(lines, bs) for s in systems}
@@ -486,16 +563,27 @@ def run(args) -> dict:
                 "words": words,
             }
             logger.info("%-28s batch %4d: %9.1f words/s (%d run(s), %.3fs)", s.name, bs, words / t.mean, runs, t.mean)
+        measured[str(bs)] = {
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "speed": {s.name: s.speed[str(bs)] for s in systems},
+        }
+        state.save()
     bar.close()
+    for s in systems:
+        for b in resumed:
+            s.speed[str(b)] = measured[str(b)]["speed"][s.name]
     for s in systems:  # quality needs every sentence: decode it once, untimed, if no pass did
-        if s.name not in hyps_out:
+        if s.name not in outputs:
             runner = runners[s.name]
             before = runner.counters()
             passes_from(s, runner.run(runner.prepare(src, max(batch_sizes))), before)
+            state.save()
 
     hyps, signature, chrf_signature = {}, None, None
     for s in systems:
-        hyps[s.name] = runners[s.name].texts(hyps_out[s.name], len(src))
+        hyps[s.name] = outputs[s.name]["texts"]
+        s.passes_per_sentence = outputs[s.name]["passes_per_sentence"]
+        s.accepted_per_verify_pass = outputs[s.name]["accepted_per_verify_pass"]
         bleu = sacrebleu_score(hyps[s.name], refs)
         s.bleu, signature = bleu["score"], bleu["signature"]
         chrf = chrf_score(hyps[s.name], refs)
@@ -503,7 +591,7 @@ def run(args) -> dict:
         s.length_ratio, s.brevity_penalty = bleu["sys_len"] / max(1, bleu["ref_len"]), bleu["bp"]
         write_file(os.path.join(args.out_dir, "hyps", slug(s.name) + ".txt"), "".join(h + "\n" for h in hyps[s.name]))
     comet = comet_for(systems, raw_src, refs, hyps, args)
-    translated = translate_sets(args, systems, runners, max(batch_sizes))
+    translated = translate_sets(args, systems, runners, max(batch_sizes), state)
 
     baselines = fastest_baseline(systems, [str(b) for b in batch_sizes])
     have_baseline = bool(baselines)
@@ -533,6 +621,9 @@ def run(args) -> dict:
             "runs_large": args.runs_large,
             "baseline": "the fastest AT greedy of this run" if have_baseline else None,
             "baseline_per_batch_size": baselines,
+            # {batch size: when it was measured} for those an earlier, interrupted process of the
+            # same command measured (--resume); the others were measured by this one
+            "resumed_batch_sizes": {str(b): date for b, date in resumed.items()},
             "engines": parse_engines(args.engines),
             "max_len_a": args.max_len_a,
             "max_len_b": args.max_len_b,
@@ -567,10 +658,11 @@ def run(args) -> dict:
     return report
 
 
-def translate_sets(args, systems, runners, batch_size) -> Dict[str, tuple]:
+def translate_sets(args, systems, runners, batch_size, state: "ResumeState") -> Dict[str, tuple]:
     """``--translate NAME=RAW_FILE``: every system translates the file (SentencePiece of
     ``--spm``, batches of ``batch_size``, untimed) into ``OUT/<--translations-dir>/NAME/<system><ext>``
-    (``ext``: the reference's, e.g. ``.de``), one detokenised line per source line.
+    (``ext``: the reference's, e.g. ``.de``), one detokenised line per source line; a file that
+    ``state`` lists as written (by an interrupted run of the same command) is kept.
     ``{NAME: (RAW_FILE, folder relative to OUT)}``."""
     sets = parse_named_checkpoints(args.translate, "--translate", "RAW_FILE")
     if not sets:
@@ -582,10 +674,16 @@ def translate_sets(args, systems, runners, batch_size) -> Dict[str, tuple]:
         raw = read_lines(path)
         pieces = [" ".join(spm.encode(line, out_type=str)) for line in raw]
         folder = os.path.join(args.translations_dir, name)
+        done = state.data["translated"].setdefault(f"{name}={os.path.abspath(path)}", [])
         for s in systems:
+            target = os.path.join(args.out_dir, folder, s.name + ext)
+            if s.name in done and os.path.exists(target):
+                continue
             runner = runners[s.name]
             texts = runner.texts(runner.run(runner.prepare(pieces, batch_size)), len(pieces))
-            write_file(os.path.join(args.out_dir, folder, s.name + ext), "".join(t + "\n" for t in texts))
+            write_file(target, "".join(t + "\n" for t in texts))
+            done.append(s.name)
+            state.save()
         logger.info("%s: %d lines translated by %d systems into %s", path, len(raw), len(systems), folder)
         out[name] = (path, folder)
     return out
@@ -700,6 +798,14 @@ def parse_args(argv=None):
     g.add_argument("--out-dir", required=True, help="report.json, report.md, pareto.png and hyps/ go here")
     g.add_argument("--log-file", help="write the log to this file instead of stderr")
     g.add_argument(
+        "--resume",
+        action="store_true",
+        help=f"go on from an interrupted run of the same command in --out-dir (OUT/{RESUME_FILE}, saved as "
+        "it goes): the batch sizes it measured (their speeds, from that process, dated in the report), the "
+        "outputs it decoded and the --translate files it wrote are kept; options, systems or checkpoint "
+        "files that changed start it again",
+    )
+    g.add_argument(
         "--translate",
         action="append",
         default=[],
@@ -736,6 +842,9 @@ def main(argv=None):
         args.out_dir,
         {"pareto.png": pareto_png(report), "report.md": md, "report.json": json.dumps(report, indent=2) + "\n"},
     )
+    state_file = os.path.join(args.out_dir, RESUME_FILE)
+    if os.path.exists(state_file):  # complete: report.json, never both
+        os.remove(state_file)
     print(md)
     logger.info("wrote %s in %.0fs", os.path.join(args.out_dir, "report.{json,md}, pareto.png"), timed.total)
     return report

@@ -669,6 +669,119 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(ti
     assert "not available" not in md and "| HRT: skipped |" in md and "| MP: skipped |" in md
 
 
+class Stopped(Exception):
+    """Stands for the kill of a long benchmark (a session's end, a SIGTERM)."""
+
+
+def test_an_interrupted_benchmark_resumes_with_its_finished_batch_sizes_and_translations(
+    tiny_run, tmp_path, monkeypatch
+):
+    """``--resume`` keeps what an interrupted run of the same command finished: a batch size
+    whose passes all ran (its speeds as that process measured them), the whole-test outputs, and
+    the ``--translate`` files written; the rest is measured again, and the report says which
+    batch sizes came from the earlier process."""
+    out, _, _ = tiny_run
+    data = out / "data"
+    bench = tmp_path / "bench"
+    blind = tmp_path / "blind.en"
+    blind.write_text("A dog runs.\nTwo men play football in the park.\n", encoding="utf-8")
+    argv = [
+        *("--data", str(data / "data-bin"), "--spm", str(data / "spm" / "spm.model")),
+        *("--src", str(data / "spm" / "test.en"), "--raw-src", str(data / "raw" / "test.en")),
+        *("--raw-ref", str(data / "raw" / "test.de"), "--at", str(out / "at" / "checkpoint_last.pt")),
+        *("--max-sentences", "6", "--bs1-sentences", "2", "--batch-sizes", "1,4", "--runs", "1"),
+        *("--engines", "lean", "--int8", "no", "--ctranslate2", "no", "--cpu"),
+        *("--out-dir", str(bench), "--translate", f"blind={blind}"),
+    ]
+    real_time_runs, real_write_file = benchmark.time_runs, benchmark.write_file
+    timed = []  # the batch sizes' round-robin timings called, per process
+
+    def time_runs(fn, **kw):
+        if isinstance(fn, dict):
+            timed.append(len(timed))
+            if stop_at_timing is not None and len(timed) == stop_at_timing:
+                raise Stopped
+        return real_time_runs(fn, **kw)
+
+    translation_writes = []
+
+    def write_file(path, content):
+        if "translations" in str(path):
+            translation_writes.append(Path(path).name)
+            if stop_at_translation is not None and len(translation_writes) == stop_at_translation:
+                raise Stopped
+        return real_write_file(path, content)
+
+    monkeypatch.setattr(benchmark, "time_runs", time_runs)
+    monkeypatch.setattr(benchmark, "write_file", write_file)
+    state_file = bench / benchmark.RESUME_FILE
+
+    # 1. stopped while timing batch size 4: batch size 1 is saved, no report
+    stop_at_timing, stop_at_translation = 2, None
+    with pytest.raises(Stopped):
+        benchmark.main(argv)
+    state = json.loads(state_file.read_text())
+    assert list(state["batch_sizes"]) == ["1"] and not (bench / "report.json").exists()
+    speeds_bs1 = state["batch_sizes"]["1"]["speed"]
+    assert sorted(speeds_bs1) == sorted(AT_SYSTEMS)
+
+    # 2. resumed: only batch size 4 is timed; stopped after the first system's translation
+    timed.clear()
+    stop_at_timing, stop_at_translation = None, 2
+    with pytest.raises(Stopped):
+        benchmark.main(argv + ["--resume"])
+    assert len(timed) == 1
+    state = json.loads(state_file.read_text())
+    assert list(state["batch_sizes"]) == ["1", "4"] and sorted(state["outputs"]) == sorted(AT_SYSTEMS)
+    assert [names for names in state["translated"].values()] == [["AT greedy"]]
+
+    # 3. resumed again: nothing is timed, the finished translation is kept, the report is whole
+    timed.clear()
+    translation_writes.clear()
+    stop_at_translation = None
+    report = benchmark.main(argv + ["--resume"])
+    assert timed == [] and translation_writes == ["AT beam 5.de"]
+    assert not state_file.exists() and (bench / "report.json").exists()
+    assert report["meta"]["resumed_batch_sizes"] == {
+        "1": state["batch_sizes"]["1"]["date"],
+        "4": state["batch_sizes"]["4"]["date"],
+    }
+    for s in report["systems"]:
+        assert s["speed"]["1"]["run_seconds"] == speeds_bs1[s["name"]]["run_seconds"]
+        assert isinstance(s["bleu"], float) and s["speed"]["4"]["ratio_vs_baseline"] is not None
+        lines = (bench / "translations" / "blind" / f"{s['name']}.de").read_text(encoding="utf-8").splitlines()
+        assert len(lines) == 2
+    assert "interrupted and resumed: bs=1" in (bench / "report.md").read_text()
+
+
+def test_a_resume_file_of_another_command_is_not_used(tmp_path):
+    """The fingerprint of a command: a checkpoint rewritten in place (a study's
+    ``checkpoint_best.pt``) or a measuring option changes it; the output folder, the log and
+    the files to translate do not."""
+    ckpt = tmp_path / "checkpoint_best.pt"
+    ckpt.write_bytes(b"weights")
+
+    def args(**kw):
+        base = dict(at=str(ckpt), at_extra=[f"b={ckpt}"], runs=5, out_dir="a", log_file=None, translate=[])
+        base["resume"] = False
+        return SimpleNamespace(**{**base, **kw})
+
+    first = benchmark.command_fingerprint(args(), ["AT greedy"])
+    assert first == benchmark.command_fingerprint(args(out_dir="b", translate=["x=y"], resume=True), ["AT greedy"])
+    assert str(ckpt.resolve()) in first["files"]
+    assert first != benchmark.command_fingerprint(args(runs=3), ["AT greedy"])
+    assert first != benchmark.command_fingerprint(args(), ["AT greedy", "AT beam 5"])
+    os.utime(ckpt, ns=(0, 0))
+    assert first != benchmark.command_fingerprint(args(), ["AT greedy"])
+    state = tmp_path / "resume.json"
+    state.write_text(json.dumps({"command": first, "batch_sizes": {"1": {}}, "outputs": {}, "translated": {}}))
+    fresh = benchmark.ResumeState(str(state), benchmark.command_fingerprint(args(), ["AT greedy"]), resume=True)
+    assert fresh.data["batch_sizes"] == {}
+    same = benchmark.ResumeState(str(state), first, resume=True)
+    assert same.data["batch_sizes"] == {"1": {}}
+    assert benchmark.ResumeState(str(state), first, resume=False).data["batch_sizes"] == {}
+
+
 def restrictive_shortlist(data_bin: Path, path: Path, per_source=2, seed=0):
     """A shortlist of the recipe's dictionaries that must change the tiny models' output:
     ``per_source`` random words per source token, none of the 5 most frequent target words

@@ -724,6 +724,7 @@ class ConvergedStudy(Study):
             str(self.logs / "benchmark.log"),
             "--translations-dir",
             "blind",
+            "--resume",  # hours on one thread: a stopped study keeps the batch sizes measured
         ]
         for name in at_extra + ["teacher"]:
             cmd += ["--at-extra", f"{name}={self.best(name)}"]
