@@ -110,7 +110,7 @@ from benchmarks.measure import (  # noqa: E402,F401  (the pure parts are part of
     read_lines,
     systems_from_args,
 )
-from benchmarks.report_files import write_file, write_files  # noqa: E402
+from benchmarks.report_files import file_stamp, write_file, write_files  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
 from fairseq_hrt.scoring.comet import CometUnavailable, comet_score, resolve_comet_model  # noqa: E402
@@ -176,8 +176,7 @@ def command_fingerprint(args, system_names: Sequence[str]) -> dict:
                 continue
             for path in (item, item.split("=", 1)[-1]):
                 if os.path.isfile(path):
-                    st = os.stat(path)
-                    files[os.path.abspath(path)] = [st.st_size, st.st_mtime_ns]
+                    files[os.path.abspath(path)] = file_stamp(path)
     # as it reads back from JSON (lists, not tuples), so that equal commands compare equal
     return json.loads(json.dumps({"options": options, "systems": list(system_names), "files": files}))
 

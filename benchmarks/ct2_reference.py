@@ -22,7 +22,7 @@ import json
 import os
 from typing import Dict, List, Optional, Sequence
 
-from benchmarks.report_files import write_file
+from benchmarks.report_files import file_stamp, write_file
 
 USER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_hrt")
 
@@ -86,8 +86,7 @@ def _unsupported_reason(checkpoint: str) -> Optional[str]:
 
 
 def _stamp(checkpoint: str) -> str:
-    st = os.stat(checkpoint)
-    return f"{os.path.abspath(checkpoint)} {st.st_size} {st.st_mtime_ns}\n"
+    return file_stamp(checkpoint) + "\n"  # a line of converted_from.txt
 
 
 def convert(checkpoint: str, data_dir: str, out_dir: str, source_lang: str, target_lang: str) -> str:

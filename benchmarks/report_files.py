@@ -7,6 +7,13 @@ import os
 from typing import Mapping, Optional, Union
 
 
+def file_stamp(path: str) -> str:
+    """An input file as the outputs made from it remember it: its absolute path, size and
+    modification time (a checkpoint rewritten in place gets a new stamp)."""
+    st = os.stat(path)
+    return f"{os.path.abspath(path)} {st.st_size} {st.st_mtime_ns}"
+
+
 def write_files(out_dir: str, files: Mapping[str, Union[str, bytes]]):
     """The one way the measuring scripts write their outputs (reports, tables, hypotheses):
     atomically. Every ``{name: text or bytes}`` is first written whole to a temporary file in
