@@ -183,8 +183,8 @@ def command_fingerprint(args, system_names: Sequence[str]) -> dict:
 
 class ResumeState:
     """``OUT/resume.json``: what a run has measured so far (each batch size's speeds once every
-    system has them, each system's outputs on the whole test set, the ``--translate`` files
-    written), saved as it goes and removed when the report is written. ``resume``: start from
+    system has them, each system's decoder passes over the whole test set, whose texts are in
+    ``OUT/hyps/``, the ``--translate`` files written), saved as it goes and removed when the report is written. ``resume``: start from
     the file when it was written by the same command (:func:`command_fingerprint`); a file of
     another command is ignored and replaced, with a warning."""
 
@@ -508,18 +508,23 @@ def run(args) -> dict:
     state = ResumeState(
         os.path.join(args.out_dir, RESUME_FILE), command_fingerprint(args, [s.name for s in systems]), args.resume
     )
-    outputs = state.data["outputs"]  # system -> its texts and passes, from a pass over every sentence
+    # system -> its decoder passes, from a pass over every sentence; its texts are in hyps/
+    outputs = state.data["outputs"]
+
+    def hyps_file(s):
+        return os.path.join(args.out_dir, "hyps", slug(s.name) + ".txt")
+
+    for name in [s.name for s in systems if s.name in outputs and not os.path.exists(hyps_file(s))]:
+        del outputs[name]  # its texts were lost with the folder's hyps/: decode them again
 
     def passes_from(s, hyps, before):
-        """The row's outputs and decoder passes, from its first passes over every sentence
-        (the counters of ``before`` are diffed: per sentence, so any number of passes)."""
+        """The row's outputs (into ``hyps/``) and decoder passes, from its first passes over
+        every sentence (the counters of ``before`` are diffed: per sentence, so any number of passes)."""
         if s.name not in outputs:
             passes, accepted = runners[s.name].passes(hyps, before)
-            outputs[s.name] = {
-                "texts": runners[s.name].texts(hyps, len(src)),
-                "passes_per_sentence": passes,
-                "accepted_per_verify_pass": accepted,
-            }
+            texts = runners[s.name].texts(hyps, len(src))
+            write_file(hyps_file(s), "".join(h + "\n" for h in texts))
+            outputs[s.name] = {"passes_per_sentence": passes, "accepted_per_verify_pass": accepted}
 
     measured = state.data["batch_sizes"]  # str(bs) -> {"date", "speed": {system: ...}}, as they finish
     resumed = {b: measured[str(b)]["date"] for b in batch_sizes if str(b) in measured}
@@ -580,7 +585,7 @@ def run(args) -> dict:
 
     hyps, signature, chrf_signature = {}, None, None
     for s in systems:
-        hyps[s.name] = outputs[s.name]["texts"]
+        hyps[s.name] = read_lines(hyps_file(s))
         s.passes_per_sentence = outputs[s.name]["passes_per_sentence"]
         s.accepted_per_verify_pass = outputs[s.name]["accepted_per_verify_pass"]
         bleu = sacrebleu_score(hyps[s.name], refs)
@@ -588,7 +593,6 @@ def run(args) -> dict:
         chrf = chrf_score(hyps[s.name], refs)
         s.chrf, chrf_signature = chrf["score"], chrf["signature"]
         s.length_ratio, s.brevity_penalty = bleu["sys_len"] / max(1, bleu["ref_len"]), bleu["bp"]
-        write_file(os.path.join(args.out_dir, "hyps", slug(s.name) + ".txt"), "".join(h + "\n" for h in hyps[s.name]))
     comet = comet_for(systems, raw_src, refs, hyps, args)
     translated = translate_sets(args, systems, runners, max(batch_sizes), state)
 

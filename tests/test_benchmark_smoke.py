@@ -734,6 +734,11 @@ def test_an_interrupted_benchmark_resumes_with_its_finished_batch_sizes_and_tran
     state = json.loads(state_file.read_text())
     assert list(state["batch_sizes"]) == ["1", "4"] and sorted(state["outputs"]) == sorted(AT_SYSTEMS)
     assert [names for names in state["translated"].values()] == [["AT greedy"]]
+    # the state keeps the passes; the texts are in hyps/, and one lost there is decoded again, untimed
+    assert all(set(o) == {"passes_per_sentence", "accepted_per_verify_pass"} for o in state["outputs"].values())
+    lost = bench / "hyps" / (benchmark.slug("AT beam 5") + ".txt")
+    lost_text = lost.read_text(encoding="utf-8")
+    lost.unlink()
 
     # 3. resumed again: nothing is timed, the finished translation is kept, the report is whole
     timed.clear()
@@ -752,6 +757,7 @@ def test_an_interrupted_benchmark_resumes_with_its_finished_batch_sizes_and_tran
         lines = (bench / "translations" / "blind" / f"{s['name']}.de").read_text(encoding="utf-8").splitlines()
         assert len(lines) == 2
     assert "interrupted and resumed: bs=1" in (bench / "report.md").read_text()
+    assert lost.read_text(encoding="utf-8") == lost_text
 
 
 def test_a_resume_file_of_another_command_is_not_used(tmp_path):
