@@ -184,9 +184,10 @@ def command_fingerprint(args, system_names: Sequence[str]) -> dict:
 class ResumeState:
     """``OUT/resume.json``: what a run has measured so far (each batch size's speeds once every
     system has them, each system's decoder passes over the whole test set, whose texts are in
-    ``OUT/hyps/``, the ``--translate`` files written), saved as it goes and removed when the report is written. ``resume``: start from
-    the file when it was written by the same command (:func:`command_fingerprint`); a file of
-    another command is ignored and replaced, with a warning."""
+    ``OUT/hyps/``, the ``--translate`` files written), saved as it goes and removed when the
+    report is written. ``resume``: start from the file when it was written by the same command
+    (:func:`command_fingerprint`); a file of another command is ignored and replaced, with a
+    warning."""
 
     def __init__(self, path: str, fingerprint: dict, resume: bool):
         self.path = path
