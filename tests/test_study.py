@@ -557,6 +557,42 @@ def test_converged_stage_oracles_of_every_hrt_model_in_the_report(tmp_path, monk
     assert s.at_student_of("hrt_d2_s1_from_teacher") == "at_d2_s1" and s.at_student_of("hrt_d3_s1") is None
 
 
+def test_only_the_stage_oracles_of_a_trained_hrt_model(tmp_path, monkeypatch):
+    """``--only quality_<model>`` runs that model's stage oracles and no training step (a lane
+    that has finished its training can run them beside the other); before the model's phase at
+    p_k = 1 has finished it is refused, and a name of no HRT model is not a step."""
+    s = _converged(tmp_path, "--also-from-teacher", "--only", "quality_hrt_d2_s1_from_teacher")
+    ran = []
+
+    def fake_run(i, name, cmd, outputs, **kw):
+        ran.append(name)
+        if name.startswith("quality_"):
+            quality = {
+                "chunk_size": 2,
+                "systems": {"at_mode_b1": {"bleu": 31.0}, "k2_b1": {"bleu": 30.0}},
+                "gap": {"b1": 1.0},
+                "oracles": {"reference": {"bleu": 45.0}, "at_mode": {"bleu": 30.5}},
+                "stage_losses_b1": {"stage2": 0.5, "stage1": 0.5},
+            }
+            outputs[0].write_text(json.dumps(quality))
+
+    monkeypatch.setattr(s, "run_step", fake_run)
+    with pytest.raises(study.StepError, match="quality_hrt_d2_s1_from_teacher: the model is not trained yet"):
+        s.run()
+    s.markers.mkdir(parents=True, exist_ok=True)
+    (s.markers / "hrt_d2_s1_from_teacher.done").touch()  # its curriculum, not yet the phase at p_k = 1
+    with pytest.raises(study.StepError, match="not trained yet"):
+        s.run()
+    (s.markers / "hrt_d2_s1_from_teacher_more.done").touch()
+    ran.clear()
+    s.run()
+    assert ran == ["prepare", "quality_hrt_d2_s1_from_teacher"]
+    assert (tmp_path / "quality" / "hrt_d2_s1_from_teacher.json").exists()
+    s.args.only = ["quality_at_d2_s1"]
+    with pytest.raises(study.StepError, match="quality_at_d2_s1: not a step of this study"):
+        s.run()
+
+
 def test_publish_copies_the_finished_studys_results_and_names_their_folders(tmp_path):
     """--publish: the benchmark report, every blind output, converged.*, each HRT model's bound and
     quality into one results folder, with SOURCES.md naming where the relative paths point."""

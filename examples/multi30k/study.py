@@ -657,9 +657,7 @@ class ConvergedStudy(Study):
             out[name] = {
                 "kind": "HRT" if name.startswith("hrt_") else "AT",
                 "checkpoint": str(self.best(name).relative_to(self.out)),
-                "done": (self.markers / f"{name}_more.done").exists()
-                if name.startswith("hrt_")
-                else (self.markers / f"{name}.done").exists(),
+                "done": self.trained(name),
                 "updates": valid[-1]["updates"] if valid else None,
                 "best_updates": best["updates"] if best else None,
                 "best_valid_bleu": best["bleu"] if best else None,
@@ -669,6 +667,10 @@ class ConvergedStudy(Study):
                 "valid_bleu": valid,
             }
         return out
+
+    def trained(self, name: str) -> bool:
+        """Whether a training step is finished: an HRT model's ends with its phase at p_k = 1."""
+        return (self.markers / (f"{name}_more.done" if name.startswith("hrt_") else f"{name}.done")).exists()
 
     def hrt_models(self) -> List[str]:
         return [name for name, _ in self.training_plan() if name.startswith("hrt_")]
@@ -782,15 +784,17 @@ class ConvergedStudy(Study):
         output loses against its own AT mode and against its AT student (stage I, Skip-AT's
         skeleton, or stage II, the one-pass fill), read from the stage-II oracles;
         ``OUT/quality/<model>.json``."""
-        found = {}
-        (self.out / "quality").mkdir(parents=True, exist_ok=True)
-        for name in self.hrt_models():
-            out_json = self.out / "quality" / f"{name}.json"
-            student = self.at_student_of(name)
-            cmd = self.quality_cmd(self.best(name), out_json, True, self.best(student) if student else None)
-            self.run_step(i, f"quality_{name}", cmd, [out_json])
-            found[name] = stage_summary(json.loads(out_json.read_text()))
-        return found
+        return {name: self.step_oracle(i, name) for name in self.hrt_models()}
+
+    def step_oracle(self, i, name: str) -> dict:
+        """The stage oracles of one HRT model (``quality_<model>``). They time nothing, so
+        ``--only quality_<model>`` may run them beside training, once the model is trained."""
+        out_json = self.out / "quality" / f"{name}.json"
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        student = self.at_student_of(name)
+        cmd = self.quality_cmd(self.best(name), out_json, True, self.best(student) if student else None)
+        self.run_step(i, f"quality_{name}", cmd, [out_json])
+        return stage_summary(json.loads(out_json.read_text()))
 
     def publish(self, dest: Path) -> List[Path]:
         """Copy what the finished study measured into ``dest`` (a folder of ``benchmarks/results``):
@@ -842,15 +846,23 @@ class ConvergedStudy(Study):
         self.step_prepare(1)
         plan = self.training_plan()
         wanted = self.args.only
+        oracles_wanted = [n for n in wanted or [] if n.startswith("quality_")]
         if wanted:
-            unknown = [n for n in wanted if n not in {"prepare", *(name for name, _ in plan)}]
+            steps = ["prepare", *(name for name, _ in plan), *(f"quality_{n}" for n in self.hrt_models())]
+            unknown = [n for n in wanted if n not in steps]
             if unknown:
+                raise StepError(f"--only {' '.join(unknown)}: not a step of this study ({', '.join(steps)})")
+            untrained = [n for n in oracles_wanted if not self.trained(n[len("quality_") :])]
+            if untrained:
                 raise StepError(
-                    f"--only {' '.join(unknown)}: not a step of this study (prepare, {', '.join(n for n, _ in plan)})"
+                    f"--only {' '.join(untrained)}: the model is not trained yet (its marker "
+                    f"{self.markers}/<model>_more.done is missing): train it first"
                 )
         for name, run_step in plan:
             if not wanted or name in wanted:
                 run_step()
+        for name in oracles_wanted:
+            self.step_oracle(10, name[len("quality_") :])
         oracles = {}
         if not wanted and not self.args.train_only:
             self.step_shortlist(7)
@@ -1200,7 +1212,8 @@ def parse_args(argv=None):
         help="run only these steps: prepare (the data; with a teacher, its KD too), kd (the study's "
         "KD set, needs at), teacher, tkd (the teacher's KD set, needs teacher), at, hrt_c2_x1, ... "
         "(training steps, need prepare done), e.g. to train "
-        "independent models in parallel processes; a run without --only finishes the study",
+        "independent models in parallel processes; with --converged also quality_<hrt model> (its stage "
+        "oracles, untimed, once it is trained); a run without --only finishes the study",
     )
     g = p.add_argument_group(
         "converged study (--converged)",
