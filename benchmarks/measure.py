@@ -531,6 +531,16 @@ class _FairseqAdapter(RowAdapter):
                         dict(decoding, decoder_engine=engine, shortlist=args.shortlist),
                     )
                 )
+            if getattr(args, "int8", "no") == "yes":  # beside CTranslate2's int8 +vmap: int8 with the shortlist
+                for engine in int8_engines(shortlisted or [default]):
+                    out.append(
+                        System(
+                            name + suffix(engine) + " int8 +shortlist",
+                            self.name,
+                            checkpoint,
+                            dict(decoding, decoder_engine=engine, quantize="int8", shortlist=args.shortlist),
+                        )
+                    )
         if getattr(args, "compile", "no") == "yes" and self.compile_rows:
             # a float row of the same search: an AT greedy one may be the run's baseline
             for engine in compiled_engines(engines):
@@ -601,8 +611,8 @@ class ATAdapter(_FairseqAdapter):
 class CT2Adapter(RowAdapter):
     """Every AT checkpoint (``--at``, ``--at-extra``) in CTranslate2: the outside reference for
     AT speed (rows ``CTranslate2 AT greedy``, ``CTranslate2 AT[NAME] greedy``, ...); with
-    ``--int8`` also CTranslate2's own int8, with ``--shortlist`` also a "+vmap" row per beam,
-    CTranslate2 with its vocabulary map of the same shortlist. A checkpoint its converter
+    ``--int8`` also CTranslate2's own int8, with ``--shortlist`` also a "+vmap" row per beam
+    (and precision), CTranslate2 with its vocabulary map of the same shortlist. A checkpoint its converter
     cannot take (an SSRU student, tied decoder layers) has no row, and the report says why."""
 
     name = CT2_FAMILY
@@ -627,6 +637,9 @@ class CT2Adapter(RowAdapter):
                 if getattr(args, "shortlist", None):  # beside the "+shortlist" rows: its vocabulary map
                     decoding = {"beam": beam, "shortlist": args.shortlist}
                     out.append(System(name + " +vmap", CT2_FAMILY, checkpoint, decoding))
+                    if getattr(args, "int8", "no") == "yes":
+                        decoding = dict(decoding, compute_type="int8")
+                        out.append(System(name + " int8 +vmap", CT2_FAMILY, checkpoint, decoding))
         return out
 
     @staticmethod

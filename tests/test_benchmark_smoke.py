@@ -52,7 +52,7 @@ def with_engine_rows(names, shortlist=False):
     out = []
     for name in names:
         out += [name] + ([] if name.startswith("MP") else [name + " (fairseq engine)"]) + [name + " int8"]
-        out += [name + " +shortlist"] if shortlist else []
+        out += [name + " +shortlist", name + " int8 +shortlist"] if shortlist else []
     return out
 
 
@@ -61,7 +61,11 @@ def with_engine_rows(names, shortlist=False):
 # with its vocabulary map of the same shortlist, and in int8 beside the int8 rows)
 EXPECTED_SYSTEMS = (
     with_engine_rows(AT_SYSTEMS, shortlist=True)
-    + ([n for name in CT2_SYSTEMS for n in (name, name + " int8", name + " +vmap")] if HAVE_CT2 else [])
+    + (
+        [n for name in CT2_SYSTEMS for n in (name, name + " int8", name + " +vmap", name + " int8 +vmap")]
+        if HAVE_CT2
+        else []
+    )
     + with_engine_rows(hrt_mp_systems([2]), shortlist=True)
 )
 
@@ -242,15 +246,18 @@ def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_outp
             name + " int8",
             name + " (onnxruntime) +shortlist",
             name + " +shortlist",
+            name + " (onnxruntime) int8 +shortlist",
+            name + " int8 +shortlist",
             name + " compiled",
         ]
 
     assert [s.name for s in systems] == (
         rows("AT greedy")
         + ["CTranslate2 AT greedy", "CTranslate2 AT greedy int8", "CTranslate2 AT greedy +vmap"]
+        + ["CTranslate2 AT greedy int8 +vmap"]
         + rows("HRT AT-mode b=1")
         + rows("HRT k=2 b_at=1 b_nat=1")
-        + ["MP I=1 l=5", "MP I=1 l=5 int8", "MP I=1 l=5 +shortlist"]
+        + ["MP I=1 l=5", "MP I=1 l=5 int8", "MP I=1 l=5 +shortlist", "MP I=1 l=5 int8 +shortlist"]
     )
     by_name = {s.name: s for s in systems}
 
@@ -268,6 +275,13 @@ def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_outp
     assert options("AT greedy (onnxruntime)")["shortlist"] is None
     assert by_name["AT greedy (onnxruntime)"].baseline_candidate  # a float AT greedy decoder
     assert by_name["CTranslate2 AT greedy +vmap"].decoding == {"beam": 1, "shortlist": "s.pt"}
+    assert by_name["CTranslate2 AT greedy int8 +vmap"].decoding == {
+        "beam": 1,
+        "shortlist": "s.pt",
+        "compute_type": "int8",
+    }
+    assert options("HRT k=2 b_at=1 b_nat=1 (onnxruntime) int8 +shortlist")["quantize"] == "int8"
+    assert options("HRT k=2 b_at=1 b_nat=1 int8 +shortlist")["shortlist"] == "s.pt"
     assert by_name["CTranslate2 AT greedy"].decoding == {"beam": 1}
     # with no engine of --engines that supports shortlists, the "+shortlist" row is the lean engine's
     args.engines, args.int8, args.compile = "fairseq", "no", "no"
@@ -300,9 +314,11 @@ def test_every_at_student_has_its_ctranslate2_rows_and_one_the_converter_refuses
         ("CTranslate2 AT greedy", "at.pt"),
         ("CTranslate2 AT greedy int8", "at.pt"),
         ("CTranslate2 AT greedy +vmap", "at.pt"),
+        ("CTranslate2 AT greedy int8 +vmap", "at.pt"),
         ("CTranslate2 AT[kd] greedy", "kd.pt"),
         ("CTranslate2 AT[kd] greedy int8", "kd.pt"),
         ("CTranslate2 AT[kd] greedy +vmap", "kd.pt"),
+        ("CTranslate2 AT[kd] greedy int8 +vmap", "kd.pt"),
     ]
     assert {"family": "CT2", "reason": "CTranslate2 AT[ssru]: an SSRU decoder"} in skipped
 
