@@ -31,9 +31,10 @@ lean and onnxruntime, and "CTranslate2 AT greedy int8" beside CTranslate2's floa
 engine of ``--engines`` that supports shortlists, lean and onnxruntime: "AT greedy
 +shortlist" is the lean engine's, "AT greedy (onnxruntime) +shortlist" ONNX Runtime's, with
 ``--int8`` also "int8 +shortlist"; and beside them "CTranslate2 AT greedy +vmap" / "... beam b
-+vmap" (and "int8 +vmap"), CTranslate2 with its vocabulary map written from the same shortlist), and with ``--compile yes`` also with the
-lean step compiled by ``torch.compile`` (a "compiled" row per system; a compiled AT greedy
-row may be the run's baseline, as it is a float AT greedy decoder). A row whose engine cannot
++vmap" (and "int8 +vmap"), CTranslate2 with its vocabulary map written from the same
+shortlist), and with ``--compile yes`` also with the lean step compiled by ``torch.compile``
+(a "compiled" row per system; a compiled AT greedy row may be the run's baseline, as it is a
+float AT greedy decoder). A row whose engine cannot
 decode it (ONNX Runtime: an SSRU student, HRT's stage-II options) is left out, and the report
 says why.
 
