@@ -144,7 +144,8 @@ def delivered(
     """Source words/second of AT greedy (the HRT model's AT mode, or the AT model ``at_path``)
     and HRT k on ``lines``, and their time split."""
     words = sum(len(line.replace("\u2581", " ").split()) for line in lines)
-    out = {"at_from": os.path.basename(at_path) if at_path else "AT mode"}
+    # the checkpoint with its folder: a study's checkpoints are all checkpoint_best.pt
+    out = {"at_from": os.path.join(*Path(at_path).parts[-2:]) if at_path else "AT mode"}
     loaded = {}  # without at_path both rows decode the one HRT model: load it once
     for name, chunk, checkpoint in (("at", 1, at_path or path), ("hrt", k, path)):
         if checkpoint not in loaded:

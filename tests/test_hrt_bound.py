@@ -2,6 +2,8 @@
 an AT student (--at-path) where that AT mode has decayed."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -32,12 +34,15 @@ def test_delivered_at_row_decodes_the_at_student_given(trained, tmp_path, monkey
     report, md = _bound(trained, tmp_path, "--at-path", str(ckpts["at_tiny"]))
     delivered = report["rows"][0]["delivered"]
     # the AT row from the AT student, the HRT row from the HRT model
-    assert delivered["at_from"] == "checkpoint_last.pt" and str(ckpts["at_tiny"]) in loaded
+    assert (
+        delivered["at_from"] == os.path.join(Path(ckpts["at_tiny"]).parent.name, "checkpoint_last.pt")
+        and str(ckpts["at_tiny"]) in loaded
+    )
     assert loaded.index(str(ckpts["at_tiny"])) < len(loaded) - 1 and loaded[-1] == str(ckpts["hrt_tiny"])
     assert delivered["ratio"] == pytest.approx(
         delivered["hrt"]["words_per_second"] / delivered["at"]["words_per_second"], abs=1e-3
     )
-    assert "AT greedy: checkpoint_last.pt." in md
+    assert f"AT greedy: {delivered['at_from']}." in md
 
     loaded.clear()
     report, md = _bound(trained, tmp_path / "again")

@@ -54,6 +54,7 @@ SCRIPT_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPT_DIR))
 
 import recipe  # noqa: E402
+import study_targets  # noqa: E402
 from recipe import REPO, Budget, Recipe, StepError, last_num_updates, log  # noqa: E402
 
 KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
@@ -796,6 +797,17 @@ class ConvergedStudy(Study):
         self.run_step(i, f"quality_{name}", cmd, [out_json])
         return stage_summary(json.loads(out_json.read_text()))
 
+    def targets(self) -> dict:
+        """The targets' verdicts (:mod:`study_targets`) from the benchmark's ``report.json`` and
+        every HRT model's ``hrt_bound.json``."""
+        report = json.loads((self.out / "benchmark" / "report.json").read_text())
+        bounds = {}
+        for name in self.hrt_models():
+            path = self.out / "bounds" / name / "hrt_bound.json"
+            if path.exists():
+                bounds[name] = json.loads(path.read_text())
+        return study_targets.study_targets(report, bounds)
+
     def publish(self, dest: Path) -> List[Path]:
         """Copy what the finished study measured into ``dest`` (a folder of ``benchmarks/results``):
         the benchmark's ``report.md``/``report.json``/``pareto.png``, the blind sets' outputs
@@ -863,12 +875,13 @@ class ConvergedStudy(Study):
                 run_step()
         for name in oracles_wanted:
             self.step_oracle(10, name[len("quality_") :])
-        oracles = {}
+        oracles, targets = {}, None
         if not wanted and not self.args.train_only:
             self.step_shortlist(7)
             self.step_benchmark(8)
             self.step_bounds(9)
             oracles = self.step_oracles(10)
+            targets = self.targets()
         self.study_dir.mkdir(parents=True, exist_ok=True)
         report = {
             "profile": self.args.profile,
@@ -879,6 +892,7 @@ class ConvergedStudy(Study):
             "p_raw": self.args.p_raw,
             "models": self.trained_models(),
             "stage_oracles": oracles,
+            "targets": targets,
         }
         (self.study_dir / "converged.json").write_text(json.dumps(report, indent=2) + "\n")
         md = converged_report(report)
@@ -991,6 +1005,8 @@ def converged_report(report: dict) -> str:
                     f"{_f(o['gap_to_at_student'])} | {_f(o['stage1_loss_vs_at_student'])} | "
                     f"{_f(o['stage2_loss_vs_at_student'])} | {_f(o['oracle_at_student'])} |"
                 )
+    if report.get("targets"):
+        lines += ["", study_targets.targets_markdown(report["targets"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
