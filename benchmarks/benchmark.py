@@ -11,8 +11,8 @@ Systems (each family only when its checkpoint is given):
   (``--ctranslate2``, on when the ``ctranslate2`` package is installed): the outside reference
   for AT speed.
 * ``--hrt`` HRT: chunk size k = 2 (``--hrt-chunk-sizes``, e.g. ``2,3,4`` for a model trained
-  for those) with b_at/b_nat = 1/1 and 5/1
-  (``--hrt-beams``), and the same model in AT mode (C_d = 1) with beam b_at; the same for every
+  for those) with b_at/b_nat = 1/1 and 5/1 (``--hrt-beams``), and the same model in AT mode
+  (C_d = 1) with beam b_at (``--hrt-at-mode no`` leaves these out); the same for every
   ``--hrt-extra NAME=CKPT`` (rows ``HRT[NAME] ...``, e.g. a second seed).
 * ``--mp``  Mask-Predict with I = 1, 4, 10 iterations (``--mp-iterations``), length beam l.
 * Exact parallel forms of greedy search (``--parallel pj,pgj,hgj,hrt-spec``, default none):
@@ -720,6 +720,14 @@ def parse_args(argv=None):
     )
     g.add_argument("--hrt-chunk-sizes", default="2", help="chunk sizes k (each trained by the model)")
     g.add_argument("--hrt-beams", default="1/1,5/1", help="b_at/b_nat pairs; AT mode is run with each b_at")
+    g.add_argument(
+        "--hrt-at-mode",
+        choices=("yes", "no"),
+        default="yes",
+        help="the HRT models' AT-mode rows ('HRT AT-mode b=...'); 'no' leaves them out, e.g. for models "
+        "trained on with p_k = 1, whose AT mode has decayed and which are compared with their AT "
+        "students instead",
+    )
     g.add_argument(
         "--hrt-options",
         nargs="+",

@@ -675,7 +675,7 @@ class HRTAdapter(_FairseqAdapter):
         checkpoints = [("", args.hrt)] + parse_named_checkpoints(getattr(args, "hrt_extra", None), "--hrt-extra")
         for label, checkpoint in checkpoints:
             prefix = f"HRT[{label}]" if label else "HRT"
-            for b_at in sorted({b for b, _ in beams}):
+            for b_at in sorted({b for b, _ in beams}) if getattr(args, "hrt_at_mode", "yes") == "yes" else []:
                 out += self.variants(
                     args, f"{prefix} AT-mode b={b_at}", checkpoint, {"decode_chunk_size": 1, "beam": b_at, "b_nat": 1}
                 )

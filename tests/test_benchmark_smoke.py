@@ -289,6 +289,12 @@ def test_onnxruntime_rows_and_a_shortlist_row_per_engine_that_restricts_the_outp
         "AT greedy (fairseq engine)",
         "AT greedy +shortlist",
     ]
+    # --hrt-at-mode no: HRT's k rows only
+    args.hrt_at_mode = "no"
+    assert [s.name for s in benchmark.systems_from_args(args)[0] if s.family == "HRT"] == [
+        "HRT k=2 b_at=1 b_nat=1 (fairseq engine)",
+        "HRT k=2 b_at=1 b_nat=1 +shortlist",
+    ]
 
 
 def test_every_at_student_has_its_ctranslate2_rows_and_one_the_converter_refuses_is_named(monkeypatch):

@@ -475,6 +475,7 @@ def test_converged_benchmark_measures_every_model_and_translates_the_blind_sets(
     hrt_extra = [cmd[i + 1].split("=")[0] for i, w in enumerate(cmd) if w == "--hrt-extra"]
     assert hrt_extra == ["hrt_d1_s1", "hrt_d2_s2", "hrt_d1_s2"]
     assert _option(cmd, "--engines") == "lean,onnxruntime" and _option(cmd, "--int8") == "yes"
+    assert (_option(cmd, "--hrt-beams"), _option(cmd, "--hrt-at-mode")) == ("1/1", "no")
     assert _option(cmd, "--batch-sizes") == "1,8,128" and _option(cmd, "--threads") == "1"
     assert (_option(cmd, "--max-len-a"), _option(cmd, "--max-len-b")) == ("1.2", "10")
     assert _option(cmd, "--shortlist") == str(out / "shortlist" / "shortlist.pt")
