@@ -594,6 +594,64 @@ def test_only_the_stage_oracles_of_a_trained_hrt_model(tmp_path, monkeypatch):
         s.run()
 
 
+def test_the_levers_table_reads_the_pk1_phase_and_beam_5_per_hrt_model():
+    """The phase at p_k = 1: best validation after the curriculum against the best within it
+    (validations up to the curriculum's last update); b_at = 5: from the stage oracles' run."""
+
+    def model(kind, valid, curriculum=None):
+        return {
+            "kind": kind,
+            "done": True,
+            "updates": valid[-1][0],
+            "best_updates": max(valid, key=lambda v: v[1])[0],
+            "best_valid_bleu": max(b for _, b in valid),
+            "curriculum_updates": curriculum,
+            "hours": 1.0,
+            "valid_bleu": [{"updates": u, "epoch": i, "bleu": b} for i, (u, b) in enumerate(valid)],
+        }
+
+    report = {
+        "profile": "small",
+        "device": "CPU",
+        "patience": 10,
+        "student_args": "-",
+        "teacher": "t",
+        "p_raw": 0.5,
+        "models": {
+            "at_d2_s1": model("AT", [(100, 30.0), (200, 31.0)]),
+            "hrt_d2_s1": model("HRT", [(100, 28.0), (200, 30.5), (300, 30.0), (400, 31.25)], curriculum=200),
+            "hrt_d1_s1": model("HRT", [(100, 20.0)], curriculum=300),
+        },
+        "stage_oracles": {
+            "hrt_d2_s1": {
+                "chunk_size": 2,
+                "k2": 38.86,
+                "k2_b5": 39.0,
+                "at_mode": 10.85,
+                "gap": -28.01,
+                "oracle_reference": 67.59,
+                "oracle_at_mode": 12.0,
+                "stage1_loss": -26.86,
+                "stage2_loss": -1.15,
+                "at_student": 38.79,
+                "gap_to_at_student": -0.07,
+                "oracle_at_student": 38.79,
+                "stage1_loss_vs_at_student": -0.07,
+                "stage2_loss_vs_at_student": 0.0,
+            },
+        },
+    }
+    rows = {r["model"]: r for r in study.lever_rows(report)}
+    assert sorted(rows) == ["hrt_d1_s1", "hrt_d2_s1"]
+    d2 = rows["hrt_d2_s1"]
+    assert (d2["curriculum_best_valid"], d2["best_valid"], d2["pk1_phase"]) == (30.5, 31.25, 0.75)
+    assert (d2["test_k2"], d2["beam5"]) == (38.86, 0.14)
+    assert rows["hrt_d1_s1"]["pk1_phase"] == 0.0 and rows["hrt_d1_s1"]["beam5"] is None
+    md = study.converged_report(report)
+    assert "| hrt_d2_s1 | 30.50 | 31.25 | +0.75 | 38.86 | +0.14 | -0.07 |" in md
+    assert "| hrt_d1_s1 | 20.00 | 20.00 | +0.00 | - | - | - |" in md
+
+
 def test_publish_copies_the_finished_studys_results_and_names_their_folders(tmp_path):
     """--publish: the benchmark report, every blind output, converged.*, each HRT model's bound and
     quality into one results folder, with SOURCES.md naming where the relative paths point."""

@@ -944,8 +944,10 @@ def stage_summary(quality: dict) -> dict:
             "stage2_loss_vs_at_student": versus["stage2"],
             "stage1_loss_vs_at_student": versus["stage1"],
         }
+    beam5 = {f"k{k}_b5": s[f"k{k}_b5"]["bleu"]} if f"k{k}_b5" in s else {}
     return {
         **student,
+        **beam5,
         "chunk_size": k,
         "at_mode": s["at_mode_b1"]["bleu"],
         f"k{k}": s[f"k{k}_b1"]["bleu"],
@@ -955,6 +957,34 @@ def stage_summary(quality: dict) -> dict:
         "stage2_loss": quality["stage_losses_b1"]["stage2"],
         "stage1_loss": quality["stage_losses_b1"]["stage1"],
     }
+
+
+def lever_rows(report: dict) -> List[dict]:
+    """What each lever tried moved, per HRT model: the phase at p_k = 1 (best validation BLEU
+    after the curriculum against the best within it) and b_at = 5 against 1 on test2016 (its
+    stage oracles' run), beside its test BLEU at b_at = 1 and its gap to its AT student (the AT
+    student's BLEU - HRT's: positive where HRT is below)."""
+    rows = []
+    oracles = report.get("stage_oracles") or {}
+    for name, m in report["models"].items():
+        if m["kind"] != "HRT" or not m["valid_bleu"]:
+            continue
+        cap = m.get("curriculum_updates")
+        within = [v["bleu"] for v in m["valid_bleu"] if cap is None or v["updates"] <= cap]
+        o = oracles.get(name, {})
+        k = o.get("chunk_size", 2)
+        rows.append(
+            {
+                "model": name,
+                "curriculum_best_valid": max(within) if within else None,
+                "best_valid": m["best_valid_bleu"],
+                "pk1_phase": round(m["best_valid_bleu"] - max(within), 2) if within and cap else None,
+                "test_k2": o.get(f"k{k}"),
+                "beam5": round(o[f"k{k}_b5"] - o[f"k{k}"], 2) if f"k{k}_b5" in o else None,
+                "gap_to_at_student": o.get("gap_to_at_student"),
+            }
+        )
+    return rows
 
 
 def converged_report(report: dict) -> str:
@@ -1009,6 +1039,25 @@ def converged_report(report: dict) -> str:
                     f"{_f(o['gap_to_at_student'])} | {_f(o['stage1_loss_vs_at_student'])} | "
                     f"{_f(o['stage2_loss_vs_at_student'])} | {_f(o['oracle_at_student'])} |"
                 )
+    levers = lever_rows(report)
+    if levers:
+        lines += [
+            "",
+            "What the levers moved, per HRT model: the phase at p_k = 1 after the curriculum (validation BLEU, "
+            "k = 2, b_at = 1: its best against the curriculum's best) and b_at = 5 against b_at = 1 (test2016, "
+            "the stage oracles' run). The start (AT student or teacher) and the decoder depth are read across "
+            "the rows.",
+            "",
+            "| HRT model | curriculum's best valid | best valid | p_k = 1 phase | test k = 2 (b_at 1) | b_at 5 - 1 "
+            "| its AT student - k = 2 |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in levers:
+            lines.append(
+                f"| {r['model']} | {_f(r['curriculum_best_valid'])} | {_f(r['best_valid'])} | "
+                f"{_signed(r['pk1_phase'])} | {_f(r['test_k2'])} | {_signed(r['beam5'])} | "
+                f"{_signed(r['gap_to_at_student'])} |"
+            )
     if report.get("targets"):
         lines += ["", study_targets.targets_markdown(report["targets"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
@@ -1019,6 +1068,10 @@ def converged_report(report: dict) -> str:
 
 def _f(x, digits=2):
     return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _signed(x, digits=2):
+    return "-" if x is None else f"{x:+.{digits}f}"
 
 
 def markdown_report(report: dict) -> str:
