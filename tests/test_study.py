@@ -646,10 +646,11 @@ def test_the_levers_table_reads_the_pk1_phase_and_beam_5_per_hrt_model():
     d2 = rows["hrt_d2_s1"]
     assert (d2["curriculum_best_valid"], d2["best_valid"], d2["pk1_phase"]) == (30.5, 31.25, 0.75)
     assert (d2["test_k2"], d2["beam5"]) == (38.86, 0.14)
-    assert rows["hrt_d1_s1"]["pk1_phase"] == 0.0 and rows["hrt_d1_s1"]["beam5"] is None
+    # still in its curriculum: no phase at p_k = 1 to read
+    assert rows["hrt_d1_s1"]["pk1_phase"] is None and rows["hrt_d1_s1"]["beam5"] is None
     md = study.converged_report(report)
     assert "| hrt_d2_s1 | 30.50 | 31.25 | +0.75 | 38.86 | +0.14 | -0.07 |" in md
-    assert "| hrt_d1_s1 | 20.00 | 20.00 | +0.00 | - | - | - |" in md
+    assert "| hrt_d1_s1 | 20.00 | 20.00 | - | - | - | - |" in md
 
 
 def test_publish_copies_the_finished_studys_results_and_names_their_folders(tmp_path):

@@ -978,7 +978,10 @@ def lever_rows(report: dict) -> List[dict]:
                 "model": name,
                 "curriculum_best_valid": max(within) if within else None,
                 "best_valid": m["best_valid_bleu"],
-                "pk1_phase": round(m["best_valid_bleu"] - max(within), 2) if within and cap else None,
+                # none until a validation after the curriculum
+                "pk1_phase": round(m["best_valid_bleu"] - max(within), 2)
+                if within and cap and len(within) < len(m["valid_bleu"])
+                else None,
                 "test_k2": o.get(f"k{k}"),
                 "beam5": round(o[f"k{k}_b5"] - o[f"k{k}"], 2) if f"k{k}_b5" in o else None,
                 "gap_to_at_student": o.get("gap_to_at_student"),
