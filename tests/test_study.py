@@ -295,6 +295,20 @@ def _converged(tmp_path, *extra):
     )
 
 
+def _converged_report_input(models: dict, oracles: dict) -> dict:
+    """What ``converged_report`` reads, with the study's settings filled in."""
+    return {
+        "profile": "small",
+        "device": "CPU",
+        "patience": 10,
+        "student_args": "-",
+        "teacher": "t",
+        "p_raw": 0.5,
+        "models": models,
+        "stage_oracles": oracles,
+    }
+
+
 def _option(cmd, flag):
     return cmd[cmd.index(flag) + 1]
 
@@ -542,16 +556,7 @@ def test_converged_stage_oracles_of_every_hrt_model_in_the_report(tmp_path, monk
         "stage2_loss": 0.5,
         "stage1_loss": 2.5,
     }
-    report = {
-        "profile": "small",
-        "device": "CPU",
-        "patience": 10,
-        "student_args": "-",
-        "teacher": "t",
-        "p_raw": 0.5,
-        "models": {},
-        "stage_oracles": oracles,
-    }
+    report = _converged_report_input({}, oracles)
     md = study.converged_report(report)
     assert "| hrt_d1_s1 | 31.00 | 28.00 | 3.00 | 2.50 | 0.50 | 45.00 | 30.50 |" in md
     assert "| hrt_d1_s1 | 32.00 | 28.00 | 4.00 | 3.20 | 0.80 | 31.20 |" in md
@@ -610,37 +615,30 @@ def test_the_levers_table_reads_the_pk1_phase_and_beam_5_per_hrt_model():
             "valid_bleu": [{"updates": u, "epoch": i, "bleu": b} for i, (u, b) in enumerate(valid)],
         }
 
-    report = {
-        "profile": "small",
-        "device": "CPU",
-        "patience": 10,
-        "student_args": "-",
-        "teacher": "t",
-        "p_raw": 0.5,
-        "models": {
-            "at_d2_s1": model("AT", [(100, 30.0), (200, 31.0)]),
-            "hrt_d2_s1": model("HRT", [(100, 28.0), (200, 30.5), (300, 30.0), (400, 31.25)], curriculum=200),
-            "hrt_d1_s1": model("HRT", [(100, 20.0)], curriculum=300),
-        },
-        "stage_oracles": {
-            "hrt_d2_s1": {
-                "chunk_size": 2,
-                "k2": 38.86,
-                "k2_b5": 39.0,
-                "at_mode": 10.85,
-                "gap": -28.01,
-                "oracle_reference": 67.59,
-                "oracle_at_mode": 12.0,
-                "stage1_loss": -26.86,
-                "stage2_loss": -1.15,
-                "at_student": 38.79,
-                "gap_to_at_student": -0.07,
-                "oracle_at_student": 38.79,
-                "stage1_loss_vs_at_student": -0.07,
-                "stage2_loss_vs_at_student": 0.0,
-            },
+    models = {
+        "at_d2_s1": model("AT", [(100, 30.0), (200, 31.0)]),
+        "hrt_d2_s1": model("HRT", [(100, 28.0), (200, 30.5), (300, 30.0), (400, 31.25)], curriculum=200),
+        "hrt_d1_s1": model("HRT", [(100, 20.0)], curriculum=300),
+    }
+    oracles = {
+        "hrt_d2_s1": {
+            "chunk_size": 2,
+            "k2": 38.86,
+            "k2_b5": 39.0,
+            "at_mode": 10.85,
+            "gap": -28.01,
+            "oracle_reference": 67.59,
+            "oracle_at_mode": 12.0,
+            "stage1_loss": -26.86,
+            "stage2_loss": -1.15,
+            "at_student": 38.79,
+            "gap_to_at_student": -0.07,
+            "oracle_at_student": 38.79,
+            "stage1_loss_vs_at_student": -0.07,
+            "stage2_loss_vs_at_student": 0.0,
         },
     }
+    report = _converged_report_input(models, oracles)
     rows = {r["model"]: r for r in study.lever_rows(report)}
     assert sorted(rows) == ["hrt_d1_s1", "hrt_d2_s1"]
     d2 = rows["hrt_d2_s1"]
