@@ -490,8 +490,9 @@ class _FairseqAdapter(RowAdapter):
         """The rows of one configuration: one per ``--engines`` value, ``int8`` rows
         (:func:`int8_engines`), one ``+shortlist`` row per engine of ``--engines`` that restricts
         the output layer (the engine's suffix before "+shortlist"; the default engine when none
-        of them does) and ``compiled`` rows (:func:`compiled_engines`). A row whose engine
-        cannot decode it is left out when measuring (:meth:`refused`)."""
+        of them does), with ``--int8`` also ``int8 +shortlist`` rows, and ``compiled`` rows
+        (:func:`compiled_engines`). A row whose engine cannot decode it is left out when
+        measuring (:meth:`refused`)."""
         # a family without engine rows (Mask-Predict) decodes with its own generator: one row
         default = default_engine()
         engines = parse_engines(getattr(args, "engines", default)) if self.engine_rows else [default]
@@ -675,7 +676,8 @@ class HRTAdapter(_FairseqAdapter):
         checkpoints = [("", args.hrt)] + parse_named_checkpoints(getattr(args, "hrt_extra", None), "--hrt-extra")
         for label, checkpoint in checkpoints:
             prefix = f"HRT[{label}]" if label else "HRT"
-            for b_at in sorted({b for b, _ in beams}) if getattr(args, "hrt_at_mode", "yes") == "yes" else []:
+            at_mode_beams = sorted({b for b, _ in beams}) if getattr(args, "hrt_at_mode", "yes") == "yes" else []
+            for b_at in at_mode_beams:
                 out += self.variants(
                     args, f"{prefix} AT-mode b={b_at}", checkpoint, {"decode_chunk_size": 1, "beam": b_at, "b_nat": 1}
                 )

@@ -687,8 +687,8 @@ class ConvergedStudy(Study):
         """One benchmark run of every model (1 thread): the AT students and the teacher on
         lean and ONNX Runtime, float and int8, and in CTranslate2 (float, int8, +vmap), every
         HRT model at k = 2 (b_at = b_nat = 1) likewise (not in AT mode, worn down at p_k = 1: the
-        stage oracles report it), batch 1, 8 and 128, at
-        most 1.2 x source + 10 tokens; the blind sets translated by every system."""
+        stage oracles report it), batch 1, 8 and 128, at most 1.2 x source + 10 tokens; the
+        blind sets translated by every system."""
         bench = self.out / "benchmark"
         at, *at_extra = self.at_models()
         hrt, *hrt_extra = self.hrt_models()
@@ -862,13 +862,13 @@ class ConvergedStudy(Study):
         self.step_prepare(1)
         plan = self.training_plan()
         wanted = self.args.only
-        oracles_wanted = [n for n in wanted or [] if n.startswith("quality_")]
+        oracle_models = [n[len("quality_") :] for n in wanted or [] if n.startswith("quality_")]
         if wanted:
             steps = ["prepare", *(name for name, _ in plan), *(f"quality_{n}" for n in self.hrt_models())]
             unknown = [n for n in wanted if n not in steps]
             if unknown:
                 raise StepError(f"--only {' '.join(unknown)}: not a step of this study ({', '.join(steps)})")
-            untrained = [n for n in oracles_wanted if not self.trained(n[len("quality_") :])]
+            untrained = [f"quality_{n}" for n in oracle_models if not self.trained(n)]
             if untrained:
                 raise StepError(
                     f"--only {' '.join(untrained)}: the model is not trained yet (its marker "
@@ -877,8 +877,8 @@ class ConvergedStudy(Study):
         for name, run_step in plan:
             if not wanted or name in wanted:
                 run_step()
-        for name in oracles_wanted:
-            self.step_oracle(10, name[len("quality_") :])
+        for name in oracle_models:
+            self.step_oracle(10, name)
         oracles, targets = {}, None
         if not wanted and not self.args.train_only:
             self.step_shortlist(7)

@@ -21,7 +21,7 @@ and is left out of the seed means.
 import re
 from pathlib import PurePosixPath
 from statistics import mean
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 QUALITY_MARGIN = 0.3
 BOUND_SHARE = 0.9
@@ -82,6 +82,15 @@ def seeded_rows(report: dict) -> Dict[Tuple[str, int, Tuple[str, str, bool]], Di
     return out
 
 
+def hrt_groups(report: dict) -> Iterator[Tuple[int, Tuple[str, str, bool], Dict[int, dict], Dict[int, dict]]]:
+    """``(depth, variant, {seed: HRT k = 2 row}, {seed: AT student row})`` per decoder depth
+    (deepest first) and row variant that has HRT rows; the AT side may lack seeds, or be empty."""
+    rows = seeded_rows(report)
+    for (kind, depth, variant), hrt in sorted(rows.items(), key=lambda kv: (-kv[0][1], kv[0][2])):
+        if kind == "hrt":
+            yield depth, variant, hrt, rows.get(("at", depth, variant), {})
+
+
 def _speed(system: dict, batch: str) -> Optional[float]:
     v = system.get("speed", {}).get(batch)
     return v["words_per_second"] if v else None
@@ -89,12 +98,10 @@ def _speed(system: dict, batch: str) -> Optional[float]:
 
 def quality_targets(report: dict) -> List[dict]:
     """Per decoder depth and row variant: HRT k = 2 against the AT student, seed means."""
-    rows = seeded_rows(report)
     out = []
-    for (kind, depth, variant), hrt in sorted(rows.items(), key=lambda kv: (-kv[0][1], kv[0][2])):
-        at = rows.get(("at", depth, variant), {})
+    for depth, variant, hrt, at in hrt_groups(report):
         seeds = sorted(set(hrt) & set(at))
-        if kind != "hrt" or not seeds:
+        if not seeds:
             continue
         hrt_bleu, at_bleu = [hrt[s]["bleu"] for s in seeds], [at[s]["bleu"] for s in seeds]
         hrt_chrf, at_chrf = [hrt[s]["chrf"] for s in seeds], [at[s]["chrf"] for s in seeds]
@@ -121,9 +128,9 @@ def ctranslate2_targets(report: dict, batch: str = "1") -> List[dict]:
     k = 2's seed mean at ``batch`` (as high a BLEU and at least as fast)."""
     ct2 = [s for s in report["systems"] if s["family"] == "CT2" and _speed(s, batch) is not None]
     out = []
-    for (kind, depth, variant), hrt in sorted(seeded_rows(report).items(), key=lambda kv: (-kv[0][1], kv[0][2])):
+    for depth, variant, hrt, _ in hrt_groups(report):
         speeds = [_speed(s, batch) for s in hrt.values()]
-        if kind != "hrt" or None in speeds:
+        if None in speeds:
             continue
         bleu, wps = mean(s["bleu"] for s in hrt.values()), mean(speeds)
         precision = variant[1]
@@ -147,12 +154,10 @@ def ctranslate2_targets(report: dict, batch: str = "1") -> List[dict]:
 def batch_ratio_targets(report: dict, batch: str = "128") -> List[dict]:
     """Per depth and variant: HRT k = 2's speed over its AT student's greedy at ``batch``, per
     seed and their mean."""
-    rows = seeded_rows(report)
     out = []
-    for (kind, depth, variant), hrt in sorted(rows.items(), key=lambda kv: (-kv[0][1], kv[0][2])):
-        at = rows.get(("at", depth, variant), {})
+    for depth, variant, hrt, at in hrt_groups(report):
         seeds = [s for s in sorted(set(hrt) & set(at)) if _speed(hrt[s], batch) and _speed(at[s], batch)]
-        if kind != "hrt" or not seeds:
+        if not seeds:
             continue
         ratios = [_speed(hrt[s], batch) / _speed(at[s], batch) for s in seeds]
         out.append(
