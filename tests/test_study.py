@@ -395,6 +395,24 @@ def test_cpu_bf16_trains_every_model_under_autocast_and_nothing_else(tmp_path, m
         _converged(tmp_path / "c", "--cpu-bf16")
 
 
+def test_the_children_keep_freed_memory_and_the_docs_give_the_same_settings(tmp_path, monkeypatch):
+    """Every command of the recipe and the study runs with glibc's malloc told to keep freed
+    big tensors (a value the user exported wins); the quickstart and README's advice give the
+    same values, so a user's own fairseq-train gets what the study measured."""
+    keep = study.recipe.GLIBC_MALLOC_KEEP
+    monkeypatch.setenv("MALLOC_TOP_PAD_", "1")
+    for name in keep:
+        if name != "MALLOC_TOP_PAD_":
+            monkeypatch.delenv(name, raising=False)
+    env = _converged(tmp_path).env
+    assert {name: env[name] for name in keep} == {**keep, "MALLOC_TOP_PAD_": "1"}
+    quickstart = (REPO / "examples/multi30k/quickstart.sh").read_text()
+    readme = (REPO / "README.md").read_text()
+    for name, value in keep.items():
+        assert f'{name}="${{{name}:-{value}}}"' in quickstart, name
+        assert f"{name}={value}" in readme, name
+
+
 def test_converged_report_reads_budgets_and_validation_bleu_from_the_logs(tmp_path):
     s = _converged(tmp_path, "--seeds", "1", "--depths", "1")
     logs = tmp_path / "logs"
