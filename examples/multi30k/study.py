@@ -54,6 +54,7 @@ SCRIPT_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPT_DIR))
 
 import recipe  # noqa: E402
+import study_lanes  # noqa: E402
 import study_targets  # noqa: E402
 from recipe import REPO, Budget, Recipe, StepError, last_num_updates, log  # noqa: E402
 
@@ -676,6 +677,46 @@ class ConvergedStudy(Study):
     def hrt_models(self) -> List[str]:
         return [name for name, _ in self.training_plan() if name.startswith("hrt_")]
 
+    def lane_steps(self) -> Dict[str, List[str]]:
+        """``--lanes``: every training step and (unless ``--train-only``) every HRT model's stage
+        oracles, in the study's order (the oracles, untimed, last: they fill a lane the training
+        leaves idle), each with the steps it needs done first."""
+        needs = {}
+        for name, _ in self.training_plan():
+            if name == "teacher":
+                needs[name] = []
+            elif name == "tkd" or name.endswith("_from_teacher"):
+                needs[name] = ["teacher"] if name == "tkd" else ["tkd"]
+            elif name.startswith("at_"):
+                needs[name] = ["tkd"]
+            else:
+                needs[name] = [name.replace("hrt_", "at_", 1)]
+        for name in [] if self.args.train_only else self.hrt_models():
+            needs[f"quality_{name}"] = [name]
+        return needs
+
+    def lane_step_done(self, name: str) -> bool:
+        if name == "tkd":
+            return (self.markers / "tkd_bin.done").exists()
+        if name.startswith("quality_"):
+            return (self.markers / f"{name}.done").exists()
+        return self.trained(name)
+
+    def run_lanes(self):
+        """Train the study in ``--lanes`` child processes (:mod:`study_lanes`), each one step
+        (``--only <step>``) with its share of ``--threads``."""
+        needs = self.lane_steps()
+        lanes_dir = self.logs / "lanes"
+        log(f"lanes: {self.args.lanes} lanes over {self.threads} thread(s); each lane's output in {lanes_dir}")
+        script = Path(__file__).resolve()
+        start = study_lanes.start_lane(
+            self.args.argv, script, sys.executable, self.env, lanes_dir, recipe.die_with_parent
+        )
+        try:
+            study_lanes.run_lanes(list(needs), needs, self.lane_step_done, start, self.args.lanes, self.threads, log)
+        except study_lanes.LaneError as e:
+            raise StepError(f"lanes: {e}") from None
+
     def at_models(self) -> List[str]:
         return [name for name, _ in self.training_plan() if name.startswith("at_")]
 
@@ -862,6 +903,8 @@ class ConvergedStudy(Study):
         self.step_prepare(1)
         plan = self.training_plan()
         wanted = self.args.only
+        if self.args.lanes > 1 and not wanted:
+            self.run_lanes()
         oracle_models = [n[len("quality_") :] for n in wanted or [] if n.startswith("quality_")]
         if wanted:
             steps = ["prepare", *(name for name, _ in plan), *(f"quality_{n}" for n in self.hrt_models())]
@@ -1316,6 +1359,15 @@ def parse_args(argv=None):
     g.add_argument("--hours-cap", type=float, default=12.0, help="training-time cap of every run (--stop-time-hours)")
     g.add_argument("--train-only", action="store_true", help="train the models only: no shortlist, benchmark or bounds")
     g.add_argument(
+        "--lanes",
+        type=int,
+        default=1,
+        help="train independent steps this many at a time, each a child `study.py --only <step>` with an equal "
+        "share of --threads (a step that is the only one able to run gets them all): two one-thread runs train "
+        "1.22x the updates a second of one two-thread run on 2 cores; the HRT models' stage oracles run in a lane "
+        "that training leaves idle; the benchmark comes after, on the quiet machine",
+    )
+    g.add_argument(
         "--blind-dir",
         help="raw sources (*.en) that every benchmarked system translates, untimed and unscored "
         "(default: ../shared/blind beside the repository, when it exists)",
@@ -1332,6 +1384,11 @@ def parse_args(argv=None):
         help="also fine-tune HRT (seed 1, the teacher's depth) from the raw-data teacher: which start is better",
     )
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.lanes < 1:
+        p.error(f"--lanes {args.lanes}: give 1 or more")
+    if args.lanes > 1 and (args.only or args.publish or not args.converged):
+        p.error("--lanes runs the whole --converged study in parallel steps: not with --only or --publish")
     if args.publish and not args.converged:
         p.error("--publish copies the converged study's results: it needs --converged")
     if args.converged:

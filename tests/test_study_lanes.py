@@ -1,0 +1,211 @@
+"""study.py --lanes: which step starts when, with how many threads, and what a failure or an
+interrupt does to the others (fake child processes; the study's own step graph)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples" / "multi30k"))
+import study_lanes  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("hrt_study_for_lanes", REPO / "examples" / "multi30k" / "study.py")
+study = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(study)
+
+
+def test_ready_steps_wait_for_what_they_need_in_the_studys_order():
+    needs = {"t": [], "kd": ["t"], "a1": ["kd"], "a2": ["kd"], "h1": ["a1"]}
+    order = list(needs)
+    assert study_lanes.ready_steps(order, needs, set(), set()) == ["t"]
+    assert study_lanes.ready_steps(order, needs, {"t"}, set()) == ["kd"]
+    assert study_lanes.ready_steps(order, needs, {"t", "kd"}, {"a1"}) == ["a2"]
+    assert study_lanes.ready_steps(order, needs, {"t", "kd", "a1"}, {"a2"}) == ["h1"]
+    assert study_lanes.ready_steps(order, needs, set(order), set()) == []
+
+
+def test_a_lone_step_gets_every_thread_and_parallel_steps_an_equal_share():
+    # the teacher: nothing running, nothing else ready
+    assert study_lanes.lane_threads(threads=2, lanes=2, free=2, ready=1, running=0) == 2
+    # four AT students ready: one thread each
+    assert study_lanes.lane_threads(threads=2, lanes=2, free=2, ready=4, running=0) == 1
+    assert study_lanes.lane_threads(threads=2, lanes=2, free=1, ready=3, running=1) == 1
+    # every lane busy, or the lone step holds every thread: nothing starts
+    assert study_lanes.lane_threads(threads=2, lanes=2, free=0, ready=2, running=1) == 0
+    assert study_lanes.lane_threads(threads=2, lanes=2, free=1, ready=2, running=2) == 0
+    # more lanes than threads: one thread each, as many as there are threads
+    assert study_lanes.lane_threads(threads=2, lanes=4, free=0, ready=3, running=2) == 0
+    assert study_lanes.lane_threads(threads=8, lanes=2, free=8, ready=2, running=0) == 4
+
+
+def test_a_lane_is_the_same_command_with_its_threads_and_one_step():
+    argv = ["--profile", "small", "--converged", "--lanes", "2", "--threads=2", "--cpu-bf16", "--lanes=3"]
+    assert study_lanes.lane_argv(argv, "at_d2_s1", 1) == [
+        "--profile",
+        "small",
+        "--converged",
+        "--cpu-bf16",
+        "--threads",
+        "1",
+        "--only",
+        "at_d2_s1",
+    ]
+
+
+class FakeProc:
+    """A child that ends after ``polls`` polls with ``rc``, marking its step done on success."""
+
+    def __init__(self, step, done, polls, rc, events):
+        self.step, self.done, self.left, self.rc, self.events = step, done, polls, rc, events
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            self.left -= 1
+            if self.left <= 0:
+                self.returncode = self.rc
+                if self.rc == 0:
+                    self.done.add(self.step)
+        return self.returncode
+
+    def terminate(self):
+        self.events.append(("terminate", self.step))
+        self.returncode = -15
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+    def kill(self):
+        self.returncode = -9
+
+
+def _run(needs, polls, rc=None, done=None, lanes=2, threads=2, sleep=lambda s: None, events=None):
+    done = done if done is not None else set()
+    events = events if events is not None else []
+
+    def start(step, n):
+        events.append(("start", step, n))
+        return study_lanes.Lane(step, n, FakeProc(step, done, polls[step], (rc or {}).get(step, 0), events), Path(step))
+
+    started = study_lanes.run_lanes(
+        list(needs), needs, done.__contains__, start, lanes, threads, lambda m: None, 0, sleep
+    )
+    return started, events, done
+
+
+NEEDS = {
+    "teacher": [],
+    "tkd": ["teacher"],
+    "at_d2_s1": ["tkd"],
+    "hrt_d2_s1": ["at_d2_s1"],
+    "at_d1_s1": ["tkd"],
+    "hrt_d1_s1": ["at_d1_s1"],
+    "quality_hrt_d2_s1": ["hrt_d2_s1"],
+    "quality_hrt_d1_s1": ["hrt_d1_s1"],
+}
+
+
+def test_the_lanes_run_every_step_once_each_after_what_it_needs():
+    polls = {"teacher": 3, "tkd": 1, "at_d2_s1": 5, "at_d1_s1": 2, "hrt_d2_s1": 6, "hrt_d1_s1": 2}
+    polls.update({"quality_hrt_d2_s1": 1, "quality_hrt_d1_s1": 1})
+    started, events, done = _run(NEEDS, polls)
+    assert done == set(NEEDS)
+    assert sorted(started) == sorted(NEEDS)
+    starts = [e for e in events if e[0] == "start"]
+    # alone, the teacher and its KD take both threads; then the students one each
+    assert starts[:4] == [
+        ("start", "teacher", 2),
+        ("start", "tkd", 2),
+        ("start", "at_d2_s1", 1),
+        ("start", "at_d1_s1", 1),
+    ]
+    # the one-layer pair finishes first: its HRT starts while the two-layer AT trains
+    assert starts[4] == ("start", "hrt_d1_s1", 1)
+    for step in started:
+        assert all(started.index(need) < started.index(step) for need in NEEDS[step])
+
+
+def test_steps_done_earlier_are_not_run_again():
+    polls = dict.fromkeys(NEEDS, 1)
+    started, _, _ = _run(NEEDS, polls, done={"teacher", "tkd", "at_d2_s1", "hrt_d2_s1", "quality_hrt_d2_s1"})
+    assert started == ["at_d1_s1", "hrt_d1_s1", "quality_hrt_d1_s1"]
+
+
+def test_a_failed_step_lets_the_running_one_finish_and_starts_nothing_new():
+    polls = dict.fromkeys(NEEDS, 1) | {"at_d2_s1": 4}
+    done, events = set(), []
+    with pytest.raises(study_lanes.LaneError, match=r"at_d1_s1 \(exit 1"):
+        _run(NEEDS, polls, rc={"at_d1_s1": 1}, done=done, events=events)
+    assert done == {"teacher", "tkd", "at_d2_s1"}
+    assert [e[1] for e in events if e[0] == "start"] == ["teacher", "tkd", "at_d2_s1", "at_d1_s1"]
+    assert not [e for e in events if e[0] == "terminate"]
+
+
+def test_a_step_that_ends_without_its_marker_is_a_failure_not_a_loop():
+    needs = {"teacher": [], "tkd": ["teacher"]}
+    done = set()
+    events = []
+
+    def start(step, n):
+        proc = FakeProc(step, set(), 1, 0, events)  # exits 0 but never marks the step done
+        return study_lanes.Lane(step, n, proc, Path(step))
+
+    with pytest.raises(study_lanes.LaneError, match="without its done marker"):
+        study_lanes.run_lanes(list(needs), needs, done.__contains__, start, 2, 2, lambda m: None, 0, lambda s: None)
+
+
+def test_an_interrupt_stops_every_running_lane():
+    polls = dict.fromkeys(NEEDS, 100)
+    polls.update(teacher=1, tkd=1)
+    calls = []
+
+    def sleep(_):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+
+    events = []
+    with pytest.raises(KeyboardInterrupt):
+        _run(NEEDS, polls, sleep=sleep, events=events)
+    assert [e for e in events if e[0] == "terminate"] == [("terminate", "at_d2_s1"), ("terminate", "at_d1_s1")]
+
+
+def test_the_converged_studys_step_graph(tmp_path):
+    s = study.ConvergedStudy(
+        study.parse_args(
+            ["--profile", "small", "--converged", "--out", str(tmp_path), "--threads", "2", "--also-from-teacher"]
+        )
+    )
+    needs = s.lane_steps()
+    assert list(needs)[:4] == ["teacher", "tkd", "at_d2_s1", "hrt_d2_s1"]
+    assert needs["tkd"] == ["teacher"]
+    assert needs["at_d1_s2"] == ["tkd"]
+    assert needs["hrt_d1_s2"] == ["at_d1_s2"]
+    assert needs["hrt_d2_s1_from_teacher"] == ["tkd"]
+    assert needs["quality_hrt_d2_s1_from_teacher"] == ["hrt_d2_s1_from_teacher"]
+    # the oracles come after every training step
+    names = list(needs)
+    assert max(names.index(n) for n in names if not n.startswith("quality_")) < min(
+        names.index(n) for n in names if n.startswith("quality_")
+    )
+    # done markers: the KD by its binarised set, an HRT model by its phase at p_k = 1
+    s.markers.mkdir(parents=True)
+    (s.markers / "tkd_distill.done").write_text("x")
+    (s.markers / "hrt_d2_s1.done").write_text("x")
+    assert not s.lane_step_done("tkd") and not s.lane_step_done("hrt_d2_s1")
+    (s.markers / "tkd_bin.done").write_text("x")
+    (s.markers / "hrt_d2_s1_more.done").write_text("x")
+    assert s.lane_step_done("tkd") and s.lane_step_done("hrt_d2_s1")
+
+
+def test_lanes_are_refused_with_only_and_below_one(capsys):
+    for argv in (
+        ["--profile", "small", "--converged", "--lanes", "2", "--only", "teacher"],
+        ["--profile", "small", "--lanes", "2"],
+        ["--profile", "small", "--converged", "--lanes", "0"],
+    ):
+        with pytest.raises(SystemExit):
+            study.parse_args(argv)
+    assert "--lanes" in capsys.readouterr().err
