@@ -2,7 +2,9 @@
 interrupt does to the others (fake child processes; the study's own step graph)."""
 
 import importlib.util
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,7 +83,7 @@ class FakeProc:
         self.returncode = -9
 
 
-def _run(needs, polls, rc=None, done=None, lanes=2, threads=2, sleep=lambda s: None, events=None):
+def _run(needs, polls, rc=None, done=None, lanes=2, threads=2, sleep=lambda s: None, events=None, at_epoch_end=None):
     done = done if done is not None else set()
     events = events if events is not None else []
 
@@ -89,8 +91,9 @@ def _run(needs, polls, rc=None, done=None, lanes=2, threads=2, sleep=lambda s: N
         events.append(("start", step, n))
         return study_lanes.Lane(step, n, FakeProc(step, done, polls[step], (rc or {}).get(step, 0), events), Path(step))
 
+    quiet = lambda m: None  # noqa: E731
     started = study_lanes.run_lanes(
-        list(needs), needs, done.__contains__, start, lanes, threads, lambda m: None, 0, sleep
+        list(needs), needs, done.__contains__, start, lanes, threads, quiet, 0, sleep, at_epoch_end=at_epoch_end
     )
     return started, events, done
 
@@ -170,6 +173,43 @@ def test_an_interrupt_stops_every_running_lane():
     with pytest.raises(KeyboardInterrupt):
         _run(NEEDS, polls, sleep=sleep, events=events)
     assert [e for e in events if e[0] == "terminate"] == [("terminate", "at_d2_s1"), ("terminate", "at_d1_s1")]
+
+
+def test_idle_threads_go_to_the_last_running_step_at_its_epochs_end():
+    needs = {"tkd": [], "at_a": ["tkd"], "at_b": ["tkd"], "hrt_a": ["at_a"]}
+    polls = {"tkd": 1, "at_a": 2, "at_b": 9, "hrt_a": 1}
+    boundary = {"at_b": [False, True]}  # at_b saves its checkpoint at the second look
+    looked = []
+
+    def at_epoch_end(step):
+        looked.append(step)
+        return boundary.get(step, [False]).pop(0) if boundary.get(step) else False
+
+    events = []
+    started, events, done = _run(needs, polls, events=events, at_epoch_end=at_epoch_end)
+    assert done == set(needs)
+    starts = [(e[1], e[2]) for e in events if e[0] == "start"]
+    # at_a ends, hrt_a takes its lane; hrt_a ends and nothing is left to start: at_b, on one
+    # thread, is stopped at its epoch's end and started again with both
+    assert starts == [("tkd", 2), ("at_a", 1), ("at_b", 1), ("hrt_a", 1), ("at_b", 2)]
+    assert ("terminate", "at_b") in events
+    # no step is looked at while another could start or every thread is in use
+    assert set(looked) == {"at_b"}
+
+
+def test_a_step_is_at_its_epochs_end_just_after_saving_its_last_checkpoint(tmp_path):
+    s = study.ConvergedStudy(study.parse_args(["--profile", "small", "--converged", "--out", str(tmp_path)]))
+    last = tmp_path / "at_d2_s1" / "checkpoint_last.pt"
+    assert not s.lane_at_epoch_end("at_d2_s1")
+    last.parent.mkdir()
+    last.write_bytes(b"x")
+    for age, expected in ((1, False), (20, True), (300, False)):
+        os.utime(last, (time.time() - age, time.time() - age))
+        assert s.lane_at_epoch_end("at_d2_s1") is expected, age
+    (tmp_path / "tkd").mkdir()
+    (tmp_path / "tkd" / "checkpoint_last.pt").write_bytes(b"x")
+    os.utime(tmp_path / "tkd" / "checkpoint_last.pt", (time.time() - 20, time.time() - 20))
+    assert not s.lane_at_epoch_end("tkd")
 
 
 def test_the_converged_studys_step_graph(tmp_path):

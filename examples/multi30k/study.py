@@ -702,6 +702,14 @@ class ConvergedStudy(Study):
             return (self.markers / f"{name}.done").exists()
         return self.trained(name)
 
+    def lane_at_epoch_end(self, name: str) -> bool:
+        """Whether a training step has just saved ``checkpoint_last.pt`` (5 to 60 s ago: the
+        save and its copies are written, the next epoch's first minute is all a restart loses)."""
+        last = self.out / name / "checkpoint_last.pt"
+        if name == "tkd" or name.startswith("quality_") or not last.exists():
+            return False
+        return 5 <= time.time() - last.stat().st_mtime <= 60
+
     def run_lanes(self):
         """Train the study in ``--lanes`` child processes (:mod:`study_lanes`), each one step
         (``--only <step>``) with its share of ``--threads``."""
@@ -713,7 +721,16 @@ class ConvergedStudy(Study):
             self.args.argv, script, sys.executable, self.env, lanes_dir, recipe.die_with_parent
         )
         try:
-            study_lanes.run_lanes(list(needs), needs, self.lane_step_done, start, self.args.lanes, self.threads, log)
+            study_lanes.run_lanes(
+                list(needs),
+                needs,
+                self.lane_step_done,
+                start,
+                self.args.lanes,
+                self.threads,
+                log,
+                at_epoch_end=self.lane_at_epoch_end,
+            )
         except study_lanes.LaneError as e:
             raise StepError(f"lanes: {e}") from None
 
