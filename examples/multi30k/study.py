@@ -685,9 +685,9 @@ class ConvergedStudy(Study):
         for name, _ in self.training_plan():
             if name == "teacher":
                 needs[name] = []
-            elif name == "tkd" or name.endswith("_from_teacher"):
-                needs[name] = ["teacher"] if name == "tkd" else ["tkd"]
-            elif name.startswith("at_"):
+            elif name == "tkd":
+                needs[name] = ["teacher"]
+            elif name.startswith("at_") or name.endswith("_from_teacher"):
                 needs[name] = ["tkd"]
             else:
                 needs[name] = [name.replace("hrt_", "at_", 1)]

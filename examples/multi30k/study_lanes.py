@@ -124,8 +124,8 @@ def run_lanes(
                     if not missing:
                         return started
                     raise LaneError(f"nothing can start: {', '.join(missing)} wait for steps that are not done")
-                free = threads - sum(lane.threads for lane in running.values())
-                if at_epoch_end and free >= 1 and not ready_steps(order, needs, done, set(running)):
+                # ``ready`` and ``free`` as the loop above left them: nothing has started since
+                if at_epoch_end and free >= 1 and not ready:
                     for name, lane in list(running.items()):
                         if at_epoch_end(name):
                             stop_lane(lane)
