@@ -3,6 +3,7 @@
 import fcntl
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -483,6 +484,73 @@ def test_converged_report_reads_budgets_and_validation_bleu_from_the_logs(tmp_pa
     )
     assert "| hrt_d1_s1 | yes | 450 | 300 | 150 | 29.50 | 0.11 | - |" in md
     assert "| at_d1_s1 | no | 150 | 150 | - | 30.00 | 0.13 | 0.10 |" in md
+
+
+def test_status_reads_each_steps_state_from_markers_and_logs_and_touches_nothing(tmp_path, capsys):
+    s = _converged(tmp_path, "--seeds", "1", "--depths", "1", "--also-from-teacher")
+    logs, markers = tmp_path / "logs", tmp_path / "markers"
+    logs.mkdir()
+    markers.mkdir()
+
+    def valid(epoch, updates, bleu):
+        return (
+            '2026-11-26 | INFO | valid | {"epoch": %d, "valid_bleu": "%s", "valid_num_updates": "%d", '
+            '"wall": "%d"}' % (epoch, bleu, updates, 36 * epoch)
+        )
+
+    def inner(ups):
+        return '2026-11-26 | INFO | train_inner | {"epoch": 1, "ups": "%s", "num_updates": "20", "wall": "9"}' % ups
+
+    (logs / "teacher.log").write_text("\n".join(["$ t", inner(1.0), valid(1, 100, 20.0), valid(2, 200, 19.0)]) + "\n")
+    (markers / "teacher.done").write_text("x\n")
+    (logs / "tkd_distill.log").write_text("distilled\n")
+    (markers / "tkd_bin.done").write_text("x\n")
+    (logs / "at_d1_s1.log").write_text("\n".join(["$ a", valid(1, 50, 30.0), valid(2, 100, 31.5), inner(0.61)]) + "\n")
+    (markers / "at_d1_s1.done").write_text("x\n")
+    # the HRT model's curriculum is done (its own marker), its phase at p_k = 1 silent for an hour
+    (logs / "hrt_d1_s1.log").write_text("$ h\n" + valid(1, 100, 25.0) + "\n")
+    (markers / "hrt_d1_s1.done").write_text("x\n")
+    (logs / "hrt_d1_s1_more.log").write_text("$ h\n" + valid(2, 200, 27.25) + "\n" + inner(0.33) + "\n")
+    now = 1_800_000_000.0
+    for path in logs.iterdir():
+        os.utime(path, (now - 3600, now - 3600))
+    os.utime(logs / "at_d1_s1.log", (now - 30, now - 30))
+    before = sorted(p.name for p in markers.iterdir())
+
+    rows = {r["step"]: r for r in s.status(now=now)}
+    assert list(rows) == ["teacher", "tkd", "at_d1_s1", "hrt_d1_s1", "hrt_d1_s1_from_teacher"]
+    assert rows["teacher"]["state"] == "done" and rows["teacher"]["best_valid"]["bleu"] == 20.0
+    assert rows["teacher"]["last_valid"] == {"updates": 200, "epoch": 2, "bleu": 19.0}
+    assert rows["tkd"]["state"] == "done" and rows["tkd"]["updates"] is None
+    # a done marker wins over the log's age; the last logged speed is the last train_inner's
+    assert rows["at_d1_s1"]["state"] == "done" and rows["at_d1_s1"]["last_ups"] == 0.61
+    hrt = rows["hrt_d1_s1"]
+    assert hrt["state"] == "stopped" and hrt["phase"] == "p_k = 1" and hrt["log_age_s"] == 3600
+    assert hrt["best_valid"]["bleu"] == 27.25 and hrt["updates"] == 200 and hrt["last_ups"] == 0.33
+    assert rows["hrt_d1_s1_from_teacher"]["state"] == "waiting" and "phase" not in rows["hrt_d1_s1_from_teacher"]
+
+    # the same log a minute old: training; without its _more log: the curriculum
+    (logs / "hrt_d1_s1_more.log").unlink()
+    os.utime(logs / "hrt_d1_s1.log", (now - 60, now - 60))
+    hrt = {r["step"]: r for r in s.status(now=now)}["hrt_d1_s1"]
+    assert hrt["state"] == "training" and hrt["phase"] == "curriculum" and hrt["best_valid"]["bleu"] == 25.0
+
+    table = study.status_table(s.status(now=now))
+    assert "| teacher | done | 200 | 20.00 (1) | 19.00 (2) | 0.02 | 1.00 |" in table
+    assert "| hrt_d1_s1 | training, curriculum | 100 | 25.00 (1) | 25.00 (1) | 0.01 | - |" in table
+    assert "| hrt_d1_s1_from_teacher | waiting | - | - | - | - | - |" in table
+    assert sorted(p.name for p in markers.iterdir()) == before  # read only: no lock, no marker
+
+    # the command: the study's own options plus --status, printing the table
+    args = ["--profile", "small", "--converged", "--out", str(tmp_path), "--threads", "1", "--seeds", "1"]
+    study.ConvergedStudy(study.parse_args([*args, "--depths", "1", "--lanes", "2", "--status"])).run()
+    assert not (tmp_path / "study").exists()
+    assert "| at_d1_s1 | done | 100 | 31.50 (2) | 31.50 (2) |" in capsys.readouterr().out
+    for wrong in (["--status", "--only", "teacher"], ["--status", "--publish", str(tmp_path / "pub")]):
+        with pytest.raises(SystemExit):
+            study.parse_args([*args, *wrong])
+    with pytest.raises(SystemExit):
+        study.parse_args(["--out", str(tmp_path), "--status"])
 
 
 def test_converged_benchmark_measures_every_model_and_translates_the_blind_sets(tmp_path, monkeypatch):

@@ -734,6 +734,28 @@ class ConvergedStudy(Study):
         except study_lanes.LaneError as e:
             raise StepError(f"lanes: {e}") from None
 
+    def status(self, now: Optional[float] = None) -> List[dict]:
+        """``--status``: every training step's state, read from the study's markers and logs
+        (nothing is locked or started, so it is safe beside a running study)."""
+        now = time.time() if now is None else now
+        models = self.trained_models()
+        rows = []
+        for name, _ in self.training_plan():
+            if name == "tkd":
+                logs = [self.logs / "tkd_distill.log", self.logs / "tkd_bin.log"]
+            else:
+                logs = [self.logs / f"{name}.log", self.logs / f"{name}_more.log"]
+            rows.append(
+                step_status(
+                    name,
+                    models.get(name),
+                    self.lane_step_done(name),
+                    [lp for lp in logs if lp.exists()],
+                    now,
+                )
+            )
+        return rows
+
     def at_models(self) -> List[str]:
         return [name for name, _ in self.training_plan() if name.startswith("at_")]
 
@@ -909,6 +931,9 @@ class ConvergedStudy(Study):
         return written + [dest / "SOURCES.md"]
 
     def run(self):
+        if self.args.status:
+            print(status_table(self.status()), end="")
+            return
         if self.args.publish:
             self.publish(Path(self.args.publish))
             return
@@ -984,6 +1009,56 @@ def training_seconds(log_path: Path, gpu: bool = False) -> float:
         if m:
             last = max(last, float(m.group(1)))
     return total + (last if counted else 0.0)
+
+
+_UPS = re.compile(r'"ups": "([\d.]+)"')
+STALE_LOG_SECONDS = 600  # a training log is written every 20 updates and every validation
+
+
+def step_status(name: str, model: Optional[dict], done: bool, logs: List[Path], now: float) -> dict:
+    """One row of ``--status``: ``state`` is ``done``, ``training`` (its log written in the
+    last ``STALE_LOG_SECONDS``), ``stopped`` (a log, then silence: the same command resumes it)
+    or ``waiting`` (never started); an HRT model's ``phase`` is its curriculum or the phase at
+    p_k = 1 after it (``<name>_more.log``)."""
+    written = max((lp.stat().st_mtime for lp in logs), default=None)
+    if done:
+        state = "done"
+    elif written is None:
+        state = "waiting"
+    else:
+        state = "training" if now - written <= STALE_LOG_SECONDS else "stopped"
+    row = {"step": name, "state": state, "log_age_s": None if written is None else round(now - written)}
+    if name.startswith("hrt_") and logs:
+        row["phase"] = "p_k = 1" if any(lp.name.endswith("_more.log") for lp in logs) else "curriculum"
+    ups = [float(m.group(1)) for lp in logs for m in _UPS.finditer(lp.read_text(errors="replace"))]
+    row["last_ups"] = ups[-1] if ups else None
+    valid = (model or {}).get("valid_bleu") or []
+    best = max(valid, key=lambda v: (v["bleu"], v["updates"])) if valid else None
+    row.update(
+        updates=valid[-1]["updates"] if valid else None,
+        last_valid=valid[-1] if valid else None,
+        best_valid=best,
+        hours=(model or {}).get("hours"),
+    )
+    return row
+
+
+def status_table(rows: List[dict]) -> str:
+    """``--status`` as a markdown table (paste-able into a report's progress section)."""
+    lines = [
+        "| step | state | updates | best valid BLEU (epoch) | last valid BLEU (epoch) | hours | last updates/s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        state = r["state"] + (f", {r['phase']}" if r.get("phase") and r["state"] != "done" else "")
+        if r["state"] == "stopped":
+            state += f" {r['log_age_s'] // 60} min ago"
+        best, last = (f"{v['bleu']:.2f} ({v['epoch']})" if v else "-" for v in (r["best_valid"], r["last_valid"]))
+        lines.append(
+            f"| {r['step']} | {state} | {r['updates'] or '-'} | {best} | {last} | "
+            f"{_f(r['hours'] or None)} | {_f(r['last_ups'])} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def stage_summary(quality: dict) -> dict:
@@ -1396,6 +1471,13 @@ def parse_args(argv=None):
         "(e.g. benchmarks/results/small-converged-cpu)",
     )
     g.add_argument(
+        "--status",
+        action="store_true",
+        help="train nothing: print every training step's state (done, training, stopped, waiting), its updates, "
+        "best and last validation BLEU, hours and last logged updates/s, read from the study's markers and logs "
+        "(safe beside a running study)",
+    )
+    g.add_argument(
         "--also-from-teacher",
         action="store_true",
         help="also fine-tune HRT (seed 1, the teacher's depth) from the raw-data teacher: which start is better",
@@ -1406,6 +1488,8 @@ def parse_args(argv=None):
         p.error(f"--lanes {args.lanes}: give 1 or more")
     if args.lanes > 1 and (args.only or args.publish or not args.converged):
         p.error("--lanes runs the whole --converged study in parallel steps: not with --only or --publish")
+    if args.status and (not args.converged or args.only or args.publish):
+        p.error("--status reads the --converged study's logs: it needs --converged, not --only or --publish")
     if args.publish and not args.converged:
         p.error("--publish copies the converged study's results: it needs --converged")
     if args.converged:
