@@ -513,6 +513,12 @@ def validation_bleu(log_path: Path) -> List[dict]:
     return out
 
 
+def best_validation(valid: List[dict]) -> Optional[dict]:
+    """The best of :func:`validation_bleu`'s records: the last of equal scores, as fairseq keeps
+    it (a tie is a new ``checkpoint_best.pt``)."""
+    return max(valid, key=lambda v: (v["bleu"], v["updates"])) if valid else None
+
+
 def parse_int_list(text: str, option: str) -> List[int]:
     values = [int(x) for x in text.split(",") if x.strip()]
     if not values or min(values) < 1 or len(set(values)) != len(values):
@@ -654,8 +660,7 @@ class ConvergedStudy(Study):
             more = self.logs / f"{name}_more.log"
             logs = [log_path] + ([more] if more.exists() else [])
             valid = [v for lp in logs for v in validation_bleu(lp)]
-            # the last of equal scores, as fairseq keeps it (a tie is a new checkpoint_best.pt)
-            best = max(valid, key=lambda v: (v["bleu"], v["updates"])) if valid else None
+            best = best_validation(valid)
             out[name] = {
                 "kind": "HRT" if name.startswith("hrt_") else "AT",
                 "checkpoint": str(self.best(name).relative_to(self.out)),
@@ -1032,13 +1037,13 @@ def step_status(name: str, model: Optional[dict], done: bool, logs: List[Path], 
         row["phase"] = "p_k = 1" if any(lp.name.endswith("_more.log") for lp in logs) else "curriculum"
     ups = [float(m.group(1)) for lp in logs for m in _UPS.finditer(lp.read_text(errors="replace"))]
     row["last_ups"] = ups[-1] if ups else None
-    valid = (model or {}).get("valid_bleu") or []
-    best = max(valid, key=lambda v: (v["bleu"], v["updates"])) if valid else None
+    model = model or {}
+    valid = model.get("valid_bleu") or []
     row.update(
-        updates=valid[-1]["updates"] if valid else None,
+        updates=model.get("updates"),
         last_valid=valid[-1] if valid else None,
-        best_valid=best,
-        hours=(model or {}).get("hours"),
+        best_valid=best_validation(valid),
+        hours=model.get("hours"),
     )
     return row
 
