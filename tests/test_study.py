@@ -315,8 +315,9 @@ def _option(cmd, flag):
 
 
 def test_converged_plan_order_and_its_teacher(tmp_path):
-    """Seed by seed, the deepest decoder first, each HRT right after its AT; the teacher has the
-    deepest decoder and the study's options, and stops by patience."""
+    """Seed by seed, the deepest decoder first, each HRT right after its AT, the HRT from the
+    teacher after every seed's pairs; the teacher has the deepest decoder and the study's
+    options, and stops by patience."""
     s = _converged(tmp_path, "--also-from-teacher")
     names = [name for name, _ in s.training_plan()]
     assert names == [
@@ -326,11 +327,11 @@ def test_converged_plan_order_and_its_teacher(tmp_path):
         "hrt_d2_s1",
         "at_d1_s1",
         "hrt_d1_s1",
-        "hrt_d2_s1_from_teacher",
         "at_d2_s2",
         "hrt_d2_s2",
         "at_d1_s2",
         "hrt_d1_s2",
+        "hrt_d2_s1_from_teacher",
     ]
     a = s.args
     assert a.teacher_arch == "at_small" and a.teacher_args == "--decoder-layers 2 --dropout 0.3"

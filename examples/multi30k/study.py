@@ -546,7 +546,8 @@ class ConvergedStudy(Study):
                        teacher (raw data, same shape when D is its depth): which start is better.
 
     Order: seed by seed, depth by depth in ``--depths`` order, so the first answer (the deepest
-    pair of seed 1) comes first. Every step resumes; a lost output folder only costs time.
+    pair of seed 1) comes first; the HRT from the teacher last, after every row the targets are
+    decided on. Every step resumes; a lost output folder only costs time.
     Output: ``OUT/study/converged.{json,md}`` (budgets in updates and hours, best validation
     BLEU, what stopped each run).
     """
@@ -647,9 +648,10 @@ class ConvergedStudy(Study):
             for depth in self.depths:
                 plan.append((self.at_name(depth, seed), lambda d=depth, s=seed: self.step_at_student(4, d, s)))
                 plan.append((self.hrt_name(depth, seed), lambda d=depth, s=seed: self.step_hrt_student(5, d, s)))
-            if seed == self.seeds[0] and self.args.also_from_teacher:
-                depth = self.teacher_depth()
-                plan.append((self.hrt_name(depth, seed, "teacher"), lambda d=depth: self.step_hrt_from_teacher(6, d)))
+        if self.args.also_from_teacher:
+            # last: it answers which start is better; the seed pairs decide the targets
+            depth = self.teacher_depth()
+            plan.append((self.hrt_name(depth, 1, "teacher"), lambda d=depth: self.step_hrt_from_teacher(6, d)))
         return plan
 
     def trained_models(self) -> Dict[str, dict]:
