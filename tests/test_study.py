@@ -382,6 +382,7 @@ def test_cpu_bf16_trains_every_model_under_autocast_and_nothing_else(tmp_path, m
     the benchmark do not (they decode in float32); the report says how the models were trained;
     on a GPU it is refused."""
     monkeypatch.setattr(study.recipe, "cuda_available", lambda: False)
+    monkeypatch.setattr(study.recipe, "cpu_has_native_bf16", lambda: True)
     plain, bf16 = _converged(tmp_path / "a"), _converged(tmp_path / "b", "--cpu-bf16")
     for s, wanted in ((plain, False), (bf16, True)):
         ran = {}
@@ -395,6 +396,17 @@ def test_cpu_bf16_trains_every_model_under_autocast_and_nothing_else(tmp_path, m
     monkeypatch.setattr(study.recipe, "cuda_available", lambda: True)
     with pytest.raises(study.StepError, match="--cpu-bf16 is for training on the CPU"):
         _converged(tmp_path / "c", "--cpu-bf16")
+
+
+def test_cpu_bf16_is_refused_where_the_cpu_would_emulate_bfloat16(tmp_path, monkeypatch):
+    """Without AVX512-BF16 or AMX, autocast emulates bfloat16 many times slower than float32:
+    the recipe says so before it trains anything, and trains in float32 without the option."""
+    monkeypatch.setattr(study.recipe, "cuda_available", lambda: False)
+    monkeypatch.setattr(study.recipe, "cpu_has_native_bf16", lambda: False)
+    with pytest.raises(study.StepError, match="no native bfloat16.*Leave --cpu-bf16 out"):
+        _converged(tmp_path / "a", "--cpu-bf16")
+    assert not (tmp_path / "a").exists()
+    assert _converged(tmp_path / "b").train_precision_args == []
 
 
 def test_the_children_keep_freed_memory_and_the_docs_give_the_same_settings(tmp_path, monkeypatch):
