@@ -282,8 +282,8 @@ SSRU_STUDENTS = {"ssru": [], "ssru_tied": ["--decoder-layers", "2", "--decoder-t
 
 CPU_BF16_HELP = (
     "CPU only: train every model under bfloat16 autocast (the task's --cpu-autocast-bf16): about 2x the "
-    "updates a second on a CPU with AVX512-BF16 or AMX, slower on one without; distillation and the "
-    "benchmark stay in float32"
+    "updates a second on a CPU with AVX512-BF16 or AMX; refused on one without (it would emulate bfloat16, many "
+    "times slower than float32); distillation and the benchmark stay in float32"
 )
 
 
@@ -314,7 +314,7 @@ class Recipe:
             raise StepError("--cpu-bf16 is for training on the CPU; on a GPU use --fp16")
         if args.cpu_bf16 and not cpu_has_native_bf16():
             # measured on a 2-core AMD EPYC without AVX512: the small teacher trained fewer than
-            # 20 updates in 15 minutes under autocast, 0.38-0.45 updates/s in float32
+            # 20 updates in 15 minutes under autocast, 0.38-0.54 updates/s in float32
             raise StepError(
                 "--cpu-bf16: this CPU has no native bfloat16 (AVX512-BF16 or AMX), so autocast would "
                 "emulate every bfloat16 product, many times slower than float32. Leave --cpu-bf16 out "
