@@ -395,7 +395,7 @@ class HRTTranslationTask(TranslationTask):
             if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
                 logger.warning(
                     "--cpu-autocast-bf16: this CPU has no native bfloat16 (AVX512-BF16 or AMX); its "
-                    "bfloat16 products are emulated and training will be slower than in float32"
+                    "bfloat16 products are emulated and training will be many times slower than in float32"
                 )
         stack = contextlib.ExitStack()
         stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
