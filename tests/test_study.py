@@ -812,3 +812,79 @@ def test_a_step_run_by_another_process_is_refused_not_run_twice(tmp_path):
     s.run_step(4, "at_d1_s1", cmd, [out])
     assert out.exists() and (s.markers / "at_d1_s1.done").exists()
     assert (s.markers / "at_d1_s1.lock").read_text().startswith("process ")
+
+
+# A stand-in for fairseq-train: logs the updates its plan file gives as fairseq's json lines,
+# ends by patience when the plan says so, writes its checkpoint and counts its runs; its time cap
+# is an ordinary option here. The plan is outside the command, as a run's outcome is.
+_FAKE_TRAIN = """
+import sys, pathlib
+out = pathlib.Path(sys.argv[1])
+updates, ending = out.with_suffix(".plan").read_text().split()
+print('{"epoch": 1, "train_num_updates": "%s"}' % updates)
+if ending == "patience":
+    print("early stop since valid performance hasn't improved for last 10 runs")
+out.write_text("checkpoint")
+runs = out.with_suffix(".runs")
+runs.write_text(str(int(runs.read_text()) + 1 if runs.exists() else 1))
+"""
+
+
+def _fake_train(folder, hours: float, *extra: str, plan: str = "100 patience"):
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "checkpoint_best.pt"
+    out.with_suffix(".plan").write_text(plan)
+    return [sys.executable, "-c", _FAKE_TRAIN, str(out), "--stop-time-hours", str(hours), *extra], out
+
+
+def _runs(out) -> int:
+    runs = out.with_suffix(".runs")
+    return int(runs.read_text()) if runs.exists() else 0
+
+
+def test_an_unfinished_training_step_resumes_under_another_time_cap_and_nothing_else(tmp_path, capsys):
+    """fairseq counts --stop-time-hours over restarts: a run interrupted under one cap may go on
+    under another (the only change to its command that a resumed run takes)."""
+    s = _converged(tmp_path)
+    s.markers.mkdir(parents=True, exist_ok=True)
+    first, out = _fake_train(tmp_path, 12)
+    (s.markers / "at_d1_s1.cmd").write_text(study.shlex.join(first) + "\n")  # interrupted: no marker
+    other, _ = _fake_train(tmp_path, 12, "--lr", "1")
+    with pytest.raises(study.StepError, match="an interrupted run of another command"):
+        s.run_step(4, "at_d1_s1", other, [out], train_max_update=1000)
+    assert _runs(out) == 0
+    raised, _ = _fake_train(tmp_path, 40)
+    s.run_step(4, "at_d1_s1", raised, [out], train_max_update=1000)
+    assert "its time cap is now 40 h (its last run had 12 h)" in capsys.readouterr().err
+    assert _runs(out) == 1
+    assert study.shlex.split((s.markers / "at_d1_s1.done").read_text()) == raised
+
+
+def test_a_done_training_step_under_another_time_cap_stands_or_trains_on_as_its_cap_decides(tmp_path, capsys):
+    """Done by patience under 12 h: a higher cap makes the same model (skipped), a lower one might
+    not (refused). Stopped by its 12 h cap: a higher cap trains it on, a lower one is refused."""
+    s = _converged(tmp_path)
+    teacher = tmp_path / "teacher"
+    by_patience, out = _fake_train(teacher, 12)
+    s.run_step(3, "teacher", by_patience, [out], train_max_update=1000)
+    assert _runs(out) == 1
+    s.run_step(3, "teacher", _fake_train(teacher, 40)[0], [out], train_max_update=1000)
+    assert "done earlier under a 12 h time cap, which did not stop it; it stands under 40 h" in capsys.readouterr().err
+    assert _runs(out) == 1 and (s.markers / "teacher.done").read_text().split()[-1] == "12"
+    with pytest.raises(study.StepError, match="trained under a 12 h time cap; this run's 2 h would have stopped"):
+        s.run_step(3, "teacher", _fake_train(teacher, 2)[0], [out], train_max_update=1000)
+    with pytest.raises(study.StepError, match="made by another command"):
+        s.run_step(3, "teacher", _fake_train(teacher, 40, "--lr", "1")[0], [out], train_max_update=1000)
+    assert _runs(out) == 1
+
+    student = tmp_path / "at"
+    by_cap, out = _fake_train(student, 12, plan="300 cap")
+    s.run_step(4, "at_d1_s1", by_cap, [out], train_max_update=1000)
+    assert "stopped by the time cap after 300 of 1000 updates" in capsys.readouterr().err
+    with pytest.raises(study.StepError, match="which stopped it; this run's 6 h"):
+        s.run_step(4, "at_d1_s1", _fake_train(student, 6)[0], [out], train_max_update=1000)
+    more, _ = _fake_train(student, 40, plan="700 patience")
+    s.run_step(4, "at_d1_s1", more, [out], train_max_update=1000)
+    assert "stopped by its 12 h time cap, training on up to 40 h" in capsys.readouterr().err
+    assert _runs(out) == 2
+    assert (s.markers / "at_d1_s1.done").read_text().split()[-1] == "40"

@@ -369,6 +369,16 @@ class Recipe:
             log(f"{tag}: its command changed since it was done, running it again")
             marker.unlink()
             cmd_file.unlink(missing_ok=True)
+        log_path = self.logs / f"{name}.log"
+        if (
+            marker.exists()
+            and train_max_update
+            and not same_command(marker.read_text(), cmd_str)
+            and same_command(marker.read_text(), cmd_str, ignore=(TIME_CAP_OPTION,))
+        ):
+            if not self.train_on_under_another_cap(tag, marker.read_text(), cmd_str, log_path, train_max_update):
+                return
+            marker.unlink()
         if marker.exists():
             if not same_command(marker.read_text(), cmd_str):
                 raise StepError(
@@ -386,12 +396,19 @@ class Recipe:
                 log(f"{tag}: skipped, done meanwhile ({marker})")
                 return
             if cmd_file.exists() and not same_command(cmd_file.read_text(), cmd_str):
-                raise StepError(
-                    f"{tag}: an interrupted run of another command is in {self.out} (see {cmd_file}). "
-                    f"Delete {self.out} or use another --out."
+                before = cmd_file.read_text()
+                if not (train_max_update and same_command(before, cmd_str, ignore=(TIME_CAP_OPTION,))):
+                    raise StepError(
+                        f"{tag}: an interrupted run of another command is in {self.out} (see {cmd_file}). "
+                        f"Delete {self.out} or use another --out."
+                    )
+                # fairseq counts --stop-time-hours over restarts (the checkpoint keeps the time
+                # trained), so an unfinished run resumed under another cap goes on to that one
+                log(
+                    f"{tag}: its time cap is now {option_value(cmd_str, TIME_CAP_OPTION)} h "
+                    f"(its last run had {option_value(before, TIME_CAP_OPTION)} h)"
                 )
             write_atomic(cmd_file, cmd_str + "\n")
-            log_path = self.logs / f"{name}.log"
             resumed = train_max_update and (self.out / name / "checkpoint_last.pt").exists()
             log(f"{tag}: {'resuming' if resumed else 'running'}, log in {log_path}")
             start = time.time()
@@ -417,10 +434,33 @@ class Recipe:
             if train_max_update:
                 done = last_num_updates(log_path)
                 if done is not None and done < train_max_update:
-                    cause = "patience" if stopped_early(log_path) else "the time cap"
+                    cause = "the time cap" if stopped_by_time_cap(log_path, train_max_update) else "patience"
                     note = f" (stopped by {cause} after {done} of {train_max_update} updates)"
             write_atomic(marker, cmd_str + "\n")
             log(f"{tag}: done in {time.time() - start:.0f}s{note} -> {', '.join(str(p) for p in outputs)}")
+
+    def train_on_under_another_cap(
+        self, tag: str, done_cmd: str, cmd_str: str, log_path: Path, max_update: int
+    ) -> bool:
+        """A training step done under another ``--stop-time-hours`` than this run's, all else equal:
+        True to train it on (its cap stopped it and this one is higher: fairseq resumes from its
+        last checkpoint and counts the time trained before), False where its outputs stand, with
+        the marker of the command that made them (the cap did not stop it, this one is no lower).
+        A lower cap might have stopped it elsewhere: refused."""
+        before, now = (float(option_value(c, TIME_CAP_OPTION) or 0) for c in (done_cmd, cmd_str))
+        by_cap = log_path.exists() and stopped_by_time_cap(log_path, max_update)
+        if by_cap and now > before:
+            log(f"{tag}: stopped by its {before:g} h time cap, training on up to {now:g} h")
+            return True
+        if not by_cap and now >= before:
+            log(f"{tag}: done earlier under a {before:g} h time cap, which did not stop it; it stands under {now:g} h")
+            return False
+        raise StepError(
+            f"{tag}: it was trained under a {before:g} h time cap"
+            + (", which stopped it" if by_cap else "")
+            + f"; this run's {now:g} h would have stopped it elsewhere. Pass {before:g} h again "
+            f"(or a higher cap), or use another --out.\n  done:  {done_cmd.strip()}\n  now:   {cmd_str}"
+        )
 
     def train_cmd(
         self, name: str, arch: str, budget: Budget, extra: List[str], seed: Optional[int] = None
@@ -780,18 +820,30 @@ class Recipe:
 _PARALLELISM_OPTIONS = ("--threads", "--workers")
 
 
-def same_command(a: str, b: str) -> bool:
-    """Whether two step commands make the same outputs: equal but for parallelism options."""
+# fairseq-train's time cap: a training step may change it (see Recipe.run_step)
+TIME_CAP_OPTION = "--stop-time-hours"
+
+
+def same_command(a: str, b: str, ignore: tuple = ()) -> bool:
+    """Whether two step commands make the same outputs: equal but for parallelism options (and
+    for the options in ``ignore``, each with its value)."""
+    skip = (*_PARALLELISM_OPTIONS, *ignore)
 
     def key(cmd: str) -> List[str]:
         words = shlex.split(cmd)
-        return [
-            w
-            for i, w in enumerate(words)
-            if w not in _PARALLELISM_OPTIONS and (i == 0 or words[i - 1] not in _PARALLELISM_OPTIONS)
-        ]
+        return [w for i, w in enumerate(words) if w not in skip and (i == 0 or words[i - 1] not in skip)]
 
     return key(a) == key(b)
+
+
+def option_value(cmd: str, option: str) -> Optional[str]:
+    """The value of ``option`` in a command line (its last occurrence), or None."""
+    words = shlex.split(cmd)
+    found = None
+    for i, w in enumerate(words[:-1]):
+        if w == option:
+            found = words[i + 1]
+    return found
 
 
 @contextmanager
@@ -904,6 +956,13 @@ def stopped_early(log_path: Path) -> bool:
     """Whether the last run in a fairseq-train log was stopped by ``--patience``."""
     text = log_path.read_text(errors="replace")
     return "early stop since valid performance hasn't improved" in text[text.rfind("\n$ ") + 1 :]
+
+
+def stopped_by_time_cap(log_path: Path, max_update: int) -> bool:
+    """Whether the last run in a fairseq-train log ended short of ``max_update`` without patience
+    stopping it: ``--stop-time-hours`` did."""
+    done = last_num_updates(log_path)
+    return done is not None and done < max_update and not stopped_early(log_path)
 
 
 def last_num_updates(log_path: Path) -> Optional[int]:

@@ -1455,7 +1455,14 @@ def parse_args(argv=None):
         help="fairseq-train options of every model of the study (teacher included unless --teacher-args is given)",
     )
     g.add_argument("--max-update-cap", type=int, default=20000, help="update cap of every run (patience stops first)")
-    g.add_argument("--hours-cap", type=float, default=12.0, help="training-time cap of every run (--stop-time-hours)")
+    g.add_argument(
+        "--hours-cap",
+        type=float,
+        default=12.0,
+        help="training-time cap of every run (--stop-time-hours, counted over restarts and over an HRT model's two "
+        "phases): a safety net that a one-thread float32 lane can reach before patience (see the README); it may "
+        "change between runs: an unfinished or cap-stopped run trains on under a higher one",
+    )
     g.add_argument("--train-only", action="store_true", help="train the models only: no shortlist, benchmark or bounds")
     g.add_argument(
         "--lanes",
