@@ -370,24 +370,20 @@ class Recipe:
             marker.unlink()
             cmd_file.unlink(missing_ok=True)
         log_path = self.logs / f"{name}.log"
-        if (
-            marker.exists()
-            and train_max_update
-            and not same_command(marker.read_text(), cmd_str)
-            and same_command(marker.read_text(), cmd_str, ignore=(TIME_CAP_OPTION,))
-        ):
-            if not self.train_on_under_another_cap(tag, marker.read_text(), cmd_str, log_path, train_max_update):
-                return
-            marker.unlink()
         if marker.exists():
-            if not same_command(marker.read_text(), cmd_str):
+            done_cmd = marker.read_text()
+            if same_command(done_cmd, cmd_str):
+                log(f"{tag}: skipped, done earlier ({marker})")
+                return
+            if not (train_max_update and same_command(done_cmd, cmd_str, ignore=(TIME_CAP_OPTION,))):
                 raise StepError(
                     f"{tag}: {marker} was made by another command than this run's (another profile "
                     f"or version of the recipe?). Delete {self.out} or use another --out.\n"
-                    f"  done:  {marker.read_text().strip()}\n  now:   {cmd_str}"
+                    f"  done:  {done_cmd.strip()}\n  now:   {cmd_str}"
                 )
-            log(f"{tag}: skipped, done earlier ({marker})")
-            return
+            if not self.train_on_under_another_cap(tag, done_cmd, cmd_str, log_path, train_max_update):
+                return
+            marker.unlink()
         self.markers.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         # one process per step: two processes on one step would write the same checkpoints
@@ -395,8 +391,8 @@ class Recipe:
             if marker.exists():  # done by another process while this one reached the step
                 log(f"{tag}: skipped, done meanwhile ({marker})")
                 return
-            if cmd_file.exists() and not same_command(cmd_file.read_text(), cmd_str):
-                before = cmd_file.read_text()
+            before = cmd_file.read_text() if cmd_file.exists() else cmd_str
+            if not same_command(before, cmd_str):
                 if not (train_max_update and same_command(before, cmd_str, ignore=(TIME_CAP_OPTION,))):
                     raise StepError(
                         f"{tag}: an interrupted run of another command is in {self.out} (see {cmd_file}). "
@@ -434,7 +430,7 @@ class Recipe:
             if train_max_update:
                 done = last_num_updates(log_path)
                 if done is not None and done < train_max_update:
-                    cause = "the time cap" if stopped_by_time_cap(log_path, train_max_update) else "patience"
+                    cause = "patience" if stopped_early(log_path) else "the time cap"
                     note = f" (stopped by {cause} after {done} of {train_max_update} updates)"
             write_atomic(marker, cmd_str + "\n")
             log(f"{tag}: done in {time.time() - start:.0f}s{note} -> {', '.join(str(p) for p in outputs)}")

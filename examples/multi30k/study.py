@@ -56,7 +56,7 @@ sys.path.insert(0, str(SCRIPT_DIR))
 import recipe  # noqa: E402
 import study_lanes  # noqa: E402
 import study_targets  # noqa: E402
-from recipe import REPO, Budget, Recipe, StepError, last_num_updates, log  # noqa: E402
+from recipe import REPO, Budget, Recipe, StepError, last_num_updates, log, option_value  # noqa: E402
 
 KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
 # where studies keep their models by default: outside the checkout, so that a new clone (or a
@@ -636,10 +636,8 @@ class ConvergedStudy(Study):
         self.hrt_steps(i, depth, 1, self.teacher_checkpoint(), self.start_log(name), name)
 
     def teacher_depth(self) -> Optional[int]:
-        words = shlex.split(self.args.teacher_args)
-        if "--decoder-layers" in words[:-1]:
-            return int(words[words.index("--decoder-layers") + 1])
-        return None
+        depth = option_value(self.args.teacher_args, "--decoder-layers")
+        return int(depth) if depth is not None else None
 
     def training_plan(self) -> List[tuple]:
         """``(name, run)`` of every training step, in the order the study runs them."""
