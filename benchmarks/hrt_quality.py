@@ -16,7 +16,9 @@ For an HRT checkpoint (``--chunk-size k``, default 2):
   oracle, ``at_student``: that AT model's greedy output, its skeleton filled by this model's
   stage II. The gap to the AT student, ``BLEU(AT student) - BLEU(k)``, splits into stage II
   (the AT student minus that fill) and stage I (the fill minus BLEU(k)). This split holds
-  where AT mode does not: a model trained on with p_k = 1 loses its AT mode.
+  where AT mode does not: a model trained on with p_k = 1 loses its AT mode. The difference
+  ``BLEU(k) - BLEU(AT student)`` (b_at = 1) comes with its 95 % paired-bootstrap interval
+  (``paired_bootstrap_vs_at_student_b1``): whether the test set can tell the two apart.
 
 For an AT checkpoint (fairseq ``transformer`` / ``at_*``) only greedy and beam 5 are
 decoded. Prints a JSON report (and writes it with ``--json``).
@@ -59,7 +61,7 @@ from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
 from fairseq_hrt.generation.lean import TorchBackend  # noqa: E402
 from fairseq_hrt.generation.search_rules import banned_symbols  # noqa: E402
 from fairseq_hrt.models.kinds import family_of  # noqa: E402
-from fairseq_hrt.scoring.metrics import sacrebleu_score  # noqa: E402
+from fairseq_hrt.scoring.metrics import paired_bleu_difference, sacrebleu_score  # noqa: E402
 from hrt_runtime.search import banned_bias_of, fill_masks  # noqa: E402
 
 logger = logging.getLogger("hrt_quality")
@@ -158,8 +160,8 @@ def oracle_fill(model, task, sample, skeletons: List[torch.Tensor], k: int) -> L
     return [tokens[i, : int(lengths[i])] for i in range(tokens.size(0))]
 
 
-def score(task, hyps, spm, refs, raw_src, buckets, max_len, k) -> dict:
-    text = detok(task, hyps, spm, len(refs))
+def score(text, hyps, refs, buckets, max_len, k) -> dict:
+    """BLEU of the detokenized ``text`` (from the token ``hyps``, for the length-limit count)."""
     bleu = sacrebleu_score(text, refs)
     return {
         "bleu": bleu["score"],
@@ -191,6 +193,7 @@ def run(args) -> dict:
     hrt = family_of(model).chunk_sizes
     k = args.chunk_size
     report = {"checkpoint": os.path.basename(args.path), "sentences": len(src), "systems": {}}
+    texts = {}  # system -> its detokenized outputs
 
     def run_system(name, chunk_size, beam, on=(task, model, batches)):
         on_task, on_model, on_batches = on
@@ -201,7 +204,8 @@ def run(args) -> dict:
             {"decoder_engine": "lean", "decode_chunk_size": str(chunk_size), "b_nat": 1},
         )
         hyps, seconds = decode(on_task, on_model, gen, on_batches, use_cuda)
-        report["systems"][name] = score(task, hyps, args.spm, refs, raw_src, buckets, args.max_len_b, chunk_size)
+        texts[name] = detok(task, hyps, args.spm, len(refs))
+        report["systems"][name] = score(texts[name], hyps, refs, buckets, args.max_len_b, chunk_size)
         report["systems"][name]["seconds"] = round(seconds, 2)
         logger.info(
             "%-12s BLEU %.2f, %d at the length limit",
@@ -249,7 +253,7 @@ def run(args) -> dict:
             ids = sample["id"].tolist()
             filled = oracle_fill(model, task, sample, [skeletons[i] for i in ids], k)
             hyps.update(zip(ids, filled))
-        oracles[name] = score(task, hyps, args.spm, refs, raw_src, buckets, args.max_len_b, k)
+        oracles[name] = score(detok(task, hyps, args.spm, len(refs)), hyps, refs, buckets, args.max_len_b, k)
         logger.info("oracle %-9s BLEU %.2f", name, oracles[name]["bleu"])
     report["oracles"] = oracles
     # the stage-II oracle on AT mode's skeleton vs AT mode itself: what stage II costs; the
@@ -264,6 +268,11 @@ def run(args) -> dict:
             "stage2": s["at_student_b1"]["bleu"] - oracles["at_student"]["bleu"],
             "stage1": oracles["at_student"]["bleu"] - s[f"k{k}_b1"]["bleu"],
         }
+        # one test set's sampling noise is of the order of a 0.3-BLEU target: the interval says
+        # whether this test set can tell HRT from its AT student at all
+        report["paired_bootstrap_vs_at_student_b1"] = paired_bleu_difference(
+            texts[f"k{k}_b1"], texts["at_student_b1"], refs
+        )
     return report
 
 

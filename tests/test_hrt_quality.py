@@ -99,6 +99,10 @@ def test_gap_to_the_at_student_splits_into_its_stages(spm_pair):
     split = report["stage_losses_vs_at_student_b1"]
     assert split["stage2"] == pytest.approx(s["at_student_b1"]["bleu"] - report["oracles"]["at_student"]["bleu"])
     assert split["stage1"] + split["stage2"] == pytest.approx(gap)
+    # HRT k = 2 minus the AT student, with its paired-bootstrap interval over the test sentences
+    paired = report["paired_bootstrap_vs_at_student_b1"]
+    assert paired["difference"] == pytest.approx(-gap)
+    assert paired["ci95"][0] <= paired["difference"] <= paired["ci95"][1] and paired["samples"] == 1000
     # without the option the report is as before: no student rows
     assert "at_student_b1" not in _quality(root, data, root / "hrt" / "checkpoint_last.pt")["systems"]
 

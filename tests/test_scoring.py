@@ -7,6 +7,7 @@ and run the real load + predict path on it; its scores are meaningless.
 import json
 import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from fairseq_hrt.scoring.comet import (  # noqa: E402
     comet_score,
     resolve_comet_model,
 )
-from fairseq_hrt.scoring.metrics import sacrebleu_score, source_words  # noqa: E402
+from fairseq_hrt.scoring.metrics import paired_bleu_difference, sacrebleu_score, source_words  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,6 +83,58 @@ def test_sacrebleu_rejects_bad_input():
         sacrebleu_score([], [])
     with pytest.raises(TypeError):
         sacrebleu_score("a b c", "a b c")
+
+
+def _corpus(n=200, seed=0):
+    """``n`` reference sentences of 8-15 words from a small vocabulary (reproducible)."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(60)]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(8, 15))) for _ in range(n)]
+
+
+def _drop_words(refs, rate, seed):
+    rng = random.Random(seed)
+    return [" ".join(w for w in r.split() if rng.random() > rate) or "w0" for r in refs]
+
+
+def test_paired_bleu_difference_is_the_corpus_difference_with_a_reproducible_interval():
+    refs = _corpus()
+    a, b = _drop_words(refs, 0.1, 1), _drop_words(refs, 0.2, 2)
+    out = paired_bleu_difference(a, b, refs, samples=300)
+    assert out["difference"] == pytest.approx(sacrebleu_score(a, refs)["score"] - sacrebleu_score(b, refs)["score"])
+    low, high = out["ci95"]
+    assert low < out["difference"] < high and low > 0  # a clearly better system
+    assert out["signature"] == sacrebleu_score(a, refs)["signature"]
+    assert paired_bleu_difference(a, b, refs, samples=300) == out  # the seed fixes the resamples
+    # the same resamples for both systems: swapping them negates every resampled difference
+    swapped = paired_bleu_difference(b, a, refs, samples=300)
+    assert swapped["difference"] == pytest.approx(-out["difference"])
+    assert swapped["ci95"] == pytest.approx([-high, -low])
+    # identical outputs: no difference in any resample
+    assert paired_bleu_difference(a, list(a), refs, samples=50)["ci95"] == [0.0, 0.0]
+
+
+def test_paired_bleu_difference_resamples_both_systems_together():
+    """Two systems that differ by one word in one sentence of 200: the paired interval is as
+    narrow as that word makes it, not as wide as the test set's own spread."""
+    refs = _corpus()
+    a = _drop_words(refs, 0.15, 3)
+    b = list(a)
+    b[0] = " ".join(a[0].split()[:-1])  # one word fewer
+    low, high = paired_bleu_difference(a, b, refs, samples=300)["ci95"]
+    assert 0 <= low <= high < 0.5
+    spread = paired_bleu_difference(a, refs, refs, samples=300)["ci95"]
+    assert spread[1] - spread[0] > 10 * (high - low)
+
+
+def test_paired_bleu_difference_rejects_bad_input():
+    refs = _corpus(20)
+    with pytest.raises(ValueError, match="baseline hypotheses"):
+        paired_bleu_difference(refs, refs[:19], refs)
+    with pytest.raises(ValueError, match=r"\(20\).*\(19\)"):
+        paired_bleu_difference(refs, refs, refs[:19])
+    with pytest.raises(ValueError, match="samples must be positive"):
+        paired_bleu_difference(refs, refs, refs, samples=0)
 
 
 def test_source_words():

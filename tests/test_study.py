@@ -626,6 +626,8 @@ def test_converged_stage_oracles_of_every_hrt_model_in_the_report(tmp_path, monk
             quality["oracles"]["at_student"] = {"bleu": 31.2}
             quality["gap_to_at_student_b1"] = 32.0 - k2
             quality["stage_losses_vs_at_student_b1"] = {"stage2": 0.8, "stage1": 31.2 - k2}
+            if "d1" in name:  # the E6D2 files as older runs of hrt_quality.py wrote them: no interval
+                quality["paired_bootstrap_vs_at_student_b1"] = {"difference": k2 - 32.0, "ci95": [-4.6, -3.4]}
         outputs[0].write_text(json.dumps(quality))
 
     monkeypatch.setattr(s, "run_step", fake_run)
@@ -646,6 +648,7 @@ def test_converged_stage_oracles_of_every_hrt_model_in_the_report(tmp_path, monk
         "oracle_at_student": 31.2,
         "stage2_loss_vs_at_student": 0.8,
         "stage1_loss_vs_at_student": pytest.approx(3.2),
+        "hrt_minus_at_student_ci95": [-4.6, -3.4],
         "chunk_size": 2,
         "at_mode": 31.0,
         "k2": 28.0,
@@ -658,7 +661,8 @@ def test_converged_stage_oracles_of_every_hrt_model_in_the_report(tmp_path, monk
     report = _converged_report_input({}, oracles)
     md = study.converged_report(report)
     assert "| hrt_d1_s1 | 31.00 | 28.00 | 3.00 | 2.50 | 0.50 | 45.00 | 30.50 |" in md
-    assert "| hrt_d1_s1 | 32.00 | 28.00 | 4.00 | 3.20 | 0.80 | 31.20 |" in md
+    assert "| hrt_d1_s1 | 32.00 | 28.00 | 4.00 | -4.60 to -3.40 | 3.20 | 0.80 | 31.20 |" in md
+    assert "| hrt_d2_s1 | 32.00 | 30.00 | 2.00 | - | 1.20 | 0.80 | 31.20 |" in md
     assert s.at_student_of("hrt_d2_s1_from_teacher") == "at_d2_s1" and s.at_student_of("hrt_d3_s1") is None
 
 
@@ -693,6 +697,13 @@ def test_only_the_stage_oracles_of_a_trained_hrt_model(tmp_path, monkeypatch):
     s.run()
     assert ran == ["prepare", "quality_hrt_d2_s1_from_teacher"]
     assert (tmp_path / "quality" / "hrt_d2_s1_from_teacher.json").exists()
+    # the study's report carries the readings taken so far (a reading counts once its step is done)
+    assert s.measured_oracles() == {}
+    (s.markers / "quality_hrt_d2_s1_from_teacher.done").touch()  # as run_step leaves it
+    s.run()
+    report = json.loads((s.study_dir / "converged.json").read_text())
+    assert list(report["stage_oracles"]) == ["hrt_d2_s1_from_teacher"]
+    assert report["stage_oracles"]["hrt_d2_s1_from_teacher"]["k2"] == 30.0
     s.args.only = ["quality_at_d2_s1"]
     with pytest.raises(study.StepError, match="quality_at_d2_s1: not a step of this study"):
         s.run()

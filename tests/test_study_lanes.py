@@ -225,11 +225,14 @@ def test_the_converged_studys_step_graph(tmp_path):
     assert needs["hrt_d1_s2"] == ["at_d1_s2"]
     assert needs["hrt_d2_s1_from_teacher"] == ["tkd"]
     assert needs["quality_hrt_d2_s1_from_teacher"] == ["hrt_d2_s1_from_teacher"]
-    # the oracles come after every training step
+    # each HRT model's test2016 reading comes right after it, before the next training step
     names = list(needs)
-    assert max(names.index(n) for n in names if not n.startswith("quality_")) < min(
-        names.index(n) for n in names if n.startswith("quality_")
-    )
+    hrt = [n for n in names if n.startswith("hrt_")]
+    assert len(hrt) == 5 and all(names[names.index(n) + 1] == f"quality_{n}" for n in hrt)
+    assert names.index("quality_hrt_d2_s1") < names.index("at_d1_s1")
+    # --train-only keeps them: they are readings of trained models, not the benchmark
+    s.args.train_only = True
+    assert s.lane_steps() == needs
     # done markers: the KD by its binarised set, an HRT model by its phase at p_k = 1
     s.markers.mkdir(parents=True)
     (s.markers / "tkd_distill.done").write_text("x")

@@ -683,9 +683,12 @@ class ConvergedStudy(Study):
         return [name for name, _ in self.training_plan() if name.startswith("hrt_")]
 
     def lane_steps(self) -> Dict[str, List[str]]:
-        """``--lanes``: every training step and (unless ``--train-only``) every HRT model's stage
-        oracles, in the study's order (the oracles, untimed, last: they fill a lane the training
-        leaves idle), each with the steps it needs done first."""
+        """``--lanes``: every training step and every HRT model's test2016 reading (its stage
+        oracles, ``quality_<model>``, also with ``--train-only``), in the study's order, each
+        with the steps it needs done first. A model's reading comes right after it, before the
+        next training step: a few minutes of one thread give the study's answer for that model
+        on test2016 (against its AT student), a small file that outlives the machine, where the
+        models took hours and are lost with it."""
         needs = {}
         for name, _ in self.training_plan():
             if name == "teacher":
@@ -696,8 +699,8 @@ class ConvergedStudy(Study):
                 needs[name] = ["tkd"]
             else:
                 needs[name] = [name.replace("hrt_", "at_", 1)]
-        for name in [] if self.args.train_only else self.hrt_models():
-            needs[f"quality_{name}"] = [name]
+            if name.startswith("hrt_"):
+                needs[f"quality_{name}"] = [name]
         return needs
 
     def lane_step_done(self, name: str) -> bool:
@@ -886,6 +889,16 @@ class ConvergedStudy(Study):
         self.run_step(i, f"quality_{name}", cmd, [out_json])
         return stage_summary(json.loads(out_json.read_text()))
 
+    def measured_oracles(self) -> Dict[str, dict]:
+        """:func:`stage_summary` of every HRT model whose test2016 reading is done, without
+        running any."""
+        out = {}
+        for name in self.hrt_models():
+            path = self.out / "quality" / f"{name}.json"
+            if (self.markers / f"quality_{name}.done").exists() and path.exists():
+                out[name] = stage_summary(json.loads(path.read_text()))
+        return out
+
     def targets(self) -> dict:
         """The targets' verdicts (:mod:`study_targets`) from the benchmark's ``report.json`` and
         every HRT model's ``hrt_bound.json``."""
@@ -976,6 +989,8 @@ class ConvergedStudy(Study):
             self.step_bounds(9)
             oracles = self.step_oracles(10)
             targets = self.targets()
+        else:  # the readings the lanes (or --only quality_<model>) have taken so far
+            oracles = self.measured_oracles()
         self.study_dir.mkdir(parents=True, exist_ok=True)
         report = {
             "profile": self.args.profile,
@@ -1084,6 +1099,9 @@ def stage_summary(quality: dict) -> dict:
             "stage2_loss_vs_at_student": versus["stage2"],
             "stage1_loss_vs_at_student": versus["stage1"],
         }
+        paired = quality.get("paired_bootstrap_vs_at_student_b1")
+        if paired:  # HRT - AT student: the gap's sign flipped, as its interval is
+            student["hrt_minus_at_student_ci95"] = paired["ci95"]
     beam5 = {f"k{k}_b5": s[f"k{k}_b5"]["bleu"]} if f"k{k}_b5" in s else {}
     return {
         **student,
@@ -1171,16 +1189,20 @@ def converged_report(report: dict) -> str:
                 "",
                 "The gap to the AT student of the same depth and seed (the target), split the same way: stage II = "
                 "the AT student - the one-pass fill of its greedy output's skeleton; stage I = the rest. It holds "
-                "where AT mode does not (trained on with p_k = 1, an HRT model's AT mode decays).",
+                "where AT mode does not (trained on with p_k = 1, an HRT model's AT mode decays). `k = 2 - AT, 95 %`: "
+                "the paired-bootstrap interval of k = 2's BLEU minus the AT student's over test2016's sentences "
+                "(1000 resamples): how far this one test set can tell them apart.",
                 "",
-                "| model | AT student | k = 2 | gap | stage I | stage II | oracle AT student |",
-                "|---|---:|---:|---:|---:|---:|---:|",
+                "| model | AT student | k = 2 | gap | k = 2 - AT, 95 % | stage I | stage II | oracle AT student |",
+                "|---|---:|---:|---:|---|---:|---:|---:|",
             ]
             for name, o in against.items():
+                ci = o.get("hrt_minus_at_student_ci95")
                 lines.append(
                     f"| {name} | {_f(o['at_student'])} | {_f(o['k%d' % o['chunk_size']])} | "
-                    f"{_f(o['gap_to_at_student'])} | {_f(o['stage1_loss_vs_at_student'])} | "
-                    f"{_f(o['stage2_loss_vs_at_student'])} | {_f(o['oracle_at_student'])} |"
+                    f"{_f(o['gap_to_at_student'])} | {f'{ci[0]:+.2f} to {ci[1]:+.2f}' if ci else '-'} | "
+                    f"{_f(o['stage1_loss_vs_at_student'])} | {_f(o['stage2_loss_vs_at_student'])} | "
+                    f"{_f(o['oracle_at_student'])} |"
                 )
     levers = lever_rows(report)
     if levers:
@@ -1461,7 +1483,12 @@ def parse_args(argv=None):
         "phases): a safety net that a one-thread float32 lane can reach before patience (see the README); it may "
         "change between runs: an unfinished or cap-stopped run trains on under a higher one",
     )
-    g.add_argument("--train-only", action="store_true", help="train the models only: no shortlist, benchmark or bounds")
+    g.add_argument(
+        "--train-only",
+        action="store_true",
+        help="train the models (with --lanes, each HRT model's test2016 reading, quality_<model>, follows it): "
+        "no shortlist, benchmark or bounds",
+    )
     g.add_argument(
         "--lanes",
         type=int,

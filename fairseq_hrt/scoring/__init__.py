@@ -11,6 +11,7 @@ import importlib
 _EXPORTS = {
     "sacrebleu_score": "metrics",
     "source_words": "metrics",
+    "paired_bleu_difference": "metrics",
     "CometUnavailable": "comet",
     "comet_score": "comet",
     "resolve_comet_model": "comet",
