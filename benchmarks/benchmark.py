@@ -650,6 +650,7 @@ def run(args) -> dict:
             dict(
                 asdict(s),
                 checkpoint=rel(s.checkpoint),
+                hyps=rel(hyps_file(s)),  # its test outputs, for paired comparisons of the rows
                 decoding=relative_paths(s.decoding, rel),
                 shape=model_shape(s.checkpoint),
             )

@@ -533,6 +533,8 @@ def test_tiny_recipe_report_structure(tiny_run):
     assert n_test == PROFILE.bench_sentences
     for name in EXPECTED_SYSTEMS:
         assert len((bench / "hyps" / f"{benchmark.slug(name)}.txt").read_text().splitlines()) == n_test
+    # each row names its outputs, relative to the report's folder
+    assert all(s["hyps"] == f"hyps/{benchmark.slug(s['name'])}.txt" for s in report["systems"])
     if HAVE_CT2:
         # the CTranslate2 conversion is the same model: fp32 greedy and beam search give
         # fairseq's translations (a rounding difference may flip a rare near-tie)

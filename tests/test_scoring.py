@@ -30,7 +30,12 @@ from fairseq_hrt.scoring.comet import (  # noqa: E402
     comet_score,
     resolve_comet_model,
 )
-from fairseq_hrt.scoring.metrics import paired_bleu_difference, sacrebleu_score, source_words  # noqa: E402
+from fairseq_hrt.scoring.metrics import (  # noqa: E402
+    mean_paired_bleu_difference,
+    paired_bleu_difference,
+    sacrebleu_score,
+    source_words,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -125,6 +130,25 @@ def test_paired_bleu_difference_resamples_both_systems_together():
     assert 0 <= low <= high < 0.5
     spread = paired_bleu_difference(a, refs, refs, samples=300)["ci95"]
     assert spread[1] - spread[0] > 10 * (high - low)
+
+
+def test_mean_paired_bleu_difference_resamples_every_pair_with_the_same_sentences():
+    """A seed mean: the mean of each pair's difference, its interval from one set of resamples
+    shared by every system of every pair."""
+    refs = _corpus()
+    a, b, c = _drop_words(refs, 0.1, 1), _drop_words(refs, 0.2, 2), _drop_words(refs, 0.15, 4)
+    one = paired_bleu_difference(a, b, refs, samples=200)
+    other = paired_bleu_difference(c, b, refs, samples=200)
+    both = mean_paired_bleu_difference([(a, b), (c, b)], refs, samples=200)
+    assert both["difference"] == pytest.approx((one["difference"] + other["difference"]) / 2)
+    assert both["pairs"] == 2 and both["ci95"][0] < both["difference"] < both["ci95"][1]
+    # the same pair twice is that pair: the resamples are shared, not drawn per pair
+    twice = mean_paired_bleu_difference([(a, b), (a, b)], refs, samples=200)
+    assert twice["difference"] == pytest.approx(one["difference"]) and twice["ci95"] == pytest.approx(one["ci95"])
+    # a pair and its mirror cancel in every resample
+    assert mean_paired_bleu_difference([(a, b), (b, a)], refs, samples=200)["ci95"] == pytest.approx([0.0, 0.0])
+    with pytest.raises(ValueError, match="no pair"):
+        mean_paired_bleu_difference([], refs)
 
 
 def test_paired_bleu_difference_rejects_bad_input():

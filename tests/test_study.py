@@ -761,6 +761,38 @@ def test_the_levers_table_reads_the_pk1_phase_and_beam_5_per_hrt_model():
     assert "| hrt_d1_s1 | 20.00 | 20.00 | - | - | - | - |" in md
 
 
+def test_the_targets_read_the_benchmarks_rows_with_their_test_outputs(tmp_path):
+    """The quality gap's paired interval comes from the rows' own outputs (``hyps/``, named in
+    report.json) against the test references the report names, truncated to the sentences the
+    benchmark translated; a row whose outputs are gone leaves its group without an interval."""
+    s = _converged(tmp_path)
+    bench = tmp_path / "benchmark"
+    (bench / "hyps").mkdir(parents=True)
+    refs = [f"ein satz nummer {i} mit einigen worten" for i in range(30)]
+    (tmp_path / "data" / "raw").mkdir(parents=True)
+    (tmp_path / "data" / "raw" / "test.de").write_text("\n".join(refs + ["not translated"]) + "\n")
+    outputs = [r.replace("einigen", "vielen") for r in refs]
+    systems = []
+    for name, family, model, decoding in (
+        ("AT[at_d2_s1] greedy", "AT", "at_d2_s1", {"beam": 1}),
+        ("HRT[hrt_d2_s1] k=2", "HRT", "hrt_d2_s1", {"decode_chunk_size": 2, "beam": 1, "b_nat": 1}),
+    ):
+        hyps = f"hyps/{model}.txt"
+        (bench / hyps).write_text("\n".join(outputs) + "\n")
+        speed = {b: {"words_per_second": 100.0} for b in ("1", "128")}
+        systems.append(
+            dict(name=name, family=family, checkpoint=f"../{model}/checkpoint_best.pt", decoding=decoding,
+                 bleu=30.0, chrf=50.0, speed=speed, hyps=hyps)
+        )  # fmt: skip
+    report = {"meta": {"test": {"raw_ref": "../data/raw/test.de", "sentences": 30}}, "systems": systems}
+    (bench / "report.json").write_text(json.dumps(report))
+    (quality,) = s.targets()["quality"]
+    assert (quality["gap"], quality["gap_ci95"], quality["ci_side"]) == (0.0, [0.0, 0.0], "above")
+    (bench / "hyps" / "hrt_d2_s1.txt").unlink()
+    (quality,) = s.targets()["quality"]
+    assert "gap_ci95" not in quality and quality["met"]
+
+
 def test_publish_copies_the_finished_studys_results_and_names_their_folders(tmp_path):
     """--publish: the benchmark report, every blind output, converged.*, each HRT model's bound and
     quality into one results folder, with SOURCES.md naming where the relative paths point."""

@@ -1,5 +1,6 @@
 """examples/multi30k/study_targets.py: the converged study's verdicts from a benchmark report."""
 
+import random
 import sys
 from pathlib import Path
 
@@ -23,13 +24,18 @@ def row(name, family, model, decoding, bleu, bs1, bs128, chrf=None):
     }
 
 
+def _suffix(extra):  # row names are unique in a report, as the benchmark makes them
+    return " int8" if extra.get("quantize") == "int8" else ""
+
+
 def at(model, bleu, bs1, bs128, **extra):
-    return row(f"AT[{model}] greedy", "AT", model, {"beam": 1, "decoder_engine": "lean", **extra}, bleu, bs1, bs128)
+    decoding = {"beam": 1, "decoder_engine": "lean", **extra}
+    return row(f"AT[{model}] greedy{_suffix(extra)}", "AT", model, decoding, bleu, bs1, bs128)
 
 
 def hrt(model, bleu, bs1, bs128, k=2, **extra):
     decoding = {"decode_chunk_size": k, "beam": 1, "b_nat": 1, "decoder_engine": "lean", **extra}
-    return row(f"HRT[{model}] k={k}", "HRT", model, decoding, bleu, bs1, bs128)
+    return row(f"HRT[{model}] k={k}{_suffix(extra)}", "HRT", model, decoding, bleu, bs1, bs128)
 
 
 def ct2(model, bleu, bs1, suffix="", **extra):
@@ -102,13 +108,46 @@ def test_batch_128_ratio_per_seed_and_the_bound_share_per_model():
 
 def test_the_markdown_says_met_or_missed_beside_the_numbers():
     md = study_targets.targets_markdown(study_targets.study_targets(REPORT, {}))
-    assert "| 2 | lean, float | 1, 2 | 38.60 (38.90 / 38.30) | 38.80 (38.80 / 38.80) | -0.20 | -0.20 | met |" in md
+    assert "| 2 | lean, float | 1, 2 | 38.60 (38.90 / 38.30) | 38.80 (38.80 / 38.80) | -0.20 | - | -0.20 | met |" in md
     assert (
-        "| 2 | lean, int8 | 1, 2 | 37.10 (37.00 / 37.20) | 38.10 (38.00 / 38.20) | -1.00 | -1.00 | **missed** |" in md
+        "| 2 | lean, int8 | 1, 2 | 37.10 (37.00 / 37.20) | 38.10 (38.00 / 38.20) | -1.00 | - | -1.00 | **missed** |"
+        in md
     )
     assert "| 2 | lean, float | 38.60 | 1250.0 | CTranslate2 AT[teacher] greedy | **missed** |" in md
     assert "| 2 | lean, float | 0.975 / 0.925 | 0.950 | met |" in md
     assert "share of the bound" not in md  # no bounds given: no table
+
+
+def _sentences(n=150, seed=0, drop=0.0, of=None):
+    """``n`` made-up sentences (or ``of``'s with each word dropped at rate ``drop``)."""
+    rng = random.Random(seed)
+    if of is None:
+        return [" ".join(f"w{rng.randrange(50)}" for _ in range(rng.randint(8, 14))) for _ in range(n)]
+    return [" ".join(w for w in line.split() if rng.random() >= drop) or "w0" for line in of]
+
+
+def test_the_quality_gap_comes_with_its_paired_interval_given_the_rows_outputs():
+    refs = _sentences()
+    at_out = {s: _sentences(seed=s, drop=0.1, of=refs) for s in (1, 2)}
+    texts = {f"AT[at_d2_s{s}] greedy": at_out[s] for s in (1, 2)}
+    # HRT's float rows: the AT students' own outputs (no difference in any resample)
+    texts.update({f"HRT[hrt_d2_s{s}] k=2": at_out[s] for s in (1, 2)})
+    fl, i8 = study_targets.quality_targets(REPORT, texts, refs)
+    assert (fl["gap_ci95"], fl["ci_side"]) == ([0.0, 0.0], "above")
+    assert "gap_ci95" not in i8  # the int8 rows' outputs were not given
+    # far worse outputs: the whole interval lies beyond the margin
+    texts.update({f"HRT[hrt_d2_s{s}] k=2": _sentences(seed=9 + s, drop=0.4, of=refs) for s in (1, 2)})
+    fl, _ = study_targets.quality_targets(REPORT, texts, refs)
+    assert fl["ci_side"] == "below" and fl["gap_ci95"][1] < -study_targets.QUALITY_MARGIN
+    md = study_targets.targets_markdown(study_targets.study_targets(REPORT, {}, texts, refs))
+    low, high = fl["gap_ci95"]
+    assert f"| -0.20 | {low:+.2f} to {high:+.2f} (below -0.3) | -0.20 | met |" in md
+
+
+def test_a_gaps_interval_against_the_margin():
+    assert study_targets.margin_side([-0.3, 0.2]) == "above"
+    assert study_targets.margin_side([-0.5, -0.1]) == "straddles"
+    assert study_targets.margin_side([-1.2, -0.31]) == "below"
 
 
 def test_model_and_variant_of_a_row():

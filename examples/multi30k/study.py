@@ -900,15 +900,27 @@ class ConvergedStudy(Study):
         return out
 
     def targets(self) -> dict:
-        """The targets' verdicts (:mod:`study_targets`) from the benchmark's ``report.json`` and
-        every HRT model's ``hrt_bound.json``."""
-        report = json.loads((self.out / "benchmark" / "report.json").read_text())
+        """The targets' verdicts (:mod:`study_targets`) from the benchmark's ``report.json``, its
+        rows' test outputs (``hyps/``, for the quality gap's paired interval) and every HRT
+        model's ``hrt_bound.json``."""
+        bench = self.out / "benchmark"
+        report = json.loads((bench / "report.json").read_text())
         bounds = {}
         for name in self.hrt_models():
             path = self.out / "bounds" / name / "hrt_bound.json"
             if path.exists():
                 bounds[name] = json.loads(path.read_text())
-        return study_targets.study_targets(report, bounds)
+        texts = {
+            s["name"]: (bench / s["hyps"]).read_text(encoding="utf-8").splitlines()
+            for s in report["systems"]
+            if s.get("hyps") and (bench / s["hyps"]).exists()
+        }
+        test = report.get("meta", {}).get("test", {})
+        ref_path = bench / test["raw_ref"] if test.get("raw_ref") else None
+        refs = None
+        if ref_path and ref_path.exists():  # the sentences the benchmark translated: the first ones
+            refs = ref_path.read_text(encoding="utf-8").splitlines()[: test["sentences"]]
+        return study_targets.study_targets(report, bounds, texts, refs)
 
     def publish(self, dest: Path) -> List[Path]:
         """Copy what the finished study measured into ``dest`` (a folder of ``benchmarks/results``):

@@ -5,7 +5,9 @@ model's ``hrt_bound.json``, so the verdicts come from the measurements and nothi
 * **quality**: HRT k = 2 (b_at = b_nat = 1) within ``QUALITY_MARGIN`` BLEU of the AT student of
   the same decoder depth, seed and data, seed means over the seeds that have both, per row
   variant (engine, precision, shortlist); chrF beside it, since a close BLEU can hide a worse
-  translation;
+  translation; given the rows' test outputs, the gap's 95 % paired-bootstrap interval over the
+  test sentences (the test set's own noise, of the order of the margin) and whether it lies
+  wholly above or below the margin;
 * **CTranslate2 at batch 1**: no CTranslate2 AT row of the run has as high a BLEU and as high a
   speed as HRT k = 2 (seed means), float against float and int8 against int8;
 * **the bound at batch 1**: each HRT model delivers at least ``BOUND_SHARE`` of its
@@ -22,6 +24,8 @@ import re
 from pathlib import PurePosixPath
 from statistics import mean
 from typing import Dict, Iterator, List, Optional, Tuple
+
+from fairseq_hrt.scoring.metrics import mean_paired_bleu_difference
 
 QUALITY_MARGIN = 0.3
 BOUND_SHARE = 0.9
@@ -96,8 +100,22 @@ def _speed(system: dict, batch: str) -> Optional[float]:
     return v["words_per_second"] if v else None
 
 
-def quality_targets(report: dict) -> List[dict]:
-    """Per decoder depth and row variant: HRT k = 2 against the AT student, seed means."""
+def margin_side(ci95: List[float], margin: float = QUALITY_MARGIN) -> str:
+    """Where a gap's interval lies against ``-margin``: ``"above"`` (within the margin even at
+    its low end), ``"below"`` (beyond it even at its high end) or ``"straddles"`` (this test set
+    cannot tell)."""
+    low, high = ci95
+    if low >= -margin - 1e-9:
+        return "above"
+    return "below" if high < -margin - 1e-9 else "straddles"
+
+
+def quality_targets(
+    report: dict, texts: Optional[Dict[str, List[str]]] = None, refs: Optional[List[str]] = None
+) -> List[dict]:
+    """Per decoder depth and row variant: HRT k = 2 against the AT student, seed means; with
+    ``texts`` (row name -> its test outputs) and ``refs``, the seed-mean gap's paired-bootstrap
+    interval (``gap_ci95``) and its side of the margin."""
     out = []
     for depth, variant, hrt, at in hrt_groups(report):
         seeds = sorted(set(hrt) & set(at))
@@ -120,6 +138,11 @@ def quality_targets(report: dict) -> List[dict]:
                 "met": gap >= -QUALITY_MARGIN - 1e-9,
             }
         )
+        rows = [(hrt[s]["name"], at[s]["name"]) for s in seeds]
+        if texts is not None and refs is not None and all(a in texts and b in texts for a, b in rows):
+            paired = mean_paired_bleu_difference([(texts[a], texts[b]) for a, b in rows], refs)
+            out[-1]["gap_ci95"] = [round(x, 2) for x in paired["ci95"]]
+            out[-1]["ci_side"] = margin_side(paired["ci95"])
     return out
 
 
@@ -193,9 +216,14 @@ def bound_targets(bounds: Dict[str, dict], engine: str = "onnxruntime", batch: i
     return out
 
 
-def study_targets(report: dict, bounds: Dict[str, dict]) -> dict:
+def study_targets(
+    report: dict,
+    bounds: Dict[str, dict],
+    texts: Optional[Dict[str, List[str]]] = None,
+    refs: Optional[List[str]] = None,
+) -> dict:
     return {
-        "quality": quality_targets(report),
+        "quality": quality_targets(report, texts, refs),
         "ctranslate2_bs1": ctranslate2_targets(report, "1"),
         "bound_bs1": bound_targets(bounds, batch=1),
         "ratio_bs128": batch_ratio_targets(report, "128"),
@@ -214,17 +242,20 @@ def targets_markdown(targets: dict) -> str:
         f"HRT k = 2 (b_at = b_nat = 1) against the AT student of its decoder depth and seed: quality within "
         f"{QUALITY_MARGIN} BLEU (seed means, test2016), no CTranslate2 row of the same precision as good and as "
         f"fast at batch 1, at least {BOUND_SHARE:.0%} of its fixed-length bound at batch 1, at least "
-        f"{BATCH128_RATIO}x its AT student at batch 128.",
+        f"{BATCH128_RATIO}x its AT student at batch 128. `gap, 95 %`: the paired-bootstrap interval of the "
+        "seed-mean gap over the test sentences (1000 resamples), and where it lies against the margin.",
         "",
-        "| decoder layers | rows | seeds | HRT k = 2 BLEU | AT student BLEU | gap | chrF gap | quality |",
-        "|---:|---|---|---:|---:|---:|---:|---|",
+        "| decoder layers | rows | seeds | HRT k = 2 BLEU | AT student BLEU | gap | gap, 95 % | chrF gap | quality |",
+        "|---:|---|---|---:|---:|---:|---|---:|---|",
     ]
     for t in targets["quality"]:
+        ci = t.get("gap_ci95")
+        ci_cell = f"{ci[0]:+.2f} to {ci[1]:+.2f} ({t['ci_side']} -{QUALITY_MARGIN})" if ci else "-"
         lines.append(
             f"| {t['depth']} | {t['variant']} | {', '.join(map(str, t['seeds']))} | {t['hrt_mean']:.2f} "
             f"({' / '.join(f'{b:.2f}' for b in t['hrt_bleu'])}) | {t['at_mean']:.2f} "
-            f"({' / '.join(f'{b:.2f}' for b in t['at_bleu'])}) | {t['gap']:+.2f} | {t['chrf_gap']:+.2f} | "
-            f"{_yes(t['met'])} |"
+            f"({' / '.join(f'{b:.2f}' for b in t['at_bleu'])}) | {t['gap']:+.2f} | {ci_cell} | "
+            f"{t['chrf_gap']:+.2f} | {_yes(t['met'])} |"
         )
     lines += [
         "",

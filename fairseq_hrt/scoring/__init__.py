@@ -12,6 +12,7 @@ _EXPORTS = {
     "sacrebleu_score": "metrics",
     "source_words": "metrics",
     "paired_bleu_difference": "metrics",
+    "mean_paired_bleu_difference": "metrics",
     "CometUnavailable": "comet",
     "comet_score": "comet",
     "resolve_comet_model": "comet",

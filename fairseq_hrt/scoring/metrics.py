@@ -4,12 +4,13 @@
   its signature so that every reported number says exactly how it was computed.
 * :func:`chrf_score` -- detokenized corpus chrF, with its signature.
 * :func:`paired_bleu_difference` -- BLEU(a) - BLEU(b) on one test set with its paired-bootstrap
-  95 % interval: whether a test set of this size can tell the two systems apart.
+  95 % interval: whether a test set of this size can tell the two systems apart;
+  :func:`mean_paired_bleu_difference`, the same for a mean over pairs (seeds).
 * :func:`source_words` -- number of whitespace-separated source words; translation speed
   is reported in source words per second.
 """
 
-from typing import Iterable, List
+from typing import Iterable, List, Sequence, Tuple
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
@@ -76,31 +77,49 @@ def paired_bleu_difference(
     test gives a p-value for "no difference"; a target of the form "within 0.3 BLEU" needs the
     interval of the difference itself, which sacreBLEU does not report.
 
-    Returns ``{"difference", "ci95": [low, high], "samples", "seed", "signature"}``; ``seed``
-    fixes the resamples, so the same outputs give the same interval.
+    Returns ``{"difference", "ci95": [low, high], "pairs": 1, "samples", "seed", "signature"}``;
+    ``seed`` fixes the resamples, so the same outputs give the same interval.
     """
-    hyps, refs = _check_pair(hyps, refs)
-    baseline, _ = _check_pair(baseline, refs, "baseline hypotheses")
+    return mean_paired_bleu_difference([(hyps, baseline)], refs, samples, seed)
+
+
+def mean_paired_bleu_difference(
+    pairs: Sequence[Tuple[List[str], List[str]]], refs: List[str], samples: int = 1000, seed: int = 12345
+) -> dict:
+    """The mean over ``pairs`` ``(hyps, baseline)`` of ``BLEU(hyps) - BLEU(baseline)``, with
+    the 95 % paired-bootstrap interval of that mean (:func:`paired_bleu_difference` for one
+    pair): every system of every pair is resampled with the same sentences, as a seed mean of
+    the same test set is. The interval is the test set's sampling noise; the spread between the
+    pairs (seeds) is in the pairs themselves."""
+    if not pairs:
+        raise ValueError("no pair of systems to compare")
     if samples < 1:
         raise ValueError(f"samples must be positive, got {samples}")
+    for hyps, baseline in pairs:
+        _, refs = _check_pair(hyps, refs)
+        _check_pair(baseline, refs, "baseline hypotheses")
     bleu = BLEU()
     # the statistics sacrebleu.significance resamples (per sentence: lengths and n-gram
     # matches/totals); a corpus BLEU is computed from their sum
-    stats = [np.asarray(bleu._extract_corpus_statistics(h, [refs]), dtype=np.float64) for h in (hyps, baseline)]
+    stats = [
+        [np.asarray(bleu._extract_corpus_statistics(list(h), [refs]), dtype=np.float64) for h in pair] for pair in pairs
+    ]
 
     def corpus(summed: np.ndarray) -> float:
         return float(bleu._compute_score_from_stats(list(summed)).score)
 
-    difference = corpus(stats[0].sum(0)) - corpus(stats[1].sum(0))
+    difference = float(np.mean([corpus(a.sum(0)) - corpus(b.sum(0)) for a, b in stats]))
     n = len(refs)
     # a bootstrap resample as how often each sentence is drawn: counts @ stats is its sum
     counts = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=samples).astype(np.float64)
-    sums = [counts @ s for s in stats]
-    diffs = np.array([corpus(a) - corpus(b) for a, b in zip(*sums)])
-    low, high = np.quantile(diffs, [0.025, 0.975])
+    diffs = np.zeros(samples)
+    for a, b in stats:
+        diffs += [corpus(x) - corpus(y) for x, y in zip(counts @ a, counts @ b)]
+    low, high = np.quantile(diffs / len(stats), [0.025, 0.975])
     return {
         "difference": difference,
         "ci95": [float(low), float(high)],
+        "pairs": len(stats),
         "samples": samples,
         "seed": seed,
         "signature": str(bleu.get_signature()),
