@@ -4,6 +4,7 @@ import fcntl
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -425,6 +426,32 @@ def test_the_children_keep_freed_memory_and_the_docs_give_the_same_settings(tmp_
     for name, value in keep.items():
         assert f'{name}="${{{name}:-{value}}}"' in quickstart, name
         assert f"{name}={value}" in readme, name
+
+
+def test_cpu_training_commands_run_under_mimalloc_unless_told_glibc(tmp_path, monkeypatch):
+    """The CPU training commands preload the cmeel-mimalloc wheel's library (before one the user
+    preloads; a child really runs with it), the others keep the plain environment, and
+    FAIRSEQ_HRT_TRAIN_MALLOC=glibc keeps glibc's malloc; another value is refused."""
+    library = study.recipe.mimalloc_library()
+    assert library and Path(library).name == "libmimalloc.so"
+    monkeypatch.setenv("LD_PRELOAD", "libuser.so")
+    monkeypatch.delenv(study.recipe.TRAIN_MALLOC_ENV, raising=False)
+    s = _converged(tmp_path)
+    assert s.train_env["LD_PRELOAD"] == f"{library} libuser.so" and s.env["LD_PRELOAD"] == "libuser.so"
+    assert {k: v for k, v in s.train_env.items() if k != "LD_PRELOAD"} == {
+        k: v for k, v in s.env.items() if k != "LD_PRELOAD"
+    }
+    monkeypatch.delenv("LD_PRELOAD")
+    env = _converged(tmp_path).train_env
+    maps = "import sys; print(any('libmimalloc' in line for line in open('/proc/self/maps')))"
+    ran = subprocess.run([sys.executable, "-c", maps], env=env, capture_output=True, text=True, check=True)
+    assert ran.stdout.strip() == "True"
+    monkeypatch.setenv(study.recipe.TRAIN_MALLOC_ENV, "glibc")
+    s = _converged(tmp_path)
+    assert "LD_PRELOAD" not in s.train_env and s.train_env == s.env
+    monkeypatch.setenv(study.recipe.TRAIN_MALLOC_ENV, "tcmalloc")
+    with pytest.raises(study.StepError, match="FAIRSEQ_HRT_TRAIN_MALLOC=tcmalloc: give mimalloc or glibc"):
+        _converged(tmp_path)
 
 
 def test_converged_report_reads_budgets_and_validation_bleu_from_the_logs(tmp_path):
