@@ -438,9 +438,14 @@ def test_cpu_training_commands_run_under_mimalloc_unless_told_glibc(tmp_path, mo
     monkeypatch.delenv(study.recipe.TRAIN_MALLOC_ENV, raising=False)
     s = _converged(tmp_path)
     assert s.train_env["LD_PRELOAD"] == f"{library} libuser.so" and s.env["LD_PRELOAD"] == "libuser.so"
-    assert {k: v for k, v in s.train_env.items() if k != "LD_PRELOAD"} == {
+    # freed memory kept, not handed back to the kernel (a value the user set wins)
+    assert s.train_env["MIMALLOC_PURGE_DELAY"] == "-1" and "MIMALLOC_PURGE_DELAY" not in s.env
+    assert {k: v for k, v in s.train_env.items() if k not in ("LD_PRELOAD", "MIMALLOC_PURGE_DELAY")} == {
         k: v for k, v in s.env.items() if k != "LD_PRELOAD"
     }
+    monkeypatch.setenv("MIMALLOC_PURGE_DELAY", "100")
+    assert _converged(tmp_path).train_env["MIMALLOC_PURGE_DELAY"] == "100"
+    monkeypatch.delenv("MIMALLOC_PURGE_DELAY")
     monkeypatch.delenv("LD_PRELOAD")
     env = _converged(tmp_path).train_env
     maps = "import sys; print(any('libmimalloc' in line for line in open('/proc/self/maps')))"

@@ -97,7 +97,15 @@ def training_env(env: Dict[str, str]) -> Dict[str, str]:
     library = mimalloc_library() if choice == "mimalloc" else None
     if not library:
         return env
-    return {**env, "LD_PRELOAD": " ".join(p for p in (library, env.get("LD_PRELOAD", "")) if p)}
+    # mimalloc hands freed memory back to the kernel after 10 ms by default, and the next step
+    # faults it in again: 16 % of the teacher's samples were the kernel zeroing pages
+    # (clear_page_erms). Never purging keeps them, as GLIBC_MALLOC_KEEP does for glibc; a value
+    # the user set wins
+    return {
+        "MIMALLOC_PURGE_DELAY": "-1",
+        **env,
+        "LD_PRELOAD": " ".join(p for p in (library, env.get("LD_PRELOAD", "")) if p),
+    }
 
 
 @dataclass
