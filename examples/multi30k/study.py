@@ -882,19 +882,23 @@ class ConvergedStudy(Study):
     def step_oracle(self, i, name: str) -> dict:
         """The stage oracles of one HRT model (``quality_<model>``). They time nothing, so
         ``--only quality_<model>`` may run them beside training, once the model is trained."""
-        out_json = self.out / "quality" / f"{name}.json"
+        out_json = self.quality_json(name)
         out_json.parent.mkdir(parents=True, exist_ok=True)
         student = self.at_student_of(name)
         cmd = self.quality_cmd(self.best(name), out_json, True, self.best(student) if student else None)
         self.run_step(i, f"quality_{name}", cmd, [out_json])
         return stage_summary(json.loads(out_json.read_text()))
 
+    def quality_json(self, name: str) -> Path:
+        """Where ``quality_<name>`` (one HRT model's test2016 reading) writes its report."""
+        return self.out / "quality" / f"{name}.json"
+
     def measured_oracles(self) -> Dict[str, dict]:
         """:func:`stage_summary` of every HRT model whose test2016 reading is done, without
         running any."""
         out = {}
         for name in self.hrt_models():
-            path = self.out / "quality" / f"{name}.json"
+            path = self.quality_json(name)
             if (self.markers / f"quality_{name}.done").exists() and path.exists():
                 out[name] = stage_summary(json.loads(path.read_text()))
         return out
@@ -938,7 +942,7 @@ class ConvergedStudy(Study):
         for name in self.hrt_models():
             for suffix in (".md", ".json"):
                 copies.append((self.out / "bounds" / name / f"hrt_bound{suffix}", dest / "bounds" / f"{name}{suffix}"))
-            copies.append((self.out / "quality" / f"{name}.json", dest / "quality" / f"{name}.json"))
+            copies.append((self.quality_json(name), dest / "quality" / f"{name}.json"))
         written = []
         for source, target in copies:
             if source.exists():
