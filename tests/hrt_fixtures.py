@@ -22,9 +22,19 @@ def write_dictionary(data_dir, n_words=40):
 
 
 def build_task_and_model(data_dir, arch="hrt_tiny", extra=(), seed=1):
+    args = training_args(data_dir, arch, extra)
+    torch.manual_seed(seed)
+    task = tasks.setup_task(args)
+    model = task.build_model(args)
+    model.eval()
+    return task, model
+
+
+def training_args(data_dir, arch="hrt_tiny", extra=()):
+    """fairseq-train's arguments of a tiny model on a fresh dictionary in ``data_dir``."""
     write_dictionary(data_dir)
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
+    return options.parse_args_and_arch(
         parser,
         [
             data_dir,
@@ -46,11 +56,6 @@ def build_task_and_model(data_dir, arch="hrt_tiny", extra=(), seed=1):
             *extra,
         ],
     )
-    torch.manual_seed(seed)
-    task = tasks.setup_task(args)
-    model = task.build_model(args)
-    model.eval()
-    return task, model
 
 
 def random_tiny_models(tmp_path_factory, name: str):

@@ -55,6 +55,7 @@ from torch import Tensor, nn
 from fairseq_hrt.generation.output_vocab import restricted_output_layer
 from fairseq_hrt.models.hrt_transformer import HRTDecoder, HRTDecoderLayer
 from fairseq_hrt.models.ssru_transformer import SSRUDecoder, SSRUDecoderLayer
+from fairseq_hrt.modules.cpu_dropout import PCG64Dropout
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention, relative_bucket
 from fairseq_hrt.modules.ssru import SSRU, linear_recurrence
 
@@ -390,6 +391,7 @@ def _planned_classes():
         nn.LayerNorm,
         nn.Embedding,
         FairseqDropout,
+        PCG64Dropout,  # fairseq-train's models on the CPU (--cpu-dropout-rng): identity at decoding
         SinusoidalPositionalEmbedding,
         LearnedPositionalEmbedding,
     }

@@ -42,6 +42,7 @@ from fairseq_hrt.generation.options import QUANTIZE_CHOICES, DecodingOptions, ta
 from fairseq_hrt.generation.quantize import prepare_for_decoding
 from fairseq_hrt.models import ssru_transformer, tied_layers
 from fairseq_hrt.models.kinds import family_of
+from fairseq_hrt.modules.cpu_dropout import CPU_DROPOUT_RNGS, use_cpu_dropout_rng
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
 from hrt_runtime import text_input
 
@@ -49,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 HRT_MODES = ChoiceEnum(["hrt", "at", "cmlm"])
 QUANTIZATIONS = ChoiceEnum(list(QUANTIZE_CHOICES))
+CPU_DROPOUT_RNG_CHOICES = ChoiceEnum(list(CPU_DROPOUT_RNGS))
 
 
 def parse_chunk_sizes(text: str) -> List[int]:
@@ -122,6 +124,16 @@ class HRTTranslationConfig(TranslationConfig):
             "--bf16 means TPU, its --amp CUDA). On a CPU with AVX512-BF16 or AMX, hrt_small and at_small "
             "train 1.7-2x faster a thread than in float32; elsewhere it is slower. Training only: "
             "validation, fairseq-generate and exported models run as before"
+        },
+    )
+    cpu_dropout_rng: CPU_DROPOUT_RNG_CHOICES = field(
+        default="pcg64",
+        metadata={
+            "help": "how fairseq-train draws the dropout masks of tensors on the CPU: 'pcg64' (NumPy's "
+            "PCG64, seeded from torch's generator at each call, so runs stay reproducible and resume "
+            "alike) or 'torch' (fairseq's F.dropout, whose serial Bernoulli kernel took 13 %% of an "
+            "at_small update on one thread). The same dropout, another random stream; GPU tensors "
+            "always use torch's"
         },
     )
     decoder_tie_layers: bool = field(
@@ -290,6 +302,8 @@ class HRTTranslationTask(TranslationTask):
                 )
         if tie:
             tied_layers.tie_decoder_layers(model.decoder)
+        if not from_checkpoint:  # fairseq-train's model; a loaded one decodes without dropout
+            use_cpu_dropout_rng(model, self.cfg.cpu_dropout_rng)
         if not from_checkpoint and self.cfg.hrt_mode == "hrt" and family.chunk_sizes:
             model.mark_trained_chunk_sizes(self.chunk_sizes)
         checkpoint_checks.check_dictionary_when_loading(model)
