@@ -63,6 +63,8 @@ def test_the_module_drops_only_while_training_and_keeps_fairseqs_inference_optio
     module.eval()
     module.apply_during_inference = True  # fairseq-generate --retain-dropout
     assert (module(x) == 0).any()
+    every = PCG64Dropout(1.0).train()
+    assert torch.equal(every(x), torch.zeros_like(x))  # as F.dropout(p=1)
 
 
 def test_every_dropout_of_a_trained_model_is_replaced_and_the_lean_plan_still_reads_it(tmp_path):

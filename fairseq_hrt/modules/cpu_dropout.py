@@ -46,7 +46,8 @@ class PCG64Dropout(FairseqDropout):
     """fairseq's dropout module, drawing the masks of CPU tensors with :func:`pcg64_dropout`."""
 
     def forward(self, x, inplace: bool = False):
-        if self.p > 0 and (self.training or self.apply_during_inference) and x.device.type == "cpu":
+        # p = 1 (every element dropped, no scale) stays F.dropout's
+        if 0 < self.p < 1 and (self.training or self.apply_during_inference) and x.device.type == "cpu":
             return pcg64_dropout(x, self.p, inplace=inplace)
         return super().forward(x, inplace=inplace)
 
