@@ -963,3 +963,83 @@ def test_a_done_training_step_under_another_time_cap_stands_or_trains_on_as_its_
     assert "stopped by its 12 h time cap, training on up to 40 h" in capsys.readouterr().err
     assert _runs(out) == 2
     assert (s.markers / "at_d1_s1.done").read_text().split()[-1] == "40"
+
+
+def test_the_interim_benchmark_measures_the_first_seed_alone_and_writes_its_targets(tmp_path, monkeypatch):
+    """--interim-benchmark: the first seed's students and the teacher, benchmarked as the study's
+    own benchmark is (same options), into benchmark_s1, with the bounds of the first seed's HRT
+    models; its targets (one seed) beside the study's report; refused until they are trained."""
+    out = tmp_path / "out"
+    s = _converged(out, "--interim-benchmark", "--also-from-teacher")
+    assert s.interim_benchmark() == "benchmark_s1"
+    assert s.seed_models(1) == ["at_d2_s1", "hrt_d2_s1", "at_d1_s1", "hrt_d1_s1"]
+    ran = {}
+    monkeypatch.setattr(s, "run_step", lambda i, name, cmd, outputs, **kw: ran.update({name: cmd}))
+    monkeypatch.setattr(s, "targets", lambda bench, hrt: {"bench": bench, "hrt": hrt, "quality": []})
+    monkeypatch.setattr(study.study_targets, "targets_markdown", lambda t: f"targets of {t['bench']}\n")
+    s.step_interim_benchmark(8)
+    cmd = ran["benchmark_s1"]
+    assert _option(cmd, "--out-dir") == str(out / "benchmark_s1")
+    assert _option(cmd, "--log-file") == str(out / "logs" / "benchmark_s1.log")
+    assert _option(cmd, "--at") == str(out / "at_d2_s1" / "checkpoint_best.pt")
+    assert _option(cmd, "--hrt") == str(out / "hrt_d2_s1" / "checkpoint_best.pt")
+    assert [cmd[i + 1].split("=")[0] for i, w in enumerate(cmd) if w == "--at-extra"] == ["at_d1_s1", "teacher"]
+    assert [cmd[i + 1].split("=")[0] for i, w in enumerate(cmd) if w == "--hrt-extra"] == ["hrt_d1_s1"]
+    assert sorted(n for n in ran if n.startswith("bound_")) == ["bound_hrt_d1_s1", "bound_hrt_d2_s1"]
+    assert "shortlist" in ran
+    # the same measurement as the study's own benchmark, but for the models and the folder
+    s.step_benchmark(8)
+    final = ran["benchmark"]
+    named = {"--at", "--hrt", "--at-extra", "--hrt-extra", "--out-dir", "--log-file"}
+
+    def measured(c):  # the command less what names the models and the folders
+        return [w for i, w in enumerate(c) if w not in named and c[i - 1] not in named]
+
+    assert measured(cmd) == measured(final) and len(measured(cmd)) > 30
+    targets = json.loads((out / "study" / "benchmark_s1_targets.json").read_text())
+    assert targets["bench"] == "benchmark_s1" and targets["hrt"] == ["hrt_d2_s1", "hrt_d1_s1"]
+    assert (out / "study" / "benchmark_s1_targets.md").read_text() == "targets of benchmark_s1\n"
+    # by --only (the lanes' way), refused while a first-seed model is untrained
+    s = _converged(out, "--interim-benchmark", "--only", "benchmark_s1")
+    ran.clear()
+    monkeypatch.setattr(s, "run_step", lambda i, name, cmd, outputs, **kw: ran.update({name: cmd}))
+    monkeypatch.setattr(s, "targets", lambda bench, hrt: {"bench": bench, "hrt": hrt, "quality": []})
+    with pytest.raises(study.StepError, match="train at_d2_s1, hrt_d2_s1, at_d1_s1, hrt_d1_s1 first"):
+        s.run()
+    assert list(ran) == ["prepare"]
+    s.markers.mkdir(parents=True, exist_ok=True)
+    for name in ("at_d2_s1", "at_d1_s1", "hrt_d2_s1_more", "hrt_d1_s1_more"):
+        (s.markers / f"{name}.done").touch()
+    s.run()
+    assert list(ran) == ["prepare", "shortlist", "bound_hrt_d2_s1", "bound_hrt_d1_s1", "benchmark_s1"]
+    for wrong in (["--interim-benchmark", "--seeds", "1"], ["--interim-benchmark"]):
+        with pytest.raises(SystemExit):
+            study.parse_args(["--profile", "small", *(["--converged"] if "--seeds" in wrong else []), *wrong])
+
+
+def test_publish_copies_the_interim_benchmark_when_it_is_all_there_is(tmp_path):
+    out, dest = tmp_path / "out", tmp_path / "results"
+    s = _converged(out, "--interim-benchmark", "--publish", str(dest))
+    files = {
+        "benchmark_s1/report.md": "r",
+        "benchmark_s1/report.json": "{}",
+        "benchmark_s1/blind/set_a/AT greedy.de": "Ein Hund.\n",
+        "study/benchmark_s1_targets.md": "t",
+        "study/benchmark_s1_targets.json": "{}",
+        "quality/hrt_d2_s1.json": "{}",
+    }
+    for name, text in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    s.run()
+    published = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert published == [
+        "SOURCES.md",
+        "benchmark_s1/blind/set_a/AT greedy.de",
+        "benchmark_s1/report.json",
+        "benchmark_s1/report.md",
+        "benchmark_s1/targets.json",
+        "benchmark_s1/targets.md",
+        "quality/hrt_d2_s1.json",
+    ]
+    assert f"`{out / 'benchmark_s1'}`" in (dest / "SOURCES.md").read_text()

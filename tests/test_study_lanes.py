@@ -252,3 +252,60 @@ def test_lanes_are_refused_with_only_and_below_one(capsys):
         with pytest.raises(SystemExit):
             study.parse_args(argv)
     assert "--lanes" in capsys.readouterr().err
+
+
+def test_an_exclusive_step_waits_for_a_quiet_machine_and_the_stopped_steps_resume_after_it():
+    """The interim benchmark: once it can start, nothing else starts, a training step running is
+    stopped at its epoch's end, and the benchmark runs alone with every thread; the stopped
+    step starts again after it."""
+    needs = {"tkd": [], "at_a": ["tkd"], "at_b": ["tkd"], "hrt_a": ["at_a"], "bench": ["hrt_a"], "hrt_b": ["at_b"]}
+    polls = {"tkd": 1, "at_a": 2, "at_b": 50, "hrt_a": 2, "bench": 3, "hrt_b": 1}
+    ends = iter([False, False, True])  # at_b's epoch ends at the third look
+    looked, events, log = [], [], []
+
+    def at_epoch_end(step):
+        looked.append(step)
+        return next(ends, False) if step == "at_b" else False
+
+    def start(step, n):
+        events.append(("start", step, n))
+        if step == "at_b" and sum(e[:2] == ("start", "at_b") for e in events) == 2:
+            polls["at_b"] = 1  # resumed after the benchmark: it finishes
+        return study_lanes.Lane(step, n, FakeProc(step, done, polls[step], 0, events), Path(step))
+
+    done = set()
+    study_lanes.run_lanes(
+        list(needs), needs, done.__contains__, start, 2, 2, log.append, 0, lambda s: None,
+        at_epoch_end=at_epoch_end, exclusive={"bench"},
+    )  # fmt: skip
+    assert done == set(needs)
+    starts = [(e[1], e[2]) for e in events if e[0] == "start"]
+    assert starts == [("tkd", 2), ("at_a", 1), ("at_b", 1), ("hrt_a", 1), ("bench", 2), ("at_b", 2), ("hrt_b", 2)]
+    # at_b was stopped for it, not before hrt_a ended; while the benchmark ran nothing was looked at
+    i = events.index(("terminate", "at_b"))
+    assert events.index(("start", "hrt_a", 1)) < i < events.index(("start", "bench", 2))
+    assert looked == ["at_b"] * 3
+    assert any("bench runs alone" in m for m in log)
+
+
+def test_the_interim_benchmark_in_the_step_graph(tmp_path):
+    s = study.ConvergedStudy(
+        study.parse_args(
+            ["--profile", "small", "--converged", "--out", str(tmp_path), "--threads", "2", "--interim-benchmark"]
+        )
+    )
+    needs = s.lane_steps()
+    names = list(needs)
+    # right after the first seed's last reading, before the second seed's first student
+    assert names[names.index("quality_hrt_d1_s1") + 1] == "benchmark_s1"
+    assert names[names.index("benchmark_s1") + 1] == "at_d2_s2"
+    assert needs["benchmark_s1"] == [
+        "at_d2_s1", "hrt_d2_s1", "at_d1_s1", "hrt_d1_s1", "quality_hrt_d2_s1", "quality_hrt_d1_s1",
+    ]  # fmt: skip
+    assert not s.lane_step_done("benchmark_s1") and not s.lane_at_epoch_end("benchmark_s1")
+    s.markers.mkdir(parents=True)
+    (s.markers / "benchmark_s1.done").write_text("x")
+    assert s.lane_step_done("benchmark_s1")
+    # without the option, the graph has no such step
+    s.args.interim_benchmark = False
+    assert "benchmark_s1" not in s.lane_steps()

@@ -543,7 +543,9 @@ class ConvergedStudy(Study):
                        at the last), then on with p_k = 1 until its validation BLEU (k = 2,
                        b_at = 1) stops rising (step ``hrt_d<D>_s<S>_more``, same folder);
     * ``hrt_d<D>_s1_from_teacher`` (``--also-from-teacher``): the same HRT fine-tuned from the
-                       teacher (raw data, same shape when D is its depth): which start is better.
+                       teacher (raw data, same shape when D is its depth): which start is better;
+    * ``benchmark_s<S>`` (``--interim-benchmark``, with ``--lanes``): the benchmark and bounds of
+                       the first seed's models, alone on the machine, as soon as they are trained.
 
     Order: seed by seed, depth by depth in ``--depths`` order, so the first answer (the deepest
     pair of seed 1) comes first; the HRT from the teacher last, after every row the targets are
@@ -701,12 +703,31 @@ class ConvergedStudy(Study):
                 needs[name] = [name.replace("hrt_", "at_", 1)]
             if name.startswith("hrt_"):
                 needs[f"quality_{name}"] = [name]
+        interim = self.interim_benchmark()
+        if interim:  # right after the last step it needs, before the next seed's
+            first = self.seed_models(self.seeds[0])
+            wanted = first + [f"quality_{n}" for n in first if n.startswith("hrt_")]
+            names = list(needs)
+            at = max(names.index(n) for n in wanted) + 1
+            names.insert(at, interim)
+            needs = {n: wanted if n == interim else needs[n] for n in names}
         return needs
+
+    def interim_benchmark(self) -> Optional[str]:
+        """``--interim-benchmark``: the step that benchmarks the first seed's models as soon as
+        they are trained (``benchmark_s<seed>``), or None."""
+        return f"benchmark_s{self.seeds[0]}" if self.args.interim_benchmark else None
+
+    def seed_models(self, seed: int) -> List[str]:
+        """The AT and HRT students of one seed, in the study's order (not the HRT from the teacher)."""
+        return [
+            name for name, _ in self.training_plan() if name.endswith(f"_s{seed}") and name.startswith(("at_", "hrt_"))
+        ]
 
     def lane_step_done(self, name: str) -> bool:
         if name == "tkd":
             return (self.markers / "tkd_bin.done").exists()
-        if name.startswith("quality_"):
+        if name.startswith("quality_") or name == self.interim_benchmark():
             return (self.markers / f"{name}.done").exists()
         return self.trained(name)
 
@@ -714,7 +735,7 @@ class ConvergedStudy(Study):
         """Whether a training step has just saved ``checkpoint_last.pt`` (5 to 60 s ago: the
         save and its copies are written, the next epoch's first minute is all a restart loses)."""
         last = self.out / name / "checkpoint_last.pt"
-        if name == "tkd" or name.startswith("quality_") or not last.exists():
+        if name == "tkd" or name.startswith("quality_") or name == self.interim_benchmark() or not last.exists():
             return False
         return 5 <= time.time() - last.stat().st_mtime <= 60
 
@@ -738,6 +759,7 @@ class ConvergedStudy(Study):
                 self.threads,
                 log,
                 at_epoch_end=self.lane_at_epoch_end,
+                exclusive={self.interim_benchmark()} - {None},
             )
         except study_lanes.LaneError as e:
             raise StepError(f"lanes: {e}") from None
@@ -771,15 +793,16 @@ class ConvergedStudy(Study):
         folder = Path(self.args.blind_dir) if self.args.blind_dir else REPO.parent / "shared" / "blind"
         return sorted(folder.glob("*.en")) if folder.is_dir() else []
 
-    def step_benchmark(self, i):
+    def step_benchmark(self, i, name: str = "benchmark", at_models=None, hrt_models=None):
         """One benchmark run of every model (1 thread): the AT students and the teacher on
         lean and ONNX Runtime, float and int8, and in CTranslate2 (float, int8, +vmap), every
         HRT model at k = 2 (b_at = b_nat = 1) likewise (not in AT mode, worn down at p_k = 1: the
         stage oracles report it), batch 1, 8 and 128, at most 1.2 x source + 10 tokens; the
-        blind sets translated by every system."""
-        bench = self.out / "benchmark"
-        at, *at_extra = self.at_models()
-        hrt, *hrt_extra = self.hrt_models()
+        blind sets translated by every system. ``name``: its step and folder; ``at_models``,
+        ``hrt_models``: the students it measures (default: all of them)."""
+        bench = self.out / name
+        at, *at_extra = at_models or self.at_models()
+        hrt, *hrt_extra = hrt_models or self.hrt_models()
         cmd = [
             sys.executable,
             str(REPO / "benchmarks" / "benchmark.py"),
@@ -816,26 +839,41 @@ class ConvergedStudy(Study):
             "--out-dir",
             str(bench),
             "--log-file",
-            str(self.logs / "benchmark.log"),
+            str(self.logs / f"{name}.log"),
             "--translations-dir",
             "blind",
             "--resume",  # hours on one thread: a stopped study keeps the batch sizes measured
         ]
-        for name in at_extra + ["teacher"]:
-            cmd += ["--at-extra", f"{name}={self.best(name)}"]
-        for name in hrt_extra:
-            cmd += ["--hrt-extra", f"{name}={self.best(name)}"]
+        for model in at_extra + ["teacher"]:
+            cmd += ["--at-extra", f"{model}={self.best(model)}"]
+        for model in hrt_extra:
+            cmd += ["--hrt-extra", f"{model}={self.best(model)}"]
         for path in self.blind_sets():
             cmd += ["--translate", f"{path.stem}={path}"]
-        self.run_step(
-            i, "benchmark", cmd + self.device_args, [bench / "report.json"], own_log=True, redo_if_changed=True
-        )
+        self.run_step(i, name, cmd + self.device_args, [bench / "report.json"], own_log=True, redo_if_changed=True)
 
-    def step_bounds(self, i):
+    def step_interim_benchmark(self, i):
+        """``--interim-benchmark``: the benchmark of the first seed's students (and the teacher)
+        and their HRT models' bounds, alone on the machine, into ``OUT/benchmark_s<seed>``; its
+        targets (one seed) in ``OUT/study/benchmark_s<seed>_targets.{json,md}``. A machine lost
+        before the second seed is trained keeps this speed front and its blind outputs."""
+        name = self.interim_benchmark()
+        first = self.seed_models(self.seeds[0])
+        hrt = [n for n in first if n.startswith("hrt_")]
+        self.step_shortlist(7)
+        self.step_bounds(9, hrt)
+        # its marker last: the lanes take the step as done when the benchmark's marker is there
+        self.step_benchmark(8, name, [n for n in first if n.startswith("at_")], hrt)
+        targets = self.targets(name, hrt)
+        self.study_dir.mkdir(parents=True, exist_ok=True)
+        (self.study_dir / f"{name}_targets.json").write_text(json.dumps(targets, indent=2) + "\n")
+        (self.study_dir / f"{name}_targets.md").write_text(study_targets.targets_markdown(targets))
+
+    def step_bounds(self, i, names=None):
         """``benchmarks/hrt_bound.py`` of every HRT model (1 thread, ONNX Runtime): its
         fixed-length bound at batch 1 and 128 beside what it delivers on test2016, against its
         AT student's greedy decoding (``--at-path``: at p_k = 1 the HRT model's AT mode decays)."""
-        for name in self.hrt_models():
+        for name in names or self.hrt_models():
             out = self.out / "bounds" / name
             cmd = [
                 sys.executable,
@@ -903,14 +941,14 @@ class ConvergedStudy(Study):
                 out[name] = stage_summary(json.loads(path.read_text()))
         return out
 
-    def targets(self) -> dict:
-        """The targets' verdicts (:mod:`study_targets`) from the benchmark's ``report.json``, its
-        rows' test outputs (``hyps/``, for the quality gap's paired interval) and every HRT
-        model's ``hrt_bound.json``."""
-        bench = self.out / "benchmark"
+    def targets(self, bench_name: str = "benchmark", hrt_models=None) -> dict:
+        """The targets' verdicts (:mod:`study_targets`) from a benchmark's ``report.json``, its
+        rows' test outputs (``hyps/``, for the quality gap's paired interval) and the HRT
+        models' ``hrt_bound.json`` (default: the final benchmark, every HRT model)."""
+        bench = self.out / bench_name
         report = json.loads((bench / "report.json").read_text())
         bounds = {}
-        for name in self.hrt_models():
+        for name in hrt_models or self.hrt_models():
             path = self.out / "bounds" / name / "hrt_bound.json"
             if path.exists():
                 bounds[name] = json.loads(path.read_text())
@@ -930,19 +968,23 @@ class ConvergedStudy(Study):
         """Copy what the finished study measured into ``dest`` (a folder of ``benchmarks/results``):
         the benchmark's ``report.md``/``report.json``/``pareto.png``, the blind sets' outputs
         (``blind/<set>/<system>.de``), ``converged.md``/``converged.json``, each HRT model's bound
-        (``bounds/<model>.md``/``.json``) and quality (``quality/<model>.json``). The files are
-        copied as they are; ``SOURCES.md`` names the folder that the paths inside each are
-        relative to. Returns the files written."""
+        (``bounds/<model>.md``/``.json``) and quality (``quality/<model>.json``); with
+        ``--interim-benchmark`` also the first seed's benchmark and its targets
+        (``benchmark_s<seed>/``), which may be all there is yet. The files are copied as they are;
+        ``SOURCES.md`` names the folder that the paths inside each are relative to. Returns the
+        files written."""
         bench = self.out / "benchmark"
-        if not (bench / "report.json").exists():
+        interim = self.interim_benchmark()
+        if not (bench / "report.json").exists() and not (interim and (self.out / interim / "report.json").exists()):
             raise StepError(f"--publish: {bench / 'report.json'} does not exist; run the study without --only first")
-        copies = [(bench / name, dest / name) for name in ("report.md", "report.json", "pareto.png")]
-        copies += [(f, dest / f.relative_to(bench)) for f in sorted((bench / "blind").glob("*/*.de"))]
+        copies = self.benchmark_copies(bench, dest)
         copies += [(self.study_dir / name, dest / name) for name in ("converged.md", "converged.json")]
         for name in self.hrt_models():
             for suffix in (".md", ".json"):
                 copies.append((self.out / "bounds" / name / f"hrt_bound{suffix}", dest / "bounds" / f"{name}{suffix}"))
             copies.append((self.quality_json(name), dest / "quality" / f"{name}.json"))
+        if interim:
+            copies += self.interim_copies(dest / interim)
         written = []
         for source, target in copies:
             if source.exists():
@@ -960,9 +1002,26 @@ class ConvergedStudy(Study):
             f"- `bounds/<model>.*`: `{self.out / 'bounds'}/<model>`",
             f"- `quality/<model>.json`: `{self.out / 'quality'}`",
         ]
+        if interim:
+            sources.append(
+                f"- `{interim}/` (the first seed's benchmark): `{self.out / interim}`; its `targets.*`: "
+                f"`{self.study_dir}/{interim}_targets.*`"
+            )
         (dest / "SOURCES.md").write_text("\n".join(sources) + "\n")
         log(f"published {len(written)} files into {dest}")
         return written + [dest / "SOURCES.md"]
+
+    @staticmethod
+    def benchmark_copies(bench: Path, dest: Path) -> List[tuple]:
+        """``(source, target)`` of a benchmark's report, Pareto picture and blind outputs."""
+        copies = [(bench / name, dest / name) for name in ("report.md", "report.json", "pareto.png")]
+        return copies + [(f, dest / f.relative_to(bench)) for f in sorted((bench / "blind").glob("*/*.de"))]
+
+    def interim_copies(self, dest: Path) -> List[tuple]:
+        """The interim benchmark's files (:meth:`benchmark_copies`) and its targets' verdicts."""
+        name = self.interim_benchmark()
+        copies = self.benchmark_copies(self.out / name, dest)
+        return copies + [(self.study_dir / f"{name}_targets{s}", dest / f"targets{s}") for s in (".md", ".json")]
 
     def run(self):
         if self.args.status:
@@ -984,6 +1043,7 @@ class ConvergedStudy(Study):
         oracle_models = [n[len("quality_") :] for n in wanted or [] if n.startswith("quality_")]
         if wanted:
             steps = ["prepare", *(name for name, _ in plan), *(f"quality_{n}" for n in self.hrt_models())]
+            steps += [self.interim_benchmark()] if self.interim_benchmark() else []
             unknown = [n for n in wanted if n not in steps]
             if unknown:
                 raise StepError(f"--only {' '.join(unknown)}: not a step of this study ({', '.join(steps)})")
@@ -993,11 +1053,17 @@ class ConvergedStudy(Study):
                     f"--only {' '.join(untrained)}: the model is not trained yet (its marker "
                     f"{self.markers}/<model>_more.done is missing): train it first"
                 )
+            if self.interim_benchmark() in wanted:
+                untrained = [n for n in self.seed_models(self.seeds[0]) if not self.trained(n)]
+                if untrained:
+                    raise StepError(f"--only {self.interim_benchmark()}: train {', '.join(untrained)} first")
         for name, run_step in plan:
             if not wanted or name in wanted:
                 run_step()
         for name in oracle_models:
             self.step_oracle(10, name)
+        if wanted and self.interim_benchmark() in wanted:
+            self.step_interim_benchmark(8)
         oracles, targets = {}, None
         if not wanted and not self.args.train_only:
             self.step_shortlist(7)
@@ -1537,6 +1603,14 @@ def parse_args(argv=None):
         action="store_true",
         help="also fine-tune HRT (seed 1, the teacher's depth) from the raw-data teacher: which start is better",
     )
+    g.add_argument(
+        "--interim-benchmark",
+        action="store_true",
+        help="with --lanes (also with --train-only): benchmark the first seed's students, the teacher and the "
+        "first seed's HRT bounds as soon as they are trained, alone on the machine (training lanes stop at their "
+        "epoch's end and resume after it), into OUT/benchmark_s<seed> (step benchmark_s<seed>), so that a machine "
+        "lost before the last seed is trained keeps a speed front, its blind outputs and its targets (one seed)",
+    )
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.lanes < 1:
@@ -1547,6 +1621,10 @@ def parse_args(argv=None):
         p.error("--status reads the --converged study's logs: it needs --converged, not --only or --publish")
     if args.publish and not args.converged:
         p.error("--publish copies the converged study's results: it needs --converged")
+    if args.interim_benchmark and not args.converged:
+        p.error("--interim-benchmark benchmarks the converged study's first seed: it needs --converged")
+    if args.interim_benchmark and len([x for x in args.seeds.split(",") if x.strip()]) < 2:
+        p.error("--interim-benchmark: with one seed in --seeds the study's own benchmark is the same one")
     if args.converged:
         depths = [x for x in args.depths.split(",") if x.strip()]
         defaults = {

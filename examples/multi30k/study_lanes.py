@@ -76,6 +76,7 @@ def run_lanes(
     poll_seconds: float = 10.0,
     sleep: Callable[[float], None] = time.sleep,
     at_epoch_end: Optional[Callable[[str], bool]] = None,
+    exclusive: Set[str] = frozenset(),
 ) -> List[str]:
     """Run every step of ``order`` not yet done, at most ``lanes`` at a time, each once the
     steps it ``needs`` are done; ``start(step, threads)`` launches one. A failed step stops new
@@ -86,7 +87,12 @@ def run_lanes(
     Threads left idle (a lane with nothing ready to start, at the study's end: the last HRT
     model alone for hours) go to a running step at its next epoch's end (``at_epoch_end``: it
     has just saved ``checkpoint_last.pt``), which is stopped and started again with them: one
-    run of two threads trains 1.6x the updates of one thread."""
+    run of two threads trains 1.6x the updates of one thread.
+
+    An ``exclusive`` step (a benchmark: it times on a quiet machine) runs alone. Once it can
+    start, nothing else starts; the training steps running are stopped at their epoch's end
+    (``at_epoch_end``), the others finish; then it starts with every thread, and the stopped
+    steps resume from their last checkpoint after it."""
     running: Dict[str, Lane] = {}
     started: List[str] = []
     failed: List[str] = []
@@ -105,9 +111,22 @@ def run_lanes(
                     failed.append(f"{name} ({why}; see {lane.out_path})")
                     log(f"lanes: {name} failed ({why}); no new step starts")
             done = {n for n in order if is_done(n)}
+            alone = next((n for n in ready_steps(order, needs, done, set(running)) if n in exclusive), None)
             if failed:
                 if not running:
                     raise LaneError("failed: " + "; ".join(failed))
+            elif exclusive & set(running):
+                pass  # it runs alone
+            elif alone:
+                for name, lane in list(running.items()):
+                    if at_epoch_end and at_epoch_end(name):
+                        stop_lane(lane)
+                        del running[name]
+                        log(f"lanes: {name} stopped at its epoch's end: {alone} runs alone; {name} resumes after it")
+                if not running:
+                    running[alone] = start(alone, threads)
+                    started.append(alone)
+                    log(f"lanes: {alone} started alone ({threads} thread(s)), output in {running[alone].out_path}")
             else:
                 while True:
                     ready = ready_steps(order, needs, done, set(running))
