@@ -825,6 +825,16 @@ def test_the_targets_read_the_benchmarks_rows_with_their_test_outputs(tmp_path):
     assert "gap_ci95" not in quality and quality["met"]
 
 
+def _write_files(root, files):
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def _files_under(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
 def test_publish_copies_the_finished_studys_results_and_names_their_folders(tmp_path):
     """--publish: the benchmark report, every blind output, converged.*, each HRT model's bound and
     quality into one results folder, with SOURCES.md naming where the relative paths point."""
@@ -845,12 +855,10 @@ def test_publish_copies_the_finished_studys_results_and_names_their_folders(tmp_
         "quality/hrt_d2_s1.json": "{}",
         "at_d2_s1/checkpoint_best.pt": "not copied",
     }
-    for name, text in files.items():
-        (out / name).parent.mkdir(parents=True, exist_ok=True)
-        (out / name).write_text(text)
+    _write_files(out, files)
     s.run()  # trains nothing: no marker is written
     assert not (out / "markers").exists()
-    published = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    published = _files_under(dest)
     assert published == [
         "SOURCES.md",
         "blind/set_a/AT greedy.de",
@@ -1028,11 +1036,9 @@ def test_publish_copies_the_interim_benchmark_when_it_is_all_there_is(tmp_path):
         "study/benchmark_s1_targets.json": "{}",
         "quality/hrt_d2_s1.json": "{}",
     }
-    for name, text in files.items():
-        (out / name).parent.mkdir(parents=True, exist_ok=True)
-        (out / name).write_text(text)
+    _write_files(out, files)
     s.run()
-    published = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    published = _files_under(dest)
     assert published == [
         "SOURCES.md",
         "benchmark_s1/blind/set_a/AT greedy.de",
