@@ -984,7 +984,7 @@ def test_the_interim_benchmark_measures_the_first_seed_alone_and_writes_its_targ
     ran = {}
     monkeypatch.setattr(s, "run_step", lambda i, name, cmd, outputs, **kw: ran.update({name: cmd}))
     monkeypatch.setattr(s, "targets", lambda bench, hrt: {"bench": bench, "hrt": hrt, "quality": []})
-    monkeypatch.setattr(study.study_targets, "targets_markdown", lambda t: f"targets of {t['bench']}\n")
+    monkeypatch.setattr(study.study_targets, "targets_markdown", lambda t, title: f"{title}: {t['bench']}\n")
     s.step_interim_benchmark(8)
     cmd = ran["benchmark_s1"]
     assert _option(cmd, "--out-dir") == str(out / "benchmark_s1")
@@ -1006,7 +1006,8 @@ def test_the_interim_benchmark_measures_the_first_seed_alone_and_writes_its_targ
     assert measured(cmd) == measured(final) and len(measured(cmd)) > 30
     targets = json.loads((out / "study" / "benchmark_s1_targets.json").read_text())
     assert targets["bench"] == "benchmark_s1" and targets["hrt"] == ["hrt_d2_s1", "hrt_d1_s1"]
-    assert (out / "study" / "benchmark_s1_targets.md").read_text() == "targets of benchmark_s1\n"
+    title = "The targets on seed 1 alone, from the interim benchmark (benchmark_s1)"
+    assert (out / "study" / "benchmark_s1_targets.md").read_text() == f"{title}: benchmark_s1\n"
     # by --only (the lanes' way), refused while a first-seed model is untrained
     s = _converged(out, "--interim-benchmark", "--only", "benchmark_s1")
     ran.clear()
@@ -1020,6 +1021,11 @@ def test_the_interim_benchmark_measures_the_first_seed_alone_and_writes_its_targ
         (s.markers / f"{name}.done").touch()
     s.run()
     assert list(ran) == ["prepare", "shortlist", "bound_hrt_d2_s1", "bound_hrt_d1_s1", "benchmark_s1"]
+    # the study's report carries its verdicts once the step is done (run_step leaves its marker)
+    assert title not in (out / "study" / "converged.md").read_text()
+    (s.markers / "benchmark_s1.done").touch()
+    s.run()
+    assert f"{title}: benchmark_s1" in (out / "study" / "converged.md").read_text()
     for wrong in (["--interim-benchmark", "--seeds", "1"], ["--interim-benchmark"]):
         with pytest.raises(SystemExit):
             study.parse_args(["--profile", "small", *(["--converged"] if "--seeds" in wrong else []), *wrong])

@@ -867,7 +867,20 @@ class ConvergedStudy(Study):
         targets = self.targets(name, hrt)
         self.study_dir.mkdir(parents=True, exist_ok=True)
         (self.study_dir / f"{name}_targets.json").write_text(json.dumps(targets, indent=2) + "\n")
-        (self.study_dir / f"{name}_targets.md").write_text(study_targets.targets_markdown(targets))
+        (self.study_dir / f"{name}_targets.md").write_text(
+            study_targets.targets_markdown(targets, self.interim_title())
+        )
+
+    def interim_title(self) -> str:
+        return f"The targets on seed {self.seeds[0]} alone, from the interim benchmark ({self.interim_benchmark()})"
+
+    def interim_targets(self) -> Optional[dict]:
+        """The interim benchmark's verdicts, once its step is done."""
+        name = self.interim_benchmark()
+        path = self.study_dir / f"{name}_targets.json"
+        if name and (self.markers / f"{name}.done").exists() and path.exists():
+            return json.loads(path.read_text())
+        return None
 
     def step_bounds(self, i, names=None):
         """``benchmarks/hrt_bound.py`` of every HRT model (1 thread, ONNX Runtime): its
@@ -1084,6 +1097,8 @@ class ConvergedStudy(Study):
             "models": self.trained_models(),
             "stage_oracles": oracles,
             "targets": targets,
+            "interim_targets": self.interim_targets(),
+            "interim_title": self.interim_title() if self.interim_benchmark() else None,
         }
         (self.study_dir / "converged.json").write_text(json.dumps(report, indent=2) + "\n")
         md = converged_report(report)
@@ -1305,6 +1320,8 @@ def converged_report(report: dict) -> str:
                 f"{_signed(r['pk1_phase'])} | {_f(r['test_k2'])} | {_signed(r['beam5'])} | "
                 f"{_signed(r['gap_to_at_student'])} |"
             )
+    if report.get("interim_targets"):
+        lines += ["", study_targets.targets_markdown(report["interim_targets"], report["interim_title"]).rstrip("\n")]
     if report.get("targets"):
         lines += ["", study_targets.targets_markdown(report["targets"]).rstrip("\n")]
     return "\n".join(lines) + "\n"

@@ -234,10 +234,10 @@ def _yes(met: bool) -> str:
     return "met" if met else "**missed**"
 
 
-def targets_markdown(targets: dict) -> str:
+def targets_markdown(targets: dict, title: str = "The targets, from the benchmark run and the bounds") -> str:
     """The verdicts as tables, each row with the numbers it was decided on."""
     lines = [
-        "### The targets, from the benchmark run and the bounds",
+        f"### {title}",
         "",
         f"HRT k = 2 (b_at = b_nat = 1) against the AT student of its decoder depth and seed: quality within "
         f"{QUALITY_MARGIN} BLEU (seed means, test2016), no CTranslate2 row of the same precision as good and as "
