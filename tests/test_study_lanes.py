@@ -303,9 +303,13 @@ def test_the_interim_benchmark_in_the_step_graph(tmp_path):
         "at_d2_s1", "hrt_d2_s1", "at_d1_s1", "hrt_d1_s1", "quality_hrt_d2_s1", "quality_hrt_d1_s1",
     ]  # fmt: skip
     assert not s.lane_step_done("benchmark_s1") and not s.lane_at_epoch_end("benchmark_s1")
+    assert s.status()[-1]["step"] == "benchmark_s1" and s.status()[-1]["state"] == "waiting"
+    s.logs.mkdir(parents=True)
+    (s.logs / "bound_hrt_d2_s1.log").write_text("measuring\n")  # its bounds run first
+    assert s.status()[-1]["state"] == "training"
     s.markers.mkdir(parents=True)
     (s.markers / "benchmark_s1.done").write_text("x")
-    assert s.lane_step_done("benchmark_s1")
+    assert s.lane_step_done("benchmark_s1") and s.status()[-1]["state"] == "done"
     # without the option, the graph has no such step
     s.args.interim_benchmark = False
     assert "benchmark_s1" not in s.lane_steps()

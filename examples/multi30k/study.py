@@ -784,6 +784,14 @@ class ConvergedStudy(Study):
                     now,
                 )
             )
+        interim = self.interim_benchmark()
+        if interim:  # its log, or its bounds' while they run first
+            logs = [self.logs / f"{interim}.log"] + [
+                self.logs / f"bound_{n}.log" for n in self.seed_models(self.seeds[0])
+            ]
+            rows.append(
+                step_status(interim, None, self.lane_step_done(interim), [lp for lp in logs if lp.exists()], now)
+            )
         return rows
 
     def at_models(self) -> List[str]:
