@@ -306,7 +306,7 @@ def test_the_interim_benchmark_in_the_step_graph(tmp_path):
     assert s.status()[-1]["step"] == "benchmark_s1" and s.status()[-1]["state"] == "waiting"
     s.logs.mkdir(parents=True)
     (s.logs / "bound_hrt_d2_s1.log").write_text("measuring\n")  # its bounds run first
-    assert s.status()[-1]["state"] == "training"
+    assert s.status()[-1]["state"] == "running"
     s.markers.mkdir(parents=True)
     (s.markers / "benchmark_s1.done").write_text("x")
     assert s.lane_step_done("benchmark_s1") and s.status()[-1]["state"] == "done"

@@ -789,9 +789,8 @@ class ConvergedStudy(Study):
             logs = [self.logs / f"{interim}.log"] + [
                 self.logs / f"bound_{n}.log" for n in self.seed_models(self.seeds[0])
             ]
-            rows.append(
-                step_status(interim, None, self.lane_step_done(interim), [lp for lp in logs if lp.exists()], now)
-            )
+            row = step_status(interim, None, self.lane_step_done(interim), [lp for lp in logs if lp.exists()], now)
+            rows.append(row | {"state": "running" if row["state"] == "training" else row["state"]})
         return rows
 
     def at_models(self) -> List[str]:
