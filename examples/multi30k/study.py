@@ -735,7 +735,7 @@ class ConvergedStudy(Study):
         """Whether a training step has just saved ``checkpoint_last.pt`` (5 to 60 s ago: the
         save and its copies are written, the next epoch's first minute is all a restart loses)."""
         last = self.out / name / "checkpoint_last.pt"
-        if name == "tkd" or name.startswith("quality_") or name == self.interim_benchmark() or not last.exists():
+        if name == "tkd" or name.startswith("quality_") or not last.exists():
             return False
         return 5 <= time.time() - last.stat().st_mtime <= 60
 
@@ -786,9 +786,8 @@ class ConvergedStudy(Study):
             )
         interim = self.interim_benchmark()
         if interim:  # its log, or its bounds' while they run first
-            logs = [self.logs / f"{interim}.log"] + [
-                self.logs / f"bound_{n}.log" for n in self.seed_models(self.seeds[0])
-            ]
+            first_hrt = [n for n in self.seed_models(self.seeds[0]) if n.startswith("hrt_")]
+            logs = [self.logs / f"{interim}.log"] + [self.logs / f"bound_{n}.log" for n in first_hrt]
             row = step_status(interim, None, self.lane_step_done(interim), [lp for lp in logs if lp.exists()], now)
             rows.append(row | {"state": "running" if row["state"] == "training" else row["state"]})
         return rows
