@@ -38,7 +38,6 @@ if not __package__:  # python benchmarks/hrt_bound.py (a file): the repository r
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from fairseq import options as fairseq_options  # noqa: E402
 
 from benchmarks import measure, time_split  # noqa: E402
 from benchmarks.onnx_gate import random_model  # noqa: E402
@@ -176,13 +175,7 @@ def model_and_task(args, workdir: str):
         model, task = measure.load(args.path, args.data)
         return model, task, os.path.basename(os.path.dirname(os.path.abspath(args.path))) or args.path
 
-    parse = fairseq_options.parse_args_and_arch
-    extra = args.model_args.split()
-    fairseq_options.parse_args_and_arch = lambda parser, argv: parse(parser, list(argv) + extra)
-    try:
-        task, model = random_model(args.arch, args.vocab, workdir)
-    finally:
-        fairseq_options.parse_args_and_arch = parse
+    task, model = random_model(args.arch, args.vocab, workdir, extra_args=args.model_args.split())
     return model, task, f"{args.arch} {args.model_args}".strip() + " (random)"
 
 

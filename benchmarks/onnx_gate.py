@@ -24,6 +24,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 if not __package__:  # python benchmarks/onnx_gate.py (a file): the repository root on sys.path, as -m has it
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -32,6 +33,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from fairseq import options, tasks  # noqa: E402
 from fairseq.data import Dictionary  # noqa: E402
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
 
 from benchmarks.timing import time_runs  # noqa: E402
 from fairseq_hrt.export.exporter import export_model  # noqa: E402
@@ -40,7 +42,12 @@ from fairseq_hrt.generation.output_vocab import OutputLayer  # noqa: E402
 from hrt_runtime.model import ExportedModel  # noqa: E402
 
 
-def random_model(arch: str, vocab: int, workdir: str):
+def random_model(arch: str, vocab: int, workdir: str, extra_args=(), checkpoint: Optional[str] = None):
+    """``(task, model)``: a model of ``arch`` (``extra_args``: more model options, e.g.
+    ``["--decoder-layers", "2"]``; an AT arch also takes ``["--hrt-mode", "at"]``) with random
+    weights over a joined dictionary of ``vocab`` symbols, written in ``workdir`` (the data
+    folder a converter reads). ``checkpoint``: the model is also saved there as a fairseq
+    checkpoint (what CTranslate2's converter and ``fairseq-generate`` load)."""
     d = Dictionary()
     for i in range(vocab - 4):
         d.add_symbol(f"w{i}", n=10**6 - i)
@@ -67,11 +74,15 @@ def random_model(arch: str, vocab: int, workdir: str):
             "--share-all-embeddings",
             "--dropout",
             "0",
+            *extra_args,
         ],
     )
     torch.manual_seed(1)
     task = tasks.setup_task(args)
     model = task.build_model(args).eval()
+    if checkpoint:
+        cfg = convert_namespace_to_omegaconf(args)
+        torch.save({"cfg": cfg, "model": model.state_dict(), "args": None}, checkpoint)
     return task, model.requires_grad_(False)
 
 

@@ -1,0 +1,166 @@
+"""benchmarks/paper_shapes.py: every row of the fixed-length benchmark does the same work
+(the same decoder positions per sentence), and what it cannot measure is a line in the report."""
+
+import json
+import math
+import random
+
+import pytest
+
+from benchmarks import ct2_reference, paper_shapes
+
+
+@pytest.mark.parametrize("source_tokens", range(1, 130))
+def test_target_length_is_the_smallest_4q_plus_3_of_at_least_1_1_times_the_source(source_tokens):
+    length = paper_shapes.target_length(source_tokens)
+    wanted = math.ceil(1.1 * source_tokens)
+    assert length >= wanted and (length + 1) % 4 == 0 and length - 4 < wanted
+    # HRT k = 2 and 4 then run whole Skip-AT steps over AT's L + 1 positions
+    for k in (2, 4):
+        assert (length // k + 1) * k == length + 1
+
+
+def test_buckets_cover_every_length_once():
+    assert [paper_shapes.bucket_of(n) for n in (1, 10, 11, 20, 21, 30, 31, 50, 51, 500)] == [
+        "1-10", "1-10", "11-20", "11-20", "21-30", "21-30", "31-50", "31-50", ">50", ">50",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="no bucket"):
+        paper_shapes.bucket_of(0)
+
+
+def test_sentences_option_is_checked():
+    assert paper_shapes.parse_sentences("1:8,128:64") == {1: 8, 128: 64}
+    for bad in ("1", "0:4", "1:x", "8:0"):
+        with pytest.raises(ValueError, match="BATCH:SENTENCES"):
+            paper_shapes.parse_sentences(bad)
+
+
+def test_same_positions_names_a_row_that_decoded_other_lengths():
+    rows = [
+        {"name": "AT greedy", "positions_by_bucket": {"1": {"1-10": [12, 8]}}},
+        {"name": "HRT k=2", "positions_by_bucket": {"1": {"1-10": [12, 8]}}},
+        {"name": "CTranslate2", "positions_by_bucket": {"1": {"1-10": [12, 9]}}},
+    ]
+    assert paper_shapes.same_positions(rows) == {"1": ["CTranslate2"]}
+    assert paper_shapes.same_positions(rows[:2]) == {"1": []}
+
+
+def _corpus(tmp_path, lengths):
+    rng = random.Random(0)
+    words = [chr(97 + i) * 3 for i in range(20)]  # "aaa", "bbb", ...: each one piece of the BPE, tokens = words
+    src = tmp_path / "src.txt"
+    src.write_text("".join(" ".join(rng.choice(words) for _ in range(n)) + "\n" for n in lengths))
+    train = tmp_path / "train.txt"
+    train.write_text("".join(" ".join(rng.choice(words) for _ in range(12)) + "\n" for _ in range(400)))
+    return src, train
+
+
+def _run(tmp_path, *extra, lengths=(3, 6, 14, 17, 25, 40, 44, 60)):
+    src, train = _corpus(tmp_path, lengths)
+    out = tmp_path / "out"
+    paper_shapes.main(
+        [
+            "--shapes", "tiny", "--vocab", "200", "--src", str(src), "--spm-train", str(train), "--spm-vocab", "200",
+            "--sentences", "1:2,4:2", "--runs", "1", "--bound-runs", "1", "--bound-batches", "1",
+            "--workdir", str(tmp_path / "work"), "--out-dir", str(out), *extra,
+        ]
+    )  # fmt: skip
+    return json.loads((out / "report.json").read_text()), (out / "report.md").read_text(), out
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("paper_shapes"))
+
+
+def test_every_row_decodes_the_same_positions(tiny_report):
+    report, md, out = tiny_report
+    systems = report["systems"]
+    names = {s["name"] for s in systems}
+    expected = {
+        "AT greedy", "HRT k=2 b_at=1 b_nat=1", "HRT k=4 b_at=1 b_nat=1",
+        "AT greedy (onnxruntime)", "HRT k=2 b_at=1 b_nat=1 (onnxruntime)", "HRT k=4 b_at=1 b_nat=1 (onnxruntime)",
+        "AT greedy (onnxruntime) int8", "HRT k=2 b_at=1 b_nat=1 (onnxruntime) int8",
+        "HRT k=4 b_at=1 b_nat=1 (onnxruntime) int8", "AT greedy (fairseq SequenceGenerator)",
+    }  # fmt: skip
+    if ct2_reference.unavailable_reason() is None:
+        expected |= {"CTranslate2 AT greedy", "CTranslate2 AT greedy int8"}
+    assert names == expected
+    assert report["shapes"]["tiny"]["positions_differ"] == {"1": [], "4": []}
+    # and every sentence's positions are L + 1 of its batch (the longest source's L)
+    expected = report["shapes"]["tiny"]["expected_positions"]
+    assert all(p % 4 == 0 for per in expected.values() for ps in per.values() for p in ps)
+    for s in systems:
+        assert s["positions_by_bucket"] == expected, s["name"]
+    assert "every row decoded the same positions" in md
+    assert (out / "speedup_by_length.png").stat().st_size > 0
+
+
+def test_rows_keep_the_benchmark_schema_and_their_ratios(tiny_report):
+    report, _, _ = tiny_report
+    for s in report["systems"]:
+        assert {"name", "family", "decoding", "speed", "shape"} <= set(s)
+        for bsz, speed in s["speed"].items():
+            assert speed["words_per_second"] > 0 and speed["ratio_vs_baseline"] > 0
+            assert set(speed["buckets"]) == {"1-10", "11-20", "21-30", "31-50", ">50"}
+    for bsz in ("1", "4"):
+        fastest = max(
+            (s for s in report["systems"] if s["family"] in ("AT", "CTranslate2")),
+            key=lambda s: s["speed"][bsz]["words_per_second"],
+        )
+        assert fastest["speed"][bsz]["ratio_vs_baseline"] == 1.0
+    hrt = next(s for s in report["systems"] if s["name"] == "HRT k=2 b_at=1 b_nat=1 (onnxruntime)")
+    at = next(s for s in report["systems"] if s["name"] == "AT greedy (onnxruntime)")
+    assert hrt["speed"]["1"]["own_at"] == at["name"]
+    assert hrt["speed"]["1"]["ratio_vs_own_at"] == pytest.approx(
+        hrt["speed"]["1"]["words_per_second"] / at["speed"]["1"]["words_per_second"], abs=2e-3
+    )
+    assert all("bound" in c and "share_of_bound" in c for c in hrt["speed"]["1"]["buckets"].values())
+    assert "bound" not in next(iter(hrt["speed"]["4"]["buckets"].values()))  # --bound-batches 1
+
+
+def test_what_cannot_be_measured_is_a_line_and_the_rest_is_measured(tmp_path, monkeypatch):
+    monkeypatch.setattr(ct2_reference, "unavailable_reason", lambda use_cuda=False: "no ctranslate2 here")
+    real = paper_shapes.engine_backend
+
+    def no_int8(engine, quantize, *a):
+        if quantize == "int8":
+            raise RuntimeError("this shape does not quantize\nsecond line")
+        return real(engine, quantize, *a)
+
+    monkeypatch.setattr(paper_shapes, "engine_backend", no_int8)
+    # no source of more than 50 tokens: the >50 bucket is empty
+    report, md, _ = _run(tmp_path, "--engines", "onnxruntime", lengths=(3, 14, 25, 40))
+    block = report["shapes"]["tiny"]
+    assert block["errors"]["CTranslate2 AT greedy"] == "no ctranslate2 here"
+    assert block["errors"]["AT greedy (onnxruntime) int8"] == "RuntimeError: this shape does not quantize"
+    assert block["empty_buckets"] == {"1": [">50"], "4": [">50"]}
+    assert {s["name"] for s in report["systems"]} == {
+        "AT greedy (onnxruntime)", "HRT k=2 b_at=1 b_nat=1 (onnxruntime)", "HRT k=4 b_at=1 b_nat=1 (onnxruntime)",
+        "AT greedy (fairseq SequenceGenerator)",
+    }  # fmt: skip
+    assert "not measured: **CTranslate2 AT greedy**: no ctranslate2 here" in md
+    assert "no sentence in bucket >50" in md
+
+
+def test_options_are_checked(tmp_path):
+    for argv in (["--shapes", "huge"], ["--engines", "cuda"], ["--sentences", "1"], ["--src", str(tmp_path / "none")]):
+        with pytest.raises(SystemExit):
+            paper_shapes.main([*argv, "--out-dir", str(tmp_path)])
+
+
+def test_append_keeps_the_other_shapes_of_the_same_setting_only(tmp_path):
+    meta = {"device": "CPU (x)", "threads": 1, "vocab": 32000, "src": "test.en", "spm_vocab": 24000, "sentences": 3003}
+    earlier = {
+        "meta": {**meta, "date": "then", "sentences_per_bucket": "1:6", "runs": 2, "bound_runs": 2},
+        "shapes": {"base": {"title": "b"}, "e12d1": {"title": "e"}},
+        "systems": [{"name": "AT greedy", "shape": "base"}, {"name": "AT greedy", "shape": "e12d1"}],
+    }
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(earlier))
+    now = {"meta": {**meta, "date": "now"}, "shapes": {}, "systems": []}
+    merged = paper_shapes.appended(now, str(path), ["e12d1"])
+    assert list(merged["shapes"]) == ["base"] and merged["systems"] == [{"name": "AT greedy", "shape": "base"}]
+    assert merged["shapes"]["base"]["measured"]["date"] == "then"  # each shape says which run measured it
+    with pytest.raises(SystemExit, match="another threads"):
+        paper_shapes.appended({**now, "meta": {**now["meta"], "threads": 2}}, str(path), ["e12d1"])
