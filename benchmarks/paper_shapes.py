@@ -465,7 +465,26 @@ def measure_shape(models: Models, batches_of: Dict[int, Dict[str, List[Batch]]],
         if bsz in args.bound_batches:
             out.setdefault("bounds", {})[str(bsz)] = bounds(models, live, buckets, bsz, args)
     out["weights_per_step_mb"] = {"AT": weights_per_step(models.at), "HRT": weights_per_step(models.hrt)}
+    shape = SHAPES[models.shape]
+    out["models"] = {
+        "AT": model_description(models.at, shape.at_arch),
+        "HRT": model_description(models.hrt, shape.hrt_arch),
+    }
     return out
+
+
+def model_description(model, arch: str) -> dict:
+    """What the benchmark's rows say of a model (as ``benchmarks.measure.model_shape`` says of a
+    checkpoint); the parameters count shared tensors once."""
+    return {
+        "arch": arch,
+        "embed_dim": model.encoder.embed_tokens.embedding_dim,
+        "ffn_embed_dim": model.encoder.layers[0].fc1.out_features,
+        "encoder_layers": len(model.encoder.layers),
+        "decoder_layers": len(model.decoder.layers),
+        "vocab": model.decoder.embed_tokens.num_embeddings,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def bounds(models: Models, live: Dict[str, dict], buckets: Dict[str, List[Batch]], bsz: int, args) -> dict:
@@ -525,6 +544,7 @@ def summarize(shape: str, measured: dict, batches_of, shares: Dict[str, int], wo
                     "quantize": row["quantize"],
                     **({"chunk_size": row["k"], "b_at": 1, "b_nat": 1} if row["family"] == "HRT" else {}),
                 },
+                "model": measured["models"]["HRT" if row["family"] == "HRT" else "AT"],
                 "speed": speed,
                 "positions_by_bucket": {
                     bsz: {b: m["positions"] for b, m in per_bucket.items()} for bsz, per_bucket in row["speed"].items()
@@ -788,6 +808,7 @@ def main(argv=None):
             "title": SHAPES[shape].title,
             "measured": {k: report["meta"][k] for k in PER_SHAPE_META},
             "weights_per_step_mb": measured["weights_per_step_mb"],
+            "models": measured["models"],
             "errors": measured["errors"],
             "bounds": measured.get("bounds", {}),
             "positions_differ": same_positions(systems),

@@ -99,7 +99,9 @@ def test_every_row_decodes_the_same_positions(tiny_report):
 def test_rows_keep_the_benchmark_schema_and_their_ratios(tiny_report):
     report, _, _ = tiny_report
     for s in report["systems"]:
-        assert {"name", "family", "decoding", "speed", "shape"} <= set(s)
+        assert {"name", "family", "decoding", "speed", "shape", "model"} <= set(s)
+        assert (s["model"]["encoder_layers"], s["model"]["decoder_layers"], s["model"]["embed_dim"]) == (2, 1, 32)
+        assert s["model"]["arch"] == ("hrt_tiny" if s["family"] == "HRT" else "at_tiny")
         for bsz, speed in s["speed"].items():
             assert speed["words_per_second"] > 0 and speed["ratio_vs_baseline"] > 0
             assert set(speed["buckets"]) == {"1-10", "11-20", "21-30", "31-50", ">50"}
