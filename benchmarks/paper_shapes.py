@@ -463,7 +463,7 @@ def measure_shape(models: Models, batches_of: Dict[int, Dict[str, List[Batch]]],
                 )
                 entry.setdefault("speed", {})[str(bsz)] = per_bucket
         if bsz in args.bound_batches:
-            out.setdefault("bounds", {})[str(bsz)] = bounds(models, live, buckets, bsz, args)
+            out.setdefault("bounds", {})[str(bsz)] = bounds(live, buckets, bsz, args)
     out["weights_per_step_mb"] = {"AT": weights_per_step(models.at), "HRT": weights_per_step(models.hrt)}
     shape = SHAPES[models.shape]
     out["models"] = {
@@ -487,7 +487,7 @@ def model_description(model, arch: str) -> dict:
     }
 
 
-def bounds(models: Models, live: Dict[str, dict], buckets: Dict[str, List[Batch]], bsz: int, args) -> dict:
+def bounds(live: Dict[str, dict], buckets: Dict[str, List[Batch]], bsz: int, args) -> dict:
     """HRT's fixed-length bound per engine (float and int8), k and bucket, at the bucket's
     mean source and target lengths (:func:`benchmarks.hrt_bound.fixed_length_times`)."""
     out = {}
