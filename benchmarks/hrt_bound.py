@@ -51,13 +51,15 @@ from hrt_runtime.search import Rules, SearchConfig, mask_columns  # noqa: E402
 ENGINES = ("lean", "onnxruntime")
 
 
-def backend_of(engine: str, model, task, threads: int):
+def backend_of(engine: str, model, task, threads: int, int8: bool = False):
     """``(backend, encode)`` of the one search for ``engine``: ``encode(src (B, S) int64 array)``
-    gives the backend's encoding of a batch."""
+    gives the backend's encoding of a batch. ``int8``: ONNX Runtime's int8 copy of the export."""
     tgt = task.target_dictionary
     if engine == "onnxruntime":
-        backend = ExportedModel(exported_folder(model, task), threads=threads)
+        backend = ExportedModel(exported_folder(model, task, int8=int8), threads=threads)
         return backend, backend.encode
+    if int8:
+        raise ValueError(f"int8 backends are ONNX Runtime's; the {engine} engine runs float here")
 
     backend = TorchBackend(model, tgt, task.chunk_start_idx, task.mask_idx)
 
@@ -66,6 +68,12 @@ def backend_of(engine: str, model, task, threads: int):
         return backend.encode_fairseq({"src_tokens": tokens, "src_lengths": torch.full((src.shape[0],), src.shape[1])})
 
     return backend, encode
+
+
+def banned_symbols(task) -> list:
+    """The target symbols no decoder outputs: padding, ``<s>``, ``<mask>`` and the ``<s_k>``."""
+    d = task.target_dictionary
+    return [d.pad(), d.bos(), task.mask_idx, *task.chunk_start_idx.values()]
 
 
 def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: int, k: int, runs: int) -> dict:
@@ -78,7 +86,7 @@ def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: i
     src[:, -1] = tgt.eos()
     start = task.chunk_start_idx[k]
     bias = np.zeros(vocab, np.float32)
-    bias[[tgt.pad(), tgt.bos(), task.mask_idx, *task.chunk_start_idx.values()]] = -np.inf
+    bias[banned_symbols(task)] = -np.inf
     rows = backend.rows(None)
     encoded = encode(src)
     width = tgt_len

@@ -348,11 +348,6 @@ def build_models(name: str, vocab: int, workdir: str) -> Models:
     return Models(name, task, at, hrt_model, hrt_task, at_checkpoint, folder)
 
 
-def banned_of(task) -> List[int]:
-    d = task.target_dictionary
-    return [d.pad(), d.bos(), task.mask_idx, *task.chunk_start_idx.values()]
-
-
 def our_rows(models: Models, engines: Sequence[str], threads: int) -> Dict[str, dict]:
     """``{row name: {decode, family, decoding, engine, quantize, k, backend, encode}}`` of
     our engines and fairseq's; a row whose engine cannot run the model says why instead."""
@@ -372,14 +367,14 @@ def our_rows(models: Models, engines: Sequence[str], threads: int) -> Dict[str, 
             ("HRT", models.hrt, models.hrt_task, shape.chunk_sizes),
         ):
             try:
-                backend, encode = engine_backend(engine, quantize, model, task, threads)
+                backend, encode = hrt_bound.backend_of(engine, model, task, threads, int8=quantize == "int8")
             except Exception as e:  # noqa: BLE001 - a shape an engine cannot build: a line in the report
                 for k in ks:
                     rows[row_name(family, k) + suffix] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
                 continue
             for k in ks:
                 rows[row_name(family, k) + suffix] = {
-                    "decode": search_decoder(backend, encode, k, banned_of(task)),
+                    "decode": search_decoder(backend, encode, k, hrt_bound.banned_symbols(task)),
                     "family": family,
                     "engine": engine,
                     "quantize": quantize,
@@ -400,16 +395,6 @@ def our_rows(models: Models, engines: Sequence[str], threads: int) -> Dict[str, 
 
 def row_name(family: str, k: int) -> str:
     return "AT greedy" if family == "AT" else f"HRT k={k} b_at=1 b_nat=1"
-
-
-def engine_backend(engine: str, quantize: str, model, task, threads: int):
-    if engine == "onnxruntime":
-        from fairseq_hrt.generation.onnx_engine import exported_folder  # noqa: PLC0415
-        from hrt_runtime.model import ExportedModel  # noqa: PLC0415
-
-        backend = ExportedModel(exported_folder(model, task, int8=quantize == "int8"), threads=threads)
-        return backend, backend.encode
-    return hrt_bound.backend_of(engine, model, task, threads)
 
 
 def measure_shape(models: Models, batches_of: Dict[int, Dict[str, List[Batch]]], args) -> dict:

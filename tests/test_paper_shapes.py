@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from benchmarks import ct2_reference, paper_shapes
+from benchmarks import ct2_reference, hrt_bound, paper_shapes
 
 
 @pytest.mark.parametrize("source_tokens", range(1, 130))
@@ -123,14 +123,14 @@ def test_rows_keep_the_benchmark_schema_and_their_ratios(tiny_report):
 
 def test_what_cannot_be_measured_is_a_line_and_the_rest_is_measured(tmp_path, monkeypatch):
     monkeypatch.setattr(ct2_reference, "unavailable_reason", lambda use_cuda=False: "no ctranslate2 here")
-    real = paper_shapes.engine_backend
+    real = hrt_bound.backend_of
 
-    def no_int8(engine, quantize, *a):
-        if quantize == "int8":
+    def no_int8(*a, int8=False):
+        if int8:
             raise RuntimeError("this shape does not quantize\nsecond line")
-        return real(engine, quantize, *a)
+        return real(*a)
 
-    monkeypatch.setattr(paper_shapes, "engine_backend", no_int8)
+    monkeypatch.setattr(hrt_bound, "backend_of", no_int8)
     # no source of more than 50 tokens: the >50 bucket is empty
     report, md, _ = _run(tmp_path, "--engines", "onnxruntime", lengths=(3, 14, 25, 40))
     block = report["shapes"]["tiny"]
