@@ -8,21 +8,18 @@ setup(
     version="0.1.0",
     description="Hybrid-Regressive Translation, Mask-Predict and deep-encoder/shallow-decoder "
     "AT models as a fairseq plugin",
-    packages=find_packages(include=["fairseq_hrt", "fairseq_hrt.*", "hrt_runtime"]),
+    packages=find_packages(include=["fairseq_hrt", "fairseq_hrt.*"]),
     # the torch-only console scripts start here: they check for PyTorch and fairseq first
     py_modules=["hrt_commands"],
-    python_requires=">=3.9",
+    python_requires=">=3.11",
+    # hrt-runtime (runtime/, its own distribution: what a translating machine installs) is not declared
+    # either: no index holds it; requirements-fairseq.txt installs it from runtime/ before this one
     install_requires=["sacrebleu>=2.3", "sentencepiece"],
-    # hrt-serve's HTTP server and its /metrics (pip install .[serve]); the runtime itself needs onnxruntime,
-    # numpy, sentencepiece
-    extras_require={"serve": ["aiohttp>=3.9", "prometheus_client>=0.20"]},
     entry_points={
         "console_scripts": [
             "fairseq-hrt-comet=hrt_commands:comet",
             "fairseq-hrt-shortlist=hrt_commands:shortlist",
             "fairseq-hrt-export=hrt_commands:export",
-            "hrt-translate=hrt_runtime.translator:cli_main",
-            "hrt-serve=hrt_runtime.serve:cli_main",
         ]
     },
 )

@@ -3,7 +3,9 @@
 import ast
 import math
 import os
+import re
 import sys
+import tomllib
 
 import pytest
 import torch
@@ -232,8 +234,8 @@ def test_an_exported_folder_is_checked_against_the_checkpoint(random_models, tmp
 def test_the_runtime_imports_neither_torch_nor_the_plugin():
     """hrt_runtime is what a deployed model runs on: numpy, onnxruntime, sentencepiece and the
     standard library only (the fresh-venv test in test_onnx_deploy.py runs it without torch);
-    hrt-serve (serve.py) also aiohttp and prometheus_client, the optional extra ``pip install .[serve]``."""
-    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hrt_runtime")
+    hrt-serve (serve.py) also aiohttp and prometheus_client, the optional extra ``pip install ./runtime[serve]``."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "hrt_runtime")
     allowed = {"numpy", "onnxruntime", "sentencepiece", "hrt_runtime"} | set(sys.stdlib_module_names)
     for name in os.listdir(root):
         if name.endswith(".py"):
@@ -249,7 +251,36 @@ def test_the_runtime_imports_neither_torch_nor_the_plugin():
                 for module in modules:
                     assert module.split(".")[0] in allowed | (
                         {"aiohttp", "prometheus_client"} if name == "serve.py" else set()
-                    ), f"hrt_runtime/{name} imports {module}"
+                    ), f"runtime/hrt_runtime/{name} imports {module}"
+
+
+def test_the_runtime_declares_what_it_imports():
+    """runtime/pyproject.toml's dependencies are the third-party packages hrt_runtime imports, and
+    its ``serve`` extra those only hrt-serve imports: nothing more comes with ``pip install``."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+
+    def names(requirements):
+        return {re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0].lower().replace("-", "_") for r in requirements}
+
+    imported = {"runtime": set(), "serve": set()}
+    for name in os.listdir(os.path.join(root, "hrt_runtime")):
+        if name.endswith(".py"):
+            tree = ast.parse(open(os.path.join(root, "hrt_runtime", name)).read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    found = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    found = [node.module]
+                else:
+                    continue
+                for module in found:
+                    top = module.split(".")[0]
+                    if top not in sys.stdlib_module_names and top != "hrt_runtime":
+                        imported["serve" if name == "serve.py" else "runtime"].add(top)
+    assert names(project["dependencies"]) == imported["runtime"]
+    assert names(project["optional-dependencies"]["serve"]) == imported["serve"] - imported["runtime"]
 
 
 @pytest.mark.parametrize("extra", [(), ("--decoder-layers", "2", "--decoder-tie-layers")], ids=["ssru", "ssru-tied"])

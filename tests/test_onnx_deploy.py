@@ -246,7 +246,7 @@ def test_translator_equals_fairseq_interactive(deployed, tmp_path):
 def test_bad_lines_give_the_same_output_and_warnings_on_every_entry_point(deployed, hubs, tmp_path, caplog):
     """One file of bad lines (invalid UTF-8, a NUL inside a line, control characters, blank
     lines) through fairseq-interactive, the hub, Translator.translate and hrt-translate: the
-    same strings, and a warning naming each repaired line (hrt_runtime/text_input.py)."""
+    same strings, and a warning naming each repaired line (runtime/hrt_runtime/text_input.py)."""
     data, spm, models = deployed
     ckpt, folder, _ = models["hrt_tiny"]
     good = read_lines(data.raw("valid", "en"))[:4]
@@ -384,7 +384,7 @@ def _site_packages_mib(venv_dir: Path, names) -> float:
 
 @pytest.mark.slow
 def test_hrt_translate_in_a_fresh_venv_without_torch(deployed, tmp_path):
-    """``pip install onnxruntime numpy sentencepiece`` and this repository with ``--no-deps`` in a
+    """``pip install onnxruntime numpy sentencepiece`` and ``pip install ./runtime`` (hrt-runtime) in a
     new virtual environment: ``hrt-translate`` there gives the in-process Translator's output,
     and ``import torch`` fails there."""
     data, _, models = deployed
@@ -393,15 +393,11 @@ def test_hrt_translate_in_a_fresh_venv_without_torch(deployed, tmp_path):
     venv.EnvBuilder(with_pip=True, clear=True).create(venv_dir)
     made = time.perf_counter() - started
     deps = _pip(venv_dir, *RUNTIME_PACKAGES)
-    # the repository as pip installs it, copied so that the build leaves nothing in the checkout
-    source = tmp_path / "source"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    source.mkdir()
-    shutil.copy(REPO / "setup.py", source)
-    shutil.copy(REPO / "hrt_commands.py", source)
-    for package in ("hrt_runtime", "fairseq_hrt"):
-        shutil.copytree(REPO / package, source / package, ignore=ignore)
-    own = _pip(venv_dir, "--no-deps", str(source))
+    # the runtime's distribution (runtime/) as pip installs it, copied so that the build leaves nothing in
+    # the checkout; its dependencies are the pinned ones just installed
+    source = tmp_path / "runtime"
+    shutil.copytree(REPO / "runtime", source, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    own = _pip(venv_dir, str(source))
     sizes = {
         "onnxruntime": _site_packages_mib(venv_dir, ["onnxruntime"]),
         "numpy": _site_packages_mib(venv_dir, ["numpy"]),
@@ -423,15 +419,7 @@ def test_hrt_translate_in_a_fresh_venv_without_torch(deployed, tmp_path):
         [python, "-c", "import fairseq"], capture_output=True, text=True, cwd=str(tmp_path), env=env
     )
     assert no_fairseq.returncode != 0
-    export = subprocess.run(
-        [str(venv_dir / "bin" / "fairseq-hrt-export"), "ckpt.pt", "out"],
-        capture_output=True,
-        text=True,
-        cwd=str(tmp_path),
-        env=env,
-    )
-    assert export.returncode == 2 and "this command belongs on the machine that trains" in export.stderr
-    assert "Traceback" not in export.stderr
+    assert not (venv_dir / "bin" / "fairseq-hrt-export").exists()  # the plugin's commands stay with the plugin
 
     for arch, flags, options in (
         ("hrt_tiny", ["--chunk-size", "2", "--beam", "1"], dict(chunk_size=2, beam=1)),
@@ -475,6 +463,25 @@ def test_hrt_translate_in_a_fresh_venv_without_torch(deployed, tmp_path):
     assert proc.stdout.split("\n")[:-1] == Translator(str(models["at_tiny"][1])).translate(
         lines[:3], beam=1, max_len_b=5
     )
+
+    # the service's extra brings what hrt-serve imports and nothing of the training side
+    _pip(venv_dir, f"{source}[serve]")
+    listed = subprocess.run(
+        [python, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    installed = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
+    print("\nhrt-runtime[serve] in a fresh venv: " + ", ".join(sorted(installed)))
+    assert {"hrt-runtime", "aiohttp", "prometheus-client", "onnxruntime", "numpy", "sentencepiece"} <= installed
+    training_side = {"sacrebleu", "lxml", "regex", "tabulate", "portalocker", "colorama", "torch", "fairseq"}
+    assert not installed & training_side
+    served = subprocess.run(
+        [str(venv_dir / "bin" / "hrt-serve"), "--help"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert served.returncode == 0 and "POST /translate" in served.stdout, served.stderr
 
 
 # ---------------------------------------------------------------------------- clear errors

@@ -1,4 +1,4 @@
-"""``hrt-serve`` (hrt_runtime/serve.py) on an untrained tiny exported model: concurrent requests
+"""``hrt-serve`` (runtime/hrt_runtime/serve.py) on an untrained tiny exported model: concurrent requests
 are batched and each gets the Translator's answer for its own lines; a full queue answers 503;
 a client that disconnects breaks nobody; bad requests get 400 with the reason; /health, /info;
 the command line."""

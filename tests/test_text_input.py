@@ -1,4 +1,4 @@
-"""Input text is read one way everywhere (hrt_runtime/text_input.py): bad bytes, control
+"""Input text is read one way everywhere (runtime/hrt_runtime/text_input.py): bad bytes, control
 characters, NUL, blank and huge lines, any script. Unit tests of the reader, of its use by
 fairseq-interactive (compat) and the task, and end to end through fairseq-interactive with
 SentencePiece and ``python -m fairseq_hrt.distill`` on a tiny trained model."""

@@ -1,5 +1,5 @@
 """``hrt-serve FOLDER --port N``: an exported folder as a translation service over HTTP, on
-aiohttp (``pip install .[serve]``; no PyTorch), for callers that cannot link the runtime.
+aiohttp (``pip install "./runtime[serve]"``; no PyTorch), for callers that cannot link the runtime.
 
 * ``POST /translate`` with ``{"text": ["line", ...], "beam": 5, ...}`` (any option of
   :meth:`hrt_runtime.Translator.translate` but ``batch_size``) answers ``{"translations":
@@ -58,7 +58,7 @@ from hrt_runtime.options import DECODING, SERVICE, SERVICE_BY_NAME, THREADS, add
 from hrt_runtime.text_input import repair_lines
 from hrt_runtime.translator import CallOptions, Translator, batches_of
 
-try:  # the serve extra (pip install .[serve]); cli_main says how to install what is missing
+try:  # the serve extra (pip install "./runtime[serve]"); cli_main says how to install what is missing
     from aiohttp import web
 except ImportError:
     web = None
@@ -484,7 +484,7 @@ def make_app(
 
     async def scrape(request):
         if metrics is None:
-            return _error(501, "GET /metrics needs prometheus_client: pip install .[serve]")
+            return _error(501, "GET /metrics needs prometheus_client: pip install './runtime[serve]'")
         return web.Response(body=metrics.text(), headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
 
     async def on_startup(app):
@@ -542,7 +542,7 @@ def cli_main(argv=None):
         prog="hrt-serve",
         description="Serve a folder written by fairseq-hrt-export over HTTP: "
         'POST /translate {"text": [...], options}, GET /health, GET /info, GET /metrics. Needs onnxruntime, '
-        "numpy, sentencepiece, aiohttp and prometheus_client (pip install .[serve]); no PyTorch.",
+        "numpy, sentencepiece, aiohttp and prometheus_client (pip install './runtime[serve]'); no PyTorch.",
     )
     p.add_argument("folder")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
@@ -552,7 +552,7 @@ def cli_main(argv=None):
     access_log.setLevel(logging.INFO)
     missing = [name for name, module in (("aiohttp", web), ("prometheus_client", prometheus_client)) if module is None]
     if missing:
-        p.exit(2, f"hrt-serve: error: the service needs {' and '.join(missing)}: pip install .[serve]\n")
+        p.exit(2, f"hrt-serve: error: the service needs {' and '.join(missing)}: pip install './runtime[serve]'\n")
     try:
         values = check_arguments(a, (*SERVICE, THREADS))
         translator = Translator(a.folder, threads=values["threads"])

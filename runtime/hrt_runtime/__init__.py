@@ -6,10 +6,12 @@ ONNX Runtime, numpy and SentencePiece only (no PyTorch, no fairseq)::
 
 or ``hrt-translate model-onnx < input.txt`` (a stream: ``--buffer-size`` lines at a time;
 ``Translator.translate_iter`` from Python), or over HTTP with ``hrt-serve model-onnx --port N``
-(:mod:`hrt_runtime.serve`, ``pip install .[serve]``). :mod:`hrt_runtime.search` is also the
+(:mod:`hrt_runtime.serve`, ``pip install "./runtime[serve]"``). :mod:`hrt_runtime.search` is also the
 search of ``--decoder-engine onnxruntime`` inside fairseq. Never imports torch, fairseq or
 fairseq_hrt (docs/deploy.md).
 """
+
+__version__ = "0.1.0"
 
 from hrt_runtime.model import ExportedModel, read_config  # noqa: F401
 from hrt_runtime.search import SearchConfig, hrt, left_to_right  # noqa: F401
