@@ -26,7 +26,10 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
 from hrt_runtime import Translator  # noqa: E402
+from hrt_runtime.options import SERVICE_BY_NAME  # noqa: E402
+from hrt_runtime.search import SearchConfig  # noqa: E402
 from hrt_runtime.serve import BATCHER, make_app, runner_of  # noqa: E402
+from hrt_runtime.work import cut_by_positions, line_positions  # noqa: E402
 from tests.test_runtime import _sentences  # noqa: E402
 
 
@@ -36,7 +39,7 @@ class Server:
     def __init__(self, translator, **settings):
         self.app = make_app(translator, **settings)
         self.loop = asyncio.new_event_loop()
-        self.runner = runner_of(self.app, drain_seconds=settings.get("drain_seconds", 30.0))
+        self.runner = runner_of(self.app)
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
@@ -136,15 +139,15 @@ def test_info_and_bad_requests(translator):
 def test_a_full_queue_answers_503_and_loses_nothing(translator):
     """One batch held in translation, one request waiting (--max-queue 1): the next is told 503
     at once; when the batch is released, the two accepted requests get their own answers."""
-    server = Server(translator, max_batch=1, max_wait_ms=0, max_queue=1)
+    server = Server(translator, max_batch=1, max_wait_ms=0, max_queue=1, workers=1)
     batcher = server.app[BATCHER]
     release, started = threading.Event(), threading.Event()
     translate = batcher._translate
 
-    def held(lines, options):
+    def held(lines, options, stop):
         started.set()
         release.wait(60)
-        return translate(lines, options)
+        return translate(lines, options, stop)
 
     batcher._translate = held
     try:
@@ -252,11 +255,11 @@ class HeldWorker:
         self._translate = batcher._translate
         batcher._translate = self
 
-    def __call__(self, sources, options):
+    def __call__(self, sources, options, stop):
         self.batches.append([tuple(s.tolist()) for s in sources])
         self.started.set()
         self.release.wait(60)
-        return self._translate(sources, options)
+        return self._translate(sources, options, stop)
 
 
 def _wait_for(condition, seconds=30):
@@ -282,7 +285,7 @@ def test_a_client_that_hangs_up_is_not_served(translator):
     """A request whose client disconnects while it waits is dropped from the queue and counted
     as abandoned; a long request whose client disconnects while its first batch runs gets no
     further batch, so the next request waits for that batch only."""
-    server = Server(translator, max_batch=2, max_wait_ms=0)
+    server = Server(translator, max_batch=2, max_wait_ms=0, workers=1)
     batcher = server.app[BATCHER]
     worker = HeldWorker(batcher)
     options = {"beam": 1, "max_len_b": 5}
@@ -322,7 +325,7 @@ def test_a_long_request_is_split_and_others_interleave(translator):
     """A request of 6 lines at --max-batch 2 is translated as 3 batches; a short request that
     arrives behind it is translated after its first batch, not after all of them; both get
     the Translator's answers."""
-    server = Server(translator, max_batch=2, max_wait_ms=0)
+    server = Server(translator, max_batch=2, max_wait_ms=0, workers=1)
     batcher = server.app[BATCHER]
     worker = HeldWorker(batcher)
     options = {"beam": 1, "max_len_b": 5}
@@ -368,7 +371,7 @@ def test_draining_at_shutdown_is_limited(translator):
     """With a batch held and requests queued, a drain of 0.2 s answers the queued ones 503 and
     so the request whose batch was running when it ended, as it has a second batch to go (a
     request of one batch in progress then would be answered)."""
-    server = Server(translator, max_batch=1, drain_seconds=0.2)
+    server = Server(translator, max_batch=1, drain_seconds=0.2, workers=1)
     batcher = server.app[BATCHER]
     worker = HeldWorker(batcher)
     options = {"beam": 1, "max_len_b": 5}
@@ -443,3 +446,231 @@ def _serve_cli(*args):
         text=True,
         timeout=60,
     )
+
+
+# --------------------------------------------------------- work, deadlines, slow clients, drain
+
+
+def test_line_positions_count_what_the_search_may_compute():
+    """The cost model against the searches' own limits: AT ``beam x (L + 1)``, HRT's stage I
+    ``beam x (L / k + 1)`` plus stage II's ``b_nat x k x`` that, Mask-Predict ``l x I x L``,
+    each L within the decoder's positions."""
+    config = SearchConfig(beam=5, max_len_b=30)
+    assert line_positions("at", 7, config, 1, 1, 10, 1, 1024) == 5 * 31
+    assert line_positions("hrt", 7, config, 2, 2, 10, 1, 1024) == 5 * 16 + 2 * 2 * 16
+    assert line_positions("hrt", 7, config, 1, 1, 10, 1, 1024) == 5 * 31  # AT mode
+    assert line_positions("at", 7, SearchConfig(beam=2, max_len_a=1.5, max_len_b=4), 1, 1, 10, 1, 1024) == 2 * 15
+    assert line_positions("at", 7, SearchConfig(beam=256, max_len_b=100000), 1, 1, 10, 1, 1024) == 256 * 1024
+    assert line_positions("mask-predict", 7, config, 1, 1, 10, 3, 1024) == 3 * 10 * 30
+    assert cut_by_positions([[0, 1, 2, 3], [4]], [5, 5, 20, 1, 3], 10) == [[0, 1], [2], [3], [4]]
+
+
+def test_the_issue_request_is_refused_by_its_work_and_counted(translator):
+    """64 lines at beam 256, min_len 1000, max_len_b 100000 (every value in range): a few
+    hundred bytes, millions of decoder positions: 413 with the figure and the cap, nothing
+    queued or in flight."""
+    server = Server(translator)
+    batcher = server.app[BATCHER]
+    try:
+        body = {"text": _sentences(64, seed=60), "beam": 256, "chunk_size": 1, "min_len": 1000, "max_len_b": 100000}
+        status, answer = post(server.url, body)
+        cap = SERVICE_BY_NAME["max_request_positions"].default
+        figure = sum(
+            translator.positions(translator.encode_lines(body["text"]), translator.options(**body_options(body)))
+        )
+        assert figure == 64 * 256 * 1024  # every line may run to the decoder's 1,024 positions
+        assert status == 413 and f"may cost {figure} decoder positions" in answer["error"]
+        assert f"at most {cap} (--max-request-positions)" in answer["error"]
+        small = post(server.url, {"text": ["w4 w5"], "beam": 1, "max_len_b": 4})
+        assert small == (200, {"translations": translator.translate(["w4 w5"], beam=1, max_len_b=4)})
+        assert batcher.in_flight == 0 and not batcher.queue and batcher.stats["batches"] == 1
+        samples = _scrape(server.url)
+        assert samples[("hrt_serve_requests_total", (("outcome", "413"),))] == 1
+    finally:
+        server.close()
+
+
+def body_options(body):
+    return {k: v for k, v in body.items() if k != "text"}
+
+
+def _scrape(url):
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as answer:
+        return _samples(answer.read().decode())
+
+
+def test_positions_caps_answer_413_and_503(translator):
+    """A request above --max-request-positions: 413 naming its cost; one that would pass
+    --max-positions-in-flight while another is admitted: 503 busy; the count comes back to 0."""
+    one = translator.positions(translator.encode_lines(["w4 w5"]), translator.options(beam=2, max_len_b=9))[0]
+    server = Server(translator, workers=1, max_request_positions=4 * one, max_positions_in_flight=5 * one)
+    batcher = server.app[BATCHER]
+    worker = HeldWorker(batcher)
+    options = {"beam": 2, "max_len_b": 9}
+    try:
+        status, answer = post(server.url, {"text": ["w4 w5"] * 5, **options})
+        assert status == 413 and f"may cost {5 * one} decoder positions" in answer["error"]
+        assert f"at most {4 * one} (--max-request-positions)" in answer["error"]
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(post, server.url, {"text": ["w4 w5"] * 3, **options})
+            assert worker.started.wait(30)
+            assert batcher.in_flight == 3 * one
+            status, answer = post(server.url, {"text": ["w4 w5"] * 3, **options})
+            assert status == 503 and "the service is busy" in answer["error"]
+            worker.release.set()
+            assert first.result(60)[0] == 200
+        assert post(server.url, {"text": ["w4 w5"] * 3, **options})[0] == 200
+        assert batcher.in_flight == 0 and batcher.stats["rejected_busy"] == 1
+    finally:
+        worker.release.set()
+        server.close()
+
+
+def test_a_request_past_its_deadline_is_answered_504_and_its_work_stops(translator):
+    """Its first batch held past its own "timeout": it is answered 504 then, the held batch
+    stops at its first decoder pass once released, its second batch never starts, and its
+    positions leave the count."""
+    server = Server(translator, workers=1, max_batch=4)
+    batcher = server.app[BATCHER]
+    worker = HeldWorker(batcher)
+    lines = _sentences(8, seed=61)
+    try:
+        status, answer = post(server.url, {"text": ["w1"], "timeout": 1e9})
+        assert status == 400 and "timeout must be a finite number from 0.001 to 60" in answer["error"]
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(post, server.url, {"text": lines, "beam": 3, "max_len_b": 20, "timeout": 0.2})
+            assert worker.started.wait(30)
+            status, answer = slow.result(60)  # answered while its batch is held
+            assert status == 504 and "deadline passed (0.2 s after it arrived) with 0 of 8 lines" in answer["error"]
+            worker.release.set()
+            _wait_for(lambda: batcher.stats["stopped_batches"] == 1)
+        assert len(worker.batches) == 1 and batcher.in_flight == 0 and not batcher.queue
+        assert post(server.url, {"text": ["w4"], "beam": 1, "max_len_b": 4})[0] == 200
+        assert batcher.stats["deadline_passed"] == 1
+        assert _scrape(server.url)[("hrt_serve_requests_total", (("outcome", "504"),))] == 1
+    finally:
+        worker.release.set()
+        server.close()
+
+
+class HeldWhen(HeldWorker):
+    """Holds only the batches ``hold(sources)`` chooses; the others pass."""
+
+    def __init__(self, batcher, hold):
+        super().__init__(batcher)
+        self.hold = hold
+
+    def __call__(self, sources, options, stop):
+        if not self.hold(sources):
+            return self._translate(sources, options, stop)
+        return super().__call__(sources, options, stop)
+
+
+def test_long_requests_never_hold_every_worker(translator):
+    """Two workers: while a long request's batch runs on one, a second long request waits and a
+    one-batch request is served by the other."""
+    server = Server(translator, workers=2, max_batch=2, max_wait_ms=0)
+    batcher = server.app[BATCHER]
+    first_long = _sentences(6, seed=62)
+    marked = {tuple(translator.encode(line).tolist()) for line in first_long}
+    worker = HeldWhen(batcher, lambda sources: any(tuple(s.tolist()) in marked for s in sources))
+    options = {"beam": 1, "max_len_b": 5}
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            held = pool.submit(post, server.url, {"text": first_long, **options})
+            assert worker.started.wait(30)
+            other = pool.submit(post, server.url, {"text": _sentences(6, seed=63), **options})
+            _wait_for(lambda: len(batcher.queue) == 1)
+            short = ["w7 w8"]
+            assert post(server.url, {"text": short, **options}) == (
+                200,
+                {"translations": translator.translate(short, **options)},
+            )
+            assert len(batcher.queue) == 1 and batcher.long_running == 1  # the second long request still waits
+            worker.release.set()
+            assert held.result(60) == (200, {"translations": translator.translate(first_long, **options)})
+            assert other.result(60)[0] == 200
+    finally:
+        worker.release.set()
+        server.close()
+
+
+def test_the_drain_finishes_the_least_work_first_and_health_says_503(translator):
+    """SIGTERM's drain with a batch held, a long and a short request queued: while it drains,
+    /health answers 503 and new requests 503 on a service still listening; the short request is
+    translated before the long one's batches, and every admitted request is answered 200."""
+    server = Server(translator, workers=1, max_batch=2, max_wait_ms=0, drain_seconds=60)
+    batcher = server.app[BATCHER]
+    worker = HeldWorker(batcher)
+    options = {"beam": 1, "max_len_b": 5}
+    long, short = _sentences(6, seed=64), ["w9 w10 w11"]
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            blocker = pool.submit(post, server.url, {"text": ["w4"], **options})
+            assert worker.started.wait(30)
+            first = pool.submit(post, server.url, {"text": long, **options})
+            _wait_for(lambda: len(batcher.queue) == 1)
+            second = pool.submit(post, server.url, {"text": short, **options})
+            _wait_for(lambda: len(batcher.queue) == 2)
+            drained = asyncio.run_coroutine_threadsafe(batcher.drain(60), server.loop)
+            _wait_for(lambda: batcher.closing)
+            with pytest.raises(urllib.error.HTTPError) as health:
+                get(server.url, "/health")
+            assert health.value.code == 503 and json.loads(health.value.read())["status"] == "draining"
+            status, answer = post(server.url, {"text": ["w5"], **options})
+            assert status == 503 and "shutting down" in answer["error"]
+            worker.release.set()
+            assert blocker.result(60)[0] == 200
+            assert first.result(60) == (200, {"translations": translator.translate(long, **options)})
+            assert second.result(60) == (200, {"translations": translator.translate(short, **options)})
+            drained.result(60)
+        short_source = tuple(translator.encode(short[0]).tolist())
+        assert [short_source in batch for batch in worker.batches] == [False, True, False, False, False]
+    finally:
+        worker.release.set()
+        server.close()
+
+
+def _raw(port, data: bytes, seconds=30) -> bytes:
+    """What the service sends back on a connection that sends ``data`` and then nothing, until
+    it closes the connection."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(seconds)
+        s.sendall(data)
+        chunks = []
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
+def test_slow_and_hostile_clients_get_json_errors_and_are_cut(translator):
+    server = Server(translator, body_timeout=0.3, idle_timeout=0.3)
+    try:
+        # a body that never arrives whole: 408, and the connection closes
+        answer = _raw(server.port, b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"text"')
+        assert answer.startswith(b"HTTP/1.1 408") and b'"error": "the body did not arrive within 0.3 s' in answer
+        # headers that never end, and a connection that sends nothing: closed, no answer
+        assert _raw(server.port, b"POST /translate HTTP/1.1\r\nHost: x\r\n") == b""
+        assert _raw(server.port, b"") == b""
+        status, answer = post(server.url, b"[" * 100000)
+        assert status == 400 and "nested too deep" in answer["error"]
+        status, answer = post(server.url, b" " * (16 * 2**20 + 1))
+        assert status == 413 and "more than 16777216 bytes (16 MiB)" in answer["error"]
+        status, answer = post(server.url, {"text": ["w4 w5", "w6\nw7"]})
+        assert status == 400 and '"text" line 2 holds a line break' in answer["error"]
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            get(server.url, "/nowhere")
+        assert missing.value.code == 404 and "error" in json.loads(missing.value.read())
+        hung = _send_and_hang_up(server.port, {"text": _sentences(40, seed=65), "beam": 2, "max_len_b": 20})
+        hung.close()
+        _wait_for(lambda: server.app[BATCHER].stats["abandoned"] >= 1)
+        info = get(server.url, "/info")["stats"]
+        samples = _scrape(server.url)
+        for outcome in ("abandoned", "408", "400", "413"):
+            counted = samples[("hrt_serve_requests_total", (("outcome", outcome),))]
+            assert counted >= 1, outcome
+        assert samples[("hrt_serve_requests_total", (("outcome", "abandoned"),))] == info["abandoned"]
+    finally:
+        server.close()

@@ -1,0 +1,103 @@
+"""The work of a translation, known before it starts and stoppable while it runs.
+
+* :func:`line_positions`: the decoder positions one line may cost under its options, the most
+  the search can compute for it (every hypothesis run to its length limit). ``hrt-serve`` admits
+  a request by the sum over its lines, not by the bytes it sends: 64 lines with ``beam`` 256 and
+  ``min_len`` 1000 are a few kilobytes and took 3.6 GB and minutes.
+* :class:`StoppableBackend`: a search backend that asks ``stop()`` before every decoder pass and
+  raises :class:`Stopped` once it is true (its client went away, its deadline passed, the drain
+  ended): the search's arrays are then dropped with the call. The one pass it cannot cut is
+  ``greedy.onnx`` (every step of a greedy search in one ONNX Runtime call), which runs for at
+  most :data:`hrt_runtime.model.LOOP_ROWS` rows: at most the positions of a two-line request.
+"""
+
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+
+from hrt_runtime.families import HRT, MASK_PREDICT
+from hrt_runtime.search import SearchConfig, position_cap
+
+
+def output_limit(config: SearchConfig, source_tokens: int, stride: int, max_positions: int) -> int:
+    """The most steps a left-to-right search of ``stride`` makes for a line of ``source_tokens``
+    (fairseq's ``a x S + b``, Skip-AT's ``/ k``, within the decoder's positions)."""
+    stage = config.for_chunk_size(stride)
+    return max(0, min(int(stage.max_len_a * source_tokens + stage.max_len_b), position_cap(max_positions, stride)))
+
+
+def line_positions(
+    kind: str,
+    source_tokens: int,
+    config: SearchConfig,
+    chunk_size: int,
+    b_nat: int,
+    iterations: int,
+    length_beam: int,
+    max_positions: int,
+) -> int:
+    """Decoder positions one line may cost: ``beam x (steps + 1)`` for a left-to-right search;
+    HRT adds stage II's ``b_nat x k x (steps + 1)`` slots; Mask-Predict ``length_beam x
+    iterations x`` its longest length."""
+    if kind == MASK_PREDICT:
+        longest = max(1, min(int(config.max_len_a * source_tokens + config.max_len_b), max_positions - 1))
+        return length_beam * iterations * longest
+    k = chunk_size if kind == HRT else 1
+    steps = output_limit(config, source_tokens, k, max_positions) + 1
+    return config.beam * steps + (b_nat * k * steps if k > 1 else 0)
+
+
+def cut_by_positions(batches: List[List[int]], cost: Sequence[int], max_positions: int) -> List[List[int]]:
+    """``batches`` (lists of line indices) cut further so that each holds at most
+    ``max_positions`` of ``cost`` (a line costing more is a batch of its own)."""
+    out = []
+    for batch in batches:
+        part, total = [], 0
+        for i in batch:
+            if part and total + cost[i] > max_positions:
+                out.append(part)
+                part, total = [], 0
+            part.append(i)
+            total += cost[i]
+        out.append(part)
+    return out
+
+
+class Stopped(Exception):
+    """A translation stopped between two decoder passes: nobody waits for it any more."""
+
+
+class StoppableBackend:
+    """``backend`` (an :class:`~hrt_runtime.model.ExportedModel`) with ``stop()`` asked before
+    each pass (encoder, step, greedy loop, non-causal pass); everything else is the backend's."""
+
+    def __init__(self, backend, stop: Callable[[], bool]):
+        self._backend, self._stop = backend, stop
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    def _check(self):
+        if self._stop():
+            raise Stopped("the translation was stopped between two decoder passes")
+
+    def encode(self, src_tokens: np.ndarray):
+        self._check()
+        return self._backend.encode(src_tokens)
+
+    def step(self, *args, **kwargs):
+        self._check()
+        return self._backend.step(*args, **kwargs)
+
+    def greedy_loop(self, *args, **kwargs):
+        self._check()
+        return self._backend.greedy_loop(*args, **kwargs)
+
+    def parallel(self, *args, **kwargs):
+        self._check()
+        return self._backend.parallel(*args, **kwargs)
+
+
+def stoppable(backend, stop: Optional[Callable[[], bool]]):
+    """``backend`` itself when nothing can stop it."""
+    return backend if stop is None else StoppableBackend(backend, stop)
