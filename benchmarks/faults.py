@@ -1005,8 +1005,32 @@ def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
         ("--max-len-a inf", ("--max-len-a", "inf")),
         ("--min-len 201", ("--min-len", "201")),
         ("--input DIR", ("--input", str(work))),
+        # issue 77: a type error, a negative non-finite value, more threads than CPUs, min_len beyond the positions
+        ("--beam 2.5", ("--beam", "2.5")),
+        ("--lenpen -inf", ("--lenpen", "-inf")),
+        ("--threads 4xCPUs", ("--threads", 4 * len(os.sched_getaffinity(0)))),
+        ("--min-len 2000", ("--min-len", "2000")),
     ):
         options[name] = _cli_result(folder, "--beam", "2", *args)
+    with open("/dev/full", "wb") as full:  # a full disk: one line, exit 1 (_cli_result captures stdout)
+        proc = subprocess.run(
+            [sys.executable, "-m", "hrt_runtime", str(folder), "--beam", "2"],
+            input=b"a man rides a horse .\n",
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env=cli_env(),
+            cwd=str(REPO),
+            timeout=300,
+        )
+    err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+    options["> /dev/full"] = {
+        "returncode": proc.returncode,
+        "stderr_lines": len(err),
+        "last_line": relative(err[-1]) if err else "",
+        "traceback": any("Traceback" in line for line in err),
+        "stdout": "",
+        "expected_exit": 1,
+    }
     out["options"] = options
 
     big = [(" ".join(lines) * 40)[:20000] for _ in range(256)]  # 256 lines of 20 KB: a 5 MB body

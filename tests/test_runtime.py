@@ -15,6 +15,7 @@ import os
 import random
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -32,6 +33,7 @@ from fairseq_hrt.export.exporter import quantize_folder  # noqa: E402
 from hrt_runtime import Translator, search  # noqa: E402
 from hrt_runtime.integrity import DamagedFolderError  # noqa: E402
 from hrt_runtime.model import DECLARED_KEY  # noqa: E402
+from hrt_runtime.options import CPUS, joined_values, number_of, usable_cpus  # noqa: E402
 
 
 def _sentences(n, seed=0, max_words=12):
@@ -226,15 +228,15 @@ def test_option_errors_say_what_is_expected(exported_tiny, tmp_path):
     ):
         Translator(None)
     for threads in (0, -1):
-        with pytest.raises(ValueError, match=rf"threads must be an integer from 1 to 1024 .*got {threads}"):
+        with pytest.raises(ValueError, match=rf"threads must be an integer from 1 to {CPUS} .*got {threads}"):
             Translator(exported_tiny["hrt"], threads=threads)
     for args, message in (
         (("--max-len-b", "-5"), "--max-len-b must be an integer from 0 to 100000"),
         (("--lenpen", "nan", "--beam", "5"), "--lenpen must be a finite number from -10 to 10"),
         (("--lenpen", "400"), "--lenpen must be a finite number from -10 to 10"),
         (("--max-len-a", "inf"), "--max-len-a must be a finite number from 0 to 100"),
-        (("--threads", "0"), "--threads must be an integer from 1 to 1024"),
-        (("--threads", "-1"), "--threads must be an integer from 1 to 1024"),
+        (("--threads", "0"), f"--threads must be an integer from 1 to {CPUS}"),
+        (("--threads", "-1"), f"--threads must be an integer from 1 to {CPUS}"),
         (("--input", "."), "--input . is a folder"),
     ):
         rc, out, err = _cli(exported_tiny["hrt"], *args, input_bytes=b"w1\n")
@@ -518,3 +520,100 @@ def test_min_len_beyond_the_limit_is_refused_before_anything_is_read(exported_ti
     lines = ["w4 w5 w6", "w7"]
     with pytest.raises(ValueError, match=r"^input, line 1 \(and 1 more lines of its batch\): min_len cannot be"):
         translator.translate(lines, min_len=5, max_len_a=0.5, max_len_b=1, chunk_size=1, beam=1)
+
+
+# ------------------------------------------------------------------ one line per refusal (issue 77)
+
+
+def test_negative_values_of_numeric_flags_are_joined_to_their_flag():
+    numeric, flags = {"--lenpen", "--beam"}, {"--lenpen", "--beam", "--input", "-h", "--help"}
+    assert joined_values(["F", "--lenpen", "-inf"], numeric, flags) == ["F", "--lenpen=-inf"]
+    assert joined_values(["--len", "-1e3", "--beam", "2"], numeric, flags) == ["--len=-1e3", "--beam", "2"]
+    assert joined_values(["--lenpen", "--beam", "2"], numeric, flags) == ["--lenpen", "--beam", "2"]  # a flag
+    assert joined_values(["--input", "-x"], numeric, flags) == ["--input", "-x"]  # not a numeric flag
+    assert joined_values(["--", "--lenpen", "-1"], numeric, flags) == ["--", "--lenpen", "-1"]
+    assert joined_values(["--lenpen"], numeric, flags) == ["--lenpen"]
+    assert number_of("2.5", int) == "2.5" and number_of("-inf", float) == float("-inf") and number_of(3, int) == 3
+    assert CPUS == usable_cpus() >= 1
+
+
+def _said(err):
+    """stderr's lines but the logged warnings (the tiny folders have no SentencePiece model: a warning at load)."""
+    return [line for line in err.splitlines() if not line.startswith("WARNING | ")]
+
+
+def _one_line_refusal(rc, out, err, code=2):
+    """A refusal as an operator should see it: exit ``code``, nothing printed, one line said."""
+    return rc == code and out == "" and len(_said(err)) == 1 and "Traceback" not in err and "usage:" not in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--beam", "2.5"), "--beam must be an integer from 1 to 256 (the beam size; HRT's b_at), got '2.5'"),
+        (("--lenpen", "-inf"), "--lenpen must be a finite number from -10 to 10 (the length penalty), got -inf"),
+        (("--unkpen", "-1e9"), "--unkpen must be a finite number from -1000 to 1000"),
+        (("--threads", str(CPUS + 1)), f"--threads must be an integer from 1 to {CPUS} ("),
+        (("--threads", "1024"), f"at most the {CPUS} CPUs this process may use), got 1024"),
+        (("--min-len", "2000"), "min_len 2000 > 510, the longest output the model's 1024 target positions allow"),
+        (("--min-len", "300"), "(max_len_b // 2); lower min_len or raise max_len_b to 600"),
+        (("--bogus",), "unrecognized arguments: --bogus (see hrt-translate --help)"),
+        (("--lenpen",), "argument --lenpen: expected one argument (see hrt-translate --help)"),
+    ],
+)
+def test_each_refusal_is_one_line(exported_tiny, args, message):
+    rc, out, err = _cli(exported_tiny["hrt"], *args, input_bytes=b"w4\n")
+    assert _one_line_refusal(rc, out, err) and _said(err)[0].startswith("hrt-translate: error: ") and message in err, (
+        err
+    )
+
+
+def test_a_missing_folder_is_one_line_and_a_negative_lenpen_works(exported_tiny):
+    rc, out, err = _cli(input_bytes=b"")
+    assert _one_line_refusal(rc, out, err), err
+    assert err == "hrt-translate: error: the following arguments are required: folder (see hrt-translate --help)\n"
+    for lenpen in (("--lenpen", "-0.5"), ("--lenpen=-0.5",)):
+        rc, out, err = _cli(exported_tiny["hrt"], *lenpen, "--beam", "2", "--max-len-b", "4", input_bytes=b"w4\nw5\n")
+        assert rc == 0 and len(out.splitlines()) == 2 and _said(err) == [], err
+    with pytest.raises(ValueError, match=rf"threads must be an integer from 1 to {CPUS} .*CPUs.*got {CPUS + 1}"):
+        Translator(exported_tiny["hrt"], threads=CPUS + 1)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_full_disk_is_one_line(exported_tiny):
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "hrt_runtime", exported_tiny["hrt"], "--beam", "1", "--max-len-b", "4"],
+            input=b"w4\n",
+            stdout=full,
+            stderr=subprocess.PIPE,
+            cwd=str(REPO),
+            env=cli_env(),
+            timeout=120,
+        )
+    said = _said(proc.stderr.decode())
+    assert proc.returncode == 1 and said == ["hrt-translate: error: cannot write the output: No space left on device"]
+
+
+def test_ctrl_c_keeps_the_output_and_is_one_line(exported_tiny):
+    """SIGINT while the command waits for more input: what was printed stays, one line, exit 130."""
+    proc = _runtime(
+        exported_tiny["hrt"],
+        "--beam",
+        "1",
+        "--max-len-b",
+        "4",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        proc.stdin.write(b"w4\n")
+        proc.stdin.flush()
+        first = proc.stdout.readline()  # translated and printed: the command now reads on
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert first.strip() and rest == b""
+    assert proc.returncode == 130 and _said(err.decode()) == ["hrt-translate: interrupted"], err

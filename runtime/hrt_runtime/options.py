@@ -10,9 +10,12 @@ finite float32: with ``|lenpen| <= 10`` and at most 1024 target positions,
 ``length ** lenpen`` lies within 1e-31..1e31.
 """
 
+import argparse
 import math
+import os
+import sys
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Collection, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -108,7 +111,21 @@ DECODING: Sequence[Option] = (
 )
 DECODING_BY_NAME: Dict[str, Option] = {option.name: option for option in DECODING}
 
-THREADS = Option("threads", int, 1, 1, 1024, "ONNX Runtime's threads per call")
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask where the system has one (a container
+    or ``taskset`` gives fewer than ``os.cpu_count()``), else ``os.cpu_count()``."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity masks (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+# more threads than CPUs only make the threads wait for each other (1024 on 2 cores was accepted)
+CPUS = usable_cpus()
+THREADS = Option(
+    "threads", int, 1, 1, CPUS, f"ONNX Runtime's threads per call, at most the {CPUS} CPUs this process may use"
+)
 BUFFER = Option("buffer_size", int, BUFFER_SIZE, 1, 10**7, "lines read before translating")
 
 
@@ -125,20 +142,90 @@ def decoding_values(**given) -> Dict[str, object]:
 
 def add_arguments(parser, options: Sequence[Option], **defaults):
     """``options`` as flags of an ``argparse`` parser (``defaults``: a command's own, by name).
-    Values are checked after parsing, with the flag as their name (:func:`check_arguments`)."""
+    Values are parsed as strings and converted and checked after parsing, with the flag as
+    their name (:func:`check_arguments`): ``--beam 2.5`` gets the range message, in one line,
+    instead of argparse's usage block."""
     for option in options:
         parser.add_argument(
             option.cli_flag,
             dest=option.name,
-            type=option.kind,
             default=defaults.get(option.name, option.default),
             help=f"{option.what} ({_number(option.low)} to {_number(option.high)}; default: %(default)s)",
         )
 
 
+def number_of(text, kind: type):
+    """A command-line value as ``kind`` (``int`` or ``float``); ``text`` itself where it is not
+    one, which :func:`check_number` then refuses with the range message. A default (not a
+    string) passes unchanged."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return kind(text)
+    except ValueError:
+        return text
+
+
 def check_arguments(args, options: Sequence[Option]) -> Dict[str, object]:
-    """The parsed values of ``options``, each checked (messages name the flag)."""
-    return {o.name: o.check(getattr(args, o.name), o.cli_flag) for o in options}
+    """The parsed values of ``options``, each converted (:func:`number_of`) and checked (messages name the flag)."""
+    return {o.name: o.check(number_of(getattr(args, o.name), o.kind), o.cli_flag) for o in options}
+
+
+def _flag_of(word: str, flags: Collection[str]) -> Optional[str]:
+    """The flag ``word`` names: itself, or the one flag it abbreviates (as argparse reads it)."""
+    if word in flags:
+        return word
+    if not word.startswith("--"):
+        return None
+    matches = [flag for flag in flags if flag.startswith(word)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def joined_values(argv: Sequence[str], numeric_flags: Collection[str], flags: Collection[str]) -> List[str]:
+    """``argv`` with ``--flag VALUE`` written ``--flag=VALUE`` where ``--flag`` (or an abbreviation
+    of it among ``flags``) is in ``numeric_flags`` and VALUE starts with one '-': argparse takes
+    ``-inf`` or ``-1e3`` for an option ("expected one argument"); joined, the value reaches the
+    option's check. A VALUE starting '--' is another flag; nothing after ``--`` is touched."""
+    out: List[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return out + list(argv[i:])
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        if value.startswith("-") and not value.startswith("--") and _flag_of(word, flags) in numeric_flags:
+            out.append(f"{word}={value}")
+            i += 2
+        else:
+            out.append(word)
+            i += 1
+    return out
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The runtime's commands' parser (:func:`command_parser`): every refusal is one line, as the
+    range messages are (argparse prints its usage block first), and a negative or non-finite
+    value of a numeric flag reaches the flag's check (:func:`joined_values`)."""
+
+    numeric_flags: Collection[str] = frozenset()
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(joined_values(args, self.numeric_flags, self._option_string_actions), namespace)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def command_parser(prog: str, description: str, options: Sequence[Option], **defaults) -> CommandParser:
+    """The parser of ``hrt-translate`` and ``hrt-serve``: the exported ``folder`` and ``options``'
+    flags (:func:`add_arguments`; ``defaults``: the command's own, by name). A command adds its
+    other flags, parses, then checks the values with :func:`check_arguments`."""
+    parser = CommandParser(prog=prog, description=description)
+    parser.add_argument("folder", help="a folder written by fairseq-hrt-export")
+    add_arguments(parser, options, **defaults)
+    parser.numeric_flags = frozenset(option.cli_flag for option in options)
+    return parser
 
 
 # hrt-serve's own settings (beside THREADS)

@@ -7,7 +7,6 @@ the model's source positions truncated (with a warning), empty lines translated 
 lines, batches left-padded.
 """
 
-import argparse
 import itertools
 import logging
 import os
@@ -26,8 +25,8 @@ from hrt_runtime.options import (
     DECODING,
     DECODING_BY_NAME,
     THREADS,
-    add_arguments,
     check_arguments,
+    command_parser,
     decoding_values,
 )
 from hrt_runtime.search import SearchConfig, hrt, left_to_right, mask_predict, position_cap
@@ -92,14 +91,24 @@ def check_min_len(min_len: int, max_len_a: float, max_len_b: int, chunk_size: in
     """Refuse ``min_len`` beyond every output's length limit before anything is read: with
     ``max_len_a`` 0 the limit does not depend on the input (fairseq's check comes per batch,
     after earlier batches were printed). Stage I at chunk size k makes at most ``max_len_b // k``
-    steps, and ``min_len`` counts its steps."""
+    steps, and ``min_len`` counts its steps. The message names the limit that binds: beyond the
+    model's positions (:func:`position_cap`) raising ``max_len_b`` would not help."""
     if max_len_a != 0:
         return
     stage1 = SearchConfig(max_len_b=max_len_b).for_chunk_size(chunk_size)
-    limit = min(stage1.max_len_b, position_cap(max_positions, chunk_size))
-    if min_len > limit:
-        stage = f" of stage I at chunk size {chunk_size} (max_len_b // {chunk_size})" if chunk_size > 1 else ""
-        raise ValueError(f"min_len {min_len} > {limit}, the longest output{stage}; lower min_len or raise max_len_b")
+    cap = position_cap(max_positions, chunk_size)
+    at = f" at chunk size {chunk_size}" if chunk_size > 1 else ""
+    if min_len > cap:
+        raise ValueError(
+            f"min_len {min_len} > {cap}, the longest output the model's {max_positions} target positions "
+            f"allow{at}; lower min_len"
+        )
+    if min_len > stage1.max_len_b:
+        stage = f" of stage I{at} (max_len_b // {chunk_size})" if chunk_size > 1 else ""
+        raise ValueError(
+            f"min_len {min_len} > {stage1.max_len_b}, the longest output{stage}; lower min_len or raise "
+            f"max_len_b to {min_len * chunk_size}"
+        )
 
 
 def _line_groups(lines: Iterator[str], size: int, name: str) -> Iterator[List[str]]:
@@ -342,38 +351,73 @@ class Translator:
         return out
 
 
+class OutputError(Exception):
+    """The output could not be written (a full disk): the command's one line, exit code 1."""
+
+
+def _print(lines: List[str]):
+    """``lines`` on standard output, flushed: this buffer is readable now, before the next one is
+    read. A write that fails (``> /dev/full``) is an :class:`OutputError`; a reader that went
+    away (``| head``) stays a ``BrokenPipeError``."""
+    try:
+        sys.stdout.write("".join(line + "\n" for line in lines))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise OutputError(f"cannot write the output: {e.strerror or e}") from None
+
+
+def _stdout_to_devnull():
+    """Standard output to /dev/null: what is still buffered for it cannot be written, and the
+    interpreter's last flush would print a second error."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def _translate(a):
+    """``hrt-translate``'s work, on parsed arguments ``a``."""
+    values = check_arguments(a, (BUFFER, *DECODING, THREADS))
+    if a.input != "-" and os.path.isdir(a.input):
+        raise ValueError(f"--input {a.input} is a folder; give a text file (or - for standard input)")
+    if a.input != "-" and not os.path.isfile(a.input):
+        raise FileNotFoundError(f"--input {a.input}: no such file")
+    translator = Translator(a.folder, threads=values["threads"])
+    options = translator.options(**{o.name: values[o.name] for o in DECODING})
+    name = "<stdin>" if a.input == "-" else a.input
+    groups = iter_line_groups(sys.stdin.buffer if a.input == "-" else a.input, values["buffer_size"], name=name)
+    for out in translator.translate_groups(groups, options, name, repair=False):
+        _print(out)
+
+
 def cli_main(argv=None):
-    p = argparse.ArgumentParser(
-        prog="hrt-translate",
-        description="Translate raw text (stdin or --input, one sentence "
+    p = command_parser(
+        "hrt-translate",
+        "Translate raw text (stdin or --input, one sentence "
         "per line) with a folder written by fairseq-hrt-export; needs only onnxruntime, numpy "
         "and sentencepiece. The input is read and translated --buffer-size lines at a time, "
         "and each buffer is printed as soon as it is translated.",
+        (BUFFER, *DECODING, THREADS),
     )
-    p.add_argument("folder")
     p.add_argument("--input", default="-", help="a text file (default: standard input)")
-    add_arguments(p, (BUFFER, *DECODING, THREADS))
-    a = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s | %(name)s | %(message)s")
     try:
-        values = check_arguments(a, (BUFFER, *DECODING, THREADS))
-        if a.input != "-" and os.path.isdir(a.input):
-            raise ValueError(f"--input {a.input} is a folder; give a text file (or - for standard input)")
-        if a.input != "-" and not os.path.isfile(a.input):
-            raise FileNotFoundError(f"--input {a.input}: no such file")
-        translator = Translator(a.folder, threads=values["threads"])
-        options = translator.options(**{o.name: values[o.name] for o in DECODING})
-        name = "<stdin>" if a.input == "-" else a.input
-        groups = iter_line_groups(sys.stdin.buffer if a.input == "-" else a.input, values["buffer_size"], name=name)
-        for out in translator.translate_groups(groups, options, name, repair=False):
-            sys.stdout.write("".join(line + "\n" for line in out))
-            sys.stdout.flush()  # this buffer is readable now, before the next one is read
+        a = p.parse_args(argv)
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s | %(name)s | %(message)s")
+        _translate(a)
     except (ValueError, FileNotFoundError, TypeError) as e:
         p.exit(2, f"hrt-translate: error: {e}\n")
+    except OutputError as e:
+        _stdout_to_devnull()
+        p.exit(1, f"hrt-translate: error: {e}\n")
     except BrokenPipeError:  # the reader went away (e.g. | head): nothing more to say
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _stdout_to_devnull()
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C: what was printed stays printed, without a traceback
+        try:
+            sys.stdout.flush()
+        except OSError:
+            _stdout_to_devnull()
+        p.exit(130, "hrt-translate: interrupted\n")
 
 
 if __name__ == "__main__":
