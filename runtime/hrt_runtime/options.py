@@ -267,7 +267,61 @@ SERVICE: Sequence[Option] = (
         30.0,
         0,
         3600,
-        "at SIGTERM, how long queued requests may still be translated; those left then are answered 503",
+        "at SIGTERM, how long queued requests may still be translated (the least work left first, /health "
+        "answering 503); those left then are answered 503",
+    ),
+    Option(
+        "workers",
+        int,
+        2,
+        1,
+        64,
+        "batches translated at once, each in a thread with --threads ONNX Runtime threads; with 2 or more, one "
+        "is kept for requests of one batch, so that long requests never hold them all",
+    ),
+    Option(
+        "max_batch_positions",
+        int,
+        65536,
+        1,
+        10**9,
+        "decoder positions per batch, at most (lines x beam x the length limit their options allow): a costly "
+        "request is cut into batches of this much work, between which others' batches come",
+    ),
+    Option(
+        "max_request_positions",
+        int,
+        2**20,
+        1,
+        10**12,
+        "decoder positions one request may cost, at most (lines x beam x the length limit its options allow; then 413)",
+    ),
+    Option(
+        "max_positions_in_flight",
+        int,
+        2**22,
+        1,
+        10**13,
+        "decoder positions of the requests admitted and not yet answered, at most (then 503); at least "
+        "--max-request-positions",
+    ),
+    Option(
+        "request_timeout",
+        float,
+        60.0,
+        0.001,
+        86400,
+        "seconds from a request's arrival to its deadline (a request's \"timeout\" may ask for less); then it is "
+        "answered 504 and its work stops between two decoder steps",
+    ),
+    Option("body_timeout", float, 10.0, 0.001, 3600, "seconds a request's body may take to arrive (then 408)"),
+    Option(
+        "idle_timeout",
+        float,
+        15.0,
+        0.001,
+        86400,
+        "seconds a connection may stay without a whole request (its headers included) before it is closed",
     ),
 )
 SERVICE_BY_NAME: Dict[str, Option] = {option.name: option for option in SERVICE}

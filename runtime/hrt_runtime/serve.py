@@ -52,7 +52,6 @@ of all rotating to nothing), then answers the rest 503, stops the batches runnin
   also gets one access-log line (id, lines, status, milliseconds).
 """
 
-import argparse
 import asyncio
 import collections
 import concurrent.futures
@@ -75,8 +74,8 @@ from hrt_runtime.options import (
     SERVICE_BY_NAME,
     THREADS,
     Option,
-    add_arguments,
     check_arguments,
+    command_parser,
 )
 from hrt_runtime.text_input import repair_lines
 from hrt_runtime.translator import CallOptions, Translator, batches_of
@@ -783,15 +782,14 @@ async def serve(app, host: str, port: int, announce) -> None:
 
 
 def cli_main(argv=None):
-    p = argparse.ArgumentParser(
-        prog="hrt-serve",
-        description="Serve a folder written by fairseq-hrt-export over HTTP: "
+    p = command_parser(
+        "hrt-serve",
+        "Serve a folder written by fairseq-hrt-export over HTTP: "
         'POST /translate {"text": [...], options}, GET /health, GET /info, GET /metrics. Needs onnxruntime, '
         "numpy, sentencepiece, aiohttp and prometheus_client (pip install './runtime[serve]'); no PyTorch.",
+        (*SERVICE, THREADS),
     )
-    p.add_argument("folder")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    add_arguments(p, (*SERVICE, THREADS))
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     access_log.setLevel(logging.INFO)

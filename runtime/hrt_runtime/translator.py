@@ -31,6 +31,7 @@ from hrt_runtime.options import (
 )
 from hrt_runtime.search import SearchConfig, hrt, left_to_right, mask_predict, position_cap
 from hrt_runtime.text_input import LineWarnings, check_sentences, iter_line_groups, repair_lines
+from hrt_runtime.work import line_positions, stoppable
 
 logger = logging.getLogger(__name__)
 
@@ -208,24 +209,47 @@ class Translator:
         b_nat: int = 1,
         iterations: int = 10,
         length_beam: int = 1,
+        stop=None,
     ):
-        """Hypotheses of a batch of encoded sources (left-padded here, as fairseq batches them)."""
+        """Hypotheses of a batch of encoded sources (left-padded here, as fairseq batches them).
+        ``stop``: asked before every decoder pass; once true, :class:`hrt_runtime.work.Stopped`."""
         pad = self.model.config["source_pad"]
         width = max(s.size for s in sources)
         src = np.full((len(sources), width), pad, np.int64)
         for i, s in enumerate(sources):
             src[i, width - s.size :] = s
-        encoded = self.model.encode(src)
+        model = stoppable(self.model, stop)
+        encoded = model.encode(src)
         banned = self.model.config["banned"]
         if self.model.kind == MASK_PREDICT:
             return mask_predict(
-                self.model, encoded, src, iterations, length_beam, config.max_len_a, config.max_len_b, banned
+                model, encoded, src, iterations, length_beam, config.max_len_a, config.max_len_b, banned
             )
         if self.model.kind == HRT:  # its length limit: hrt_runtime.search (position_cap), as every engine
-            return hrt(self.model, encoded, width, config, chunk_size, banned, b_nat=b_nat)
+            return hrt(model, encoded, width, config, chunk_size, banned, b_nat=b_nat)
         if chunk_size != 1:
             raise ValueError(f"chunk_size {chunk_size}: an AT model decodes left to right only (chunk_size 1)")
-        return left_to_right(self.model, encoded, width, config, banned)
+        return left_to_right(model, encoded, width, config, banned)
+
+    def positions(self, sources: Sequence[Optional[np.ndarray]], options: "CallOptions") -> List[int]:
+        """The decoder positions each encoded line may cost under ``options`` (0: an empty
+        line): :func:`hrt_runtime.work.line_positions`."""
+        model = self.model
+        return [
+            0
+            if s is None
+            else line_positions(
+                model.kind,
+                int(s.size),
+                options.search,
+                options.chunk_size,
+                options.b_nat,
+                options.iterations,
+                options.length_beam,
+                model.max_target_positions,
+            )
+            for s in sources
+        ]
 
     def chunk_size(self, chunk_size: Optional[int]) -> int:
         """The chunk size a call decodes with: ``chunk_size`` checked against the model (``None``:
@@ -324,12 +348,13 @@ class Translator:
         options: CallOptions,
         name: Optional[str] = "input",
         first_line: int = 1,
+        stop=None,
     ) -> List[str]:
         """The translations of encoded lines (:meth:`encode_lines`; ``None``: an empty line,
         translated to an empty line), decoded in batches of similar length (:func:`batches_of`).
         A batch its options refuse (``min_len`` beyond a limit that ``max_len_a`` makes depend
         on the batch's width) is named by its first line (``name``, numbered from ``first_line``;
-        ``None``: not named, the lines are not the caller's)."""
+        ``None``: not named, the lines are not the caller's). ``stop``: :meth:`search`'s."""
         out = [""] * len(sources)
         for batch in batches_of(sources, options):
             try:
@@ -340,6 +365,7 @@ class Translator:
                     options.b_nat,
                     options.iterations,
                     options.length_beam,
+                    stop=stop,
                 )
             except ValueError as e:
                 if name is None:
