@@ -310,14 +310,29 @@ def add_runtime_rows(table: Table, r: dict):
         "swapped": "config.json of another export (an HRT model of the same data) copied in",
         "no_file_list": "config.json's file list removed",
         "positions_edited": "config.json's max_source_positions edited to 4096",
+        "int8_zeroed": 'config.json given "int8": true (which once exempted the graphs and weights.bin from the '
+        "check), weights.bin zeroed",
+        "int8_other_weights": 'config.json given "int8": true, weights.bin of another export of the same architecture '
+        "copied in",
+        "graphs_swapped": "config.json's graphs step and step_top swapped (beam 1 once worked, beam 5 failed inside "
+        "ONNX Runtime)",
+        "layers_string": 'config.json\'s layers written as a string ("1")',
+        "spm_null": "config.json's sentencepiece_model set to null, the SentencePiece model still in the folder and "
+        "its file list (raw pieces once read with exit 0)",
+        "file_for_folder": "the folder's config.json given where the folder is expected",
     }
+    # what each message must tell the operator to do
+    advice = {"file_for_folder": "give the folder fairseq-hrt-export wrote"}
     for name, d in r["damaged"].items():
         table.add(
             f"damaged exported folder: {name}",
             f"{what[name]}, then hrt-translate",
             d["message"],
-            "nothing translated with it; the message says to export again",
-            d["message"].startswith("exit 2") and "export again" in d["message"],
+            f"nothing translated with it; one line that says to {advice.get(name, 'export again')}",
+            d["message"].startswith("exit 2")
+            and advice.get(name, "export again") in d["message"]
+            and d.get("stderr_lines", 1) == 1
+            and not d.get("traceback", False),
             **d,
         )
     k = r["killed_export"]

@@ -824,7 +824,48 @@ def runtime_and_service(work: Path) -> dict:
     run_cli(train_args(data.bin_dir, other, arch="hrt_tiny", max_update=2))
     run_cli(["fairseq_hrt.export.exporter", other / "checkpoint_last.pt", work / "rt" / "onnx-hrt"])
     shutil.copyfile(work / "rt" / "onnx-hrt" / "config.json", damaged["swapped"] / "config.json")
-    out["damaged"] = {name: {"message": relative(_runtime_error(path))} for name, path in damaged.items()}
+    # config.json's own lies: each once loaded, or failed in a message naming no file
+    other_at = work / "rt" / "ck-at-seed2"  # another export of the same architecture
+    run_cli(train_args(data.bin_dir, other_at, "--hrt-mode", "at", arch="at_tiny", max_update=3, seed=2))
+    run_cli(["fairseq_hrt.export.exporter", other_at / "checkpoint_last.pt", work / "rt" / "onnx-at-seed2"])
+    for name in ("int8_zeroed", "int8_other_weights", "graphs_swapped", "layers_string", "spm_null", "file_for_folder"):
+        copy = work / "rt" / f"onnx-{name}"
+        shutil.copytree(folder, copy)
+        config = json.loads((copy / "config.json").read_text())
+        if name == "int8_zeroed":
+            config["int8"] = True
+            with open(copy / "weights.bin", "r+b") as f:
+                f.write(bytes(size))
+        elif name == "int8_other_weights":
+            config["int8"] = True
+            shutil.copyfile(work / "rt" / "onnx-at-seed2" / "weights.bin", copy / "weights.bin")
+        elif name == "graphs_swapped":
+            graphs = config["graphs"]
+            graphs["step"], graphs["step_top"] = graphs["step_top"], graphs["step"]
+        elif name == "layers_string":
+            config["layers"] = str(config["layers"])
+        elif name == "spm_null":
+            config["sentencepiece_model"] = None
+        (copy / "config.json").write_text(json.dumps(config))
+        damaged[name] = copy / "config.json" if name == "file_for_folder" else copy
+
+    def refusal(path: Path) -> dict:  # _runtime_error's line, and whether it was the only one
+        proc = subprocess.run(
+            [sys.executable, "-m", "hrt_runtime", str(path), "--beam", "1", "--max-len-b", "5"],
+            input=b"a man rides a horse .\n",
+            capture_output=True,
+            env=cli_env(),
+            cwd=str(REPO),
+            timeout=300,
+        )
+        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        return {
+            "message": relative(f"exit {proc.returncode}: " + (err or [""])[-1]),
+            "stderr_lines": len(err),
+            "traceback": any("Traceback" in line for line in err),
+        }
+
+    out["damaged"] = {name: refusal(path) for name, path in damaged.items()}
 
     # an export SIGKILLed while its files move in, over an earlier export of another checkpoint
     killed = work / "rt" / "onnx-killed"

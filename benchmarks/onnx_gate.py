@@ -111,7 +111,8 @@ def main(argv=None):
     logit_bias = np.where(banned.numpy(), -np.inf, 0.0).astype(np.float32)
     folder = os.path.join(work, "onnx")
     export_model(model, task, folder, restricted=False)
-    runtime = ExportedModel(folder, threads=a.threads)  # the engine's and the deployed runtime's sessions
+    # the engine's and the deployed runtime's sessions
+    runtime = ExportedModel(folder, threads=a.threads, reads_text=False)
     rows_all = runtime.rows(None)
 
     rows = []

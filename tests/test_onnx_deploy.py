@@ -37,11 +37,13 @@ from fairseq_hrt.export.exporter import (
     _temporary_folder,  # noqa: E402
     cli_main,  # noqa: E402
     export_model,  # noqa: E402
+    quantize_folder,  # noqa: E402
 )
 from fairseq_hrt.generation.onnx_engine import _cached  # noqa: E402
 from fairseq_hrt.generation.quantize import quantize_int8  # noqa: E402
 from hrt_runtime import Translator  # noqa: E402
-from hrt_runtime.model import READABLE_VERSIONS, VERSION  # noqa: E402
+from hrt_runtime.integrity import DamagedFolderError, sha256_of  # noqa: E402
+from hrt_runtime.model import DECLARED_KEY, READABLE_VERSIONS, VERSION  # noqa: E402
 from tests.hrt_fixtures import (
     build_task_and_model,  # noqa: E402
     random_tiny_models,  # noqa: E402
@@ -542,12 +544,164 @@ def test_folder_errors(exported_random, tmp_path):
         Translator(str(folder))
 
 
+def _edited(folder, tmp_path, edit, name="edited"):
+    """A copy of ``folder`` with ``edit(copy, config)`` applied, config.json written back."""
+    copy = _copy(folder, tmp_path, name)
+    config = json.loads((copy / "config.json").read_text())
+    edit(copy, config)
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+def _zero(path):
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.write(bytes(size))
+
+
+def test_int8_in_config_json_exempts_no_file(exported_random, tmp_path):
+    """ "int8": true added to a float folder's config.json once switched off the check of the
+    graphs and weights.bin: zeroed weights then gave empty lines with exit code 0. Every listed
+    file is checked, an int8 export's too (its list made after quantizing)."""
+
+    def int8_zeroed(folder, config):
+        config["int8"] = True
+        _zero(folder / "weights.bin")
+
+    folder = _edited(exported_random["at"], tmp_path, int8_zeroed)
+    with pytest.raises(
+        DamagedFolderError, match=r"damaged file: weights.bin is not the file the export wrote .*\"int8\" added by hand"
+    ):
+        Translator(str(folder))
+    folder = _edited(exported_random["at"], tmp_path, lambda _, config: config.update(int8=True), "int8_flag")
+    with pytest.raises(DamagedFolderError, match=r"int8 flag disagrees with its file list .*; export again"):
+        Translator(str(folder))
+    int8 = tmp_path / "int8"
+    quantize_folder(exported_random["at"], str(int8))
+    assert Translator(str(int8)).translate(["w5 w6"], beam=1, max_len_b=4)[0]
+    _zero(int8 / "weights.bin")
+    with pytest.raises(DamagedFolderError, match=r"damaged file: weights.bin is not the file the export wrote"):
+        Translator(str(int8))
+
+
+def test_every_graph_is_checked_against_its_role(exported_random, tmp_path):
+    """Two graph names swapped in config.json's "graphs" once loaded, decoded at beam 1 and
+    failed at beam 5 inside ONNX Runtime (``Invalid input name: k``); each graph is now read at
+    load, its inputs and outputs against its role, its declared values against config.json."""
+
+    def swap(first, second):
+        def edit(_, config):
+            graphs = config["graphs"]
+            graphs[first], graphs[second] = graphs[second], graphs[first]
+
+        return edit
+
+    for kind, first, second, message in (
+        (
+            "at",
+            "step",
+            "step_top",
+            r"names step_top.onnx as the 'step' graph, which it is not \(inputs the role is "
+            r"not fed: k\); export again",
+        ),
+        (
+            "hrt",
+            "parallel",
+            "encoder",
+            r"names parallel.onnx as the 'encoder' graph, which it is not \(inputs the role is not fed: .*; inputs "
+            r"it lacks: src_tokens; 2 outputs, the role reads 3\); export again",
+        ),
+    ):
+        folder = _edited(exported_random[kind], tmp_path, swap(first, second), f"swapped-{kind}")
+        with pytest.raises(ValueError, match=message):
+            Translator(str(folder))
+
+    onnx = pytest.importorskip("onnx")
+
+    def restamp(folder, config):  # step.onnx of an export with other positions, listed as the export's
+        graph = onnx.load(str(folder / "step.onnx"), load_external_data=False)
+        entry = next(e for e in graph.metadata_props if e.key == DECLARED_KEY)
+        entry.value = json.dumps({**json.loads(entry.value), "max_source_positions": 4096})
+        onnx.save(graph, str(folder / "step.onnx"))
+        path = folder / "step.onnx"
+        config["files"]["step.onnx"] = {"bytes": path.stat().st_size, "sha256": sha256_of(str(path))}
+
+    def step_dropped(_, config):  # from "graphs" and from the file list
+        del config["graphs"]["step"], config["files"]["step.onnx"]
+
+    folder = _edited(exported_random["at"], tmp_path, step_dropped, "no-step")
+    with pytest.raises(ValueError, match=r"\"graphs\" has no step graph, which an AT model needs; export again"):
+        Translator(str(folder))
+    folder = _edited(exported_random["at"], tmp_path, restamp, "restamped")
+    with pytest.raises(ValueError, match=r"disagrees with its graphs on max_source_positions .*step.onnx 4096"):
+        Translator(str(folder))
+
+
+def test_a_mistyped_config_key_is_named(exported_random, tmp_path):
+    """``"layers": "1"`` once failed in a Python TypeError naming no file."""
+    folder = _copy(exported_random["at"], tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    for key, value, expected in (
+        ("layers", "1", r"'layers' must be an integer >= 0, not \"1\""),
+        ("banned", [1, "2"], r"'banned' must be a list of integers >= 0, not \[1, \"2\"\]"),
+        ("graphs", {"encoder": 3}, r"'graphs' must be an object of graph roles to file names in the folder"),
+        ("weights", "../weights.bin", r"'weights' must be a file name in the folder or null"),
+    ):
+        (folder / "config.json").write_text(json.dumps({**config, key: value}))
+        with pytest.raises(ValueError, match=re.escape(str(folder / "config.json")) + ": " + expected):
+            Translator(str(folder))
+
+
+def test_a_listed_file_config_json_does_not_name_is_refused(exported_random, tmp_path, caplog):
+    """``"sentencepiece_model": null`` beside the exported SentencePiece model once read raw
+    pieces with exit code 0; a folder exported without one (pieces) loads with a warning."""
+
+    def spm_dropped(folder, config):  # an export with a SentencePiece model, then the key set to null
+        (folder / "sentencepiece.model").write_bytes(b"a SentencePiece model")
+        config["files"]["sentencepiece.model"] = {"bytes": 21, "sha256": sha256_of(str(folder / "sentencepiece.model"))}
+        config["sentencepiece_model"] = None
+
+    folder = _edited(exported_random["at"], tmp_path, spm_dropped)
+    with pytest.raises(
+        DamagedFolderError,
+        match=r"lists sentencepiece.model among the exported files but does not "
+        r"name it .*; export again",
+    ):
+        Translator(str(folder))
+    folder = _edited(exported_random["at"], tmp_path, lambda _, config: config["graphs"].pop("greedy"), "no-greedy")
+    with pytest.raises(DamagedFolderError, match=r"lists greedy.onnx among the exported files but does not name it"):
+        Translator(str(folder))
+    with caplog.at_level(logging.WARNING, logger="hrt_runtime.model"):
+        Translator(exported_random["at"])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{exported_random['at']} has no SentencePiece model: its input is read as whitespace-separated pieces of "
+        "its source dictionary, and its output written as pieces"
+    ]
+
+
+def test_a_file_given_for_the_folder(exported_random):
+    config = os.path.join(exported_random["at"], "config.json")
+    with pytest.raises(FileNotFoundError, match=r"config.json is a file, not a folder: give the folder"):
+        Translator(config)
+    rc, out, err = _cli(config, input_text="w1\n")
+    assert (
+        rc == 2
+        and out == ""
+        and err.strip().splitlines()
+        == [
+            f"hrt-translate: error: {config} is a file, not a folder: give the folder fairseq-hrt-export wrote (the "
+            "one holding config.json)"
+        ]
+    )
+
+
 def test_a_folder_of_the_previous_version_decodes_without_the_loop(exported_random, tmp_path):
     """A version-3 folder (exported before greedy.onnx) still translates, the search making
     its own steps, to the same output; the engine's cache exports such a folder again."""
     folder = _copy(exported_random["hrt"], tmp_path)
     config = json.loads((folder / "config.json").read_text())
     del config["graphs"]["greedy"]
+    del config["files"]["greedy.onnx"]  # a listed file config.json does not name is refused
     (folder / "config.json").write_text(json.dumps({**config, "version": 3}))
     lines = ["w1 w2 w3", "w4 w5 w6 w7 w8"]
     current, previous = Translator(exported_random["hrt"]), Translator(str(folder))

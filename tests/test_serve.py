@@ -219,7 +219,9 @@ def test_the_command_line_serves_and_refuses_clearly(exported_tiny, tmp_path):
         with socket.create_connection(("127.0.0.1", port)):  # the port is taken: a second service says so
             taken = _serve_cli(exported_tiny["at"], "--port", str(port))
         assert taken.returncode == 1 and taken.stdout == "", taken
-        assert taken.stderr.strip().splitlines() == [taken.stderr.strip()]  # one line
+        # one line, but the warning logged at load (the tiny folder has no SentencePiece model: pieces)
+        said = [line for line in taken.stderr.strip().splitlines() if " | WARNING | " not in line]
+        assert len(said) == 1, taken.stderr
         assert (
             f"hrt-serve: error: cannot listen on 127.0.0.1:{port}" in taken.stderr and "Traceback" not in taken.stderr
         )

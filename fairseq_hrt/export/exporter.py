@@ -47,7 +47,7 @@ from fairseq_hrt.generation.search_rules import banned_symbols
 from fairseq_hrt.models.cmlm_transformer import CMLMTransformerModel
 from fairseq_hrt.models.kinds import family_of, unwrap
 from fairseq_hrt.symbols import find_sentencepiece_model
-from hrt_runtime.integrity import FILES, FILES_INT8, list_files
+from hrt_runtime.integrity import FILES, FILES_INT8, OUTPUT_BIAS, OUTPUT_WEIGHT, list_files
 from hrt_runtime.model import (  # the runtime reads what this writes: defined once
     DECLARED_KEY,
     FORMAT,
@@ -433,11 +433,11 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
             )
 
     share_weights(tmp, list(files.values()))
-    # the output rows as arrays: a shortlist gathers its rows from them once per batch
-
-    np.save(os.path.join(tmp, "output_weight.npy"), decoder.output_projection.weight.float().numpy())
+    # the output rows as arrays: a shortlist gathers its rows from them once per batch (the only
+    # files config.json does not name: hrt_runtime.integrity.AUXILIARY)
+    np.save(os.path.join(tmp, OUTPUT_WEIGHT), decoder.output_projection.weight.float().numpy())
     if getattr(decoder.output_projection, "bias", None) is not None:
-        np.save(os.path.join(tmp, "output_bias.npy"), decoder.output_projection.bias.float().numpy())
+        np.save(os.path.join(tmp, OUTPUT_BIAS), decoder.output_projection.bias.float().numpy())
     src_lang, tgt_lang = (
         getattr(task.cfg, "source_lang", None) or "src",
         getattr(task.cfg, "target_lang", None) or "tgt",
@@ -528,7 +528,9 @@ def record_files(folder: str, config: Dict) -> None:
     """List in ``config`` every file of the finished export in ``folder`` with its size and
     SHA-256: the runtime compares them when it opens the folder
     (:func:`hrt_runtime.integrity.check_folder`), so a truncated or altered file, or a
-    config.json of another export, is named at load instead of failing or translating wrongly."""
+    config.json of another export, is named at load instead of failing or translating wrongly.
+    Called on the finished files (an int8 folder's after quantization: :func:`quantize_folder`),
+    with the ``"int8"`` they were listed for, which the runtime requires to be config.json's."""
     config[FILES] = list_files(folder)
     config[FILES_INT8] = bool(config.get("int8"))
 
@@ -556,7 +558,9 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
     os.makedirs(out_dir, exist_ok=True)
     tmp = _temporary_folder(out_dir, ".int8-")
     graphs = set(config["graphs"].values())
-    for name in os.listdir(folder):
+    # the export's own files only: one left in the folder by an earlier export would be listed,
+    # and the runtime refuses a listed file that config.json does not name
+    for name in sorted(config.get(FILES) or os.listdir(folder)):
         source = os.path.join(folder, name)
         if name in graphs:
             with warnings.catch_warnings(), _quiet_root_logger():
@@ -574,7 +578,9 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
     share_weights(tmp, sorted(graphs))
     config = dict(config, int8=True)
     stamp_graphs(tmp, config)  # quantization may drop a graph's metadata
-    _finish(tmp, out_dir, config)  # the int8 graphs' and weights' own sizes and checksums
+    # the list made again, of the int8 graphs and weights.bin (not the float folder's, which the
+    # runtime once exempted them from, and with them any weights.bin beside an edited "int8")
+    _finish(tmp, out_dir, config)
     return config
 
 

@@ -20,7 +20,12 @@ import threading
 from typing import Dict, List
 
 FILES = "files"  # config.json's key: {name: {"bytes": int, "sha256": hex}}
-FILES_INT8 = "files_int8"  # whether the list was made for an int8 folder (see check_folder)
+# whether the list was made for an int8 folder: the exporter records it with the list, after the
+# graphs and weights.bin are quantized, so it equals config.json's "int8" (see check_folder)
+FILES_INT8 = "files_int8"
+# the files an export writes that config.json does not name: the output layer's rows (shortlists)
+OUTPUT_WEIGHT, OUTPUT_BIAS = "output_weight.npy", "output_bias.npy"
+AUXILIARY = (OUTPUT_WEIGHT, OUTPUT_BIAS)
 
 _verified: Dict[tuple, str] = {}  # (path, size, mtime_ns, inode) -> SHA-256 already computed
 _verified_lock = threading.Lock()
@@ -69,13 +74,44 @@ def _advice(folder: str) -> str:
     )
 
 
+def named_files(config: Dict) -> List[str]:
+    """The files ``config`` names: its graphs, dictionaries, SentencePiece model and weights."""
+    names = [
+        *config.get("graphs", {}).values(),
+        config.get("source_dictionary"),
+        config.get("target_dictionary"),
+        config.get("sentencepiece_model"),
+        config.get("weights"),
+    ]
+    return [name for name in names if name]
+
+
+def _int8_note(config: Dict) -> str:
+    """Why the list may disagree with the files, when config.json's ``"int8"`` is not the one
+    the list was made with (empty when they agree)."""
+    int8, listed_int8 = bool(config.get("int8")), bool(config.get(FILES_INT8, False))
+    if int8 == listed_int8:
+        return ""
+    if int8:
+        return (
+            ' (config.json says "int8": true, but its file list is a float folder\'s: "int8" added by hand, or an '
+            "int8 folder of a fairseq-hrt-export that listed its files before quantizing them)"
+        )
+    return ' (config.json says the folder is float, but its file list is an int8 folder\'s: "int8" edited by hand)'
+
+
 def check_folder(folder: str, config: Dict, checksums: bool = True) -> None:
     """Raise :class:`DamagedFolderError` unless every file ``config`` lists has its recorded
-    size (and, with ``checksums``, SHA-256). A folder without the list (exported before it
-    existed, or its config.json edited) is refused: nothing would then say that its files are
-    the export's (2 MB of zeroed weights translated into garbage with exit code 0). An int8
-    copy made from a float folder's ``config.json`` (its list made before the graphs and
-    ``weights.bin`` were quantized) has the files it copied unchanged checked."""
+    size (and, with ``checksums``, SHA-256), every file it names is listed, and every listed
+    file is named (or is one of the export's :data:`AUXILIARY` files). A folder without the
+    list (exported before it existed, or its config.json edited) is refused: nothing would
+    then say that its files are the export's (2 MB of zeroed weights translated into garbage
+    with exit code 0). Nothing config.json says exempts a listed file: ``"int8": true`` added
+    to a float folder once skipped the graphs and ``weights.bin``; the exporter lists an int8
+    folder's files after quantizing them, so an int8 folder whose list is a float one's (an
+    older export's) is refused, to be exported again. A listed file that config.json does not
+    name (``"sentencepiece_model": null`` beside the exported ``.model``, a graph dropped from
+    ``"graphs"``) is refused too: the folder would run without it, e.g. read raw pieces."""
     recorded = config.get(FILES)
     if recorded is None:
         raise DamagedFolderError(
@@ -86,26 +122,23 @@ def check_folder(folder: str, config: Dict, checksums: bool = True) -> None:
         for e in recorded.values()
     ):
         raise DamagedFolderError(f"{folder}: config.json's list of files is unreadable; {_advice(folder)}")
-    rewritten = set()
-    if bool(config.get("int8")) != bool(config.get(FILES_INT8, False)):
-        rewritten = set(config.get("graphs", {}).values()) | {config.get("weights")}
-    named = [
-        *config.get("graphs", {}).values(),
-        config.get("source_dictionary"),
-        config.get("target_dictionary"),
-        config.get("sentencepiece_model"),
-        config.get("weights"),
-    ]
-    unlisted = [n for n in named if n and n not in recorded and n not in rewritten]
+    named = named_files(config)
+    unlisted = [n for n in named if n not in recorded]
     if unlisted:
         raise DamagedFolderError(
             f"{folder}: config.json names {', '.join(unlisted)} "
             f"but does not list {'it' if len(unlisted) == 1 else 'them'} "
             f"among the exported files (a config.json of another export?); {_advice(folder)}"
         )
-    checked = [n for n in recorded if n not in rewritten]
+    unnamed = [n for n in recorded if n not in named and n not in AUXILIARY]
+    if unnamed:
+        raise DamagedFolderError(
+            f"{folder}: config.json lists {', '.join(unnamed)} among the exported files but does not name "
+            f'{"it" if len(unnamed) == 1 else "them"} (its "graphs" or "sentencepiece_model" edited?), so the '
+            f"folder would run without {'it' if len(unnamed) == 1 else 'them'}; {_advice(folder)}"
+        )
     damaged: List[str] = []
-    for name in checked:
+    for name in recorded:
         path = os.path.join(folder, name)
         want = recorded[name]["bytes"]
         if not os.path.isfile(path):
@@ -117,15 +150,20 @@ def check_folder(folder: str, config: Dict, checksums: bool = True) -> None:
                 f"{name} has {size} bytes, the export wrote {want}" + (" (truncated)" if size < want else "")
             )
     if not damaged and checksums:
-        for name in checked:
+        for name in recorded:
             if _cached_sha256(os.path.join(folder, name)) != recorded[name]["sha256"]:
                 damaged.append(f"{name} is not the file the export wrote (its SHA-256 differs; same size)")
+    note = _int8_note(config)
+    if not damaged and note:
+        raise DamagedFolderError(
+            f"{folder}: config.json's int8 flag disagrees with its file list{note}; {_advice(folder)}"
+        )
     if not damaged:
         return
     if len(damaged) > 1:
         raise DamagedFolderError(
             f"{folder}: config.json does not describe the files beside it ({'; '.join(damaged[:3])}"
-            f"{'; ...' if len(damaged) > 3 else ''}): a config.json of another export, files of "
+            f"{'; ...' if len(damaged) > 3 else ''}){note}: a config.json of another export, files of "
             f"two exports mixed, or damaged files; {_advice(folder)}"
         )
-    raise DamagedFolderError(f"{folder}: damaged file: {'; '.join(damaged)}; {_advice(folder)}")
+    raise DamagedFolderError(f"{folder}: damaged file: {'; '.join(damaged)}{note}; {_advice(folder)}")

@@ -4,13 +4,18 @@ Only ``numpy`` and ``onnxruntime``: this is what a deployed model runs on.
 """
 
 import json
+import logging
 import os
 import threading
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from hrt_runtime.integrity import check_folder
+from hrt_runtime.families import AT, DESCRIPTION, HRT, MASK_PREDICT
+from hrt_runtime.integrity import OUTPUT_BIAS, OUTPUT_WEIGHT, check_folder, named_files
+from hrt_runtime.onnx_proto import GraphInfo, read_graph_info
+
+logger = logging.getLogger(__name__)
 
 # 3: the non-causal pass takes its query columns (its last layer computed there only);
 # 4: greedy.onnx, the greedy search as one Loop (a folder of version 3 decodes without it);
@@ -114,6 +119,105 @@ def loop_state_name(past_name: str) -> str:
 # their activations are quantized with one scale per batch, which rows that ended would change
 LOOP_ROWS, LOOP_ROWS_INT8 = 2, 1
 
+# the graphs of a folder by role (config.json's "graphs"): what ExportedModel feeds each and how
+# many outputs it reads (encode, step, greedy_loop, parallel), checked at load for every graph: a
+# config.json whose "graphs" named step_top.onnx as "step" (and step.onnx as "step_top") loaded,
+# decoded at beam 1, then failed at beam 5 inside ONNX Runtime (``Invalid input name: k``)
+RESTRICTED = "_restricted"  # a shortlist's graph: also fed the output rows
+ROLES = ("encoder", "step", "step_top", "parallel", "greedy")
+KNOWN_ROLES = (*ROLES, *(role + RESTRICTED for role in ROLES if role != "encoder"))
+NEEDED_ROLES = {
+    AT: ("encoder", "step", "step_top"),
+    HRT: ("encoder", "step", "step_top", "parallel"),
+    MASK_PREDICT: ("encoder", "parallel"),
+}
+
+
+def encoder_side_names(layers: int) -> List[str]:
+    """The inputs every decoder graph takes from the encoder (:meth:`Encoded.feeds`)."""
+    return ["encoder_bias", *(f"enc_k{i}" for i in range(layers)), *(f"enc_v{i}" for i in range(layers))]
+
+
+def past_names_of(config: Dict) -> List[str]:
+    """A step's state inputs: per layer keys and values, or an SSRU decoder's cell."""
+    layers = config["layers"]
+    if config.get("recurrent"):
+        return [f"past_c{i}" for i in range(layers)]
+    return [f"past_k{i}" for i in range(layers)] + [f"past_v{i}" for i in range(layers)]
+
+
+def graph_signature(config: Dict, role: str) -> Optional[Tuple[FrozenSet[str], int]]:
+    """The input names :class:`ExportedModel` feeds the graph of ``role`` and the number of
+    outputs it reads (``None``: a role it does not run)."""
+    base = role[: -len(RESTRICTED)] if role.endswith(RESTRICTED) else role
+    rows = ("out_weight", "out_bias") if base != role else ()  # OutputRows.feeds
+    encoder, past = encoder_side_names(config["layers"]), past_names_of(config)
+    if role == "encoder":  # a length predictor's log-probabilities last (Mask-Predict)
+        return frozenset(["src_tokens"]), 1 + 2 * config["layers"] + (1 if config.get("length_classes") else 0)
+    if base in ("step", "step_top"):
+        relative = ["buckets"] if config.get("relative_window", 0) > 0 else []
+        top = ["k"] if base == "step_top" else []
+        names = ["tokens", "position", "logit_bias", *relative, *encoder, *past, *rows, *top]
+        return frozenset(names), 2 + len(past)
+    if base == "parallel":
+        return frozenset(["tokens", "positions", "queries", "select", "logit_bias", *encoder, *rows]), 2
+    if base == "greedy":
+        initial = [loop_state_name(name) for name in past]
+        return frozenset(["start", *LOOP_SETTINGS, *encoder, *initial, *(LOOP_ROWS_INPUTS if rows else ())]), 2
+    return None
+
+
+def _names(names) -> str:
+    return ", ".join(sorted(names)) or "none"
+
+
+def check_role(folder: str, config: Dict, role: str, name: str, info: GraphInfo) -> None:
+    """Refuse the graph file ``name`` (``info``: its inputs and outputs) unless it takes the
+    inputs and gives the outputs the runtime feeds and reads for ``role``."""
+    expected = graph_signature(config, role)
+    if expected is None:
+        raise ValueError(
+            f'{folder}: config.json\'s "graphs" names {name} as {role!r}, a role this runtime does not run '
+            f"({', '.join(KNOWN_ROLES)}); export again (config.json was edited, or comes from another export)"
+        )
+    inputs, outputs = expected
+    found = set(info.inputs)
+    differ = [
+        *([f"inputs the role is not fed: {_names(found - inputs)}"] if found - inputs else []),
+        *([f"inputs it lacks: {_names(inputs - found)}"] if inputs - found else []),
+        *([f"{len(info.outputs)} outputs, the role reads {outputs}"] if len(info.outputs) != outputs else []),
+    ]
+    if differ:
+        raise ValueError(
+            f'{folder}: config.json\'s "graphs" names {name} as the {role!r} graph, which it is not '
+            f"({'; '.join(differ)}); export again (config.json was edited, or comes from another export)"
+        )
+
+
+def check_graph_roles(folder: str, config: Dict) -> None:
+    """Every graph of ``config``'s ``"graphs"`` read (its inputs, outputs and metadata, without
+    a session: :mod:`hrt_runtime.onnx_proto`) and checked: the declared values it carries
+    (:func:`check_declared`) and its role (:func:`check_role`); and the roles the model's kind
+    needs all present."""
+    graphs = config["graphs"]
+    missing = [role for role in NEEDED_ROLES.get(config["kind"], ("encoder",)) if role not in graphs]
+    if missing:
+        raise ValueError(
+            f'{folder}: config.json\'s "graphs" has no {", ".join(missing)} graph, which '
+            f"{DESCRIPTION.get(config['kind'], 'a ' + config['kind'] + ' model')} needs; export again (config.json was "
+            "edited, or comes from another export)"
+        )
+    for role, name in graphs.items():
+        try:
+            info = read_graph_info(os.path.join(folder, name))
+        except ValueError as e:
+            raise ValueError(
+                f"{folder}: {name} (the {role!r} graph) is not an ONNX graph ({e}); export again"
+            ) from None
+        check_declared(folder, config, name, info.metadata)
+        check_role(folder, config, role, name, info)
+
+
 REQUIRED = (
     "kind",
     "layers",
@@ -137,10 +241,94 @@ REQUIRED = (
 )
 
 
+# the type of every config.json key the runtime reads, checked at load: a value of another type
+# (``"layers": "1"``) once failed later in a Python TypeError that named no file
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value) -> bool:
+    return _is_int(value) and value >= 0
+
+
+def _file_name(value) -> bool:
+    """A file of the folder itself: config.json names no path outside it."""
+    return isinstance(value, str) and value not in ("", ".", "..") and os.path.basename(value) == value
+
+
+def _optional(check: Callable) -> Callable:
+    return lambda value: value is None or check(value)
+
+
+def _counts(value) -> bool:
+    return isinstance(value, list) and all(_count(v) for v in value)
+
+
+def _graph_names(value) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and _file_name(v) for k, v in value.items())
+
+
+def _chunk_starts(value) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and k.isdigit() and _count(v) for k, v in value.items())
+
+
+KEY_TYPES: Dict[str, Tuple[Callable, str]] = {
+    **{
+        key: (_count, "an integer >= 0")
+        for key in (
+            "layers",
+            "heads",
+            "head_dim",
+            "vocab_size",
+            "max_target_positions",
+            "max_source_positions",
+            "pad",
+            "eos",
+            "unk",
+            "source_eos",
+            "source_pad",
+            "source_unk",
+            "relative_window",
+            "cell_dim",
+            "length_classes",
+        )
+    },
+    "kind": (lambda v: isinstance(v, str), "a string"),
+    "bos": (_optional(_count), "an integer >= 0 or null"),
+    "mask": (_optional(_count), "an integer >= 0 or null"),
+    "recurrent": (lambda v: isinstance(v, bool), "true or false"),
+    "int8": (lambda v: isinstance(v, bool), "true or false"),
+    "chunk_start": (_chunk_starts, "an object of chunk sizes (strings of digits) to integers >= 0"),
+    "trained_chunk_sizes": (_counts, "a list of integers >= 0"),
+    "banned": (_counts, "a list of integers >= 0"),
+    "source_dictionary": (_file_name, "a file name in the folder"),
+    "target_dictionary": (_file_name, "a file name in the folder"),
+    "sentencepiece_model": (_optional(_file_name), "a file name in the folder or null"),
+    "weights": (_optional(_file_name), "a file name in the folder or null"),
+    "graphs": (_graph_names, "an object of graph roles to file names in the folder"),
+    "parameters_sha256": (_optional(lambda v: isinstance(v, str)), "a string or null"),
+}
+
+
+def check_types(path: str, config: Dict) -> None:
+    """Refuse a ``config.json`` (at ``path``) with a key the runtime reads of another type,
+    naming the key, the type it must have and the value found."""
+    for key, (check, expected) in KEY_TYPES.items():
+        if key in config and not check(config[key]):
+            raise ValueError(
+                f"{path}: {key!r} must be {expected}, not {json.dumps(config[key])[:80]}; export again "
+                "(config.json was edited, or comes from another export)"
+            )
+
+
 def read_config(folder: str) -> Dict:
     """The ``config.json`` of an exported folder, checked: a folder of this format and version,
     with every key and every file it names, each file as the export wrote it
     (:func:`hrt_runtime.integrity.check_folder`)."""
+    if os.path.isfile(folder):
+        raise FileNotFoundError(  # what the commands report in one line, as for a missing folder
+            f"{folder} is a file, not a folder: give the folder fairseq-hrt-export wrote (the one holding config.json)"
+        )
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{folder}: no such folder (the output folder of fairseq-hrt-export)")
     path = os.path.join(folder, "config.json")
@@ -166,11 +354,8 @@ def read_config(folder: str) -> Dict:
     missing = [key for key in REQUIRED if key not in config]
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}; export the checkpoint again")
-    files = [*config["graphs"].values(), config["source_dictionary"], config["target_dictionary"]]
-    for optional in ("sentencepiece_model", "weights"):
-        if config.get(optional):
-            files.append(config[optional])
-    absent = [name for name in files if not os.path.isfile(os.path.join(folder, name))]
+    check_types(path, config)
+    absent = [name for name in named_files(config) if not os.path.isfile(os.path.join(folder, name))]
     if absent:
         raise FileNotFoundError(
             f"{folder}: config.json names {', '.join(absent)}, which "
@@ -252,9 +437,12 @@ class StepState:
 
 class ExportedModel:
     """The sessions of an exported folder, made on first use. ``threads``: ONNX Runtime's
-    intra-op threads (inter-op 1: the graphs are chains of operators; workers do not spin)."""
+    intra-op threads (inter-op 1: the graphs are chains of operators; workers do not spin).
+    ``reads_text``: its caller gives it text (:class:`~hrt_runtime.translator.Translator`), so a
+    folder without a SentencePiece model (read as pieces) is said in a warning at load; fairseq's
+    engine, which gives it token ids, passes ``False``."""
 
-    def __init__(self, folder: str, threads: int = 1):
+    def __init__(self, folder: str, threads: int = 1, reads_text: bool = True):
         import onnxruntime as ort  # noqa: PLC0415 - optional: onnxruntime
 
         self.folder = folder
@@ -296,11 +484,16 @@ class ExportedModel:
         # the step's state: per layer keys and values, or an SSRU decoder's cell
         self.recurrent = bool(c.get("recurrent", False))
         self.cell_dim = int(c.get("cell_dim", 0))
-        if self.recurrent:
-            self.past_names = [f"past_c{i}" for i in range(self.layers)]
-        else:
-            self.past_names = [f"past_k{i}" for i in range(self.layers)] + [f"past_v{i}" for i in range(self.layers)]
+        self.past_names = past_names_of(c)
         self.check_graphs()
+        if reads_text and not c.get("sentencepiece_model"):
+            # a legitimate folder (exported without a SentencePiece model, as the tests' random
+            # models are), said once, as a folder of the other kind reads raw text
+            logger.warning(
+                "%s has no SentencePiece model: its input is read as whitespace-separated pieces of its source "
+                "dictionary, and its output written as pieces",
+                folder,
+            )
 
     def runner(self, graph: str):
         """``feeds -> outputs`` of a graph's session: the session's own run without the Python
@@ -322,13 +515,12 @@ class ExportedModel:
         return found
 
     def check_graphs(self):
-        """The declared values of ``config.json`` against the encoder graph (made now: every
-        translation needs it): its shapes, and the values it carries (:func:`check_declared`)."""
-        session = self.session("encoder")
-        check_shapes(self.folder, self.config, session.get_outputs())
-        check_declared(
-            self.folder, self.config, self.config["graphs"]["encoder"], session.get_modelmeta().custom_metadata_map
-        )
+        """Every graph against its role and the values ``config.json`` declares
+        (:func:`check_graph_roles`, without sessions: a session per graph would keep every
+        graph's weights), and the encoder's session (made now: every translation needs it)
+        against the declared shapes (:func:`check_shapes`)."""
+        check_graph_roles(self.folder, self.config)
+        check_shapes(self.folder, self.config, self.session("encoder").get_outputs())
 
     def session(self, graph: str):
         with self._sessions_lock:
@@ -487,8 +679,8 @@ class ExportedModel:
         """The output projection's weight ``(V, C)`` (memory-mapped) and bias ``(V,)`` (zeros
         when it has none), read from ``output_weight.npy`` / ``output_bias.npy`` once."""
         if self._output_layer is None:
-            weight = np.load(os.path.join(self.folder, "output_weight.npy"), mmap_mode="r")
-            bias_path = os.path.join(self.folder, "output_bias.npy")
+            weight = np.load(os.path.join(self.folder, OUTPUT_WEIGHT), mmap_mode="r")
+            bias_path = os.path.join(self.folder, OUTPUT_BIAS)
             bias = (
                 np.load(bias_path).astype(np.float32)
                 if os.path.isfile(bias_path)
