@@ -56,7 +56,7 @@ def backend_of(engine: str, model, task, threads: int, int8: bool = False):
     gives the backend's encoding of a batch. ``int8``: ONNX Runtime's int8 copy of the export."""
     tgt = task.target_dictionary
     if engine == "onnxruntime":
-        backend = ExportedModel(exported_folder(model, task, int8=int8), threads=threads, reads_text=False)
+        backend = ExportedModel(exported_folder(model, task, int8=int8), threads=threads)
         return backend, backend.encode
     if int8:
         raise ValueError(f"int8 backends are ONNX Runtime's; the {engine} engine runs float here")

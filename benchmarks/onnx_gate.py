@@ -112,7 +112,7 @@ def main(argv=None):
     folder = os.path.join(work, "onnx")
     export_model(model, task, folder, restricted=False)
     # the engine's and the deployed runtime's sessions
-    runtime = ExportedModel(folder, threads=a.threads, reads_text=False)
+    runtime = ExportedModel(folder, threads=a.threads)
     rows_all = runtime.rows(None)
 
     rows = []

@@ -262,7 +262,7 @@ def main(argv: Optional[List[str]] = None):
     import onnxruntime  # noqa: PLC0415 - optional: onnxruntime
 
     short, long = (int(x) for x in args.steps.split(","))
-    model = ExportedModel(args.onnx, threads=args.threads, reads_text=False)
+    model = ExportedModel(args.onnx, threads=args.threads)
     source = source_ids(model, args.source_length)
     report = {
         "folder": os.path.relpath(args.onnx, args.out_dir),

@@ -96,7 +96,7 @@ class OnnxRuntimeGenerator(SearchGenerator):
             folder = given_folder(ctx.options.onnx_model, model, ctx.options.quantize == "int8")
         else:
             folder = exported_folder(model, ctx.task, int8=ctx.options.quantize == "int8")
-        runtime = ExportedModel(folder, threads=torch.get_num_threads(), reads_text=False)  # fairseq gives it ids
+        runtime = ExportedModel(folder, threads=torch.get_num_threads())
         super().__init__(runtime, ctx.task.target_dictionary, config, banned, ctx.shortlist, **kwargs)
         self.model = model
         self.runtime = runtime

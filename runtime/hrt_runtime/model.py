@@ -4,7 +4,6 @@ Only ``numpy`` and ``onnxruntime``: this is what a deployed model runs on.
 """
 
 import json
-import logging
 import os
 import threading
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
@@ -14,8 +13,6 @@ import numpy as np
 from hrt_runtime.families import AT, DESCRIPTION, HRT, MASK_PREDICT
 from hrt_runtime.integrity import OUTPUT_BIAS, OUTPUT_WEIGHT, check_folder, named_files
 from hrt_runtime.onnx_proto import GraphInfo, read_graph_info
-
-logger = logging.getLogger(__name__)
 
 # 3: the non-causal pass takes its query columns (its last layer computed there only);
 # 4: greedy.onnx, the greedy search as one Loop (a folder of version 3 decodes without it);
@@ -437,12 +434,9 @@ class StepState:
 
 class ExportedModel:
     """The sessions of an exported folder, made on first use. ``threads``: ONNX Runtime's
-    intra-op threads (inter-op 1: the graphs are chains of operators; workers do not spin).
-    ``reads_text``: its caller gives it text (:class:`~hrt_runtime.translator.Translator`), so a
-    folder without a SentencePiece model (read as pieces) is said in a warning at load; fairseq's
-    engine, which gives it token ids, passes ``False``."""
+    intra-op threads (inter-op 1: the graphs are chains of operators; workers do not spin)."""
 
-    def __init__(self, folder: str, threads: int = 1, reads_text: bool = True):
+    def __init__(self, folder: str, threads: int = 1):
         import onnxruntime as ort  # noqa: PLC0415 - optional: onnxruntime
 
         self.folder = folder
@@ -486,14 +480,6 @@ class ExportedModel:
         self.cell_dim = int(c.get("cell_dim", 0))
         self.past_names = past_names_of(c)
         self.check_graphs()
-        if reads_text and not c.get("sentencepiece_model"):
-            # a legitimate folder (exported without a SentencePiece model, as the tests' random
-            # models are), said once, as a folder of the other kind reads raw text
-            logger.warning(
-                "%s has no SentencePiece model: its input is read as whitespace-separated pieces of its source "
-                "dictionary, and its output written as pieces",
-                folder,
-            )
 
     def runner(self, graph: str):
         """``feeds -> outputs`` of a graph's session: the session's own run without the Python

@@ -162,6 +162,12 @@ class Translator:
             self.spm = sentencepiece.SentencePieceProcessor(
                 model_file=os.path.join(folder, config["sentencepiece_model"])
             )
+        else:  # a folder exported without one (docs/deploy.md, "pieces mode"), said once at load
+            logger.warning(
+                "%s has no SentencePiece model: its input is read as whitespace-separated pieces of its source "
+                "dictionary, and its output written as pieces",
+                folder,
+            )
         self.max_source_tokens = int(config["max_source_positions"])
 
     def encode(self, line: str, warnings: Optional[LineWarnings] = None, lineno: int = 0) -> np.ndarray:
