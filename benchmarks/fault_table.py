@@ -22,10 +22,15 @@ Every row is a run of this script on tiny models (CPU, one thread per process, m
 * the **deployed runtime and service** (``--cases runtime``, about 2 minutes): the bad input
   lines through ``hrt-translate``; exported folders damaged (``weights.bin`` truncated, zeroed
   at the same size, a ``config.json`` of another export, without its file list, with its
-  positions edited); ``fairseq-hrt-export`` SIGKILLed over an earlier export; 8 threads on one
-  ``Translator``; options out of range; ``hrt-serve`` with a full queue, clients that
-  disconnect (also during a long request), bind errors, ``--port 0``, one large request (RSS
-  before, at peak, after), SIGTERM with long requests queued, ``/metrics``. Its latest table:
+  positions edited; ``"int8": true`` added over zeroed or other weights, graph names swapped,
+  a mistyped key, ``sentencepiece_model`` null, a file for the folder); ``fairseq-hrt-export``
+  SIGKILLed over an earlier export; 8 threads on one ``Translator``; options out of range (a
+  fraction for an integer, ``-inf``, more threads than CPUs, ``min_len`` beyond the positions,
+  a full disk); ``hrt-serve`` with a full queue, clients that disconnect (also during a long
+  request), bind errors, ``--port 0``, one large request (RSS before, at peak, after), SIGTERM
+  with long requests queued, ``/metrics``; and bounded by the work a request asks for (issue
+  77): the 64-line beam-256 request, a deadline, a client gone during costly work, nested and
+  oversized bodies, a line holding a line break, slow clients, the drain. Its latest table:
   benchmarks/results/fault-table/runtime/.
 
 Checks per killed run: the resumed run loads the newest complete checkpoint, loses at most one
@@ -283,6 +288,7 @@ def build_table(args) -> Table:
         runtime = runtime_and_service(work)
         add_runtime_rows(table, runtime)
         add_operator_rows(table, runtime)
+        add_bounded_rows(table, runtime["bounded"])
     table.seconds = time.time() - t0
     return table
 
@@ -472,6 +478,87 @@ def add_operator_rows(table: Table, r: dict):
         "nothing",
         r["metrics"].get("hrt_serve_requests_total{outcome=abandoned}") == 1,
         metrics=r["metrics"],
+    )
+
+
+def add_bounded_rows(table: Table, r: dict):
+    """The rows of issue 77: hrt-serve bounded by the work a request asks for; "before" is what
+    the issue measured on the service before it."""
+    i = r["issue_request"]
+    table.add(
+        "hrt-serve: 64 lines at beam 256, min_len 1000, max_len_b 100000 (every value in range)",
+        "the issue's request, then a one-line request. Before: memory 90 MiB -> 3.6 GB in 7 min and growing, "
+        "the batch ran on after its client left, 12 small requests with 20 s timeouts all failed",
+        f"{i['status']}: {short(i['error'], 200)}; the next request {i['next_status']}; positions in flight after: "
+        f"{i['positions_in_flight_after']}",
+        "nothing: refused before any work, with the figure and the cap",
+        i["status"] == 413 and "decoder positions" in i["error"] and i["next_status"] == 200,
+        **i,
+    )
+    d = r["deadline"]
+    table.add(
+        "hrt-serve: a costly request past its deadline",
+        '192 lines at beam 16 (admitted) with "timeout": 0.5. Before: no deadline; a started batch ran to its end',
+        f"{d['status']}: {short(d['error'], 160)}; batches stopped: {d['stopped_batches']}; positions in flight "
+        f"after: {d['positions_in_flight_after']}; the next request {d['next_status']}",
+        "the late request's translations (told 504)",
+        d["status"] == 504 and d["stopped_batches"] >= 1 and d["positions_in_flight_after"] == 0,
+        **d,
+    )
+    g = r["gone"]
+    table.add(
+        "hrt-serve: a client gone during costly work",
+        "192 lines at beam 16, the client gone after 0.5 s, then a one-line request. Before: the batch ran on "
+        "(beam 16, min_len 200: the next one-word request waited 74 s)",
+        f"the next request {g['next_status']} after {g['next_waited_s']} s; batches stopped: "
+        f"{g['stopped_batches']}; abandoned: {g['abandoned']}",
+        "the gone client's translations",
+        g["next_status"] == 200 and g["stopped_batches"] >= 2 and g["abandoned"] >= 1,
+        **g,
+    )
+    before = {
+        "100,000 nested [": "500 (RecursionError in the log)",
+        "an 18 MiB body": "413 as plain text",
+        "a line holding \\n": "translated as one sentence, only its first line came back",
+    }
+    for name, b in r["bodies"].items():
+        table.add(
+            f"hrt-serve: {name}",
+            f"POST /translate with {name}. Before: {before[name]}",
+            f"{b['status']} (JSON: {b['json']}): {short(b['error'], 140)}",
+            "nothing: the client is told why",
+            b["status"] in (400, 413) and b["json"],
+            **b,
+        )
+    w = r["slow"]
+    table.add(
+        "hrt-serve: slow clients",
+        f"{w['connections']} connections, half sending headers and part of a body, half headers never finished "
+        "(--body-timeout 1 --idle-timeout 1), 3 s, then SIGTERM (--drain-seconds 5). Before: they stayed open for "
+        "ever, /metrics counted 203 abandoned and /info 2, SIGTERM took 36 s",
+        f"answered {w['answered']}, closed without answer {w['closed_without_answer']}; abandoned /info "
+        f"{w['abandoned_info']}, /metrics {w['abandoned_metrics']:g}; exit {w['exit']} after {w['exit_after_s']} s",
+        "nothing: the slow requests are told 408 or closed",
+        w["answered"].get("408", 0) >= w["connections"] // 2
+        and w["closed_without_answer"] >= w["connections"] // 2
+        and w["abandoned_info"] == w["abandoned_metrics"]
+        and w["exit"] == 0
+        and w["exit_after_s"] < 10,
+        **w,
+    )
+    n = r["drain"]
+    table.add(
+        "hrt-serve: SIGTERM with 8 x 256 lines at beam 5, --drain-seconds 2",
+        "8 requests of 256 lines (max_len_b 30), SIGTERM after 1 s; /health polled from new connections. "
+        "Before: 0 of 8 answered (batches rotated between the requests), new connections refused at once",
+        f"exit {n['returncode']} after {n['exit_after_s']} s; {n['answered_200']} answered 200, "
+        f"{n['answered_503']} 503; /health while draining: {n['health_while_draining']}",
+        "the requests not finished within the drain time (told 503, retry elsewhere)",
+        n["returncode"] == 0
+        and n["answered_200"] >= 1
+        and n["answered_200"] + n["answered_503"] == n["requests"]
+        and n["health_while_draining"].get("503", 0) >= 1,
+        **n,
     )
 
 

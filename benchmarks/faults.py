@@ -982,6 +982,7 @@ def runtime_and_service(work: Path) -> dict:
         service.wait(30)
     out["full_queue"], out["disconnect"] = full, disconnect
     out.update(operator_cases(work, folder, lines, serve))
+    out["bounded"] = bounded_service_cases(lines, serve)
     return out
 
 
@@ -1176,5 +1177,181 @@ def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
         "returncode": returncode,
         "answered_200": answers.count(200),
         "answered_503": answers.count(503),
+    }
+    return out
+
+
+def _raw_exchange(port: int, data: bytes, seconds: float = 30) -> bytes:
+    """What the service sends on a connection that sends ``data`` and then nothing, until it
+    closes it (or ``seconds`` pass)."""
+    with socket.create_connection(("127.0.0.1", port)) as c:
+        c.settimeout(seconds)
+        try:
+            c.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):  # answered (and closed) before the body was all sent
+            pass
+        chunks = []
+        try:
+            while True:
+                chunk = c.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except socket.timeout:
+            pass
+        return b"".join(chunks)
+
+
+def _status_and_json(raw: bytes):
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else None
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, None
+
+
+def bounded_service_cases(lines: List[str], serve) -> dict:
+    """hrt-serve bounded by the work a request asks for (issue 77): the costly requests, a
+    deadline, a client gone during costly work, slow clients, hostile bodies, the drain."""
+    out: Dict[str, dict] = {}
+    service, port = serve("--body-timeout", "1", "--idle-timeout", "1", "--drain-seconds", "5")
+    try:
+        hostile = {"text": (lines * 4)[:64], "beam": 256, "chunk_size": 1, "min_len": 1000, "max_len_b": 100000}
+        status, answer = _post(port, hostile)
+        small = _post(port, {"text": lines[:1], "beam": 1, "max_len_b": 12})[0]
+        out["issue_request"] = {
+            "status": status,
+            "error": answer.get("error", ""),
+            "next_status": small,
+            "positions_in_flight_after": _info(port)["stats"]["positions_in_flight"],
+        }
+        # admitted, then past its own deadline while its batches run: 504, its batch stopped
+        costly = {"text": (lines * 8)[:192], "beam": 16, "max_len_b": 200, "timeout": 0.5}
+        status, answer = _post(port, costly)
+        time.sleep(0.5)
+        info = _info(port)["stats"]
+        out["deadline"] = {
+            "status": status,
+            "error": answer.get("error", ""),
+            "stopped_batches": info["stopped_batches"],
+            "deadline_passed": info["deadline_passed"],
+            "positions_in_flight_after": info["positions_in_flight"],
+            "next_status": _post(port, {"text": lines[:1], "beam": 1, "max_len_b": 12})[0],
+        }
+        # a client gone 0.5 s into costly work: the batch stops at its next decoder step
+        body = json.dumps({"text": (lines * 8)[:192], "beam": 16, "max_len_b": 200}).encode()
+        c = socket.create_connection(("127.0.0.1", port))
+        c.sendall(
+            b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        time.sleep(0.5)
+        c.close()
+        time.sleep(0.5)
+        start = time.monotonic()
+        next_status = _post(port, {"text": lines[:1], "beam": 1, "max_len_b": 12})[0]
+        info = _info(port)["stats"]
+        out["gone"] = {
+            "next_status": next_status,
+            "next_waited_s": round(time.monotonic() - start, 2),
+            "stopped_batches": info["stopped_batches"],
+            "abandoned": info["abandoned"],
+        }
+        # hostile bodies and lines: JSON errors
+        bodies = {}
+        for name, data in (
+            ("100,000 nested [", b"[" * 100000),
+            ("an 18 MiB body", b" " * (18 * 2**20)),
+        ):
+            raw = _raw_exchange(
+                port,
+                b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+                + data,
+            )
+            status, answer = _status_and_json(raw)
+            bodies[name] = {"status": status, "json": answer is not None, "error": (answer or {}).get("error", "")}
+        status, answer = _post(port, {"text": ["a man rides\na horse ."]})
+        bodies["a line holding \\n"] = {"status": status, "json": True, "error": answer.get("error", "")}
+        out["bodies"] = bodies
+        # slow clients: headers and part of a body, and headers never finished
+        slow = []
+        for i in range(100):
+            c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(
+                b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"text": ["a'
+                if i % 2 == 0
+                else b"POST /translate HTTP/1.1\r\nHost: x\r\n"
+            )
+            slow.append(c)
+        time.sleep(3.0)
+        answered, closed = {}, 0
+        for c in slow:
+            c.settimeout(1.0)
+            try:
+                data = c.recv(65536)
+            except OSError:
+                data = None
+            if data:
+                code = data.split(b" ", 2)[1].decode()
+                answered[code] = answered.get(code, 0) + 1
+            elif data == b"":
+                closed += 1
+            c.close()
+        info = _info(port)["stats"]
+        counted = _metrics(port).get("hrt_serve_requests_total{outcome=abandoned}")
+        out["slow"] = {
+            "connections": len(slow),
+            "answered": answered,
+            "closed_without_answer": closed,
+            "abandoned_info": info["abandoned"],
+            "abandoned_metrics": counted,
+        }
+    finally:
+        start = time.monotonic()
+        service.terminate()
+        code = service.wait(60)
+        out["slow"]["exit"] = code
+        out["slow"]["exit_after_s"] = round(time.monotonic() - start, 1)
+
+    # the drain: 8 x 256 lines at beam 5, SIGTERM after 1 s, --drain-seconds 2; /health meanwhile
+    service, port = serve("--drain-seconds", "2", "--max-request-tokens", "1000000")
+    long_request = [(lines[i % len(lines)] + " ") * 2 for i in range(256)]
+    answers: List[int] = []
+    threads = [
+        # max_len_b 30: an untrained model runs every output to its limit; at 200 no request fits in 2 s
+        threading.Thread(
+            target=lambda: answers.append(_post(port, {"text": long_request, "beam": 5, "max_len_b": 30})[0])
+        )
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    start = time.monotonic()
+    service.terminate()
+    health: Dict[str, int] = {}
+    while service.poll() is None and time.monotonic() - start < 120:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            connection.request("GET", "/health")
+            key = str(connection.getresponse().status)
+            connection.close()
+        except OSError:
+            key = "refused"
+        health[key] = health.get(key, 0) + 1
+        time.sleep(0.1)
+    returncode = service.wait(120)
+    for t in threads:
+        t.join(120)
+    out["drain"] = {
+        "requests": len(threads),
+        "exit_after_s": round(time.monotonic() - start, 1),
+        "returncode": returncode,
+        "answered_200": answers.count(200),
+        "answered_503": answers.count(503),
+        "health_while_draining": health,
     }
     return out

@@ -177,11 +177,17 @@ def send_one(port: int, body: Dict, timeout: float) -> Dict:
 
 
 def run_clients(
-    port: int, work: List[List[Dict]], expected: Dict[int, List[str]], side: List[Dict] = (), timeout: float = 300
+    port: int,
+    work: List[List[Dict]],
+    expected: Dict[int, List[str]],
+    side: List[Dict] = (),
+    timeout: float = 300,
+    side_lead: float = 1.0,
 ) -> Dict:
     """``work[c]``: client c's requests (``{"id", "body"}``), sent back to back; all clients at once.
-    ``side``: more request bodies, each sent from its own connection when the clients start
-    (their outcomes are reported apart from the clients' latencies)."""
+    ``side``: more request bodies, each sent from its own connection ``side_lead`` seconds before
+    the clients start (their outcomes are reported apart from the clients' latencies, with
+    whether they were still running when the clients were done)."""
     latencies, wrong, rejected, errors, others = [], [], 0, [], []
     side_results = [None] * len(side)
     lock = threading.Lock()
@@ -214,18 +220,21 @@ def run_clients(
     def side_main(i):
         side_results[i] = send_one(port, side[i], timeout)
 
+    side_threads = [threading.Thread(target=side_main, args=(i,)) for i in range(len(side))]
+    for t in side_threads:  # first, so that the clients' requests meet them at work
+        t.start()
+    if side:
+        time.sleep(side_lead)
     threads = [threading.Thread(target=client_main, args=(requests,)) for requests in work]
     for t in threads:
         t.start()
     barrier.wait()
-    for i in range(len(side)):
-        threads.append(threading.Thread(target=side_main, args=(i,)))
-        threads[-1].start()
     started = time.perf_counter()
-    for t in threads[: len(work)]:
+    for t in threads:
         t.join()
     seconds = time.perf_counter() - started
-    for t in threads[len(work) :]:
+    side_running = [t.is_alive() for t in side_threads]
+    for t in side_threads:
         t.join()
     requests = sum(len(w) for w in work)
     sentences = sum(len(item["body"]["text"]) for w in work for item in w)
@@ -237,6 +246,7 @@ def run_clients(
         "sentences_per_s": sentences / seconds,
         "p50_ms": 1000 * percentile(latencies, 50),
         "p99_ms": 1000 * percentile(latencies, 99),
+        "max_ms": 1000 * max(latencies, default=float("nan")),
         "answers_equal": requests - len(wrong) - rejected - len(others) - len(errors),
         "wrong": len(wrong),
         "rejected_503": rejected,
@@ -248,8 +258,9 @@ def run_clients(
                 "status": r["status"],
                 "seconds": round(r["seconds"], 2),
                 "error": (r["answer"] or {}).get("error", "")[:300],
+                "running_when_clients_done": running,
             }
-            for r in side_results
+            for r, running in zip(side_results, side_running)
         ],
     }
 
@@ -333,15 +344,18 @@ def markdown(rows: List[Dict], meta: Dict) -> str:
         f"{meta['requests_per_client']} requests of {meta['lines']} sentence(s), options {meta['options']}, "
         f"service {meta['service']}; {meta['machine']}",
         "",
-        "| row | clients | requests | req/s | p50 ms | p99 ms | answers equal | 503 | other | peak RSS MiB "
+        "| row | clients | requests | req/s | p50 ms | p99 ms | max ms | answers equal | 503 | other | peak RSS MiB "
         "| abandoned /info, /metrics | beside them |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | --- |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | --- |",
     ]
     for r in rows:
         if r["row"] == "drain":
             continue
         beside = "; ".join(
-            f"{d['status']} in {d['seconds']} s" + (f" ({d['error'][:90]})" if d["error"] else "") for d in r["side"]
+            f"{d['status']} in {d['seconds']} s"
+            + (" (still running when the clients were done)" if d["running_when_clients_done"] else "")
+            + (f" ({d['error'][:90]})" if d["error"] else "")
+            for d in r["side"]
         )
         if "flood" in r:
             f = r["flood"]
@@ -351,7 +365,7 @@ def markdown(rows: List[Dict], meta: Dict) -> str:
             )
         lines.append(
             f"| {r['row']} | {r['clients']} | {r['requests']} | {r['requests_per_s']:.1f} | {r['p50_ms']:.1f} | "
-            f"{r['p99_ms']:.1f} | {r['answers_equal']}/{r['requests']} | {r['rejected_503']} | "
+            f"{r['p99_ms']:.1f} | {r['max_ms']:.0f} | {r['answers_equal']}/{r['requests']} | {r['rejected_503']} | "
             f"{', '.join(r['other_statuses'] + r['errors'][:1]) or '-'} | {r['rss_peak_mib']} | "
             f"{r['abandoned_info']}, {r['abandoned_metrics']:g} | {beside or '-'} |"
         )
