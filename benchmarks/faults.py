@@ -760,6 +760,20 @@ def _runtime_error(folder: Path) -> str:
     return f"exit {proc.returncode}: " + (proc.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
 
 
+def _request_bytes(body: bytes, *headers: str) -> bytes:
+    """A POST /translate as it goes on the wire (for clients that hang up or send part of it)."""
+    head = "".join(h + "\r\n" for h in ("Content-Type: application/json", f"Content-Length: {len(body)}", *headers))
+    return b"POST /translate HTTP/1.1\r\nHost: x\r\n" + head.encode() + b"\r\n" + body
+
+
+def _send_and_leave(port: int, body: dict, seconds: float):
+    """A whole request whose client goes away ``seconds`` later, without reading the answer."""
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(_request_bytes(json.dumps(body).encode()))
+    time.sleep(seconds)
+    c.close()
+
+
 def _post(port: int, body: dict, timeout: float = 300):
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
@@ -955,11 +969,7 @@ def runtime_and_service(work: Path) -> dict:
         body = json.dumps({"text": lines[:6], **heavy}).encode()
         for _ in range(4):
             c = socket.create_connection(("127.0.0.1", port))
-            c.sendall(
-                b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
+            c.sendall(_request_bytes(body))
             c.close()
         c = socket.create_connection(("127.0.0.1", port))
         c.sendall(b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{"text"')
@@ -1112,15 +1122,7 @@ def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
     service, port = serve("--max-request-tokens", "1000000")
     try:
         # a client that hangs up 0.5 s into a long request; then the next request's wait
-        body = json.dumps({"text": long_request, **heavy}).encode()
-        c = socket.create_connection(("127.0.0.1", port))
-        c.sendall(
-            b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        time.sleep(0.5)
-        c.close()
+        _send_and_leave(port, {"text": long_request, **heavy}, 0.5)
         start = time.monotonic()
         status, _ = _post(port, {"text": lines[:2], **heavy})
         waited = time.monotonic() - start
@@ -1240,15 +1242,7 @@ def bounded_service_cases(lines: List[str], serve) -> dict:
             "next_status": _post(port, {"text": lines[:1], "beam": 1, "max_len_b": 12})[0],
         }
         # a client gone 0.5 s into costly work: the batch stops at its next decoder step
-        body = json.dumps({"text": (lines * 8)[:192], "beam": 16, "max_len_b": 200}).encode()
-        c = socket.create_connection(("127.0.0.1", port))
-        c.sendall(
-            b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        time.sleep(0.5)
-        c.close()
+        _send_and_leave(port, {"text": (lines * 8)[:192], "beam": 16, "max_len_b": 200}, 0.5)
         time.sleep(0.5)
         start = time.monotonic()
         next_status = _post(port, {"text": lines[:1], "beam": 1, "max_len_b": 12})[0]
@@ -1265,12 +1259,7 @@ def bounded_service_cases(lines: List[str], serve) -> dict:
             ("100,000 nested [", b"[" * 100000),
             ("an 18 MiB body", b" " * (18 * 2**20)),
         ):
-            raw = _raw_exchange(
-                port,
-                b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
-                + data,
-            )
+            raw = _raw_exchange(port, _request_bytes(data, "Connection: close"))
             status, answer = _status_and_json(raw)
             bodies[name] = {"status": status, "json": answer is not None, "error": (answer or {}).get("error", "")}
         status, answer = _post(port, {"text": ["a man rides\na horse ."]})

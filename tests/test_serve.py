@@ -323,6 +323,19 @@ def test_a_client_that_hangs_up_is_not_served(translator):
         server.close()
 
 
+def _queued_behind_a_held_batch(pool, server, worker, long, short, options):
+    """A one-line request whose batch ``worker`` holds, then ``long`` and ``short`` queued behind
+    it in that order: the three answers to come."""
+    batcher = server.app[BATCHER]
+    blocker = pool.submit(post, server.url, {"text": ["w4"], **options})
+    assert worker.started.wait(30)
+    first = pool.submit(post, server.url, {"text": long, **options})
+    _wait_for(lambda: len(batcher.queue) == 1)
+    second = pool.submit(post, server.url, {"text": short, **options})
+    _wait_for(lambda: len(batcher.queue) == 2)
+    return blocker, first, second
+
+
 def test_a_long_request_is_split_and_others_interleave(translator):
     """A request of 6 lines at --max-batch 2 is translated as 3 batches; a short request that
     arrives behind it is translated after its first batch, not after all of them; both get
@@ -334,12 +347,7 @@ def test_a_long_request_is_split_and_others_interleave(translator):
     long, short = _sentences(6, seed=31), ["w7 w8 w9"]
     try:
         with ThreadPoolExecutor(3) as pool:
-            blocker = pool.submit(post, server.url, {"text": ["w4"], **options})
-            assert worker.started.wait(30)
-            first = pool.submit(post, server.url, {"text": long, **options})
-            _wait_for(lambda: len(batcher.queue) == 1)
-            second = pool.submit(post, server.url, {"text": short, **options})
-            _wait_for(lambda: len(batcher.queue) == 2)
+            blocker, first, second = _queued_behind_a_held_batch(pool, server, worker, long, short, options)
             worker.release.set()
             assert blocker.result(60)[0] == 200
             assert first.result(60) == (200, {"translations": translator.translate(long, **options)})
@@ -608,12 +616,7 @@ def test_the_drain_finishes_the_least_work_first_and_health_says_503(translator)
     long, short = _sentences(6, seed=64), ["w9 w10 w11"]
     try:
         with ThreadPoolExecutor(3) as pool:
-            blocker = pool.submit(post, server.url, {"text": ["w4"], **options})
-            assert worker.started.wait(30)
-            first = pool.submit(post, server.url, {"text": long, **options})
-            _wait_for(lambda: len(batcher.queue) == 1)
-            second = pool.submit(post, server.url, {"text": short, **options})
-            _wait_for(lambda: len(batcher.queue) == 2)
+            blocker, first, second = _queued_behind_a_held_batch(pool, server, worker, long, short, options)
             drained = asyncio.run_coroutine_threadsafe(batcher.drain(60), server.loop)
             _wait_for(lambda: batcher.closing)
             with pytest.raises(urllib.error.HTTPError) as health:

@@ -460,13 +460,17 @@ class Batcher:
                 request.future.set_result(request.results)
 
     def _translate(self, sources, options: CallOptions, stop) -> List[str]:
-        # lines of several requests: not named in messages
-        out = self.translator.translate_sources(sources, options, name=None, stop=stop)
-        if sum(int(s.size) for s in sources) >= TRIM_AFTER_TOKENS:
-            trim = _malloc_trim()
-            if trim is not None:
-                trim(0)
-        return out
+        stopped = True
+        try:
+            # lines of several requests: not named in messages
+            out = self.translator.translate_sources(sources, options, name=None, stop=stop)
+            stopped = False
+            return out
+        finally:  # a large batch's memory, or a stopped one's, back to the system
+            if stopped or sum(int(s.size) for s in sources) >= TRIM_AFTER_TOKENS:
+                trim = _malloc_trim()
+                if trim is not None:
+                    trim(0)
 
     # ------------------------------------------------------------------ shutdown
 
