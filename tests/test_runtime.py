@@ -19,15 +19,15 @@ import signal
 import subprocess
 import sys
 import threading
+import tomllib
 
 import numpy as np
 import pytest
 
 onnxruntime = pytest.importorskip("onnxruntime")
 
-import importlib.util  # noqa: E402
+import importlib  # noqa: E402
 
-import hrt_commands  # noqa: E402
 from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
 from fairseq_hrt.export.exporter import quantize_folder  # noqa: E402
 from hrt_runtime import Translator, search  # noqa: E402
@@ -355,33 +355,23 @@ def test_many_threads_share_one_translator(exported_tiny):
     assert all(results[t, i] == serial[i] for t in range(8) for i in range(len(calls)))
 
 
-# ------------------------------------------------------------------ torch-only commands
+# ------------------------------------------------------------------ the distributions' commands
 
 
-@pytest.mark.parametrize("command", ["export", "shortlist", "comet"])
-def test_torch_only_commands_say_where_they_belong(command, monkeypatch, capsys):
-    """On the translating machine (no torch: simulated), fairseq-hrt-export / -shortlist /
-    -comet say that they belong on the machine that trains instead of No module named 'torch'."""
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a))
+def test_every_console_script_of_both_distributions_resolves(capsys):
+    """The console scripts of fairseq-hrt (pyproject.toml) and hrt-runtime (runtime/pyproject.toml)
+    name functions that exist, and fairseq-hrt-export answers --help."""
+    for path in (REPO / "pyproject.toml", REPO / "runtime" / "pyproject.toml"):
+        scripts = tomllib.loads(path.read_text())["project"]["scripts"]
+        assert scripts, path
+        for name, target in scripts.items():
+            module, _, attr = target.partition(":")
+            assert callable(getattr(importlib.import_module(module), attr)), f"{path}: {name} = {target}"
+    export = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["fairseq-hrt-export"]
+    module, _, attr = export.partition(":")
     with pytest.raises(SystemExit) as exit_:
-        getattr(hrt_commands, command)(["--help"])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith(
-        f"fairseq-hrt-{command}: this command belongs on the machine that trains (needs PyTorch and "
-        "fairseq: pip install -r requirements.txt"
-    )
-    assert "not installed here: torch." in err
-
-
-def test_torch_only_commands_run_where_torch_is(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        hrt_commands.export(["--help"])
-    assert exit_.value.code == 0 and "fairseq-hrt-export" in capsys.readouterr().out
-    setup = (REPO / "setup.py").read_text()
-    for command in ("export", "shortlist", "comet"):
-        assert f'"fairseq-hrt-{command}=hrt_commands:{command}"' in setup
+        getattr(importlib.import_module(module), attr)(["--help"])
+    assert exit_.value.code == 0 and "checkpoint" in capsys.readouterr().out.lower()
 
 
 def test_very_long_lines_stay_within_the_positions_and_memory(exported_tiny):
