@@ -1,10 +1,19 @@
 """Imports only go down: no cycle among the modules of fairseq_hrt/, runtime/hrt_runtime/ and
 benchmarks/, counting imports inside functions too (every ``import`` statement of every file,
-parsed, not only what importing a module runs), and the layer rules of docs/design.md."""
+parsed, not only what importing a module runs), what a package's ``__init__`` imports (importing
+``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first, and ``generation/__init__`` imports every
+module of its package by importlib), and the layer rules of docs/design.md. A second test
+imports every module of fairseq_hrt/ and hrt_runtime/ in a fresh interpreter, records each
+import as it happens (``__import__`` and ``importlib.import_module``, whoever calls them) and
+checks the observed edges for cycles too."""
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, Iterable, List, Set
 
 REPO = Path(__file__).resolve().parents[1]
 # each package and the folder it sits in (hrt_runtime: its own distribution, runtime/)
@@ -33,7 +42,8 @@ def imports_of(name: str, path: Path, known) -> Set[str]:
 
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {resolve(a.name) for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -42,9 +52,41 @@ def imports_of(name: str, path: Path, known) -> Set[str]:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
             out |= {resolve(f"{base}.{a.name}") if f"{base}.{a.name}" in known else resolve(base) for a in node.names}
+    if path.name == "__init__.py" and imports_its_modules_by_importlib(tree):
+        out |= {m for m in known if m.rpartition(".")[0] == name}
     out.discard(None)
-    out.discard(name)
-    return out
+    return with_packages(name, out, known)
+
+
+def imports_its_modules_by_importlib(tree: ast.AST) -> bool:
+    """Whether a package's ``__init__`` imports modules named ``f"{__name__}.<..>"`` by
+    ``importlib.import_module`` (``generation/__init__``: every module of the package)."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.JoinedStr)
+            and any(
+                isinstance(v, ast.FormattedValue) and getattr(v.value, "id", "") == "__name__"
+                for v in node.args[0].values
+            )
+        ):
+            return True
+    return False
+
+
+def with_packages(name: str, targets: Iterable[str], known) -> Set[str]:
+    """``targets`` and the packages above each (importing ``a.b.c`` runs ``a.b``'s ``__init__``
+    first), less ``name`` and the packages above ``name`` (a module's own packages are being
+    imported when it is)."""
+    own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
+    out = set()
+    for target in targets:
+        parts = target.split(".")
+        out |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    return {m for m in out if m in known and m not in own}
 
 
 def import_graph() -> Dict[str, Set[str]]:
@@ -87,6 +129,95 @@ def test_no_import_cycle_function_level_imports_included():
     assert cycles(import_graph()) == []
 
 
+# Run in a fresh interpreter: imports every module named on stdin, recording each import as it
+# happens (the importer: the caller's module, whether it is running at the top level or in a
+# function), and prints the edges among the modules of fairseq_hrt and hrt_runtime as JSON.
+RECORDER = r"""
+import builtins, importlib, json, sys
+
+OURS = ("fairseq_hrt", "hrt_runtime")
+edges = set()
+
+
+def record(importer, target):
+    if importer and target and importer.split(".")[0] in OURS and target.split(".")[0] in OURS:
+        edges.add((importer, target))
+
+
+def absolute(name, globals_, level):
+    if not level:
+        return name
+    package = (globals_ or {}).get("__package__") or ""
+    base = package.rsplit(".", level - 1)[0] if level > 1 else package
+    return f"{base}.{name}" if name else base
+
+
+real_import = builtins.__import__
+
+
+def recording_import(name, globals=None, locals=None, fromlist=(), level=0):
+    module = real_import(name, globals, locals, fromlist, level)
+    importer = (globals or {}).get("__name__")
+    target = absolute(name, globals, level)
+    record(importer, target)
+    for item in fromlist or ():
+        if f"{target}.{item}" in sys.modules:
+            record(importer, f"{target}.{item}")
+    return module
+
+
+real_import_module = importlib.import_module
+
+
+def recording_import_module(name, package=None):
+    module = real_import_module(name, package)
+    record(sys._getframe(1).f_globals.get("__name__"), module.__name__)
+    return module
+
+
+builtins.__import__ = recording_import
+importlib.import_module = recording_import_module
+for name in sys.stdin.read().split():
+    importlib.import_module(name)
+print(json.dumps(sorted(edges)))
+"""
+
+
+def observed_import_graph(names: List[str]) -> Dict[str, Set[str]]:
+    """The import edges seen while a fresh interpreter imports ``names``, with the packages
+    above each imported module (:func:`with_packages`)."""
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime"), os.environ.get("PYTHONPATH", "")])
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", RECORDER],
+        input=" ".join(names),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    known = modules()
+    graph: Dict[str, Set[str]] = {name: set() for name in known}
+    for importer, target in json.loads(done.stdout.strip().splitlines()[-1]):
+        if importer in graph:
+            graph[importer] |= with_packages(importer, [target], known)
+    return graph
+
+
+def test_no_import_cycle_among_the_imports_that_happen():
+    """What static parsing cannot see (an import by importlib, a package's ``__init__`` run by
+    importing one of its modules) is seen here: importing every module of fairseq_hrt/ and
+    hrt_runtime/ makes no cycle."""
+    names = [m for m in modules() if not m.startswith("benchmarks") and not m.endswith("__main__")]
+    graph = observed_import_graph(names)
+    assert graph["fairseq_hrt.generation"] >= {"fairseq_hrt.generation.onnx_engine", "fairseq_hrt.generation.lean"}
+    assert "fairseq_hrt.export.exporter" in graph["fairseq_hrt.generation.onnx_engine"]
+    assert cycles(graph) == []
+
+
 def test_the_layer_rules_of_docs_design():
     graph = import_graph()
 
@@ -105,7 +236,17 @@ def test_the_layer_rules_of_docs_design():
         "fairseq_hrt.generation.onnx_engine",
     ]
     # the engine registry is below every engine and strategy
-    assert graph["fairseq_hrt.generation.engines"] <= {"fairseq_hrt.generation.options", "hrt_runtime.search"}
+    assert graph["fairseq_hrt.generation.engines"] <= {
+        "fairseq_hrt.generation.options",
+        "fairseq_hrt.cli_logging",  # RefusedOptions
+        "hrt_runtime.search",
+        "hrt_runtime",
+    }
+    # export/ builds on passes/ (the decoder pass, the search rules), never on generation/: importing
+    # any module of generation/ imports all of them, the engines that import export/ among them
+    assert importers("fairseq_hrt.export", "fairseq_hrt.generation") == []
+    assert importers("fairseq_hrt.passes", "fairseq_hrt.generation") == []
+    assert importers("fairseq_hrt.passes", "fairseq_hrt.export") == []
     assert importers("fairseq_hrt", "benchmarks") == [] and importers("hrt_runtime", "benchmarks") == []
     # the runtime's search and its ONNX Runtime backend meet at the backend contract only
     assert "hrt_runtime.model" not in graph["hrt_runtime.search"]

@@ -42,10 +42,10 @@ from fairseq import checkpoint_utils
 import fairseq_hrt  # noqa: F401  (registers the task and models)
 from fairseq_hrt.export.graphs import EncoderGraph, GreedyLoopBody, ParallelGraph, StepGraph
 from fairseq_hrt.export.loop import body_inputs, greedy_loop
-from fairseq_hrt.generation.decoder_pass import DecoderPass, decoder_pass, unplanned_modules
-from fairseq_hrt.generation.search_rules import banned_symbols
 from fairseq_hrt.models.cmlm_transformer import CMLMTransformerModel
 from fairseq_hrt.models.kinds import family_of, unwrap
+from fairseq_hrt.passes.decoder_pass import DecoderPass, decoder_pass, unplanned_modules
+from fairseq_hrt.passes.search_rules import banned_symbols
 from fairseq_hrt.symbols import find_sentencepiece_model
 from hrt_runtime.integrity import FILES, FILES_INT8, OUTPUT_BIAS, OUTPUT_WEIGHT, list_files
 from hrt_runtime.model import (  # the runtime reads what this writes: defined once

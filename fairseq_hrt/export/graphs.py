@@ -1,8 +1,8 @@
 """The passes of a model as ``nn.Module``s of fixed inputs and outputs, for ``torch.onnx.export``.
 
 The decoder graphs run the decoder's one planned pass
-(:class:`~fairseq_hrt.generation.decoder_pass.StepPlan`, the layer structure of
-:func:`~fairseq_hrt.generation.decoder_pass.layer_forward`, :func:`attention`); only what an
+(:class:`~fairseq_hrt.passes.decoder_pass.StepPlan`, the layer structure of
+:func:`~fairseq_hrt.passes.decoder_pass.layer_forward`, :func:`attention`); only what an
 exported graph does better differs:
 
 * ONNX Runtime cannot write into an input, so a step takes the past keys/values
@@ -44,9 +44,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fairseq_hrt.generation.decoder_pass import DecoderPass, StepPlan, attention, decoder_pass, layer_forward, ssru_step
-from fairseq_hrt.generation.search_rules import bias_at
 from fairseq_hrt.modules.relative_attention import relative_bucket
+from fairseq_hrt.passes.decoder_pass import DecoderPass, StepPlan, attention, decoder_pass, layer_forward, ssru_step
+from fairseq_hrt.passes.search_rules import bias_at
 
 
 def scaled_projections(attn, with_kv: bool):

@@ -5,7 +5,7 @@ At batch 1 on a GPU a decoder step is a few hundred small kernels, and launching
 Python costs more than running them; a replayed graph launches them all in one call. What
 the lean engine already gives (``docs/design.md``, "The CUDA-graph backend"):
 
-* :meth:`~fairseq_hrt.generation.decoder_pass.DecoderPass.static_step`, a step whose shapes do
+* :meth:`~fairseq_hrt.passes.decoder_pass.DecoderPass.static_step`, a step whose shapes do
   not depend on the step (self-attention over the whole cache, the future masked; the step
   index a tensor), so one capture serves every step;
 * the self-attention caches written in place, and finished or reordered rows compacted into
@@ -41,13 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fairseq_hrt.generation.decoder_pass import (
-    DecoderState,
-    EncoderKV,
-    profiled,
-    relative_buckets,
-    unplanned_modules,
-)
+from fairseq_hrt.export.graphs import EncoderGraph, ParallelGraph
 from fairseq_hrt.generation.engines import register_engine
 from fairseq_hrt.generation.lean import (
     LeanEngine,
@@ -58,6 +52,13 @@ from fairseq_hrt.generation.lean import (
     choose,
 )
 from fairseq_hrt.models.kinds import family_of
+from fairseq_hrt.passes.decoder_pass import (
+    DecoderState,
+    EncoderKV,
+    profiled,
+    relative_buckets,
+    unplanned_modules,
+)
 from hrt_runtime.search import position_cap
 
 LEAST_BUCKET = 16  # the shortest cache and source lengths a graph is captured for
@@ -418,8 +419,6 @@ class CudaGraphBackend(TorchBackend):
         (``"parallel"``) of the model, or ``None`` where the planned passes do not know its
         encoder (its eager encoder runs then)."""
         if name not in self._modules:
-            from fairseq_hrt.export.graphs import EncoderGraph, ParallelGraph  # noqa: PLC0415 - export imports this package
-
             if name == "encoder":
                 known = not unplanned_modules(self.model.encoder, "encoder")
                 self._modules[name] = EncoderGraph(self.model) if known else None

@@ -4,7 +4,7 @@
 The search -- greedy, beam, HRT's two stages, their rules -- is written once, on numpy arrays,
 in :mod:`hrt_runtime.search`, and run by every engine: ONNX Runtime (the exported graphs,
 :class:`hrt_runtime.model.ExportedModel`) and this one. Here the arithmetic is the decoder's
-own modules through its one :class:`~fairseq_hrt.generation.decoder_pass.DecoderPass` (so
+own modules through its one :class:`~fairseq_hrt.passes.decoder_pass.DecoderPass` (so
 ``--quantize int8``, ``model.half()``, CUDA and ``--compile`` apply), after Amun
 (Junczys-Dowmunt et al. 2016):
 
@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_hrt.generation.decoder_pass import DecoderState, EncoderKV, decoder_pass, profiled
 from fairseq_hrt.generation.engines import DecoderEngine, register_engine
-from fairseq_hrt.generation.output_vocab import restricted_output_layer
 from fairseq_hrt.generation.search_generator import SearchGenerator
+from fairseq_hrt.passes.decoder_pass import DecoderState, EncoderKV, decoder_pass, profiled
+from fairseq_hrt.passes.output_vocab import restricted_output_layer
 from hrt_runtime.model import OutputRows
 from hrt_runtime.search import SearchConfig
 

@@ -20,8 +20,8 @@ from typing import Callable, Dict, List, Optional, Type
 from fairseq_hrt.generation.engines import ENGINES, DecoderEngine, engine_options_in_use, get_engine
 from fairseq_hrt.generation.options import DecodingOptions
 from fairseq_hrt.generation.quantize import check_quantization, is_quantized
-from fairseq_hrt.generation.search_rules import banned_symbols
 from fairseq_hrt.models.kinds import family_of, unwrap
+from fairseq_hrt.passes.search_rules import banned_symbols
 from hrt_runtime.families import DESCRIPTION
 
 logger = logging.getLogger(__name__)
