@@ -23,7 +23,7 @@ Each engine registers in its own module: ``lean`` (:mod:`fairseq_hrt.generation.
 help, and in the benchmark's rows. This module imports no engine.
 """
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_hrt.generation.options import DecodingOptions, task_defaults
 from hrt_runtime.search import SearchConfig
@@ -35,7 +35,10 @@ class DecoderEngine:
     supports_shortlist: bool = False
     supports_compile: bool = False
     quantizes_itself: bool = False  # --quantize int8 is the engine's own: the loaded model stays float
-    runs_mask_predict: bool = False  # mask_predict() builds the generator (else the model's own decoder runs it)
+    runs_mask_predict: bool = False  # mask_predict() builds the generator (else Mask-Predict runs on backend())
+    # whether backend() -- the one search's backend, which HRT's stage II and Mask-Predict run on --
+    # restricts the output layer to a shortlist's rows; None: as supports_shortlist
+    backend_supports_shortlist: Optional[bool] = None
     # its first pass over new batch shapes costs more than later passes (cuda-graph captures a
     # graph per shape): a benchmark warms it up on a whole pass, not on one batch
     warms_up_per_shape: bool = False
@@ -43,6 +46,11 @@ class DecoderEngine:
     # onnx_model): set, every other engine refuses them, and so does a strategy that decodes
     # without an engine
     own_options: Tuple[str, ...] = ()
+
+    @property
+    def backend_shortlists(self) -> bool:
+        """:attr:`backend_supports_shortlist`, ``None`` read as :attr:`supports_shortlist`."""
+        return self.supports_shortlist if self.backend_supports_shortlist is None else self.backend_supports_shortlist
 
     def unsupported(self, options: DecodingOptions) -> List[str]:
         """The options in use that this engine cannot honour (flags, as typed): by default,
@@ -70,9 +78,9 @@ class DecoderEngine:
         raise NotImplementedError(f"--decoder-engine {self.name} has no backend of the one search")
 
     def mask_predict(self, ctx):
-        """The generator of Mask-Predict on this engine (``runs_mask_predict``); the other
-        engines leave it to the model's own decoder
-        (:class:`~fairseq_hrt.generation.mask_predict.MaskPredictGenerator`)."""
+        """The generator of Mask-Predict on this engine (``runs_mask_predict``); on the other
+        engines Mask-Predict (:class:`~fairseq_hrt.generation.mask_predict.MaskPredictGenerator`)
+        runs on :meth:`backend`."""
         raise NotImplementedError
 
     def two_stage(self, ctx, chunk_size):

@@ -51,6 +51,7 @@ class FairseqEngine(DecoderEngine):
         "fairseq's SequenceGenerator, the same hypotheses as lean (needed for --prefix-size, constraints, "
         "sampling, alignments)"
     )
+    backend_supports_shortlist = True  # its backend is the lean engine's TorchBackend
 
     def backend(self, ctx):
         return TorchBackend(ctx.model, ctx.task.target_dictionary, ctx.task.chunk_start_idx, ctx.task.mask_idx)

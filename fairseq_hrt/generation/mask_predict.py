@@ -130,9 +130,14 @@ class MaskPredictDecoding(DecodingStrategy):
 
     @classmethod
     def uses_engine(cls, engine):
-        # an engine that runs Mask-Predict itself (onnxruntime); the others leave it to the
-        # model's own decoder
-        return engine.runs_mask_predict
+        # every engine: one that runs Mask-Predict itself (onnxruntime) builds the generator,
+        # the others give the backend its passes run on (engine.backend), so the engine's
+        # checks apply
+        return True
+
+    @classmethod
+    def engine_supports_shortlist(cls, engine):
+        return engine.supports_shortlist if engine.runs_mask_predict else engine.backend_shortlists
 
     @classmethod
     def build(cls, ctx: DecodingContext):
@@ -147,7 +152,7 @@ class MaskPredictDecoding(DecodingStrategy):
                 f"{', '.join(options.iterative_only)} belong(s) to fairseq's iterative refinement "
                 "generator; Mask-Predict decoding does not support it"
             )
-        if cls.uses_engine(ctx.engine):
+        if ctx.engine.runs_mask_predict:
             logger.info(
                 "Mask-Predict decoding: I = %d iterations, length beam l = %d, %s engine",
                 options.iter_decode_max_iter,

@@ -79,6 +79,12 @@ class DecodingStrategy:
         return True
 
     @classmethod
+    def engine_supports_shortlist(cls, engine: DecoderEngine) -> bool:
+        """Whether what this strategy runs of ``engine`` restricts the output layer to a
+        shortlist's rows (``--shortlist`` with an engine that cannot is refused)."""
+        return engine.supports_shortlist
+
+    @classmethod
     def build(cls, ctx: DecodingContext):
         raise NotImplementedError
 
@@ -165,10 +171,11 @@ def check_supported(
                 "left-to-right search (--decoding beam), HRT decoding (--decoding hrt) with an engine that supports "
                 f"it ({', '.join(n for n, e in ENGINES.items() if e.supports_shortlist)}), and Mask-Predict"
             )
-        if uses_engine and not engine.supports_shortlist:
+        if uses_engine and not strategy.engine_supports_shortlist(engine):
             raise ValueError(
                 f"--shortlist restricts the output layer of --decoder-engine "
-                f"{'/'.join(n for n, e in ENGINES.items() if e.supports_shortlist)}; --decoder-engine {engine.name} "
+                f"{'/'.join(n for n, e in ENGINES.items() if strategy.engine_supports_shortlist(e))}; "
+                f"--decoder-engine {engine.name} "
                 "always scores the whole vocabulary"
             )
     if options.compile:

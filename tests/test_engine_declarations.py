@@ -1,0 +1,63 @@
+"""Every strategy's engine declaration is true: Mask-Predict runs on its engine (the
+generator of ``--decoder-engine onnxruntime``, the backend of the others), so the engine
+checks of :func:`~fairseq_hrt.generation.strategies.check_supported` apply to it as to the
+other strategies: ``--decoder-engine cuda-graph --shortlist`` is refused with the message
+left-to-right and HRT decoding get."""
+
+import pytest
+
+from fairseq_hrt.generation.engines import ENGINES
+from fairseq_hrt.generation.mask_predict import MaskPredictDecoding
+from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
+from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
+from tests.test_shortlist import assert_same_hypotheses, shortlist_file
+
+FLAGS = ("--iter-decode-max-iter", "3", "--iter-decode-with-beam", "2", "--max-len-b", "10")
+REFUSED = r"--shortlist restricts the output layer of --decoder-engine .*; --decoder-engine cuda-graph always scores"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    data_dir = str(tmp_path_factory.mktemp("engine_declarations"))
+    return data_dir, {arch: build_task_and_model(data_dir, arch=arch)[1] for arch in ("cmlm_tiny", "hrt_tiny")}
+
+
+def test_mask_predict_declares_every_engine_it_runs_on():
+    assert DECODING_STRATEGIES["mask-predict"] is MaskPredictDecoding
+    assert all(MaskPredictDecoding.uses_engine(engine) for engine in ENGINES.values())
+    # what it runs of each engine: cuda-graph's backend scores the whole vocabulary; the lean
+    # and fairseq engines' TorchBackend and onnxruntime's own generator take a shortlist's rows
+    assert {n for n, e in ENGINES.items() if MaskPredictDecoding.engine_supports_shortlist(e)} == {
+        "lean",
+        "fairseq",
+        "onnxruntime",
+    }
+
+
+def test_cuda_graph_with_shortlist_is_refused_for_mask_predict_as_for_hrt(models, tmp_path):
+    data_dir, by_arch = models
+    task, _ = build_generator(data_dir, by_arch["cmlm_tiny"], *FLAGS)
+    path = shortlist_file(task, tmp_path / "all.pt")
+    messages = []
+    for arch, flags in (("cmlm_tiny", FLAGS), ("hrt_tiny", ("--decode-chunk-size", "2"))):
+        with pytest.raises(ValueError, match=REFUSED) as refused:
+            build_generator(data_dir, by_arch[arch], *flags, "--decoder-engine", "cuda-graph", "--shortlist", path)
+        messages.append(str(refused.value))
+    assert messages[0].endswith("always scores the whole vocabulary")
+    assert messages[0].split(";")[1] == messages[1].split(";")[1]
+
+
+@pytest.mark.parametrize("engine", ["lean", "fairseq"])
+def test_mask_predict_on_its_engines_gives_the_same_tokens(models, tmp_path, engine):
+    data_dir, by_arch = models
+    model = by_arch["cmlm_tiny"]
+    task, reference = build_generator(data_dir, model, *FLAGS)
+    sample = make_sample(task, [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3]])
+    expected = reference.generate([model], sample)
+    _, ours = build_generator(data_dir, model, *FLAGS, "--decoder-engine", engine)
+    assert_same_hypotheses(expected, ours.generate([model], sample))
+    # with a shortlist of every token, too
+    _, listed = build_generator(
+        data_dir, model, *FLAGS, "--decoder-engine", engine, "--shortlist", shortlist_file(task, tmp_path / "all.pt")
+    )
+    assert_same_hypotheses(expected, listed.generate([model], sample))
