@@ -43,31 +43,38 @@ from benchmarks import measure, time_split  # noqa: E402
 from benchmarks.onnx_gate import random_model  # noqa: E402
 from benchmarks.report_files import write_report  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
-from fairseq_hrt.generation.lean import TorchBackend  # noqa: E402
-from fairseq_hrt.generation.onnx_engine import exported_folder  # noqa: E402
-from hrt_runtime.model import ExportedModel  # noqa: E402
+from fairseq_hrt.generation.engines import engine_choices, get_engine  # noqa: E402
+from fairseq_hrt.generation.search_generator import SearchGenerator  # noqa: E402
 from hrt_runtime.search import Rules, SearchConfig, mask_columns  # noqa: E402
-
-ENGINES = ("lean", "onnxruntime")
 
 
 def backend_of(engine: str, model, task, threads: int, int8: bool = False):
-    """``(backend, encode)`` of the one search for ``engine``: ``encode(src (B, S) int64 array)``
-    gives the backend's encoding of a batch. ``int8``: ONNX Runtime's int8 copy of the export."""
-    tgt = task.target_dictionary
-    if engine == "onnxruntime":
-        backend = ExportedModel(exported_folder(model, task, int8=int8), threads=threads)
-        return backend, backend.encode
-    if int8:
-        raise ValueError(f"int8 backends are ONNX Runtime's; the {engine} engine runs float here")
-
-    backend = TorchBackend(model, tgt, task.chunk_start_idx, task.mask_idx)
+    """``(backend, encode)`` of the one search for ``engine`` (any registered engine): the
+    backend its generator runs the search on, ``encode(src (B, S) int64 array)`` its encoding
+    of a batch. ``int8``: the int8 copy of an engine that quantizes its own graphs (ONNX
+    Runtime's); ``threads``: the engine's, which it takes from torch's."""
+    if int8 and not get_engine(engine).quantizes_itself:
+        raise ValueError(f"int8 backends are those of engines that quantize their own graphs; {engine} runs float here")
+    torch.set_num_threads(threads)
+    generator = one_search_generator(engine, model, task, "int8" if int8 else "none")
 
     def encode(src):
         tokens = torch.from_numpy(src)
-        return backend.encode_fairseq({"src_tokens": tokens, "src_lengths": torch.full((src.shape[0],), src.shape[1])})
+        return generator.encode({"src_tokens": tokens, "src_lengths": torch.full((src.shape[0],), src.shape[1])})
 
-    return backend, encode
+    return generator.backend, encode
+
+
+def one_search_generator(engine: str, model, task, quantize: str) -> SearchGenerator:
+    """The engine's generator of greedy search (an HRT model in its AT mode, which holds the
+    model's start symbols and <mask> for stage II): the one search over its backend, or an
+    error naming an engine that runs another search (fairseq's). Every other decoding option
+    at its default, whatever the checkpoint saved (no shortlist, no --compile)."""
+    options = dict(measure.row_defaults(), decoder_engine=engine, quantize=quantize, decode_chunk_size="1")
+    generator = measure.build_generator(task, model, {"beam": 1}, options)
+    if not isinstance(generator, SearchGenerator):
+        raise ValueError(f"the {engine} engine does not run the one search (hrt_runtime.search): no backend to time")
+    return generator
 
 
 def banned_symbols(task) -> list:
@@ -222,8 +229,8 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     for e in engines:
-        if e not in ENGINES:
-            p.error(f"--engines: {e!r} is not one of {', '.join(ENGINES)}")
+        if e not in engine_choices():
+            p.error(f"--engines: {e!r} is not one of {', '.join(engine_choices())}")
     batches = [int(b) for b in args.batches.split(",")]
 
     workdir = tempfile.mkdtemp()

@@ -23,7 +23,7 @@ from benchmarks import ct2_reference
 from benchmarks.timing import time_runs
 from fairseq_hrt.generation.engines import ENGINES, engine_choices, get_engine
 from fairseq_hrt.generation.jacobi import JACOBI_METHODS, SPEC_METHOD
-from fairseq_hrt.generation.options import DecodingOptions, task_defaults
+from fairseq_hrt.generation.options import DEFAULT_DECODER_ENGINE, DecodingOptions, task_defaults
 from fairseq_hrt.generation.quantize import engine_quantizes_itself, prepare_for_decoding
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
 from fairseq_hrt.models.kinds import AT, HRT
@@ -198,7 +198,7 @@ class Context:
         self.max_len_a, self.max_len_b, self.lenpen = max_len_a, max_len_b, lenpen
         self._models, self._batches = {}, {}
 
-    def model(self, checkpoint: str, quantize: str = "none", engine: str = "lean"):
+    def model(self, checkpoint: str, quantize: str = "none", engine: str = DEFAULT_DECODER_ENGINE):
         """The checkpoint loaded as ``--decoder-engine engine --quantize quantize`` loads it: an
         int8 copy for the PyTorch engines, the float model for an engine that quantizes its own
         graphs (ONNX Runtime)."""
@@ -211,7 +211,9 @@ class Context:
             self._models[key] = (prepare_for_decoding(model, quantize), task)
         return self._models[key]
 
-    def batches(self, checkpoint: str, quantize: str, lines: List[str], batch_size: int, engine: str = "lean"):
+    def batches(
+        self, checkpoint: str, quantize: str, lines: List[str], batch_size: int, engine: str = DEFAULT_DECODER_ENGINE
+    ):
         key = (checkpoint, quantize, engine, len(lines), batch_size, hash(tuple(lines)))
         if key not in self._batches:
             model, task = self.model(checkpoint, quantize, engine)
@@ -256,7 +258,7 @@ class FairseqRunner(Runner):
     def __init__(self, system: System, ctx: Context, gen_args: dict, task_options: dict, greedy: bool):
         self.system, self.ctx, self.greedy = system, ctx, greedy
         self.quantize = task_options.get("quantize", "none")
-        self.engine = task_options.get("decoder_engine", "lean")
+        self.engine = task_options.get("decoder_engine", DEFAULT_DECODER_ENGINE)
         self.model, self.task = ctx.model(system.checkpoint, self.quantize, self.engine)
         gen_args = dict(gen_args, max_len_a=ctx.max_len_a, max_len_b=ctx.max_len_b)
         self.generator = build_generator(self.task, self.model, gen_args, task_options)
@@ -367,7 +369,7 @@ ROW_NAMES = {"fairseq": "fairseq engine"}  # how a row names an engine: "(fairse
 
 
 def default_engine() -> str:
-    return DecodingOptions.decoder_engine
+    return DEFAULT_DECODER_ENGINE
 
 
 def engine_suffix(engine: str) -> str:

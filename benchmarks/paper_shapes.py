@@ -63,6 +63,8 @@ from benchmarks.benchmark import cpu_name  # noqa: E402
 from benchmarks.onnx_gate import random_model  # noqa: E402
 from benchmarks.report_files import write_files  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
+from fairseq_hrt.generation.engines import engine_choices, get_engine  # noqa: E402
+from fairseq_hrt.generation.options import DEFAULT_DECODER_ENGINE  # noqa: E402
 from hrt_runtime.search import SearchConfig, hrt, left_to_right  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -354,13 +356,12 @@ def our_rows(models: Models, engines: Sequence[str], threads: int) -> Dict[str, 
     rows: Dict[str, dict] = {}
     shape = SHAPES[models.shape]
     variants = []
-    for engine in engines:
-        if engine == "onnxruntime":
-            variants += [("onnxruntime", "none"), ("onnxruntime", "int8")]
-        elif engine == "lean":
-            variants.append(("lean", "none"))
+    for engine in engines:  # float, and int8 where the engine quantizes its own graphs
+        variants.append((engine, "none"))
+        if get_engine(engine).quantizes_itself:
+            variants.append((engine, "int8"))
     for engine, quantize in variants:
-        suffix = f" ({engine})" if engine != "lean" else ""
+        suffix = f" ({engine})" if engine != DEFAULT_DECODER_ENGINE else ""
         suffix += " int8" if quantize == "int8" else ""
         for family, model, task, ks in (
             ("AT", models.at, models.task, (1,)),
@@ -755,8 +756,8 @@ def main(argv=None):
             p.error(f"--shapes: {s!r} is not one of {', '.join(SHAPES)}")
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     for e in args.engines:
-        if e not in hrt_bound.ENGINES:
-            p.error(f"--engines: {e!r} is not one of {', '.join(hrt_bound.ENGINES)}")
+        if e not in engine_choices():
+            p.error(f"--engines: {e!r} is not one of {', '.join(engine_choices())}")
     args.bound_batches = {int(b) for b in args.bound_batches.split(",") if b.strip()}
     args.ct2_compute_types = [c.strip() for c in args.ct2_compute_types.split(",") if c.strip()]
     try:

@@ -49,7 +49,9 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
 from benchmarks import measure  # noqa: E402
 from benchmarks.report_files import write_report  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
-from fairseq_hrt.generation.engines import get_engine  # noqa: E402
+from fairseq_hrt.generation.engines import engine_choices, get_engine  # noqa: E402
+from fairseq_hrt.generation.options import DEFAULT_DECODER_ENGINE  # noqa: E402
+from fairseq_hrt.generation.search_generator import SearchGenerator  # noqa: E402
 from hrt_runtime.model import ExportedModel  # noqa: E402
 
 PARTS = ("encoder", "decoder steps", "stage II", "other")
@@ -169,7 +171,7 @@ def split(
     batch_size: int,
     chunk_size: int,
     runs: int,
-    engine: str = "lean",
+    engine: str = DEFAULT_DECODER_ENGINE,
     max_len_a: float = 0.0,
     max_len_b: int = 200,
     use_cuda: bool = False,
@@ -188,6 +190,8 @@ def split(
     generator = measure.build_generator(
         task, model, {"beam": 1, "max_len_a": max_len_a, "max_len_b": max_len_b}, options
     )
+    if not isinstance(generator, SearchGenerator):  # its parts are not the one search's backend calls
+        raise ValueError(f"--engine {engine} does not run the one search (hrt_runtime.search): its time is not split")
     batches = measure.make_batches(task, model, lines, batch_size, use_cuda)
     # warm-up (an engine that captures per shape: a whole pass, as benchmark.py warms it up)
     whole = get_engine(engine).warms_up_per_shape
@@ -239,8 +243,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
         "--engine",
-        choices=("lean", "onnxruntime", "cuda-graph"),
-        default="lean",
+        choices=engine_choices(),
+        default=DEFAULT_DECODER_ENGINE,
         help="the decoder engine (onnxruntime: its session runs timed in place, no profiler; cuda-graph: a GPU)",
     )
     p.add_argument("--cpu", action="store_true", help="decode on CPU even if a GPU is present")

@@ -75,23 +75,33 @@ def translator(exported_tiny):
 
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(translator):
-    server = Server(translator, max_batch=32, max_wait_ms=20)
+    """The worker held at a first request while the others arrive: when it is released, the
+    waiting requests are gathered into batches (no timing: they are all queued by then), and
+    each request gets the Translator's answer for its own lines."""
+    server = Server(translator, max_batch=32, max_wait_ms=0, workers=1)
+    worker = HeldWorker(server.app[BATCHER])
     try:
         requests = [
             (_sentences(1 + i % 4, seed=100 + i), dict(beam=1 + i % 2, max_len_b=6, chunk_size=1 + i % 2))
             for i in range(48)
         ]
         expected = [translator.translate(lines, **options) for lines, options in requests]
-        with ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(lambda r: post(server.url, {"text": r[0], **r[1]}), requests))
+        with ThreadPoolExecutor(len(requests)) as pool:
+            first = pool.submit(post, server.url, {"text": requests[0][0], **requests[0][1]})
+            assert worker.started.wait(30)
+            others = [pool.submit(post, server.url, {"text": lines, **options}) for lines, options in requests[1:]]
+            _wait_for(lambda: len(server.app[BATCHER].queue) == len(others))
+            worker.release.set()
+            answers = [first.result(60)] + [answer.result(60) for answer in others]
         assert [status for status, _ in answers] == [200] * len(requests)
         assert [a["translations"] for _, a in answers] == expected
         stats = get(server.url, "/info")["stats"]
         assert stats["requests"] == len(requests)
-        assert stats["batches"] < len(requests)  # requests were gathered
+        assert stats["batches"] == len(worker.batches) < len(requests)  # requests were gathered
         assert 1 < stats["largest_batch"] <= 32
         assert get(server.url, "/health")["status"] == "ok"
     finally:
+        worker.release.set()
         server.close()
 
 
@@ -142,14 +152,14 @@ def test_a_full_queue_answers_503_and_loses_nothing(translator):
     server = Server(translator, max_batch=1, max_wait_ms=0, max_queue=1, workers=1)
     batcher = server.app[BATCHER]
     release, started = threading.Event(), threading.Event()
-    translate = batcher._translate
+    translate = batcher.translate_batch
 
     def held(lines, options, stop):
         started.set()
         release.wait(60)
         return translate(lines, options, stop)
 
-    batcher._translate = held
+    batcher.translate_batch = held
     try:
         a, b = _sentences(2, seed=7), _sentences(3, seed=8)
         with ThreadPoolExecutor(2) as pool:
@@ -250,18 +260,20 @@ def test_the_command_line_serves_and_refuses_clearly(exported_tiny, tmp_path):
 
 class HeldWorker:
     """The batcher's worker held at its first batch until ``release`` is set; every batch's
-    sources recorded (as tuples of token ids), in the order they are translated."""
+    sources recorded (as tuples of token ids), in the order they are translated. It stands in
+    for the batcher's :attr:`~hrt_runtime.serve.Batcher.translate_batch` and calls the one it
+    replaced (``translate``)."""
 
     def __init__(self, batcher):
         self.release, self.started, self.batches = threading.Event(), threading.Event(), []
-        self._translate = batcher._translate
-        batcher._translate = self
+        self.translate = batcher.translate_batch
+        batcher.translate_batch = self
 
     def __call__(self, sources, options, stop):
         self.batches.append([tuple(s.tolist()) for s in sources])
         self.started.set()
         self.release.wait(60)
-        return self._translate(sources, options, stop)
+        return self.translate(sources, options, stop)
 
 
 def _wait_for(condition, seconds=30):
@@ -572,7 +584,7 @@ class HeldWhen(HeldWorker):
 
     def __call__(self, sources, options, stop):
         if not self.hold(sources):
-            return self._translate(sources, options, stop)
+            return self.translate(sources, options, stop)
         return super().__call__(sources, options, stop)
 
 

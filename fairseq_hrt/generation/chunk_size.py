@@ -1,9 +1,12 @@
 """``--decode-chunk-size``: which chunk size k an HRT model decodes with (per batch or per
 sentence)."""
 
-from typing import List
+from typing import Callable, List, Sequence
 
+import numpy as np
 import torch
+
+from hrt_runtime.search import chunk_size_groups
 
 
 def resolve_decode_chunk_size(option: str, trained: List[int]):
@@ -59,3 +62,14 @@ def chunk_sizes_of(chunk_size, src_tokens, pad: int) -> List[int]:
     if callable(chunk_size):
         return [int(k) for k in chunk_size(src_tokens.ne(pad).long().sum(dim=1)).tolist()]
     return [int(chunk_size)] * src_tokens.size(0)
+
+
+def decode_by_chunk_size(chunk_size, src_tokens, pad: int, decode: Callable[[int, np.ndarray], Sequence]) -> List:
+    """Each sentence's hypotheses, decoded group by group of the sentences that share a chunk
+    size (:func:`chunk_sizes_of`): ``decode(k, rows)`` gives the hypotheses of the batch's
+    ``rows`` (an int64 array: every row in the usual case of one k) in their order."""
+    results: List = [None] * src_tokens.size(0)
+    for k, rows in chunk_size_groups(chunk_sizes_of(chunk_size, src_tokens, pad)):
+        for i, hypos in zip(rows.tolist(), decode(k, rows)):
+            results[i] = hypos
+    return results

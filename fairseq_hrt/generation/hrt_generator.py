@@ -15,12 +15,12 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import Tensor
 
-from fairseq_hrt.generation.chunk_size import chunk_sizes_of, resolve_decode_chunk_size
+from fairseq_hrt.generation.chunk_size import decode_by_chunk_size, resolve_decode_chunk_size
 from fairseq_hrt.generation.hypotheses import reject_unsupported_inputs, select_rows, to_fairseq
 from fairseq_hrt.generation.search_rules import banned_symbols_of
 from fairseq_hrt.generation.strategies import DecodingContext, DecodingStrategy, LeftToRightDecoding, register_decoding
 from fairseq_hrt.models.kinds import family_of
-from hrt_runtime.search import check_b_nat, chunk_size_groups, stage2
+from hrt_runtime.search import check_b_nat, stage2
 
 logger = logging.getLogger(__name__)
 
@@ -104,13 +104,12 @@ class HRTGenerator:
     def generate(self, models, sample: Dict[str, Dict[str, Tensor]], **kwargs) -> List[List[Dict[str, Tensor]]]:
         reject_unsupported_inputs("HRT decoding", **kwargs)
         src_tokens = sample["net_input"]["src_tokens"]
-        results: List[Optional[List[Dict[str, Tensor]]]] = [None] * src_tokens.size(0)
-        for k, rows in chunk_size_groups(chunk_sizes_of(self.chunk_size, src_tokens, self.pad)):
-            rows = rows.tolist()
-            sub = sample if len(rows) == len(results) else select_rows(sample, rows)
-            for i, hypos in zip(rows, self._generate_k(sub, k)):
-                results[i] = hypos
-        return results
+
+        def decode(k: int, rows):
+            sub = sample if rows.size == src_tokens.size(0) else select_rows(sample, rows.tolist())
+            return self._generate_k(sub, k)
+
+        return decode_by_chunk_size(self.chunk_size, src_tokens, self.pad, decode)
 
     def _generate_k(self, sample, k: int):
         stage1 = self.stage1(k)

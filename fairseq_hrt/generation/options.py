@@ -21,6 +21,10 @@ from hrt_runtime.search import SearchConfig
 
 QUANTIZE_CHOICES = ("none", "int8")
 
+# --decoder-engine's default, named once: the engines' registry lists it first, a benchmark
+# row without an engine suffix decodes with it
+DEFAULT_DECODER_ENGINE = "lean"
+
 # the options of HRT's stage II beyond the papers (only two-stage HRT decoding has them)
 STAGE2_OPTIONS = ("hrt_refine_fraction", "hrt_fallback_threshold", "hrt_rescore")
 
@@ -110,7 +114,7 @@ class DecodingOptions:
     decoder_engine: str = task_option(
         "engine of left-to-right search (AT beam/greedy, HRT stage I and AT mode), of HRT's two stages and "
         "Mask-Predict where it runs them",
-        "lean",
+        DEFAULT_DECODER_ENGINE,
     )
     quantize: str = task_option(
         "'int8' = dynamic int8 quantization of the linear layers for CPU decoding, applied when the model is loaded",

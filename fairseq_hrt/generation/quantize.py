@@ -9,7 +9,7 @@ import torch
 from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
 
 from fairseq_hrt.generation.engines import ENGINES
-from fairseq_hrt.generation.options import QUANTIZE_CHOICES
+from fairseq_hrt.generation.options import DEFAULT_DECODER_ENGINE, QUANTIZE_CHOICES
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def engine_quantizes_itself(engine: str) -> bool:
     return found is not None and found.quantizes_itself
 
 
-def prepare_for_decoding(model, quantize: str, engine: str = "lean"):
+def prepare_for_decoding(model, quantize: str, engine: str = DEFAULT_DECODER_ENGINE):
     """What loading a model for decoding does with ``--quantize``: nothing for ``none``,
     :func:`quantize_int8` once for ``int8`` (a model quantized already stays as it is); nothing
     either for an engine that quantizes itself (:func:`engine_quantizes_itself`)."""
@@ -61,7 +61,7 @@ def prepare_for_decoding(model, quantize: str, engine: str = "lean"):
     return model
 
 
-def check_quantization(models, quantize: str, engine: str = "lean"):
+def check_quantization(models, quantize: str, engine: str = DEFAULT_DECODER_ENGINE):
     """A generator asked for ``--quantize int8`` of a model loaded in float (or the other way
     round: a quantized model without it) says how to load it instead."""
     quantize = str(quantize)

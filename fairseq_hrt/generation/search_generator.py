@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from fairseq_hrt.generation.chunk_size import chunk_sizes_of
+from fairseq_hrt.generation.chunk_size import decode_by_chunk_size
 from fairseq_hrt.generation.hypotheses import reject_unsupported_inputs, to_fairseq
 from hrt_runtime import search
 from hrt_runtime.search import SearchConfig
@@ -77,35 +77,51 @@ class SearchGenerator:
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         encoded = self.last_encoded = self.encode(net_input)
-        width = src_tokens.size(1)
+        found = self.search_of(bos_token)(encoded, src_tokens, bos_token)
+        return to_fairseq(found, src_tokens.device)
+
+    def search_of(self, bos_token: Optional[int]):
+        """The search this generator runs on a batch, ``(encoded, src_tokens, bos_token) ->
+        each sentence's hypotheses``: Mask-Predict where it has iterations, left to right where
+        it has no chunk size or is given a start symbol (HRT's stage I), else HRT's two stages."""
         if self.iterations:
-            found = search.mask_predict(
-                self.backend,
-                encoded,
-                src_tokens.cpu().numpy(),
-                self.iterations,
-                self.length_beam,
-                self.config.max_len_a,
-                self.config.max_len_b,
-                self.banned,
-                rows=self.rows_of(src_tokens),
-                on_iteration=self.on_iteration,
-            )
-            return to_fairseq(found, src_tokens.device)
+            return self._mask_predict
         if self.chunk_size is None or bos_token is not None:
-            found = search.left_to_right(
-                self.backend, encoded, width, self.config, self.banned, start=bos_token, rows=self.rows_of(src_tokens)
-            )
-            return to_fairseq(found, src_tokens.device)
-        results: List = [None] * src_tokens.size(0)
-        for k, index in search.chunk_size_groups(chunk_sizes_of(self.chunk_size, src_tokens, self.pad)):
+            return self._left_to_right
+        return self._two_stages
+
+    def _mask_predict(self, encoded, src_tokens, bos_token=None):
+        return search.mask_predict(
+            self.backend,
+            encoded,
+            src_tokens.cpu().numpy(),
+            self.iterations,
+            self.length_beam,
+            self.config.max_len_a,
+            self.config.max_len_b,
+            self.banned,
+            rows=self.rows_of(src_tokens),
+            on_iteration=self.on_iteration,
+        )
+
+    def _left_to_right(self, encoded, src_tokens, bos_token=None):
+        width = src_tokens.size(1)
+        return search.left_to_right(
+            self.backend, encoded, width, self.config, self.banned, start=bos_token, rows=self.rows_of(src_tokens)
+        )
+
+    def _two_stages(self, encoded, src_tokens, bos_token=None):
+        """HRT's two stages, the batch split by chunk size; a group of part of the batch decodes
+        over its own sentences' encoding and shortlist candidates."""
+        width = src_tokens.size(1)  # every group keeps the batch's padded width
+
+        def decode(k: int, index):
             part, part_src = encoded, src_tokens
-            if index.size < len(results):  # a group decodes over its own sentences' candidates
+            if index.size < src_tokens.size(0):
                 part = encoded.select(index)
                 part_src = src_tokens.index_select(0, torch.from_numpy(index).to(src_tokens.device))
-            found = search.hrt(
+            return search.hrt(
                 self.backend, part, width, self.config, k, self.banned, b_nat=self.b_nat, rows=self.rows_of(part_src)
             )
-            for i, hypos in zip(index.tolist(), found):
-                results[i] = hypos
-        return to_fairseq(results, src_tokens.device)
+
+        return decode_by_chunk_size(self.chunk_size, src_tokens, self.pad, decode)

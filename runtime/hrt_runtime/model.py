@@ -111,8 +111,8 @@ def loop_state_name(past_name: str) -> str:
 
 
 # the most rows the greedy loop decodes: it runs rows that have ended until the last one ends,
-# where the search's own steps drop them (mini AT, 1 thread, ms per sentence, loop / steps:
-# batch 1 1.64 / 1.84, 2 1.29 / 1.42, 4 0.96 / 0.94, 8 0.94 / 0.83). int8 graphs: one row, as
+# where the search's own steps drop them, so the loop beats the steps on small batches only
+# (measured: benchmarks/results/runtime-step-cost-cpu/README.md). int8 graphs: one row, as
 # their activations are quantized with one scale per batch, which rows that ended would change
 LOOP_ROWS, LOOP_ROWS_INT8 = 2, 1
 
@@ -458,14 +458,14 @@ class ExportedModel:
         self._options.intra_op_num_threads = max(1, int(threads))
         self._options.inter_op_num_threads = 1
         # no arena: ONNX Runtime's CPU arena keeps the largest batch's memory for good (a service
-        # went from 98 to 832 MiB after one request of 256 long lines, peak 936); without it the
-        # memory goes back to malloc (221 MiB after, 137 with malloc_trim, peak 504) and steps
-        # took the same time (mini model, 2 cores, beam 1 and 5, one by one and batched)
+        # kept a large request's memory after it); without it the memory goes back to malloc and
+        # steps took the same time (measured: benchmarks/results/serve-operator-cpu/report.md)
         self._options.enable_cpu_mem_arena = False
         self._options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # idle worker threads sleep instead of spinning between runs: the search's numpy work runs
-        # between two steps, and spinning workers took its core (2 cores, HRT k = 2 at batch 1:
-        # 9.7 ms per sentence with spinning, 4.6 ms without; 5.0 ms on one thread)
+        # between two steps, and spinning workers took its core (about twice as slow at batch 1
+        # on 2 cores: commit 0147c24, whose report benchmarks/results/onnxruntime-full-cpu runs
+        # with them sleeping)
         self._options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._ort = ort
         self._sessions: Dict[str, object] = {}

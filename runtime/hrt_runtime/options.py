@@ -240,7 +240,7 @@ SERVICE: Sequence[Option] = (
         60000,
         "how long the oldest waiting request waits for others to join its batch (0: none; requests that "
         "arrive while a batch is translated form the next one, which measured best on 2 CPU cores: "
-        "benchmarks/results/serve-mini-cpu)",
+        "benchmarks/results/serve-mini-cpu/report.md)",
     ),
     Option(
         "max_batch_tokens",
@@ -249,7 +249,8 @@ SERVICE: Sequence[Option] = (
         1,
         10**9,
         "padded source tokens per batch, at most (sentences x the longest): a long request's batches stay short, "
-        "so other requests' batches come in between (16,384 made the others' p99 4.9 s beside a 256 x 20 KB request)",
+        "so other requests' batches come in between (with a larger bound the others waited for a whole large batch: "
+        "benchmarks/results/serve-operator-cpu/report.md)",
     ),
     Option("max_queue", int, 256, 1, 10**6, "requests waiting, at most (then 503)"),
     Option("max_request_lines", int, 256, 1, 10**6, "lines in one request, at most (then 413)"),

@@ -64,7 +64,7 @@ import os
 import signal
 import sys
 import time
-from typing import Deque, Dict, List, Optional
+from typing import Callable, Deque, Dict, List, Optional
 
 import numpy as np
 
@@ -220,7 +220,12 @@ class Metrics:
 
 class Batcher:
     """Admits requests by their work, gathers them into batches (see the module's docstring) and
-    translates ``workers`` batches at a time, each in a worker thread."""
+    translates ``workers`` batches at a time, each in a worker thread.
+
+    :attr:`translate_batch` is what a worker thread calls on a batch: ``(sources, options,
+    stop) -> translations`` (``stop()`` is asked between decoder steps and true when nobody
+    waits for the batch any more). It is the Translator's; a test replaces it to hold a batch
+    or record what was batched, and calls the one it replaced."""
 
     def __init__(
         self,
@@ -260,6 +265,7 @@ class Batcher:
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="hrt-serve")
+        self.translate_batch: Callable[[List[np.ndarray], CallOptions, Callable[[], bool]], List[str]] = self._translate
 
     @property
     def busy(self) -> bool:
@@ -421,7 +427,9 @@ class Batcher:
             return all(request.future.done() for request in batch)
 
         try:
-            out = await loop.run_in_executor(self._executor, self._translate, sources, batch[0].options, nobody_waits)
+            out = await loop.run_in_executor(
+                self._executor, self.translate_batch, sources, batch[0].options, nobody_waits
+            )
         except Stopped:
             self.stats["stopped_batches"] += 1
             if self.metrics is not None:
