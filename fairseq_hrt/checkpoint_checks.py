@@ -10,6 +10,7 @@
 import logging
 from typing import Dict, Sequence
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.models.hrt_transformer import check_dictionary_compatible
 from fairseq_hrt.symbols import dictionary_fingerprint
 
@@ -37,7 +38,7 @@ def check_resumed_state(saved: Dict, fingerprint: str, schedule: Dict, data: str
     every later update)."""
     old = saved.get("dictionary")
     if old is not None and old != fingerprint:
-        raise ValueError(
+        raise RefusedOptions(
             f"the checkpoint being resumed was trained on data binarized with another dictionary "
             f"(fingerprint {old}, this data directory {data}: {fingerprint}). "
             "Resume with the data directory of the run that saved it, or start a new run in another "

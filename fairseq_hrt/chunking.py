@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from hrt_runtime import search
 
 IntOrTensor = Union[int, Tensor]
@@ -41,9 +42,9 @@ class DecoderSample(NamedTuple):
 def curriculum_p_k(num_updates: int, total_updates: int, curriculum_lambda: float = 1.0) -> float:
     """Share of a batch trained with chunk size k: ``p_k = (t / T) ** lambda``, clipped to [0, 1]."""
     if total_updates <= 0:
-        raise ValueError("the chunk curriculum needs the total number of updates (--max-update > 0)")
+        raise RefusedOptions("the chunk curriculum needs the total number of updates (--max-update > 0)")
     if curriculum_lambda <= 0:
-        raise ValueError(f"--curriculum-lambda must be > 0, got {curriculum_lambda}")
+        raise RefusedOptions(f"--curriculum-lambda must be > 0, got {curriculum_lambda}")
     ratio = min(max(num_updates / total_updates, 0.0), 1.0)
     return ratio**curriculum_lambda
 
@@ -242,7 +243,7 @@ def mix_targets(raw: Tensor, distilled: Tensor, p_raw: Union[float, Tensor], pad
     """
     p = torch.as_tensor(p_raw, dtype=torch.float, device=raw.device)
     if p.numel() and not bool(((p >= 0) & (p <= 1)).all()):
-        raise ValueError(f"--p-raw must be in [0, 1], got {p_raw}")
+        raise RefusedOptions(f"--p-raw must be in [0, 1], got {p_raw}")
     if p.dim() > 0 and p.shape != (raw.size(0),):
         raise ValueError(f"per-row p_raw must have shape ({raw.size(0)},), got {tuple(p.shape)}")
     if raw.size(0) != distilled.size(0):

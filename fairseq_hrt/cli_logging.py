@@ -4,7 +4,6 @@ benchmarks), and options refused as one line (:class:`RefusedOptions`) under fai
 import logging
 import os
 import sys
-from contextlib import contextmanager
 from typing import Optional
 
 
@@ -29,27 +28,44 @@ def setup_logging(log_file: Optional[str] = None):
 
 
 class RefusedOptions(ValueError):
-    """Options that cannot go together, or cannot train or decode this model; the message
-    says why. From Python it is a ``ValueError`` like any other; a command line that does not
-    catch it prints ``PROG: error: MESSAGE`` and exits with status 1, as argparse does for a
-    bad option, without a traceback (:func:`install_refusal_hook`)."""
+    """Options that cannot go together, or cannot train or decode this model; the message is one
+    sentence saying what to change. The plugin's checks of options raise it where they find the
+    mistake; every other exception (a bug, a damaged file) is left as it is, traceback and all.
+    From Python it is a ``ValueError`` like any other; under a command line that does not catch
+    it, it prints ``PROG: error: MESSAGE`` and exits with status 1, as argparse does for a bad
+    option, without a traceback (:func:`install_refusal_hook`)."""
 
 
-@contextmanager
-def refusals():
-    """A ``ValueError`` raised inside (the plugin's checks of its options) leaves as
-    :class:`RefusedOptions` with the same message."""
-    try:
-        yield
-    except RefusedOptions:
-        raise
-    except ValueError as error:
-        raise RefusedOptions(str(error)) from error
+# the programs whose uncaught refusals are one line: fairseq's command lines and the plugin's
+# own, run as ``python -m MODULE`` (the module's name) or as a console script (its file name)
+COMMAND_MODULES = ("fairseq_cli", "fairseq_hrt")
+COMMAND_SCRIPTS = ("fairseq-",)
+
+
+def runs_a_command_line() -> bool:
+    """Whether this process's main program is a fairseq command line or one of the plugin's:
+    ``python -m fairseq_cli.train`` / ``python -m fairseq_hrt.distill`` (the ``__main__``
+    module's spec) or ``fairseq-train`` / ``fairseq-hrt-export`` (the script's name)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None) or ""
+    if name.split(".")[0] in COMMAND_MODULES:
+        return True
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return script.startswith(COMMAND_SCRIPTS)
 
 
 def install_refusal_hook():
-    """An uncaught :class:`RefusedOptions` is one line on stderr (the interpreter then exits
-    with status 1); every other exception goes to the hook that was there. Once per process."""
+    """Under a command line (:func:`runs_a_command_line`), an uncaught :class:`RefusedOptions`
+    is one line on stderr (the interpreter then exits with status 1); every other exception
+    goes to the hook that was there, with its traceback. Once per process.
+
+    Nothing is installed when the plugin is used from Python (the hub, tests, a notebook, a
+    program that imports fairseq's ``main``): ``sys.excepthook`` is the program's own, and a
+    library has no business deciding how that program's uncaught errors look; a caller catches
+    the refusal (a ``ValueError``) and sees its message there."""
+    if not runs_a_command_line():
+        return
     previous = sys.excepthook
     if getattr(previous, "refuses_options", False):
         return

@@ -32,7 +32,7 @@ import torch
 from fairseq import checkpoint_utils, utils
 
 import fairseq_hrt  # noqa: F401
-from fairseq_hrt.cli_logging import setup_logging
+from fairseq_hrt.cli_logging import RefusedOptions, setup_logging
 from fairseq_hrt.generation.options import DecodingOptions
 from fairseq_hrt.models.kinds import family_of
 
@@ -261,7 +261,7 @@ def trace(task, model, sample, method: str, block_size: Optional[int], max_len_b
     """Decode ``sample`` with the generator of ``--decoding method`` (the task's one factory),
     every pass recorded: ``(hypotheses, records)``."""
     if method == "hrt-spec" and not family_of(model).chunk_sizes:
-        raise ValueError("--method hrt-spec needs an HRT model (it drafts with the non-autoregressive mode)")
+        raise RefusedOptions("--method hrt-spec needs an HRT model (it drafts with the non-autoregressive mode)")
     options = DecodingOptions(decoding=method, jacobi_block_size=block_size).replace(beam=1, max_len_b=max_len_b)
     gen = task.build_decoding([model], options)
     gen.trace = []  # record every pass (PassRecord)

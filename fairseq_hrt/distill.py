@@ -35,7 +35,7 @@ from sacrebleu.metrics import BLEU
 from tqdm import tqdm
 
 import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
-from fairseq_hrt.cli_logging import setup_logging
+from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook, setup_logging
 from fairseq_hrt.generation.engines import engine_choices
 from hrt_runtime import text_input
 from hrt_runtime.text_input import InputTextError
@@ -139,6 +139,35 @@ def translate_nbest(
     return results
 
 
+def check_nbest(task, model, lines: Sequence[str], args, use_cuda: bool) -> None:
+    """Refuse ``--nbest N > 1`` for a teacher whose decoding gives one candidate a sentence (an
+    HRT model decodes in HRT mode: stage II fills one skeleton), found on the first non-empty
+    line before the whole file is decoded: --select-by-bleu would have nothing to choose from."""
+    first = next((line for line in lines if line.strip()), None)
+    if args.nbest <= 1 or first is None:
+        return
+    found = translate_nbest(
+        task,
+        model,
+        [first],
+        args.beam,
+        args.nbest,
+        None,
+        1,
+        args.max_len_a,
+        args.max_len_b,
+        args.lenpen,
+        use_cuda,
+        progress=False,
+    )[0]
+    if len(found) < 2:
+        raise RefusedOptions(
+            f"--nbest {args.nbest}: this teacher's decoding gives {len(found)} candidate a sentence "
+            "(HRT decoding fills one skeleton), so --select-by-bleu has nothing to choose from; "
+            "drop --nbest and --select-by-bleu, or distil with an AT teacher"
+        )
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -196,6 +225,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    install_refusal_hook()  # under `python -m fairseq_hrt.distill` only: a refusal is one line
     args = parse_args(argv)
     setup_logging(args.log_file)
 
@@ -237,6 +267,7 @@ def main(argv=None):
         "GPU" if use_cuda else "CPU",
         torch.get_num_threads(),
     )
+    check_nbest(task, model, src, args, use_cuda)
     start = time.perf_counter()
     nbest = translate_nbest(
         task,

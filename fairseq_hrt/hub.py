@@ -30,6 +30,7 @@ import torch
 from fairseq import hub_utils, utils
 from omegaconf import OmegaConf, open_dict
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.generation.options import task_defaults
 from fairseq_hrt.symbols import find_sentencepiece_model
 from hrt_runtime.text_input import check_sentences, repair_lines
@@ -110,7 +111,7 @@ def from_pretrained(
         model_dir, checkpoint_file=checkpoint_file, data_name_or_path=data, user_dir=USER_DIR, **overrides
     )
     if loaded["task"].__class__.__name__ != "HRTTranslationTask":
-        raise ValueError(f"{checkpoint_file} was not trained with --task hrt_translation")
+        raise RefusedOptions(f"{checkpoint_file} was not trained with --task hrt_translation")
     return HRTHubInterface(loaded["args"], loaded["task"], loaded["models"])
 
 
@@ -161,11 +162,11 @@ class HRTHubInterface(hub_utils.GeneratorHubInterface):
         }
         generation_options.update({k: v for k, v in call_options.items() if v is not None})
         if "quantize" in generation_options and generation_options["quantize"] != str(self.task.cfg.quantize):
-            raise ValueError(
+            raise RefusedOptions(
                 "quantize is applied when the model is loaded: pass it to from_pretrained(..., quantize=...)"
             )
         if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise RefusedOptions(f"batch_size must be >= 1, got {batch_size}")
         return self.sample(sentences, beam=beam, verbose=verbose, batch_size=batch_size, **generation_options)
 
     # fairseq's hub.generate() takes these besides the generation options

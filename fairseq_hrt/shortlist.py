@@ -37,7 +37,7 @@ from fairseq.data import Dictionary, data_utils
 from torch import Tensor
 from tqdm import tqdm
 
-from fairseq_hrt.cli_logging import setup_logging
+from fairseq_hrt.cli_logging import RefusedOptions, setup_logging
 from fairseq_hrt.symbols import add_hrt_symbols, dictionary_fingerprint, hrt_symbols
 from hrt_runtime import text_input
 
@@ -125,13 +125,13 @@ class Shortlist:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unreadable file: one message
-            raise ValueError(
+            raise RefusedOptions(
                 f"--shortlist {path} is not a shortlist file of fairseq-hrt-shortlist ({type(e).__name__}: {e})"
             ) from None
         if not isinstance(state, dict) or state.get("format") != FILE_FORMAT:
-            raise ValueError(f"--shortlist {path} is not a shortlist file of fairseq-hrt-shortlist")
+            raise RefusedOptions(f"--shortlist {path} is not a shortlist file of fairseq-hrt-shortlist")
         if state.get("version") != FILE_VERSION:
-            raise ValueError(
+            raise RefusedOptions(
                 f"--shortlist {path}: file version {state.get('version')}, this code reads {FILE_VERSION}; rebuild it"
             )
         try:
@@ -144,16 +144,16 @@ class Shortlist:
                 state.get("settings"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ValueError(f"--shortlist {path} is damaged ({type(e).__name__}: {e}); rebuild it") from None
+            raise RefusedOptions(f"--shortlist {path} is damaged ({type(e).__name__}: {e}); rebuild it") from None
         for name, table in (("translations", shortlist.translations), ("always", shortlist.always)):
             if table.numel() and (int(table.max()) >= shortlist.target_size or int(table.min()) < -1):
-                raise ValueError(f"--shortlist {path} is damaged: {name} holds ids outside the target vocabulary")
+                raise RefusedOptions(f"--shortlist {path} is damaged: {name} holds ids outside the target vocabulary")
         return shortlist
 
     def check_dictionary(self, fingerprint: str, source_size: int, target_size: int, path: str, data: str):
         """Refuse a shortlist built for other dictionaries than the task's."""
         if fingerprint != self.fingerprint or (source_size, target_size) != (self.source_size, self.target_size):
-            raise ValueError(
+            raise RefusedOptions(
                 f"--shortlist {path} was built for another dictionary (fingerprint {self.fingerprint}, "
                 f"{self.source_size} source / {self.target_size} target symbols); the data directory {data} has "
                 f"fingerprint {fingerprint} ({source_size} / {target_size} symbols). Build the shortlist with "
@@ -217,7 +217,7 @@ def ibm1_table(src_sents, tgt_sents, source_size: int, target_size: int, iterati
 
     Returns ``(src, tgt, prob)``: the co-occurring pairs (NULL excluded) and ``p(t | s)``."""
     if iterations < 1:
-        raise ValueError(f"--iterations must be >= 1, got {iterations}")
+        raise RefusedOptions(f"--iterations must be >= 1, got {iterations}")
     null = source_size
     src, tgt, group = pair_entries(src_sents, tgt_sents, null=null)
     keys = src * target_size + tgt
@@ -264,7 +264,7 @@ def top_targets(src: np.ndarray, tgt: np.ndarray, score: np.ndarray, source_size
     """``(source_size, n)``: the ``n`` best-scored targets of every source id, best first (ties:
     the smaller id, i.e. the more frequent token in a fairseq dictionary), ``-1`` past the end."""
     if n < 1:
-        raise ValueError(f"--per-source must be >= 1, got {n}")
+        raise RefusedOptions(f"--per-source must be >= 1, got {n}")
     table = np.full((source_size, n), -1, dtype=np.int64)
     if len(src) == 0:
         return table
@@ -280,7 +280,7 @@ def top_targets(src: np.ndarray, tgt: np.ndarray, score: np.ndarray, source_size
 def most_frequent(tgt_sents, target_size: int, m: int, exclude: Sequence[int] = ()) -> np.ndarray:
     """The ``m`` most frequent target ids of the corpus (ties: the smaller id), ``exclude`` left out."""
     if m < 1:
-        raise ValueError(f"--frequent must be >= 1, got {m}")
+        raise RefusedOptions(f"--frequent must be >= 1, got {m}")
     flat, _ = _flatten(tgt_sents)
     counts = np.bincount(flat, minlength=target_size).astype(np.float64)
     counts[list(exclude)] = -1
@@ -313,13 +313,13 @@ def build_shortlist(
     ``</s>``) and its dictionaries: per source token its ``per_source`` best targets whose
     score (``p(t | s)`` or Dice) is at least ``min_score``."""
     if per_source < 1:
-        raise ValueError(f"--per-source must be >= 1, got {per_source}")
+        raise RefusedOptions(f"--per-source must be >= 1, got {per_source}")
     if frequent < 1:
-        raise ValueError(f"--frequent must be >= 1, got {frequent}")
+        raise RefusedOptions(f"--frequent must be >= 1, got {frequent}")
     if method not in METHODS:
-        raise ValueError(f"--method must be one of {METHODS}, got {method!r}")
+        raise RefusedOptions(f"--method must be one of {METHODS}, got {method!r}")
     if not 0.0 <= min_score < 1.0:
-        raise ValueError(f"--min-score must be in [0, 1), got {min_score}")
+        raise RefusedOptions(f"--min-score must be in [0, 1), got {min_score}")
     source_size, target_size = len(src_dict), len(tgt_dict)
     specials_src, specials_tgt = set(special_ids(src_dict)), special_ids(tgt_dict)
     # special symbols say nothing about translations: drop them from the statistics
@@ -360,7 +360,7 @@ def load_dictionaries(data: str, source_lang: Optional[str], target_lang: Option
     if source_lang is None or target_lang is None:
         source_lang, target_lang = data_utils.infer_language_pair(data)
         if source_lang is None:
-            raise ValueError(f"{data}: could not infer the language pair; pass --source-lang and --target-lang")
+            raise RefusedOptions(f"{data}: could not infer the language pair; pass --source-lang and --target-lang")
     dicts = []
     for lang in (source_lang, target_lang):
         path = os.path.join(data, f"dict.{lang}.txt")
@@ -459,18 +459,18 @@ def cli_main(argv: Optional[List[str]] = None) -> int:
     try:
         for name in ("per_source", "frequent", "iterations"):
             if getattr(args, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+                raise RefusedOptions(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
         if args.max_sentences < 0:
-            raise ValueError(f"--max-sentences must be >= 0, got {args.max_sentences}")
+            raise RefusedOptions(f"--max-sentences must be >= 0, got {args.max_sentences}")
         if bool(args.source_text) != bool(args.target_text):
-            raise ValueError("--source-text and --target-text go together")
+            raise RefusedOptions("--source-text and --target-text go together")
         src_lang, tgt_lang, src_dict, tgt_dict = load_dictionaries(args.data, args.source_lang, args.target_lang)
         start = time.time()
         if args.source_text:
             src = read_text(args.source_text, src_dict, args.max_sentences)
             tgt = read_text(args.target_text, tgt_dict, args.max_sentences)
             if len(src) != len(tgt):
-                raise ValueError(f"{args.source_text} has {len(src)} lines, {args.target_text} {len(tgt)}")
+                raise RefusedOptions(f"{args.source_text} has {len(src)} lines, {args.target_text} {len(tgt)}")
         else:
             src, tgt = read_binarized(args.data, args.split, src_lang, tgt_lang, src_dict, tgt_dict, args.max_sentences)
         logger.info(

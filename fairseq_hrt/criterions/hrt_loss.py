@@ -22,7 +22,8 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 
 from fairseq_hrt import chunking
-from fairseq_hrt.models.kinds import family_of
+from fairseq_hrt.cli_logging import RefusedOptions
+from fairseq_hrt.models.kinds import family_of, unwrap
 
 KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")
 
@@ -72,30 +73,41 @@ def parse_kind_weights(text: str) -> dict:
         kind, sep, value = item.partition("=")
         kind = kind.strip()
         if not sep or kind not in KINDS:
-            raise ValueError(f"--kind-weights {text!r}: expected KIND=WEIGHT with KIND one of {', '.join(KINDS)}")
+            raise RefusedOptions(f"--kind-weights {text!r}: expected KIND=WEIGHT with KIND one of {', '.join(KINDS)}")
         try:
             weight = float(value)
         except ValueError:
-            raise ValueError(f"--kind-weights {text!r}: {value!r} is not a number")
+            raise RefusedOptions(f"--kind-weights {text!r}: {value!r} is not a number")
         if weight < 0:
-            raise ValueError(f"--kind-weights {text!r}: weights must be >= 0")
+            raise RefusedOptions(f"--kind-weights {text!r}: weights must be >= 0")
         weights[kind] = weight
     return weights
 
 
 def check_mode_matches_model(hrt_mode: str, model):
-    """``--hrt-mode cmlm`` trains Mask-Predict and needs a length predictor; a Mask-Predict
-    model (``cmlm_*``) trains with ``--hrt-mode cmlm`` only."""
-    has_length = family_of(model).length_predictor
-    if hrt_mode == "cmlm" and not has_length:
-        raise ValueError(
-            "--hrt-mode cmlm trains a Mask-Predict baseline, which needs a target-length "
-            "predictor: use a cmlm_* architecture (e.g. --arch cmlm_base / cmlm_small)"
+    """The ``--hrt-mode`` each architecture trains with: a Mask-Predict model (``cmlm_*``, the
+    one with a length predictor) ``cmlm`` only; an HRT model (``hrt_*``) ``hrt`` or ``at``; a
+    model without a non-causal pass (``at_*``, fairseq's transformer) ``at`` only, since the
+    other modes' samples need one. Checked before the first update (the task's
+    ``begin_epoch``) and by every forward of the criterion."""
+    family = family_of(model)
+    arch = getattr(getattr(unwrap(model), "args", None), "arch", None) or type(unwrap(model)).__name__
+    if family.length_predictor:
+        if hrt_mode != "cmlm":
+            raise RefusedOptions(
+                f"--arch {arch} is a Mask-Predict architecture (cmlm_*): train it with --hrt-mode cmlm, "
+                f"not --hrt-mode {hrt_mode}"
+            )
+    elif hrt_mode == "cmlm":
+        raise RefusedOptions(
+            f"--hrt-mode cmlm trains a Mask-Predict baseline, which needs a target-length predictor: "
+            f"use a cmlm_* architecture (e.g. --arch cmlm_base / cmlm_small), or train --arch {arch} "
+            f"with --hrt-mode {'hrt' if family.non_causal else 'at'}"
         )
-    if hrt_mode != "cmlm" and has_length:
-        raise ValueError(
-            f"--hrt-mode {hrt_mode} with a Mask-Predict architecture (cmlm_*): train cmlm_* "
-            "archs with --hrt-mode cmlm, HRT with an hrt_* arch, AT baselines with an at_* arch"
+    elif hrt_mode != "at" and not family.non_causal:
+        raise RefusedOptions(
+            f"--arch {arch} decodes left to right only: train it with --hrt-mode at, "
+            f"or use an hrt_* architecture for --hrt-mode {hrt_mode}"
         )
 
 
@@ -118,7 +130,7 @@ def run_decoder(model, decoder_sample, encoder_out, causal: bool):
             causal=causal,
         )[0]
     if not causal:
-        raise ValueError(
+        raise RefusedOptions(
             f"--arch {getattr(model, 'args', None) and model.args.arch}: a plain fairseq "
             "decoder cannot run CMLM/HRT samples; use an hrt_* (or cmlm_*) architecture"
         )
@@ -132,9 +144,9 @@ class HRTLossCriterion(FairseqCriterion):
         self.eps = label_smoothing
         self.kind_weights = parse_kind_weights(kind_weights)
         if not 0.0 <= skip_at_self_distill <= 1.0:
-            raise ValueError(f"--skip-at-self-distill must be in [0, 1], got {skip_at_self_distill}")
+            raise RefusedOptions(f"--skip-at-self-distill must be in [0, 1], got {skip_at_self_distill}")
         if skip_at_self_distill > 0 and getattr(task.cfg, "hrt_mode", "hrt") != "hrt":
-            raise ValueError(
+            raise RefusedOptions(
                 f"--skip-at-self-distill distils AT mode into Skip-AT, which --hrt-mode "
                 f"{task.cfg.hrt_mode} does not train"
             )
@@ -142,7 +154,7 @@ class HRTLossCriterion(FairseqCriterion):
 
     def forward(self, model, sample, reduce=True):
         if "hrt" not in sample:
-            raise ValueError("--criterion hrt_loss needs --task hrt_translation")
+            raise RefusedOptions("--criterion hrt_loss needs --task hrt_translation")
         check_mode_matches_model(self.task.cfg.hrt_mode, model)
         hrt = sample["hrt"]
         net_input = sample["net_input"]

@@ -13,6 +13,8 @@ from typing import Optional
 import numpy as np
 from fairseq.data import BaseWrapperDataset, data_utils
 
+from fairseq_hrt.cli_logging import RefusedOptions
+
 logger = logging.getLogger(__name__)
 
 
@@ -58,6 +60,11 @@ def with_distilled_targets(
     distilled target from ``distill_data`` (binarized with the same dictionaries and split
     names). Refuses a missing or misaligned distilled set; ``p_raw`` / ``p_raw_chunked`` are
     only logged. Batches are sized by the longer of the two targets."""
+    if not os.path.isdir(distill_data):
+        raise RefusedOptions(
+            f"--distill-data {distill_data} is not a folder; give the folder of the binarized distilled "
+            "training set (fairseq-preprocess with the raw data's dictionaries)"
+        )
     src, tgt = source_lang, target_lang
     candidates = [
         os.path.join(distill_data, f"{split}.{src}-{tgt}.{tgt}"),
@@ -69,14 +76,15 @@ def with_distilled_targets(
         if distilled is not None:
             break
     if distilled is None:
-        raise FileNotFoundError(
+        raise RefusedOptions(
             f"--distill-data {distill_data}: no binarized distilled target "
             f"found at {candidates[0]}.{{bin,idx}} (binarize the distilled corpus with "
             "fairseq-preprocess --srcdict/--tgtdict of the raw data)"
         )
     if len(distilled) != len(pair_dataset):
-        raise ValueError(
-            f"distilled set not aligned with raw: {prefix} has {len(distilled)} sentences, "
+        raise RefusedOptions(
+            f"--distill-data {distill_data}: distilled set not aligned with raw: {prefix} has "
+            f"{len(distilled)} sentences, "
             f"the raw {split} set has {len(pair_dataset)}. The distilled corpus must be a "
             "line-by-line translation of the same source file."
         )

@@ -6,6 +6,7 @@ from typing import Callable, List, Sequence
 import numpy as np
 import torch
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from hrt_runtime.search import chunk_size_groups
 
 
@@ -14,23 +15,23 @@ def resolve_decode_chunk_size(option: str, trained: List[int]):
     option = str(option).strip()
     if option == "auto-trained":
         if not trained:
-            raise ValueError(
+            raise RefusedOptions(
                 "this checkpoint was not trained with chunked samples (--hrt-mode hrt); "
                 "decode it with --decode-chunk-size 1 (AT mode)"
             )
         return min(trained)
     if option == "by-length":
         if not trained:
-            raise ValueError("--decode-chunk-size by-length needs a model trained with chunk sizes")
+            raise RefusedOptions("--decode-chunk-size by-length needs a model trained with chunk sizes")
         return ChunkSizeByLength(trained)
     try:
         k = int(option)
     except ValueError:
-        raise ValueError(f"--decode-chunk-size must be an integer, 'auto-trained' or 'by-length', got {option!r}")
+        raise RefusedOptions(f"--decode-chunk-size must be an integer, 'auto-trained' or 'by-length', got {option!r}")
     if k < 1:
-        raise ValueError(f"--decode-chunk-size must be >= 1, got {k}")
+        raise RefusedOptions(f"--decode-chunk-size must be >= 1, got {k}")
     if k > 1 and k not in trained:
-        raise ValueError(
+        raise RefusedOptions(
             f"--decode-chunk-size {k}: this model was trained for chunk sizes {trained or 'none'}; "
             "use one of them, or 1 for AT mode"
         )

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.export.graphs import EncoderGraph, ParallelGraph
 from fairseq_hrt.generation.engines import register_engine
 from fairseq_hrt.generation.lean import (
@@ -370,7 +371,7 @@ class CudaGraphBackend(TorchBackend):
         reasons = cuda_graph_refusals(model) if self.captures else []
         reasons += ["--compile (the graph is the step)"] if compile else []
         if reasons:
-            raise ValueError("--decoder-engine cuda-graph cannot decode here: " + "; ".join(reasons))
+            raise RefusedOptions("--decoder-engine cuda-graph cannot decode here: " + "; ".join(reasons))
         super().__init__(model, tgt_dict, chunk_start, mask, temperature)
         self._graphs: Dict[GraphShape, StepGraph] = {}
         self._encoders: Dict[Tuple[int, int], EncoderRun] = {}
@@ -456,7 +457,7 @@ class CudaGraphBackend(TorchBackend):
 
     def begin(self, encoded: TorchEncoded, rows: int, steps: int, start: int, out_rows: TorchRows) -> GraphState:
         if out_rows.vocab is not None:
-            raise ValueError("--decoder-engine cuda-graph always scores the whole vocabulary (no --shortlist)")
+            raise RefusedOptions("--decoder-engine cuda-graph always scores the whole vocabulary (no --shortlist)")
         return GraphState(encoded, rows, steps, start)
 
     def step(self, state: GraphState, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1):

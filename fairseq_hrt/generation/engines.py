@@ -25,6 +25,7 @@ help, and in the benchmark's rows. This module imports no engine.
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.generation.options import DecodingOptions, task_defaults
 from hrt_runtime.search import SearchConfig
 
@@ -137,5 +138,5 @@ def engines_help() -> str:
 
 def get_engine(name: str) -> DecoderEngine:
     if name not in ENGINES:
-        raise ValueError(f"--decoder-engine must be one of {', '.join(ENGINES)}, got {name!r}")
+        raise RefusedOptions(f"--decoder-engine must be one of {', '.join(ENGINES)}, got {name!r}")
     return ENGINES[name]

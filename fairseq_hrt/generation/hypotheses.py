@@ -7,6 +7,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fairseq_hrt.cli_logging import RefusedOptions
+
 
 def hypothesis(tokens: Tensor, score: Tensor, positional_scores: Tensor, steps: Optional[int] = None) -> Dict:
     """One finished hypothesis in fairseq's format (no attention / alignment)."""
@@ -42,9 +44,9 @@ def to_fairseq(found, device) -> List[List[Dict]]:
 def reject_unsupported_inputs(what: str, prefix_tokens=None, constraints=None, **_):
     """Generators that do not implement fairseq's --prefix-size / lexical constraints say so."""
     if prefix_tokens is not None:
-        raise ValueError(f"{what} does not support --prefix-size")
+        raise RefusedOptions(f"{what} does not support --prefix-size")
     if constraints is not None:
-        raise ValueError(f"{what} does not support lexical constraints")
+        raise RefusedOptions(f"{what} does not support lexical constraints")
 
 
 def select_rows(sample, rows: List[int]):

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from fairseq_hrt import chunking
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.generation.decoder_pass import EncoderKV, decoder_pass
 from fairseq_hrt.generation.hrt_generator import check_at_mode
 from fairseq_hrt.generation.hypotheses import hypothesis, reject_unsupported_inputs
@@ -197,7 +198,7 @@ class ParallelGreedyGenerator:
     ):
         check_parallel_options(method, config.beam, block_size, parallel_length)
         if method == SPEC_METHOD and drafter is None:
-            raise ValueError("hrt-spec needs a drafter (an HRT model's non-autoregressive mode)")
+            raise RefusedOptions("hrt-spec needs a drafter (an HRT model's non-autoregressive mode)")
         self.model = model
         self.decoder_pass = decoder_pass(model.decoder)
         self.config = config
@@ -217,7 +218,7 @@ class ParallelGreedyGenerator:
     def generate(self, models, sample, bos_token: Optional[int] = None, **kwargs) -> List[List[Dict[str, Tensor]]]:
         reject_unsupported_inputs(f"--decoding {self.method}", **kwargs)
         if bos_token is not None and bos_token != self.eos:
-            raise ValueError(f"--decoding {self.method} decodes left to right from </s> (AT mode)")
+            raise RefusedOptions(f"--decoding {self.method} decodes left to right from </s> (AT mode)")
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         encoder_out = self.model.encoder.forward_torchscript(net_input)
@@ -364,13 +365,15 @@ def check_parallel_options(method: str, beam: int, block_size: int, parallel_len
     if method not in JACOBI_METHODS + (SPEC_METHOD,):
         raise ValueError(f"unknown parallel decoding method {method!r}")
     if beam != 1:
-        raise ValueError(
+        raise RefusedOptions(
             f"{name} reproduces greedy search (beam 1), got --beam {beam}; add --beam 1 (fairseq's default beam is 5)"
         )
     if block_size is None or block_size < 1:
-        raise ValueError(f"--jacobi-block-size must be >= 1, got {block_size}")
+        raise RefusedOptions(f"--jacobi-block-size must be >= 1, got {block_size}")
     if parallel_length < 0:
-        raise ValueError(f"--jacobi-parallel-length must be >= 0 (0 = 1.1 x the source length), got {parallel_length}")
+        raise RefusedOptions(
+            f"--jacobi-parallel-length must be >= 0 (0 = 1.1 x the source length), got {parallel_length}"
+        )
 
 
 # ------------------------------------------------------------------------ strategies
@@ -379,9 +382,9 @@ def check_parallel_options(method: str, beam: int, block_size: int, parallel_len
 def build_parallel_generator(ctx: DecodingContext, method: str) -> ParallelGreedyGenerator:
     task, model, options = ctx.task, ctx.model, ctx.options
     if len(ctx.models) != 1:
-        raise ValueError(f"--decoding {method} decodes a single model (no ensembles)")
+        raise RefusedOptions(f"--decoding {method} decodes a single model (no ensembles)")
     if options.sequence_generator_only:
-        raise ValueError(
+        raise RefusedOptions(
             f"--decoding {method} does not support {', '.join(options.sequence_generator_only)} "
             "(it reproduces plain greedy search)"
         )

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.generation.engines import DecoderEngine, register_engine
 from fairseq_hrt.generation.search_generator import SearchGenerator
 from fairseq_hrt.passes.decoder_pass import DecoderState, EncoderKV, decoder_pass, profiled
@@ -112,7 +113,7 @@ class TorchBackend:
         compile: bool = False,
     ):
         if temperature <= 0:
-            raise ValueError("--temperature must be greater than 0")
+            raise RefusedOptions("--temperature must be greater than 0")
         self.model = model
         self.decoder_pass = decoder_pass(model.decoder)
         self.compile = compile
@@ -271,7 +272,7 @@ class LeanEngine(DecoderEngine):
 
     def left_to_right(self, ctx, config, banned):
         if len(ctx.models) != 1:
-            raise ValueError(f"--decoder-engine {self.name} decodes a single model (no ensembles)")
+            raise RefusedOptions(f"--decoder-engine {self.name} decodes a single model (no ensembles)")
         return self.generator_class(
             ctx.models[0],
             ctx.task.target_dictionary,
@@ -289,7 +290,7 @@ class LeanEngine(DecoderEngine):
         if options.stage2_options_used() or options.print_step:
             return None
         if len(ctx.models) != 1:
-            raise ValueError(f"--decoder-engine {self.name} decodes a single model (no ensembles)")
+            raise RefusedOptions(f"--decoder-engine {self.name} decodes a single model (no ensembles)")
         task = ctx.task
         return self.generator_class(
             ctx.models[0],

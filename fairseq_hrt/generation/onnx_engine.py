@@ -16,6 +16,7 @@ from typing import List
 
 import torch
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.export import exporter
 from fairseq_hrt.generation.engines import DecoderEngine, register_engine
 from fairseq_hrt.generation.search_generator import SearchGenerator
@@ -65,12 +66,12 @@ def given_folder(folder: str, model, int8: bool) -> str:
     and the same precision as ``--quantize`` asks for."""
     config = read_config(folder)
     if config["parameters_sha256"] != exporter.parameters_sha256(model):
-        raise ValueError(
+        raise RefusedOptions(
             f"--onnx-model {folder} was exported from another checkpoint than --path's (the SHA-256 of "
             "their parameters differ); export this checkpoint, or drop --onnx-model to export it on first use"
         )
     if bool(config.get("int8")) != int8:
-        raise ValueError(
+        raise RefusedOptions(
             f"--onnx-model {folder} is {'int8' if config.get('int8') else 'float'} but --quantize is "
             f"{'int8' if int8 else 'none'}; export with{'out' if not int8 else ''} --int8 or change --quantize"
         )
@@ -88,7 +89,7 @@ class OnnxRuntimeGenerator(SearchGenerator):
         try:
             import onnxruntime  # noqa: F401,PLC0415 - optional: onnxruntime
         except ImportError as e:
-            raise ValueError(
+            raise RefusedOptions(
                 f"--decoder-engine onnxruntime needs the onnxruntime and onnx packages ({e}); "
                 "pip install -r requirements.txt"
             ) from e
@@ -134,7 +135,7 @@ class OnnxRuntimeEngine(DecoderEngine):
 
     def left_to_right(self, ctx, config, banned):
         if len(ctx.models) != 1:
-            raise ValueError("--decoder-engine onnxruntime decodes a single model (no ensembles)")
+            raise RefusedOptions("--decoder-engine onnxruntime decodes a single model (no ensembles)")
         return OnnxRuntimeGenerator(ctx, config, banned)
 
     def mask_predict(self, ctx):

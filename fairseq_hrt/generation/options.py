@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Tuple
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from hrt_runtime.search import SearchConfig
 
 QUANTIZE_CHOICES = ("none", "int8")
@@ -213,7 +214,7 @@ class DecodingOptions:
         search = {k: changes.pop(k) for k in list(changes) if k in SearchConfig.__dataclass_fields__}
         unknown = [k for k in changes if k not in DecodingOptions.__dataclass_fields__]
         if unknown:
-            raise ValueError(f"unknown decoding option(s): {', '.join(unknown)}")
+            raise RefusedOptions(f"unknown decoding option(s): {', '.join(unknown)}")
         if search:
             changes["search_config"] = dataclasses.replace(changes.get("search_config", self.search_config), **search)
         return dataclasses.replace(self, **changes)

@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.generation.chunk_size import decode_by_chunk_size
 from fairseq_hrt.generation.hypotheses import reject_unsupported_inputs, to_fairseq
 from hrt_runtime import search
@@ -46,7 +47,7 @@ class SearchGenerator:
         length_beam: int = 1,
     ):
         if config.beam < 1:
-            raise ValueError("--beam must be >= 1")
+            raise RefusedOptions("--beam must be >= 1")
         if chunk_size is not None:
             search.check_b_nat(config.beam, b_nat)
         self.backend = backend

@@ -18,6 +18,7 @@ from fairseq.modules import LearnedPositionalEmbedding
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.models.kinds import HRT, ModelFamily, declare
 from fairseq_hrt.models.shapes import deep_shallow, set_shape_defaults
 from fairseq_hrt.models.ssru_transformer import is_ssru_state_dict, refuse_ssru_for_non_causal
@@ -254,7 +255,7 @@ class HRTTransformerModel(TransformerModel):
         # NAT models do it)
         hrt_base_architecture(args)
         if args.decoder_rpr_window < 0:
-            raise ValueError(f"--decoder-rpr-window must be >= 0, got {args.decoder_rpr_window}")
+            raise RefusedOptions(f"--decoder-rpr-window must be >= 0, got {args.decoder_rpr_window}")
         refuse_unsupported_options(args)
         return super().build_model(args, task)
 
@@ -333,7 +334,7 @@ def refuse_unsupported_options(cfg):
     that the HRT decoder does not support."""
     used = [flag for name, flag in UNSUPPORTED_OPTIONS.items() if getattr(cfg, name, None) not in (None, False)]
     if used:
-        raise ValueError(
+        raise RefusedOptions(
             f"hrt_transformer / cmlm_transformer_hrt do not support {', '.join(used)}: the HRT decoder "
             "layer has its own self-attention (relative positions, two modes); drop these options "
             "or train an at_* (fairseq transformer) model"
@@ -348,7 +349,7 @@ def check_dictionary_compatible(model, state_dict):
         expected = model.state_dict()[name]
         got = state_dict[name].size(0)
         if got != expected.size(0):
-            raise ValueError(
+            raise RefusedOptions(
                 f"checkpoint was trained with another dictionary: its {name} has {got} "
                 f"entries, the task's dictionary has {expected.size(0)}. Binarize with the "
                 "same dict.txt and train every model (AT, CMLM, HRT) with --task "

@@ -20,6 +20,7 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.models import at_transformer
 from fairseq_hrt.models.kinds import AT, ModelFamily, declare
 from fairseq_hrt.models.shapes import deep_shallow
@@ -35,7 +36,7 @@ UNSUPPORTED_OPTIONS = {"cross_self_attention": "--cross-self-attention"}
 def refuse_unsupported_options(cfg):
     used = [flag for name, flag in UNSUPPORTED_OPTIONS.items() if getattr(cfg, name, None) not in (None, False)]
     if used:
-        raise ValueError(
+        raise RefusedOptions(
             f"transformer_ssru (--arch *_ssru) does not support {', '.join(used)}: its decoder layers "
             "have an SSRU instead of self-attention; drop these options or use the attention twin (at_*)"
         )
@@ -47,7 +48,7 @@ def is_ssru_state_dict(state_dict) -> bool:
 
 def refuse_ssru_for_non_causal(what: str):
     """The one error for SSRU with HRT / Mask-Predict (a model, a mode or a checkpoint)."""
-    raise ValueError(
+    raise RefusedOptions(
         f"{what}: an SSRU decoder is a left-to-right recurrence, but HRT and Mask-Predict decode "
         "(partly) non-causally (CMLM / Skip-CMLM passes see later positions), which a recurrence "
         "cannot. Use SSRU only for AT students (--arch *_ssru --hrt-mode at); fine-tune HRT / "

@@ -18,13 +18,15 @@ import re
 import torch
 from torch import nn
 
+from fairseq_hrt.cli_logging import RefusedOptions
+
 logger = logging.getLogger(__name__)
 
 
 def check_tie_options(cfg):
     """Options that cannot go with tied decoder layers: one clear error."""
     if getattr(cfg, "decoder_layers_to_keep", None):
-        raise ValueError(
+        raise RefusedOptions(
             "--decoder-tie-layers cannot go with --decoder-layers-to-keep: tied layers are one set of "
             "weights run --decoder-layers times; set --decoder-layers to the depth you want instead"
         )
@@ -65,7 +67,7 @@ def _fill_copies(module, state_dict, prefix, local_metadata, strict, missing_key
             if other not in state_dict:
                 state_dict[other] = state_dict[key]
             elif not torch.equal(state_dict[other], state_dict[key]):
-                raise ValueError(
+                raise RefusedOptions(
                     f"--decoder-tie-layers: the checkpoint's decoder layers differ ({other} != {key}), "
                     "so it cannot load into a model with tied decoder layers; start from a checkpoint "
                     "with one decoder layer (or tied ones), or train without --decoder-tie-layers"

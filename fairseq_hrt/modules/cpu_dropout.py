@@ -20,6 +20,8 @@ import torch
 import torch.nn as nn
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
+from fairseq_hrt.cli_logging import RefusedOptions
+
 CPU_DROPOUT_RNGS = ("pcg64", "torch")
 _SEED_BOUND = 2**62
 
@@ -66,7 +68,7 @@ def use_cpu_dropout_rng(model: nn.Module, rng: Optional[str]) -> int:
     if rng in (None, "torch"):
         return 0
     if rng != "pcg64":
-        raise ValueError(f"--cpu-dropout-rng {rng!r}: choose one of {', '.join(CPU_DROPOUT_RNGS)}")
+        raise RefusedOptions(f"--cpu-dropout-rng {rng!r}: choose one of {', '.join(CPU_DROPOUT_RNGS)}")
     replaced = 0
     for parent in model.modules():
         for name, child in list(parent.named_children()):

@@ -34,7 +34,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fairseq_hrt import checkpoint_checks, chunking, compat
 from fairseq_hrt import shortlist as shortlists
-from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook, refusals
+from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook
+from fairseq_hrt.criterions.hrt_loss import check_mode_matches_model
 from fairseq_hrt.data import mixdistill, truncation
 from fairseq_hrt.generation import decoder_pass, hypotheses, strategies
 from fairseq_hrt.generation.engines import engines_help
@@ -48,6 +49,7 @@ from hrt_runtime import text_input
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_P_RAW = 0.5  # MixDistill's share of raw targets when --p-raw is not given
 HRT_MODES = ChoiceEnum(["hrt", "at", "cmlm"])
 QUANTIZATIONS = ChoiceEnum(list(QUANTIZE_CHOICES))
 CPU_DROPOUT_RNG_CHOICES = ChoiceEnum(list(CPU_DROPOUT_RNGS))
@@ -58,12 +60,12 @@ def parse_chunk_sizes(text: str) -> List[int]:
     try:
         sizes = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--chunk-sizes must be comma-separated integers, got {text!r}")
+        raise RefusedOptions(f"--chunk-sizes must be comma-separated integers, got {text!r}") from None
     if not sizes:
-        raise ValueError("--chunk-sizes is empty")
+        raise RefusedOptions("--chunk-sizes is empty")
     bad = [k for k in sizes if not 2 <= k <= MAX_CHUNK_SIZE]
     if bad:
-        raise ValueError(
+        raise RefusedOptions(
             f"--chunk-sizes {text!r}: chunked training needs every k in 2..{MAX_CHUNK_SIZE} "
             f"(got {bad}); k = 1 is plain AT, which HRT training already includes"
         )
@@ -101,11 +103,12 @@ class HRTTranslationConfig(TranslationConfig):
             "training set, made with the same dictionaries and split names; enables MixDistill"
         },
     )
-    p_raw: float = field(
-        default=0.5,
+    # None: not given (0.5), so that --p-raw without --distill-data can be refused
+    p_raw: Optional[float] = field(
+        default=None,
         metadata={
             "help": "MixDistill: probability that a pair uses its raw target rather than the "
-            "distilled one (1 = raw data only, 0 = distilled only); needs --distill-data"
+            "distilled one (1 = raw data only, 0 = distilled only; default 0.5); needs --distill-data"
         },
     )
     p_raw_chunked: Optional[float] = field(
@@ -181,19 +184,20 @@ class HRTTranslationTask(TranslationTask):
                 len(self.chunk_sizes),
                 len(self.chunk_sizes),
             )
-        if not 0.0 <= cfg.p_raw <= 1.0:
-            raise ValueError(f"--p-raw must be in [0, 1], got {cfg.p_raw}")
+        self.p_raw = DEFAULT_P_RAW if cfg.p_raw is None else cfg.p_raw
+        if not 0.0 <= self.p_raw <= 1.0:
+            raise RefusedOptions(f"--p-raw must be in [0, 1], got {cfg.p_raw}")
         if cfg.p_raw_chunked is not None:
             if not 0.0 <= cfg.p_raw_chunked <= 1.0:
-                raise ValueError(f"--p-raw-chunked must be in [0, 1], got {cfg.p_raw_chunked}")
+                raise RefusedOptions(f"--p-raw-chunked must be in [0, 1], got {cfg.p_raw_chunked}")
             if not cfg.distill_data:
-                raise ValueError("--p-raw-chunked mixes distilled targets: it needs --distill-data")
+                raise RefusedOptions("--p-raw-chunked mixes distilled targets: it needs --distill-data")
             if cfg.hrt_mode != "hrt":
-                raise ValueError(
+                raise RefusedOptions(
                     f"--p-raw-chunked applies to chunked pairs, which --hrt-mode {cfg.hrt_mode} has none of"
                 )
         if cfg.curriculum_lambda <= 0:
-            raise ValueError(f"--curriculum-lambda must be > 0, got {cfg.curriculum_lambda}")
+            raise RefusedOptions(f"--curriculum-lambda must be > 0, got {cfg.curriculum_lambda}")
         self.mask_idx = tgt_dict.index(MASK_SYMBOL)
         self.chunk_start_idx = {k: tgt_dict.index(chunk_start_symbol(k)) for k in range(2, MAX_CHUNK_SIZE + 1)}
         self.interactive_lines_seen = 0  # line numbers in fairseq-interactive's warnings
@@ -205,16 +209,11 @@ class HRTTranslationTask(TranslationTask):
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
-        """fairseq's; an option this task refuses is one line under a command line
-        (:class:`~fairseq_hrt.cli_logging.RefusedOptions`), as are the model's, the criterion's
-        and the decoding's (``build_model``, ``build_criterion``, ``build_generator``)."""
+        """fairseq's. Under a command line, an option this task, its models, its criterion or its
+        decoding refuse (:class:`~fairseq_hrt.cli_logging.RefusedOptions`, raised where the
+        mistake is found) is one line; from Python nothing changes (:func:`install_refusal_hook`)."""
         install_refusal_hook()
-        with refusals():
-            return super().setup_task(cfg, **kwargs)
-
-    def build_criterion(self, cfg, *args, **kwargs):
-        with refusals():
-            return super().build_criterion(cfg, *args, **kwargs)
+        return super().setup_task(cfg, **kwargs)
 
     @classmethod
     def load_dictionary(cls, filename):
@@ -223,6 +222,8 @@ class HRTTranslationTask(TranslationTask):
     # ------------------------------------------------------------------ data
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        if split == self.cfg.train_subset:
+            self.check_training_options()
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         if self.cfg.distill_data and split == self.cfg.train_subset:
             self.datasets[split] = self._with_distilled_targets(split, self.datasets[split])
@@ -237,6 +238,15 @@ class HRTTranslationTask(TranslationTask):
                     limit,
                 )
 
+    def check_training_options(self):
+        """Options that only training reads, checked when the training set is loaded (a
+        checkpoint's saved options, read again to decode, are not training's business)."""
+        if self.cfg.p_raw is not None and not self.cfg.distill_data:
+            raise RefusedOptions(
+                f"--p-raw {self.cfg.p_raw} mixes raw and distilled targets, but there is no --distill-data: "
+                "add --distill-data FOLDER or drop --p-raw"
+            )
+
     def _with_distilled_targets(self, split, pair_dataset):
         """MixDistill: the split with its aligned distilled targets (:mod:`fairseq_hrt.data.mixdistill`)."""
         return mixdistill.with_distilled_targets(
@@ -247,7 +257,7 @@ class HRTTranslationTask(TranslationTask):
             self.cfg.target_lang,
             self.tgt_dict,
             self.cfg.dataset_impl,
-            p_raw=self.cfg.p_raw,
+            p_raw=self.p_raw,
             p_raw_chunked=self.cfg.p_raw_chunked,
         )
 
@@ -281,10 +291,6 @@ class HRTTranslationTask(TranslationTask):
     # ------------------------------------------------------------ training
 
     def build_model(self, cfg, from_checkpoint=False):
-        with refusals():
-            return self._build_model(cfg, from_checkpoint)
-
-    def _build_model(self, cfg, from_checkpoint):
         # the model's own configuration (a checkpoint's at decoding time) decides, not the
         # decoding command line's task options
         tie = bool(getattr(cfg, "decoder_tie_layers", False))
@@ -330,7 +336,7 @@ class HRTTranslationTask(TranslationTask):
     def curriculum_p_k(self, num_updates: int) -> float:
         total = self.cfg.curriculum_updates or self.cfg.max_update
         if total <= 0:
-            raise ValueError(
+            raise RefusedOptions(
                 "HRT's chunk curriculum needs the total number of updates: set --max-update (or --curriculum-updates)"
             )
         return chunking.curriculum_p_k(num_updates, total, self.cfg.curriculum_lambda)
@@ -358,7 +364,7 @@ class HRTTranslationTask(TranslationTask):
             chunk_sizes=self.chunk_sizes,
             chunk_start=self.chunk_start_idx,
             distilled=distilled,
-            p_raw=self.cfg.p_raw,
+            p_raw=self.p_raw,
             p_raw_chunked=self.cfg.p_raw_chunked,
             generator=generator,
             rows_generator=rows_generator,
@@ -370,6 +376,9 @@ class HRTTranslationTask(TranslationTask):
 
     def begin_epoch(self, epoch, model):
         super().begin_epoch(epoch, model)
+        # fairseq-train's model, before its first update (a model built only to decode may be
+        # of any architecture whatever this task's --hrt-mode)
+        check_mode_matches_model(self.cfg.hrt_mode, model)
         # after --restore-file / --finetune-from-model the flags come from the checkpoint:
         # add the chunk sizes this run trains
         if self.cfg.hrt_mode == "hrt" and family_of(model).chunk_sizes:
@@ -515,13 +524,12 @@ class HRTTranslationTask(TranslationTask):
                 models_, args_, seq_gen_cls, extra_gen_cls_kwargs, **kwargs
             )
 
-        with refusals():
-            options = DecodingOptions.from_fairseq(self.cfg, args)
-            if kwargs.get("prefix_allowed_tokens_fn") is not None:  # fairseq's hub passes it beside args
-                options = options.replace(
-                    sequence_generator_only=(*options.sequence_generator_only, "--prefix-allowed-tokens-fn")
-                )
-            return self.build_decoding(models, options, fairseq_generator)
+        options = DecodingOptions.from_fairseq(self.cfg, args)
+        if kwargs.get("prefix_allowed_tokens_fn") is not None:  # fairseq's hub passes it beside args
+            options = options.replace(
+                sequence_generator_only=(*options.sequence_generator_only, "--prefix-allowed-tokens-fn")
+            )
+        return self.build_decoding(models, options, fairseq_generator)
 
     def build_decoding(self, models, options: DecodingOptions, fairseq_generator=None):
         """The generator of ``options`` for ``models`` (loaded for decoding). A model this task

@@ -1,0 +1,151 @@
+"""Refused options (issue 79): the plugin's checks raise :class:`RefusedOptions` where they find
+the mistake; under a command line it is one line ``PROG: error: REASON`` (exit status 1), and
+every other exception keeps its traceback; imported from Python, the plugin leaves
+``sys.excepthook`` alone. The training mistakes that were a traceback or silently accepted are
+each refused in one line."""
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+from benchmarks.tiny_runs import REPO, make_tiny_data, run_cli, train_args
+from fairseq_hrt import cli_logging
+from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook, runs_a_command_line
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_tiny_data(tmp_path_factory.mktemp("refusals"), n_train=60, n_valid=10)
+
+
+def _refusal(proc) -> str:
+    """The one line of a refused command (exit status 1, no traceback)."""
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if ": error: " in line]
+    assert len(lines) == 1, proc.stdout[-3000:]
+    return lines[0]
+
+
+# ------------------------------------------------------------------ the hook
+
+
+def test_only_a_command_line_counts_as_one(monkeypatch):
+    assert not runs_a_command_line()  # pytest's process
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train", "data"])
+    assert runs_a_command_line()
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/notebook"])
+    main = types.ModuleType("__main__")
+    main.__spec__ = types.SimpleNamespace(name="fairseq_cli.generate")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert runs_a_command_line()
+    main.__spec__ = types.SimpleNamespace(name="ipykernel_launcher")
+    assert not runs_a_command_line()
+
+
+def test_the_hook_prints_refusals_and_hands_on_everything_else(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda *exc: seen.append(exc[1]))
+    monkeypatch.setattr(cli_logging, "runs_a_command_line", lambda: True)
+    monkeypatch.setattr(sys, "argv", ["fairseq-train"])
+    install_refusal_hook()
+    install_refusal_hook()  # once per process
+    bug = ValueError("a bug")
+    sys.excepthook(ValueError, bug, None)
+    sys.excepthook(RefusedOptions, RefusedOptions("--p-raw must be in [0, 1], got 2.0"), None)
+    assert seen == [bug]
+    assert capsys.readouterr().err == "fairseq-train: error: --p-raw must be in [0, 1], got 2.0\n"
+
+
+def test_the_plugin_from_python_leaves_the_excepthook_alone(data):
+    """A fresh interpreter that imports the plugin and the hub and sets up the task (which
+    installs the hook under a command line) keeps its own ``sys.excepthook``."""
+    code = (
+        "import sys; before = sys.excepthook\n"
+        "import fairseq_hrt, fairseq_hrt.hub\n"
+        "from fairseq import options, tasks\n"
+        "args = options.parse_args_and_arch(options.get_training_parser(), sys.argv[1:])\n"
+        "tasks.setup_task(args)\n"
+        "print('unchanged' if sys.excepthook is before else 'replaced')\n"
+    )
+    argv = [str(a) for a in train_args(data.bin_dir, "unused", max_update=1)[1:]]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip().splitlines()[-1] == "unchanged"
+
+
+def test_a_bug_in_the_tasks_checks_keeps_its_traceback(data, tmp_path):
+    """A ValueError that is not a refusal, raised inside the task's checks of a fairseq-train
+    run, is the interpreter's traceback, not a one-line refusal."""
+    code = (
+        "import sys\n"
+        "from fairseq_hrt.tasks.hrt_translation import HRTTranslationTask\n"
+        "def broken(self):\n"
+        "    raise ValueError('a bug, not a refusal')\n"
+        "HRTTranslationTask.check_training_options = broken\n"
+        "sys.argv[0] = 'fairseq-train'\n"
+        "from fairseq_cli.train import cli_main\n"
+        "cli_main()\n"
+    )
+    proc = run_cli(["-c", code, *train_args(data.bin_dir, tmp_path / "ckpt", max_update=1)[1:]], check=False)
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stdout and "ValueError: a bug, not a refusal" in proc.stdout, proc.stdout[-3000:]
+    assert ": error: " not in proc.stdout
+
+
+# ------------------------------------------------------------------ training mistakes, one line each
+
+
+@pytest.mark.parametrize(
+    "arch, extra, reason",
+    [
+        ("at_tiny", (), "--arch at_tiny decodes left to right only: train it with --hrt-mode at"),
+        ("hrt_tiny", ("--hrt-mode", "cmlm"), "use a cmlm_* architecture"),
+        ("cmlm_tiny", (), "--arch cmlm_tiny is a Mask-Predict architecture (cmlm_*): train it with --hrt-mode cmlm"),
+    ],
+)
+def test_an_arch_without_its_hrt_mode_is_one_line(data, tmp_path, arch, extra, reason):
+    proc = run_cli(train_args(data.bin_dir, tmp_path / "ckpt", *extra, arch=arch, max_update=1), check=False)
+    assert reason in _refusal(proc)
+
+
+def test_a_missing_distill_data_folder_is_one_line(data, tmp_path):
+    missing = tmp_path / "no-such-folder"
+    proc = run_cli(train_args(data.bin_dir, tmp_path / "ckpt", "--distill-data", missing, max_update=1), check=False)
+    assert f"--distill-data {missing} is not a folder" in _refusal(proc)
+
+
+def test_p_raw_without_distill_data_is_one_line(data, tmp_path):
+    proc = run_cli(train_args(data.bin_dir, tmp_path / "ckpt", "--p-raw", "0.3", max_update=1), check=False)
+    assert "--p-raw 0.3 mixes raw and distilled targets, but there is no --distill-data" in _refusal(proc)
+
+
+def test_distilling_an_n_best_list_from_an_hrt_teacher_is_one_line(data, tmp_path):
+    """HRT decoding gives one candidate a sentence: --nbest 5 --select-by-bleu is refused
+    before the file is decoded, not run to pick among nothing."""
+    run_cli(train_args(data.bin_dir, tmp_path / "hrt", max_update=2))
+    proc = run_cli(
+        [
+            "fairseq_hrt.distill",
+            "--data",
+            data.bin_dir,
+            "--path",
+            tmp_path / "hrt" / "checkpoint_last.pt",
+            "--src",
+            data.raw_dir / "valid.en",
+            "--out",
+            tmp_path / "distilled.de",
+            "--beam",
+            "5",
+            "--nbest",
+            "5",
+            "--select-by-bleu",
+            data.raw_dir / "valid.de",
+            "--cpu",
+        ],
+        check=False,
+    )
+    assert "--nbest 5: this teacher's decoding gives 1 candidate a sentence" in _refusal(proc)
+    assert not (tmp_path / "distilled.de").exists()
