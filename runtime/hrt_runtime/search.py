@@ -15,8 +15,9 @@ most ``L / k`` steps; stage II puts ``k - 1`` masks before every skeleton token
 them in one non-causal pass, on groups of skeletons of similar length (:func:`length_buckets`).
 """
 
+import functools
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -91,36 +92,50 @@ class Rules:
         return self.early if step < self.config.min_len else self.usual
 
 
-_MADE: Dict[tuple, object] = {}  # what a search reuses across batches, made once per configuration
+class _AllRows:
+    """The whole vocabulary as output rows (what ``rows(None)`` of every backend is): row ``t``
+    is token ``t``. The rules over it depend on hashable arguments only, so they are made once
+    (:func:`_whole_vocabulary_rules`)."""
+
+    ids = None
+
+    def position(self, token: int) -> Optional[int]:
+        return token
+
+    def positions(self, tokens: Sequence[int]) -> List[int]:
+        return [int(t) for t in tokens]
+
+    def to_full(self, rows: np.ndarray) -> np.ndarray:
+        return rows
 
 
-def _once(key, make):
-    """``make()``, made once per ``key`` (a small cache: cleared when it grows past 256)."""
-    found = _MADE.get(key)
-    if found is None:
-        if len(_MADE) > 256:
-            _MADE.clear()
-        found = _MADE[key] = make()
-    return found
+@functools.lru_cache(maxsize=256)
+def _whole_vocabulary_rules(config: SearchConfig, eos: int, unk: int, banned: Tuple[int, ...], size: int) -> Rules:
+    return Rules(config, eos, unk, banned, _AllRows(), size)
+
+
+@functools.lru_cache(maxsize=256)
+def _whole_vocabulary_ban(banned: Tuple[int, ...], size: int) -> np.ndarray:
+    bias = np.zeros(size, np.float32)
+    bias[list(banned)] = -np.inf
+    return bias
 
 
 def rules_of(config: SearchConfig, eos: int, unk: int, banned: Sequence[int], rows: Rows, size: int) -> Rules:
-    """:class:`Rules` of a search (those over the whole vocabulary made once: a search of one
-    sentence would spend a tenth of its own time making them)."""
+    """:class:`Rules` of a search (those over the whole vocabulary made once per configuration:
+    a search of one sentence would spend a tenth of its own time making them)."""
     if rows.ids is not None:  # a shortlist's rows: its own, per batch
         return Rules(config, eos, unk, banned, rows, size)
-    return _once(("rules", config, eos, unk, tuple(banned), size), lambda: Rules(config, eos, unk, banned, rows, size))
+    return _whole_vocabulary_rules(config, int(eos), int(unk), tuple(int(b) for b in banned), int(size))
 
 
 def banned_bias_of(banned: Sequence[int], rows: Rows, size: int) -> np.ndarray:
     """The additive bias banning ``banned`` among the output rows (made once over the whole vocabulary)."""
-
-    def make():
-        bias = np.zeros(size, np.float32)
-        bias[rows.positions(banned)] = -np.inf
-        return bias
-
-    return make() if rows.ids is not None else _once(("banned", tuple(banned), size), make)
+    if rows.ids is None:
+        return _whole_vocabulary_ban(tuple(int(b) for b in banned), int(size))
+    bias = np.zeros(size, np.float32)
+    bias[rows.positions(banned)] = -np.inf
+    return bias
 
 
 def positional_scores(cumulative: np.ndarray) -> np.ndarray:
@@ -372,13 +387,15 @@ def mask_columns(width: int, k: int) -> np.ndarray:
     first of every chunk (every ``k``-th holds a skeleton token). The non-causal pass
     computes its last layer at these columns only."""
 
-    def make():
-        column = np.arange(width, dtype=np.int64)
-        columns = column[(column + 1) % k != 0]
-        columns.flags.writeable = False  # shared by every caller
-        return columns
+    return _mask_columns(int(width), int(k))
 
-    return _once(("columns", width, k), make)
+
+@functools.lru_cache(maxsize=256)
+def _mask_columns(width: int, k: int) -> np.ndarray:
+    column = np.arange(width, dtype=np.int64)
+    columns = column[(column + 1) % k != 0]
+    columns.flags.writeable = False  # shared by every caller
+    return columns
 
 
 def truncate_at_first_eos(tokens: np.ndarray, eos: int, pad: int) -> np.ndarray:
@@ -637,7 +654,7 @@ def hrt(
         return left_to_right(model, encoded, source_width, config, banned, rows=rows)
     if k not in model.chunk_start:
         raise ValueError(f"chunk size {k}: this model has start symbols for {sorted(model.chunk_start)} only")
-    stage1 = _once(("stage I", config, k), lambda: config.for_chunk_size(k))
+    stage1 = config.for_chunk_size(k)
     skeletons = left_to_right(model, encoded, source_width, stage1, banned, start=model.chunk_start[k], rows=rows)
     return stage2(model, encoded, skeletons, k, banned, b_nat, config.len_penalty, rows, bucket_padding)
 
