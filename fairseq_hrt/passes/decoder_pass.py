@@ -52,6 +52,7 @@ from fairseq.modules import (
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from torch import Tensor, nn
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.models.hrt_transformer import HRTDecoder, HRTDecoderLayer
 from fairseq_hrt.models.ssru_transformer import SSRUDecoder, SSRUDecoderLayer
 from fairseq_hrt.modules.cpu_dropout import PCG64Dropout
@@ -449,13 +450,13 @@ class DecoderPass:
     def __init__(self, decoder):
         unknown = unplanned_modules(decoder)
         if unknown:
-            raise ValueError(
+            raise RefusedOptions(
                 f"the planned decoder pass (the lean engine, Jacobi decoding, the ONNX export) does not know the "
                 f"module(s) {', '.join(unknown)}; use --decoder-engine fairseq"
             )
         for reason, bad in self._unsupported(decoder).items():
             if bad:
-                raise ValueError(
+                raise RefusedOptions(
                     f"the planned decoder pass (the lean engine, Jacobi decoding, the ONNX export) does not support "
                     f"{reason}; use --decoder-engine fairseq"
                 )

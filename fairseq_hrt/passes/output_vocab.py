@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fairseq_hrt.cli_logging import RefusedOptions
+
 
 def output_rows(projection: nn.Module, ids: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
     """The rows ``ids`` of an output projection's weight and bias, as float tensors.
@@ -20,7 +22,7 @@ def output_rows(projection: nn.Module, ids: Tensor) -> Tuple[Tensor, Optional[Te
     if callable(weight):  # torch.ao dynamic quantized Linear: weight() / bias() methods
         weight, bias = weight().dequantize(), bias()
     if not isinstance(weight, Tensor):
-        raise ValueError(f"--shortlist cannot restrict an output layer of type {type(projection).__name__}")
+        raise RefusedOptions(f"--shortlist cannot restrict an output layer of type {type(projection).__name__}")
     return weight.index_select(0, ids), (bias.index_select(0, ids) if bias is not None else None)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.models.kinds import ModelFamily, family_of
 from hrt_runtime.model import OutputRows
 from hrt_runtime.search import SearchConfig, rules_of
@@ -56,7 +57,7 @@ class SearchRules:
 
     def __init__(self, config: SearchConfig, tgt_dict, banned: Sequence[int] = (), temperature: float = 1.0):
         if temperature <= 0:
-            raise ValueError("--temperature must be greater than 0")
+            raise RefusedOptions("--temperature must be greater than 0")
         self.config = config
         self.temperature = temperature
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
