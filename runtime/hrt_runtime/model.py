@@ -641,13 +641,13 @@ class ExportedModel:
         queries: np.ndarray,
         select: np.ndarray,
         logit_bias: np.ndarray,
-        rows: OutputRows,
+        out_rows: OutputRows,
     ):
         """One non-causal pass over ``tokens`` ``(B, T)`` (``encoded``: B rows) whose output is
         read at the columns ``queries`` (sorted; the last layer is computed there only):
         ``(score (M,), row (M,))`` of the best allowed token of the slots ``select`` (flat
         indices into ``B x Q``)."""
-        restricted = "_restricted" if rows.ids is not None else ""
+        restricted = "_restricted" if out_rows.ids is not None else ""
         feeds = {
             "tokens": tokens,
             "positions": positions,
@@ -655,7 +655,7 @@ class ExportedModel:
             "select": select,
             "logit_bias": logit_bias,
             **encoded.feeds(),
-            **rows.feeds(),
+            **out_rows.feeds(),
         }
         return tuple(self.runner("parallel" + restricted)(feeds))
 

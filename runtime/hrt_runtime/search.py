@@ -21,13 +21,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from hrt_runtime.backend import Backend, Rows
+
 Hypothesis = Dict[str, object]  # tokens (T,) int64, score float, positional_scores (T,) float32[, steps]
-# The backend contract (hrt_runtime.model.ExportedModel, fairseq_hrt.generation.lean.TorchBackend):
-# pad/eos/unk/mask/bos, vocab_size, max_target_positions, chunk_start, stride_of, rows(ids) (the
-# output rows: ids, position(token), positions(tokens), to_full(rows)), begin, step, reorder,
-# greedy_loop, parallel. The search uses nothing else of a backend, and a backend nothing of the
-# search but the arrays it is given.
-Rows = object  # what a backend's rows(ids) returns (hrt_runtime.model.OutputRows, lean.TorchRows)
+# The backend contract: hrt_runtime.backend's Backend (pad/eos/unk/mask/bos, vocab_size,
+# max_target_positions, chunk_start, stride_of, rows(ids), begin, step, reorder, greedy_loop,
+# parallel) and the Rows its rows(ids) returns (ids, position, positions, to_full). The search
+# uses nothing else of a backend, and a backend nothing of the search but the arrays it is given.
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def position_cap(max_positions: int, stride: int) -> int:
 
 
 def left_to_right(
-    model,
+    model: Backend,
     encoded,
     source_width: int,
     config: SearchConfig,
@@ -204,7 +204,7 @@ def _looped(config, eos: int, tokens: np.ndarray, scores: np.ndarray) -> List[Li
     return finalized
 
 
-def _greedy(model, encoded, max_len, start, rules, rows, config):
+def _greedy(model: Backend, encoded, max_len, start, rules, rows, config):
     looped = model.greedy_loop(encoded, start, max_len, config.min_len, rules.biases, rows)
     if looped is not None:
         return _looped(config, model.eos, *looped)
@@ -263,7 +263,7 @@ def candidates_per_sentence(row_scores: np.ndarray, row_tokens: np.ndarray, rows
     return scores, tokens, index // c
 
 
-def _beam(model, encoded, max_len, start, rules, rows, config):
+def _beam(model: Backend, encoded, max_len, start, rules, rows, config):
     beam = config.beam
     cand_size = 2 * beam
     bsz = encoded.size
@@ -442,7 +442,7 @@ def refine_counts(masks, fraction: float) -> np.ndarray:
 
 
 def fill_masks(
-    model,
+    model: Backend,
     encoded_rows,
     skeleton: np.ndarray,
     skeleton_scores: np.ndarray,
@@ -502,7 +502,7 @@ def fill_masks(
 
 
 def _fill_one(
-    model,
+    model: Backend,
     encoded_rows,
     skeleton: np.ndarray,
     skeleton_scores: np.ndarray,
@@ -536,7 +536,7 @@ def _fill_one(
 
 
 def fill_skeletons(
-    model,
+    model: Backend,
     encoded,
     skeletons: List[Hypothesis],
     sentence_of_row: List[int],
@@ -591,7 +591,7 @@ def check_b_nat(b_at: int, b_nat: int):
 
 
 def stage2(
-    model,
+    model: Backend,
     encoded,
     skeletons: List[List[Hypothesis]],
     k: int,
@@ -636,7 +636,7 @@ def stage2(
 
 
 def hrt(
-    model,
+    model: Backend,
     encoded,
     source_width: int,
     config: SearchConfig,
@@ -714,7 +714,7 @@ def check_mask_predict(iterations: int, length_beam: int):
 
 
 def mask_predict(
-    model,
+    model: Backend,
     encoded,
     src_tokens: np.ndarray,
     iterations: int,

@@ -69,7 +69,9 @@ class Stopped(Exception):
 
 class StoppableBackend:
     """``backend`` (an :class:`~hrt_runtime.model.ExportedModel`) with ``stop()`` asked before
-    each pass (encoder, step, greedy loop, non-causal pass); everything else is the backend's."""
+    each pass (encoder, step, greedy loop, non-causal pass); everything else is the backend's
+    (a :class:`~hrt_runtime.backend.SourceBackend` itself: its methods of the contract are
+    written out, its attributes read from the backend)."""
 
     def __init__(self, backend, stop: Callable[[], bool]):
         self._backend, self._stop = backend, stop
@@ -85,17 +87,30 @@ class StoppableBackend:
         self._check()
         return self._backend.encode(src_tokens)
 
-    def step(self, *args, **kwargs):
+    # the backend contract (hrt_runtime.backend.Backend), its parameters named as there
+    def step(self, state, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1):
         self._check()
-        return self._backend.step(*args, **kwargs)
+        return self._backend.step(state, tokens, step, logit_bias, top)
 
-    def greedy_loop(self, *args, **kwargs):
+    def greedy_loop(self, encoded, start: int, max_len: int, min_len: int, biases, out_rows):
         self._check()
-        return self._backend.greedy_loop(*args, **kwargs)
+        return self._backend.greedy_loop(encoded, start, max_len, min_len, biases, out_rows)
 
-    def parallel(self, *args, **kwargs):
+    def parallel(self, encoded, tokens, positions, queries, select, logit_bias, out_rows):
         self._check()
-        return self._backend.parallel(*args, **kwargs)
+        return self._backend.parallel(encoded, tokens, positions, queries, select, logit_bias, out_rows)
+
+    def rows(self, ids: Optional[np.ndarray]):
+        return self._backend.rows(ids)
+
+    def stride_of(self, start: int) -> int:
+        return self._backend.stride_of(start)
+
+    def begin(self, encoded, rows: int, steps: int, start: int, out_rows):
+        return self._backend.begin(encoded, rows, steps, start, out_rows)
+
+    def reorder(self, state, index: np.ndarray, step: int, sentences: Optional[np.ndarray] = None):
+        return self._backend.reorder(state, index, step, sentences)
 
 
 def stoppable(backend, stop: Optional[Callable[[], bool]]):
