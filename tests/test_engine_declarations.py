@@ -6,6 +6,7 @@ left-to-right and HRT decoding get."""
 
 import pytest
 
+from fairseq_hrt.generation import strategies
 from fairseq_hrt.generation.engines import ENGINES
 from fairseq_hrt.generation.mask_predict import MaskPredictDecoding
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
@@ -61,3 +62,13 @@ def test_mask_predict_on_its_engines_gives_the_same_tokens(models, tmp_path, eng
         data_dir, model, *FLAGS, "--decoder-engine", engine, "--shortlist", shortlist_file(task, tmp_path / "all.pt")
     )
     assert_same_hypotheses(expected, listed.generate([model], sample))
+
+
+def test_the_registries_list_by_name_whatever_the_import_order(monkeypatch):
+    assert list(DECODING_STRATEGIES) == sorted(DECODING_STRATEGIES)
+    assert list(ENGINES)[1:] == sorted(list(ENGINES)[1:])  # the default engine first
+    monkeypatch.setattr(strategies, "DECODING_STRATEGIES", {})
+    for name in reversed(sorted(DECODING_STRATEGIES)):  # registered in the reverse order
+        strategies.register_decoding(name)(DECODING_STRATEGIES[name])
+    assert list(strategies.DECODING_STRATEGIES) == sorted(DECODING_STRATEGIES)
+    assert strategies.decoding_choices() == ["auto", *sorted(DECODING_STRATEGIES)]

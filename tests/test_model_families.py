@@ -123,7 +123,9 @@ def test_auto_takes_the_claim_of_highest_priority_and_refuses_a_tie(models, monk
         def is_default_for(cls, model):
             return family_of(model).chunk_sizes
 
-    with pytest.raises(ValueError, match="strategies hrt, also-hrt all claim a HRTTransformerModel with priority 1"):
+    with pytest.raises(
+        ValueError, match="strategies also-hrt, hrt all claim a HRTTransformerModel with priority 1"
+    ):  # by name
         strategies.pick_strategy("auto", built["hrt_tiny"])
     assert strategies.pick_strategy("auto", built["at_tiny"]).name == "beam"  # no claim on AT models
     AlsoHRT.priority = 2

@@ -107,11 +107,17 @@ DECODING_STRATEGIES: Dict[str, Type[DecodingStrategy]] = {}
 
 
 def register_decoding(name: str):
+    """Register a strategy under ``name``. The registry (``--decoding``'s choices and help, the
+    benchmark's rows) lists the strategies by name, whatever the order their modules are
+    imported in (as the engine registry does)."""
+
     def register(cls):
         if name in DECODING_STRATEGIES and DECODING_STRATEGIES[name] is not cls:
             raise ValueError(f"decoding strategy {name!r} is already registered")
         cls.name = name
-        DECODING_STRATEGIES[name] = cls
+        strategies = {**DECODING_STRATEGIES, name: cls}
+        DECODING_STRATEGIES.clear()
+        DECODING_STRATEGIES.update(sorted(strategies.items()))
         return cls
 
     return register
