@@ -40,6 +40,7 @@ import torch
 from fairseq import checkpoint_utils
 
 import fairseq_hrt  # noqa: F401  (registers the task and models)
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.export.graphs import EncoderGraph, GreedyLoopBody, ParallelGraph, StepGraph
 from fairseq_hrt.export.loop import body_inputs, greedy_loop
 from fairseq_hrt.models.cmlm_transformer import CMLMTransformerModel
@@ -91,7 +92,7 @@ def unsupported(model) -> List[str]:
 def check_exportable(model):
     reasons = unsupported(model)
     if reasons:
-        raise ValueError("cannot export this model to ONNX: " + "; ".join(reasons))
+        raise RefusedOptions("cannot export this model to ONNX: " + "; ".join(reasons))
 
 
 def parameters_sha256(model) -> str:

@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import Tensor
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.generation.chunk_size import decode_by_chunk_size, resolve_decode_chunk_size
 from fairseq_hrt.generation.hypotheses import reject_unsupported_inputs, select_rows, to_fairseq
 from fairseq_hrt.generation.search_rules import banned_symbols_of
@@ -208,9 +209,9 @@ def at_mode_scores(model, encoder_out, candidates: List[Tensor], eos: int, pad: 
 def check_hrt_options(refine_fraction: float, fallback_threshold: Optional[float]):
     """One clear error for impossible values of the options beyond the papers."""
     if not 0.0 <= refine_fraction <= 1.0:
-        raise ValueError(f"--hrt-refine-fraction must be in [0, 1] (0 = no refinement pass), got {refine_fraction}")
+        raise RefusedOptions(f"--hrt-refine-fraction must be in [0, 1] (0 = no refinement pass), got {refine_fraction}")
     if fallback_threshold is not None and fallback_threshold > 0:
-        raise ValueError(f"--hrt-fallback-threshold is a mean log-probability (<= 0), got {fallback_threshold}")
+        raise RefusedOptions(f"--hrt-fallback-threshold is a mean log-probability (<= 0), got {fallback_threshold}")
 
 
 # ------------------------------------------------------------------------ strategies
@@ -234,9 +235,9 @@ def build_hrt_generator(ctx: DecodingContext, chunk_size) -> HRTGenerator:
     task, model, options = ctx.task, ctx.model, ctx.options
     b_at = options.search_config.beam
     if b_at < 1:
-        raise ValueError("--beam (b_at) must be >= 1")
+        raise RefusedOptions("--beam (b_at) must be >= 1")
     if len(ctx.models) != 1:
-        raise ValueError("HRT decoding supports a single model (no ensembles)")
+        raise RefusedOptions("HRT decoding supports a single model (no ensembles)")
     generator = ctx.engine.two_stage(ctx, chunk_size)
     if generator is not None:
         logger.info(
@@ -281,10 +282,10 @@ def check_at_mode(ctx: DecodingContext, what: str):
     """Strategies that decode left to right from ``</s>`` (an HRT model in its AT mode)
     refuse another chunk size and stage II's options."""
     if family_of(ctx.model).chunk_sizes and ctx.options.decode_chunk_size not in ("auto-trained", "1"):
-        raise ValueError(f"{what} decodes an HRT model in AT mode; drop --decode-chunk-size or use --decoding hrt")
+        raise RefusedOptions(f"{what} decodes an HRT model in AT mode; drop --decode-chunk-size or use --decoding hrt")
     used = ctx.options.stage2_options_used()
     if used:
-        raise ValueError(f"{what} has no stage II: {', '.join(used)} apply to --decoding hrt with a chunk size > 1")
+        raise RefusedOptions(f"{what} has no stage II: {', '.join(used)} apply to --decoding hrt with a chunk size > 1")
 
 
 @register_decoding("beam")

@@ -32,6 +32,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.generation.search_generator import SearchGenerator
 from fairseq_hrt.generation.strategies import DecodingContext, DecodingStrategy, register_decoding
 from fairseq_hrt.models.kinds import family_of
@@ -74,9 +75,9 @@ class MaskPredictGenerator(SearchGenerator):
         shortlist=None,
     ):
         if len(models) != 1:
-            raise ValueError("Mask-Predict decoding supports a single model (no ensembles)")
+            raise RefusedOptions("Mask-Predict decoding supports a single model (no ensembles)")
         if not family_of(models[0]).length_predictor:
-            raise ValueError("Mask-Predict decoding needs a model with a length predictor (--arch cmlm_*)")
+            raise RefusedOptions("Mask-Predict decoding needs a model with a length predictor (--arch cmlm_*)")
         check_mask_predict(iterations, length_beam)
         self.model = models[0]
         super().__init__(
@@ -143,12 +144,12 @@ class MaskPredictDecoding(DecodingStrategy):
     def build(cls, ctx: DecodingContext):
         options = ctx.options
         if not options.is_default_hrt_decoding:
-            raise ValueError(
+            raise RefusedOptions(
                 "--decode-chunk-size, --b-nat and --hrt-* are HRT decoding options; a Mask-Predict "
                 "(cmlm_*) model decodes with --iter-decode-max-iter I and --iter-decode-with-beam l"
             )
         if options.iterative_only:
-            raise ValueError(
+            raise RefusedOptions(
                 f"{', '.join(options.iterative_only)} belong(s) to fairseq's iterative refinement "
                 "generator; Mask-Predict decoding does not support it"
             )

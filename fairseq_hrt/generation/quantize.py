@@ -8,6 +8,7 @@ import logging
 import torch
 from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.generation.engines import ENGINES
 from fairseq_hrt.generation.options import DEFAULT_DECODER_ENGINE, QUANTIZE_CHOICES
 
@@ -27,7 +28,7 @@ def quantize_int8(model):
     fast path (full sequences, no cache), which needs float weight tensors.
     """
     if any(p.is_cuda for p in model.parameters()):
-        raise ValueError(
+        raise RefusedOptions(
             "--quantize int8 is dynamic int8 quantization for CPU decoding; drop it on a GPU "
             "(use --fp16 there) or decode with --cpu"
         )
@@ -55,7 +56,7 @@ def prepare_for_decoding(model, quantize: str, engine: str = DEFAULT_DECODER_ENG
     either for an engine that quantizes itself (:func:`engine_quantizes_itself`)."""
     quantize = str(quantize)
     if quantize not in QUANTIZE_CHOICES:
-        raise ValueError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
+        raise RefusedOptions(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
     if quantize == "int8" and not is_quantized(model) and not engine_quantizes_itself(engine):
         quantize_int8(model)
     return model
@@ -66,17 +67,17 @@ def check_quantization(models, quantize: str, engine: str = DEFAULT_DECODER_ENGI
     round: a quantized model without it) says how to load it instead."""
     quantize = str(quantize)
     if quantize not in QUANTIZE_CHOICES:
-        raise ValueError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
+        raise RefusedOptions(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
     if engine_quantizes_itself(engine):
         if any(is_quantized(m) for m in models):
-            raise ValueError(
+            raise RefusedOptions(
                 f"--decoder-engine {engine} quantizes its own graphs (--quantize int8) and needs the "
                 f"model loaded in float; load it with --decoder-engine {engine} (the PyTorch model "
                 "then stays in float)"
             )
         return
     if quantize == "int8" and not all(is_quantized(m) for m in models):
-        raise ValueError(
+        raise RefusedOptions(
             "--quantize int8 is applied when the model is loaded (fairseq-generate / fairseq-interactive "
             "--quantize int8, fairseq_hrt.from_pretrained(..., quantize='int8'), or "
             "fairseq_hrt.generation.quantize.prepare_for_decoding(model, 'int8')); this model was loaded in float"

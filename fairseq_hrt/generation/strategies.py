@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Type
 
+from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.generation.engines import ENGINES, DecoderEngine, engine_options_in_use, get_engine
 from fairseq_hrt.generation.options import DecodingOptions
 from fairseq_hrt.generation.quantize import check_quantization, is_quantized
@@ -141,11 +142,11 @@ def pick_strategy(name: str, model) -> Type[DecodingStrategy]:
     if name == "auto":
         return default_strategy(model)
     if name not in DECODING_STRATEGIES:
-        raise ValueError(f"--decoding {name!r}: choose one of {', '.join(decoding_choices())}")
+        raise RefusedOptions(f"--decoding {name!r}: choose one of {', '.join(decoding_choices())}")
     strategy = DECODING_STRATEGIES[name]
     reason = strategy.supports(model)
     if reason is not None:
-        raise ValueError(f"--decoding {name}: {reason}")
+        raise RefusedOptions(f"--decoding {name}: {reason}")
     return strategy
 
 
@@ -154,11 +155,11 @@ def default_strategy(model) -> Type[DecodingStrategy]:
     priority; two claims of that priority are refused by name."""
     claims = [s for s in DECODING_STRATEGIES.values() if s.is_default_for(model)]
     if not claims:
-        raise ValueError(f"no decoding strategy decodes a {type(unwrap(model)).__name__} by default")
+        raise RefusedOptions(f"no decoding strategy decodes a {type(unwrap(model)).__name__} by default")
     top = max(s.priority for s in claims)
     winners = [s.name for s in claims if s.priority == top]
     if len(winners) > 1:
-        raise ValueError(
+        raise RefusedOptions(
             f"--decoding auto: strategies {', '.join(winners)} all claim a {type(unwrap(model)).__name__} "
             f"with priority {top}; give one of them a higher priority"
         )
@@ -172,13 +173,13 @@ def check_supported(
     uses_engine = strategy.uses_engine(engine)
     if shortlist is not None:
         if not strategy.supports_shortlist:
-            raise ValueError(
+            raise RefusedOptions(
                 f"--shortlist is not supported by --decoding {strategy.name}; it restricts the output layer of "
                 "left-to-right search (--decoding beam), HRT decoding (--decoding hrt) with an engine that supports "
                 f"it ({', '.join(n for n, e in ENGINES.items() if e.supports_shortlist)}), and Mask-Predict"
             )
         if uses_engine and not strategy.engine_supports_shortlist(engine):
-            raise ValueError(
+            raise RefusedOptions(
                 f"--shortlist restricts the output layer of --decoder-engine "
                 f"{'/'.join(n for n, e in ENGINES.items() if strategy.engine_supports_shortlist(e))}; "
                 f"--decoder-engine {engine.name} "
@@ -195,12 +196,12 @@ def check_supported(
         if options.quantize != "none" or any(is_quantized(m) for m in models):
             reasons.append("--quantize int8 replaces the linear layers by quantized modules (drop one of the two)")
         if reasons:
-            raise ValueError("--compile is not supported here: " + "; ".join(reasons))
+            raise RefusedOptions("--compile is not supported here: " + "; ".join(reasons))
     if not uses_engine:
         # the strategy decodes the PyTorch model as loaded: an engine's own int8 graphs or
         # exported folder would be silently ignored
         if options.quantize != "none" and engine.quantizes_itself:
-            raise ValueError(
+            raise RefusedOptions(
                 f"--decoding {strategy.name} decodes the PyTorch model itself, "
                 f"not with --decoder-engine {engine.name}, "
                 f"and --decoder-engine {engine.name} --quantize {options.quantize} leaves that model in float (the "
@@ -209,7 +210,7 @@ def check_supported(
             )
         own = engine_options_in_use(options)
         if own:
-            raise ValueError(
+            raise RefusedOptions(
                 f"{', '.join(own)}: an engine's own option(s); --decoding {strategy.name} does not decode with an "
                 f"engine (drop {', '.join(own)})"
             )
@@ -217,7 +218,7 @@ def check_supported(
     used = engine.unsupported(options)
     if used:
         others = [n for n, e in ENGINES.items() if n != engine.name and not e.unsupported(options)]
-        raise ValueError(
+        raise RefusedOptions(
             f"--decoder-engine {engine.name} does not support {', '.join(used)}; decode with "
             + (f"--decoder-engine {others[0]}" if others else "another engine")
             + " for these options"
