@@ -749,15 +749,9 @@ cli_main(sys.argv[2:])
 
 
 def _runtime_error(folder: Path) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "hrt_runtime", str(folder), "--beam", "1", "--max-len-b", "5"],
-        input=b"a man rides a horse .\n",
-        capture_output=True,
-        env=cli_env(),
-        cwd=str(REPO),
-        timeout=300,
-    )
-    return f"exit {proc.returncode}: " + (proc.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
+    """hrt-translate's last line on ``folder`` (one line of input), after its exit status."""
+    r = _cli_result(folder, "--beam", "1", "--max-len-b", "5")
+    return f"exit {r['returncode']}: {r['last_line']}"
 
 
 def _request_bytes(body: bytes, *headers: str) -> bytes:
@@ -864,19 +858,11 @@ def runtime_and_service(work: Path) -> dict:
         damaged[name] = copy / "config.json" if name == "file_for_folder" else copy
 
     def refusal(path: Path) -> dict:  # _runtime_error's line, and whether it was the only one
-        proc = subprocess.run(
-            [sys.executable, "-m", "hrt_runtime", str(path), "--beam", "1", "--max-len-b", "5"],
-            input=b"a man rides a horse .\n",
-            capture_output=True,
-            env=cli_env(),
-            cwd=str(REPO),
-            timeout=300,
-        )
-        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        r = _cli_result(path, "--beam", "1", "--max-len-b", "5")
         return {
-            "message": relative(f"exit {proc.returncode}: " + (err or [""])[-1]),
-            "stderr_lines": len(err),
-            "traceback": any("Traceback" in line for line in err),
+            "message": f"exit {r['returncode']}: {r['last_line']}",
+            "stderr_lines": r["stderr_lines"],
+            "traceback": r["traceback"],
         }
 
     out["damaged"] = {name: refusal(path) for name, path in damaged.items()}
