@@ -59,8 +59,8 @@ from benchmarks.report_files import write_file  # noqa: E402
 from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.cli_logging import setup_logging  # noqa: E402
 from fairseq_hrt.generation.lean import TorchBackend  # noqa: E402
-from fairseq_hrt.generation.search_rules import banned_symbols  # noqa: E402
 from fairseq_hrt.models.kinds import family_of  # noqa: E402
+from fairseq_hrt.passes.search_rules import banned_symbols  # noqa: E402
 from fairseq_hrt.scoring.metrics import paired_bleu_difference, sacrebleu_score  # noqa: E402
 from hrt_runtime.search import banned_bias_of, fill_masks  # noqa: E402
 

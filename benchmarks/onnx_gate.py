@@ -37,8 +37,8 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
 
 from benchmarks.timing import time_runs  # noqa: E402
 from fairseq_hrt.export.exporter import export_model  # noqa: E402
-from fairseq_hrt.generation.decoder_pass import decoder_pass  # noqa: E402
-from fairseq_hrt.generation.output_vocab import OutputLayer  # noqa: E402
+from fairseq_hrt.passes.decoder_pass import decoder_pass  # noqa: E402
+from fairseq_hrt.passes.output_vocab import OutputLayer  # noqa: E402
 from hrt_runtime.model import ExportedModel  # noqa: E402
 
 

@@ -7,8 +7,8 @@ import torch
 from fairseq import tasks
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
-from fairseq_hrt.generation.decoder_pass import unplanned_modules
 from fairseq_hrt.modules.cpu_dropout import PCG64Dropout, dropout_mask, pcg64_dropout, use_cpu_dropout_rng
+from fairseq_hrt.passes.decoder_pass import unplanned_modules
 from tests.hrt_fixtures import build_task_and_model, training_args
 
 

@@ -1,4 +1,4 @@
-"""The planned decoder pass (fairseq_hrt.generation.decoder_pass): one pass per decoder,
+"""The planned decoder pass (fairseq_hrt.passes.decoder_pass): one pass per decoder,
 shared by every engine; its modes agree with each other; encoder keys/values are projected
 once per batch; profiler labels."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from fairseq_hrt.export.exporter import unsupported
-from fairseq_hrt.generation.decoder_pass import DecoderPass, decoder_pass
 from fairseq_hrt.generation.jacobi import NATDrafter, ParallelGreedyGenerator
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
+from fairseq_hrt.passes.decoder_pass import DecoderPass, decoder_pass
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
 from tests.test_lean import RAGGED, assert_same_hypotheses
 

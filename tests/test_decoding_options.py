@@ -15,8 +15,8 @@ from fairseq_hrt.generation.engines import ENGINES, register_engine
 from fairseq_hrt.generation.lean import LeanEngine
 from fairseq_hrt.generation.options import DecodingOptions
 from fairseq_hrt.generation.quantize import is_quantized
-from fairseq_hrt.generation.search_rules import SearchRules, banned_symbols
 from fairseq_hrt.models.kinds import AT, HRT, MASK_PREDICT, family_of
+from fairseq_hrt.passes.search_rules import SearchRules, banned_symbols
 from hrt_runtime.model import OutputRows
 from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample

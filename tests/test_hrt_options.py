@@ -9,7 +9,7 @@ from benchmarks.hrt_quality import fill_skeleton_tensors
 from fairseq_hrt import chunking
 from fairseq_hrt.generation.hrt_generator import HRTGenerator, at_mode_scores
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
-from fairseq_hrt.generation.search_rules import banned_symbols
+from fairseq_hrt.passes.search_rules import banned_symbols
 from hrt_runtime.search import refine_counts
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
 

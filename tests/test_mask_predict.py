@@ -37,8 +37,8 @@ from benchmarks.tiny_runs import (  # noqa: E402
 )
 from fairseq_hrt import chunking  # noqa: E402
 from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, length_loss  # noqa: E402
-from fairseq_hrt.generation.decoder_pass import decoder_pass  # noqa: E402
 from fairseq_hrt.generation.mask_predict import MaskPredictGenerator  # noqa: E402
+from fairseq_hrt.passes.decoder_pass import decoder_pass  # noqa: E402
 from hrt_runtime import search  # noqa: E402  (the one search's Mask-Predict functions, on numpy arrays)
 from tests.tiny_data import hyp_lines  # noqa: E402
 

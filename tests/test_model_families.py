@@ -11,7 +11,6 @@ from fairseq.models.transformer import TransformerModel
 
 from fairseq_hrt.export.exporter import check_exportable, unsupported
 from fairseq_hrt.generation import strategies
-from fairseq_hrt.generation.decoder_pass import DecoderPass
 from fairseq_hrt.generation.engines import ENGINES
 from fairseq_hrt.generation.options import DecodingOptions, fairseq_values, search_config, task_defaults
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES, DecodingStrategy, register_decoding
@@ -20,6 +19,7 @@ from fairseq_hrt.models.cmlm_transformer import CMLMTransformerModel
 from fairseq_hrt.models.hrt_transformer import HRTTransformerModel
 from fairseq_hrt.models.kinds import AT, FAMILIES, HRT, MASK_PREDICT, ModelFamily, declare, family_of
 from fairseq_hrt.models.ssru_transformer import SSRUTransformerModel
+from fairseq_hrt.passes.decoder_pass import DecoderPass
 from fairseq_hrt.tasks.hrt_translation import HRTTranslationConfig
 from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, build_task_and_model

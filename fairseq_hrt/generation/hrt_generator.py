@@ -18,9 +18,9 @@ from torch import Tensor
 from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.generation.chunk_size import decode_by_chunk_size, resolve_decode_chunk_size
 from fairseq_hrt.generation.hypotheses import reject_unsupported_inputs, select_rows, to_fairseq
-from fairseq_hrt.generation.search_rules import banned_symbols_of
 from fairseq_hrt.generation.strategies import DecodingContext, DecodingStrategy, LeftToRightDecoding, register_decoding
 from fairseq_hrt.models.kinds import family_of
+from fairseq_hrt.passes.search_rules import banned_symbols_of
 from hrt_runtime.search import check_b_nat, stage2
 
 logger = logging.getLogger(__name__)

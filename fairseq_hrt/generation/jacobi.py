@@ -45,13 +45,13 @@ from torch import Tensor
 
 from fairseq_hrt import chunking
 from fairseq_hrt.cli_logging import RefusedOptions
-from fairseq_hrt.generation.decoder_pass import EncoderKV, decoder_pass
 from fairseq_hrt.generation.hrt_generator import check_at_mode
 from fairseq_hrt.generation.hypotheses import hypothesis, reject_unsupported_inputs
-from fairseq_hrt.generation.output_vocab import OutputLayer
-from fairseq_hrt.generation.search_rules import SearchRules
 from fairseq_hrt.generation.strategies import DecodingContext, LeftToRightDecoding, register_decoding
 from fairseq_hrt.models.kinds import family_of
+from fairseq_hrt.passes.decoder_pass import EncoderKV, decoder_pass
+from fairseq_hrt.passes.output_vocab import OutputLayer
+from fairseq_hrt.passes.search_rules import SearchRules
 from hrt_runtime.search import SearchConfig, positional_scores
 
 logger = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class NATDrafter:
     """Drafts of ``hrt-spec``: one non-causal pass of an HRT model over the final prefix
     followed by masks (the CMLM / stage-II fill of :func:`hrt_runtime.search.fill_masks`),
     argmax in the masks, never a banned symbol. The pass is the decoder's one
-    (:func:`~fairseq_hrt.generation.decoder_pass.decoder_pass`); the encoder keys/values of
+    (:func:`~fairseq_hrt.passes.decoder_pass.decoder_pass`); the encoder keys/values of
     a batch are projected once (:meth:`begin`) and serve every drafting round."""
 
     def __init__(self, model, mask: int, pad: int, banned: Tensor):

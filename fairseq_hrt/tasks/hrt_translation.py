@@ -37,13 +37,14 @@ from fairseq_hrt import shortlist as shortlists
 from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook
 from fairseq_hrt.criterions.hrt_loss import check_mode_matches_model
 from fairseq_hrt.data import mixdistill, truncation
-from fairseq_hrt.generation import decoder_pass, hypotheses, strategies
+from fairseq_hrt.generation import hypotheses, strategies
 from fairseq_hrt.generation.engines import engines_help
 from fairseq_hrt.generation.options import QUANTIZE_CHOICES, DecodingOptions, task_field
 from fairseq_hrt.generation.quantize import prepare_for_decoding
 from fairseq_hrt.models import ssru_transformer, tied_layers
 from fairseq_hrt.models.kinds import family_of
 from fairseq_hrt.modules.cpu_dropout import CPU_DROPOUT_RNGS, use_cpu_dropout_rng
+from fairseq_hrt.passes import decoder_pass
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
 from hrt_runtime import text_input
 
