@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from benchmarks.serve_load import drain_row
 from benchmarks.tiny_runs import (
     REPO,
     SRC,
@@ -1294,39 +1295,15 @@ def bounded_service_cases(lines: List[str], serve) -> dict:
     # the drain: 8 x 256 lines at beam 5, SIGTERM after 1 s, --drain-seconds 2; /health meanwhile
     service, port = serve("--drain-seconds", "2", "--max-request-tokens", "1000000")
     long_request = [(lines[i % len(lines)] + " ") * 2 for i in range(256)]
-    answers: List[int] = []
-    threads = [
-        # max_len_b 30: an untrained model runs every output to its limit; at 200 no request fits in 2 s
-        threading.Thread(
-            target=lambda: answers.append(_post(port, {"text": long_request, "beam": 5, "max_len_b": 30})[0])
-        )
-        for _ in range(8)
-    ]
-    for t in threads:
-        t.start()
-    time.sleep(1.0)
-    start = time.monotonic()
-    service.terminate()
-    health: Dict[str, int] = {}
-    while service.poll() is None and time.monotonic() - start < 120:
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            connection.request("GET", "/health")
-            key = str(connection.getresponse().status)
-            connection.close()
-        except OSError:
-            key = "refused"
-        health[key] = health.get(key, 0) + 1
-        time.sleep(0.1)
-    returncode = service.wait(120)
-    for t in threads:
-        t.join(120)
+    # max_len_b 30: an untrained model runs every output to its limit; at 200 no request fits in 2 s
+    body = {"text": long_request, "beam": 5, "max_len_b": 30}
+    drained = drain_row(port, service, [body] * 8, timeout=300)
     out["drain"] = {
-        "requests": len(threads),
-        "exit_after_s": round(time.monotonic() - start, 1),
-        "returncode": returncode,
-        "answered_200": answers.count(200),
-        "answered_503": answers.count(503),
-        "health_while_draining": health,
+        "requests": drained["requests"],
+        "exit_after_s": drained["exit_after_s"],
+        "returncode": drained["exit"],
+        "answered_200": drained["statuses"].get("200", 0),
+        "answered_503": drained["statuses"].get("503", 0),
+        "health_while_draining": drained["health_while_draining"],
     }
     return out

@@ -267,11 +267,6 @@ class Batcher:
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="hrt-serve")
         self.translate_batch: Callable[[List[np.ndarray], CallOptions, Callable[[], bool]], List[str]] = self._translate
 
-    @property
-    def busy(self) -> bool:
-        """Whether a batch is being translated."""
-        return bool(self.running)
-
     def start(self):
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -754,11 +749,10 @@ def make_app(translator: Translator, **settings):
     return app
 
 
-def runner_of(app, drain_seconds: Optional[float] = None):
+def runner_of(app):
     """The application's runner: handler cancellation on (a client that goes away cancels its
     request), connections idle (or sending their headers) for ``--idle-timeout`` closed, and a
-    short wait for handlers at shutdown (the drain has answered every admitted request before).
-    ``drain_seconds``: kept for callers of earlier versions; the app's own setting counts."""
+    short wait for handlers at shutdown (the drain has answered every admitted request before)."""
     settings = app[SETTINGS]
     return web.AppRunner(
         app,
