@@ -48,10 +48,14 @@ class SearchConfig:
             return self
         return replace(self, max_len_a=self.max_len_a / k, max_len_b=int(self.max_len_b // k))
 
+    def length_limit(self, source_width: int, cap: int) -> int:
+        """``max_len_a x`` the source width ``+ max_len_b``, at most ``cap``."""
+        return min(int(self.max_len_a * source_width + self.max_len_b), cap)
+
     def max_len(self, source_width: int, cap: int) -> int:
         """fairseq's maximum output length: ``max_len_a x`` the padded source width ``+
         max_len_b``, at most ``cap`` (the decoder's positions), with fairseq's check of ``min_len``."""
-        max_len = min(int(self.max_len_a * source_width + self.max_len_b), cap)
+        max_len = self.length_limit(source_width, cap)
         if self.min_len > max_len:
             raise ValueError(
                 f"min_len cannot be larger than max_len: min_len {self.min_len}, max_len {max_len} (max_len_a "

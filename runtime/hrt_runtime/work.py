@@ -22,8 +22,7 @@ from hrt_runtime.search import SearchConfig, position_cap
 def output_limit(config: SearchConfig, source_tokens: int, stride: int, max_positions: int) -> int:
     """The most steps a left-to-right search of ``stride`` makes for a line of ``source_tokens``
     (fairseq's ``a x S + b``, Skip-AT's ``/ k``, within the decoder's positions)."""
-    stage = config.for_chunk_size(stride)
-    return max(0, min(int(stage.max_len_a * source_tokens + stage.max_len_b), position_cap(max_positions, stride)))
+    return max(0, config.for_chunk_size(stride).length_limit(source_tokens, position_cap(max_positions, stride)))
 
 
 def line_positions(
