@@ -426,14 +426,6 @@ def test_recipe_trains_one_chunk_size_by_default_and_several_on_request(tmp_path
     assert not many.profile.distill
 
 
-def test_recipe_markers_compare_commands_but_parallelism():
-    assert recipe.same_command("train d --threads 1 --lr 1", "train d --threads 2 --lr 1")
-    assert recipe.same_command("preprocess --workers 1 --destdir x", "preprocess --workers 2 --destdir x")
-    assert recipe.same_command("train d --threads 1 --lr 1", "train d --lr 1\n")
-    assert not recipe.same_command("train d --lr 1", "train d --lr 2")
-    assert not recipe.same_command("train d --lr 1", "train d --lr 1 --cpu")
-
-
 # --------------------------------------------------------------------------- end to end
 
 

@@ -1,4 +1,4 @@
-"""The commands of README.md, docs/*.md and examples/multi30k/README.md, as written: every
+"""The commands of README.md, docs/*.md and the examples' READMEs, as written: every
 option a command line of a ```bash block gives is one that command's ``--help`` lists (for
 fairseq's commands, with the task, arch and criterion that line names), and every program
 it runs exists."""
@@ -14,7 +14,11 @@ import pytest
 from benchmarks.tiny_runs import USER_DIR, cli_env, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "examples/multi30k/README.md", *sorted(str(p.relative_to(REPO)) for p in REPO.glob("docs/*.md"))]
+DOCS = [
+    "README.md",
+    *sorted(str(p.relative_to(REPO)) for p in REPO.glob("examples/**/README.md")),
+    *sorted(str(p.relative_to(REPO)) for p in REPO.glob("docs/*.md")),
+]
 
 FAIRSEQ = {"fairseq-train": "train", "fairseq-generate": "generate", "fairseq-interactive": "interactive"}
 # the plugin's own programs: how to ask each for its help

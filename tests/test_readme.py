@@ -1,4 +1,5 @@
-"""README.md's two set-up commands are exactly what CI (.ci/run) runs."""
+"""README.md's two set-up commands are exactly what CI (.ci/run) runs; its tables and those of
+docs/training.md and docs/decoding.md name what the plugin has."""
 
 import re
 import subprocess
@@ -6,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_REGISTRY
+from fairseq.models import ARCH_CONFIG_REGISTRY
 
 import fairseq_hrt  # noqa: F401  (registers the strategies and archs)
 from benchmarks.tiny_runs import USER_DIR, run_cli
@@ -67,11 +68,12 @@ def _table_options(section: str):
         yield re.findall(r"`(--[a-z0-9-]+)", row), row
 
 
-def test_every_option_of_the_readme_tables_is_in_the_commands_help():
-    """Each option the README's training and decoding tables name is one ``--help`` lists for
-    that command line: training options with an HRT arch and ``--criterion hrt_loss`` (a row
-    marked ``cmlm_*`` with a Mask-Predict arch instead, and not with the HRT arch), decoding
-    options for ``fairseq-generate --task hrt_translation``."""
+def test_every_option_of_the_training_and_decoding_tables_is_in_the_commands_help():
+    """Each option the tables of the README's Train and Decode sections, docs/training.md and
+    docs/decoding.md name is one ``--help`` lists for that command line: training options with an
+    HRT arch and ``--criterion hrt_loss`` (a row marked ``cmlm_*`` with a Mask-Predict arch
+    instead, and not with the HRT arch), decoding options for ``fairseq-generate --task
+    hrt_translation``."""
 
     def help_of(command, *args):
         out = run_cli([command, "--user-dir", USER_DIR, "--task", "hrt_translation", *args, "--help"]).stdout
@@ -79,25 +81,27 @@ def test_every_option_of_the_readme_tables_is_in_the_commands_help():
 
     train = {arch: help_of("train", "--arch", arch, "--criterion", "hrt_loss") for arch in ("hrt_tiny", "cmlm_tiny")}
     generate = help_of("generate")
-    text = (REPO / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
+    training = _section(readme, "Train") + (REPO / "docs" / "training.md").read_text()
+    decoding = _section(readme, "Decode") + (REPO / "docs" / "decoding.md").read_text()
     rows = 0
-    for options, row in _table_options(_section(text, "Training")):
+    for options, row in _table_options(training):
         for option in options:
             if "cmlm_*" in row:
                 assert option in train["cmlm_tiny"] and option not in train["hrt_tiny"], row
             else:
                 assert option in train["hrt_tiny"], row
         rows += 1
-    for options, row in _table_options(_section(text, "Decoding")):
+    for options, row in _table_options(decoding):
         assert set(options) <= generate, row
         rows += 1
-    assert rows >= 30
+    assert rows >= 40
 
 
-def test_the_readmes_shortlist_sentence_names_what_supports_shortlists():
-    """ "Works with `--decoding ...` on the engines ...": the strategies and engines that declare
-    ``supports_shortlist``, no more, no fewer."""
-    text = " ".join((REPO / "README.md").read_text().split())
+def test_the_shortlist_sentence_names_what_supports_shortlists():
+    """docs/decoding.md's "Works with `--decoding ...` on the engines ...": the strategies and
+    engines that declare ``supports_shortlist``, no more, no fewer."""
+    text = " ".join((REPO / "docs" / "decoding.md").read_text().split())
     sentence = re.search(r"Works with `--decoding (.*?) on the engines (.*?) \(", text)
     assert set(re.findall(r"`?([a-z-]+)`?(?:,| and|$)", sentence.group(1).replace("`", "") + ",")) == {
         n for n, s in DECODING_STRATEGIES.items() if s.supports_shortlist
@@ -106,16 +110,14 @@ def test_the_readmes_shortlist_sentence_names_what_supports_shortlists():
 
 
 def test_the_readmes_architecture_table_is_the_plugins_archs():
-    """The archs the README's table lists are the ones the plugin registers (besides the
-    models' own names), no more, no fewer."""
+    """The archs the README's table lists are the ones the plugin registers, the models' own
+    names (``hrt_transformer``, ...) included, no more, no fewer."""
     text = (REPO / "README.md").read_text()
     table = re.search(r"^\| family \| archs \|\n(.*?)\n\n", text, re.S | re.M).group(1)
     listed = {
         name for cell in re.findall(r"^\| [^|]* \| ([^|]*) \|", table, re.M) for name in re.findall(r"`(\w+)`", cell)
     }
     plugin = {
-        arch
-        for arch, configure in ARCH_CONFIG_REGISTRY.items()
-        if configure.__module__.startswith("fairseq_hrt") and arch not in MODEL_REGISTRY
+        arch for arch, configure in ARCH_CONFIG_REGISTRY.items() if configure.__module__.startswith("fairseq_hrt")
     }
     assert listed == plugin

@@ -363,7 +363,7 @@ def test_recipe_trains_ssru_students_on_request(tmp_path):
     spec.loader.exec_module(recipe)
     assert not recipe.parse_args(["--out", str(tmp_path)]).ssru_students
     r = recipe.Recipe(recipe.parse_args(["--out", str(tmp_path), "--profile", "mini", "--ssru-students"]))
-    at = r.train_cmd("at", r.profile.at_arch, r.profile.student, ["--hrt-mode", "at"])
+    at = r.commands("at")
     one, tied = r.ssru_cmd("ssru"), r.ssru_cmd("ssru_tied")
     assert one[one.index("--arch") + 1] == "at_mini_ssru" and tied[tied.index("--arch") + 1] == "at_mini_ssru"
     assert tied[-3:] == ["--decoder-layers", "2", "--decoder-tie-layers"]
