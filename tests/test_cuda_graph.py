@@ -28,6 +28,7 @@ from fairseq_hrt.generation.lean import LeanSequenceGenerator, TorchBackend
 from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
 from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
+from tests.test_decoder_definitions import WEIGHT_CHANGES
 from tests.test_generator import SPECIALS
 from tests.test_lean import RAGGED, assert_same_hypotheses
 
@@ -178,6 +179,28 @@ def test_weights_loaded_later_drop_the_graphs(random_models, device):
     )
     model.load_state_dict(other.state_dict())
     expected = LeanSequenceGenerator(other, d, config, []).generate([other], sample)
+    assert_same_hypotheses(expected, graphs.generate([model], sample))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("change", ["fairseq-adam-step", "load_state_dict"])
+def test_weights_changed_between_batches_drop_every_graph(random_models, device, change):
+    """HRT's two stages decoded once (the encoder, the steps and stage II from graphs), then
+    the weights change as fairseq-train's optimizer step (through ``p.data``) or a load changes
+    them: the next batch decodes the new weights, with nothing told to forget."""
+    data_dir, task, hrt, _ = random_models
+    _, other = build_task_and_model(data_dir, arch="hrt_tiny", seed=9)
+    model = _on(copy.deepcopy(hrt), device)
+    d, sample = task.target_dictionary, _sample(task, device)
+    config, banned = SearchConfig(beam=2, max_len_b=16), [d.index(s) for s in SPECIALS]
+    kwargs = dict(chunk_start=task.chunk_start_idx, mask=task.mask_idx, chunk_size=2, b_nat=1)
+    graphs = _graph_generator(device)(model, d, config, banned, **kwargs)
+    before = graphs.generate([model], sample)
+    assert graphs.backend._encoders and graphs.backend._graphs and graphs.backend._parallel
+    WEIGHT_CHANGES[change](model, _on(other, device))
+    fresh = copy.deepcopy(model)  # a model no engine has decoded yet
+    expected = LeanSequenceGenerator(fresh, d, config, banned, **kwargs).generate([fresh], sample)
+    assert [h[0]["tokens"].tolist() for h in expected] != [h[0]["tokens"].tolist() for h in before]
     assert_same_hypotheses(expected, graphs.generate([model], sample))
 
 

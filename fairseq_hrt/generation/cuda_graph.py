@@ -59,6 +59,7 @@ from fairseq_hrt.passes.decoder_pass import (
     profiled,
     relative_buckets,
     unplanned_modules,
+    weights_version,
 )
 from hrt_runtime.search import position_cap
 
@@ -377,7 +378,7 @@ class CudaGraphBackend(TorchBackend):
         self._encoders: Dict[Tuple[int, int], EncoderRun] = {}
         self._parallel: Dict[Tuple[int, int, int, int], ParallelRun] = {}
         self._modules: Dict[str, Optional[torch.nn.Module]] = {}  # the encoder's and the non-causal pass's
-        self._weights = None  # what the graphs were made of: the decoder's plan, every parameter's version
+        self._weights = None  # what the graphs were made of: the decoder's plan, the model's weights_version
         self.capture_seconds = 0.0  # spent making graphs (their buffers, warm-up and capture)
 
     @property
@@ -387,20 +388,20 @@ class CudaGraphBackend(TorchBackend):
 
     def _current(self, every_parameter: bool = False):
         """The decoder's plan, after dropping every graph if the weights changed since they were
-        made (they read the old tensors, or copies of them): the plan is rebuilt when the
+        made (they read the old tensors, or copies of them): the plan is made again when the
         decoder's weights change; ``every_parameter`` (once a batch, at its encoding) also
-        compares every parameter's storage and version (the encoder's)."""
+        compares the whole model's :func:`weights_version` (the encoder's weights)."""
         plan = self.decoder_pass.plan()
-        versions = None
+        version = None
         if every_parameter or self._weights is None:
-            versions = tuple((p.data_ptr(), p.dtype, p._version) for p in self.model.parameters())
-        known_plan, known_versions = self._weights or (None, None)
-        if plan is not known_plan or (versions is not None and versions != known_versions):
+            version = weights_version(self.model)
+        known_plan, known_version = self._weights or (None, None)
+        if plan is not known_plan or (version is not None and version != known_version):
             self._graphs.clear()
             self._encoders.clear()
             self._parallel.clear()
             self._modules.clear()
-        self._weights = (plan, versions if versions is not None else known_versions)
+        self._weights = (plan, version if version is not None else known_version)
         return plan
 
     def _made(self, table: dict, key, make):
