@@ -39,6 +39,12 @@ def test_quickstart_trains_k2_with_the_papers_curriculum():
     assert option(generate, "--decode-chunk-size") == "2"
 
 
+def test_quickstart_budget_is_a_number_of_updates_not_a_time():
+    """The same model on any machine, however busy: --max-update, no --stop-time-hours."""
+    train, _ = quickstart_commands()
+    assert option(train, "--max-update") == "600" and "--stop-time-hours" not in train
+
+
 def test_quickstart_dry_run_honours_the_environment():
     train, _ = quickstart_commands(MAX_UPDATE="50", TASK_TRAIN_ARGS="--chunk-sizes 3")
     assert option(train, "--max-update") == "50" and option(train, "--chunk-sizes") == "3"

@@ -227,11 +227,6 @@ class Recipe:
                 "--threads", str(self.threads), *self.device_args,
             ]  # fmt: skip
         if name == "distill_bin":
-            # fairseq-preprocess wants the source side beside the distilled target
-            source = out / "distill" / "train.en"
-            if not source.exists():
-                source.unlink(missing_ok=True)  # a dangling link of a killed run
-                source.symlink_to(data / "spm" / "train.en")
             dictionary = str(self.data_bin / "dict.en.txt")
             return [
                 sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", "en", "--target-lang", "de",
@@ -276,6 +271,10 @@ class Recipe:
                 continue  # the students train on raw data
             if name in SSRU_STUDENTS and not self.args.ssru_students:
                 continue
+            if name == "distill_bin" and not (self.out / "distill" / "train.en").exists():
+                # fairseq-preprocess wants the source side beside the distilled target
+                (self.out / "distill" / "train.en").unlink(missing_ok=True)  # a dangling link of a killed run
+                (self.out / "distill" / "train.en").symlink_to(self.data / "spm" / "train.en")
             self.run_step(name, self.commands(name))
             if name == self.args.until:
                 return
