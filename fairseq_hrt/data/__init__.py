@@ -1,2 +1,2 @@
 """Datasets of the HRT task (:mod:`fairseq_hrt.data.mixdistill`: MixDistill's distilled targets;
-:mod:`fairseq_hrt.data.truncation`: sources cut at --max-source-positions)."""
+:mod:`fairseq_hrt.data.source_input`: sources repaired and cut at --max-source-positions)."""

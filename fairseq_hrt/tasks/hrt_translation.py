@@ -9,16 +9,17 @@
 * MixDistill: with ``--distill-data``, each pair's target is the raw reference with
   probability ``--p-raw``, else the aligned distilled one.
 
-The task is an adapter: the samples are built by :mod:`fairseq_hrt.chunking`, the distilled
-targets read by :mod:`fairseq_hrt.data.mixdistill`, checkpoints checked by
-:mod:`fairseq_hrt.checkpoint_checks` and ``--shortlist`` read by :mod:`fairseq_hrt.shortlist`.
+The task is an adapter of fairseq's hooks: the samples are built by :mod:`fairseq_hrt.chunking`,
+the distilled targets read by :mod:`fairseq_hrt.data.mixdistill`, sources repaired and cut at
+``--max-source-positions`` by :mod:`fairseq_hrt.data.source_input`, checkpoints checked by
+:mod:`fairseq_hrt.checkpoint_checks`, ``--shortlist`` read by :mod:`fairseq_hrt.shortlist`,
+``--cpu-autocast-bf16`` and ``--cpu-dropout-rng`` applied by :mod:`fairseq_hrt.tasks.cpu_training`
+and ``--quantize`` by :mod:`fairseq_hrt.tasks.deferred_quantization`.
 """
 
-import contextlib
 import inspect
 import json
 import logging
-import weakref
 from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -30,30 +31,26 @@ from fairseq.logging import metrics
 from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fairseq_hrt import checkpoint_checks, chunking, compat
 from fairseq_hrt import shortlist as shortlists
 from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook
 from fairseq_hrt.criterions.hrt_loss import check_mode_matches_model
-from fairseq_hrt.data import mixdistill, truncation
+from fairseq_hrt.data import mixdistill, source_input
 from fairseq_hrt.generation import hypotheses, strategies
 from fairseq_hrt.generation.engines import engines_help
-from fairseq_hrt.generation.options import QUANTIZE_CHOICES, DecodingOptions, task_field
-from fairseq_hrt.generation.quantize import prepare_for_decoding
+from fairseq_hrt.generation.options import DecodingOptions, task_field
 from fairseq_hrt.models import ssru_transformer, tied_layers
 from fairseq_hrt.models.kinds import family_of
-from fairseq_hrt.modules.cpu_dropout import CPU_DROPOUT_RNGS, use_cpu_dropout_rng
 from fairseq_hrt.passes import decoder_pass
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
-from hrt_runtime import text_input
+from fairseq_hrt.tasks.cpu_training import CPU_DROPOUT_RNG_CHOICES, CpuTraining
+from fairseq_hrt.tasks.deferred_quantization import QUANTIZATIONS, DeferredQuantization
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_P_RAW = 0.5  # MixDistill's share of raw targets when --p-raw is not given
 HRT_MODES = ChoiceEnum(["hrt", "at", "cmlm"])
-QUANTIZATIONS = ChoiceEnum(list(QUANTIZE_CHOICES))
-CPU_DROPOUT_RNG_CHOICES = ChoiceEnum(list(CPU_DROPOUT_RNGS))
 
 
 def parse_chunk_sizes(text: str) -> List[int]:
@@ -89,7 +86,7 @@ class HRTTranslationConfig(TranslationConfig):
             "help": "chunk size k of Skip-AT/Skip-CMLM training (2..8), one model per k as in the "
             "papers; a comma-separated list trains one model for several k, assigned to the "
             "chunked pairs of a batch in turn, so each k gets a share of the chunked samples "
-            "(costs quality at every k: benchmarks/results/multi30k-study-mini-cpu)"
+            "(costs quality at every k: benchmarks/results/multi30k-study-mini-cpu/README.md)"
         },
     )
     curriculum_lambda: float = field(default=1.0, metadata={"help": "curriculum exponent: p_k = (t / T) ** lambda"})
@@ -125,9 +122,9 @@ class HRTTranslationConfig(TranslationConfig):
         metadata={
             "help": "train on the CPU under torch.autocast(bfloat16): matrix products and attention in "
             "bfloat16, weights, optimizer state, softmax, layer norm and losses in float32 (fairseq's "
-            "--bf16 means TPU, its --amp CUDA). On a CPU with AVX512-BF16 or AMX, hrt_small and at_small "
-            "train 1.7-2x faster a thread than in float32; elsewhere it is slower. Training only: "
-            "validation, fairseq-generate and exported models run as before"
+            "--bf16 means TPU, its --amp CUDA). Faster than float32 only on a CPU with AVX512-BF16 or "
+            "AMX (benchmarks/results/small-converged-cpu/README.md). Training only: validation, "
+            "fairseq-generate and exported models run as before"
         },
     )
     cpu_dropout_rng: CPU_DROPOUT_RNG_CHOICES = field(
@@ -135,9 +132,9 @@ class HRTTranslationConfig(TranslationConfig):
         metadata={
             "help": "how fairseq-train draws the dropout masks of tensors on the CPU: 'pcg64' (NumPy's "
             "PCG64, seeded from torch's generator at each call, so runs stay reproducible and resume "
-            "alike) or 'torch' (fairseq's F.dropout, whose serial Bernoulli kernel took 13 %% of an "
-            "at_small update on one thread). The same dropout, another random stream; GPU tensors "
-            "always use torch's"
+            "alike) or 'torch' (fairseq's F.dropout, whose serial Bernoulli kernel is slower: "
+            "benchmarks/results/small-converged-cpu/README.md). The same dropout, another random "
+            "stream; GPU tensors always use torch's"
         },
     )
     decoder_tie_layers: bool = field(
@@ -179,8 +176,8 @@ class HRTTranslationTask(TranslationTask):
             logger.warning(
                 "--chunk-sizes %s: one model for %d chunk sizes. The chunked pairs of every batch "
                 "are shared among them, so each k gets 1/%d of the Skip-AT/Skip-CMLM samples that "
-                "a model trained for it alone gets; on the quickstart shape this cost 4.7 BLEU at "
-                "k = 2 (benchmarks/results/multi30k-study-mini-cpu). The papers train one model per k.",
+                "a model trained for it alone gets, which costs quality at every k "
+                "(benchmarks/results/multi30k-study-mini-cpu/README.md). The papers train one model per k.",
                 cfg.chunk_sizes,
                 len(self.chunk_sizes),
                 len(self.chunk_sizes),
@@ -202,10 +199,8 @@ class HRTTranslationTask(TranslationTask):
         self.mask_idx = tgt_dict.index(MASK_SYMBOL)
         self.chunk_start_idx = {k: tgt_dict.index(chunk_start_symbol(k)) for k in range(2, MAX_CHUNK_SIZE + 1)}
         self.interactive_lines_seen = 0  # line numbers in fairseq-interactive's warnings
-        # models this task built from a checkpoint under --quantize: quantized (after their
-        # weights are loaded) before the first generator decodes them; see build_decoding
-        self._to_quantize = weakref.WeakSet()
-        self._bf16_checked = False  # --cpu-autocast-bf16's CPU check, at the first training step
+        self.cpu_training = CpuTraining(cfg)
+        self.deferred_quantization = DeferredQuantization(cfg)
         compat.patch_interactive_reading()
 
     @classmethod
@@ -229,15 +224,9 @@ class HRTTranslationTask(TranslationTask):
         if self.cfg.distill_data and split == self.cfg.train_subset:
             self.datasets[split] = self._with_distilled_targets(split, self.datasets[split])
         elif split != self.cfg.train_subset:  # fairseq-generate's (and validation's) sources
-            limit = self.cfg.max_source_positions
-            truncated = truncation.truncate_sources(self.datasets[split], limit, self.source_dictionary.eos())
-            if truncated:
-                logger.warning(
-                    "%s: %d source sentence(s) longer than --max-source-positions %d tokens were truncated",
-                    split,
-                    truncated,
-                    limit,
-                )
+            source_input.truncate_split(
+                split, self.datasets[split], self.cfg.max_source_positions, self.source_dictionary.eos()
+            )
 
     def check_training_options(self):
         """Options that only training reads, checked when the training set is loaded (a
@@ -309,8 +298,7 @@ class HRTTranslationTask(TranslationTask):
                 )
         if tie:
             tied_layers.tie_decoder_layers(model.decoder)
-        if not from_checkpoint:  # fairseq-train's model; a loaded one decodes without dropout
-            use_cpu_dropout_rng(model, self.cfg.cpu_dropout_rng)
+        self.cpu_training.set_up_model(model, from_checkpoint)
         if not from_checkpoint and self.cfg.hrt_mode == "hrt" and family.chunk_sizes:
             model.mark_trained_chunk_sizes(self.chunk_sizes)
         checkpoint_checks.check_dictionary_when_loading(model)
@@ -323,15 +311,14 @@ class HRTTranslationTask(TranslationTask):
             detok_args = json.loads(self.cfg.eval_bleu_detok_args)
             self.tokenizer = encoders.build_tokenizer(Namespace(tokenizer=self.cfg.eval_bleu_detok, **detok_args))
             self.sequence_generator = self.build_generator([model], Namespace(**json.loads(self.cfg.eval_bleu_args)))
-        if from_checkpoint and str(self.cfg.quantize) != "none":
-            self._to_quantize.add(model)
+        self.deferred_quantization.model_built(model, from_checkpoint)
         return model
 
     def prepare_models_for_decoding(self, models):
         """What loading for decoding does to the models (``--quantize``), for models built
         elsewhere (those this task loads from a checkpoint are prepared by :meth:`build_decoding`)."""
         for model in models:
-            prepare_for_decoding(model, str(self.cfg.quantize), str(self.cfg.decoder_engine))
+            self.deferred_quantization.prepare(model)
         return models
 
     def curriculum_p_k(self, num_updates: int) -> float:
@@ -389,8 +376,8 @@ class HRTTranslationTask(TranslationTask):
         super().begin_valid_epoch(epoch, model)
         # fairseq's optimizers update the weights through p.data, which the planned decoder
         # pass cannot see: without this, --eval-bleu decoded with the self-attention
-        # projections of an earlier validation (at_small student, epoch 14: 20.78 logged,
-        # 35.89 for the same weights in a fresh process)
+        # projections of an earlier validation, and logged a BLEU far below the same
+        # weights' in a fresh process
         decoder_pass.forget_plans(model)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
@@ -400,33 +387,8 @@ class HRTTranslationTask(TranslationTask):
         p_k = self.curriculum_p_k(update_num + 1) if self.cfg.hrt_mode == "hrt" else None
         rows_generator = self.chunked_rows_generator(sample, update_num) if p_k is not None else None
         sample = self.build_decoder_samples(sample, p_k, rows_generator=rows_generator)
-        with self.training_precision(model):
+        with self.cpu_training.precision(model):
             return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
-
-    def training_precision(self, model):
-        """The context of a training step's forward and backward: float32, or under
-        ``--cpu-autocast-bf16`` CPU autocast to bfloat16."""
-        if not self.cfg.cpu_autocast_bf16:
-            return contextlib.nullcontext()
-        param = next(model.parameters())
-        if param.device.type != "cpu" or param.dtype != torch.float32:
-            raise RefusedOptions(
-                f"--cpu-autocast-bf16 trains a float32 model on the CPU; this one is {param.dtype} on "
-                f"{param.device.type} (on a GPU use fairseq's --fp16 or --amp instead)"
-            )
-        if not self._bf16_checked:
-            self._bf16_checked = True
-            if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-                logger.warning(
-                    "--cpu-autocast-bf16: this CPU has no native bfloat16 (AVX512-BF16 or AMX); its "
-                    "bfloat16 products are emulated and training will be many times slower than in float32"
-                )
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
-        # PyTorch's fused CPU attention backward took 70 ms a call in bfloat16 against 10 ms for
-        # the plain matrix products (hrt_small, 4096 tokens): 14 % of an update
-        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
-        return stack
 
     def valid_step(self, sample, model, criterion):
         sample = self.build_decoder_samples(sample, None)
@@ -459,97 +421,55 @@ class HRTTranslationTask(TranslationTask):
         return super().get_batch_iterator(*bound.args[1:], **bound.kwargs)
 
     def get_interactive_tokens_and_lengths(self, lines, encode_fn):
-        """fairseq-interactive: one line that cannot be encoded never ends the session.
-
-        Every line is repaired as :mod:`hrt_runtime.text_input` repairs input files (a caller
-        may hand over text that did not come through it, e.g. with lone surrogates); a line
-        that the tokenizer/BPE still refuses is logged with its number and translated as an
-        empty line, so the output keeps one translation per input line.
-        """
-        tokens = []
-        for i, line in enumerate(lines):
-            lineno = self.interactive_lines_seen + i + 1
-            text, problems = text_input.clean_text(line)
-            if problems:
-                logger.warning("input line %d: %s repaired", lineno, ", ".join(problems))
-            try:
-                encoded = encode_fn(text)
-            except Exception as e:  # noqa: BLE001 - any tokenizer failure: report it, go on
-                logger.warning(
-                    "input line %d could not be tokenized (%s: %s); it is translated as an empty line",
-                    lineno,
-                    type(e).__name__,
-                    e,
-                )
-                encoded = ""
-            ids = self.source_dictionary.encode_line(encoded, add_if_not_exist=False).long()
-            limit = self.cfg.max_source_positions
-            if ids.numel() > limit:  # cut here, where the line's number is known (the runtime's words)
-                logger.warning(
-                    "input line %d: a sentence of %d tokens is truncated to the model's %d source positions",
-                    lineno,
-                    ids.numel(),
-                    limit,
-                )
-                ids = truncation.truncate(ids, limit, self.source_dictionary.eos())
-            tokens.append(ids)
+        """fairseq-interactive: one line that cannot be encoded never ends the session; lines are
+        repaired and cut at --max-source-positions (:func:`source_input.encode_interactive_lines`)."""
+        tokens = source_input.encode_interactive_lines(
+            lines, self.interactive_lines_seen + 1, encode_fn, self.source_dictionary, self.cfg.max_source_positions
+        )
         self.interactive_lines_seen += len(lines)
         return tokens, [t.numel() for t in tokens]
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
-        """fairseq-interactive: truncate over-long sources at --max-source-positions (as the
-        papers do, with L = 200) instead of failing on them."""
-        limit = self.cfg.max_source_positions
-        eos = self.source_dictionary.eos()
-        truncated = 0
-        for i, tokens in enumerate(src_tokens):
-            if tokens.numel() > limit:
-                src_tokens[i] = truncation.truncate(tokens, limit, eos)
-                src_lengths[i] = limit
-                truncated += 1
-        if truncated:
-            logger.warning(
-                "%d input sentence(s) longer than --max-source-positions %d tokens were truncated",
-                truncated,
-                limit,
-            )
+        """fairseq-interactive and the hub: truncate over-long sources at --max-source-positions
+        (as the papers do, with L = 200) instead of failing on them."""
+        source_input.truncate_inference_sources(
+            src_tokens, src_lengths, self.cfg.max_source_positions, self.source_dictionary.eos()
+        )
         return super().build_dataset_for_inference(src_tokens, src_lengths, constraints=constraints)
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         """The generator of ``--decoding`` / ``--decoder-engine`` / ``--shortlist`` / ...: the
         task's options with the per-call ones of ``args`` (:class:`DecodingOptions`), built by
         :func:`fairseq_hrt.generation.strategies.build_generator`."""
-
-        def fairseq_generator(models_, args_, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs):
-            return super(HRTTranslationTask, self).build_generator(
-                models_, args_, seq_gen_cls, extra_gen_cls_kwargs, **kwargs
-            )
-
         options = DecodingOptions.from_fairseq(self.cfg, args)
         if kwargs.get("prefix_allowed_tokens_fn") is not None:  # fairseq's hub passes it beside args
             options = options.replace(
                 sequence_generator_only=(*options.sequence_generator_only, "--prefix-allowed-tokens-fn")
             )
-        return self.build_decoding(models, options, fairseq_generator)
+        return self.build_decoding(models, options, self.fairseq_generator(seq_gen_cls, extra_gen_cls_kwargs, **kwargs))
+
+    def fairseq_generator(self, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+        """fairseq's own ``build_generator`` (``SequenceGenerator``), as the strategies call it:
+        ``(models, args, seq_gen_cls=..., extra_gen_cls_kwargs=...)``, the given values the defaults."""
+
+        def build(models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs):
+            return super(HRTTranslationTask, self).build_generator(
+                models, args, seq_gen_cls, extra_gen_cls_kwargs, **kwargs
+            )
+
+        return build
 
     def build_decoding(self, models, options: DecodingOptions, fairseq_generator=None):
         """The generator of ``options`` for ``models`` (loaded for decoding). A model this task
         loaded from a checkpoint under ``--quantize int8`` is quantized here, once, before its
-        first generator: fairseq-generate, fairseq-interactive and the hub build one after the
-        weights are loaded (quantizing before would break loading them)."""
-        for model in models:
-            if model in self._to_quantize:
-                self._to_quantize.discard(model)
-                prepare_for_decoding(model, str(self.cfg.quantize), str(self.cfg.decoder_engine))
-        if fairseq_generator is None:
-
-            def fairseq_generator(models_, args_, seq_gen_cls=None, extra_gen_cls_kwargs=None):
-                return super(HRTTranslationTask, self).build_generator(
-                    models_, args_, seq_gen_cls, extra_gen_cls_kwargs
-                )
-
+        first generator (:mod:`fairseq_hrt.tasks.deferred_quantization`)."""
+        self.deferred_quantization.before_decoding(models)
         return strategies.build_generator(
-            self, models, options, fairseq_generator, shortlist=self.load_shortlist(options.shortlist)
+            self,
+            models,
+            options,
+            fairseq_generator or self.fairseq_generator(),
+            shortlist=self.load_shortlist(options.shortlist),
         )
 
     def load_shortlist(self, path: Optional[str] = None):
