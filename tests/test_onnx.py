@@ -1,6 +1,7 @@
 """--decoder-engine onnxruntime and the exported folder: token-identical to the lean engine."""
 
 import ast
+import copy
 import math
 import os
 import re
@@ -18,6 +19,7 @@ from fairseq_hrt.generation import onnx_engine
 from fairseq_hrt.generation.quantize import is_quantized, prepare_for_decoding
 from hrt_runtime.model import LOOP_ROWS
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
+from tests.test_decoder_definitions import WEIGHT_CHANGES
 from tests.test_lean import RAGGED, TINY_TRANSFORMER, assert_same_hypotheses
 from tests.test_shortlist import shortlist_file
 from tests.tiny_data import hyp_lines
@@ -130,6 +132,24 @@ def test_export_is_cached_by_content(random_models, tmp_path, monkeypatch):
     first = onnx_engine.exported_folder(at, task)
     assert onnx_engine.exported_folder(at, task) == first and len(calls) == 1
     assert onnx_engine.exported_folder(hrt, task) != first and len(calls) == 2
+
+
+@pytest.mark.parametrize("change", ["fairseq-adam-step", "load_state_dict"])
+def test_weights_changed_between_batches_are_exported_again(random_models, change):
+    """A generator built and run once, then the weights change as fairseq-train's optimizer
+    step or a load changes them (a model validated with this engine while it trains): its
+    next batch decodes the new weights."""
+    data_dir, task, hrt, _ = random_models
+    _, other = build_task_and_model(data_dir, arch="hrt_tiny", seed=9)
+    model, sample = copy.deepcopy(hrt), make_sample(task, RAGGED)
+    flags = ("--max-len-b", "12", "--decode-chunk-size", "2", "--beam", "2")
+    _, ours = build_generator(data_dir, model, *flags, "--decoder-engine", "onnxruntime")
+    before = ours.generate([model], sample)
+    WEIGHT_CHANGES[change](model, other)
+    _, ref = build_generator(data_dir, model, *flags, "--decoder-engine", "lean")
+    expected = ref.generate([model], sample)
+    assert [h[0]["tokens"].tolist() for h in expected] != [h[0]["tokens"].tolist() for h in before]
+    assert_same_hypotheses(expected, ours.generate([model], sample))
 
 
 def test_engine_refuses_what_it_cannot_do(random_models):

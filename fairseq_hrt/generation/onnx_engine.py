@@ -2,7 +2,9 @@
 
 The loaded model is exported on first use (:func:`fairseq_hrt.export.exporter.export_model`)
 into a cache folder keyed by the SHA-256 of its structure and parameters (``$FAIRSEQ_HRT_ONNX_CACHE``,
-default ``~/.cache/fairseq-hrt/onnx``), so a checkpoint is exported once per machine.
+default ``~/.cache/fairseq-hrt/onnx``), so a checkpoint is exported once per machine; a
+generator whose model's weights changed since (:func:`~fairseq_hrt.passes.decoder_pass.weights_version`:
+a model validated with this engine while it trains) exports them again at its next batch.
 The search is :mod:`hrt_runtime.search`, on numpy arrays: the same code the deployed runtime
 (``hrt-translate``) runs. It serves left-to-right search (AT, HRT's AT mode), HRT's two
 stages and Mask-Predict as a whole; ONNX Runtime uses ``torch.get_num_threads()`` threads (what
@@ -21,6 +23,7 @@ from fairseq_hrt.export import exporter
 from fairseq_hrt.generation.engines import DecoderEngine, register_engine
 from fairseq_hrt.generation.search_generator import SearchGenerator
 from fairseq_hrt.models.kinds import unwrap
+from fairseq_hrt.passes.decoder_pass import weights_version
 from hrt_runtime.model import VERSION, ExportedModel, read_config
 
 logger = logging.getLogger(__name__)
@@ -93,16 +96,27 @@ class OnnxRuntimeGenerator(SearchGenerator):
                 f"--decoder-engine onnxruntime needs the onnxruntime and onnx packages ({e}); "
                 "pip install -r requirements.txt"
             ) from e
-        if ctx.options.onnx_model:
-            folder = given_folder(ctx.options.onnx_model, model, ctx.options.quantize == "int8")
-        else:
-            folder = exported_folder(model, ctx.task, int8=ctx.options.quantize == "int8")
-        runtime = ExportedModel(folder, threads=torch.get_num_threads())
+        self.model, self.task = model, ctx.task
+        self.given, self.int8 = ctx.options.onnx_model, ctx.options.quantize == "int8"
+        self.exported_version = weights_version(model)
+        runtime = self._runtime()
         super().__init__(runtime, ctx.task.target_dictionary, config, banned, ctx.shortlist, **kwargs)
-        self.model = model
         self.runtime = runtime
 
+    def _runtime(self) -> ExportedModel:
+        if self.given:
+            folder = given_folder(self.given, self.model, self.int8)
+        else:
+            folder = exported_folder(self.model, self.task, int8=self.int8)
+        return ExportedModel(folder, threads=torch.get_num_threads())
+
     def encode(self, net_input):
+        # the graphs hold the weights as constants: a model whose weights changed since (one
+        # being trained, validated with this engine) is exported again (or --onnx-model refused)
+        version = weights_version(self.model)
+        if version != self.exported_version:
+            self.runtime = self.backend = self._runtime()
+            self.exported_version = version
         return self.runtime.encode(net_input["src_tokens"].cpu().numpy())
 
 
