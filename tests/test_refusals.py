@@ -13,6 +13,7 @@ import pytest
 from benchmarks.tiny_runs import REPO, make_tiny_data, run_cli, train_args
 from fairseq_hrt import cli_logging
 from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook, runs_a_command_line
+from tests.hrt_fixtures import build_generator, build_task_and_model
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +150,21 @@ def test_distilling_an_n_best_list_from_an_hrt_teacher_is_one_line(data, tmp_pat
     )
     assert "--nbest 5: this teacher's decoding gives 1 candidate a sentence" in _refusal(proc)
     assert not (tmp_path / "distilled.de").exists()
+
+
+# ------------------------------------------------------------------ decoding
+
+
+@pytest.mark.parametrize("engine", ["lean", "fairseq"])
+def test_sampling_with_mask_predict_is_refused_by_every_engine(tmp_path, engine):
+    """Mask-Predict never runs fairseq's SequenceGenerator, whatever engine gives it its passes:
+    ``--sampling`` is refused for the strategy, not with a hint to another engine (the lean
+    engine named ``--decoder-engine fairseq``, which then ignored ``--sampling`` without a word)."""
+    _, cmlm = build_task_and_model(str(tmp_path), arch="cmlm_tiny")
+    with pytest.raises(RefusedOptions) as refused:
+        build_generator(str(tmp_path), cmlm, "--decoder-engine", engine, "--sampling")
+    assert str(refused.value) == "--decoding mask-predict does not support --sampling with any engine"
+    # a strategy that runs the SequenceGenerator still gets the hint to the engine that has it
+    _, at = build_task_and_model(str(tmp_path), arch="at_tiny")
+    with pytest.raises(RefusedOptions, match="decode with --decoder-engine fairseq for these options"):
+        build_generator(str(tmp_path), at, "--decoder-engine", "lean", "--sampling")

@@ -141,6 +141,12 @@ class MaskPredictDecoding(DecodingStrategy):
         return engine.supports_shortlist if engine.runs_mask_predict else engine.backend_shortlists
 
     @classmethod
+    def unsupported(cls, options):
+        # fairseq's left-to-right SequenceGenerator implements these; Mask-Predict never runs
+        # it, whichever engine gives it its passes
+        return list(options.sequence_generator_only)
+
+    @classmethod
     def build(cls, ctx: DecodingContext):
         options = ctx.options
         if not options.is_default_hrt_decoding:

@@ -86,6 +86,12 @@ class DecodingStrategy:
         return engine.supports_shortlist
 
     @classmethod
+    def unsupported(cls, options: DecodingOptions) -> List[str]:
+        """The options in use that this strategy cannot honour with any engine (flags, as
+        typed); refused before the engine's, whose hint names another engine."""
+        return []
+
+    @classmethod
     def build(cls, ctx: DecodingContext):
         raise NotImplementedError
 
@@ -215,6 +221,9 @@ def check_supported(
                 f"engine (drop {', '.join(own)})"
             )
         return
+    used = strategy.unsupported(options)
+    if used:
+        raise RefusedOptions(f"--decoding {strategy.name} does not support {', '.join(used)} with any engine")
     used = engine.unsupported(options)
     if used:
         others = [n for n, e in ENGINES.items() if n != engine.name and not e.unsupported(options)]
