@@ -538,10 +538,6 @@ class DecoderPass:
             self._plan, self._plan_key = StepPlan(self.decoder), key
         return self._plan
 
-    def forget_plan(self):
-        """Build the plan again at the next pass."""
-        self._plan, self._plan_key = None, None
-
     # ------------------------------------------------------------------- batch state
 
     def stride_of(self, start_token: int) -> int:
@@ -825,14 +821,6 @@ class DecoderPass:
 
 
 _PASSES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def forget_plans(model):
-    """:meth:`DecoderPass.forget_plan` for every decoder of ``model`` that has a pass."""
-    for module in model.modules():
-        found = _PASSES.get(module)
-        if found is not None:
-            found.forget_plan()
 
 
 def decoder_pass(decoder) -> DecoderPass:

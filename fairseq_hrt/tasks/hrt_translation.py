@@ -42,7 +42,6 @@ from fairseq_hrt.generation.engines import engines_help
 from fairseq_hrt.generation.options import DecodingOptions, task_field
 from fairseq_hrt.models import ssru_transformer, tied_layers
 from fairseq_hrt.models.kinds import family_of
-from fairseq_hrt.passes import decoder_pass
 from fairseq_hrt.symbols import MASK_SYMBOL, MAX_CHUNK_SIZE, add_hrt_symbols, chunk_start_symbol
 from fairseq_hrt.tasks.cpu_training import CPU_DROPOUT_RNG_CHOICES, CpuTraining
 from fairseq_hrt.tasks.deferred_quantization import QUANTIZATIONS, DeferredQuantization
@@ -371,14 +370,6 @@ class HRTTranslationTask(TranslationTask):
         # add the chunk sizes this run trains
         if self.cfg.hrt_mode == "hrt" and family_of(model).chunk_sizes:
             model.mark_trained_chunk_sizes(self.chunk_sizes)
-
-    def begin_valid_epoch(self, epoch, model):
-        super().begin_valid_epoch(epoch, model)
-        # fairseq's optimizers update the weights through p.data, which the planned decoder
-        # pass cannot see: without this, --eval-bleu decoded with the self-attention
-        # projections of an earlier validation, and logged a BLEU far below the same
-        # weights' in a fresh process
-        decoder_pass.forget_plans(model)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         # fairseq passes the number of updates already done; Algorithm 1 counts t = 1..T, so
