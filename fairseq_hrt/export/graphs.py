@@ -16,8 +16,8 @@ exported graph does better differs:
   inputs: arithmetic the caller has anyway;
 * the choice ends the graph: ``log_softmax`` then ``TopK`` of ``log_probs + logit_bias``
   (``-inf``: banned; the rules of :class:`hrt_runtime.search.Rules`),
-  so only ids and scores leave it (ONNX Runtime's ``ReduceLogSumExp`` took 3.6 ms of a 9.2 ms
-  step at batch 128, d = 256, V = 8000; its ``LogSoftmax`` takes 0.6 ms), the argmax over
+  so only ids and scores leave it (ONNX Runtime's ``ReduceLogSumExp`` costs a large share of a
+  step at batch 128, its ``LogSoftmax`` far less: benchmarks/results/runtime-step-cost-cpu/README.md), the argmax over
   blocks of the vocabulary (:func:`blocked_max`).
 
 Graphs:
@@ -68,8 +68,8 @@ def argmax_block(size: int) -> int:
 def blocked_max(x: Tensor, block: int):
     """``(max, argmax)`` of the last axis of ``x`` ``(N, V)`` (the first index of the maximum,
     as ``max``), over blocks of ``block`` columns: the block maxima, the best block, then the
-    best column in it. ONNX Runtime's ``ArgMax`` over a long axis is ten times slower than its
-    ``ReduceMax`` (0.63 ms vs 0.06 ms at 128 x 8008); this costs 0.09 ms."""
+    best column in it. ONNX Runtime's ``ArgMax`` over a long axis is much slower than its
+    ``ReduceMax``, and this close to the latter (benchmarks/results/runtime-step-cost-cpu/README.md)."""
     if block <= 1:
         return x.max(dim=-1)
     blocks = x.reshape(-1, x.size(-1) // block, block)
@@ -83,8 +83,8 @@ def best_allowed(logits: Tensor, logit_bias: Tensor, top: int = 1, block: int = 
     logit_bias``: the choice of :class:`SearchRules` (banned rows at ``-inf``, ``--unkpen``
     taken off ``<unk>``'s score, normalised over every row). ``block``: see :func:`blocked_max`
     (``top`` 1; a number of rows known at export, so not for restricted output rows); 0: one
-    ``TopK(1)`` (a graph for few rows: at batch 1 the max and its row in 2.6 us, where ``ArgMax``
-    and ``ReduceMax`` take 3.2 us and the blocks' 17 operators more)."""
+    ``TopK(1)`` (a graph for few rows: at batch 1 faster than ``ArgMax`` and ``ReduceMax`` or the
+    blocks' 17 operators, benchmarks/results/runtime-step-cost-cpu/README.md)."""
     allowed = F.log_softmax(logits.float(), dim=-1) + logit_bias
     if top == 1 and block == 0:
         best, row = allowed.topk(1, dim=-1)

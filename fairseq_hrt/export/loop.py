@@ -1,8 +1,8 @@
 """The greedy search as one ONNX ``Loop`` (``greedy.onnx``): every step of a batch in one run.
 
-At batch 1 on a small model a step's arithmetic is a few tens of microseconds, and what a
-search does around it from Python (a ``session.run``, its feeds, the numpy rules and the end
-test) costs a third as much again; an ONNX Runtime ``Loop`` iteration costs about 1 us. The
+At batch 1 on a small model what a search does around a step from Python (a ``session.run``,
+its feeds, the numpy rules and the end test) is a sizeable share of the step's own arithmetic,
+and an ONNX Runtime ``Loop`` iteration costs next to nothing (benchmarks/results/runtime-step-cost-cpu/README.md). The
 loop's body is :class:`~fairseq_hrt.export.graphs.GreedyLoopBody`, traced like every other
 graph; this module wraps it (ONNX's ``Loop`` cannot be traced from a Python loop whose length
 depends on the tokens). The rules stay those of :mod:`hrt_runtime.search`: the search hands the

@@ -1,11 +1,10 @@
 """Dropout masks of CPU tensors drawn by NumPy's PCG64 instead of torch's Bernoulli kernel.
 
-torch's CPU ``bernoulli_`` draws one 64-bit number per element through a serial kernel: in an
-``at_small`` update on one thread (bfloat16 autocast, 4096 tokens, dropout 0.3) it took 13 % of
-the samples of ``perf`` (``bernoulli_kernel`` and ``CPUGeneratorImpl::random64``), more than
-the layer norms and the softmax together. NumPy's PCG64 fills float32 uniforms several times
-faster, and a mask compared from them keeps each element with probability ``1 - p`` to within
-2**-24: the same dropout, from another random stream.
+torch's CPU ``bernoulli_`` draws one 64-bit number per element through a serial kernel, a
+large share of a one-thread ``at_small`` update under ``perf``; NumPy's PCG64 fills float32
+uniforms faster (benchmarks/results/small-converged-cpu/README.md, "Dropout masks"), and a mask
+compared from them keeps each element with probability ``1 - p`` to within 2**-24: the same
+dropout, from another random stream.
 
 Reproducible as fairseq's own: each call seeds its generator with one number drawn from torch's
 default generator, which fairseq's trainer reseeds from ``--seed`` and the update number before

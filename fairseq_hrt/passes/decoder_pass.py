@@ -67,7 +67,8 @@ from fairseq_hrt.passes.output_vocab import restricted_output_layer
 
 def profiled(name: str):
     """Decorator: run the function inside ``torch.profiler.record_function(name)`` while a
-    profiler runs, plainly otherwise (a label costs ~7 us, a few % of a batch-1 step)."""
+    profiler runs, plainly otherwise (a label costs a few % of a batch-1 step:
+    benchmarks/results/runtime-step-cost-cpu/README.md)."""
 
     def decorate(function):
         @functools.wraps(function)
@@ -94,7 +95,7 @@ def _count_optimizer_step(optimizer, args, kwargs):
 
 # fairseq's optimizers write the weights through ``p.data``, which the parameters' version
 # counters do not see (an --eval-bleu validation once decoded with the fused projections of
-# the previous one: 20.78 BLEU logged, 35.89 for the same weights): every optimizer step
+# the previous one, and logged a BLEU far below the same weights'): every optimizer step
 # (fairseq's, subclasses of torch.optim.Optimizer, included) counts instead
 register_optimizer_step_post_hook(_count_optimizer_step)
 

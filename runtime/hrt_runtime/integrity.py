@@ -10,8 +10,8 @@ file and saying to export again.
 Sizes are compared at every check (a ``stat`` per file); checksums when a folder is opened,
 once per process and file: a file whose size, modification time and inode are unchanged since
 it was hashed is not hashed again (``--decoder-engine onnxruntime`` opens its folder twice).
-Hashing runs at disk or page-cache speed (about 1 GB/s on one core): a few milliseconds for the
-``mini`` shape's 10 MiB, tens for the ``small`` shape's 50 MiB. Standard library only.
+Hashing runs at disk or page-cache speed, milliseconds for an exported folder
+(benchmarks/results/runtime-step-cost-cpu/README.md). Standard library only.
 """
 
 import hashlib

@@ -483,8 +483,8 @@ class ExportedModel:
 
     def runner(self, graph: str):
         """``feeds -> outputs`` of a graph's session: the session's own run without the Python
-        wrapper's checks of every feed (about 10 us a call, a tenth of a step at batch 1; the
-        feeds are this class's own)."""
+        wrapper's checks of every feed (a noticeable share of a step at batch 1:
+        benchmarks/results/runtime-step-cost-cpu/README.md; the feeds are this class's own)."""
         found = self._runners.get(graph)
         if found is None:
             session = self.session(graph)

@@ -3,10 +3,9 @@ without ``onnx`` and without an ONNX Runtime session (standard library only).
 
 Why: every graph of an exported folder is checked at load against the role ``config.json``
 gives it (:func:`hrt_runtime.model.check_roles`); a session per graph would keep each graph's
-weights in memory (the ``small`` shape's 9 graphs: 116 MiB resident after load instead of 84
-with the encoder's session only) or, made and dropped, cost ~150 ms. Reading the few fields
-needed here takes about a millisecond per graph: the graphs hold their structure only, the
-weights being in ``weights.bin``.
+weights in memory or, made and dropped, cost far more time than reading the few fields needed
+here (benchmarks/results/runtime-step-cost-cpu/README.md): the graphs hold their
+structure only, the weights being in ``weights.bin``.
 
 Field numbers: onnx/onnx.proto (``ModelProto``, ``GraphProto``, ``ValueInfoProto``,
 ``TensorProto``, ``StringStringEntryProto``), stable since ONNX 1.0.

@@ -24,8 +24,8 @@ from hrt_runtime.search import SearchConfig
 # a batch's source tokens at most (sentences x the longest), by default: 16 lines of the longest
 # source (1024 positions) per batch instead of 64; sentences of usual lengths batch as before
 MAX_TOKENS = 16384
-# lines per buffer, by default (--buffer-size): 20,000 lines in buffers of 1024 took 12.7 s against
-# 12.1 s in one (sorted by length once), with buffers of 256 14.2 s; memory alike (quickstart model)
+# lines per buffer, by default (--buffer-size): close to one buffer sorted by length once, clearly
+# faster than buffers of 256, memory alike (benchmarks/results/runtime-step-cost-cpu/README.md)
 BUFFER_SIZE = 1024
 
 

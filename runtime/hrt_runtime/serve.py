@@ -99,7 +99,7 @@ OUTCOMES = ("200", "400", "408", "413", "503", "504", "abandoned", "500")
 MAX_BODY_BYTES = 16 * 2**20
 
 # after a batch of at least this many source tokens, freed memory goes back to the system
-# (malloc_trim: about 1.5 ms on a fragmented 100 MB heap, nothing beside such a batch)
+# (malloc_trim costs little beside such a batch: benchmarks/results/runtime-step-cost-cpu/README.md)
 TRIM_AFTER_TOKENS = 4096
 
 
