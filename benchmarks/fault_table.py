@@ -17,8 +17,6 @@ Every row is a run of this script on tiny models (CPU, one thread per process, m
   tmpfs of 1.5 checkpoints, mounted in a private user + mount namespace with ``unshare``);
   resuming with a data directory binarized with **another dictionary** (another size, and the
   same symbols in another order); a **distilled set with another line count**;
-* the **recipe** (examples/multi30k/recipe.py, ``--profile tiny``) SIGKILLed in the middle of
-  distillation and of a training step, then re-run;
 * the **deployed runtime and service** (``--cases runtime``, about 2 minutes): the bad input
   lines through ``hrt-translate``; exported folders damaged (``weights.bin`` truncated, zeroed
   at the same size, a ``config.json`` of another export, without its file list, with its
@@ -69,7 +67,6 @@ from benchmarks.faults import (  # noqa: E402
     bad_input,
     child_main,
     full_disk,
-    kill_recipe,
     kill_while_copying,
     kill_while_writing,
     other_dictionary,
@@ -257,31 +254,6 @@ def build_table(args) -> Table:
             f'exit {r["returncode"]}: "{short(r["message"], 230)}"',
             "nothing (refused before training)",
             r["returncode"] != 0 and bool(r["message"]),
-            **r,
-        )
-    if "recipe" in cases:
-        r = kill_recipe(work)
-        d, t = r["kill_in_distill"], r["kill_in_training"]
-        table.add(
-            "recipe SIGKILLed during distillation, then during a training step",
-            "recipe.py --profile tiny: SIGKILL to the recipe process while distill decodes, re-run; SIGKILL while "
-            "the AT student trains (right after its first checkpoint), re-run to the end",
-            f"step processes alive after each kill: {d['step_processes_alive_after_kill']}, "
-            f"{t['step_processes_alive_after_kill']} (they die with the recipe); no distilled output after the first "
-            f"kill ({'none' if not d['distilled_output_exists'] else 'PRESENT'}); the re-run skipped the done steps, "
-            f"redid distillation ({r['distilled_lines']} lines for {r['train_lines']}), "
-            "resumed the AT student at update "
-            f"{r['at_resumed_from'][-1] if r['at_resumed_from'] else None} of 60 (its checkpoint at the kill: "
-            f"{t['checkpoint_updates']}) and finished every step (exit {r['rerun_returncode']})",
-            "the distillation in progress; the AT updates since its last checkpoint",
-            r["rerun_returncode"] == 0
-            and d["step_processes_alive_after_kill"] == 0
-            and t["step_processes_alive_after_kill"] == 0
-            and not d["distilled_output_exists"]
-            and r["distilled_lines"] == r["train_lines"]
-            and bool(r["at_resumed_from"])
-            and r["at_resumed_from"][-1] == t["checkpoint_updates"] < 60
-            and "mp.done" in r["markers"],
             **r,
         )
     if "runtime" in cases:
@@ -576,9 +548,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1, help="seed of the random kill moments")
     p.add_argument(
         "--cases",
-        default="input,AT,HRT,MP,copy,truncated,disk,dictionary,distilled,recipe,runtime",
+        default="input,AT,HRT,MP,copy,truncated,disk,dictionary,distilled,runtime",
         help="comma-separated subset of: input, AT, HRT, MP (or training = all three), copy, truncated, "
-        "disk, dictionary, distilled, recipe, runtime (hrt-translate, Translator and hrt-serve)",
+        "disk, dictionary, distilled, runtime (hrt-translate, Translator and hrt-serve)",
     )
     return p.parse_args(argv)
 

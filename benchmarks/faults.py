@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from benchmarks.serve_load import drain_row
-from benchmarks.tiny_runs import (
+from fairseq_hrt.testing.tiny_runs import (
     REPO,
     SRC,
     TGT,
@@ -616,96 +616,6 @@ def bad_input(work: Path) -> dict:
         "warnings": [short(log_message(line), 200) for line in dist.stdout.splitlines() if f"{src}, line" in line],
     }
     return {"interactive": interactive, "distill": distill}
-
-
-# ----------------------------------------------------------------------------- recipe
-
-
-def kill_recipe(work: Path) -> dict:
-    """The recipe (--profile tiny, up to the MP student) SIGKILLed during distillation, then
-    during the AT student's training, then run to the end."""
-    out = work / "recipe"
-    raw = None
-    cmd = [
-        sys.executable,
-        str(REPO / "examples" / "multi30k" / "recipe.py"),
-        "--profile",
-        "tiny",
-        "--out",
-        str(out),
-        "--threads",
-        "1",
-        "--until",
-        "mp",
-    ]
-    if not (REPO.parent / "shared" / "data" / "multi30k-en-de" / "test.en").is_file():
-        raw = write_raw_corpus(work / "recipe_raw", n_train=300, n_valid=20, prefer="synthetic")
-        for lang in (SRC, TGT):
-            shutil.copy(f"{raw['valid']}.{lang}", work / "recipe_raw" / f"test.{lang}")
-        cmd += ["--raw-dir", str(work / "recipe_raw")]
-    env = cli_env()
-    result = {}
-
-    def run_until(condition, label):
-        log_path = work / f"recipe_{label}.log"
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, env=env, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT)
-            start = time.time()
-            while proc.poll() is None and not condition():
-                if time.time() - start > 600:
-                    break
-                time.sleep(0.05)
-            children = _children(proc.pid)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        time.sleep(1.0)
-        orphans = [pid for pid in children if Path(f"/proc/{pid}").exists() and _alive(pid)]
-        return {
-            "killed_after_s": round(time.time() - start, 1),
-            "step_processes_at_kill": len(children),
-            "step_processes_alive_after_kill": len(orphans),
-        }
-
-    distill_log = out / "logs" / "distill.log"
-    result["kill_in_distill"] = run_until(
-        lambda: distill_log.exists() and "distilling" in distill_log.read_text(errors="replace"), "distill"
-    )
-    result["kill_in_distill"]["distilled_output_exists"] = (out / "distill" / "train.de").exists()
-    at_log = out / "logs" / "at.log"
-    # the first checkpoint is saved at the end of the first epoch (a few updates of 60)
-    result["kill_in_training"] = run_until(lambda: (out / "at" / "checkpoint_last.pt").exists(), "training")
-    result["kill_in_training"]["checkpoint_updates"] = checkpoint_updates(out / "at" / "checkpoint_last.pt")
-    final = subprocess.run(cmd, env=env, cwd=str(REPO), capture_output=True, text=True, timeout=900)
-    result["rerun_returncode"] = final.returncode
-    result["rerun_log"] = [short(line, 160) for line in final.stderr.splitlines() if line.startswith("[recipe] step")]
-    at_out = at_log.read_text(errors="replace")
-    result["at_resumed_from"] = [int(m.group(3)) for m in LOADED.finditer(at_out)]
-    n_train = len(read_lines(out / "data" / "spm" / "train.en")) if (out / "data" / "spm" / "train.en").exists() else -1
-    n_dist = len(read_lines(out / "distill" / "train.de")) if (out / "distill" / "train.de").exists() else -1
-    result["distilled_lines"], result["train_lines"] = n_dist, n_train
-    result["markers"] = sorted(p.name for p in (out / "markers").glob("*.done"))
-    return result
-
-
-def _children(pid: int) -> List[int]:
-    found = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                stat = (p / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(p.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def set_report_root(path: str):

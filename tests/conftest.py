@@ -9,8 +9,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import tests.tiny_data  # noqa: E402,F401  (the fork server starts every fairseq command of the tests)
-from benchmarks.tiny_runs import make_tiny_data, run_cli, train_args  # noqa: E402
 from fairseq_hrt.export.exporter import export_model  # noqa: E402
+from fairseq_hrt.testing.tiny_runs import make_tiny_data, run_cli, train_args  # noqa: E402
 from tests.hrt_fixtures import random_tiny_models  # noqa: E402
 
 

@@ -21,12 +21,19 @@ import torch
 from fairseq.data import Dictionary
 
 from benchmarks import benchmark, ct2_reference, measure, time_split
-from benchmarks.tiny_runs import REPO, SHARED_MULTI30K, corpus_source, default_prefer, write_lines, write_raw_corpus
 from fairseq_hrt import shortlist as sl
 from fairseq_hrt.distill import select_by_sentence_bleu, sentence_bleu_scores
 from fairseq_hrt.generation.quantize import is_quantized, quantize_int8
 from fairseq_hrt.shortlist import Shortlist
 from fairseq_hrt.symbols import dictionary_fingerprint, hrt_symbols
+from fairseq_hrt.testing.tiny_runs import (
+    REPO,
+    SHARED_MULTI30K,
+    corpus_source,
+    default_prefer,
+    write_lines,
+    write_raw_corpus,
+)
 from tests.comet_tiny import build_tiny_comet
 from tests.hrt_fixtures import build_task_and_model
 

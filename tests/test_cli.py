@@ -9,11 +9,11 @@ import sys
 import pytest
 
 import fairseq_hrt
-from benchmarks.tiny_runs import REPO, USER_DIR, make_tiny_data, run_cli, train_args
 from fairseq_hrt.generation.engines import ENGINES
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
 from fairseq_hrt.hub import HRTHubInterface
 from fairseq_hrt.symbols import find_sentencepiece_model
+from fairseq_hrt.testing.tiny_runs import REPO, USER_DIR, make_tiny_data, run_cli, train_args
 from tests.tiny_data import hyp_lines
 
 GEN = ["--user-dir", USER_DIR, "--task", "hrt_translation", "--source-lang", "en", "--target-lang", "de", "--cpu"]

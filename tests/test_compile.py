@@ -4,9 +4,9 @@ import shutil
 
 import pytest
 
-from benchmarks.tiny_runs import run_cli
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from fairseq_hrt.passes import decoder_pass
+from fairseq_hrt.testing.tiny_runs import run_cli
 from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, make_sample, random_tiny_models
 from tests.test_generator import SPECIALS

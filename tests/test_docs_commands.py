@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.tiny_runs import USER_DIR, cli_env, run_cli
+from fairseq_hrt.testing.tiny_runs import USER_DIR, cli_env, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [

@@ -16,7 +16,7 @@ import torch
 from fairseq import utils
 from fairseq.sequence_generator import SequenceGenerator
 
-from benchmarks.tiny_runs import (
+from fairseq_hrt.testing.tiny_runs import (
     REPO,
     SRC,
     TGT,

@@ -6,7 +6,7 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from benchmarks import hrt_quality
-from benchmarks.tiny_runs import make_tiny_spm_data, run_cli, train_args
+from fairseq_hrt.testing.tiny_runs import make_tiny_spm_data, run_cli, train_args
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
 
 SPECIALS = ["<s>", "<mask>"] + [f"<s{k}>" for k in range(2, 9)]

@@ -265,3 +265,67 @@ def test_benchmarks_import_nothing_of_the_tests():
             )
             assert not any(n == "tests" or n.startswith("tests.") or n == "tiny_data" for n in names), path
     assert not (REPO / "benchmarks" / "tiny_data.py").exists()  # the tests' harness is tests/tiny_data.py
+
+
+def _imported_roots(path: Path) -> Set[str]:
+    """The top-level names every ``import`` statement of the file names (function level too)."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def _names_an_example(path: Path) -> bool:
+    """Whether the file's code (docstrings aside) makes a path into examples/, as running one of
+    its scripts does: ``REPO / "examples" / ...``, ``os.path.join(..., "examples", ...)`` or a
+    string ``"examples/..."``."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+
+    def is_examples(node) -> bool:
+        return isinstance(node, ast.Constant) and node.value == "examples"
+
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Div)
+            and (is_examples(node.left) or is_examples(node.right))
+        ):
+            return True
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "join" and any(map(is_examples, node.args)):
+            return True
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and node.value.startswith("examples/")
+        ):
+            return True
+    return False
+
+
+def test_imports_go_one_way_between_the_plugin_benchmarks_tests_and_examples():
+    """examples/ may run benchmarks, tests may import benchmarks and the shared harness
+    (fairseq_hrt/testing/), never the other way round: no module of benchmarks/ imports tests/
+    or examples/ or runs an example, and the plugin and the runtime import none of the three."""
+    checkout_only = {"benchmarks", "tests", "examples", "tiny_data"}
+    for path in sorted((REPO / "benchmarks").rglob("*.py")):
+        if "results" in path.relative_to(REPO).parts:
+            continue
+        assert not _imported_roots(path) & {"tests", "examples", "tiny_data"}, path
+        assert not _names_an_example(path), f"{path} runs a script of examples/"
+    for base in (REPO / "fairseq_hrt", REPO / "runtime" / "hrt_runtime"):
+        for path in sorted(base.rglob("*.py")):
+            assert not _imported_roots(path) & checkout_only, path
+            assert not _names_an_example(path), f"{path} runs a script of examples/"
+    assert not (REPO / "benchmarks" / "tiny_runs.py").exists()  # the shared harness: fairseq_hrt/testing/

@@ -14,11 +14,11 @@ from fairseq import checkpoint_utils
 
 from benchmarks import benchmark
 from benchmarks.measure import FairseqRunner
-from benchmarks.tiny_runs import run_cli
 from fairseq_hrt import ddgviz
 from fairseq_hrt.generation import jacobi
 from fairseq_hrt.generation.jacobi import ParallelGreedyGenerator, PassRecord
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES, decoding_choices
+from fairseq_hrt.testing.tiny_runs import run_cli
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
 from tests.tiny_data import hyp_lines
 

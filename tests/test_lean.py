@@ -10,11 +10,11 @@ from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from fairseq.search import BeamSearch
 from fairseq.sequence_generator import SequenceGenerator
 
-from benchmarks.tiny_runs import run_cli
 from fairseq_hrt import chunking
 from fairseq_hrt.generation.lean import LeanSequenceGenerator, TorchBackend
 from fairseq_hrt.modules.relative_attention import relative_bucket
 from fairseq_hrt.passes import decoder_pass
+from fairseq_hrt.testing.tiny_runs import run_cli
 from hrt_runtime import search as numpy_search
 from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, build_task_and_model, generation_args, make_sample, random_tiny_models

@@ -25,7 +25,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hrt_fixtures import build_generator, build_task_and_model, make_sample  # noqa: E402
 
-from benchmarks.tiny_runs import (  # noqa: E402
+from fairseq_hrt import chunking  # noqa: E402
+from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, length_loss  # noqa: E402
+from fairseq_hrt.generation.mask_predict import MaskPredictGenerator  # noqa: E402
+from fairseq_hrt.passes.decoder_pass import decoder_pass  # noqa: E402
+from fairseq_hrt.testing.tiny_runs import (  # noqa: E402
     SRC,
     TGT,
     USER_DIR,
@@ -35,10 +39,6 @@ from benchmarks.tiny_runs import (  # noqa: E402
     run_cli_many,
     train_args,
 )
-from fairseq_hrt import chunking  # noqa: E402
-from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, length_loss  # noqa: E402
-from fairseq_hrt.generation.mask_predict import MaskPredictGenerator  # noqa: E402
-from fairseq_hrt.passes.decoder_pass import decoder_pass  # noqa: E402
 from hrt_runtime import search  # noqa: E402  (the one search's Mask-Predict functions, on numpy arrays)
 from tests.tiny_data import hyp_lines  # noqa: E402
 

@@ -11,12 +11,12 @@ import tomllib
 import pytest
 import torch
 
-from benchmarks.tiny_runs import run_cli
 from fairseq_hrt.export import exporter
 from fairseq_hrt.export.exporter import export_model
 from fairseq_hrt.export.graphs import argmax_block, blocked_max
 from fairseq_hrt.generation import onnx_engine
 from fairseq_hrt.generation.quantize import is_quantized, prepare_for_decoding
+from fairseq_hrt.testing.tiny_runs import run_cli
 from hrt_runtime.model import LOOP_ROWS
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
 from tests.test_decoder_definitions import WEIGHT_CHANGES

@@ -23,7 +23,15 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 import fairseq_hrt  # noqa: E402
-from benchmarks.tiny_runs import (  # noqa: E402
+from fairseq_hrt.export.exporter import (
+    _temporary_folder,  # noqa: E402
+    cli_main,  # noqa: E402
+    export_model,  # noqa: E402
+    quantize_folder,  # noqa: E402
+)
+from fairseq_hrt.generation.onnx_engine import _cached  # noqa: E402
+from fairseq_hrt.generation.quantize import quantize_int8  # noqa: E402
+from fairseq_hrt.testing.tiny_runs import (  # noqa: E402
     REPO,
     USER_DIR,
     cli_env,
@@ -33,14 +41,6 @@ from benchmarks.tiny_runs import (  # noqa: E402
     run_cli_many,
     train_args,
 )
-from fairseq_hrt.export.exporter import (
-    _temporary_folder,  # noqa: E402
-    cli_main,  # noqa: E402
-    export_model,  # noqa: E402
-    quantize_folder,  # noqa: E402
-)
-from fairseq_hrt.generation.onnx_engine import _cached  # noqa: E402
-from fairseq_hrt.generation.quantize import quantize_int8  # noqa: E402
 from hrt_runtime import Translator  # noqa: E402
 from hrt_runtime.integrity import DamagedFolderError, sha256_of  # noqa: E402
 from hrt_runtime.model import DECLARED_KEY, READABLE_VERSIONS, VERSION  # noqa: E402

@@ -10,9 +10,9 @@ import pytest
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
 import fairseq_hrt  # noqa: F401  (registers the strategies and archs)
-from benchmarks.tiny_runs import USER_DIR, run_cli
 from fairseq_hrt.generation.engines import ENGINES
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
+from fairseq_hrt.testing.tiny_runs import USER_DIR, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from benchmarks.tiny_runs import REPO
+from fairseq_hrt.testing.tiny_runs import REPO
 
 _spec = importlib.util.spec_from_file_location("multi30k_recipe", REPO / "examples" / "multi30k" / "recipe.py")
 recipe = importlib.util.module_from_spec(_spec)

@@ -10,9 +10,9 @@ import types
 
 import pytest
 
-from benchmarks.tiny_runs import REPO, make_tiny_data, run_cli, train_args
 from fairseq_hrt import cli_logging
 from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook, runs_a_command_line
+from fairseq_hrt.testing.tiny_runs import REPO, make_tiny_data, run_cli, train_args
 from tests.hrt_fixtures import build_generator, build_task_and_model
 
 

@@ -1,6 +1,6 @@
 """Killed or failing runs: checkpoint files (atomic copies, unreadable or unwritable
 checkpoints), the task's checkpointed state, a training run SIGKILLed while it writes a
-checkpoint and resumed, and the recipe SIGKILLed during distillation and training.
+checkpoint and resumed (the recipe killed and re-run: tests/test_recipe_killed.py).
 
 The long loops (every model kind, random kill moments, full disk, ...) are in
 benchmarks/fault_table.py, which prints the README's fault table (its cases are in
@@ -20,8 +20,8 @@ from fairseq.trainer import Trainer
 
 import fairseq_hrt  # noqa: F401  (applies compat)
 from benchmarks import faults
-from benchmarks.tiny_runs import make_tiny_data, parse_logs, train_args
 from fairseq_hrt import compat
+from fairseq_hrt.testing.tiny_runs import make_tiny_data, parse_logs, train_args
 from tests.hrt_fixtures import build_task_and_model
 
 
@@ -151,25 +151,3 @@ def test_hrt_training_killed_while_writing_a_checkpoint_resumes_the_curriculum(t
     assert sorted(records) == list(range(back + 1, max_update + 1))
     for t, r in records.items():
         assert r["p_k"] == pytest.approx(t / max_update, abs=6e-4), t  # logged with 3 decimals
-
-
-@pytest.mark.slow
-def test_recipe_killed_during_distillation_and_training_is_finished_by_a_rerun(tmp_path):
-    r = faults.kill_recipe(tmp_path)
-    d, t = r["kill_in_distill"], r["kill_in_training"]
-    assert d["step_processes_at_kill"] >= 1 and d["step_processes_alive_after_kill"] == 0  # no orphaned step
-    assert not d["distilled_output_exists"]  # only a complete distilled corpus is ever in place
-    assert t["step_processes_alive_after_kill"] == 0 and t["checkpoint_updates"] is not None
-    assert r["rerun_returncode"] == 0, r["rerun_log"]
-    assert r["distilled_lines"] == r["train_lines"] > 0
-    assert r["at_resumed_from"] and r["at_resumed_from"][-1] == t["checkpoint_updates"] < 60  # mid-training
-    assert {
-        "prepare.done",
-        "teacher.done",
-        "distill.done",
-        "distill_bin.done",
-        "at.done",
-        "hrt.done",
-        "mp.done",
-    } <= set(r["markers"])
-    assert any("skipped, done earlier" in line for line in r["rerun_log"])

@@ -28,8 +28,8 @@ onnxruntime = pytest.importorskip("onnxruntime")
 
 import importlib  # noqa: E402
 
-from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
 from fairseq_hrt.export.exporter import quantize_folder  # noqa: E402
+from fairseq_hrt.testing.tiny_runs import REPO, cli_env  # noqa: E402
 from hrt_runtime import Translator, search  # noqa: E402
 from hrt_runtime.integrity import DamagedFolderError  # noqa: E402
 from hrt_runtime.model import DECLARED_KEY  # noqa: E402

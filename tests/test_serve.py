@@ -24,7 +24,7 @@ pytest.importorskip("aiohttp")
 from aiohttp import web  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from benchmarks.tiny_runs import REPO, cli_env  # noqa: E402
+from fairseq_hrt.testing.tiny_runs import REPO, cli_env  # noqa: E402
 from hrt_runtime import Translator  # noqa: E402
 from hrt_runtime.options import SERVICE_BY_NAME  # noqa: E402
 from hrt_runtime.search import SearchConfig  # noqa: E402

@@ -10,10 +10,10 @@ import torch
 from fairseq.data import Dictionary
 
 from benchmarks import measure
-from benchmarks.tiny_runs import make_tiny_data, run_cli
 from fairseq_hrt import shortlist as sl
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from fairseq_hrt.symbols import add_hrt_symbols, dictionary_fingerprint
+from fairseq_hrt.testing.tiny_runs import make_tiny_data, run_cli
 from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
 from tests.tiny_data import hyp_lines

@@ -12,12 +12,12 @@ from fairseq import checkpoint_utils
 from fairseq.sequence_generator import SequenceGenerator
 
 from benchmarks import ct2_reference
-from benchmarks.tiny_runs import parse_logs, run_cli
 from fairseq_hrt.generation.jacobi import ParallelGreedyGenerator
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
 from fairseq_hrt.models.ssru_transformer import SSRUDecoderLayer, SSRUTransformerModel
 from fairseq_hrt.modules.ssru import SSRU, linear_recurrence
 from fairseq_hrt.passes.decoder_pass import ssru_projections, ssru_step_
+from fairseq_hrt.testing.tiny_runs import parse_logs, run_cli
 from hrt_runtime.search import SearchConfig
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
 from tests.test_lean import assert_same_hypotheses

@@ -14,8 +14,8 @@ import fairseq_cli.interactive as interactive
 import pytest
 
 import fairseq_hrt  # noqa: F401  (applies compat)
-from benchmarks.tiny_runs import REPO, USER_DIR, cli_env, make_tiny_spm_data, run_cli, train_args
 from fairseq_hrt import compat
+from fairseq_hrt.testing.tiny_runs import REPO, USER_DIR, cli_env, make_tiny_spm_data, run_cli, train_args
 from hrt_runtime import text_input
 from hrt_runtime.text_input import CONTROL, NUL, REPLACEMENT_CHARACTER, UNDECODABLE, InputTextError
 from tests.hrt_fixtures import build_task_and_model

@@ -24,7 +24,11 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.logging import metrics
 from fairseq.tasks import FairseqTask
 
-from benchmarks.tiny_runs import (
+from fairseq_hrt import chunking
+from fairseq_hrt.cli_logging import RefusedOptions
+from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, label_smoothed_token_loss, parse_kind_weights
+from fairseq_hrt.tasks.hrt_translation import HRTTranslationTask, parse_chunk_sizes
+from fairseq_hrt.testing.tiny_runs import (
     SRC,
     TGT,
     USER_DIR,
@@ -42,10 +46,6 @@ from benchmarks.tiny_runs import (
     write_lines,
     write_raw_corpus,
 )
-from fairseq_hrt import chunking
-from fairseq_hrt.cli_logging import RefusedOptions
-from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion, label_smoothed_token_loss, parse_kind_weights
-from fairseq_hrt.tasks.hrt_translation import HRTTranslationTask, parse_chunk_sizes
 from tests.tiny_data import free_port
 
 KINDS = ("at", "cmlm", "skip_at", "skip_cmlm")

@@ -1,10 +1,10 @@
-"""The tests' harness: the fairseq commands of :mod:`benchmarks.tiny_runs` (the tiny-data
+"""The tests' harness: the fairseq commands of :mod:`fairseq_hrt.testing.tiny_runs` (the tiny-data
 setting the tests share with the fault table) forked from one warm process, and the helpers
 only tests need. tests/conftest.py imports it, so every test's commands run so.
 
 Every fairseq command of the tests is forked from one process that has imported torch,
 fairseq and the plugin already (:class:`WarmProcess`, installed as
-:mod:`benchmarks.tiny_runs`' launcher when this module is imported): it runs exactly as
+:mod:`fairseq_hrt.testing.tiny_runs`' launcher when this module is imported): it runs exactly as
 ``python -m MODULE ARGS`` would, in a process of its own, without paying the 3-5 s of imports
 again. ``HRT_TEST_FRESH=1`` runs every command in a fresh interpreter instead.
 """
@@ -23,8 +23,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from benchmarks import tiny_runs
-from benchmarks.tiny_runs import cli_env
+from fairseq_hrt.testing import tiny_runs
+from fairseq_hrt.testing.tiny_runs import cli_env
 
 # what every command imports first; the forked children find it imported already
 WARM_MODULES = [
@@ -36,7 +36,7 @@ WARM_MODULES = [
     "fairseq_cli.interactive",
     "fairseq_cli.preprocess",
     "fairseq_hrt",
-    "benchmarks.tiny_runs",
+    "fairseq_hrt.testing.tiny_runs",
 ]
 _WARM_CONTEXT = None
 

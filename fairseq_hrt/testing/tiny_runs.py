@@ -1,5 +1,6 @@
-"""Tiny parallel data and fairseq command lines: the fault table's setting (benchmarks/faults.py),
-which the tests' harness (tests/tiny_data.py) builds on.
+"""Tiny parallel data and fairseq command lines, in a checkout of the repository: the setting the
+tests (their harness, tests/tiny_data.py) and the fault table (benchmarks/faults.py) share. It
+imports nothing of ``benchmarks``, ``tests`` or ``examples``, so both may build on it.
 
 * :func:`write_raw_corpus` writes a small line-aligned en-de corpus: the first lines of
   ``../shared/data/multi30k-en-de`` when that directory exists, else a deterministic synthetic
@@ -28,7 +29,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import sentencepiece as spm
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the checkout: fairseq_hrt/testing/ -> .
 USER_DIR = str(REPO / "fairseq_hrt")
 SHARED_MULTI30K = REPO.parent / "shared" / "data" / "multi30k-en-de"
 
