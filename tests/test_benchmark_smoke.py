@@ -410,29 +410,6 @@ def test_ctranslate2_vocabulary_map_of_a_shortlist():
         ct2_reference.vmap_text(wide, d, list(d.symbols))
 
 
-def test_recipe_trains_one_chunk_size_by_default_and_several_on_request(tmp_path):
-    """k = 2 alone by default (the benchmark decodes what was trained); a list stays
-    available; profiles without a teacher train the students on raw data."""
-    args = recipe.parse_args(["--out", str(tmp_path)])
-    assert args.hrt_chunk_sizes == "2"
-    r = recipe.Recipe(args)
-    assert r.hrt_args("2", tmp_path / "at.pt")[:4] == [
-        "--chunk-sizes",
-        "2",
-        "--finetune-from-model",
-        str(tmp_path / "at.pt"),
-    ]
-    assert "--distill-data" in r.hrt_args("2", tmp_path / "at.pt")
-    many = recipe.Recipe(recipe.parse_args(["--out", str(tmp_path), "--hrt-chunk-sizes", "2,3,4", "--profile", "mini"]))
-    assert many.hrt_args(many.args.hrt_chunk_sizes, tmp_path / "at.pt") == [
-        "--chunk-sizes",
-        "2,3,4",
-        "--finetune-from-model",
-        str(tmp_path / "at.pt"),
-    ]
-    assert not many.profile.distill
-
-
 # --------------------------------------------------------------------------- end to end
 
 

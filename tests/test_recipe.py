@@ -56,3 +56,55 @@ def test_help_and_refusals():
     assert "--profile" in subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True).stdout
     refused = subprocess.run([sys.executable, script, "--profile", "nope"], capture_output=True, text=True)
     assert refused.returncode == 2 and "invalid choice" in refused.stderr
+
+
+def test_recipe_trains_one_chunk_size_by_default_and_several_on_request(tmp_path):
+    """k = 2 alone by default (the benchmark decodes what was trained); a list stays
+    available; profiles without a teacher train the students on raw data."""
+    args = recipe.parse_args(["--out", str(tmp_path)])
+    assert args.hrt_chunk_sizes == "2"
+    r = recipe.Recipe(args)
+    assert r.hrt_args("2", tmp_path / "at.pt")[:4] == [
+        "--chunk-sizes",
+        "2",
+        "--finetune-from-model",
+        str(tmp_path / "at.pt"),
+    ]
+    assert "--distill-data" in r.hrt_args("2", tmp_path / "at.pt")
+    many = recipe.Recipe(recipe.parse_args(["--out", str(tmp_path), "--hrt-chunk-sizes", "2,3,4", "--profile", "mini"]))
+    assert many.hrt_args(many.args.hrt_chunk_sizes, tmp_path / "at.pt") == [
+        "--chunk-sizes",
+        "2,3,4",
+        "--finetune-from-model",
+        str(tmp_path / "at.pt"),
+    ]
+    assert not many.profile.distill
+
+
+def test_recipe_trains_ssru_students_on_request(tmp_path):
+    """``recipe.py --ssru-students``: the AT student's command with the SSRU twin of its arch
+    (one layer; two tied layers); the benchmark gets them as --at-extra rows."""
+    assert not recipe.parse_args(["--out", str(tmp_path)]).ssru_students
+    r = recipe.Recipe(recipe.parse_args(["--out", str(tmp_path), "--profile", "mini", "--ssru-students"]))
+    at = r.commands("at")
+    one, tied = r.ssru_cmd("ssru"), r.ssru_cmd("ssru_tied")
+    assert one[one.index("--arch") + 1] == "at_mini_ssru" and tied[tied.index("--arch") + 1] == "at_mini_ssru"
+    assert tied[-3:] == ["--decoder-layers", "2", "--decoder-tie-layers"]
+
+    # same command as the AT student but arch, save dir and the tied options
+    def differing(cmd):
+        return {(a, b) for a, b in zip(cmd, at) if a != b}
+
+    assert differing(one) == {("at_mini_ssru", "at_mini"), (str(tmp_path / "ssru"), str(tmp_path / "at"))}
+    assert r.ssru_extra_rows() == []  # none trained yet
+    for name in ("ssru", "ssru_tied"):
+        r.checkpoint(name).parent.mkdir(parents=True, exist_ok=True)
+        r.checkpoint(name).write_text("x")
+        r.markers.mkdir(parents=True, exist_ok=True)
+        (r.markers / f"{name}.done").write_text("cmd\n")
+    assert r.ssru_extra_rows() == [
+        "--at-extra",
+        f"ssru={r.checkpoint('ssru')}",
+        "--at-extra",
+        f"ssru-tied={r.checkpoint('ssru_tied')}",
+    ]

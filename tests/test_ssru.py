@@ -2,8 +2,6 @@
 incremental decoding, the lean engine, Jacobi decoding, training, and the refusals."""
 
 import argparse
-import importlib.util
-import os
 import random
 
 import pytest
@@ -350,38 +348,3 @@ def test_ctranslate2_reference_gives_a_skip_reason_for_ssru_and_tied_students(tm
     if ct2.unavailable_reason() is None:  # with ctranslate2 installed, convert refuses clearly
         with pytest.raises(ValueError, match="CTranslate2 cannot convert"):
             ct2.convert(str(tmp_path / "ssru.pt"), str(tmp_path), str(tmp_path), "src", "tgt")
-
-
-def test_recipe_trains_ssru_students_on_request(tmp_path):
-    """``recipe.py --ssru-students``: the AT student's command with the SSRU twin of its arch
-    (one layer; two tied layers); the benchmark gets them as --at-extra rows."""
-    path = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "multi30k", "recipe.py"
-    )
-    spec = importlib.util.spec_from_file_location("hrt_recipe_ssru", path)
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
-    assert not recipe.parse_args(["--out", str(tmp_path)]).ssru_students
-    r = recipe.Recipe(recipe.parse_args(["--out", str(tmp_path), "--profile", "mini", "--ssru-students"]))
-    at = r.commands("at")
-    one, tied = r.ssru_cmd("ssru"), r.ssru_cmd("ssru_tied")
-    assert one[one.index("--arch") + 1] == "at_mini_ssru" and tied[tied.index("--arch") + 1] == "at_mini_ssru"
-    assert tied[-3:] == ["--decoder-layers", "2", "--decoder-tie-layers"]
-
-    # same command as the AT student but arch, save dir and the tied options
-    def differing(cmd):
-        return {(a, b) for a, b in zip(cmd, at) if a != b}
-
-    assert differing(one) == {("at_mini_ssru", "at_mini"), (str(tmp_path / "ssru"), str(tmp_path / "at"))}
-    assert r.ssru_extra_rows() == []  # none trained yet
-    for name in ("ssru", "ssru_tied"):
-        r.checkpoint(name).parent.mkdir(parents=True, exist_ok=True)
-        r.checkpoint(name).write_text("x")
-        r.markers.mkdir(parents=True, exist_ok=True)
-        (r.markers / f"{name}.done").write_text("cmd\n")
-    assert r.ssru_extra_rows() == [
-        "--at-extra",
-        f"ssru={r.checkpoint('ssru')}",
-        "--at-extra",
-        f"ssru-tied={r.checkpoint('ssru_tied')}",
-    ]
