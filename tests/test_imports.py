@@ -329,3 +329,18 @@ def test_imports_go_one_way_between_the_plugin_benchmarks_tests_and_examples():
             assert not _imported_roots(path) & checkout_only, path
             assert not _names_an_example(path), f"{path} runs a script of examples/"
     assert not (REPO / "benchmarks" / "tiny_runs.py").exists()  # the shared harness: fairseq_hrt/testing/
+    # among the tests, only the examples' own (and the documented commands', which include the
+    # examples' READMEs) run or load examples/ code
+    runs_examples = {
+        p.name for p in (REPO / "tests").rglob("*.py") if p.name != Path(__file__).name and _names_an_example(p)
+    }
+    assert runs_examples <= EXAMPLE_TESTS, sorted(runs_examples - EXAMPLE_TESTS)
+
+
+EXAMPLE_TESTS = {
+    "test_recipe.py",
+    "test_recipe_end_to_end.py",
+    "test_recipe_killed.py",
+    "test_quickstart.py",
+    "test_docs_commands.py",
+}
