@@ -85,7 +85,7 @@ class HRTTranslationConfig(TranslationConfig):
             "help": "chunk size k of Skip-AT/Skip-CMLM training (2..8), one model per k as in the "
             "papers; a comma-separated list trains one model for several k, assigned to the "
             "chunked pairs of a batch in turn, so each k gets a share of the chunked samples "
-            "(costs quality at every k: benchmarks/results/multi30k-study-mini-cpu/README.md)"
+            "(costs quality at every k: benchmarks/results/multi30k-study-mini-cpu/report.md)"
         },
     )
     curriculum_lambda: float = field(default=1.0, metadata={"help": "curriculum exponent: p_k = (t / T) ** lambda"})
@@ -176,7 +176,7 @@ class HRTTranslationTask(TranslationTask):
                 "--chunk-sizes %s: one model for %d chunk sizes. The chunked pairs of every batch "
                 "are shared among them, so each k gets 1/%d of the Skip-AT/Skip-CMLM samples that "
                 "a model trained for it alone gets, which costs quality at every k "
-                "(benchmarks/results/multi30k-study-mini-cpu/README.md). The papers train one model per k.",
+                "(benchmarks/results/multi30k-study-mini-cpu/report.md). The papers train one model per k.",
                 cfg.chunk_sizes,
                 len(self.chunk_sizes),
                 len(self.chunk_sizes),
