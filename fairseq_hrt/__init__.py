@@ -11,6 +11,7 @@ import sys
 
 from fairseq_hrt import compat
 
+# the only changes to fairseq itself, for every task (see compat's docstring)
 compat.apply()
 
 # fairseq imports a --user-dir under its directory name; when that happens before (or
@@ -23,3 +24,4 @@ __version__ = "0.1.0"
 # components register themselves with fairseq's registries on import
 from fairseq_hrt import criterions, models, tasks  # noqa: E402,F401
 from fairseq_hrt.hub import from_pretrained  # noqa: E402,F401  (the Python API: see fairseq_hrt.hub)
+from fairseq_hrt.scoring import signed_sacrebleu  # noqa: E402,F401  (--scoring sacrebleu_signature)

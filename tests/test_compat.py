@@ -1,24 +1,24 @@
-"""The compatibility layer: fairseq checkpoints load under PyTorch >= 2.6 without settings."""
+"""The compatibility layer: what fairseq 0.12 needs on PyTorch 2.x, and that importing the
+plugin changes nothing else of fairseq."""
 
 import argparse
+import json
 import pickle
-import types
-from unittest import mock
+import subprocess
+import sys
 
 import fairseq.trainer as trainer
-import fairseq_cli.train  # noqa: F401 - loaded, as in fairseq's whole suite
-import fairseq_cli.train as fairseq_train
 import pytest
 import torch
 from fairseq import checkpoint_utils, options
+from fairseq.scoring import build_scorer
 from fairseq.scoring.bleu import SacrebleuConfig, SacrebleuScorer
-from fairseq.trainer import Trainer
-from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU
 
 import fairseq_hrt  # noqa: F401  (applies compat)
 from fairseq_hrt import compat
-from tests.hrt_fixtures import build_task_and_model
+from fairseq_hrt.scoring.signed_sacrebleu import SCORER_NAME, SignedSacrebleuScorer
+from tests.hrt_fixtures import REPO, build_task_and_model
 
 
 def _fairseq_like_checkpoint(path):
@@ -96,52 +96,11 @@ def test_explicit_weights_only_is_respected(tmp_path):
 
 
 def test_apply_is_idempotent():
-    before = (checkpoint_utils.torch, trainer.torch, Trainer.load_checkpoint)
+    before = (checkpoint_utils.torch, trainer.torch)
     compat.apply()
     compat.apply()  # a second application must not wrap the wrappers
-    assert (checkpoint_utils.torch, trainer.torch, Trainer.load_checkpoint) == before
+    assert (checkpoint_utils.torch, trainer.torch) == before
     assert checkpoint_utils.torch.nn is torch.nn  # everything else is torch's own
-
-
-def test_a_changed_fairseq_signature_fails_loudly():
-    def load_checkpoint(self, filename, reset_optimizer=False, reset_meters=False):
-        pass
-
-    with pytest.raises(RuntimeError, match="needs the fix reviewed"):
-        compat._expect_parameters(
-            load_checkpoint, ["self", "filename", "reset_optimizer", "reset_lr_scheduler"], "Trainer.load_checkpoint"
-        )
-
-
-@pytest.mark.parametrize("call", ["positional", "keyword", "default"])
-def test_clock_fix_binds_reset_meters_however_it_is_passed(call):
-    calls = []
-
-    class FakeTrainer:
-        _previous_training_time, _start_time = 100.0, 0.0
-
-        def load_checkpoint(
-            self,
-            filename,
-            reset_optimizer=False,
-            reset_lr_scheduler=False,
-            optimizer_overrides=None,
-            reset_meters=False,
-        ):
-            calls.append(reset_meters)
-            return {"extra": 1}
-
-    wrapped = compat._load_checkpoint_restarting_the_clock(FakeTrainer.load_checkpoint)
-    t = FakeTrainer()
-    if call == "positional":
-        assert wrapped(t, "ck.pt", True, True, None, True) == {"extra": 1}
-    elif call == "keyword":
-        assert wrapped(t, "ck.pt", reset_meters=True) == {"extra": 1}
-    else:
-        assert wrapped(t, "ck.pt") == {"extra": 1}
-    reset = call != "default"
-    assert calls == [reset]
-    assert (t._previous_training_time == 0) == reset
 
 
 def test_trainer_overflow_handler_tensor_works_without_cuda():
@@ -158,83 +117,80 @@ def test_trainer_overflow_handler_tensor_works_without_cuda():
     assert not hasattr(torch.tensor, "__fairseq_hrt_compat__")
 
 
-def test_a_finished_run_skips_its_epoch_and_an_unfinished_one_trains():
-    calls = []
+# Every fairseq module the plugin's runs touch, and what it holds: its globals, and the attributes
+# of its classes and functions (fairseq keeps state on functions, e.g. should_stop_early.best).
+_FAIRSEQ_SNAPSHOT = """
+import importlib, json, sys
+MODULES = [
+    "fairseq.checkpoint_utils", "fairseq.trainer", "fairseq.distributed.utils", "fairseq.utils",
+    "fairseq.options", "fairseq.file_io", "fairseq.scoring.bleu", "fairseq.tasks.translation",
+    "fairseq.tasks.fairseq_task", "fairseq.sequence_generator", "fairseq.data.data_utils",
+    "fairseq_cli.train", "fairseq_cli.generate", "fairseq_cli.interactive",
+]
+def snapshot():
+    seen = {}
+    for name in MODULES:
+        module = importlib.import_module(name)
+        for key, value in vars(module).items():
+            seen[f"{name}.{key}"] = id(value)
+            if getattr(value, "__module__", None) == name and isinstance(value, type):
+                for attr, member in vars(value).items():
+                    seen[f"{name}.{key}.{attr}"] = id(member)
+            elif callable(value) and hasattr(value, "__dict__"):
+                for attr, member in vars(value).items():
+                    seen[f"{name}.{key}.{attr}"] = id(member)
+    return seen
+stock = snapshot()
+excepthook = id(sys.excepthook)
+import torch, argparse
+torch_load, help_action = id(torch.load), id(argparse._HelpAction.__call__)
+import fairseq_hrt
+from fairseq.utils import import_user_module
+import_user_module(argparse.Namespace(user_dir="fairseq_hrt"))  # as --user-dir does, again
+after = snapshot()
+changed = sorted(k for k in stock if after.get(k) != stock[k])
+print(json.dumps({"changed": changed, "excepthook": id(sys.excepthook) == excepthook,
+                  "torch": (id(torch.load), id(argparse._HelpAction.__call__)) == (torch_load, help_action)}))
+"""
 
-    def train(cfg, trainer, task, epoch_itr):
-        calls.append(trainer.get_num_updates())
-        return [1.0], False
 
-    wrapped = compat._train_stopping_when_finished(train)
-
-    def args(num_updates, max_update):
-        cfg = types.SimpleNamespace(
-            optimization=types.SimpleNamespace(max_update=max_update),
-            checkpoint=types.SimpleNamespace(save_dir="ck", patience=0),
-        )
-        return cfg, types.SimpleNamespace(get_num_updates=lambda: num_updates), None, None
-
-    assert wrapped(*args(300, 300)) == ([None], True)  # fairseq's loop stops, nothing saved
-    assert wrapped(*args(302, 300)) == ([None], True)
-    assert calls == []
-    assert wrapped(*args(299, 300)) == ([1.0], False)
-    assert wrapped(*args(5, 0)) == ([1.0], False)  # no --max-update: train
-    assert calls == [299, 5]
-
-
-def test_fairseq_train_module_is_patched_once():
-    compat.patch_training_loop()
-    first = fairseq_train.train
-    assert getattr(first, "__fairseq_hrt_compat__", False)
-    compat.patch_training_loop()
-    assert fairseq_train.train is first
-
-
-def test_a_checkpoint_loads_with_os_path_join_mocked():
-    """fairseq's own tests (tests/test_train.py::TestLoadCheckpoint) load checkpoints with
-    ``os.path.join`` replaced by a MagicMock, in a process that has loaded fairseq_cli.train;
-    the plugin's wrapper of ``load_checkpoint`` used to call it and die with a TypeError."""
-    assert getattr(checkpoint_utils.load_checkpoint, "__fairseq_hrt_compat__", False)
-    cfg = OmegaConf.create(
-        {
-            "save_dir": None,
-            "optimizer_overrides": "{}",
-            "reset_dataloader": False,
-            "reset_meters": False,
-            "reset_optimizer": False,
-            "reset_lr_scheduler": False,
-            "finetune_from_model": None,
-            "model_parallel_size": 1,
-            "restore_file": "checkpoint_last.pt",
-        }
+def test_importing_the_plugin_changes_only_the_listed_fixes_of_fairseq():
+    """In a fresh interpreter: every global of fairseq's training, checkpoint, scoring and
+    command-line modules, every attribute of their classes and functions, is the same object
+    before and after ``import fairseq_hrt`` (and fairseq's own user-dir import), but for the
+    ``torch`` globals that compat.py's fixes replace. So fairseq-train's loop, the trainer's
+    checkpoint methods, fairseq-interactive's reader, the scorers, the distributed set-up and
+    argparse's --help are fairseq's own for every task."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FAIRSEQ_SNAPSHOT], cwd=REPO, capture_output=True, text=True, check=True
     )
-    trainer = mock.MagicMock()
-    trainer.load_checkpoint.return_value = {"train_iterator": {"epoch": 2, "iterations_in_epoch": 0, "shuffle": False}}
-    trainer.get_num_updates.return_value = 10
-    with (
-        mock.patch("os.makedirs"),
-        mock.patch("os.path.join", mock.MagicMock()),
-        mock.patch("os.path.isfile", mock.MagicMock(return_value=True)),
-        mock.patch("os.path.isabs", mock.MagicMock(return_value=False)),
-        mock.patch("fairseq.file_io.PathManager.exists", mock.MagicMock(return_value=False)),
-    ):
-        extra_state, _ = checkpoint_utils.load_checkpoint(cfg, trainer)
-    assert extra_state["train_iterator"]["epoch"] == 2
-    assert trainer.load_checkpoint.called
-    assert getattr(fairseq_cli.train.train, "__fairseq_hrt_compat__", False)  # fairseq-train still recognised
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["changed"] == sorted(f"{module}.{name}" for module, name in compat.PATCHED)
+    assert result["excepthook"] and result["torch"]
 
 
 @pytest.mark.parametrize("lowercase", [False, True])
-def test_sacrebleu_scoring_prints_sacrebleus_signature_and_score(lowercase):
-    """fairseq's ``--scoring sacrebleu`` line is sacreBLEU's own for the same detokenised text:
-    the same score and the signature that says how it was computed."""
+def test_sacrebleu_signature_scoring_prints_sacrebleus_signature_and_score(lowercase):
+    """``--scoring sacrebleu_signature`` (the plugin's scorer) prints sacreBLEU's own line for
+    the same detokenised text: the same score and the signature that says how it was computed;
+    fairseq's ``--scoring sacrebleu`` prints its own line, the same score without it."""
     hyps = ["A man rides a bike.", "Two dogs, playing in snow!", "Hello World"]
     refs = ["A man is riding a bike.", "Two dogs play in the snow!", "hello world"]
-    scorer = SacrebleuScorer(SacrebleuConfig(sacrebleu_lowercase=lowercase))
+    cfg = SacrebleuConfig(sacrebleu_lowercase=lowercase)
+    signed, plain = SignedSacrebleuScorer(cfg), SacrebleuScorer(cfg)
     for ref, hyp in zip(refs, hyps):
-        scorer.add_string(ref, hyp)
+        signed.add_string(ref, hyp)
+        plain.add_string(ref, hyp)
     bleu = BLEU(tokenize="13a", lowercase=lowercase)
     expected = bleu.corpus_score(hyps, [refs])
     case = "lc" if lowercase else "mixed"
-    assert scorer.result_string() == expected.format(signature=bleu.get_signature().format())
-    assert scorer.result_string().startswith(f"BLEU|nrefs:1|case:{case}|eff:no|tok:13a|smooth:exp|version:")
+    assert signed.result_string() == expected.format(signature=bleu.get_signature().format())
+    assert signed.result_string().startswith(f"BLEU|nrefs:1|case:{case}|eff:no|tok:13a|smooth:exp|version:")
+    assert plain.result_string() == expected.format()  # fairseq's own, unchanged
+    assert SacrebleuScorer.result_string.__module__ == "fairseq.scoring.bleu"
+
+
+def test_sacrebleu_signature_is_a_scorer_of_fairseqs_registry():
+    scorer = build_scorer(argparse.Namespace(scoring=SCORER_NAME, sacrebleu_tokenizer="13a"), None)
+    assert isinstance(scorer, SignedSacrebleuScorer)
+    assert type(build_scorer(argparse.Namespace(scoring="sacrebleu"), None)) is SacrebleuScorer

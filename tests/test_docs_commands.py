@@ -84,7 +84,8 @@ def help_text(program, args) -> str:
         for flag in SELECTING:
             if flag in args:
                 selected += [flag, args[args.index(flag) + 1]]
-        return run_cli([FAIRSEQ[name], "--user-dir", USER_DIR, *selected, "--help"]).stdout
+        # fairseq's own --help lists only its first parse's options (docs/compatibility.md)
+        return run_cli(["fairseq_hrt.options_help", FAIRSEQ[name], "--user-dir", USER_DIR, *selected]).stdout
     if kind == "program":
         name = MODULES[name]
     if kind in ("program", "module") and not name.startswith("pytest"):

@@ -1,28 +1,24 @@
-"""Killed or failing runs: checkpoint files (atomic copies, unreadable or unwritable
-checkpoints), the task's checkpointed state, a training run SIGKILLed while it writes a
+"""Killed or failing runs: a truncated checkpoint refused with the --restore-file to use, the
+task's checkpointed state, a training run SIGKILLed while it writes a
 checkpoint and resumed (the recipe killed and re-run: tests/test_recipe_killed.py).
 
 The long loops (every model kind, random kill moments, full disk, ...) are in
 benchmarks/fault_table.py, which prints the README's fault table (its cases are in
 benchmarks/faults.py); these are their compact versions."""
 
-import errno
 import logging
 import os
-import shutil
 import signal
-from pathlib import Path
 
 import pytest
 import torch
-from fairseq import checkpoint_utils
-from fairseq.trainer import Trainer
+from fairseq import tasks
 
-import fairseq_hrt  # noqa: F401  (applies compat)
 from benchmarks import faults
-from fairseq_hrt import compat
+from fairseq_hrt import checkpoint_files
+from fairseq_hrt.criterions.hrt_loss import HRTLossCriterion
 from fairseq_hrt.testing.tiny_runs import make_tiny_data, parse_logs, train_args
-from tests.hrt_fixtures import build_task_and_model
+from tests.hrt_fixtures import build_task_and_model, training_args
 
 
 def _save(path, value=1.0):
@@ -32,29 +28,7 @@ def _save(path, value=1.0):
 # ------------------------------------------------------------------------ checkpoint files
 
 
-def test_checkpoint_copies_are_atomic_and_a_failed_copy_keeps_the_old_file(tmp_path, monkeypatch):
-    src, dst = tmp_path / "checkpoint_1_5.pt", tmp_path / "checkpoint_last.pt"
-    _save(src, 5.0)
-    _save(dst, 4.0)
-    assert getattr(checkpoint_utils.PathManager, "__fairseq_hrt_compat__", False)  # fairseq's copies go through it
-    assert checkpoint_utils.PathManager.copy(str(src), str(dst), overwrite=True)
-    assert dst.read_bytes() == src.read_bytes() and not (tmp_path / "checkpoint_last.pt.tmp").exists()
-
-    _save(dst, 4.0)
-    before = dst.read_bytes()
-
-    def copy_until_the_disk_is_full(a, b, *args, **kwargs):
-        Path(b).write_bytes(Path(a).read_bytes()[:100])
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(shutil, "copyfile", copy_until_the_disk_is_full)
-    with pytest.raises(compat.CheckpointWriteError, match="No space left on device.*complete and unchanged"):
-        checkpoint_utils.PathManager.copy(str(src), str(dst), overwrite=True)
-    assert dst.read_bytes() == before  # the old checkpoint_last.pt is whole
-    assert not (tmp_path / "checkpoint_last.pt.tmp").exists()  # the partial copy does not hold the space
-
-
-def test_an_unreadable_checkpoint_names_the_restore_file_to_use(tmp_path):
+def _truncated_folder(tmp_path):
     good_old, good_new, last = (
         tmp_path / "checkpoint_1_5.pt",
         tmp_path / "checkpoint_2_10.pt",
@@ -64,35 +38,41 @@ def test_an_unreadable_checkpoint_names_the_restore_file_to_use(tmp_path):
     _save(good_new, 10.0)
     os.utime(good_old, (1, 1))  # older
     _save(last, 12.0)
-    last.write_bytes(last.read_bytes()[:3000])  # killed half-way through a copy by fairseq alone
-    with pytest.raises(compat.CheckpointReadError) as info:
-        checkpoint_utils.load_checkpoint_to_cpu(str(last))
+    last.write_bytes(last.read_bytes()[:3000])  # killed half-way through fairseq's copy
+    return good_old, good_new, last
+
+
+def test_a_truncated_checkpoint_names_the_restore_file_to_use(tmp_path):
+    good_old, good_new, last = _truncated_folder(tmp_path)
+    assert checkpoint_files.is_truncated_archive(str(last))
+    assert not checkpoint_files.is_truncated_archive(str(good_new))
+    with pytest.raises(checkpoint_files.CheckpointReadError) as info:
+        checkpoint_files.check_checkpoint_to_restore(str(tmp_path), "checkpoint_last.pt", None)
     message = str(info.value)
-    assert str(last) in message and "corrupted" in message  # PyTorch's own words are kept
+    assert str(last) in message and "truncated" in message
     assert f"--restore-file {good_new}" in message  # the newest complete one
     assert "checkpoint_2_10.pt, checkpoint_1_5.pt" in message
+    assert checkpoint_files.readable_checkpoints(str(tmp_path)) == [str(good_new), str(good_old)]
+    # an explicit --restore-file of a complete checkpoint, or nothing to restore, passes
+    checkpoint_files.check_checkpoint_to_restore(str(tmp_path), str(good_new), None)
+    checkpoint_files.check_checkpoint_to_restore(str(tmp_path / "fresh"), "checkpoint_last.pt", None)
 
-    with pytest.raises(FileNotFoundError):  # other errors pass unchanged
-        checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "missing.pt"))
-    assert compat.readable_checkpoints(str(tmp_path)) == [str(good_new), str(good_old)]
 
-
-def test_a_failed_save_removes_its_partial_file_and_says_what_is_kept(tmp_path):
-    last = tmp_path / "checkpoint_last.pt"
-    _save(last, 4.0)
-
-    def save_on_a_full_disk(trainer, filename, extra_state):
-        Path(filename + ".tmp").write_bytes(b"partial")
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    wrapped = compat._save_checkpoint_cleaning_up_on_failure(save_on_a_full_disk)
-    with pytest.raises(compat.CheckpointWriteError) as info:
-        wrapped(None, str(last), {})
-    assert info.value.errno == errno.ENOSPC
-    assert "No space left on device" in str(info.value) and "complete and unchanged" in str(info.value)
-    assert not Path(str(last) + ".tmp").exists()
-
-    assert getattr(Trainer.save_checkpoint, "__fairseq_hrt_compat__", False)
+def test_the_task_refuses_to_resume_from_a_truncated_checkpoint(tmp_path):
+    """fairseq-train builds the criterion just before it restores the checkpoint: the task
+    checks the file there, so a truncated checkpoint_last.pt is one message instead of PyTorch's
+    traceback; a folder of complete checkpoints trains as before."""
+    (tmp_path / "data").mkdir()
+    save = tmp_path / "ck"
+    save.mkdir()
+    _, good_new, _ = _truncated_folder(save)
+    args = training_args(str(tmp_path / "data"), extra=["--save-dir", str(save), "--criterion", "hrt_loss"])
+    task = tasks.setup_task(args)
+    with pytest.raises(checkpoint_files.CheckpointReadError, match=f"--restore-file {good_new}"):
+        task.build_criterion(args)
+    (save / "checkpoint_last.pt").unlink()
+    _save(save / "checkpoint_last.pt", 12.0)
+    assert isinstance(task.build_criterion(args), HRTLossCriterion)
 
 
 def test_task_state_refuses_another_dictionary_and_warns_about_another_schedule(tmp_path, caplog):

@@ -1,6 +1,6 @@
 """Input text is read one way everywhere (runtime/hrt_runtime/text_input.py): bad bytes, control
-characters, NUL, blank and huge lines, any script. Unit tests of the reader, of its use by
-fairseq-interactive (compat) and the task, and end to end through fairseq-interactive with
+characters, NUL, blank and huge lines, any script. Unit tests of the reader, of the task's
+repair of fairseq-interactive's lines, and end to end through fairseq-interactive with
 SentencePiece and ``python -m fairseq_hrt.distill`` on a tiny trained model."""
 
 import io
@@ -10,11 +10,8 @@ import re
 import subprocess
 import sys
 
-import fairseq_cli.interactive as interactive
 import pytest
 
-import fairseq_hrt  # noqa: F401  (applies compat)
-from fairseq_hrt import compat
 from fairseq_hrt.testing.tiny_runs import REPO, USER_DIR, cli_env, make_tiny_spm_data, run_cli, train_args
 from hrt_runtime import text_input
 from hrt_runtime.text_input import CONTROL, NUL, REPLACEMENT_CHARACTER, UNDECODABLE, InputTextError
@@ -103,19 +100,6 @@ def test_a_100k_character_line_is_read_whole():
 # ------------------------------------------------------ fairseq-interactive and the task
 
 
-def test_interactive_reader_is_patched_once_and_keeps_fairseq_buffering(tmp_path):
-    compat.patch_interactive_reading()
-    first = interactive.buffered_read
-    compat.patch_interactive_reading()  # fairseq imports user dirs several times
-    assert interactive.buffered_read is first and getattr(first, "__fairseq_hrt_compat__", False)
-    path = tmp_path / "in.txt"
-    path.write_bytes(b" a b \nbad \xff\xfe\n\nlast")
-    assert list(interactive.buffered_read(str(path), 2)) == [
-        ["a b", f"bad {REPLACEMENT_CHARACTER}{REPLACEMENT_CHARACTER}"],
-        ["", "last"],
-    ]
-
-
 def test_task_translates_a_line_its_tokenizer_refuses_as_empty(tmp_path, caplog):
     task, _ = build_task_and_model(str(tmp_path))
 
@@ -159,7 +143,7 @@ BAD_SESSION = [
 ]
 
 
-def _interactive(model, extra, stdin: bytes, console_script=False):
+def _interactive(model, extra, stdin: bytes):
     data, ckpt, spm = model
     args = [
         str(data.bin_dir),
@@ -188,35 +172,26 @@ def _interactive(model, extra, stdin: bytes, console_script=False):
         "64",
         *extra,
     ]
-    if console_script:  # fairseq-interactive imports fairseq_cli.interactive; python -m runs it as __main__
-        cmd = [os.path.join(os.path.dirname(sys.executable), "fairseq-interactive"), *args]
-    else:
-        cmd = [sys.executable, "-m", "fairseq_cli.interactive", *args]
-    # a strict locale too: the plugin reads bytes, whatever Python's stdin decoding would be
-    env = cli_env({"PYTHONIOENCODING": "utf-8:strict", "LC_ALL": "C.UTF-8"})
+    cmd = [os.path.join(os.path.dirname(sys.executable), "fairseq-interactive"), *args]
+    # fairseq reads stdin with Python's decoding: surrogateescape keeps bad bytes for the task to
+    # repair (docs/compatibility.md; with strict decoding fairseq stops at the first bad line)
+    env = cli_env({"PYTHONIOENCODING": "utf-8:surrogateescape", "LC_ALL": "C.UTF-8"})
     proc = subprocess.run(cmd, input=stdin, cwd=str(REPO), env=env, capture_output=True, timeout=300)
     return proc.returncode, proc.stdout.decode("utf-8", "replace") + proc.stderr.decode("utf-8", "replace")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["stdin", "input-file"])
-def test_interactive_session_survives_bad_lines(spm_model, tmp_path, how):
-    stdin = b"\n".join(BAD_SESSION) + b"\n"
-    if how == "stdin":
-        rc, out = _interactive(spm_model, [], stdin)
-        name = "<stdin>"
-    else:
-        path = tmp_path / "input.txt"
-        path.write_bytes(stdin)
-        rc, out = _interactive(spm_model, ["--input", str(path)], b"", console_script=True)
-        name = str(path)
+def test_interactive_session_survives_bad_lines(spm_model):
+    """fairseq-interactive reading stdin as docs/compatibility.md says (surrogateescape): every
+    line is translated, the bad ones repaired by the task with a warning naming the line."""
+    rc, out = _interactive(spm_model, [], b"\n".join(BAD_SESSION) + b"\n")
     assert rc == 0, out[-4000:]
     assert "Traceback" not in out and "not a string" not in out
     hyps = hyp_lines(out)
     assert sorted(hyps) == list(range(len(BAD_SESSION))), out[-4000:]  # every line, also after the bad ones
     assert hyps[3] == ""  # a line of spaces is an empty sentence
-    assert f"{name}, line 2: bytes that are not valid UTF-8" in out
-    assert f"{name}, line 3: NUL bytes removed; control characters replaced by spaces" in out
+    assert f"input line 2: {UNDECODABLE} repaired" in out
+    assert f"input line 3: {NUL}, {CONTROL} repaired" in out
     assert "truncated" in out  # the 100k-character line, at --max-source-positions
     sources = dict(re.findall(r"^S-(\d+)\t(.*)$", out, re.M))
     assert len(sources["4"].split()) == 63  # 63 pieces + </s> = --max-source-positions 64

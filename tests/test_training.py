@@ -628,105 +628,26 @@ def test_eval_bleu_validates_an_hrt_model_with_its_chunk_size(data, work):
     assert task.cfg.eval_bleu and 2 in models[0].get_trained_chunk_sizes()
 
 
-@pytest.mark.slow
-def test_patience_counts_over_resumes_as_in_one_run(data, work):
-    """--patience over restarts: with lr 0 no validation beats the first, so an uninterrupted
-    run stops at epoch 1 + patience. Stopped after epoch 2 and resumed, the run stops at that
-    same epoch (fairseq alone started the count again, with the first validation after the
-    resume as the best, and went on to epoch 2 + 1 + patience); run again once stopped, it
-    trains nothing."""
-    patience = 3
-
-    def run(save_dir, max_epoch):
-        args = train_args(
-            data.bin_dir,
-            work / save_dir,
-            "--hrt-mode",
-            "at",
-            "--patience",
-            patience,
-            "--max-epoch",
-            max_epoch,
-            arch="at_tiny",
-            lr=0,
-            max_update=0,
-        )
-        out = run_cli([a for a in args if a != "--disable-validation"]).stdout
-        return [v["epoch"] for v in parse_logs(out, "valid")], out
-
-    whole, out = run("ck_patience_whole", 20)
-    assert whole == list(range(1, patience + 2)), out[-3000:]
-    assert "early stop since valid performance hasn't improved" in out
-    first, _ = run("ck_patience_resumed", 2)
-    assert first == [1, 2]
-    second, out = run("ck_patience_resumed", 20)
-    assert "--patience: 1 validation(s) without a better score" in out
-    assert first + second == whole, out[-3000:]
-    again, out = run("ck_patience_resumed", 20)
-    assert again == [] and "training is already finished" in out, out[-3000:]
-
-
 def _finished_state(path):
     state = _load(path)
     return state["optimizer_history"][-1]["num_updates"], path.read_bytes(), path.stat().st_mtime_ns
 
 
-@pytest.mark.parametrize("task", ["hrt_translation", "translation"])
-def test_rerunning_a_finished_run_trains_nothing(data, work, task):
-    """Running a finished fairseq-train command again (how one resumes) neither trains nor
-    rewrites checkpoint_last.pt: fairseq 0.12 trained one more update each time (compat)."""
-    save_dir = work / f"ck_finished_{task}"
+def test_a_plain_translation_run_is_fairseqs_own(data, work):
+    """``--task translation`` with the plugin loaded trains as fairseq 0.12 does, also where
+    fairseq has a quirk the plugin once changed for every task: run again once finished, a
+    fairseq-train command trains one more update and rewrites checkpoint_last.pt
+    (docs/compatibility.md says what to do instead)."""
+    save_dir = work / "ck_finished_translation"
     args = train_args(data.bin_dir, save_dir, "--hrt-mode", "at", arch="at_tiny", max_update=3)
-    if task == "translation":  # fairseq's own task and criterion, with the plugin loaded
-        args[args.index("hrt_translation")] = "translation"
-        args[args.index("--hrt-mode") : args.index("--hrt-mode") + 2] = []
-        args[args.index("hrt_loss")] = "cross_entropy"
+    args[args.index("hrt_translation")] = "translation"  # fairseq's own task and criterion
+    args[args.index("--hrt-mode") : args.index("--hrt-mode") + 2] = []
+    args[args.index("hrt_loss")] = "cross_entropy"
     run_cli(args)
-    ckpt = save_dir / "checkpoint_last.pt"
-    updates, content, mtime = _finished_state(ckpt)
-    assert updates == 3
+    assert _finished_state(save_dir / "checkpoint_last.pt")[0] == 3
     out = run_cli(args).stdout
-    assert "training is already finished" in out, out[-3000:]
-    assert not parse_logs(out), out[-3000:]  # no training step logged
-    assert _finished_state(ckpt) == (3, content, mtime)
-    assert not list(save_dir.glob("*.tmp"))
-
-
-@pytest.mark.slow
-def test_finetune_restarts_the_training_clock_and_resume_keeps_it(data, work):
-    """fairseq 0.12 restores ``previous_training_time`` from any checkpoint it loads, so
-    ``--stop-time-hours`` cut a model fine-tuned from a long AT run short (compat.py). With
-    ``--finetune-from-model`` the clock now starts at 0; a plain resume still keeps it."""
-    at_dir = work / "clock_at"
-    run_cli(train_args(data.bin_dir, at_dir, "--hrt-mode", "at", arch="at_tiny", max_update=2))
-    at_ckpt = at_dir / "checkpoint_last.pt"
-    state = _load(at_ckpt)
-    state["extra_state"]["previous_training_time"] = 10 * 3600.0  # as if the AT run took 10 hours
-    torch.save(state, at_ckpt)
-
-    ft_dir = work / "clock_ft"
-    out = run_cli(
-        train_args(
-            data.bin_dir,
-            ft_dir,
-            "--chunk-sizes",
-            "2",
-            "--finetune-from-model",
-            at_ckpt,
-            "--stop-time-hours",
-            1,
-            max_update=3,
-        )
-    ).stdout
-    assert "Stopping training due to cumulative_training_time" not in out
-    assert max(_by_update(parse_logs(out))) == 3
-    assert _load(ft_dir / "checkpoint_last.pt")["extra_state"]["previous_training_time"] < 3600
-
-    out = run_cli(
-        train_args(data.bin_dir, at_dir, "--hrt-mode", "at", "--stop-time-hours", 1, arch="at_tiny", max_update=6)
-    ).stdout
-    assert "Stopping training due to cumulative_training_time" in out
-    assert max(_by_update(parse_logs(out)), default=2) < 6
+    assert [int(r["num_updates"]) for r in parse_logs(out)] == [4], out[-3000:]
+    assert _finished_state(save_dir / "checkpoint_last.pt")[0] == 4
 
 
 # --------------------------------------------------------------- precision / update-freq
@@ -805,8 +726,8 @@ def test_fp16_on_cpu_survives_gradient_overflow(precision_runs):
     scale -- routine in fp16 training. On CPU, fairseq 0.12.3 crashes there instead:
     Trainer.train_step's OverflowError handler runs ``grad_norm = torch.tensor(0.0).cuda()``
     -> "AssertionError: Torch not compiled with CUDA enabled" (same for
-    --memory-efficient-fp16). So fp16 on CPU only works until the first overflow. A fix
-    belongs in fairseq_hrt/compat.py (see the report that came with this test)."""
+    --memory-efficient-fp16), so fp16 on CPU only worked until the first overflow; fixed in
+    fairseq_hrt/compat.py."""
     rc, out = precision_runs["fp16_overflow"]
     assert rc == 0, out[-4000:]
     assert "gradient overflow detected" in out
@@ -930,20 +851,27 @@ def test_two_rank_gloo_training(data, work, precision_runs):
             assert ddp[u].get(key, 0) == pytest.approx(ref[u].get(key, 0)), (u, key, ddp[u], ref[u])
 
 
+# torchrun on CPU, as docs/compatibility.md says: fairseq 0.12 reads torchrun's environment only
+# for a world size > 1, which it takes from the number of GPUs, so the ranks are given explicitly
+TORCHRUN_RANKS = (
+    'exec "$@" --distributed-init-method env:// --distributed-world-size "$WORLD_SIZE" '
+    '--distributed-rank "$RANK" --distributed-no-spawn'
+)
+
+
 @pytest.mark.slow
-def test_the_readmes_torchrun_command_trains_on_two_ranks_and_rank_0_logs(data, work):
-    """README's ``OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 $(which fairseq-train) ...
-    --distributed-backend gloo --ddp-backend legacy_ddp`` on CPU: one run of two ranks (each
-    says so), whose batches are all-reduced (the logged sentences per update are both ranks'),
-    logged once, by rank 0, as fairseq logs (before compat's fix: two unrelated runs of world
-    size 1, each logging every line)."""
+def test_torchrun_on_cpu_trains_on_two_ranks_and_rank_0_logs(data, work):
+    """``OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 --no-python sh -c '<TORCHRUN_RANKS>'
+    fairseq-train ... --distributed-backend gloo --ddp-backend legacy_ddp`` on CPU: one run of
+    two ranks (each says so), whose batches are all-reduced (the logged sentences per update are
+    both ranks'), logged once, by rank 0, as fairseq logs."""
     save = work / "ck_torchrun"
     args = train_args(data.bin_dir, save, max_update=3, max_tokens=1000)[1:]
     args += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    torchrun += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    torchrun += ["--master_addr", "127.0.0.1", "--master_port", str(free_port()), "--no-python"]
     done = subprocess.run(
-        [*torchrun, "-m", "fairseq_cli.train", *map(str, args)],
+        [*torchrun, "sh", "-c", TORCHRUN_RANKS, "sh", sys.executable, "-m", "fairseq_cli.train", *map(str, args)],
         env=cli_env({"OMP_NUM_THREADS": "1"}),
         capture_output=True,
         text=True,

@@ -12,7 +12,8 @@
 The task is an adapter of fairseq's hooks: the samples are built by :mod:`fairseq_hrt.chunking`,
 the distilled targets read by :mod:`fairseq_hrt.data.mixdistill`, sources repaired and cut at
 ``--max-source-positions`` by :mod:`fairseq_hrt.data.source_input`, checkpoints checked by
-:mod:`fairseq_hrt.checkpoint_checks`, ``--shortlist`` read by :mod:`fairseq_hrt.shortlist`,
+:mod:`fairseq_hrt.checkpoint_checks` (their state) and :mod:`fairseq_hrt.checkpoint_files` (a
+truncated file before fairseq-train restores it), ``--shortlist`` read by :mod:`fairseq_hrt.shortlist`,
 ``--cpu-autocast-bf16`` and ``--cpu-dropout-rng`` applied by :mod:`fairseq_hrt.tasks.cpu_training`
 and ``--quantize`` by :mod:`fairseq_hrt.tasks.deferred_quantization`.
 """
@@ -32,7 +33,7 @@ from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from fairseq_hrt import checkpoint_checks, chunking, compat
+from fairseq_hrt import checkpoint_checks, checkpoint_files, chunking
 from fairseq_hrt import shortlist as shortlists
 from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook
 from fairseq_hrt.criterions.hrt_loss import check_mode_matches_model
@@ -162,6 +163,10 @@ class HRTTranslationConfig(TranslationConfig):
     onnx_model: Optional[str] = task_field("onnx_model")
     max_update: int = II("optimization.max_update")
     seed: int = II("common.seed")
+    # the checkpoint fairseq-train restores, checked before it does (build_criterion)
+    save_dir: str = II("checkpoint.save_dir")
+    restore_file: str = II("checkpoint.restore_file")
+    finetune_from_model: Optional[str] = II("checkpoint.finetune_from_model")
 
 
 @register_task("hrt_translation", dataclass=HRTTranslationConfig)
@@ -200,7 +205,6 @@ class HRTTranslationTask(TranslationTask):
         self.interactive_lines_seen = 0  # line numbers in fairseq-interactive's warnings
         self.cpu_training = CpuTraining(cfg)
         self.deferred_quantization = DeferredQuantization(cfg)
-        compat.patch_interactive_reading()
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
@@ -278,6 +282,17 @@ class HRTTranslationTask(TranslationTask):
         checkpoint_checks.check_resumed_state(state, self.dictionary_fingerprint(), self._schedule(), self.cfg.data)
 
     # ------------------------------------------------------------ training
+
+    def build_criterion(self, cfg, from_checkpoint=False):
+        """fairseq's; fairseq-train builds the criterion just before it restores its checkpoint
+        (decoding builds none), so a truncated one is refused here with the --restore-file to
+        use instead of PyTorch's traceback (:mod:`fairseq_hrt.checkpoint_files`)."""
+        save_dir = getattr(self.cfg, "save_dir", None)
+        if save_dir is not None:
+            checkpoint_files.check_checkpoint_to_restore(
+                save_dir, self.cfg.restore_file, getattr(self.cfg, "finetune_from_model", None)
+            )
+        return super().build_criterion(cfg, from_checkpoint=from_checkpoint)
 
     def build_model(self, cfg, from_checkpoint=False):
         # the model's own configuration (a checkpoint's at decoding time) decides, not the

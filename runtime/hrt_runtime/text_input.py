@@ -1,5 +1,5 @@
 """One way to read input text, used by every entry point that reads sentences: from a file or
-stdin, ``fairseq-interactive`` (through :mod:`fairseq_hrt.compat`), ``hrt-translate``,
+stdin, ``fairseq-interactive`` (its lines, through the hrt_translation task), ``hrt-translate``,
 ``python -m fairseq_hrt.distill`` and the benchmark scripts; from Python, ``Translator.translate``
 and the hub's ``translate`` (:func:`repair_lines`). Standard library only: the deployed runtime
 (no PyTorch, no fairseq) and the plugin import this one module, so every entry point repairs a
