@@ -17,6 +17,7 @@ pass ``--fairseq-tests /tmp/fairseq-tests`` (the folder that holds ``tests/``).
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -197,6 +198,11 @@ def compare(results: list) -> dict:
     }
 
 
+def _plain(message: str) -> str:
+    """A message without its terminal colour codes."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", message).strip()
+
+
 def _count_line(c: dict) -> str:
     return ", ".join(f"{n} {outcome}" for outcome, n in c.items()) or "nothing ran"
 
@@ -214,6 +220,7 @@ def write_report(out: Path, report: dict) -> None:
         f"(files: {', '.join(report['files'])})"
         + "".join(f"; the {mode} outcomes are those of the run of `{path}`" for mode, path in report["reused"].items())
         + ".",
+        *(["", report["note"]] if report.get("note") else []),
         "",
         "| | " + " | ".join(MODES) + " |",
         "| --- | " + " | ".join("---" for _ in MODES) + " |",
@@ -227,20 +234,38 @@ def write_report(out: Path, report: dict) -> None:
     lines += ["", "## Tests whose outcome differs", ""]
     if not summary["differing"]:
         lines.append("None: every test has the same outcome stock and with the plugin.")
+    explained = {}
     for d in summary["differing"]:
-        why = d["explained_by"] or "**not explained by a listed fix**"
-        lines.append(f"* `{d['test']}`: stock {d['stock']}, plugin {d['plugin']}. {why}")
+        if d["explained_by"]:
+            explained.setdefault((d["explained_by"], d["stock"], d["plugin"]), []).append(d)
+            continue
+        lines.append(f"* `{d['test']}`: stock {d['stock']}, plugin {d['plugin']}: **not explained by a listed fix**")
         for mode in MODES:
             if d[f"{mode}_message"]:
-                lines.append(f"  * {mode}: `{d[f'{mode}_message']}`")
-    if before and before.get("differing"):
-        lines += ["", f"Before ({before['label']}), differing:", ""]
-        for d in before["differing"]:
-            why = d["explained_by"] or "not explained by a listed fix"
-            lines.append(f"* `{d['test']}`: stock {d['stock']}, plugin {d['plugin']} ({why})")
+                lines.append(f"  * {mode}: `{_plain(d[f'{mode}_message'])}`")
+    for (why, stock, plugin), tests in explained.items():
+        first_failure = _plain(tests[0]["stock_message"])
+        lines.append(
+            f"* {len(tests)} tests, stock {stock} and plugin {plugin}: {why}. Stock's failure: `{first_failure}`"
+        )
+        lines.append("  " + ", ".join(f"`{d['test'].removeprefix('tests/')}`" for d in tests))
+    if before:
+        changed = sorted(
+            t
+            for t in set(before["plugin_outcomes"]) | set(report["outcomes"]["plugin"])
+            if before["plugin_outcomes"].get(t, {}).get("outcome")
+            != report["outcomes"]["plugin"].get(t, {}).get("outcome")
+        )
+        lines += ["", f"## With the plugin: now against {before['label']}", ""]
+        if not changed:
+            lines.append("Every test has the same outcome.")
+        for t in changed:
+            was = before["plugin_outcomes"].get(t, {}).get("outcome", "not run")
+            now = report["outcomes"]["plugin"].get(t, {}).get("outcome", "not run")
+            lines.append(f"* `{t}`: {was} before, {now} now")
     lines += ["", "## Failing in both runs (fairseq 0.12 on this PyTorch/Python, not the plugin)", ""]
     for test in sorted(set(summary["failing"]["stock"]) & set(summary["failing"]["plugin"])):
-        lines.append(f"* `{test}`: `{summary['messages']['stock'][test]}`")
+        lines.append(f"* `{test}`: `{_plain(summary['messages']['stock'][test])}`")
     silent = [r for r in report["runs"] if r["output_tail"]]
     if silent:
         lines += ["", "## Runs that recorded no outcome or ran past the time limit", ""]
@@ -283,6 +308,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--before", type=Path, help="an earlier report.json whose counts the report shows too")
     parser.add_argument("--before-label", default="before", help="what --before was")
+    parser.add_argument("--note", default="", help="a paragraph for the report: how the runs were made")
     args = parser.parse_args(argv)
 
     plugin_path = ()
@@ -316,13 +342,18 @@ def main(argv=None) -> int:
         "files": args.files,
         "plugin_source": str(args.plugin_source or "installed"),
         "reused": reused,
+        "note": args.note,
         "summary": compare(runs),
         "outcomes": {m: {t: o for r in runs if r["mode"] == m for t, o in r["outcomes"].items()} for m in MODES},
         "runs": [{k: v for k, v in r.items() if k != "outcomes"} for r in runs],
     }
     if args.before:
         earlier = json.loads(args.before.read_text())
-        report["before"] = {"label": args.before_label, **earlier["summary"]}
+        report["before"] = {
+            "label": args.before_label,
+            **earlier["summary"],
+            "plugin_outcomes": earlier["outcomes"]["plugin"],
+        }
     write_report(args.out, report)
     summary = report["summary"]
     print(f"stock: {_count_line(summary['counts']['stock'])}; plugin: {_count_line(summary['counts']['plugin'])}")
