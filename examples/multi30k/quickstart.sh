@@ -137,7 +137,7 @@ else
 fi
 export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
 # glibc keeps freed big tensors in the heap instead of faulting them in again every step
-# (about 1.4x the updates a second; recipe.py's GLIBC_MALLOC_KEEP says why); yours win
+# (docs/training.md, "On a Linux CPU"); values you set win
 export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-4294967296}" \
     MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-17179869184}" \
     MALLOC_TOP_PAD_="${MALLOC_TOP_PAD_:-536870912}"
