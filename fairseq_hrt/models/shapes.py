@@ -10,7 +10,7 @@ SHAPES = {
     # CPU-sized deep-encoder/shallow-decoder shape for benchmarks on 2 cores
     "small": (256, 1024, 4, 6, 1),
     # the quickstart's shape (about 1.3M parameters with a 4k vocabulary): convergence
-    # studies on 2 CPU cores (examples/multi30k/study.py)
+    # studies on 2 CPU cores (docs/multi30k-studies.md)
     "mini": (128, 256, 2, 3, 1),
     # test-sized
     "tiny": (32, 64, 2, 2, 1),
