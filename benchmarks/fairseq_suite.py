@@ -341,7 +341,8 @@ def main(argv=None) -> int:
         "python_version": sys.version.split()[0],
         "files": args.files,
         "plugin_source": str(args.plugin_source or "installed"),
-        "reused": reused,
+        # named relative to this report's folder, as every report names its paths
+        "reused": {mode: os.path.relpath(path, args.out) for mode, path in reused.items()},
         "note": args.note,
         "summary": compare(runs),
         "outcomes": {m: {t: o for r in runs if r["mode"] == m for t, o in r["outcomes"].items()} for m in MODES},
