@@ -233,6 +233,26 @@ def test_distill_keeps_empty_lines_aligned(tiny_run, tmp_path):
         assert (tmp_path / "ort.de").read_text(encoding="utf-8") == hyp.read_text(encoding="utf-8")
 
 
+def benchmark_command(data: Path, out: Path):
+    """benchmarks/benchmark.py on the tiny recipe's test set and AT model (more options follow)."""
+    return [
+        sys.executable,
+        str(REPO / "benchmarks" / "benchmark.py"),
+        "--data",
+        str(data / "data-bin"),
+        "--spm",
+        str(data / "spm" / "spm.model"),
+        "--src",
+        str(data / "spm" / "test.en"),
+        "--raw-src",
+        str(data / "raw" / "test.en"),
+        "--raw-ref",
+        str(data / "raw" / "test.de"),
+        "--at",
+        str(out / "at" / "checkpoint_last.pt"),
+    ]
+
+
 @pytest.mark.slow
 def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(tiny_run, tmp_path):
     """COMET's real plumbing (a tiny random COMET model built offline, tests/comet_tiny.py):
@@ -246,21 +266,8 @@ def test_benchmark_reports_comet_with_a_local_model_and_skips_missing_systems(ti
     blind = tmp_path / "blind.en"
     blind.write_text("A dog runs.\n\nTwo men play football in the park.\n", encoding="utf-8")
     subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "benchmark.py"),
-            "--data",
-            str(data / "data-bin"),
-            "--spm",
-            str(data / "spm" / "spm.model"),
-            "--src",
-            str(data / "spm" / "test.en"),
-            "--raw-src",
-            str(data / "raw" / "test.en"),
-            "--raw-ref",
-            str(data / "raw" / "test.de"),
-            "--at",
-            str(out / "at" / "checkpoint_last.pt"),
+        benchmark_command(data, out)
+        + [
             "--max-sentences",
             "6",
             "--bs1-sentences",
@@ -466,21 +473,8 @@ def test_onnxruntime_rows_and_the_ctranslate2_vocabulary_map(tiny_run, tmp_path)
     bench = tmp_path / "bench"
     n_test = 6
     subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "benchmark.py"),
-            "--data",
-            str(data / "data-bin"),
-            "--spm",
-            str(data / "spm" / "spm.model"),
-            "--src",
-            str(data / "spm" / "test.en"),
-            "--raw-src",
-            str(data / "raw" / "test.en"),
-            "--raw-ref",
-            str(data / "raw" / "test.de"),
-            "--at",
-            str(out / "at" / "checkpoint_last.pt"),
+        benchmark_command(data, out)
+        + [
             "--hrt",
             str(out / "hrt" / "checkpoint_last.pt"),
             "--at-beams",
