@@ -1,7 +1,8 @@
 """The commands of README.md, docs/*.md and the examples' READMEs, as written: every
 option a command line of a ```bash block gives is one that command's ``--help`` lists (for
 fairseq's commands, with the task, arch and criterion that line names), and every program
-it runs exists."""
+it runs exists. A ``torchrun`` line is two commands: torchrun's own options, checked against
+torchrun's help, and the program it starts (with the options a ``sh -c`` wrapper appends)."""
 
 import re
 import shlex
@@ -33,6 +34,9 @@ RUNPY = "import runpy, sys; runpy.run_module(sys.argv.pop(1), run_name='__main__
 # the options of a fairseq command line that add other options
 SELECTING = ("--task", "--arch", "--criterion", "--optimizer", "--lr-scheduler", "--bpe", "--tokenizer", "--scoring")
 OPTION = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)")
+# torchrun spells its options with hyphens and underscores alike (--nproc_per_node)
+TORCHRUN_OPTION = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9_-]*)")
+TORCHRUN_FLAGS = {"--no-python", "--no_python", "--standalone", "-m", "--module", "--run-path", "--run_path"}
 
 
 def doc_commands():
@@ -48,18 +52,42 @@ def doc_commands():
                         yield name, part.strip()
 
 
-def program_and_args(command: str):
-    """The program a command line runs (``fairseq-train``, ``python -m M``, ``python FILE``,
-    ``bash FILE``, ``FILE.sh``) and its arguments; ``None`` for other lines (pip, cd, ...)."""
-    command = re.sub(r"\$\([^)]*\)", "X", command)  # $(which fairseq-train)
+def command_words(command: str):
+    """The words of a command line, without the ``VAR=value`` words before its program;
+    ``None`` when the shell would not parse it."""
+    command = re.sub(r"\$\(which ([\w.-]+)\)", r"\1", command)  # torchrun $(which fairseq-train)
+    command = re.sub(r"\$\([^)]*\)", "X", command)
     try:
         words = shlex.split(command)
     except ValueError:
         return None
     while words and re.match(r"^[A-Z_]+=", words[0]):  # VAR=value before the program
         words = words[1:]
-    if words[:1] == ["torchrun"]:
-        return None  # README's torchrun line is prose; tests/test_training.py runs it
+    return words
+
+
+def split_torchrun(words):
+    """``(torchrun's own arguments, the command it starts)`` of a torchrun line. The command of
+    ``--no-python sh -c 'exec "$@" OPTIONS' sh PROGRAM ARGS`` (docs/compatibility.md's ranks on
+    fairseq's command line) is ``PROGRAM ARGS OPTIONS``."""
+    i = 1
+    while i < len(words) and words[i].startswith("-"):
+        i += 1 if "=" in words[i] or words[i] in TORCHRUN_FLAGS else 2
+    own, started = words[1:i], words[i:]
+    if started[:2] == ["sh", "-c"] and len(started) > 4:
+        script = shlex.split(started[2])
+        appended = script[script.index("$@") + 1 :] if "$@" in script else []
+        started = started[4:] + appended
+    return own, started
+
+
+def program_and_args(command: str):
+    """The program a command line runs (``fairseq-train``, ``python -m M``, ``python FILE``,
+    ``bash FILE``, ``FILE.sh``; through ``torchrun``, the program torchrun starts) and its
+    arguments; ``None`` for other lines (pip, cd, ...)."""
+    words = command_words(command)
+    if words and words[0] == "torchrun":
+        words = split_torchrun(words)[1]
     if not words:
         return None
     if words[0] in ("python", "python3", ".venv/bin/python") and len(words) > 1:
@@ -102,9 +130,22 @@ def help_text(program, args) -> str:
     return done.stdout + done.stderr
 
 
+def torchrun_help() -> set:
+    return set(TORCHRUN_OPTION.findall(run_cli(["-c", RUNPY, "torch.distributed.run", "--help"]).stdout))
+
+
 def test_every_documented_command_line_uses_options_its_help_lists():
     helps, checked, wrong = {}, 0, []
     for doc, command in doc_commands():
+        words = command_words(command)
+        if words and words[0] == "torchrun":
+            if "torchrun" not in helps:
+                helps["torchrun"] = torchrun_help()
+            own = {a.split("=", 1)[0] for a in split_torchrun(words)[0] if a.startswith("--")}
+            if own - helps["torchrun"]:
+                wrong.append(
+                    f"{doc}: {command}\n    not in torchrun's --help: {', '.join(sorted(own - helps['torchrun']))}"
+                )
         found = program_and_args(command)
         if found is None or found[0] == ("module", "pytest"):
             continue
@@ -124,6 +165,27 @@ def test_every_documented_command_line_uses_options_its_help_lists():
 @pytest.mark.parametrize("line", [r"fairseq-train d --arch a \ ", "python -m fairseq_hrt.distill --x 1"])
 def test_the_command_parser(line):
     assert program_and_args(line.rstrip("\\ "))[1][-1] in ("a", "1")
+
+
+@pytest.mark.parametrize(
+    "line, own, started",
+    [
+        (
+            "torchrun --nproc_per_node 8 --nnodes=2 --no-python $(which fairseq-train) d --arch a",
+            ["--nproc_per_node", "8", "--nnodes=2", "--no-python"],
+            ["fairseq-train", "d", "--arch", "a"],
+        ),
+        (
+            "OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 --no-python sh -c "
+            '\'exec "$@" --distributed-rank "$RANK" --distributed-no-spawn\' sh fairseq-train d --cpu',
+            ["--nproc_per_node", "2", "--no-python"],
+            ["fairseq-train", "d", "--cpu", "--distributed-rank", "$RANK", "--distributed-no-spawn"],
+        ),
+    ],
+)
+def test_a_torchrun_line_is_torchruns_options_and_the_command_it_starts(line, own, started):
+    assert split_torchrun(command_words(line)) == (own, started)
+    assert program_and_args(line) == (("program", "fairseq-train"), started[1:])
 
 
 def test_the_quickstarts_variable_table_gives_the_scripts_defaults():
