@@ -1,0 +1,640 @@
+#!/usr/bin/env python
+"""The papers' WMT set-ups, one command: teacher -> sharded distillation -> AT, HRT and
+Mask-Predict students on MixDistill data -> averaging -> evaluation -> benchmark -> export.
+
+    python examples/wmt/recipe.py --setup wmt16_en_ro --work work/wmt16_en_ro [--gpus 8]
+    python examples/wmt/recipe.py --setup wmt16_en_ro --work /tmp/slice --slice   # CPU, minutes
+    python examples/wmt/recipe.py --setup wmt22_e12d1 --work W --print-commands   # nothing runs
+
+Steps, in order (``--steps a,b`` runs some of them; each needs the outputs of those before it):
+
+ download     download.py: the raw parallel text (--slice: a slice of shared/data's newstest files)
+ prepare      prepare.py: joint SentencePiece BPE model, every split encoded
+ binarize     fairseq-preprocess --joined-dictionary
+ teacher      fairseq-train: the AT teacher on the raw data
+ distill      python -m fairseq_hrt.distill, one shard per GPU (--num-shards/--shard-id)
+ merge        python -m fairseq_hrt.distill --merge: the shards in source order
+ distill_bin  fairseq-preprocess of the distilled targets with the raw data's dictionary
+ at_student   fairseq-train: the AT student (MixDistill, --p-raw)
+ hrt          fairseq-train: one HRT model per chunk size k, fine-tuned from the AT student
+ mp           fairseq-train: Mask-Predict fine-tuned from the AT student (the HRT paper's set-ups)
+ average      python -m fairseq_hrt.average_checkpoints: the last N interval checkpoints
+ evaluate     fairseq-generate of the test set + python -m fairseq_hrt.evaluate per model
+ benchmark    benchmarks/benchmark.py at batch 1, 8 and 128: words/s, speed-up vs AT greedy
+ export       fairseq-hrt-export of the students (ONNX Runtime)
+
+The settings are the papers' (setups.py cites each); ``--slice`` swaps in tiny models and budgets.
+A finished step leaves WORK/markers/<step>.done (its commands) and is skipped when the recipe
+runs again; a step of several jobs (shards, one model per k) keeps one marker per job in
+WORK/markers/<step>/, so a rerun does only what is missing. Logs: WORK/logs/<job>.log. At the
+end WORK/results.md and WORK/results.json hold the table.
+
+Jobs go through submitit (WORK/submitit): ``--launcher local`` (a subprocess per job),
+``debug`` (in this process) or ``slurm`` (sbatch; a training job gets ``--nodes`` x ``--gpus``
+tasks, one per GPU, and fairseq reads SLURM's variables with --distributed-port). Locally on
+several GPUs training runs under torchrun; ``--update-freq`` reaches the paper's tokens per
+update on fewer GPUs (printed: paper tokens / (GPUs x max-tokens), rounded up).
+"""
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import submitit
+import torch
+
+SCRIPT_DIR = Path(__file__).resolve().parent
+REPO = SCRIPT_DIR.parents[1]
+sys.path.insert(0, str(SCRIPT_DIR))
+from setups import SETUPS, Setup, Training, slice_of  # noqa: E402
+
+# the Multi30k recipe's environment for long CPU runs (docs/training.md, "On a Linux CPU")
+_spec = importlib.util.spec_from_file_location("multi30k_recipe", REPO / "examples" / "multi30k" / "recipe.py")
+_multi30k = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_multi30k)
+GLIBC_KEEP_FREED_MEMORY = _multi30k.GLIBC_KEEP_FREED_MEMORY
+log = _multi30k.log
+
+STEPS = (
+    "download prepare binarize teacher distill merge distill_bin at_student hrt mp average evaluate benchmark export"
+).split()
+SHARED_DATA = REPO.parent / "shared" / "data"
+BENCH_BATCH_SIZES = (1, 8, 128)
+SLICE_SHARDS = 2  # --slice distills in two shards and merges them, as N GPUs would
+DISTRIBUTED_PORT = 29671  # fairseq's SLURM rendezvous (any free port of the first node)
+
+
+class StepOrderError(Exception):
+    """A step whose inputs are missing: the message names the step to run first."""
+
+
+@dataclass
+class Job:
+    label: str  # its log and marker name
+    command: str  # one shell command line
+    train: bool = False  # a fairseq-train: the step's nodes x GPUs, distributed
+    gpu: Optional[int] = None  # a single-GPU job pinned to this GPU (distillation shards, locally)
+
+
+@dataclass
+class Step:
+    name: str
+    jobs: List[Job]
+    needs: List[Tuple[Path, str]] = field(default_factory=list)  # (input, the step that makes it)
+    parallel: bool = False  # jobs run at the same time (the distillation shards)
+    skip_reason: str = ""  # why this set-up has no such step
+
+
+def sh(words: Sequence) -> str:
+    return shlex.join(str(w) for w in words)
+
+
+def update_freq(training: Training, gpus: int) -> int:
+    """--update-freq that reaches the paper's tokens per update on ``gpus`` devices."""
+    return max(1, math.ceil(training.tokens_per_update / (max(1, gpus) * training.max_tokens)))
+
+
+def run_job(command: str, log_path: str, cwd: str, env: Dict[str, str]) -> str:
+    """Runs one job's shell command (in a submitit job, or in this process for ``debug``),
+    its output appended to ``log_path``; raises with the log's end when it fails."""
+    with open(log_path, "a") as log_file:
+        log_file.write(f"$ {command}\n")
+        log_file.flush()
+        rc = subprocess.run(
+            ["bash", "-c", command], cwd=cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT
+        ).returncode
+    if rc != 0:
+        tail = "".join(Path(log_path).read_text(errors="replace").splitlines(keepends=True)[-25:])
+        raise RuntimeError(f"exit {rc}; the end of {log_path}:\n{tail}")
+    return log_path
+
+
+class Recipe:
+    def __init__(self, args):
+        self.args = args
+        self.setup: Setup = slice_of(SETUPS[args.setup]) if args.slice else SETUPS[args.setup]
+        self.work = Path(args.work)
+        self.cwd = os.getcwd()
+        self.gpus = args.gpus
+        self.nodes = args.nodes
+        self.total_gpus = self.gpus * self.nodes
+        self.cpu = args.slice or self.gpus == 0
+        self.threads = args.threads
+        self.shards = SLICE_SHARDS if args.slice else max(1, self.total_gpus)
+        s = self.setup
+        self.data = self.work / "data"
+        self.data_bin = self.work / "data-bin"
+        self.raw = self.work / "download" / s.name / "raw"
+        self.distill_out = self.work / "distill" / f"train.{s.tgt}"
+        self.markers = self.work / "markers"
+        self.logs = self.work / "logs"
+
+    # ------------------------------------------------------------------ paths and options
+
+    def path(self, p) -> str:
+        """A path of a command: relative to the current directory where it lies below it (the
+        commands the README shows), absolute otherwise."""
+        p = Path(p)
+        absolute = p if p.is_absolute() else Path(self.cwd) / p
+        try:
+            return str(absolute.relative_to(self.cwd))
+        except ValueError:
+            return str(absolute)
+
+    def model_dir(self, name: str) -> Path:
+        return self.work / name
+
+    def last(self, name: str) -> Path:
+        return self.model_dir(name) / "checkpoint_last.pt"
+
+    def averaged(self, name: str) -> Path:
+        return self.model_dir(name) / "checkpoint_avg.pt"
+
+    def students(self) -> List[str]:
+        """The models averaged, evaluated and exported: AT, HRT per k, Mask-Predict."""
+        names = ["at"] + [f"hrt-k{k}" for k in self.setup.hrt_chunk_sizes]
+        return names + (["mp"] if self.setup.mp_student else [])
+
+    def device_words(self) -> List[str]:
+        if self.cpu:
+            return ["--cpu"]
+        return ["--fp16"] if self.args.fp16 else []
+
+    def update_freq_for(self, training: Training) -> int:
+        return self.args.update_freq or update_freq(training, self.total_gpus)
+
+    def update_freq_note(self, training: Training) -> str:
+        u = self.update_freq_for(training)
+        if self.args.update_freq:
+            return f"--update-freq {u} (given)"
+        return (
+            f"--update-freq {u} = {training.tokens_per_update} tokens per update (paper) / "
+            f"({max(1, self.total_gpus)} GPU(s) x {training.max_tokens} max-tokens), rounded up: "
+            f"{u * max(1, self.total_gpus) * training.max_tokens} tokens per update"
+        )
+
+    def train_launcher(self) -> List[str]:
+        """The program of a training job: torchrun over the local GPUs, or fairseq-train (one per
+        SLURM task, or alone)."""
+        if self.args.launcher != "slurm" and self.gpus > 1:
+            return ["torchrun", "--nproc-per-node", self.gpus, "-m", "fairseq_cli.train"]
+        return ["fairseq-train"]
+
+    def train(self, name: str, training: Training, extra: Sequence) -> Job:
+        s = self.setup
+        words = [
+            *self.train_launcher(), self.path(self.data_bin), "--user-dir", self.path(REPO / "fairseq_hrt"),
+            "--task", "hrt_translation", "--source-lang", s.src, "--target-lang", s.tgt,
+            "--arch", training.arch, *training.extra, "--share-all-embeddings",
+            "--criterion", "hrt_loss", "--label-smoothing", s.label_smoothing,
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
+            "--lr", training.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", training.warmup,
+            "--warmup-init-lr", "1e-07", "--dropout", training.dropout, "--weight-decay", "0.0",
+            "--max-tokens", training.max_tokens, "--update-freq", self.update_freq_for(training),
+            "--max-update", training.max_update, "--save-dir", self.path(self.model_dir(name)),
+            "--save-interval-updates", s.save_interval_updates, "--keep-interval-updates", s.average_last,
+            "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", s.log_interval,
+            "--seed", self.args.seed, *extra, *self.device_words(),
+        ]  # fmt: skip
+        if self.args.slice:
+            # the slice's valid set is tiny and its numbers mean nothing: no validation passes
+            words += ["--disable-validation", "--num-workers", "0"]
+        if self.args.launcher == "slurm" and self.total_gpus > 1:
+            words += ["--distributed-port", DISTRIBUTED_PORT]
+        return Job(name, sh(words), train=True)
+
+    def mix_distill(self) -> List:
+        return ["--distill-data", self.path(self.work / "distill-bin"), "--p-raw", self.setup.p_raw]
+
+    # ------------------------------------------------------------------ the steps
+
+    def step(self, name: str) -> Step:
+        s, p = self.setup, self.path
+        dict_src = self.data_bin / f"dict.{s.src}.txt"
+        if name == "download":
+            if self.args.slice:
+                words = ["python", p(SCRIPT_DIR / "make_slice.py"), "--setup", s.name, "--data", p(self.args.data)]
+                words += ["--dest", p(self.work / "download")]
+                words += ["--train-lines", self.args.slice_train_lines] if self.args.slice_train_lines else []
+            else:
+                words = ["python", p(SCRIPT_DIR / "download.py"), "--setup", s.download_setup]
+                words += ["--dest", p(self.work / "download")]
+            return Step(name, [Job(name, sh(words))])
+        if name == "prepare":
+            words = ["python", p(SCRIPT_DIR / "prepare.py"), "--raw", p(self.raw), "--out", p(self.data)]
+            words += ["--src", s.src, "--tgt", s.tgt, "--vocab-size", s.vocab_size, "--threads", self.threads]
+            return Step(name, [Job(name, sh(words))], [(self.raw / f"train.{s.src}", "download")])
+        if name == "binarize":
+            spm = self.data / "spm"
+            words = [
+                "fairseq-preprocess", "--source-lang", s.src, "--target-lang", s.tgt, "--joined-dictionary",
+                "--trainpref", p(spm / "train"), "--validpref", p(spm / "valid"), "--testpref", p(spm / "test"),
+                "--destdir", p(self.data_bin), "--workers", self.threads,
+            ]  # fmt: skip
+            return Step(name, [Job(name, sh(words))], [(spm / f"train.{s.tgt}", "prepare")])
+        if name == "teacher":
+            job = self.train("teacher", s.teacher, ["--hrt-mode", "at"])
+            return Step(name, [job], [(dict_src, "binarize")])
+        if name == "distill":
+            jobs = []
+            for shard in range(self.shards):
+                words = [
+                    "python", "-m", "fairseq_hrt.distill", "--data", p(self.data_bin),
+                    "--path", p(self.last("teacher")), "--src", p(self.data / "spm" / f"train.{s.src}"),
+                    "--out", p(self.distill_out), "--beam", s.distill_beam, "--nbest", 1,
+                    "--max-len-a", "1.2", "--max-len-b", "10", "--max-tokens", 4096 if self.cpu else 16384,
+                    "--num-shards", self.shards, "--shard-id", shard, "--threads", 1 if self.cpu else 0,
+                    *self.device_words(),
+                ]  # fmt: skip
+                gpu = shard if (not self.cpu and self.args.launcher != "slurm") else None
+                jobs.append(Job(f"distill-shard-{shard}", sh(words), gpu=gpu))
+            return Step(name, jobs, [(self.last("teacher"), "teacher")], parallel=True)
+        if name == "merge":
+            words = ["python", "-m", "fairseq_hrt.distill", "--merge", "--out", p(self.distill_out)]
+            words += ["--num-shards", self.shards]
+            first_shard = Path(f"{self.distill_out}.shard-0-of-{self.shards}")
+            return Step(name, [Job(name, sh(words))], [(first_shard, "distill")])
+        if name == "distill_bin":
+            # fairseq-preprocess reads the source beside the distilled target: a link to the pieces
+            link = self.work / "distill" / f"train.{s.src}"
+            words = [
+                "fairseq-preprocess", "--source-lang", s.src, "--target-lang", s.tgt,
+                "--trainpref", p(self.work / "distill" / "train"), "--srcdict", p(dict_src),
+                "--tgtdict", p(dict_src), "--destdir", p(self.work / "distill-bin"), "--workers", self.threads,
+            ]  # fmt: skip
+            command = f"ln -sfn ../data/spm/train.{s.src} {shlex.quote(p(link))} && {sh(words)}"
+            return Step(name, [Job(name, command)], [(self.distill_out, "merge"), (dict_src, "binarize")])
+        if name == "at_student":
+            job = self.train("at", s.at, ["--hrt-mode", "at", *self.mix_distill()])
+            return Step(name, [job], [(self.work / "distill-bin" / f"dict.{s.tgt}.txt", "distill_bin")])
+        if name == "hrt":
+            jobs = []
+            for k in s.hrt_chunk_sizes:
+                # the curriculum (p_k from 0 to 1 over --max-update) and fine-tuning from AT: [HRT] Sec. 4
+                extra = ["--hrt-mode", "hrt", "--chunk-sizes", k, "--finetune-from-model", p(self.last("at"))]
+                jobs.append(self.train(f"hrt-k{k}", s.hrt, extra + self.mix_distill()))
+            return Step(name, jobs, [(self.last("at"), "at_student")])
+        if name == "mp":
+            if not s.mp_student:
+                return Step(name, [], skip_reason=f"{s.name}'s paper trains no Mask-Predict student")
+            extra = ["--hrt-mode", "cmlm", "--finetune-from-model", p(self.last("at")), *self.mix_distill()]
+            return Step(name, [self.train("mp", s.mp, extra)], [(self.last("at"), "at_student")])
+        if name == "average":
+            jobs = []
+            for model in self.students():
+                words = [
+                    "python", "-m", "fairseq_hrt.average_checkpoints", "--inputs", p(self.model_dir(model)),
+                    "--num-update-checkpoints", s.average_last, "--output", p(self.averaged(model)),
+                ]  # fmt: skip
+                jobs.append(Job(f"average-{model}", sh(words)))
+            return Step(name, jobs, [(self.last(m), self.maker(m)) for m in self.students()])
+        needs = [(self.averaged(m), "average") for m in self.students()]
+        if name == "evaluate":
+            rows = [("teacher", self.last("teacher"), ["--beam", s.distill_beam])]
+            rows.append(("at-greedy", self.averaged("at"), ["--beam", 1]))
+            if s.at_beam > 1:
+                rows.append((f"at-beam{s.at_beam}", self.averaged("at"), ["--beam", s.at_beam]))
+            for k in s.hrt_chunk_sizes:
+                rows.append((f"hrt-k{k}", self.averaged(f"hrt-k{k}"), ["--decode-chunk-size", k, "--beam", s.hrt_beam]))
+                rows[-1][2].extend(["--b-nat", 1])
+            if s.mp_student:
+                mp = ["--iter-decode-max-iter", s.mp_iterations, "--iter-decode-with-beam", s.mp_length_beam]
+                rows.append((f"mp-i{s.mp_iterations}", self.averaged("mp"), mp))
+            return Step(
+                name,
+                [Job(f"evaluate-{row}", self.evaluate_command(row, ckpt, opts)) for row, ckpt, opts in rows],
+                needs,
+            )
+        if name == "benchmark":
+            jobs = []
+            for i, k in enumerate(s.hrt_chunk_sizes):
+                words = [
+                    "python", p(REPO / "benchmarks" / "benchmark.py"), "--data", p(self.data_bin),
+                    "--spm", p(self.data / "spm" / "spm.model"), "--src", p(self.data / "spm" / f"test.{s.src}"),
+                    "--raw-src", p(self.data / "raw" / f"test.{s.src}"),
+                    "--raw-ref", p(self.data / "raw" / f"test.{s.tgt}"),
+                    "--at", p(self.averaged("at")), "--at-beams", "1", "--hrt", p(self.averaged(f"hrt-k{k}")),
+                    "--hrt-chunk-sizes", k, "--hrt-beams", f"{s.hrt_beam}/1", "--hrt-at-mode", "no",
+                    "--engines", "lean", "--ctranslate2", "no", "--int8", "no", "--lenpen", s.lenpen,
+                    "--batch-sizes", ",".join(map(str, BENCH_BATCH_SIZES)),
+                    "--bs1-sentences", s.bench_bs1_sentences, "--max-sentences", s.bench_sentences,
+                    "--threads", self.threads, "--out-dir", p(self.work / "benchmark" / f"k{k}"),
+                ]  # fmt: skip
+                if i == 0 and s.mp_student:  # Mask-Predict once, beside the first k
+                    words += ["--mp", p(self.averaged("mp")), "--mp-iterations", s.mp_iterations]
+                    words += ["--mp-length-beam", s.mp_length_beam]
+                words += ["--cpu"] if self.cpu else (["--fp16"] if self.args.fp16 else [])
+                jobs.append(Job(f"benchmark-k{k}", sh(words)))
+            return Step(name, jobs, needs)
+        assert name == "export", name
+        jobs = []
+        for model in self.students():
+            words = ["fairseq-hrt-export", p(self.averaged(model)), p(self.work / "export" / model)]
+            words += ["--data", p(self.data_bin), "--sentencepiece-model", p(self.data / "spm" / "spm.model")]
+            jobs.append(Job(f"export-{model}", sh(words)))
+        return Step(name, jobs, needs)
+
+    def maker(self, model: str) -> str:
+        return {"at": "at_student", "mp": "mp"}.get(model, "hrt")
+
+    def evaluate_command(self, row: str, checkpoint: Path, options: List) -> str:
+        """fairseq-generate of the test set, its detokenized hypotheses in source order, and
+        the paper's metrics of them (python -m fairseq_hrt.evaluate)."""
+        s, p = self.setup, self.path
+        out = self.work / "evaluate"
+        gen, hyp = p(out / f"{row}.gen"), p(out / f"{row}.{s.tgt}")
+        words = [
+            "fairseq-generate", p(self.data_bin), "--user-dir", p(REPO / "fairseq_hrt"), "--task", "hrt_translation",
+            "--source-lang", s.src, "--target-lang", s.tgt, "--gen-subset", "test", "--path", p(checkpoint),
+            *options, "--lenpen", s.lenpen, "--max-tokens", 4096 if self.cpu else 16384,
+            "--post-process", "sentencepiece", *self.device_words(),
+        ]  # fmt: skip
+        evaluate = [
+            "python", "-m", "fairseq_hrt.evaluate", "--hyp", hyp, "--ref", p(self.data / "raw" / f"test.{s.tgt}"),
+            "--src", p(self.data / "raw" / f"test.{s.src}"), "--target-lang", s.tgt,
+            *(["--compound-split"] if s.compound_split else []), "--json", p(out / f"{row}.json"),
+        ]  # fmt: skip
+        return (
+            f"mkdir -p {shlex.quote(p(out))} && {sh(words)} > {shlex.quote(gen)} && "
+            f"grep ^D- {shlex.quote(gen)} | sed 's/^D-//' | sort -n -k1,1 | cut -f3 > {shlex.quote(hyp)} && "
+            f"{sh(evaluate)}"
+        )
+
+    # ------------------------------------------------------------------ running
+
+    def env(self) -> Dict[str, str]:
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
+        # `python` and fairseq's console scripts of the commands: those of this interpreter
+        env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), env.get("PYTHONPATH", "")) if x)
+        for key, value in GLIBC_KEEP_FREED_MEMORY.items():
+            env.setdefault(key, value)
+        return env
+
+    def executor(self, step: Step, job: Job):
+        executor = submitit.AutoExecutor(folder=str(self.work / "submitit" / step.name), cluster=self.args.launcher)
+        params = dict(timeout_min=self.args.timeout_min, name=f"{self.setup.name}-{job.label}")
+        if self.args.launcher == "slurm":
+            gpus = self.gpus if job.train else (1 if self.gpus else 0)
+            params.update(
+                nodes=self.nodes if job.train else 1, gpus_per_node=gpus,
+                tasks_per_node=max(1, gpus) if job.train else 1, cpus_per_task=self.threads,
+            )  # fmt: skip
+            if self.args.partition:
+                params["slurm_partition"] = self.args.partition
+        executor.update_parameters(**params)
+        return executor
+
+    def check_inputs(self, step: Step):
+        for path, maker in step.needs:
+            if not Path(path).exists():
+                raise StepOrderError(
+                    f"[recipe] step {step.name} needs {self.path(path)}, which step {maker} makes: "
+                    f"run --steps {maker} first"
+                )
+
+    def run_step(self, step: Step):
+        tag = f"step {STEPS.index(step.name) + 1}/{len(STEPS)} {step.name}"
+        marker = self.markers / f"{step.name}.done"
+        if step.skip_reason:
+            log(f"{tag}: none ({step.skip_reason})")
+            return
+        if marker.exists():
+            log(f"{tag}: skipped, done earlier ({self.path(marker)})")
+            return
+        self.check_inputs(step)
+        (self.markers / step.name).mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        todo = [j for j in step.jobs if not (self.markers / step.name / f"{j.label}.done").exists()]
+        if len(todo) < len(step.jobs):
+            log(f"{tag}: {len(step.jobs) - len(todo)} of {len(step.jobs)} job(s) done earlier")
+        for job in step.jobs:
+            if job.train and job in todo:
+                log(f"{tag}: {job.label}: {self.update_freq_note(self.training_of(job.label))}")
+        started = time.time()
+        if step.parallel:
+            self.wait([(job, self.submit(step, job)) for job in todo], tag)
+        else:
+            for job in todo:
+                self.wait([(job, self.submit(step, job))], tag)
+        marker.write_text("\n".join(j.command for j in step.jobs) + "\n")
+        log(f"{tag}: done in {time.time() - started:.0f} s")
+
+    def training_of(self, label: str) -> Training:
+        s = self.setup
+        return {"teacher": s.teacher, "at": s.at, "mp": s.mp}.get(label, s.hrt)
+
+    def submit(self, step: Step, job: Job):
+        env = self.env()
+        if job.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(job.gpu)
+        log_path = str((self.logs / f"{job.label}.log").resolve())
+        log(f"step {step.name}: {job.label} ({self.args.launcher} launcher), log in {self.path(log_path)}")
+        return self.executor(step, job).submit(run_job, job.command, log_path, self.cwd, env)
+
+    def wait(self, submitted, tag: str):
+        failed = []
+        for job, handle in submitted:
+            try:
+                handle.result()
+            except Exception as e:  # submitit wraps the job's exception; its message has the log's end
+                failed.append(f"{job.label}: {e}")
+                continue
+            (self.markers / tag.split()[-1] / f"{job.label}.done").write_text(job.command + "\n")
+        if failed:
+            sys.exit(f"[recipe] {tag} failed; run the same command again to redo what failed:\n" + "\n".join(failed))
+
+    def selected_steps(self) -> List[str]:
+        return self.args.steps.split(",") if self.args.steps else STEPS
+
+    def print_commands(self):
+        s = self.setup
+        print(f"# {s.name}: {s.paper}")
+        print(f"# {'slice of ' + s.slice_data if self.args.slice else 'full scale'}; launcher {self.args.launcher}, "
+              f"{self.nodes} node(s) x {self.gpus} GPU(s)")  # fmt: skip
+        for name in self.selected_steps():
+            step = self.step(name)
+            print(f"\n# step {STEPS.index(name) + 1}/{len(STEPS)}: {name}")
+            if step.skip_reason:
+                print(f"# none: {step.skip_reason}")
+            for job in step.jobs:
+                if job.train:
+                    print(f"# {self.update_freq_note(self.training_of(job.label))}")
+                print(job.command)
+
+    def run(self):
+        started = time.time()
+        log(f"{self.setup.name}{' (slice)' if self.args.slice else ''}: work folder {self.path(self.work)}")
+        for name in self.selected_steps():
+            self.run_step(self.step(name))
+        if all((self.markers / f"{n}.done").exists() for n in ("evaluate", "benchmark")):
+            table = write_results(self, time.time() - started)
+            print(table)
+
+
+# --------------------------------------------------------------------------- results
+
+
+def _number(record: dict, *patterns: str) -> Optional[float]:
+    """The first number of ``record`` (nested dicts flattened) whose key matches a pattern."""
+    flat = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[prefix.lower()] = float(value)
+
+    walk("", record)
+    for pattern in patterns:
+        for key, value in flat.items():
+            if re.search(pattern, key):
+                return value
+    return None
+
+
+def benchmark_rows(recipe: Recipe) -> Dict[str, dict]:
+    """{evaluate row: {batch size: (words/s, ratio to AT greedy)}} from the benchmark reports."""
+    s = recipe.setup
+    speeds = {}
+    for k in s.hrt_chunk_sizes:
+        report = json.loads((recipe.work / "benchmark" / f"k{k}" / "report.json").read_text())
+        for system in report["systems"]:
+            name = system["name"]
+            if name == "AT greedy":
+                row = "at-greedy"
+            elif name.startswith("HRT") and "AT-mode" not in name and "[" not in name:
+                row = f"hrt-k{k}"
+            elif name.startswith("MP") or "Mask-Predict" in name:
+                row = f"mp-i{s.mp_iterations}"
+            else:
+                continue
+            speed = {b: (v["words_per_second"], v.get("ratio_vs_baseline")) for b, v in system["speed"].items()}
+            speeds.setdefault(row, speed)
+    return speeds
+
+
+def write_results(recipe: Recipe, seconds: float) -> str:
+    s = recipe.setup
+    speeds = benchmark_rows(recipe)
+    rows = []
+    for path in sorted((recipe.work / "evaluate").glob("*.json")):
+        metrics = json.loads(path.read_text())
+        row = path.stem
+        rows.append(
+            dict(
+                model=row,
+                sacrebleu=_number(metrics, r"sacrebleu.*score$", r"^bleu.*score$", r"sacrebleu", r"^bleu$"),
+                tokenized_bleu=_number(metrics, r"tokeni[sz]ed.*bleu.*score$", r"tokeni[sz]ed.*bleu", r"tok.*bleu"),
+                chrf=_number(metrics, r"chrf.*score$", r"chrf"),
+                comet=_number(metrics, r"comet.*score$", r"^comet$"),
+                words_per_second={
+                    str(b): (speeds.get(row, {}).get(str(b)) or (None, None))[0] for b in BENCH_BATCH_SIZES
+                },
+                speedup_vs_at_greedy={
+                    str(b): (speeds.get(row, {}).get(str(b)) or (None, None))[1] for b in BENCH_BATCH_SIZES
+                },
+            )
+        )
+    order = ["teacher", "at-greedy"]
+    rows.sort(key=lambda r: (order.index(r["model"]) if r["model"] in order else len(order), r["model"]))
+    results = dict(
+        setup=s.name, slice=recipe.args.slice, paper=s.paper, seconds=round(seconds, 1), rows=rows,
+        data=(f"slice of shared/data/{s.slice_data}: " + ", ".join(
+            f"{split} = {src}.* lines {a + 1}-{b}" for split, (src, a, b) in s.slice_splits.items()
+        )) if recipe.args.slice else f"download.py --setup {s.download_setup}",
+    )  # fmt: skip
+
+    def cell(x, fmt="{:.2f}"):
+        return "n/a" if x is None else fmt.format(x)
+
+    lines = [
+        f"# {s.name}{' (slice)' if recipe.args.slice else ''}: {s.paper}",
+        "",
+        f"Data: {results['data']}. Subwords: joint SentencePiece BPE ({s.vocab_size} pieces) in place of "
+        "the paper's Moses tokenization + BPE." + (" Tiny models and tens of updates: the BLEU of a slice "
+        "is near 0 by design, the run shows the path." if recipe.args.slice else ""),
+        "",
+        "| model | sacreBLEU | tokenized BLEU | chrF | COMET | words/s bs=1 | bs=8 | bs=128 "
+        "| speed-up vs AT greedy (1/8/128) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for r in rows:
+        wps = [cell(r["words_per_second"][str(b)], "{:.1f}") for b in BENCH_BATCH_SIZES]
+        ratio = "/".join(cell(r["speedup_vs_at_greedy"][str(b)]) for b in BENCH_BATCH_SIZES)
+        lines.append(
+            f"| {r['model']} | {cell(r['sacrebleu'])} | {cell(r['tokenized_bleu'])} | {cell(r['chrf'])} | "
+            f"{cell(r['comet'], '{:.4f}')} | {' | '.join(wps)} | {ratio} |"
+        )
+    lines += ["", f"The whole run of this command: {seconds:.0f} s."]
+    table = "\n".join(lines) + "\n"
+    (recipe.work / "results.md").write_text(table)
+    (recipe.work / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    return table
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--setup", choices=sorted(SETUPS), required=True)
+    p.add_argument("--work", required=True, help="the work folder: data, models, markers, logs, results.md")
+    p.add_argument("--slice", action="store_true", help="every step on CPU on a slice of shared/data, tiny models")
+    p.add_argument("--steps", help=f"comma-separated steps to run (default: all): {','.join(STEPS)}")
+    p.add_argument("--launcher", choices=("local", "slurm", "debug"), default="local", help="submitit's executor")
+    p.add_argument("--gpus", type=int, help="GPUs per node (default: the visible ones; --print-commands: 8)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes of a training job (--launcher slurm)")
+    p.add_argument("--fp16", action="store_true", help="fairseq's --fp16 (GPU)")
+    p.add_argument("--update-freq", type=int, help="default: the paper's tokens per update / (GPUs x max-tokens)")
+    p.add_argument("--print-commands", action="store_true", help="print every step's command; run nothing")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU threads of a job")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--partition", help="--launcher slurm: the SLURM partition")
+    p.add_argument("--timeout-min", type=int, default=3 * 24 * 60, help="a job's time limit (submitit)")
+    p.add_argument("--data", default=str(SHARED_DATA), help="--slice: the shared data folder")
+    p.add_argument("--slice-train-lines", type=int, default=0, help="--slice: keep the first N training pairs")
+    args = p.parse_args(argv)
+    if args.steps:
+        unknown = [s for s in args.steps.split(",") if s not in STEPS]
+        if unknown:
+            p.error(f"unknown step(s) {', '.join(unknown)}; the steps: {','.join(STEPS)}")
+    if args.slice:
+        args.gpus = 0
+    elif args.gpus is None:
+        if args.print_commands:
+            args.gpus = 8  # the WMT'22 paper's 8 GPUs (the HRT paper names none)
+        else:
+            args.gpus = torch.cuda.device_count()
+    if args.fp16 and args.gpus == 0:
+        p.error("--fp16 needs a GPU (--gpus N)")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    recipe = Recipe(args)
+    if args.print_commands:
+        recipe.print_commands()
+        return
+    try:
+        recipe.run()
+    except StepOrderError as e:
+        sys.exit(str(e))
+    except KeyboardInterrupt:
+        sys.exit("[recipe] interrupted; run the same command again to resume")
+
+
+if __name__ == "__main__":
+    main()
