@@ -338,10 +338,13 @@ def test_checksum_mismatch_is_one_line_and_rerun_fetches_again(mirror, served, t
     assert not (archives / "training-parallel-nc-v9.tgz.part").exists()
     assert (archives / "training-parallel-nc-v9.tgz.bad").is_file()
 
+    # the archives before it were extracted: the rerun neither fetches nor extracts them again
     served.requests.clear()
     result = download("wmt14_en_de", tmp_path / "data", base, mirror_manifest(tmp_path / "m.json"))
     assert result.returncode == 0, result.stderr
     assert [r for p, r in served.requests if p == news] == [None]  # from byte 0, once
+    assert [p for p, _ in served.requests] == [news, "/wmt17/translation-task/dev.tgz", "/wmt14/test-full.tgz"]
+    assert "dev.tgz: extracted" in result.stdout and "europarl-v7.tgz: extracted" not in result.stdout
 
 
 def test_corrupt_archive_is_one_line(mirror, served, tmp_path):

@@ -78,9 +78,18 @@ def response_end(response, start):
     return start + int(length) if length is not None else None
 
 
-def fetch(url, part, size, manual):
-    """Download url into part, resuming what part already holds."""
-    offline = f"download it by hand to {manual} and rerun: the file is then checked and used"
+def copy_with_progress(response, out, end):
+    """Copy the body, saying every 30 s how far it got (Common Crawl is 918 MB)."""
+    said = time.monotonic()
+    for block in iter(lambda: response.read(CHUNK), b""):
+        out.write(block)
+        if time.monotonic() - said > 30:
+            said = time.monotonic()
+            log(f"  {out.tell() >> 20} MiB" + (f" of {end >> 20} MiB" if end else ""))
+
+
+def fetch(url, part, size, offline):
+    """Download url into part, resuming what part already holds; offline: what to do by hand."""
     error = None
     for _ in range(RESUMES + 1):
         start = part.stat().st_size if part.exists() else 0
@@ -92,10 +101,10 @@ def fetch(url, part, size, manual):
                 if start and response.status != 206:
                     start = 0  # the server ignored Range and sends the whole file
                 end = response_end(response, start)
-                log(f"fetching {url} ({'from byte %d' % start if start else 'start'})")
+                log(f"resuming {url} from byte {start}" if start else f"fetching {url}")
                 with open(part, "ab" if start else "wb") as out:
                     out.truncate(start)
-                    shutil.copyfileobj(response, out, CHUNK)
+                    copy_with_progress(response, out, end)
             got = part.stat().st_size
             if end is None or got >= end:
                 return
@@ -202,7 +211,7 @@ def reuse(archive, name, entry):
     return False
 
 
-def obtain(root, name, entry, wanted, mirror):
+def obtain(root, name, entry, wanted, mirror, manifest_path):
     """Download, check and extract one archive, skipping whatever an earlier run finished."""
     out = root / "extracted" / name
     if (out / ".done").exists():
@@ -213,7 +222,8 @@ def obtain(root, name, entry, wanted, mirror):
         verify(archive, name, entry)
     elif not reuse(archive, name, entry):
         part = archive.with_name(name + ".part")
-        fetch(mirrored(entry["url"], mirror), part, entry.get("size"), archive)
+        by_hand = f"download it by hand to {archive} and rerun: it is then checked and used (all URLs: {manifest_path})"
+        fetch(mirrored(entry["url"], mirror), part, entry.get("size"), by_hand)
         verify(part, name, entry)
         part.replace(archive)
     extract(archive, name, wanted, out)
@@ -330,7 +340,7 @@ def run(setup_name, dest, mirror, manifest_path):
         log(f"{root / 'raw'} is complete (COUNTS.json): nothing to do")
         return
     for name, entry in setup["archives"].items():
-        obtain(root, name, entry, members(setup, name), mirror)
+        obtain(root, name, entry, members(setup, name), mirror, manifest_path)
     write_raw(root, setup)
     log(f"done: {root / 'raw'}")
 
