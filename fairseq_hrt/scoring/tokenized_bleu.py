@@ -11,7 +11,9 @@ Pure functions, no files:
 
 * :func:`moses_tokenize` -- Moses' ``tokenizer.perl -l LANG`` (its Python port, sacremoses;
   no ``-a``, XML escaping on as in tokenizer.perl; escaping maps characters one to one, so it
-  does not change BLEU).
+  does not change BLEU). sacremoses keeps tokenizer.perl's behaviour from before Moses' change
+  of November 2018 (mosesdecoder#204) that splits a sentence-final period off an abbreviation
+  (``... the U.S.``) unconditionally; the two differ only on lines ending in such a word.
 * :func:`split_compounds` -- ``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``.
 * :func:`remove_romanian_diacritics` -- Sennrich's WMT16 ``normalise-romanian.py`` then
   ``remove-diacritics.py`` (s/t-cedilla to s/t-comma, then ș ț ă â î to s t a a i).
