@@ -219,15 +219,15 @@ def served(mirror):
 
 
 def mirror_manifest(path, edit=None):
-    """manifest.json with the mirror's true checksums: sha256 + size where the original has a
-    sha256, md5 alone where it has only an md5, as published. `edit(setups)` changes it further."""
+    """manifest.json with the mirror's true checksums where the original has published ones (sha256,
+    md5, size: the same kinds). `edit(setups)` changes it further."""
     manifest = json.loads(MANIFEST.read_text())
     for setup in manifest["setups"].values():
         for entry in setup["archives"].values():
             data = Mirror.files[url_path(entry["url"])]
             if entry.get("sha256"):
-                entry.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
-            else:
+                entry.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data) if entry["size"] else None)
+            if entry.get("md5"):
                 entry.update(md5=hashlib.md5(data).hexdigest())
     if edit:
         edit(manifest["setups"])

@@ -132,22 +132,23 @@ def digests(path):
 
 
 def verify(path, name, entry):
-    """Check path against the manifest; a mismatch moves it to NAME.bad (the next run fetches again)."""
-    got = digests(path)
-    kind = "sha256" if entry.get("sha256") else "md5" if entry.get("md5") else None
-    if kind is None:
-        size = path.stat().st_size
+    """Check path against every published digest; a mismatch moves it to NAME.bad (the next run
+    fetches it again)."""
+    got, size = digests(path), path.stat().st_size
+    kinds = [kind for kind in ("sha256", "md5") if entry.get(kind)]
+    if not kinds:
         log(f"{name}: no published checksum: verify by hand (this copy: {size} bytes, sha256 {got['sha256']})")
         return
-    size = entry.get("size")
-    if got[kind] == entry[kind] and (size is None or path.stat().st_size == size):
-        log(f"{name}: {kind} ok")
+    wrong = [kind for kind in kinds if got[kind] != entry[kind]]
+    if not wrong and entry.get("size") in (None, size):
+        log(f"{name}: {' and '.join(kinds)} ok")
         return
+    kind = (wrong or kinds)[0]
     bad = path.with_name(name + ".bad")
     path.replace(bad)
     raise Stop(
-        f"checksum mismatch for {name}: expected {kind} {entry[kind]} ({size or '?'} bytes), got {got[kind]} "
-        f"({bad.stat().st_size} bytes); moved to {bad}: rerun to download it again"
+        f"checksum mismatch for {name}: expected {kind} {entry[kind]} ({entry.get('size') or '?'} bytes), "
+        f"got {got[kind]} ({size} bytes); moved to {bad}: rerun to download it again"
     )
 
 
