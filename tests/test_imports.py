@@ -343,4 +343,5 @@ EXAMPLE_TESTS = {
     "test_recipe_killed.py",
     "test_quickstart.py",
     "test_docs_commands.py",
+    "test_wmt_download.py",
 }
