@@ -29,7 +29,11 @@ MODULES = {
     "fairseq-hrt-comet": "fairseq_hrt.scoring.comet",
     "hrt-translate": "hrt_runtime.translator",
     "hrt-serve": "hrt_runtime.serve",
+    "fairseq-preprocess": "fairseq_cli.preprocess",
 }
+# fairseq's commands run as modules (torchrun -m fairseq_cli.train): checked as the commands
+FAIRSEQ_MODULES = {"fairseq_cli.train": "fairseq-train", "fairseq_cli.generate": "fairseq-generate"}
+FAIRSEQ_MODULES["fairseq_cli.interactive"] = "fairseq-interactive"
 RUNPY = "import runpy, sys; runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
 # the options of a fairseq command line that add other options
 SELECTING = ("--task", "--arch", "--criterion", "--optimizer", "--lr-scheduler", "--bpe", "--tokenizer", "--scoring")
@@ -74,7 +78,9 @@ def split_torchrun(words):
     while i < len(words) and words[i].startswith("-"):
         i += 1 if "=" in words[i] or words[i] in TORCHRUN_FLAGS else 2
     own, started = words[1:i], words[i:]
-    if started[:2] == ["sh", "-c"] and len(started) > 4:
+    if "-m" in own or "--module" in own:
+        started = ["python", "-m", *started]
+    elif started[:2] == ["sh", "-c"] and len(started) > 4:
         script = shlex.split(started[2])
         appended = script[script.index("$@") + 1 :] if "$@" in script else []
         started = started[4:] + appended
@@ -91,6 +97,8 @@ def program_and_args(command: str):
     if not words:
         return None
     if words[0] in ("python", "python3", ".venv/bin/python") and len(words) > 1:
+        if words[1] == "-m" and len(words) > 2 and words[2] in FAIRSEQ_MODULES:
+            return ("program", FAIRSEQ_MODULES[words[2]]), words[3:]
         if words[1] == "-m" and len(words) > 2:
             return ("module", words[2]), words[3:]
         if words[1].endswith(".py"):
@@ -176,6 +184,11 @@ def test_the_command_parser(line):
             ["fairseq-train", "d", "--arch", "a"],
         ),
         (
+            "torchrun --nproc-per-node 8 -m fairseq_cli.train d --arch a",
+            ["--nproc-per-node", "8", "-m"],
+            ["python", "-m", "fairseq_cli.train", "d", "--arch", "a"],
+        ),
+        (
             "OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 --no-python sh -c "
             '\'exec "$@" --distributed-rank "$RANK" --distributed-no-spawn\' sh fairseq-train d --cpu',
             ["--nproc_per_node", "2", "--no-python"],
@@ -185,7 +198,7 @@ def test_the_command_parser(line):
 )
 def test_a_torchrun_line_is_torchruns_options_and_the_command_it_starts(line, own, started):
     assert split_torchrun(command_words(line)) == (own, started)
-    assert program_and_args(line) == (("program", "fairseq-train"), started[1:])
+    assert program_and_args(line) == (("program", "fairseq-train"), started[started.index("d") :])
 
 
 def test_the_quickstarts_variable_table_gives_the_scripts_defaults():
