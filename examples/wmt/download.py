@@ -9,8 +9,9 @@ this file. For each archive of the set-up, in DIR/<setup>/archives/:
 
 - download it to NAME.part, resuming a partial file with an HTTP Range request (a server that
   ignores Range sends the whole file and the download restarts from byte 0);
-- check its size and sha256 (md5 where only that was published) before anything reads it; a
-  mismatch moves the file to NAME.bad, so the next run downloads it again;
+- check it against every digest published for it (sha256, md5, size; an archive with none is
+  used with a warning) before anything reads it; a mismatch moves the file to NAME.bad, so the
+  next run downloads it again;
 - extract the members the set-up reads into DIR/<setup>/extracted/NAME/, once (a .done marker).
 
 An archive already in DIR/<setup>/archives/NAME (put there by hand when this machine is
@@ -148,7 +149,8 @@ def verify(path, name, entry):
     path.replace(bad)
     raise Stop(
         f"checksum mismatch for {name}: expected {kind} {entry[kind]} ({entry.get('size') or '?'} bytes), "
-        f"got {got[kind]} ({size} bytes); moved to {bad}: rerun to download it again"
+        f"got {got[kind]} ({size} bytes); moved to {bad}: rerun to download it again (re-released upstream? "
+        "check it by hand and give its digests in a copy of the manifest, --manifest)"
     )
 
 
