@@ -236,16 +236,17 @@ def load_teacher(args):
     state = checkpoint_utils.load_checkpoint_to_cpu(args.path, overrides)
     task = tasks.setup_task(state["cfg"].task, from_checkpoint=True)
     mismatch = None
-    saved = (state.get("extra_state") or {}).get(type(task).__name__, {}).get("dictionary")
-    if saved is not None and hasattr(task, "dictionary_fingerprint") and saved != task.dictionary_fingerprint():
-        mismatch = f"dictionary fingerprint {saved}, --data's {task.dictionary_fingerprint()}"
     for name, dictionary in (
         ("encoder.embed_tokens.weight", task.source_dictionary),
         ("decoder.embed_tokens.weight", task.target_dictionary),
     ):
         weight = state["model"].get(name)
         if mismatch is None and weight is not None and weight.size(0) != len(dictionary):
-            mismatch = f"{name} has {weight.size(0)} entries, --data's dictionary {len(dictionary)}"
+            mismatch = f"its {name} has {weight.size(0)} entries, --data's dictionary {len(dictionary)}"
+    saved = (state.get("extra_state") or {}).get(type(task).__name__, {}).get("dictionary")
+    if mismatch is None and saved is not None and hasattr(task, "dictionary_fingerprint"):
+        if saved != task.dictionary_fingerprint():
+            mismatch = f"its dictionary's fingerprint is {saved}, --data's {task.dictionary_fingerprint()}"
     if mismatch:
         raise RefusedOptions(
             f"the teacher --path {args.path} was trained with another dictionary than --data {args.data} "
@@ -348,10 +349,10 @@ PATH_OPTIONS = ("data", "path", "src", "out", "select_by_bleu", "log_file")
 SHARD_OPTIONS = ("num_shards", "shard_id", "merge", "help")
 
 
-def shard_command(parser: argparse.ArgumentParser, args, shard_id: int, num_shards: int) -> str:
-    """The command line that (re)runs one shard alone: every option given, with absolute paths
-    (it runs from any folder), and explicit ``--num-shards N --shard-id I`` (which win over a
-    launcher's RANK / WORLD_SIZE)."""
+def shard_command(parser: argparse.ArgumentParser, args, shard_id: int, num_shards: int) -> List[str]:
+    """The words of the command line that (re)runs one shard alone: every option given, with
+    absolute paths (it runs from any folder), and explicit ``--num-shards N --shard-id I`` last
+    (they win over a launcher's RANK / WORLD_SIZE)."""
     words = [sys.executable if os.path.isabs(sys.executable) else "python", "-m", "fairseq_hrt.distill"]
     for action in parser._actions:
         if not action.option_strings or action.dest in SHARD_OPTIONS:
@@ -366,7 +367,16 @@ def shard_command(parser: argparse.ArgumentParser, args, shard_id: int, num_shar
         if action.dest in PATH_OPTIONS:
             value = os.path.abspath(value)
         words += [flag, str(value)]
-    words += ["--num-shards", str(num_shards), "--shard-id", str(shard_id)]
+    return words + ["--num-shards", str(num_shards), "--shard-id", str(shard_id)]
+
+
+def rerun_command(header: dict, shard_id: int, out: Optional[str] = None) -> str:
+    """The command of shard ``shard_id`` of the distillation a shard's ``header`` belongs to
+    (writing ``out``: the merge's, should the shard files have been moved since)."""
+    words = list(header["argv"])
+    words[-1] = str(shard_id)
+    if out is not None and "--out" in words:
+        words[words.index("--out") + 1] = os.path.abspath(out)
     return shlex.join(words)
 
 
@@ -396,11 +406,6 @@ def shard_inputs(args, n_lines: int, task, num_shards: int) -> Dict[str, object]
     }
 
 
-def rerun_command(header: dict, shard_id: int) -> str:
-    """The command of another shard of the same distillation (``header``: any shard's)."""
-    return header["command"].rsplit(" --shard-id ", 1)[0] + f" --shard-id {shard_id}"
-
-
 def refuse_other_inputs(path: str, header: dict, inputs: dict, command: str) -> None:
     """One line when ``path`` (its ``header``) was started with other ``inputs`` than this run's."""
     theirs = header.get("inputs", {})
@@ -418,7 +423,8 @@ def run_shard(args, parser, task, model, src: List[str], refs: Optional[List[str
     after the file's last complete batch."""
     shard_id, num_shards = args.shard_id, args.num_shards
     path = shard_file(args.out, shard_id, num_shards)
-    command = shard_command(parser, args, shard_id, num_shards)
+    argv = shard_command(parser, args, shard_id, num_shards)
+    command = shlex.join(argv)
     inputs = shard_inputs(args, len(src), task, num_shards)
     dataset, todo, batches = plan_batches(task, model, src, args.max_tokens, args.batch_size)
     # Batch b goes to shard b % N, not contiguous ranges: fairseq's batches are sorted by
@@ -434,6 +440,7 @@ def run_shard(args, parser, task, model, src: List[str], refs: Optional[List[str
         "shard_batches": len(mine),
         "decoded_lines": len(todo),
         "command": command,
+        "argv": argv,
     }
 
     done = read_done(done_file(path))
@@ -545,7 +552,7 @@ def merge_shards(out: str, num_shards: int) -> None:
         others = [str(i) for i, _ in problems[1:]]
         more = f" (shard{'s' if len(others) > 1 else ''} {', '.join(others)} too: the same with their --shard-id)"
         if headers:
-            command = rerun_command(next(iter(headers.values())), shard_id)
+            command = rerun_command(next(iter(headers.values())), shard_id, out)
             run = f"run shard {shard_id} of {num_shards} (a rerun continues where it stopped): {command}"
         else:
             run = (
@@ -565,7 +572,7 @@ def merge_shards(out: str, num_shards: int) -> None:
             raise RefusedOptions(
                 f"cannot merge {out}: shard {i} was distilled with other options or inputs than shard 0 "
                 f"({', '.join(changed)}); delete it and its .done and rerun it with shard 0's options: "
-                f"{rerun_command(headers[0], i)}"
+                f"{rerun_command(headers[0], i, out)}"
             )
     lines: List[Optional[str]] = [None] * inputs["src_lines"]
     decoded = 0
