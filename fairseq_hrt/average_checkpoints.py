@@ -33,11 +33,14 @@ from typing import List, Optional
 import torch
 
 from fairseq_hrt.checkpoint_files import is_truncated_archive
+from fairseq_hrt.tasks.hrt_translation import HRTTranslationTask
 
 PROG = "python -m fairseq_hrt.average_checkpoints"
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
-TASK_STATE = "HRTTranslationTask"  # the task's entry in extra_state (HRTTranslationTask.get_checkpoint_dict)
+# the task's entry in a checkpoint's extra_state (HRTTranslationTask.get_checkpoint_dict): its
+# dictionary fingerprint tells checkpoints of data binarized with another dictionary apart
+TASK_STATE = HRTTranslationTask.__name__
 
 
 class AveragingError(ValueError):
@@ -189,21 +192,27 @@ def parse_args(argv=None):
         "--inputs",
         required=True,
         nargs="+",
+        metavar="PATH",
         help="checkpoint files, or one directory with --num-epoch-checkpoints / --num-update-checkpoints",
     )
     parser.add_argument("--output", required=True, metavar="FILE", help="the averaged checkpoint to write")
     which = parser.add_mutually_exclusive_group()
     which.add_argument(
-        "--num-epoch-checkpoints", type=int, help="average the last N checkpoint{EPOCH}.pt of the --inputs directory"
+        "--num-epoch-checkpoints",
+        type=int,
+        metavar="N",
+        help="average the last N checkpoint{EPOCH}.pt of the --inputs directory",
     )
     which.add_argument(
         "--num-update-checkpoints",
         type=int,
+        metavar="N",
         help="average the last N checkpoint_{EPOCH}_{UPDATE}.pt of the --inputs directory",
     )
     parser.add_argument(
         "--checkpoint-upper-bound",
         type=int,
+        metavar="N",
         help="with --num-epoch-checkpoints / --num-update-checkpoints: the highest epoch / update to use",
     )
     return parser.parse_args(argv)

@@ -152,10 +152,12 @@ def parse_args(argv=None):
         description="sacreBLEU (headline) with its signature, the papers' tokenized BLEU, chrF and COMET of one test "
         "set; detokenized files, one sentence per line.",
     )
-    parser.add_argument("--hyp", required=True, help="system translations (detokenized)")
-    parser.add_argument("--ref", required=True, help="references (detokenized)")
-    parser.add_argument("--src", required=True, help="source sentences (for COMET)")
-    parser.add_argument("--target-lang", required=True, help="target language code, for the Moses tokenizer (de, ro)")
+    parser.add_argument("--hyp", required=True, metavar="FILE", help="system translations (detokenized)")
+    parser.add_argument("--ref", required=True, metavar="FILE", help="references (detokenized)")
+    parser.add_argument("--src", required=True, metavar="FILE", help="source sentences (for COMET)")
+    parser.add_argument(
+        "--target-lang", required=True, metavar="LANG", help="target language code, for the Moses tokenizer (de, ro)"
+    )
     parser.add_argument(
         "--compound-split",
         action="store_true",
@@ -167,8 +169,12 @@ def parse_args(argv=None):
         help="tokenized BLEU only: normalise and remove Romanian diacritics on both sides first, as the En-Ro NAT "
         "papers do (WMT16 scripts of Sennrich et al.); needs --target-lang ro",
     )
-    parser.add_argument("--comet-model", help="a local COMET model directory or .ckpt (default: $COMET_MODEL)")
-    parser.add_argument("--comet-encoder", help="its encoder's config + tokenizer files (default: $COMET_ENCODER)")
+    parser.add_argument(
+        "--comet-model", metavar="DIR", help="a local COMET model directory or .ckpt (default: $COMET_MODEL)"
+    )
+    parser.add_argument(
+        "--comet-encoder", metavar="DIR", help="its encoder's config + tokenizer files (default: $COMET_ENCODER)"
+    )
     parser.add_argument("--comet-gpus", type=int, default=0, choices=(0, 1), help="COMET on CPU (0) or one GPU (1)")
     parser.add_argument("--json", metavar="OUT.json", help="also write the report as JSON to this file")
     args = parser.parse_args(argv)

@@ -12,7 +12,8 @@ from collections import Counter
 
 import pytest
 
-from fairseq_hrt.evaluate import evaluate
+from fairseq_hrt.evaluate import evaluate, format_report
+from fairseq_hrt.scoring.comet import comet_score
 from fairseq_hrt.scoring.metrics import chrf_score, sacrebleu_score
 from fairseq_hrt.scoring.tokenized_bleu import (
     COMPOUND_MARK,
@@ -23,6 +24,7 @@ from fairseq_hrt.scoring.tokenized_bleu import (
     tokenized_bleu,
 )
 from fairseq_hrt.testing.tiny_runs import run_cli, write_lines
+from tests.comet_tiny import build_tiny_comet
 
 EVALUATE = "fairseq_hrt.evaluate"
 
@@ -232,3 +234,16 @@ def test_romanian_option_needs_a_romanian_target(tmp_path):
         check=False,
     )
     assert out.returncode == 2 and "--remove-ro-diacritics is for Romanian targets (--target-lang ro)" in out.stdout
+
+
+def test_report_with_a_local_comet_model(tmp_path):
+    """The COMET row of a report from a local model: the tiny random COMET model of the scoring
+    tests (its scores mean nothing; the number is what ``comet_score`` gives for it)."""
+    ckpt = build_tiny_comet(tmp_path)
+    report = evaluate(HYPS, REFS, SRCS, "de", comet_model=str(ckpt))
+    expected = comet_score(SRCS, HYPS, REFS, model_path=str(ckpt))
+    assert report["comet"]["available"] is True
+    assert report["comet"]["score"] == pytest.approx(expected["score"])
+    assert report["comet"]["model"] == expected["model"]
+    comet_row = format_report(report).splitlines()[-1]
+    assert comet_row == f"COMET           {expected['score']:.4f}  model: {expected['model']}"
