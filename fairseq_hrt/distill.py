@@ -406,7 +406,7 @@ def shard_inputs(args, n_lines: int, task, num_shards: int) -> Dict[str, object]
     }
 
 
-def refuse_other_inputs(path: str, header: dict, inputs: dict, command: str) -> None:
+def refuse_other_inputs(path: str, header: dict, inputs: dict) -> None:
     """One line when ``path`` (its ``header``) was started with other ``inputs`` than this run's."""
     theirs = header.get("inputs", {})
     changed = [k for k in inputs if theirs.get(k) != inputs[k]]
@@ -414,7 +414,8 @@ def refuse_other_inputs(path: str, header: dict, inputs: dict, command: str) -> 
         what = ", ".join(f"{k} {theirs.get(k)!r} -> {inputs[k]!r}" for k in changed)
         raise RefusedOptions(
             f"{path} was written with other options or inputs ({what}): rerun the command that started it "
-            f"({header.get('command', '?')}), or delete {path} and its .done to start this shard afresh with {command}"
+            f"({header.get('command', '?')}), or delete {path} and its .done to start this shard afresh "
+            "with the options given now"
         )
 
 
@@ -445,7 +446,7 @@ def run_shard(args, parser, task, model, src: List[str], refs: Optional[List[str
 
     done = read_done(done_file(path))
     if done is not None and os.path.exists(path):
-        refuse_other_inputs(path, done.get("header", {}), inputs, command)
+        refuse_other_inputs(path, done.get("header", {}), inputs)
         logger.info("%s is complete already (%d lines): nothing to do", path, done.get("lines", 0))
         return
     if os.path.exists(done_file(path)):  # a marker without its shard (deleted by hand): decode afresh
@@ -455,7 +456,7 @@ def run_shard(args, parser, task, model, src: List[str], refs: Optional[List[str
     if os.path.exists(path):
         contents = read_shard(path)
         if contents.header is not None:
-            refuse_other_inputs(path, contents.header, inputs, command)
+            refuse_other_inputs(path, contents.header, inputs)
             start_after = contents.last_batch
             with open(path, "r+b") as f:
                 f.truncate(contents.complete_bytes)

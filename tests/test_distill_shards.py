@@ -238,7 +238,7 @@ def test_a_shard_file_of_other_options_or_inputs_is_refused_untouched(setup, two
     other_beam = [*run, "--beam", "4"]  # the last --beam wins
     line = _refusal(run_cli(other_beam, check=False))
     assert f"{shard} was written with other options or inputs (beam 3 -> 4)" in line
-    assert "delete" in line and "--beam 4" in line
+    assert "rerun the command that started it" in line and "--beam 3 " in line and "delete" in line
     assert shard.read_bytes() == before
 
     src = read_lines(setup["src"])
