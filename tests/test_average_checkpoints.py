@@ -1,8 +1,9 @@
 """python -m fairseq_hrt.average_checkpoints: fairseq's scripts/average_checkpoints.py (not in the wheel).
 
-One tiny HRT run (12 updates, 4 per epoch, --save-interval-updates 2) leaves three epoch
-checkpoints (checkpoint1-3.pt) and three update checkpoints (checkpoint_1_2, _2_6, _3_10.pt);
-the tests average them, load and decode the result with fairseq, and damage copies of them.
+One tiny HRT run (12 updates, a few per epoch, --save-interval-updates 1) leaves epoch
+checkpoints (checkpoint1.pt, ...) and update checkpoints (checkpoint_1_1.pt, ..., every update
+that does not end an epoch); the tests average them, load and decode the result with fairseq,
+and damage copies of them.
 """
 
 import os
@@ -59,7 +60,7 @@ def run(tmp_path_factory):
     data = make_tiny_data(root, n_train=60, n_valid=10)
     save_dir = root / "checkpoints"
     args = train_args(
-        data.bin_dir, save_dir, "--chunk-sizes", "2,3", "--save-interval-updates", "2", max_update=12, max_tokens=300
+        data.bin_dir, save_dir, "--chunk-sizes", "2,3", "--save-interval-updates", "1", max_update=12, max_tokens=300
     )
     args.remove("--no-epoch-checkpoints")  # the epoch checkpoints are averaged too
     run_cli(args)
@@ -132,14 +133,15 @@ def test_half_precision_and_integer_tensors(tmp_path):
 @pytest.mark.slow  # trains a tiny model (the run fixture)
 def test_too_few_checkpoints_is_one_line(run, tmp_path):
     _, save_dir = run
-    out = run_cli(
-        [AVERAGE, "--inputs", save_dir, "--num-epoch-checkpoints", "4", "--output", tmp_path / "unused.pt"], check=False
-    )
+    epochs = len(_newest(save_dir, EPOCH, 1000))
+    asked = ["--num-epoch-checkpoints", str(epochs + 1)]
+    out = run_cli([AVERAGE, "--inputs", save_dir, *asked, "--output", tmp_path / "unused.pt"], check=False)
     assert out.returncode == 1
     line = _one_error_line(out.stdout)
-    assert "has 3 epoch checkpoint(s)" in line and "fewer than --num-epoch-checkpoints 4" in line
-    with pytest.raises(AveragingError, match="up to update 6 .*fewer than --num-update-checkpoints 3"):
-        last_n_checkpoints(str(save_dir), 3, update_based=True, upper_bound=6)
+    assert f"has {epochs} epoch checkpoint(s)" in line and f"fewer than --num-epoch-checkpoints {epochs + 1}" in line
+    first_update = int(re.fullmatch(UPDATE, os.path.basename(_newest(save_dir, UPDATE, 1000)[-1])).group(1))
+    with pytest.raises(AveragingError, match=f"up to update {first_update} .*fewer than --num-update-checkpoints 2"):
+        last_n_checkpoints(str(save_dir), 2, update_based=True, upper_bound=first_update)
     assert not (tmp_path / "unused.pt").exists()
 
 
