@@ -198,9 +198,9 @@ def test_a_killed_shard_resumes_to_the_uninterrupted_output(setup, tmp_path):
     """A shard SIGKILLed after its first batches, then one more batch half-written (as a kill
     during the write leaves it), is finished by a rerun of the same command."""
     data = setup["data"]
-    src = write_lines(tmp_path / "src.en", read_lines(data.raw("train", "en"))[:80])
+    src = write_lines(tmp_path / "src.en", read_lines(data.raw("train", "en"))[:120])
     base = ["fairseq_hrt.distill", "--data", data.bin_dir, "--path", setup["ckpts"]["at_tiny"], "--src", src]
-    base += ["--batch-size", "1", *OPTIONS[:2], "--cpu", "--threads", "1", "--no-progress-bar"]  # 80 batches
+    base += ["--batch-size", "1", *OPTIONS[:2], *OPTIONS[4:]]  # 120 batches
     one, out = tmp_path / "one.de", tmp_path / "sharded.de"
     shard = _shard(out, 0, 1)
     proc, cmd = start_cli([*base, "--out", out, "--num-shards", "1", "--shard-id", "0"], log_path=tmp_path / "k.log")
@@ -211,7 +211,7 @@ def test_a_killed_shard_resumes_to_the_uninterrupted_output(setup, tmp_path):
     wait_cli(proc, cmd, check=False)
     assert not Path(f"{shard}.done").exists()
     done = distill.read_shard(str(shard))
-    assert 2 <= len(done.records) < 80
+    assert 2 <= len(done.records) < 120
     with open(shard, "ab") as f:  # the next batch's record half-written
         f.write(b"12\tEin Mann")
 
