@@ -5,6 +5,7 @@ a killed or cut shard resumes to the same file, a merge with a missing or partia
 shard restarted with other inputs are refused in one line, torchrun's RANK / WORLD_SIZE pick
 the shard, and a teacher of another dictionary than ``--data`` is refused before decoding."""
 
+import argparse
 import shlex
 import shutil
 import time
@@ -49,15 +50,22 @@ def _cut_mid_record(path: Path, fraction: float = 0.5):
 
 @pytest.fixture(scope="module")
 def setup(trained, tmp_path_factory):
-    """The distillation's inputs (validation sources and references, two empty lines among
-    them), its command, and the one-process output to compare the shards with."""
+    """The distillation's inputs (validation sources, two empty lines among them, and references
+    that make sentence-BLEU pick the teacher's second hypothesis on every other line), its
+    command, and the one-process output to compare the shards with."""
     data, ckpts = trained
     root = tmp_path_factory.mktemp("distill_shards")
     src = read_lines(data.raw("valid", "en"))
-    ref = read_lines(data.raw("valid", "de"))
-    for lines in (src, ref):  # an empty line inside and at the end: never decoded, empty in the output
-        lines.insert(3, "")
-        lines.append("")
+    src.insert(3, "")  # an empty line inside and at the end: never decoded, empty in the output
+    src.append("")
+    model, task = distill.load_teacher(
+        argparse.Namespace(path=str(ckpts["at_tiny"]), data=str(data.bin_dir), decoder_engine="lean")
+    )
+    nbest = distill.translate_nbest(task, model, src, 3, 3, 60, None, 0, 200, 1.0, False, progress=False)
+    # a reference equal to the second hypothesis: kept only if each line is scored against its own
+    second = {i: c[1] for i, c in enumerate(nbest) if i % 2 == 0 and len(c) > 1 and c[1] != c[0]}
+    assert len(second) >= 5
+    ref = [second.get(i, c[0]) for i, c in enumerate(nbest)]
     src_path, ref_path = write_lines(root / "src.en", src), write_lines(root / "ref.de", ref)
     base = [
         "fairseq_hrt.distill",
@@ -69,12 +77,16 @@ def setup(trained, tmp_path_factory):
         src_path,
         "--select-by-bleu",
         ref_path,
+        "--post-process",
+        "none",
         "--max-tokens",
         "60",
         *OPTIONS,
     ]
     one = root / "one.de"
     run_cli([*base, "--out", one])
+    kept = read_lines(one)
+    assert all(kept[i] == hyp for i, hyp in second.items())
     return {"root": root, "base": base, "one": one, "data": data, "ckpts": ckpts, "src": src_path}
 
 
