@@ -4,6 +4,7 @@ fairseq's commands, with the task, arch and criterion that line names), and ever
 it runs exists. A ``torchrun`` line is two commands: torchrun's own options, checked against
 torchrun's help, and the program it starts (with the options a ``sh -c`` wrapper appends)."""
 
+import os
 import re
 import shlex
 import subprocess
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_hrt.testing.tiny_runs import USER_DIR, cli_env, run_cli
+from fairseq_hrt.testing.tiny_runs import USER_DIR, cli_env, make_tiny_data, parse_logs, run_cli
+from tests.tiny_data import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [
@@ -45,12 +47,18 @@ TORCHRUN_FLAGS = {"--no-python", "--no_python", "--standalone", "-m", "--module"
 
 def doc_commands():
     """``(file, command line)`` of every line of a bash block, continuations joined, comments
-    and the commands around ``&&`` and pipes split off."""
+    and the commands around ``&&`` and pipes split off, the block's own shell variables filled in."""
     for name in DOCS:
         text = (REPO / name).read_text()
         for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M):
+            assigned = {}  # a line of VAR=value words only: its values replace "$VAR" below it
             for line in block.replace("\\\n", " ").splitlines():
                 line = re.sub(r"\s#\s.*$", "", line)
+                if re.fullmatch(r"\s*([A-Za-z_]\w*=\S+\s*)+", line):
+                    assigned.update(word.split("=", 1) for word in line.split())
+                    continue
+                for variable, value in assigned.items():
+                    line = line.replace(f'"${variable}"', value).replace(f"${variable}", value)
                 for part in re.split(r"&&|\|(?!\|)|;", line):
                     if part.strip():
                         yield name, part.strip()
@@ -236,3 +244,104 @@ def test_every_relative_link_of_the_docs_reaches_a_file_and_heading():
             elif anchor and anchor not in {_anchor(h) for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}:
                 broken.append(f"{name}: {target}#{anchor}")
     assert not broken, broken
+
+
+# The WMT recipes' READMEs: "The full run, step by step" shows recipe.py's own commands
+WMT_SETUPS = ("wmt16_en_ro", "wmt14_en_de", "wmt22_e12d1")
+
+
+def recipe_commands(setup: str):
+    """``{step: [command, ...]}`` as ``recipe.py --print-commands`` prints them for the README's
+    run (8 GPUs on one node, ``--fp16``), whitespace collapsed."""
+    done = subprocess.run(
+        [sys.executable, "examples/wmt/recipe.py", "--setup", setup, "--work", f"work/{setup}", "--fp16"]
+        + ["--print-commands"],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    steps, step = {}, None
+    for line in done.stdout.splitlines():
+        header = re.match(r"# step \d+/\d+: (\w+)", line)
+        if header:
+            step = steps.setdefault(header.group(1), [])
+        elif step is not None and line.strip() and not line.startswith("#"):
+            step.append(" ".join(line.split()))
+    return steps
+
+
+def readme_step_commands(setup: str):
+    """The command lines of the bash blocks of the README's "The full run, step by step"
+    section, continuations joined and whitespace collapsed."""
+    section = re.search(
+        r"^## The full run, step by step\n(.*?)^## ", (REPO / f"examples/{setup}/README.md").read_text(), re.S | re.M
+    )
+    assert section, f"examples/{setup}/README.md has no 'The full run, step by step' section"
+    commands = []
+    for block in re.findall(r"^```bash\n(.*?)^```", section.group(1), re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                commands.append(" ".join(line.split()))
+    return commands
+
+
+@pytest.mark.parametrize("setup", WMT_SETUPS)
+def test_the_wmt_readmes_steps_are_the_recipes_commands(setup):
+    """Every command of the README's step-by-step section is one ``recipe.py --print-commands``
+    prints, and every step that runs something shows one of its commands."""
+    printed = recipe_commands(setup)
+    shown = readme_step_commands(setup)
+    assert set(printed) == set(STEPS_OF_THE_RECIPE)
+    everything = {command for commands in printed.values() for command in commands}
+    assert not [c for c in shown if c not in everything], [c for c in shown if c not in everything]
+    unshown = [step for step, commands in printed.items() if commands and not set(commands) & set(shown)]
+    assert not unshown, f"steps of recipe.py without a command in examples/{setup}/README.md: {unshown}"
+
+
+STEPS_OF_THE_RECIPE = (
+    "download prepare binarize teacher distill merge distill_bin at_student hrt mp average evaluate benchmark export"
+).split()
+
+
+def readme_torchrun_rehearsal() -> str:
+    """examples/wmt14_en_de/README.md's torchrun line on CPU (gloo), continuations joined."""
+    text = (REPO / "examples/wmt14_en_de/README.md").read_text()
+    for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            if "torchrun" in line and "--distributed-backend gloo" in line:
+                return line.strip()
+    raise AssertionError("examples/wmt14_en_de/README.md has no torchrun line with --distributed-backend gloo")
+
+
+@pytest.mark.slow
+def test_the_wmt_readmes_torchrun_rehearsal_trains_one_run_on_two_cpu_ranks(tmp_path):
+    """The README's rehearsal of distributed training, run by bash as written, with ``$DATA`` a
+    tiny corpus and ``$ARCH`` = ``hrt_tiny`` (the README's placeholders): one run of two ranks
+    (each says so), whose batches are all-reduced (the first update holds more sentences than
+    the same fairseq-train command's alone), each update logged once, by rank 0."""
+    command = readme_torchrun_rehearsal()
+    data = make_tiny_data(tmp_path / "data", n_train=300, n_valid=20)
+    single = "fairseq-train " + command.split(" sh fairseq-train ", 1)[1]  # the same options, one process
+    outputs = {}
+    for name, line in (("torchrun", command), ("single", single)):
+        cwd = tmp_path / name  # the README's relative --save-dir and --user-dir fairseq_hrt
+        cwd.mkdir()
+        (cwd / "fairseq_hrt").symlink_to(USER_DIR)
+        env = {"DATA": data.bin_dir, "ARCH": "hrt_tiny", "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": free_port()}
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])  # torchrun
+        done = subprocess.run(
+            ["bash", "-c", line], cwd=cwd, env=cli_env(env), capture_output=True, text=True, timeout=300
+        )
+        outputs[name] = done.stdout + done.stderr
+        assert done.returncode == 0, outputs[name][-3000:]
+    out = outputs["torchrun"]
+    assert "distributed init (rank 0)" in out and "distributed init (rank 1)" in out
+    assert "'distributed_world_size': 2" in out
+    records = parse_logs(out)
+    assert [int(r["num_updates"]) for r in records] == [1, 2, 3]  # each update logged once
+    alone = parse_logs(outputs["single"])
+    assert records[0]["bsz"] > alone[0]["bsz"]  # the first update holds both ranks' batches
+    assert list((tmp_path / "torchrun").glob("work/wmt14_en_de/*/checkpoint_last.pt"))

@@ -12,8 +12,6 @@ input; fine-tuning HRT from an AT checkpoint; fp16 / memory-efficient fp16 / AMP
 """
 
 import math
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -32,7 +30,6 @@ from fairseq_hrt.testing.tiny_runs import (
     SRC,
     TGT,
     USER_DIR,
-    cli_env,
     eval_bleu_finetune_args,
     make_tiny_data,
     parse_logs,
@@ -851,41 +848,8 @@ def test_two_rank_gloo_training(data, work, precision_runs):
             assert ddp[u].get(key, 0) == pytest.approx(ref[u].get(key, 0)), (u, key, ddp[u], ref[u])
 
 
-# torchrun on CPU, as docs/compatibility.md says: fairseq 0.12 reads torchrun's environment only
-# for a world size > 1, which it takes from the number of GPUs, so the ranks are given explicitly
-TORCHRUN_RANKS = (
-    'exec "$@" --distributed-init-method env:// --distributed-world-size "$WORLD_SIZE" '
-    '--distributed-rank "$RANK" --distributed-no-spawn'
-)
-
-
-@pytest.mark.slow
-def test_torchrun_on_cpu_trains_on_two_ranks_and_rank_0_logs(data, work):
-    """``OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 --no-python sh -c '<TORCHRUN_RANKS>'
-    fairseq-train ... --distributed-backend gloo --ddp-backend legacy_ddp`` on CPU: one run of
-    two ranks (each says so), whose batches are all-reduced (the logged sentences per update are
-    both ranks'), logged once, by rank 0, as fairseq logs."""
-    save = work / "ck_torchrun"
-    args = train_args(data.bin_dir, save, max_update=3, max_tokens=1000)[1:]
-    args += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    torchrun += ["--master_addr", "127.0.0.1", "--master_port", str(free_port()), "--no-python"]
-    done = subprocess.run(
-        [*torchrun, "sh", "-c", TORCHRUN_RANKS, "sh", sys.executable, "-m", "fairseq_cli.train", *map(str, args)],
-        env=cli_env({"OMP_NUM_THREADS": "1"}),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-3000:]
-    assert "distributed init (rank 0)" in out and "distributed init (rank 1)" in out
-    assert "'distributed_world_size': 2" in out
-    records = parse_logs(out)
-    assert [int(r["num_updates"]) for r in records] == [1, 2, 3]  # each update logged once
-    single = _by_update(parse_logs(run_cli(train_args(data.bin_dir, work / "ck_single", max_update=1)).stdout))
-    assert records[0]["bsz"] > single[1]["bsz"]  # the first update holds both ranks' batches
-    assert (save / "checkpoint_last.pt").exists()
+# torchrun on CPU with the ranks on fairseq's command line (docs/compatibility.md): the WMT
+# recipes' rehearsal of it runs, as its README writes it, in tests/test_docs_commands.py
 
 
 def test_kind_weights_scale_the_trained_loss_of_each_kind(data):
