@@ -32,6 +32,7 @@ one-process output::
 """
 
 import argparse
+import fcntl
 import hashlib
 import json
 import logging
@@ -406,6 +407,20 @@ def shard_inputs(args, n_lines: int, task, num_shards: int) -> Dict[str, object]
     }
 
 
+def lock_shard(f, path: str) -> None:
+    """Refuse a second process on the same shard (a requeued job while the first still runs, a
+    rerun beside a live torchrun): both would append the same batches to one file."""
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RefusedOptions(
+            f"{path} is being written by another process (is this shard running twice?): let it finish, "
+            "or stop it and rerun this command, which continues where it stopped"
+        ) from None
+    except OSError as e:  # a file system without locks (some network mounts): run unguarded
+        logger.warning("cannot lock %s (%s): make sure no other process decodes this shard", path, e)
+
+
 def refuse_other_inputs(path: str, header: dict, inputs: dict) -> None:
     """One line when ``path`` (its ``header``) was started with other ``inputs`` than this run's."""
     theirs = header.get("inputs", {})
@@ -452,48 +467,50 @@ def run_shard(args, parser, task, model, src: List[str], refs: Optional[List[str
     if os.path.exists(done_file(path)):  # a marker without its shard (deleted by hand): decode afresh
         os.remove(done_file(path))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    start_after = -1
-    if os.path.exists(path):
-        contents = read_shard(path)
-        if contents.header is not None:
-            refuse_other_inputs(path, contents.header, inputs)
-            start_after = contents.last_batch
-            with open(path, "r+b") as f:
+    with open(path, "ab") as f:  # appends go to the end, also after the truncation below
+        lock_shard(f, path)
+        start_after = -1
+        if os.path.getsize(path):
+            contents = read_shard(path)
+            if contents.header is None:  # killed while writing its header: nothing done yet
+                f.truncate(0)
+            else:
+                refuse_other_inputs(path, contents.header, inputs)
+                start_after = contents.last_batch
                 f.truncate(contents.complete_bytes)
-            logger.info(
-                "%s: resuming after batch %d (%d of %d lines done%s)",
-                path,
-                start_after,
-                len(contents.records),
-                shard_lines,
-                f"; dropped {contents.dropped_bytes} bytes of an interrupted batch" if contents.dropped_bytes else "",
-            )
-        else:  # killed while writing its header: nothing done yet
-            os.remove(path)
-    if not os.path.exists(path):
-        with open(path, "wb") as f:
+                logger.info(
+                    "%s: resuming after batch %d (%d of %d lines done%s)",
+                    path,
+                    start_after,
+                    len(contents.records),
+                    shard_lines,
+                    f"; dropped {contents.dropped_bytes} bytes of an interrupted batch"
+                    if contents.dropped_bytes
+                    else "",
+                )
+        if not os.path.getsize(path):
             f.write((SHARD_HEADER + json.dumps(header, sort_keys=True) + "\n").encode("utf-8"))
+            f.flush()
 
-    todo_batches = [b for b in mine if b > start_after]
-    logger.info(
-        "shard %d of %d: %d of the file's %d batches (%d lines) to %s, %d left",
-        shard_id,
-        num_shards,
-        len(mine),
-        len(batches),
-        shard_lines,
-        path,
-        len(todo_batches),
-    )
-    decode = build_decoder(task, model, args.beam, args.nbest, args.max_len_a, args.max_len_b, args.lenpen)
-    bar = tqdm(
-        total=sum(len(batches[b]) for b in todo_batches),
-        desc=f"distill {shard_id}/{num_shards}",
-        unit="sent",
-        disable=True if args.no_progress_bar else None,
-    )
-    start, changed = time.perf_counter(), 0
-    with open(path, "ab") as f:
+        todo_batches = [b for b in mine if b > start_after]
+        logger.info(
+            "shard %d of %d: %d of the file's %d batches (%d lines) to %s, %d left",
+            shard_id,
+            num_shards,
+            len(mine),
+            len(batches),
+            shard_lines,
+            path,
+            len(todo_batches),
+        )
+        decode = build_decoder(task, model, args.beam, args.nbest, args.max_len_a, args.max_len_b, args.lenpen)
+        bar = tqdm(
+            total=sum(len(batches[b]) for b in todo_batches),
+            desc=f"distill {shard_id}/{num_shards}",
+            unit="sent",
+            disable=True if args.no_progress_bar else None,
+        )
+        start, changed = time.perf_counter(), 0
         for b in todo_batches:
             lines = []
             for sid, cands in decode(collate(dataset, batches[b], use_cuda)):

@@ -6,6 +6,7 @@ shard restarted with other inputs are refused in one line, torchrun's RANK / WOR
 the shard, and a teacher of another dictionary than ``--data`` is refused before decoding."""
 
 import argparse
+import fcntl
 import shlex
 import shutil
 import time
@@ -239,7 +240,7 @@ def test_a_killed_shard_resumes_to_the_uninterrupted_output(setup, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_shard_file_of_other_options_or_inputs_is_refused_untouched(setup, two_shards, tmp_path):
+def test_a_shard_file_of_other_options_or_inputs_or_in_use_is_refused_untouched(setup, two_shards, tmp_path):
     out = tmp_path / "train.de"
     shard = _shard(out, 0, 2)
     _copy_shard(two_shards, out, 0, 2, done=False)
@@ -258,6 +259,12 @@ def test_a_shard_file_of_other_options_or_inputs_is_refused_untouched(setup, two
     other_src = write_lines(tmp_path / "other.en", src)
     line = _refusal(run_cli([*run, "--src", other_src], check=False))
     assert "src_sha256" in line and "beam 3 ->" not in line
+    assert shard.read_bytes() == before
+
+    with open(shard, "ab") as held:  # the same shard running in another process
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        line = _refusal(run_cli(run, check=False))
+    assert f"{shard} is being written by another process" in line
     assert shard.read_bytes() == before
 
     _copy_shard(two_shards, out, 0, 2)  # a complete shard too: not taken for done
