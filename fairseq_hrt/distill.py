@@ -697,6 +697,8 @@ def resolve_shard(p: argparse.ArgumentParser, args, env) -> None:
 def parse_args(argv=None, env=None):
     p = build_parser()
     args = p.parse_args(argv)
+    if args.num_shards is not None and args.num_shards < 1:
+        p.error(f"--num-shards must be at least 1, got {args.num_shards}")
     if args.merge:
         if not args.out or not args.num_shards:
             p.error("--merge needs --out OUT and --num-shards N (the shards are OUT.shard-I-of-N)")

@@ -133,6 +133,7 @@ def test_torchrun_environment_picks_the_shard_and_flags_win():
         (["--num-shards", "2"], "--num-shards 2 needs --shard-id I (0..1)"),
         (["--shard-id", "1"], "--shard-id 1 needs --num-shards N"),
         (["--num-shards", "2", "--shard-id", "2"], "need 0 <= --shard-id < --num-shards"),
+        (["--num-shards", "0"], "--num-shards must be at least 1, got 0"),
     ],
 )
 def test_incomplete_shard_flags_are_one_line(extra, message, capsys):
