@@ -5,7 +5,7 @@ newstest files into the layout download.py writes (DEST/<setup>/raw/{train,valid
     python examples/wmt/make_slice.py --setup wmt16_en_ro --data ../shared/data --dest WORK/download
 
 The cut of each set-up is its ``slice_of(...).slice_splits`` (setups.py); ``--train-lines N``
-keeps the first N training pairs of it (the tests' shorter slice).
+and ``--test-lines N`` keep the first N training and test pairs of it (the tests' shorter slice).
 """
 
 import argparse
@@ -22,14 +22,16 @@ def main(argv=None):
     p.add_argument("--data", required=True, help="the shared data folder (holding wmt16-en-ro-newstest/ ...)")
     p.add_argument("--dest", required=True)
     p.add_argument("--train-lines", type=int, default=0, help="keep only the first N training pairs (0: all)")
+    p.add_argument("--test-lines", type=int, default=0, help="keep only the first N test pairs (0: all)")
     args = p.parse_args(argv)
     setup = slice_of(SETUPS[args.setup])
     folder = Path(args.data) / setup.slice_data
-    out = Path(args.dest) / setup.name / "raw"
+    out = Path(args.dest) / setup.download_setup / "raw"
     out.mkdir(parents=True, exist_ok=True)
     for split, (source_split, start, stop) in setup.slice_splits.items():
-        if split == "train" and args.train_lines:
-            stop = min(stop, start + args.train_lines)
+        keep = {"train": args.train_lines, "test": args.test_lines}.get(split)
+        if keep:
+            stop = min(stop, start + keep)
         for lang in (setup.src, setup.tgt):
             source = folder / f"{source_split}.{lang}"
             if not source.is_file():

@@ -41,7 +41,6 @@ import importlib.util
 import json
 import math
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -134,7 +133,7 @@ class Recipe:
         s = self.setup
         self.data = self.work / "data"
         self.data_bin = self.work / "data-bin"
-        self.raw = self.work / "download" / s.name / "raw"
+        self.raw = self.work / "download" / s.download_setup / "raw"
         self.distill_out = self.work / "distill" / f"train.{s.tgt}"
         self.markers = self.work / "markers"
         self.logs = self.work / "logs"
@@ -226,6 +225,7 @@ class Recipe:
                 words = ["python", p(SCRIPT_DIR / "make_slice.py"), "--setup", s.name, "--data", p(self.args.data)]
                 words += ["--dest", p(self.work / "download")]
                 words += ["--train-lines", self.args.slice_train_lines] if self.args.slice_train_lines else []
+                words += ["--test-lines", self.args.slice_test_lines] if self.args.slice_test_lines else []
             else:
                 words = ["python", p(SCRIPT_DIR / "download.py"), "--setup", s.download_setup]
                 words += ["--dest", p(self.work / "download")]
@@ -252,7 +252,7 @@ class Recipe:
                     "python", "-m", "fairseq_hrt.distill", "--data", p(self.data_bin),
                     "--path", p(self.last("teacher")), "--src", p(self.data / "spm" / f"train.{s.src}"),
                     "--out", p(self.distill_out), "--beam", s.distill_beam, "--nbest", 1,
-                    "--max-len-a", "1.2", "--max-len-b", "10", "--max-tokens", 4096 if self.cpu else 16384,
+                    "--max-len-a", s.max_len_a, "--max-len-b", s.max_len_b, "--max-tokens", 4096 if self.cpu else 16384,
                     "--num-shards", self.shards, "--shard-id", shard, "--threads", 1 if self.cpu else 0,
                     *self.device_words(),
                 ]  # fmt: skip
@@ -326,6 +326,7 @@ class Recipe:
                     "--at", p(self.averaged("at")), "--at-beams", "1", "--hrt", p(self.averaged(f"hrt-k{k}")),
                     "--hrt-chunk-sizes", k, "--hrt-beams", f"{s.hrt_beam}/1", "--hrt-at-mode", "no",
                     "--engines", "lean", "--ctranslate2", "no", "--int8", "no", "--lenpen", s.lenpen,
+                    "--max-len-a", s.max_len_a, "--max-len-b", s.max_len_b,
                     "--batch-sizes", ",".join(map(str, BENCH_BATCH_SIZES)),
                     "--bs1-sentences", s.bench_bs1_sentences, "--max-sentences", s.bench_sentences,
                     "--threads", self.threads, "--out-dir", p(self.work / "benchmark" / f"k{k}"),
@@ -344,6 +345,15 @@ class Recipe:
             jobs.append(Job(f"export-{model}", sh(words)))
         return Step(name, jobs, needs)
 
+    def slice_description(self) -> str:
+        """Which lines of shared/data the slice holds (with --slice-*-lines applied)."""
+        keep = {"train": self.args.slice_train_lines, "test": self.args.slice_test_lines}
+        parts = []
+        for split, (source, start, stop) in self.setup.slice_splits.items():
+            stop = min(stop, start + keep[split]) if keep.get(split) else stop
+            parts.append(f"{split} = {source}.* lines {start + 1}-{stop}")
+        return f"slice of shared/data/{self.setup.slice_data}: " + ", ".join(parts)
+
     def maker(self, model: str) -> str:
         return {"at": "at_student", "mp": "mp"}.get(model, "hrt")
 
@@ -356,13 +366,15 @@ class Recipe:
         words = [
             "fairseq-generate", p(self.data_bin), "--user-dir", p(REPO / "fairseq_hrt"), "--task", "hrt_translation",
             "--source-lang", s.src, "--target-lang", s.tgt, "--gen-subset", "test", "--path", p(checkpoint),
-            *options, "--lenpen", s.lenpen, "--max-tokens", 4096 if self.cpu else 16384,
+            *options, "--lenpen", s.lenpen, "--max-len-a", s.max_len_a, "--max-len-b", s.max_len_b,
+            "--max-tokens", 4096 if self.cpu else 16384,
             "--post-process", "sentencepiece", *self.device_words(),
         ]  # fmt: skip
         evaluate = [
             "python", "-m", "fairseq_hrt.evaluate", "--hyp", hyp, "--ref", p(self.data / "raw" / f"test.{s.tgt}"),
             "--src", p(self.data / "raw" / f"test.{s.src}"), "--target-lang", s.tgt,
-            *(["--compound-split"] if s.compound_split else []), "--json", p(out / f"{row}.json"),
+            *(["--compound-split"] if s.compound_split else []),
+            *(["--remove-ro-diacritics"] if s.remove_ro_diacritics else []), "--json", p(out / f"{row}.json"),
         ]  # fmt: skip
         return (
             f"mkdir -p {shlex.quote(p(out))} && {sh(words)} > {shlex.quote(gen)} && "
@@ -485,23 +497,9 @@ class Recipe:
 # --------------------------------------------------------------------------- results
 
 
-def _number(record: dict, *patterns: str) -> Optional[float]:
-    """The first number of ``record`` (nested dicts flattened) whose key matches a pattern."""
-    flat = {}
-
-    def walk(prefix, value):
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            flat[prefix.lower()] = float(value)
-
-    walk("", record)
-    for pattern in patterns:
-        for key, value in flat.items():
-            if re.search(pattern, key):
-                return value
-    return None
+def _score(metrics: dict, metric: str) -> Optional[float]:
+    """A score of ``python -m fairseq_hrt.evaluate --json``: {metric: {"score": ...}}."""
+    return (metrics.get(metric) or {}).get("score")
 
 
 def benchmark_rows(recipe: Recipe) -> Dict[str, dict]:
@@ -535,10 +533,10 @@ def write_results(recipe: Recipe, seconds: float) -> str:
         rows.append(
             dict(
                 model=row,
-                sacrebleu=_number(metrics, r"sacrebleu.*score$", r"^bleu.*score$", r"sacrebleu", r"^bleu$"),
-                tokenized_bleu=_number(metrics, r"tokeni[sz]ed.*bleu.*score$", r"tokeni[sz]ed.*bleu", r"tok.*bleu"),
-                chrf=_number(metrics, r"chrf.*score$", r"chrf"),
-                comet=_number(metrics, r"comet.*score$", r"^comet$"),
+                sacrebleu=_score(metrics, "sacrebleu"),
+                tokenized_bleu=_score(metrics, "tokenized_bleu"),
+                chrf=_score(metrics, "chrf"),
+                comet=_score(metrics, "comet"),
                 words_per_second={
                     str(b): (speeds.get(row, {}).get(str(b)) or (None, None))[0] for b in BENCH_BATCH_SIZES
                 },
@@ -551,9 +549,7 @@ def write_results(recipe: Recipe, seconds: float) -> str:
     rows.sort(key=lambda r: (order.index(r["model"]) if r["model"] in order else len(order), r["model"]))
     results = dict(
         setup=s.name, slice=recipe.args.slice, paper=s.paper, seconds=round(seconds, 1), rows=rows,
-        data=(f"slice of shared/data/{s.slice_data}: " + ", ".join(
-            f"{split} = {src}.* lines {a + 1}-{b}" for split, (src, a, b) in s.slice_splits.items()
-        )) if recipe.args.slice else f"download.py --setup {s.download_setup}",
+        data=recipe.slice_description() if recipe.args.slice else f"download.py --setup {s.download_setup}",
     )  # fmt: skip
 
     def cell(x, fmt="{:.2f}"):
@@ -572,7 +568,8 @@ def write_results(recipe: Recipe, seconds: float) -> str:
     ]  # fmt: skip
     for r in rows:
         wps = [cell(r["words_per_second"][str(b)], "{:.1f}") for b in BENCH_BATCH_SIZES]
-        ratio = "/".join(cell(r["speedup_vs_at_greedy"][str(b)]) for b in BENCH_BATCH_SIZES)
+        ratios = [r["speedup_vs_at_greedy"][str(b)] for b in BENCH_BATCH_SIZES]
+        ratio = "n/a" if all(x is None for x in ratios) else "/".join(cell(x) for x in ratios)
         lines.append(
             f"| {r['model']} | {cell(r['sacrebleu'])} | {cell(r['tokenized_bleu'])} | {cell(r['chrf'])} | "
             f"{cell(r['comet'], '{:.4f}')} | {' | '.join(wps)} | {ratio} |"
@@ -599,17 +596,24 @@ def parse_args(argv=None):
     p.add_argument("--fp16", action="store_true", help="fairseq's --fp16 (GPU)")
     p.add_argument("--update-freq", type=int, help="default: the paper's tokens per update / (GPUs x max-tokens)")
     p.add_argument("--print-commands", action="store_true", help="print every step's command; run nothing")
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU threads of a job")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads of a job (default: the cores; --slice: 1, faster for tiny models, docs/training.md)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--partition", help="--launcher slurm: the SLURM partition")
     p.add_argument("--timeout-min", type=int, default=3 * 24 * 60, help="a job's time limit (submitit)")
     p.add_argument("--data", default=str(SHARED_DATA), help="--slice: the shared data folder")
     p.add_argument("--slice-train-lines", type=int, default=0, help="--slice: keep the first N training pairs")
+    p.add_argument("--slice-test-lines", type=int, default=0, help="--slice: keep the first N test pairs")
     args = p.parse_args(argv)
     if args.steps:
         unknown = [s for s in args.steps.split(",") if s not in STEPS]
         if unknown:
             p.error(f"unknown step(s) {', '.join(unknown)}; the steps: {','.join(STEPS)}")
+    if args.threads is None:
+        args.threads = 1 if args.slice else len(os.sched_getaffinity(0))
     if args.slice:
         args.gpus = 0
     elif args.gpus is None:

@@ -1,0 +1,150 @@
+"""examples/wmt/recipe.py, the papers' WMT set-ups: the full-scale commands it prints parse with
+fairseq's own parser and carry setups.py's values (the --update-freq arithmetic included), a
+step goes through submitit's local executor and leaves its marker, a step run before its
+inputs exist stops with one line naming the step to run first, and (slow) the whole --slice
+run of the smallest set-up writes results.md with every model's row."""
+
+import importlib.util
+import json
+import math
+import shlex
+import subprocess
+import sys
+
+import pytest
+from fairseq import options
+
+from fairseq_hrt.testing.tiny_runs import REPO, USER_DIR, cli_env
+
+RECIPE = REPO / "examples" / "wmt" / "recipe.py"
+SHARED_DATA = REPO.parent / "shared" / "data"
+_spec = importlib.util.spec_from_file_location("wmt_recipe", RECIPE)
+recipe = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(recipe)
+SETUPS = recipe.SETUPS
+
+needs_shared_data = pytest.mark.skipif(
+    not (SHARED_DATA / "wmt16-en-ro-newstest" / "test.ro").is_file(),
+    reason="the slice is cut from ../shared/data/wmt16-en-ro-newstest",
+)
+
+
+def run_recipe(*args, check=True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, str(RECIPE), *args], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"recipe.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def fairseq_train_args(command: str):
+    """The namespace fairseq-train's parser makes of a training job's command line (the words
+    after fairseq-train or torchrun's -m fairseq_cli.train)."""
+    words = shlex.split(command)
+    start = words.index("fairseq-train") + 1 if "fairseq-train" in words else words.index("fairseq_cli.train") + 1
+    argv = words[start:]
+    argv[argv.index("--user-dir") + 1] = USER_DIR
+    parser = options.get_training_parser()
+    return options.parse_args_and_arch(parser, input_args=argv)
+
+
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+@pytest.mark.parametrize("launcher,gpus,nodes", [("local", 8, 1), ("slurm", 4, 2)])
+def test_full_scale_training_commands_parse_with_the_papers_values(tmp_path, setup, launcher, gpus, nodes):
+    s = SETUPS[setup]
+    argv = ["--setup", setup, "--work", str(tmp_path / "w"), "--print-commands", "--launcher", launcher]
+    args = recipe.parse_args(argv + ["--gpus", str(gpus), "--nodes", str(nodes)])
+    r = recipe.Recipe(args)
+    trainings = {"teacher": s.teacher, "at": s.at, "mp": s.mp, **{f"hrt-k{k}": s.hrt for k in s.hrt_chunk_sizes}}
+    seen = []
+    for name in recipe.STEPS:
+        for job in r.step(name).jobs:
+            if not job.train:
+                continue
+            seen.append(job.label)
+            training = trainings[job.label]
+            parsed = fairseq_train_args(job.command)
+            assert parsed.arch == training.arch
+            assert parsed.max_update == training.max_update and parsed.lr == [training.lr]
+            assert parsed.warmup_updates == training.warmup and parsed.dropout == training.dropout
+            assert parsed.max_tokens == training.max_tokens
+            # the paper's tokens per update on nodes x GPUs, rounded up
+            expected = math.ceil(training.tokens_per_update / (gpus * nodes * training.max_tokens))
+            assert parsed.update_freq == [expected]
+            assert parsed.keep_interval_updates == s.average_last
+            assert (launcher == "slurm") == (parsed.distributed_port > 0)
+            assert job.command.startswith("torchrun") == (launcher == "local")
+            if job.label.startswith("hrt-k"):
+                assert parsed.chunk_sizes == job.label[len("hrt-k") :] and parsed.finetune_from_model
+            if job.label != "teacher":
+                assert parsed.p_raw == s.p_raw and parsed.distill_data
+    assert seen == ["teacher", "at", *[f"hrt-k{k}" for k in s.hrt_chunk_sizes], *(["mp"] if s.mp_student else [])]
+    # distillation: one shard per GPU, then merge
+    shards = r.step("distill").jobs
+    assert [f"--shard-id {i}" in j.command for i, j in enumerate(shards)] == [True] * gpus * nodes
+    assert f"--num-shards {gpus * nodes}" in r.step("merge").jobs[0].command
+
+
+def test_print_commands_prints_every_step_and_the_update_freq_arithmetic():
+    out = run_recipe("--setup", "wmt22_e12d1", "--work", "work/wmt22_e12d1", "--print-commands").stdout
+    for i, name in enumerate(recipe.STEPS, 1):
+        assert f"# step {i}/{len(recipe.STEPS)}: {name}" in out
+    # [DLCL]'s 8 x 4096 x 2 tokens on the default 8 GPUs of 4096 tokens: --update-freq 2
+    assert "--update-freq 2 = 65536 tokens per update (paper) / (8 GPU(s) x 4096 max-tokens)" in out
+    assert "--chunk-sizes 2 " in out and "--chunk-sizes 4 " in out and "--arch hrt_e12d1" in out
+    assert "python -m fairseq_hrt.distill --merge --out work/wmt22_e12d1/distill/train.de --num-shards 8" in out
+
+
+@needs_shared_data
+def test_a_step_runs_through_submitit_and_a_step_out_of_order_names_the_one_to_run_first(tmp_path):
+    work = tmp_path / "w"
+    common = ["--setup", "wmt16_en_ro", "--work", str(work), "--slice", "--slice-train-lines", "20"]
+    run_recipe(*common, "--steps", "download", "--launcher", "local")
+    marker = work / "markers" / "download.done"
+    assert "make_slice.py --setup wmt16_en_ro" in marker.read_text()
+    raw = work / "download" / "wmt16_en_ro" / "raw"
+    assert len((raw / "train.ro").read_text().splitlines()) == 20
+    assert len((raw / "valid.en").read_text().splitlines()) == 250
+    assert list((work / "submitit" / "download").glob("*_result.pkl")), "not run by submitit"
+    again = run_recipe(*common, "--steps", "download")
+    assert "skipped, done earlier" in again.stderr
+
+    # binarize before prepare: one line, the step to run first, nothing lost
+    proc = run_recipe(*common, "--steps", "binarize", check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].endswith("which step prepare makes: run --steps prepare first")
+    assert len(proc.stderr.strip().splitlines()) <= 2, proc.stderr  # the recipe's banner and the error
+    assert marker.is_file() and not (work / "markers" / "binarize.done").exists()
+
+
+@pytest.mark.slow
+@needs_shared_data
+def test_the_slice_runs_every_step_and_writes_the_results_table(tmp_path):
+    work = tmp_path / "w"
+    run_recipe(
+        "--setup", "wmt16_en_ro", "--work", str(work), "--slice", "--slice-train-lines", "400",
+        "--slice-test-lines", "40", "--threads", "1",
+    )  # fmt: skip
+    for name in recipe.STEPS:
+        assert (work / "markers" / f"{name}.done").is_file(), name
+    # two shards merged in source order: one distilled line per training pair
+    assert (work / "distill" / "train.ro.shard-1-of-2").is_file()
+    assert len((work / "distill" / "train.ro").read_text().splitlines()) == 400
+    results = json.loads((work / "results.json").read_text())
+    rows = {r["model"]: r for r in results["rows"]}
+    assert set(rows) == {"teacher", "at-greedy", "at-beam2", "hrt-k2", "mp-i10"}
+    for r in rows.values():
+        assert r["sacrebleu"] is not None and r["tokenized_bleu"] is not None and r["chrf"] is not None
+        assert r["comet"] is None  # no local COMET model here
+    for name in ("at-greedy", "hrt-k2", "mp-i10"):
+        assert all(rows[name]["words_per_second"][b] > 0 for b in ("1", "8", "128")), name
+    assert rows["at-greedy"]["speedup_vs_at_greedy"] == {"1": 1.0, "8": 1.0, "128": 1.0}
+    table = (work / "results.md").read_text()
+    for name in rows:
+        assert f"| {name} |" in table
+    assert "| model | sacreBLEU | tokenized BLEU | chrF | COMET |" in table
+    assert "train = test.* lines 1-400" in table and "test = test.* lines 1751-1790" in table
+    for model in ("at", "hrt-k2", "mp"):
+        assert (work / model / "checkpoint_avg.pt").is_file()
+        assert any((work / "export" / model).iterdir())
