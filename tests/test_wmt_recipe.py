@@ -7,6 +7,7 @@ run of the smallest set-up writes results.md with every model's row."""
 import importlib.util
 import json
 import math
+import os
 import shlex
 import subprocess
 import sys
@@ -84,6 +85,24 @@ def test_full_scale_training_commands_parse_with_the_papers_values(tmp_path, set
     shards = r.step("distill").jobs
     assert [f"--shard-id {i}" in j.command for i, j in enumerate(shards)] == [True] * gpus * nodes
     assert f"--num-shards {gpus * nodes}" in r.step("merge").jobs[0].command
+
+
+def test_slurm_jobs_ask_for_one_task_per_gpu_on_every_node(tmp_path, monkeypatch):
+    # submitit's SLURM executor only looks for srun on PATH when it is made
+    fake_srun = tmp_path / "bin" / "srun"
+    fake_srun.parent.mkdir()
+    fake_srun.write_text("#!/bin/sh\n")
+    fake_srun.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_srun.parent}:{os.environ['PATH']}")
+    argv = ["--setup", "wmt16_en_ro", "--work", str(tmp_path / "w"), "--launcher", "slurm", "--gpus", "4"]
+    r = recipe.Recipe(recipe.parse_args(argv + ["--nodes", "2", "--partition", "gpu"]))
+    teacher, distill = r.step("teacher"), r.step("distill")
+    params = r.executor(teacher, teacher.jobs[0])._executor.parameters
+    assert (params["nodes"], params["gpus_per_node"], params["ntasks_per_node"]) == (2, 4, 4)
+    assert params["partition"] == "gpu"
+    params = r.executor(distill, distill.jobs[0])._executor.parameters
+    assert (params["nodes"], params["gpus_per_node"], params["ntasks_per_node"]) == (1, 1, 1)
+    assert len(distill.jobs) == 8  # one shard per GPU of the 2 x 4
 
 
 def test_print_commands_prints_every_step_and_the_update_freq_arithmetic():

@@ -42,6 +42,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -485,6 +486,10 @@ class Recipe:
                 print(job.command)
 
     def run(self):
+        if self.args.launcher == "slurm" and not shutil.which("srun"):
+            sys.exit(
+                "[recipe] --launcher slurm: no SLURM here (srun not found); run on the cluster, or --launcher local"
+            )
         started = time.time()
         log(f"{self.setup.name}{' (slice)' if self.args.slice else ''}: work folder {self.path(self.work)}")
         for name in self.selected_steps():
