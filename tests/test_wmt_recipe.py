@@ -15,7 +15,7 @@ import sys
 import pytest
 from fairseq import options
 
-from fairseq_hrt.testing.tiny_runs import REPO, USER_DIR, cli_env
+from fairseq_hrt.testing.tiny_runs import REPO, USER_DIR, cli_env, run_cli
 
 RECIPE = REPO / "examples" / "wmt" / "recipe.py"
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -137,14 +137,21 @@ def test_a_step_runs_through_submitit_and_a_step_out_of_order_names_the_one_to_r
     assert marker.is_file() and not (work / "markers" / "binarize.done").exists()
 
 
-@pytest.mark.slow
-@needs_shared_data
-def test_the_slice_runs_every_step_and_writes_the_results_table(tmp_path):
-    work = tmp_path / "w"
+@pytest.fixture(scope="module")
+def slice_work(tmp_path_factory):
+    """The work folder of a whole --slice run of wmt16_en_ro (400 training pairs, 40 test)."""
+    work = tmp_path_factory.mktemp("wmt_slice") / "w"
     run_recipe(
         "--setup", "wmt16_en_ro", "--work", str(work), "--slice", "--slice-train-lines", "400",
         "--slice-test-lines", "40", "--threads", "1",
     )  # fmt: skip
+    return work
+
+
+@pytest.mark.slow
+@needs_shared_data
+def test_the_slice_runs_every_step_and_writes_the_results_table(slice_work):
+    work = slice_work
     for name in recipe.STEPS:
         assert (work / "markers" / f"{name}.done").is_file(), name
     # two shards merged in source order: one distilled line per training pair
@@ -167,3 +174,27 @@ def test_the_slice_runs_every_step_and_writes_the_results_table(tmp_path):
     for model in ("at", "hrt-k2", "mp"):
         assert (work / model / "checkpoint_avg.pt").is_file()
         assert any((work / "export" / model).iterdir())
+
+
+@pytest.mark.slow
+@needs_shared_data
+def test_the_full_scale_models_train_and_fine_tune_from_the_at_student(slice_work, tmp_path):
+    """One update of each full-scale training command of wmt16_en_ro on the slice's data: the
+    papers' shapes train, and HRT and Mask-Predict load the AT student's weights."""
+    r = recipe.Recipe(recipe.parse_args(["--setup", "wmt16_en_ro", "--work", str(slice_work), "--gpus", "0"]))
+    for step in ("teacher", "at_student", "hrt", "mp"):
+        for job in r.step(step).jobs:
+            words = shlex.split(job.command)
+            assert words[0] == "fairseq-train"
+            budget = {
+                "--max-update": "1",
+                "--max-tokens": "600",
+                "--update-freq": "1",
+                "--save-dir": tmp_path / job.label,
+            }
+            for option, value in budget.items():
+                words[words.index(option) + 1] = str(value)
+            if "--finetune-from-model" in words:
+                words[words.index("--finetune-from-model") + 1] = str(tmp_path / "at" / "checkpoint_last.pt")
+            run_cli(["fairseq_cli.train", *words[1:], "--disable-validation", "--num-workers", "0"], cwd=REPO)
+            assert (tmp_path / job.label / "checkpoint_last.pt").is_file(), job.label

@@ -92,6 +92,8 @@ _MP_SCHEDULE = dict(
     tokens_per_update=128_000,  # [MP]: 128k tokens per batch
 )
 
+_PRE_NORM = ("--encoder-normalize-before", "--decoder-normalize-before")
+
 WMT16_EN_RO = Setup(
     name="wmt16_en_ro",
     paper="HRT (Wang et al.), WMT'16 En-Ro, 610k pairs (Sec. 5)",
@@ -104,8 +106,9 @@ WMT16_EN_RO = Setup(
     # fairseq's base setting for the small En-Ro corpus (paper silent)
     teacher=Training(arch="transformer", dropout=0.3, **_MP_SCHEDULE),
     # paper silent on a separate AT student: the AT counterpart HRT is fine-tuned from
-    # ([HRT] Alg. 1, "M_hrt <- M_at"), base shape, trained on MixDistill like HRT
-    at=Training(arch="transformer", dropout=0.3, **_MP_SCHEDULE),
+    # ([HRT] Alg. 1, "M_hrt <- M_at"), trained on MixDistill like HRT; base shape, pre-norm as
+    # hrt_base and cmlm_base are (SPEC sec. 5), or their fine-tuning could not load its weights
+    at=Training(arch="transformer", dropout=0.3, extra=_PRE_NORM, **_MP_SCHEDULE),
     hrt=Training(arch="hrt_base", dropout=0.3, **_MP_SCHEDULE),  # [HRT] Sec. 4: base + decoder RPR
     mp=Training(arch="cmlm_base", dropout=0.3, **_MP_SCHEDULE),  # [HRT] App. E: MP with FT+RPR+MD
     hrt_chunk_sizes=(2,),  # [HRT] Sec. 6 / Table 4: k = 2 is the main model
@@ -137,7 +140,7 @@ WMT14_EN_DE = replace(
     vocab_size=32_000,  # [MP]: Vaswani et al.'s 32k joint BPE
     # dropout 0.1 for the 4.5M-pair corpus (Transformer-Base, Vaswani et al.; paper silent)
     teacher=Training(arch="transformer", dropout=0.1, **_MP_SCHEDULE),
-    at=Training(arch="transformer", dropout=0.1, **_MP_SCHEDULE),
+    at=Training(arch="transformer", dropout=0.1, extra=_PRE_NORM, **_MP_SCHEDULE),
     hrt=Training(arch="hrt_base", dropout=0.1, **_MP_SCHEDULE),
     mp=Training(arch="cmlm_base", dropout=0.1, **_MP_SCHEDULE),
     compound_split=True,  # tokenized BLEU with compound splitting, as [MP] and Vaswani et al.
