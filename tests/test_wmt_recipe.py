@@ -159,6 +159,7 @@ def test_the_slice_runs_every_step_and_writes_the_results_table(slice_work):
     assert len((work / "distill" / "train.ro").read_text().splitlines()) == 400
     results = json.loads((work / "results.json").read_text())
     rows = {r["model"]: r for r in results["rows"]}
+    assert set(results["step_seconds"]) == set(recipe.STEPS)  # the time of every step, in results.md
     assert set(rows) == {"teacher", "at-greedy", "at-beam2", "hrt-k2", "mp-i10"}
     for r in rows.values():
         assert r["sacrebleu"] is not None and r["tokenized_bleu"] is not None and r["chrf"] is not None

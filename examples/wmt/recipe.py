@@ -436,12 +436,15 @@ class Recipe:
                 log(f"{tag}: {job.label}: {self.update_freq_note(self.training_of(job.label))}")
         started = time.time()
         if step.parallel:
-            self.wait([(job, self.submit(step, job)) for job in todo], tag)
+            self.wait(step, [(job, self.submit(step, job)) for job in todo], tag)
         else:
             for job in todo:
-                self.wait([(job, self.submit(step, job))], tag)
+                self.wait(step, [(job, self.submit(step, job))], tag)
         marker.write_text("\n".join(j.command for j in step.jobs) + "\n")
-        log(f"{tag}: done in {time.time() - started:.0f} s")
+        seconds = time.time() - started
+        # results.md's time of every step, however many runs of the recipe it took to finish them
+        (self.markers / f"{step.name}.seconds").write_text(f"{seconds:.1f}\n")
+        log(f"{tag}: done in {seconds:.0f} s")
 
     def training_of(self, label: str) -> Training:
         s = self.setup
@@ -455,7 +458,7 @@ class Recipe:
         log(f"step {step.name}: {job.label} ({self.args.launcher} launcher), log in {self.path(log_path)}")
         return self.executor(step, job).submit(run_job, job.command, log_path, self.cwd, env)
 
-    def wait(self, submitted, tag: str):
+    def wait(self, step: Step, submitted, tag: str):
         failed = []
         for job, handle in submitted:
             try:
@@ -463,7 +466,7 @@ class Recipe:
             except Exception as e:  # submitit wraps the job's exception; its message has the log's end
                 failed.append(f"{job.label}: {e}")
                 continue
-            (self.markers / tag.split()[-1] / f"{job.label}.done").write_text(job.command + "\n")
+            (self.markers / step.name / f"{job.label}.done").write_text(job.command + "\n")
         if failed:
             sys.exit(f"[recipe] {tag} failed; run the same command again to redo what failed:\n" + "\n".join(failed))
 
@@ -485,18 +488,25 @@ class Recipe:
                     print(f"# {self.update_freq_note(self.training_of(job.label))}")
                 print(job.command)
 
+    def step_seconds(self) -> Dict[str, float]:
+        """{step: seconds it ran} of the steps done, from their markers."""
+        out = {}
+        for name in STEPS:
+            path = self.markers / f"{name}.seconds"
+            if path.is_file():
+                out[name] = float(path.read_text())
+        return out
+
     def run(self):
         if self.args.launcher == "slurm" and not shutil.which("srun"):
             sys.exit(
                 "[recipe] --launcher slurm: no SLURM here (srun not found); run on the cluster, or --launcher local"
             )
-        started = time.time()
         log(f"{self.setup.name}{' (slice)' if self.args.slice else ''}: work folder {self.path(self.work)}")
         for name in self.selected_steps():
             self.run_step(self.step(name))
         if all((self.markers / f"{n}.done").exists() for n in ("evaluate", "benchmark")):
-            table = write_results(self, time.time() - started)
-            print(table)
+            print(write_results(self))
 
 
 # --------------------------------------------------------------------------- results
@@ -528,7 +538,25 @@ def benchmark_rows(recipe: Recipe) -> Dict[str, dict]:
     return speeds
 
 
-def write_results(recipe: Recipe, seconds: float) -> str:
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({len(os.sched_getaffinity(0))} cores)"
+    except OSError:
+        pass
+    return f"{len(os.sched_getaffinity(0))} cores"
+
+
+def steps_time(step_seconds: Dict[str, float], recipe: Recipe) -> str:
+    if not step_seconds:
+        return "Time of the steps: not recorded (they ran before the recipe kept it)."
+    where = f"; {recipe.threads} thread(s) per job, on {cpu_name()}" if recipe.cpu else ""
+    per_step = ", ".join(f"{name} {sec:.0f} s" for name, sec in step_seconds.items())
+    return f"Time of the steps: {sum(step_seconds.values()):.0f} s in all ({per_step}{where})."
+
+
+def write_results(recipe: Recipe) -> str:
     s = recipe.setup
     speeds = benchmark_rows(recipe)
     rows = []
@@ -553,7 +581,7 @@ def write_results(recipe: Recipe, seconds: float) -> str:
     order = ["teacher", "at-greedy"]
     rows.sort(key=lambda r: (order.index(r["model"]) if r["model"] in order else len(order), r["model"]))
     results = dict(
-        setup=s.name, slice=recipe.args.slice, paper=s.paper, seconds=round(seconds, 1), rows=rows,
+        setup=s.name, slice=recipe.args.slice, paper=s.paper, step_seconds=recipe.step_seconds(), rows=rows,
         data=recipe.slice_description() if recipe.args.slice else f"download.py --setup {s.download_setup}",
     )  # fmt: skip
 
@@ -579,7 +607,20 @@ def write_results(recipe: Recipe, seconds: float) -> str:
             f"| {r['model']} | {cell(r['sacrebleu'])} | {cell(r['tokenized_bleu'])} | {cell(r['chrf'])} | "
             f"{cell(r['comet'], '{:.4f}')} | {' | '.join(wps)} | {ratio} |"
         )
-    lines += ["", f"The whole run of this command: {seconds:.0f} s."]
+    bench = f"the first {s.bench_sentences} test sentences" if s.bench_sentences else "the whole test set"
+    lines += [
+        "",
+        f"Rows: teacher (beam {s.distill_beam}, its last checkpoint: the one that distilled); the students "
+        f"averaged over their last {s.average_last} interval checkpoints: at-greedy (the speed baseline), "
+        + (f"at-beam{s.at_beam}, " if s.at_beam > 1 else "")
+        + f"hrt-kK (chunk size K, b_at = {s.hrt_beam}, b_nat = 1)"
+        + (f", mp-iI (Mask-Predict, I iterations, {s.mp_length_beam} length candidates)" if s.mp_student else "")
+        + f". Scores: python -m fairseq_hrt.evaluate on the whole test set (COMET n/a: no local COMET model). "
+        f"Speed: benchmarks/benchmark.py, source words/s on {bench} (batch 1: the first "
+        f"{s.bench_bs1_sentences}), lean engine, {recipe.threads} thread(s); reports in benchmark/k*/.",
+        "",
+        steps_time(results["step_seconds"], recipe),
+    ]
     table = "\n".join(lines) + "\n"
     (recipe.work / "results.md").write_text(table)
     (recipe.work / "results.json").write_text(json.dumps(results, indent=1) + "\n")
