@@ -344,4 +344,5 @@ EXAMPLE_TESTS = {
     "test_quickstart.py",
     "test_docs_commands.py",
     "test_wmt_download.py",
+    "test_wmt_recipe.py",
 }

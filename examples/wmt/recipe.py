@@ -244,7 +244,14 @@ class Recipe:
             ]  # fmt: skip
             return Step(name, [Job(name, sh(words))], [(spm / f"train.{s.tgt}", "prepare")])
         if name == "teacher":
-            job = self.train("teacher", s.teacher, ["--hrt-mode", "at"])
+            extra = ["--hrt-mode", "at"]
+            if not self.args.slice:  # validation BLEU picks the teacher, as fairseq's translation examples
+                extra += [
+                    "--eval-bleu", "--eval-bleu-args", '{"beam": 5, "max_len_a": 1.2, "max_len_b": 10}',
+                    "--eval-bleu-remove-bpe", "sentencepiece", "--best-checkpoint-metric", "bleu",
+                    "--maximize-best-checkpoint-metric",
+                ]  # fmt: skip
+            job = self.train("teacher", s.teacher, extra)
             return Step(name, [job], [(dict_src, "binarize")])
         if name == "distill":
             jobs = []
