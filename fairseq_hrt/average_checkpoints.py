@@ -38,9 +38,6 @@ from fairseq_hrt.tasks.hrt_translation import HRTTranslationTask
 PROG = "python -m fairseq_hrt.average_checkpoints"
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
-# the task's entry in a checkpoint's extra_state (HRTTranslationTask.get_checkpoint_dict): its
-# dictionary fingerprint tells checkpoints of data binarized with another dictionary apart
-TASK_STATE = HRTTranslationTask.__name__
 
 
 class AveragingError(ValueError):
@@ -98,10 +95,6 @@ def _load(path: str) -> dict:
     return state
 
 
-def _dictionary(state: dict) -> Optional[str]:
-    return (state.get("extra_state") or {}).get(TASK_STATE, {}).get("dictionary")
-
-
 def _check_same_model(first_path: str, first: dict, path: str, state: dict):
     expected, found = first["model"], state["model"]
     if expected.keys() != found.keys():
@@ -126,7 +119,10 @@ def _check_same_model(first_path: str, first: dict, path: str, state: dict):
                 f"{path} is a checkpoint of another model than {first_path} ({key} is {list(other.shape)} there, "
                 f"{list(tensor.shape)} here): average checkpoints of one training run"
             )
-    if _dictionary(first) and _dictionary(state) and _dictionary(first) != _dictionary(state):
+    # the task's saved fingerprint tells checkpoints of data binarized with another dictionary apart
+    first_dictionary = HRTTranslationTask.saved_dictionary_fingerprint(first)
+    dictionary = HRTTranslationTask.saved_dictionary_fingerprint(state)
+    if first_dictionary and dictionary and first_dictionary != dictionary:
         raise AveragingError(
             f"{path} was trained on data binarized with another dictionary than {first_path}: average checkpoints "
             "of one training run"

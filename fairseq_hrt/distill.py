@@ -33,7 +33,6 @@ one-process output::
 
 import argparse
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -54,6 +53,7 @@ import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
 from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook, setup_logging
 from fairseq_hrt.generation.engines import engine_choices
 from hrt_runtime import text_input
+from hrt_runtime.integrity import sha256_of
 from hrt_runtime.text_input import InputTextError
 
 logger = logging.getLogger("fairseq_hrt.distill")
@@ -105,16 +105,6 @@ def write_lines_atomic(path: str, lines: Sequence[str]) -> None:
         for line in lines:
             f.write(line + "\n")
     os.replace(part, path)
-
-
-def file_sha256(path: str) -> str:
-    """sha256 of a file's bytes, read in 4 MiB blocks (a teacher checkpoint can be gigabytes:
-    seconds, against the hours a shard decodes)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------- decoding
@@ -244,8 +234,9 @@ def load_teacher(args):
         weight = state["model"].get(name)
         if mismatch is None and weight is not None and weight.size(0) != len(dictionary):
             mismatch = f"its {name} has {weight.size(0)} entries, --data's dictionary {len(dictionary)}"
-    saved = (state.get("extra_state") or {}).get(type(task).__name__, {}).get("dictionary")
-    if mismatch is None and saved is not None and hasattr(task, "dictionary_fingerprint"):
+    fingerprinted = hasattr(task, "dictionary_fingerprint")
+    saved = type(task).saved_dictionary_fingerprint(state) if fingerprinted else None
+    if mismatch is None and saved is not None:
         if saved != task.dictionary_fingerprint():
             mismatch = f"its dictionary's fingerprint is {saved}, --data's {task.dictionary_fingerprint()}"
     if mismatch:
@@ -388,11 +379,11 @@ def shard_inputs(args, n_lines: int, task, num_shards: int) -> Dict[str, object]
         "num_shards": num_shards,
         "src_lines": n_lines,
         "src_bytes": os.path.getsize(args.src),
-        "src_sha256": file_sha256(args.src),
+        "src_sha256": sha256_of(args.src),
         "teacher_bytes": os.path.getsize(args.path),
-        "teacher_sha256": file_sha256(args.path),
+        "teacher_sha256": sha256_of(args.path),
         "dictionary": task.dictionary_fingerprint() if hasattr(task, "dictionary_fingerprint") else None,
-        "select_by_bleu_sha256": file_sha256(args.select_by_bleu) if args.select_by_bleu else None,
+        "select_by_bleu_sha256": sha256_of(args.select_by_bleu) if args.select_by_bleu else None,
         "post_process": args.post_process if args.select_by_bleu else None,
         "input_errors": args.input_errors,
         "beam": args.beam,

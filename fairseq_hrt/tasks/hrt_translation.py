@@ -276,6 +276,12 @@ class HRTTranslationTask(TranslationTask):
         count, which the checkpoint restores, so p_k continues where it was."""
         return {type(self).__name__: {"dictionary": self.dictionary_fingerprint(), **self._schedule()}}
 
+    @classmethod
+    def saved_dictionary_fingerprint(cls, checkpoint: dict) -> Optional[str]:
+        """The fingerprint :meth:`get_checkpoint_dict` stored in a loaded checkpoint (``None`` for
+        a checkpoint of another task)."""
+        return (checkpoint.get("extra_state") or {}).get(cls.__name__, {}).get("dictionary")
+
     def set_checkpoint_dict(self, state):
         """On resume: refuse data binarized with another dictionary, and warn when the
         curriculum's schedule differs (:func:`checkpoint_checks.check_resumed_state`)."""
