@@ -2,7 +2,8 @@
 fairseq's own parser and carry setups.py's values (the --update-freq arithmetic included), a
 step goes through submitit's local executor and leaves its marker, a step run before its
 inputs exist stops with one line naming the step to run first, and (slow) the whole --slice
-run of the smallest set-up writes results.md with every model's row."""
+run of the smallest set-up on a user's own corpus (--corpus) writes results.md with every
+model's row. The same slice on a real SLURM cluster: test_slurm_cluster.py."""
 
 import importlib.util
 import json
@@ -120,8 +121,8 @@ def test_a_step_runs_through_submitit_and_a_step_out_of_order_names_the_one_to_r
     work = tmp_path / "w"
     common = ["--setup", "wmt16_en_ro", "--work", str(work), "--slice", "--slice-train-lines", "20"]
     run_recipe(*common, "--steps", "download", "--launcher", "local")
-    marker = work / "markers" / "download.done"
-    assert "make_slice.py --setup wmt16_en_ro" in marker.read_text()
+    marker = work / "markers" / "download.json"
+    assert "make_slice.py --setup wmt16_en_ro" in json.loads(marker.read_text())["read"]["commands"][0]
     raw = work / "download" / "wmt16_en_ro" / "raw"
     assert len((raw / "train.ro").read_text().splitlines()) == 20
     assert len((raw / "valid.en").read_text().splitlines()) == 250
@@ -134,17 +135,22 @@ def test_a_step_runs_through_submitit_and_a_step_out_of_order_names_the_one_to_r
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].endswith("which step prepare makes: run --steps prepare first")
     assert len(proc.stderr.strip().splitlines()) <= 2, proc.stderr  # the recipe's banner and the error
-    assert marker.is_file() and not (work / "markers" / "binarize.done").exists()
+    assert marker.is_file() and not (work / "markers" / "binarize.json").exists()
 
 
 @pytest.fixture(scope="module")
 def slice_work(tmp_path_factory):
-    """The work folder of a whole --slice run of wmt16_en_ro (400 training pairs, 40 test)."""
-    work = tmp_path_factory.mktemp("wmt_slice") / "w"
-    run_recipe(
-        "--setup", "wmt16_en_ro", "--work", str(work), "--slice", "--slice-train-lines", "400",
-        "--slice-test-lines", "40", "--threads", "1",
-    )  # fmt: skip
+    """The work folder of a whole --slice run of wmt16_en_ro on a user's own corpus (--corpus:
+    400 training pairs, 250 valid, 40 test of newstest2016, written as a user would)."""
+    root = tmp_path_factory.mktemp("wmt_slice")
+    corpus = root / "my-corpus"
+    corpus.mkdir()
+    for lang in ("en", "ro"):
+        lines = (SHARED_DATA / "wmt16-en-ro-newstest" / f"test.{lang}").read_text(encoding="utf-8").splitlines(True)
+        for split, (start, stop) in {"train": (0, 400), "valid": (1500, 1750), "test": (1750, 1790)}.items():
+            (corpus / f"{split}.{lang}").write_text("".join(lines[start:stop]), encoding="utf-8")
+    work = root / "w"
+    run_recipe("--setup", "wmt16_en_ro", "--work", str(work), "--slice", "--corpus", str(corpus), "--threads", "1")
     return work
 
 
@@ -152,14 +158,15 @@ def slice_work(tmp_path_factory):
 @needs_shared_data
 def test_the_slice_runs_every_step_and_writes_the_results_table(slice_work):
     work = slice_work
-    for name in recipe.STEPS:
-        assert (work / "markers" / f"{name}.done").is_file(), name
+    for name in recipe.STEPS[1:]:  # download: none, the corpus is read where it is
+        assert json.loads((work / "markers" / f"{name}.json").read_text())["finished"], name
+    assert not (work / "download").exists()
     # two shards merged in source order: one distilled line per training pair
     assert (work / "distill" / "train.ro.shard-1-of-2").is_file()
     assert len((work / "distill" / "train.ro").read_text().splitlines()) == 400
     results = json.loads((work / "results.json").read_text())
     rows = {r["model"]: r for r in results["rows"]}
-    assert set(results["step_seconds"]) == set(recipe.STEPS)  # the time of every step, in results.md
+    assert set(results["step_seconds"]) == set(recipe.STEPS[1:])  # the time of every step, in results.md
     assert set(rows) == {"teacher", "at-greedy", "at-beam2", "hrt-k2", "mp-i10"}
     for r in rows.values():
         assert r["sacrebleu"] is not None and r["tokenized_bleu"] is not None and r["chrf"] is not None
@@ -171,7 +178,7 @@ def test_the_slice_runs_every_step_and_writes_the_results_table(slice_work):
     for name in rows:
         assert f"| {name} |" in table
     assert "| model | sacreBLEU | tokenized BLEU | chrF | COMET |" in table
-    assert "train = test.* lines 1-400" in table and "test = test.* lines 1751-1790" in table
+    assert f"your corpus {work.parent / 'my-corpus'} (train 400, valid 250, test 40 pairs)" in table
     for model in ("at", "hrt-k2", "mp"):
         assert (work / model / "checkpoint_avg.pt").is_file()
         assert any((work / "export" / model).iterdir())

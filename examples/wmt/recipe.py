@@ -23,11 +23,17 @@ Steps, in order (``--steps a,b`` runs some of them; each needs the outputs of th
  benchmark    benchmarks/benchmark.py at batch 1, 8 and 128: words/s, speed-up vs AT greedy
  export       fairseq-hrt-export of the students (ONNX Runtime)
 
-The settings are the papers' (setups.py cites each); ``--slice`` swaps in tiny models and budgets.
-A finished step leaves WORK/markers/<step>.done (its commands) and is skipped when the recipe
-runs again; a step of several jobs (shards, one model per k) keeps one marker per job in
+The settings are the papers' (setups.py cites each); ``--slice`` swaps in small models and
+budgets. ``--corpus DIR`` trains on your own parallel text ({train,valid,test}.{SRC,TGT}) in
+place of the download (read where it is; its two sides are checked before anything runs).
+A finished step leaves WORK/markers/<step>.json: what it read (its commands, its input files,
+the steps before it) and their digest (markers.py). A rerun skips it while that digest holds,
+and does it again, with every step after it, when its inputs changed (it says which); what the
+old run made is moved to WORK/stale/, never deleted. ``--redo STEP`` does the same on demand.
+A step of several jobs (shards, one model per k) keeps one marker per job in
 WORK/markers/<step>/, so a rerun does only what is missing. Logs: WORK/logs/<job>.log. At the
-end WORK/results.md and WORK/results.json hold the table.
+end WORK/results.md and WORK/results.json hold the table, written only from evaluations of the
+current models.
 
 Jobs go through submitit (WORK/submitit): ``--launcher local`` (a subprocess per job),
 ``debug`` (in this process) or ``slurm`` (sbatch; a training job gets ``--nodes`` x ``--gpus``
@@ -38,25 +44,31 @@ update on fewer GPUs (printed: paper tokens / (GPUs x max-tokens), rounded up).
 
 import argparse
 import importlib.util
-import json
 import math
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import cloudpickle
 import submitit
 import torch
 
 SCRIPT_DIR = Path(__file__).resolve().parent
 REPO = SCRIPT_DIR.parents[1]
 sys.path.insert(0, str(SCRIPT_DIR))
+import launch  # noqa: E402
+from corpus import SPLITS, checkpoint_problem, count_lines, parallel_text_problem  # noqa: E402
+from markers import Markers, digest_of, step_inputs  # noqa: E402
+from results import BENCH_BATCH_SIZES, write_results  # noqa: E402
 from setups import SETUPS, Setup, Training, slice_of  # noqa: E402
+
+# a job's function goes to the SLURM task by value: the task's Python cannot import examples/wmt
+cloudpickle.register_pickle_by_value(launch)
 
 # the Multi30k recipe's environment for long CPU runs (docs/training.md, "On a Linux CPU")
 _spec = importlib.util.spec_from_file_location("multi30k_recipe", REPO / "examples" / "multi30k" / "recipe.py")
@@ -68,10 +80,26 @@ log = _multi30k.log
 STEPS = (
     "download prepare binarize teacher distill merge distill_bin at_student hrt mp average evaluate benchmark export"
 ).split()
+# the steps whose outputs each step reads: one of them done again makes it run again
+UPSTREAM = {
+    "download": (),
+    "prepare": ("download",),
+    "binarize": ("prepare",),
+    "teacher": ("binarize",),
+    "distill": ("teacher", "prepare", "binarize"),
+    "merge": ("distill",),
+    "distill_bin": ("merge", "binarize", "prepare"),
+    "at_student": ("distill_bin", "binarize"),
+    "hrt": ("at_student", "distill_bin", "binarize"),
+    "mp": ("at_student", "distill_bin", "binarize"),
+    "average": ("at_student", "hrt", "mp"),
+    "evaluate": ("average", "teacher", "prepare", "binarize"),
+    "benchmark": ("average", "prepare", "binarize"),
+    "export": ("average", "prepare", "binarize"),
+}
 SHARED_DATA = REPO.parent / "shared" / "data"
-BENCH_BATCH_SIZES = (1, 8, 128)
 SLICE_SHARDS = 2  # --slice distills in two shards and merges them, as N GPUs would
-DISTRIBUTED_PORT = 29671  # fairseq's SLURM rendezvous (any free port of the first node)
+DISTRIBUTED_PORT = launch.DISTRIBUTED_PORT
 
 
 class StepOrderError(Exception):
@@ -104,19 +132,8 @@ def update_freq(training: Training, gpus: int) -> int:
     return max(1, math.ceil(training.tokens_per_update / (max(1, gpus) * training.max_tokens)))
 
 
-def run_job(command: str, log_path: str, cwd: str, env: Dict[str, str]) -> str:
-    """Runs one job's shell command (in a submitit job, or in this process for ``debug``),
-    its output appended to ``log_path``; raises with the log's end when it fails."""
-    with open(log_path, "a") as log_file:
-        log_file.write(f"$ {command}\n")
-        log_file.flush()
-        rc = subprocess.run(
-            ["bash", "-c", command], cwd=cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT
-        ).returncode
-    if rc != 0:
-        tail = "".join(Path(log_path).read_text(errors="replace").splitlines(keepends=True)[-25:])
-        raise RuntimeError(f"exit {rc}; the end of {log_path}:\n{tail}")
-    return log_path
+# runs one job's command where submitit put it (examples/wmt/launch.py)
+run_job = launch.run_task
 
 
 class Recipe:
@@ -128,15 +145,18 @@ class Recipe:
         self.gpus = args.gpus
         self.nodes = args.nodes
         self.total_gpus = self.gpus * self.nodes
-        self.cpu = args.slice or self.gpus == 0
+        self.cpu = self.gpus == 0
         self.threads = args.threads
-        self.shards = SLICE_SHARDS if args.slice else max(1, self.total_gpus)
+        # a CPU slice distills in two shards and merges them, as two GPUs would
+        self.shards = SLICE_SHARDS if self.cpu and args.slice else max(1, self.total_gpus)
         s = self.setup
         self.data = self.work / "data"
         self.data_bin = self.work / "data-bin"
-        self.raw = self.work / "download" / s.download_setup / "raw"
+        self.corpus = Path(args.corpus) if args.corpus else None
+        self.raw = self.corpus or self.work / "download" / s.download_setup / "raw"
         self.distill_out = self.work / "distill" / f"train.{s.tgt}"
-        self.markers = self.work / "markers"
+        self.markers = Markers(self.work / "markers")
+        self.redo = set(args.redo.split(",")) if args.redo else set()
         self.logs = self.work / "logs"
 
     # ------------------------------------------------------------------ paths and options
@@ -188,6 +208,9 @@ class Recipe:
         SLURM task, or alone)."""
         if self.args.launcher != "slurm" and self.gpus > 1:
             return ["torchrun", "--nproc-per-node", self.gpus, "-m", "fairseq_cli.train"]
+        if self.args.launcher == "slurm" and self.cpu and self.nodes > 1:
+            # fairseq's SLURM init counts GPUs for ranks: on CPU one rank per task (launch.py)
+            return ["python", self.path(SCRIPT_DIR / "launch.py"), "fairseq-train"]
         return ["fairseq-train"]
 
     def train(self, name: str, training: Training, extra: Sequence) -> Job:
@@ -197,7 +220,8 @@ class Recipe:
             "--task", "hrt_translation", "--source-lang", s.src, "--target-lang", s.tgt,
             "--arch", training.arch, *training.extra, "--share-all-embeddings",
             "--criterion", "hrt_loss", "--label-smoothing", s.label_smoothing,
-            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
+            "--optimizer", "adam", "--adam-betas", str(training.adam_betas), "--adam-eps", training.adam_eps,
+            "--clip-norm", "0.0",
             "--lr", training.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", training.warmup,
             "--warmup-init-lr", "1e-07", "--dropout", training.dropout, "--weight-decay", "0.0",
             "--max-tokens", training.max_tokens, "--update-freq", self.update_freq_for(training),
@@ -209,8 +233,7 @@ class Recipe:
         if self.args.slice:
             # the slice's valid set is tiny and its numbers mean nothing: no validation passes
             words += ["--disable-validation", "--num-workers", "0"]
-        if self.args.launcher == "slurm" and self.total_gpus > 1:
-            words += ["--distributed-port", DISTRIBUTED_PORT]
+        words += launch.distributed_words(self.args.launcher, self.nodes, self.gpus, self.cpu)
         return Job(name, sh(words), train=True)
 
     def mix_distill(self) -> List:
@@ -222,6 +245,8 @@ class Recipe:
         s, p = self.setup, self.path
         dict_src = self.data_bin / f"dict.{s.src}.txt"
         if name == "download":
+            if self.corpus:
+                return Step(name, [], skip_reason=f"--corpus: {p(self.corpus)} is read where it is")
             if self.args.slice:
                 words = ["python", p(SCRIPT_DIR / "make_slice.py"), "--setup", s.name, "--data", p(self.args.data)]
                 words += ["--dest", p(self.work / "download")]
@@ -234,6 +259,7 @@ class Recipe:
         if name == "prepare":
             words = ["python", p(SCRIPT_DIR / "prepare.py"), "--raw", p(self.raw), "--out", p(self.data)]
             words += ["--src", s.src, "--tgt", s.tgt, "--vocab-size", s.vocab_size, "--threads", self.threads]
+            words += ["--clean-max-len", s.clean_max_len, "--clean-ratio", s.clean_ratio]
             return Step(name, [Job(name, sh(words))], [(self.raw / f"train.{s.src}", "download")])
         if name == "binarize":
             spm = self.data / "spm"
@@ -353,6 +379,15 @@ class Recipe:
             jobs.append(Job(f"export-{model}", sh(words)))
         return Step(name, jobs, needs)
 
+    def data_description(self) -> str:
+        """What the models were trained and tested on, for results.md."""
+        if self.corpus:
+            counts = ", ".join(f"{split} {count_lines(self.corpus / f'{split}.{self.setup.src}')}" for split in SPLITS)
+            return f"your corpus {self.path(self.corpus)} ({counts} pairs)"
+        if self.args.slice:
+            return self.slice_description()
+        return f"download.py --setup {self.setup.download_setup}"
+
     def slice_description(self) -> str:
         """Which lines of shared/data the slice holds (with --slice-*-lines applied)."""
         keep = {"train": self.args.slice_train_lines, "test": self.args.slice_test_lines}
@@ -392,54 +427,120 @@ class Recipe:
 
     # ------------------------------------------------------------------ running
 
-    def env(self) -> Dict[str, str]:
-        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
-        # `python` and fairseq's console scripts of the commands: those of this interpreter
-        env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
-        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), env.get("PYTHONPATH", "")) if x)
-        for key, value in GLIBC_KEEP_FREED_MEMORY.items():
-            env.setdefault(key, value)
-        return env
+    def env(self) -> launch.JobEnv:
+        """The recipe's additions to a job's environment, applied inside the job, to the
+        environment of the task (SLURM's variables and CUDA_VISIBLE_DEVICES reach fairseq)."""
+        return launch.JobEnv(
+            set=dict(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads)),
+            # `python` and fairseq's console scripts of the commands: those of this interpreter
+            prepend=dict(PATH=str(Path(sys.executable).parent), PYTHONPATH=str(REPO)),
+            default=dict(GLIBC_KEEP_FREED_MEMORY),
+        )
 
     def executor(self, step: Step, job: Job):
         executor = submitit.AutoExecutor(folder=str(self.work / "submitit" / step.name), cluster=self.args.launcher)
         params = dict(timeout_min=self.args.timeout_min, name=f"{self.setup.name}-{job.label}")
         if self.args.launcher == "slurm":
-            gpus = self.gpus if job.train else (1 if self.gpus else 0)
-            params.update(
-                nodes=self.nodes if job.train else 1, gpus_per_node=gpus,
-                tasks_per_node=max(1, gpus) if job.train else 1, cpus_per_task=self.threads,
-            )  # fmt: skip
-            if self.args.partition:
-                params["slurm_partition"] = self.args.partition
+            params.update(launch.slurm_parameters(self.nodes, self.gpus, job.train, self.threads, self.args.partition))
         executor.update_parameters(**params)
         return executor
 
     def check_inputs(self, step: Step):
+        """Stops in one line before any job starts when what the step reads is missing or bad."""
+        if step.name == "prepare":
+            problem = parallel_text_problem(self.raw, self.setup.src, self.setup.tgt)
+            if problem and self.corpus:
+                raise StepOrderError(f"[recipe] --corpus: {problem}")
+            if problem:
+                raise StepOrderError(f"[recipe] step prepare: {problem}; run --steps download --redo download")
         for path, maker in step.needs:
             if not Path(path).exists():
                 raise StepOrderError(
                     f"[recipe] step {step.name} needs {self.path(path)}, which step {maker} makes: "
                     f"run --steps {maker} first"
                 )
+            if str(path).endswith(".pt"):
+                problem = checkpoint_problem(path)
+                if problem:
+                    raise StepOrderError(
+                        f"[recipe] step {step.name}: {problem}; make it again with --steps {maker} --redo {maker}"
+                    )
+
+    # ------------------------------------------------------------------ markers
+
+    def outputs(self, name: str) -> List[Path]:
+        """What a step makes: set aside (in WORK/stale/) before the step is done again."""
+        w = self.work
+        made = {
+            "download": [] if self.corpus else [w / "download"],
+            "prepare": [self.data],
+            "binarize": [self.data_bin],
+            "teacher": [self.model_dir("teacher")],
+            "distill": [w / "distill"],
+            "merge": [self.distill_out],
+            "distill_bin": [w / "distill-bin"],
+            "at_student": [self.model_dir("at")],
+            "hrt": [self.model_dir(f"hrt-k{k}") for k in self.setup.hrt_chunk_sizes],
+            "mp": [self.model_dir("mp")],
+            "average": [self.averaged(m) for m in self.students()],
+            "evaluate": [w / "evaluate"],
+            "benchmark": [w / "benchmark"],
+            "export": [w / "export"],
+        }
+        return made[name]
+
+    def inputs(self, step: Step) -> dict:
+        """What ``step`` reads now, as its marker records it."""
+        files = [path for path, _ in step.needs]
+        if step.name == "prepare":  # the raw text: a user's corpus replaced in place counts
+            files += [self.raw / f"{split}.{lang}" for split in SPLITS for lang in (self.setup.src, self.setup.tgt)]
+        upstream = {name: self.markers.stamp(name) for name in UPSTREAM[step.name]}
+        return step_inputs([j.command for j in step.jobs], [self.path(f) for f in files], upstream)
+
+    def digest(self, step: Step) -> str:
+        return digest_of(self.inputs(step))
+
+    def set_aside(self, name: str, why: str):
+        """Moves what a step made to WORK/stale/<step>-<time>/ (nothing is deleted) and forgets
+        its markers, with results.md, which its numbers may have been part of."""
+        stale = self.work / "stale" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        moved = []
+        for path in [*self.outputs(name), self.work / "results.md", self.work / "results.json"]:
+            if Path(path).exists():
+                stale.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(path), str(stale / Path(path).name))
+                moved.append(Path(path).name)
+        self.markers.forget(name)
+        where = f"; what it made is in {self.path(stale)}" if moved else ""
+        log(f"step {name}: {why}: doing it again, and the steps after it{where}")
+
+    def job_finished(self, step: Step, job: Job):
+        self.markers.job_done(step.name, job.label, job.command, self.digest(step))
 
     def run_step(self, step: Step):
         tag = f"step {STEPS.index(step.name) + 1}/{len(STEPS)} {step.name}"
-        marker = self.markers / f"{step.name}.done"
         if step.skip_reason:
             log(f"{tag}: none ({step.skip_reason})")
             return
-        if marker.exists():
-            log(f"{tag}: skipped, done earlier ({self.path(marker)})")
+        inputs = self.inputs(step)
+        digest = digest_of(inputs)
+        if step.name in self.redo:
+            self.set_aside(step.name, "--redo")
+            self.redo.discard(step.name)  # once, not again for the steps after it
+        elif self.markers.stale(step.name, digest):
+            self.set_aside(step.name, f"its inputs changed since it ran ({self.markers.change(step.name, inputs)})")
+        if self.markers.is_done(step.name, digest):
+            log(f"{tag}: skipped, done earlier ({self.path(self.markers.folder / step.name)}.json)")
             return
         self.check_inputs(step)
-        (self.markers / step.name).mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
-        todo = [j for j in step.jobs if not (self.markers / step.name / f"{j.label}.done").exists()]
+        self.markers.step_started(step.name, inputs)
+        done = set(self.markers.done_jobs(step.name, digest))
+        todo = [j for j in step.jobs if j.label not in done]
         if len(todo) < len(step.jobs):
             log(f"{tag}: {len(step.jobs) - len(todo)} of {len(step.jobs)} job(s) done earlier")
-        for job in step.jobs:
-            if job.train and job in todo:
+        for job in todo:
+            if job.train:
                 log(f"{tag}: {job.label}: {self.update_freq_note(self.training_of(job.label))}")
         started = time.time()
         if step.parallel:
@@ -447,11 +548,15 @@ class Recipe:
         else:
             for job in todo:
                 self.wait(step, [(job, self.submit(step, job))], tag)
-        marker.write_text("\n".join(j.command for j in step.jobs) + "\n")
-        seconds = time.time() - started
         # results.md's time of every step, however many runs of the recipe it took to finish them
-        (self.markers / f"{step.name}.seconds").write_text(f"{seconds:.1f}\n")
+        seconds = time.time() - started
+        self.markers.step_done(step.name, inputs, seconds)
         log(f"{tag}: done in {seconds:.0f} s")
+
+    def is_current(self, name: str) -> bool:
+        """Finished, with the inputs it would read now."""
+        step = self.step(name)
+        return not step.skip_reason and self.markers.is_done(name, self.digest(step))
 
     def training_of(self, label: str) -> Training:
         s = self.setup
@@ -459,21 +564,26 @@ class Recipe:
 
     def submit(self, step: Step, job: Job):
         env = self.env()
-        if job.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(job.gpu)
+        if job.gpu is not None:  # a shard pinned to one local GPU
+            env.set["CUDA_VISIBLE_DEVICES"] = str(job.gpu)
         log_path = str((self.logs / f"{job.label}.log").resolve())
         log(f"step {step.name}: {job.label} ({self.args.launcher} launcher), log in {self.path(log_path)}")
-        return self.executor(step, job).submit(run_job, job.command, log_path, self.cwd, env)
+        try:
+            return self.executor(step, job).submit(run_job, job.command, log_path, self.cwd, env)
+        except submitit.core.utils.FailedJobError as e:  # sbatch refused it: its own words
+            reason = (str(e).strip().splitlines() or ["no reason given"])[-1]
+            sys.exit(f"[recipe] step {step.name}: sbatch refused {job.label} ({reason}); run the same command again")
 
     def wait(self, step: Step, submitted, tag: str):
         failed = []
         for job, handle in submitted:
-            try:
-                handle.result()
-            except Exception as e:  # submitit wraps the job's exception; its message has the log's end
-                failed.append(f"{job.label}: {e}")
+            # every task of a multi-task job; a job SLURM ended without a result (a node died)
+            failures = launch.wait_for_tasks(handle)
+            if failures:
+                log_path = self.path(self.logs / f"{job.label}.log")
+                failed += [f"{job.label} (log {log_path}): {line}" for line in failures]
                 continue
-            (self.markers / step.name / f"{job.label}.done").write_text(job.command + "\n")
+            self.job_finished(step, job)
         if failed:
             sys.exit(f"[recipe] {tag} failed; run the same command again to redo what failed:\n" + "\n".join(failed))
 
@@ -483,7 +593,9 @@ class Recipe:
     def print_commands(self):
         s = self.setup
         print(f"# {s.name}: {s.paper}")
-        print(f"# {'slice of ' + s.slice_data if self.args.slice else 'full scale'}; launcher {self.args.launcher}, "
+        scale = "slice" if self.args.slice else "full scale"
+        data = f"your corpus {self.path(self.corpus)}" if self.corpus else (s.slice_data if self.args.slice else "")
+        print(f"# {scale}{' of ' + data if data else ''}; launcher {self.args.launcher}, "
               f"{self.nodes} node(s) x {self.gpus} GPU(s)")  # fmt: skip
         for name in self.selected_steps():
             step = self.step(name)
@@ -497,141 +609,29 @@ class Recipe:
 
     def step_seconds(self) -> Dict[str, float]:
         """{step: seconds it ran} of the steps done, from their markers."""
-        out = {}
-        for name in STEPS:
-            path = self.markers / f"{name}.seconds"
-            if path.is_file():
-                out[name] = float(path.read_text())
-        return out
+        return {name: self.markers.seconds(name) for name in STEPS if self.markers.seconds(name) is not None}
 
     def run(self):
-        if self.args.launcher == "slurm" and not shutil.which("srun"):
-            sys.exit(
-                "[recipe] --launcher slurm: no SLURM here (srun not found); run on the cluster, or --launcher local"
-            )
+        if self.args.launcher == "slurm":
+            refusal = launch.check_slurm(self.args.partition)
+            if refusal:
+                sys.exit(refusal)
         log(f"{self.setup.name}{' (slice)' if self.args.slice else ''}: work folder {self.path(self.work)}")
+        if self.corpus:  # before anything runs: a misaligned corpus stops here, not in the teacher
+            problem = parallel_text_problem(self.corpus, self.setup.src, self.setup.tgt)
+            if problem:
+                raise StepOrderError(f"[recipe] --corpus: {problem}")
+        elif self.args.slice and "download" in self.selected_steps():
+            folder = Path(self.args.data) / self.setup.slice_data
+            if not folder.is_dir():
+                raise StepOrderError(f"[recipe] --slice: {folder} not found; pass the shared data folder with --data")
         for name in self.selected_steps():
             self.run_step(self.step(name))
-        if all((self.markers / f"{n}.done").exists() for n in ("evaluate", "benchmark")):
+        # results.md only from evaluations finished on the current models
+        if all(self.is_current(n) for n in ("evaluate", "benchmark")):
             print(write_results(self))
-
-
-# --------------------------------------------------------------------------- results
-
-
-def _score(metrics: dict, metric: str) -> Optional[float]:
-    """A score of ``python -m fairseq_hrt.evaluate --json``: {metric: {"score": ...}}."""
-    return (metrics.get(metric) or {}).get("score")
-
-
-def benchmark_rows(recipe: Recipe) -> Dict[str, dict]:
-    """{evaluate row: {batch size: (words/s, ratio to AT greedy)}} from the benchmark reports."""
-    s = recipe.setup
-    speeds = {}
-    for k in s.hrt_chunk_sizes:
-        report = json.loads((recipe.work / "benchmark" / f"k{k}" / "report.json").read_text())
-        for system in report["systems"]:
-            name = system["name"]
-            if name == "AT greedy":
-                row = "at-greedy"
-            elif name.startswith("HRT") and "AT-mode" not in name and "[" not in name:
-                row = f"hrt-k{k}"
-            elif name.startswith("MP") or "Mask-Predict" in name:
-                row = f"mp-i{s.mp_iterations}"
-            else:
-                continue
-            speed = {b: (v["words_per_second"], v.get("ratio_vs_baseline")) for b, v in system["speed"].items()}
-            speeds.setdefault(row, speed)
-    return speeds
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({len(os.sched_getaffinity(0))} cores)"
-    except OSError:
-        pass
-    return f"{len(os.sched_getaffinity(0))} cores"
-
-
-def steps_time(step_seconds: Dict[str, float], recipe: Recipe) -> str:
-    if not step_seconds:
-        return "Time of the steps: not recorded (they ran before the recipe kept it)."
-    where = f"; {recipe.threads} thread(s) per job, on {cpu_name()}" if recipe.cpu else ""
-    per_step = ", ".join(f"{name} {sec:.0f} s" for name, sec in step_seconds.items())
-    return f"Time of the steps: {sum(step_seconds.values()):.0f} s in all ({per_step}{where})."
-
-
-def write_results(recipe: Recipe) -> str:
-    s = recipe.setup
-    speeds = benchmark_rows(recipe)
-    rows = []
-    for path in sorted((recipe.work / "evaluate").glob("*.json")):
-        metrics = json.loads(path.read_text())
-        row = path.stem
-        rows.append(
-            dict(
-                model=row,
-                sacrebleu=_score(metrics, "sacrebleu"),
-                tokenized_bleu=_score(metrics, "tokenized_bleu"),
-                chrf=_score(metrics, "chrf"),
-                comet=_score(metrics, "comet"),
-                words_per_second={
-                    str(b): (speeds.get(row, {}).get(str(b)) or (None, None))[0] for b in BENCH_BATCH_SIZES
-                },
-                speedup_vs_at_greedy={
-                    str(b): (speeds.get(row, {}).get(str(b)) or (None, None))[1] for b in BENCH_BATCH_SIZES
-                },
-            )
-        )
-    order = ["teacher", "at-greedy"]
-    rows.sort(key=lambda r: (order.index(r["model"]) if r["model"] in order else len(order), r["model"]))
-    results = dict(
-        setup=s.name, slice=recipe.args.slice, paper=s.paper, step_seconds=recipe.step_seconds(), rows=rows,
-        data=recipe.slice_description() if recipe.args.slice else f"download.py --setup {s.download_setup}",
-    )  # fmt: skip
-
-    def cell(x, fmt="{:.2f}"):
-        return "n/a" if x is None else fmt.format(x)
-
-    lines = [
-        f"# {s.name}{' (slice)' if recipe.args.slice else ''}: {s.paper}",
-        "",
-        f"Data: {results['data']}. Subwords: joint SentencePiece BPE ({s.vocab_size} pieces) in place of "
-        "the paper's Moses tokenization + BPE." + (" Tiny models and tens of updates: the BLEU of a slice "
-        "is near 0 by design, the run shows the path." if recipe.args.slice else ""),
-        "",
-        "| model | sacreBLEU | tokenized BLEU | chrF | COMET | words/s bs=1 | bs=8 | bs=128 "
-        "| speed-up vs AT greedy (1/8/128) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
-    for r in rows:
-        wps = [cell(r["words_per_second"][str(b)], "{:.1f}") for b in BENCH_BATCH_SIZES]
-        ratios = [r["speedup_vs_at_greedy"][str(b)] for b in BENCH_BATCH_SIZES]
-        ratio = "n/a" if all(x is None for x in ratios) else "/".join(cell(x) for x in ratios)
-        lines.append(
-            f"| {r['model']} | {cell(r['sacrebleu'])} | {cell(r['tokenized_bleu'])} | {cell(r['chrf'])} | "
-            f"{cell(r['comet'], '{:.4f}')} | {' | '.join(wps)} | {ratio} |"
-        )
-    bench = f"the first {s.bench_sentences} test sentences" if s.bench_sentences else "the whole test set"
-    lines += [
-        "",
-        f"Rows: teacher (beam {s.distill_beam}, its last checkpoint: the one that distilled); the students "
-        f"averaged over their last {s.average_last} interval checkpoints: at-greedy (the speed baseline), "
-        + (f"at-beam{s.at_beam}, " if s.at_beam > 1 else "")
-        + f"hrt-kK (chunk size K, b_at = {s.hrt_beam}, b_nat = 1)"
-        + (f", mp-iI (Mask-Predict, I iterations, {s.mp_length_beam} length candidates)" if s.mp_student else "")
-        + f". Scores: python -m fairseq_hrt.evaluate on the whole test set (COMET n/a: no local COMET model). "
-        f"Speed: benchmarks/benchmark.py, source words/s on {bench} (batch 1: the first "
-        f"{s.bench_bs1_sentences}), lean engine, {recipe.threads} thread(s); reports in benchmark/k*/.",
-        "",
-        steps_time(results["step_seconds"], recipe),
-    ]
-    table = "\n".join(lines) + "\n"
-    (recipe.work / "results.md").write_text(table)
-    (recipe.work / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    return table
+        elif (self.work / "results.md").exists() and not self.is_current("evaluate"):
+            log(f"{self.path(self.work / 'results.md')} is not of the current models: run the evaluate step")
 
 
 # --------------------------------------------------------------------------- command line
@@ -657,23 +657,43 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--partition", help="--launcher slurm: the SLURM partition")
     p.add_argument("--timeout-min", type=int, default=3 * 24 * 60, help="a job's time limit (submitit)")
+    p.add_argument(
+        "--corpus",
+        help="your own parallel text instead of the download: a folder of {train,valid,test}.{SRC,TGT}, one "
+        "sentence a line, read where it is (never written); every step from prepare on runs on it",
+    )
     p.add_argument("--data", default=str(SHARED_DATA), help="--slice: the shared data folder")
     p.add_argument("--slice-train-lines", type=int, default=0, help="--slice: keep the first N training pairs")
     p.add_argument("--slice-test-lines", type=int, default=0, help="--slice: keep the first N test pairs")
+    p.add_argument(
+        "--redo",
+        help="comma-separated steps to do again although they finished: what they made is moved to "
+        "WORK/stale/, and the steps after them run again too",
+    )
     args = p.parse_args(argv)
-    if args.steps:
-        unknown = [s for s in args.steps.split(",") if s not in STEPS]
+    for option in ("steps", "redo"):
+        unknown = [s for s in (getattr(args, option) or "").split(",") if s and s not in STEPS]
         if unknown:
-            p.error(f"unknown step(s) {', '.join(unknown)}; the steps: {','.join(STEPS)}")
+            p.error(f"--{option}: unknown step(s) {', '.join(unknown)}; the steps: {','.join(STEPS)}")
+    outside = sorted(set((args.redo or "").split(",")) - set((args.steps or ",".join(STEPS)).split(",")) - {""})
+    if outside:
+        p.error(f"--redo {','.join(outside)}: not among --steps {args.steps}")
+    if args.corpus and (args.slice_train_lines or args.slice_test_lines):
+        p.error("--slice-train-lines/--slice-test-lines cut the shared data's slice; with --corpus, cut your files")
     if args.threads is None:
-        args.threads = 1 if args.slice else len(os.sched_getaffinity(0))
-    if args.slice:
-        args.gpus = 0
-    elif args.gpus is None:
-        if args.print_commands:
+        args.threads = 1 if args.slice and not args.gpus else len(os.sched_getaffinity(0))
+    if args.gpus is None:
+        if args.slice:
+            args.gpus = 0  # the slice is sized for a CPU; --gpus N puts it on GPUs
+        elif args.print_commands:
             args.gpus = 8  # the WMT'22 paper's 8 GPUs (the HRT paper names none)
         else:
             args.gpus = torch.cuda.device_count()
+    elif args.gpus and args.launcher != "slurm" and not args.print_commands:
+        # SLURM's GPUs are on its nodes, not on the machine that submits
+        visible = torch.cuda.device_count()
+        if visible < args.gpus:
+            p.error(f"--gpus {args.gpus}: {visible} GPU(s) visible here; drop --gpus to run on the CPU")
     if args.fp16 and args.gpus == 0:
         p.error("--fp16 needs a GPU (--gpus N)")
     return args
