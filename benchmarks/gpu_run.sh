@@ -21,6 +21,8 @@
 #     compile   the same on lean, lean --compile and cuda-graph, batch 1, 50 sentences
 #     bs1all    AT greedy and HRT k = 2 (b_at 1) on cuda-graph, batch 1, all 1000 sentences
 #     split1000 split on cuda-graph over the same 1000 sentences (these two: not in the default list)
+#     wmtslice  the WMT recipe's slice with --gpus 1 --fp16 end to end (tests/test_wmt_recipe_steps.py
+#               -k gpu; named only; needs ../shared/data beside the checkout)
 #   Each stage has its own time limit and writes <stage>.log (and report.{md,json} as
 #   <stage>.report.md/json) into OUT_DIR/gpu-run.tar.gz, packed again after every stage: a stage
 #   that fails or runs out of time loses only itself (one archive: a lent machine hands back
@@ -35,7 +37,10 @@ prepare() {
     rm -rf "$G" && mkdir -p "$G/site" "$G/ckpt" "$G/data" "$G/wheels"
     # wheels for the GPU image's Python (3.12, manylinux x86-64): fairseq's and its needs the image lacks
     local plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
-    for req in ve-fairseq==0.12.3 hydra-core==1.3.2 omegaconf==2.3.0 bitarray; do
+    # ... and what the WMT recipe's slice runs besides (the wmtslice stage): SentencePiece, submitit,
+    # sacreBLEU, sacremoses and their own needs
+    for req in ve-fairseq==0.12.3 hydra-core==1.3.2 omegaconf==2.3.0 bitarray sentencepiece==0.2.0 submitit==1.5.4 \
+        cloudpickle sacrebleu portalocker tabulate colorama lxml sacremoses==0.2.0 click joblib regex; do
         "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat -d "$G/wheels" "$req" || exit 1
     done
     "$py" -m pip download -q --no-deps --no-binary=:all: -d "$G/wheels" antlr4-python3-runtime==4.9.3 || exit 1
@@ -115,6 +120,7 @@ device() {
         fairseq) stage fairseq 120 bash "$REPO/benchmarks/gpu_run.sh" bench fairseq lean,cuda-graph,fairseq 1 50 --max-sentences 50 ;;
         bs1all) stage bs1all 150 bash "$REPO/benchmarks/gpu_run.sh" bench bs1all cuda-graph 1 1000 --hrt-beams 1/1 ;;
         split1000) stage split1000 120 bash "$REPO/benchmarks/gpu_run.sh" split cuda-graph 1000 ;;
+        wmtslice) stage wmtslice 420 bash -c 'mkdir -p /tmp/gpu-bin && for c in train:train preprocess:preprocess generate:generate; do printf "#!/bin/sh\nexec python3 -m fairseq_cli.%s \"\$@\"\n" "${c#*:}" >"/tmp/gpu-bin/fairseq-${c%%:*}"; done && printf "#!/bin/sh\nexec python3 -m fairseq_hrt.export.exporter \"\$@\"\n" >/tmp/gpu-bin/fairseq-hrt-export && chmod +x /tmp/gpu-bin/* && PATH="/tmp/gpu-bin:$PATH" python3 -m pytest -q -rs -p no:cacheprovider tests/test_wmt_recipe_steps.py -k gpu' ;;
         compile) stage compile 200 bash "$REPO/benchmarks/gpu_run.sh" bench compile lean,cuda-graph 1 50 --max-sentences 50 --compile yes ;;
         *) echo "unknown stage $s" && exit 2 ;;
         esac
@@ -126,6 +132,6 @@ prepare) shift && prepare "$@" ;;
 device) shift && device "$@" ;;
 bench) shift && bench "$@" ;;  # one benchmark of the device stages (RUN set)
 split) shift && split "$@" ;;  # one time split of the device stages (RUN set)
--h | --help) sed -n 2,22p "$0" ;;
-*) sed -n 2,22p "$0" && exit 2 ;;
+-h | --help) sed -n 2,24p "$0" ;;
+*) sed -n 2,24p "$0" && exit 2 ;;
 esac

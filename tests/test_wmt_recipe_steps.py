@@ -114,6 +114,23 @@ def test_a_corpus_is_read_in_place_and_a_changed_file_redoes_the_steps_after_it(
     assert any((p / "results.md").is_file() for p in (work / "stale").iterdir())
 
 
+def test_a_corpus_of_another_language_pair_runs_with_langs(tmp_path):
+    corpus = make_corpus(tmp_path / "corpus")
+    for split in ("train", "valid", "test"):
+        (corpus / f"{split}.ro").rename(corpus / f"{split}.xx")  # a pair the set-ups do not have
+    work = tmp_path / "w"
+    common = ["--setup", "wmt16_en_ro", "--work", work, "--slice", "--corpus", corpus]
+    proc = run_recipe(*common, "--steps", "prepare")
+    assert proc.returncode != 0 and "lacks train.ro, valid.ro, test.ro" in last_line(proc)
+    proc = run_recipe(*common, "--langs", "en-xx", "--steps", "prepare,binarize")
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "data-bin" / "dict.xx.txt").is_file() and (work / "data-bin" / "test.en-xx.xx.bin").is_file()
+    r = recipe.Recipe(recipe.parse_args(["--setup", "wmt16_en_ro", "--work", str(work), "--slice", "--corpus",
+                                         str(corpus), "--langs", "en-xx"]))  # fmt: skip
+    evaluate = r.step("evaluate").jobs[0].command
+    assert "--target-lang xx" in evaluate and "--remove-ro-diacritics" not in evaluate
+
+
 def test_a_cut_short_checkpoint_names_the_file_and_the_step_that_makes_it(tmp_path):
     corpus = make_corpus(tmp_path / "corpus")
     work = tmp_path / "w"
@@ -140,6 +157,7 @@ def test_a_cut_short_checkpoint_names_the_file_and_the_step_that_makes_it(tmp_pa
         (["--steps", "prepare", "--redo", "binarize"], "--redo binarize: not among --steps prepare"),
         (["--corpus", "c", "--slice-train-lines", "5"], "with --corpus, cut your files"),
         (["--redo", "teach"], "--redo: unknown step(s) teach"),
+        (["--langs", "en-fr"], "--langs en-fr: two language codes, SRC-TGT (e.g. en-fr), and only with --corpus"),
     ],
 )
 def test_wrong_option_combinations_are_refused_in_one_line(tmp_path, argv, message):

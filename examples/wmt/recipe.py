@@ -46,11 +46,12 @@ import argparse
 import importlib.util
 import math
 import os
+import re
 import shlex
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -140,6 +141,12 @@ class Recipe:
     def __init__(self, args):
         self.args = args
         self.setup: Setup = slice_of(SETUPS[args.setup]) if args.slice else SETUPS[args.setup]
+        if args.langs:  # a corpus of another pair: the set-up's recipe, the pair's own scoring
+            src, tgt = args.langs.split("-")
+            self.setup = replace(
+                self.setup, src=src, tgt=tgt, compound_split=self.setup.compound_split and tgt == "de",
+                remove_ro_diacritics=self.setup.remove_ro_diacritics and tgt == "ro",
+            )  # fmt: skip
         self.work = Path(args.work)
         self.cwd = os.getcwd()
         self.gpus = args.gpus
@@ -662,6 +669,7 @@ def parse_args(argv=None):
         help="your own parallel text instead of the download: a folder of {train,valid,test}.{SRC,TGT}, one "
         "sentence a line, read where it is (never written); every step from prepare on runs on it",
     )
+    p.add_argument("--langs", metavar="SRC-TGT", help="--corpus: its languages, when not the set-up's (e.g. en-fr)")
     p.add_argument("--data", default=str(SHARED_DATA), help="--slice: the shared data folder")
     p.add_argument("--slice-train-lines", type=int, default=0, help="--slice: keep the first N training pairs")
     p.add_argument("--slice-test-lines", type=int, default=0, help="--slice: keep the first N test pairs")
@@ -678,6 +686,8 @@ def parse_args(argv=None):
     outside = sorted(set((args.redo or "").split(",")) - set((args.steps or ",".join(STEPS)).split(",")) - {""})
     if outside:
         p.error(f"--redo {','.join(outside)}: not among --steps {args.steps}")
+    if args.langs and not (args.corpus and re.fullmatch(r"[A-Za-z_]+-[A-Za-z_]+", args.langs)):
+        p.error(f"--langs {args.langs}: two language codes, SRC-TGT (e.g. en-fr), and only with --corpus")
     if args.corpus and (args.slice_train_lines or args.slice_test_lines):
         p.error("--slice-train-lines/--slice-test-lines cut the shared data's slice; with --corpus, cut your files")
     if args.threads is None:
