@@ -345,4 +345,7 @@ EXAMPLE_TESTS = {
     "test_docs_commands.py",
     "test_wmt_download.py",
     "test_wmt_recipe.py",
+    "test_wmt_prepare.py",
+    "test_wmt_recipe_steps.py",
+    "test_slurm_cluster.py",
 }
