@@ -53,7 +53,7 @@ def test_a_misaligned_corpus_stops_before_anything_runs_naming_the_files_and_cou
     lines = (corpus / "train.ro").read_text(encoding="utf-8").splitlines(keepends=True)
     (corpus / "train.ro").write_text("".join(lines[:-1]), encoding="utf-8")
     work = tmp_path / "w"
-    proc = run_recipe("--setup", "wmt16_en_ro", "--work", work, "--slice", "--corpus", corpus)
+    proc = run_recipe("--setup", "wmt16_en_ro", "--work", work, "--slice", "--slice-size", "smoke", "--corpus", corpus)
     assert proc.returncode != 0
     assert last_line(proc) == (
         f"[recipe] --corpus: {corpus}/train.en has 200 lines and {corpus}/train.ro has 199: "
@@ -69,7 +69,9 @@ def test_an_empty_or_over_long_held_out_line_is_named_with_its_number(tmp_path, 
     lines = (corpus / "test.ro").read_text(encoding="utf-8").splitlines(keepends=True)
     lines[6] = line
     (corpus / "test.ro").write_text("".join(lines), encoding="utf-8")
-    proc = run_recipe("--setup", "wmt16_en_ro", "--work", tmp_path / "w", "--slice", "--corpus", corpus)
+    proc = run_recipe(
+        "--setup", "wmt16_en_ro", "--work", tmp_path / "w", "--slice", "--slice-size", "smoke", "--corpus", corpus
+    )
     assert proc.returncode != 0
     assert last_line(proc).startswith(f"[recipe] --corpus: {corpus}/test.ro: line(s) 7 {why}")
 
@@ -78,7 +80,7 @@ def test_a_corpus_is_read_in_place_and_a_changed_file_redoes_the_steps_after_it(
     corpus = make_corpus(tmp_path / "corpus")
     before = {p.name: p.read_bytes() for p in corpus.iterdir()}
     work = tmp_path / "w"
-    common = ["--setup", "wmt16_en_ro", "--work", work, "--slice", "--corpus", corpus]
+    common = ["--setup", "wmt16_en_ro", "--work", work, "--slice", "--slice-size", "smoke", "--corpus", corpus]
     first = run_recipe(*common, "--steps", "download,prepare,binarize")
     assert first.returncode == 0, first.stderr
     assert "download: none (--corpus:" in first.stderr
@@ -119,14 +121,13 @@ def test_a_corpus_of_another_language_pair_runs_with_langs(tmp_path):
     for split in ("train", "valid", "test"):
         (corpus / f"{split}.ro").rename(corpus / f"{split}.xx")  # a pair the set-ups do not have
     work = tmp_path / "w"
-    common = ["--setup", "wmt16_en_ro", "--work", work, "--slice", "--corpus", corpus]
+    common = ["--setup", "wmt16_en_ro", "--work", work, "--slice", "--slice-size", "smoke", "--corpus", corpus]
     proc = run_recipe(*common, "--steps", "prepare")
     assert proc.returncode != 0 and "lacks train.ro, valid.ro, test.ro" in last_line(proc)
     proc = run_recipe(*common, "--langs", "en-xx", "--steps", "prepare,binarize")
     assert proc.returncode == 0, proc.stderr
     assert (work / "data-bin" / "dict.xx.txt").is_file() and (work / "data-bin" / "test.en-xx.xx.bin").is_file()
-    r = recipe.Recipe(recipe.parse_args(["--setup", "wmt16_en_ro", "--work", str(work), "--slice", "--corpus",
-                                         str(corpus), "--langs", "en-xx"]))  # fmt: skip
+    r = recipe.Recipe(recipe.parse_args([*map(str, common), "--langs", "en-xx"]))
     evaluate = r.step("evaluate").jobs[0].command
     assert "--target-lang xx" in evaluate and "--remove-ro-diacritics" not in evaluate
 
@@ -134,7 +135,7 @@ def test_a_corpus_of_another_language_pair_runs_with_langs(tmp_path):
 def test_a_cut_short_checkpoint_names_the_file_and_the_step_that_makes_it(tmp_path):
     corpus = make_corpus(tmp_path / "corpus")
     work = tmp_path / "w"
-    common = ["--setup", "wmt16_en_ro", "--work", work, "--slice", "--corpus", corpus]
+    common = ["--setup", "wmt16_en_ro", "--work", work, "--slice", "--slice-size", "smoke", "--corpus", corpus]
     assert run_recipe(*common, "--steps", "prepare,binarize").returncode == 0
     (work / "teacher").mkdir()
     checkpoint = work / "teacher" / "checkpoint_last.pt"
@@ -161,19 +162,32 @@ def test_a_cut_short_checkpoint_names_the_file_and_the_step_that_makes_it(tmp_pa
     ],
 )
 def test_wrong_option_combinations_are_refused_in_one_line(tmp_path, argv, message):
-    proc = run_recipe("--setup", "wmt16_en_ro", "--work", tmp_path / "w", "--slice", *argv)
+    proc = run_recipe("--setup", "wmt16_en_ro", "--work", tmp_path / "w", "--slice", "--slice-size", "smoke", *argv)
     assert proc.returncode == 2 and message in last_line(proc)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason="checks the refusal where no GPU is visible")
 def test_the_slice_on_a_gpu_is_refused_in_one_line_where_none_is_visible(tmp_path):
-    proc = run_recipe("--setup", "wmt16_en_ro", "--work", tmp_path / "w", "--slice", "--gpus", "1", "--fp16")
+    proc = run_recipe(
+        "--setup", "wmt16_en_ro", "--work", tmp_path / "w", "--slice", "--slice-size", "smoke", "--gpus", "1", "--fp16"
+    )
     assert proc.returncode == 2
     assert last_line(proc).endswith("--gpus 1: 0 GPU(s) visible here; drop --gpus to run on the CPU")
 
 
 def test_the_slice_on_gpus_trains_in_fp16_under_torchrun_with_a_shard_per_gpu(tmp_path):
-    argv = ["--setup", "wmt16_en_ro", "--work", str(tmp_path / "w"), "--slice", "--gpus", "2", "--fp16"]
+    argv = [
+        "--setup",
+        "wmt16_en_ro",
+        "--work",
+        str(tmp_path / "w"),
+        "--slice",
+        "--slice-size",
+        "smoke",
+        "--gpus",
+        "2",
+        "--fp16",
+    ]
     r = recipe.Recipe(recipe.parse_args(argv + ["--print-commands"]))
     assert not r.cpu
     for name in ("teacher", "at_student", "hrt", "mp"):
@@ -185,7 +199,7 @@ def test_the_slice_on_gpus_trains_in_fp16_under_torchrun_with_a_shard_per_gpu(tm
     assert [j.gpu for j in shards] == [0, 1] and all("--fp16" in j.command for j in shards)
     for name in ("evaluate", "benchmark"):
         assert all("--fp16" in j.command and "--cpu" not in j.command for j in r.step(name).jobs)
-    cpu = recipe.Recipe(recipe.parse_args(argv[:5] + ["--print-commands"]))
+    cpu = recipe.Recipe(recipe.parse_args(argv[:7] + ["--print-commands"]))
     assert cpu.cpu and cpu.shards == 2 and all(" --cpu" in j.command for j in cpu.step("teacher").jobs)
 
 
@@ -194,7 +208,7 @@ def test_the_slice_runs_on_a_gpu_in_fp16(tmp_path):
     """The slice with --gpus 1 --fp16 end to end (skipped without a GPU; docs/gpu.md)."""
     work = tmp_path / "w"
     env = cli_env({"CUDA_VISIBLE_DEVICES": "0"})
-    argv = ["--setup", "wmt16_en_ro", "--work", work, "--slice", "--gpus", "1", "--fp16"]
+    argv = ["--setup", "wmt16_en_ro", "--work", work, "--slice", "--slice-size", "smoke", "--gpus", "1", "--fp16"]
     argv += ["--slice-train-lines", "400", "--slice-test-lines", "40"]
     proc = subprocess.run(
         [sys.executable, str(RECIPE), *map(str, argv)], cwd=REPO, env=env, capture_output=True, text=True,

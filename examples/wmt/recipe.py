@@ -66,7 +66,7 @@ import launch  # noqa: E402
 from corpus import SPLITS, checkpoint_problem, count_lines, parallel_text_problem  # noqa: E402
 from markers import Markers, digest_of, step_inputs  # noqa: E402
 from results import BENCH_BATCH_SIZES, write_results  # noqa: E402
-from setups import SETUPS, Setup, Training, slice_of  # noqa: E402
+from setups import SETUPS, SLICE_SIZES, Setup, Training, slice_of  # noqa: E402
 
 # a job's function goes to the SLURM task by value: the task's Python cannot import examples/wmt
 cloudpickle.register_pickle_by_value(launch)
@@ -140,7 +140,7 @@ run_job = launch.run_task
 class Recipe:
     def __init__(self, args):
         self.args = args
-        self.setup: Setup = slice_of(SETUPS[args.setup]) if args.slice else SETUPS[args.setup]
+        self.setup: Setup = slice_of(SETUPS[args.setup], args.slice_size) if args.slice else SETUPS[args.setup]
         if args.langs:  # a corpus of another pair: the set-up's recipe, the pair's own scoring
             src, tgt = args.langs.split("-")
             self.setup = replace(
@@ -255,7 +255,8 @@ class Recipe:
             if self.corpus:
                 return Step(name, [], skip_reason=f"--corpus: {p(self.corpus)} is read where it is")
             if self.args.slice:
-                words = ["python", p(SCRIPT_DIR / "make_slice.py"), "--setup", s.name, "--data", p(self.args.data)]
+                words = ["python", p(SCRIPT_DIR / "make_slice.py"), "--setup", s.name, "--size", self.args.slice_size]
+                words += ["--data", p(self.args.data)]
                 words += ["--dest", p(self.work / "download")]
                 words += ["--train-lines", self.args.slice_train_lines] if self.args.slice_train_lines else []
                 words += ["--test-lines", self.args.slice_test_lines] if self.args.slice_test_lines else []
@@ -649,6 +650,13 @@ def parse_args(argv=None):
     p.add_argument("--setup", choices=sorted(SETUPS), required=True)
     p.add_argument("--work", required=True, help="the work folder: data, models, markers, logs, results.md")
     p.add_argument("--slice", action="store_true", help="every step on CPU on a slice of shared/data, tiny models")
+    p.add_argument(
+        "--slice-size",
+        choices=SLICE_SIZES,
+        default="learn",
+        help="--slice: learn (models that learn in minutes: BLEU a user recognises) or smoke (the path "
+        "only, tiny models whose BLEU is 0; the tests' size)",
+    )
     p.add_argument("--steps", help=f"comma-separated steps to run (default: all): {','.join(STEPS)}")
     p.add_argument("--launcher", choices=("local", "slurm", "debug"), default="local", help="submitit's executor")
     p.add_argument("--gpus", type=int, help="GPUs per node (default: the visible ones; --print-commands: 8)")

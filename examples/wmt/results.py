@@ -11,6 +11,14 @@ if TYPE_CHECKING:
     from recipe import Recipe
 
 BENCH_BATCH_SIZES = (1, 8, 128)
+# what a slice's numbers mean, by --slice-size
+SLICE_NOTES = {
+    "smoke": " Tiny models and tens of updates (--slice-size smoke): their BLEU is 0 by design, the run "
+    "shows the path.",
+    "learn": " Small models trained for minutes on a small corpus (--slice-size learn): their BLEU shows "
+    "that every step learns and hands on what it learned, not what the paper's models score; the speeds "
+    "are those of small models on this machine, not the paper's.",
+}
 
 
 def _score(metrics: dict, metric: str) -> Optional[float]:
@@ -93,8 +101,7 @@ def write_results(recipe: "Recipe") -> str:
         f"# {s.name}{' (slice)' if recipe.args.slice else ''}: {s.paper}",
         "",
         f"Data: {results['data']}. Subwords: joint SentencePiece BPE ({s.vocab_size} pieces) in place of "
-        "the paper's Moses tokenization + BPE." + (" Tiny models and tens of updates: the BLEU of a slice "
-        "is near 0 by design, the run shows the path." if recipe.args.slice else ""),
+        "the paper's Moses tokenization + BPE." + (SLICE_NOTES[recipe.args.slice_size] if recipe.args.slice else ""),
         "",
         "| model | sacreBLEU | tokenized BLEU | chrF | COMET | words/s bs=1 | bs=8 | bs=128 "
         "| speed-up vs AT greedy (1/8/128) |",
