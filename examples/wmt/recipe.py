@@ -37,7 +37,8 @@ current models.
 
 Jobs go through submitit (WORK/submitit): ``--launcher local`` (a subprocess per job),
 ``debug`` (in this process) or ``slurm`` (sbatch; a training job gets ``--nodes`` x ``--gpus``
-tasks, one per GPU, and fairseq reads SLURM's variables with --distributed-port). Locally on
+tasks, one per GPU (on CPU one per node), and fairseq's own SLURM initialisation ranks them:
+examples/wmt/launch.py; a two-node cluster on this machine: examples/wmt/local_slurm.sh). Locally on
 several GPUs training runs under torchrun; ``--update-freq`` reaches the paper's tokens per
 update on fewer GPUs (printed: paper tokens / (GPUs x max-tokens), rounded up).
 """
@@ -152,6 +153,8 @@ class Recipe:
         self.gpus = args.gpus
         self.nodes = args.nodes
         self.total_gpus = self.gpus * self.nodes
+        # the processes of a training job: one per GPU; on CPU one per SLURM node, or one alone
+        self.ranks = max(1, self.gpus) * (self.nodes if args.launcher == "slurm" else 1)
         self.cpu = self.gpus == 0
         self.threads = args.threads
         # a CPU slice distills in two shards and merges them, as two GPUs would
@@ -198,16 +201,17 @@ class Recipe:
         return ["--fp16"] if self.args.fp16 else []
 
     def update_freq_for(self, training: Training) -> int:
-        return self.args.update_freq or update_freq(training, self.total_gpus)
+        return self.args.update_freq or update_freq(training, self.ranks)
 
     def update_freq_note(self, training: Training) -> str:
         u = self.update_freq_for(training)
         if self.args.update_freq:
             return f"--update-freq {u} (given)"
+        devices = "CPU process(es)" if self.cpu else "GPU(s)"
         return (
             f"--update-freq {u} = {training.tokens_per_update} tokens per update (paper) / "
-            f"({max(1, self.total_gpus)} GPU(s) x {training.max_tokens} max-tokens), rounded up: "
-            f"{u * max(1, self.total_gpus) * training.max_tokens} tokens per update"
+            f"({self.ranks} {devices} x {training.max_tokens} max-tokens), rounded up: "
+            f"{u * self.ranks * training.max_tokens} tokens per update"
         )
 
     def train_launcher(self) -> List[str]:
