@@ -347,5 +347,6 @@ EXAMPLE_TESTS = {
     "test_wmt_recipe.py",
     "test_wmt_prepare.py",
     "test_wmt_recipe_steps.py",
+    "test_wmt_slice.py",
     "test_slurm_cluster.py",
 }

@@ -1,11 +1,13 @@
 #!/usr/bin/env python
-"""The download step of ``recipe.py --slice``: cut a set-up's slice out of shared/data's
-newstest files into the layout download.py writes (DEST/<setup>/raw/{train,valid,test}.*).
+"""The download step of ``recipe.py --slice``: cut a set-up's slice out of shared/data into the
+layout download.py writes (DEST/<setup>/raw/{train,valid,test}.*).
 
     python examples/wmt/make_slice.py --setup wmt16_en_ro --data ../shared/data --dest WORK/download
 
-The cut of each set-up is its ``slice_of(...).slice_splits`` (setups.py); ``--train-lines N``
-and ``--test-lines N`` keep the first N training and test pairs of it (the tests' shorter slice).
+The cut of each set-up and size is its ``slice_of(setup, size).slice_data`` / ``.slice_splits``
+(setups.py): ``--size smoke`` cuts newstest files, ``--size learn`` Multi30k for En-De (newstest
+for En-Ro). ``--train-lines N`` and ``--test-lines N`` keep the first N training and test pairs of
+it (the tests' shorter slice).
 """
 
 import argparse
@@ -13,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from setups import SETUPS, slice_of  # noqa: E402
+from setups import SETUPS, SLICE_SIZES, slice_of  # noqa: E402
 
 
 def main(argv=None):
@@ -21,10 +23,11 @@ def main(argv=None):
     p.add_argument("--setup", choices=sorted(SETUPS), required=True)
     p.add_argument("--data", required=True, help="the shared data folder (holding wmt16-en-ro-newstest/ ...)")
     p.add_argument("--dest", required=True)
+    p.add_argument("--size", choices=SLICE_SIZES, default="learn", help="the slice's size (setups.py slice_of)")
     p.add_argument("--train-lines", type=int, default=0, help="keep only the first N training pairs (0: all)")
     p.add_argument("--test-lines", type=int, default=0, help="keep only the first N test pairs (0: all)")
     args = p.parse_args(argv)
-    setup = slice_of(SETUPS[args.setup])
+    setup = slice_of(SETUPS[args.setup], args.size)
     folder = Path(args.data) / setup.slice_data
     out = Path(args.dest) / setup.download_setup / "raw"
     out.mkdir(parents=True, exist_ok=True)

@@ -541,7 +541,7 @@ def _learn_slice(setup: Setup) -> Setup:
         setup,
         slice_data=data,
         vocab_size=4000,
-        teacher=_slice_training(setup.teacher, "at_mini", 400, ("--decoder-layers", "2"), **scratch),
+        teacher=_slice_training(setup.teacher, "at_mini", 300, ("--decoder-layers", "2"), **scratch),
         at=_slice_training(setup.at, "at_mini", 300, **scratch),
         hrt=_slice_training(setup.hrt, "hrt_mini", 150, **finetune),
         mp=_slice_training(setup.mp, "cmlm_mini", 150, **finetune),
