@@ -121,17 +121,8 @@ def test_print_commands_prints_every_step_and_the_update_freq_arithmetic():
 @needs_shared_data
 def test_a_step_runs_through_submitit_and_a_step_out_of_order_names_the_one_to_run_first(tmp_path):
     work = tmp_path / "w"
-    common = [
-        "--setup",
-        "wmt16_en_ro",
-        "--work",
-        str(work),
-        "--slice",
-        "--slice-size",
-        "smoke",
-        "--slice-train-lines",
-        "20",
-    ]
+    common = ["--setup", "wmt16_en_ro", "--work", str(work), "--slice", "--slice-size", "smoke"]
+    common += ["--slice-train-lines", "20"]
     run_recipe(*common, "--steps", "download", "--launcher", "local")
     marker = work / "markers" / "download.json"
     assert "make_slice.py --setup wmt16_en_ro" in json.loads(marker.read_text())["read"]["commands"][0]
@@ -162,19 +153,8 @@ def slice_work(tmp_path_factory):
         for split, (start, stop) in {"train": (0, 400), "valid": (1500, 1750), "test": (1750, 1790)}.items():
             (corpus / f"{split}.{lang}").write_text("".join(lines[start:stop]), encoding="utf-8")
     work = root / "w"
-    run_recipe(
-        "--setup",
-        "wmt16_en_ro",
-        "--work",
-        str(work),
-        "--slice",
-        "--slice-size",
-        "smoke",
-        "--corpus",
-        str(corpus),
-        "--threads",
-        "1",
-    )
+    slice_args = ["--slice", "--slice-size", "smoke", "--corpus", str(corpus), "--threads", "1"]
+    run_recipe("--setup", "wmt16_en_ro", "--work", str(work), *slice_args)
     return work
 
 

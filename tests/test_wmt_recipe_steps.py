@@ -57,7 +57,7 @@ def test_a_misaligned_corpus_stops_before_anything_runs_naming_the_files_and_cou
     assert proc.returncode != 0
     assert last_line(proc) == (
         f"[recipe] --corpus: {corpus}/train.en has 200 lines and {corpus}/train.ro has 199: "
-        "the two sides of a split must be line-aligned"
+        "the two sides of a split must be line-aligned; fix it, then run the same command again"
     )
     assert len(proc.stderr.strip().splitlines()) == 2, proc.stderr  # the banner and the refusal
     assert not (work / "markers").exists() and not (work / "submitit").exists()

@@ -462,7 +462,7 @@ class Recipe:
         if step.name == "prepare":
             problem = parallel_text_problem(self.raw, self.setup.src, self.setup.tgt)
             if problem and self.corpus:
-                raise StepOrderError(f"[recipe] --corpus: {problem}")
+                raise StepOrderError(f"[recipe] --corpus: {problem}; fix it, then run the same command again")
             if problem:
                 raise StepOrderError(f"[recipe] step prepare: {problem}; run --steps download --redo download")
         for path, maker in step.needs:
@@ -632,7 +632,7 @@ class Recipe:
         if self.corpus:  # before anything runs: a misaligned corpus stops here, not in the teacher
             problem = parallel_text_problem(self.corpus, self.setup.src, self.setup.tgt)
             if problem:
-                raise StepOrderError(f"[recipe] --corpus: {problem}")
+                raise StepOrderError(f"[recipe] --corpus: {problem}; fix it, then run the same command again")
         elif self.args.slice and "download" in self.selected_steps():
             folder = Path(self.args.data) / self.setup.slice_data
             if not folder.is_dir():
