@@ -289,7 +289,7 @@ def main(argv=None) -> int:
         default=list(DEFAULT_FILES),
         help="files of tests/ to run, or pytest node ids in them (test_binaries.py::TestTranslation)",
     )
-    parser.add_argument("--modes", default=",".join(MODES), help="which runs: stock, plugin or both")
+    parser.add_argument("--modes", default=",".join(MODES), help="which runs: stock, plugin, or both (stock,plugin)")
     parser.add_argument(
         "--reuse",
         action="append",
@@ -310,6 +310,12 @@ def main(argv=None) -> int:
     parser.add_argument("--before-label", default="before", help="what --before was")
     parser.add_argument("--note", default="", help="a paragraph for the report: how the runs were made")
     args = parser.parse_args(argv)
+    modes = [m for m in args.modes.replace("both", ",".join(MODES)).split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or not modes:
+        parser.error(f"--modes {args.modes}: the modes are stock, plugin, or both")
+    if not (args.fairseq_tests / "tests").is_dir():
+        parser.error(f"--fairseq-tests {args.fairseq_tests}: no tests/ folder in it (fairseq's source tree holds one)")
 
     plugin_path = ()
     if args.plugin_source:
@@ -317,7 +323,6 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="fairseq-suite-") as tmp:
         work = Path(tmp)
         (work / "fairseq_suite_recorder.py").write_text(textwrap.dedent(RECORDER))
-        modes = [m for m in args.modes.split(",") if m]
         jobs = [(f, m) for f in args.files for m in MODES if m in modes]
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             runs = list(
@@ -359,7 +364,12 @@ def main(argv=None) -> int:
     summary = report["summary"]
     print(f"stock: {_count_line(summary['counts']['stock'])}; plugin: {_count_line(summary['counts']['plugin'])}")
     print(f"differing: {len(summary['differing'])}, unexplained: {summary['unexplained']}; report: {args.out}")
-    return 0
+    # a comparison of runs in which nothing ran would say "differing: 0" of nothing
+    silent = [r for r in runs if not r["outcomes"]]
+    for r in silent:
+        why = "timed out" if r["timed_out"] else (r["output_tail"].strip().splitlines() or ["no output"])[-1]
+        print(f"error: {r['mode']} run of tests/{r['file']} ran no test ({why})", file=sys.stderr)
+    return 1 if silent else 0
 
 
 if __name__ == "__main__":
