@@ -84,7 +84,7 @@ def best_allowed(logits: Tensor, logit_bias: Tensor, top: int = 1, block: int = 
     taken off ``<unk>``'s score, normalised over every row). ``block``: see :func:`blocked_max`
     (``top`` 1; a number of rows known at export, so not for restricted output rows); 0: one
     ``TopK(1)`` (a graph for few rows: at batch 1 faster than ``ArgMax`` and ``ReduceMax`` or the
-    blocks' 17 operators, benchmarks/results/runtime-step-cost-cpu/README.md)."""
+    blocks' operators, benchmarks/results/runtime-step-cost-cpu/README.md)."""
     allowed = F.log_softmax(logits.float(), dim=-1) + logit_bias
     if top == 1 and block == 0:
         best, row = allowed.topk(1, dim=-1)

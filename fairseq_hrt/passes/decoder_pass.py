@@ -67,7 +67,7 @@ from fairseq_hrt.passes.output_vocab import restricted_output_layer
 
 def profiled(name: str):
     """Decorator: run the function inside ``torch.profiler.record_function(name)`` while a
-    profiler runs, plainly otherwise (a label costs a few % of a batch-1 step:
+    profiler runs, plainly otherwise (a label costs time in a batch-1 step:
     benchmarks/results/runtime-step-cost-cpu/README.md)."""
 
     def decorate(function):

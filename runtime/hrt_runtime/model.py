@@ -463,9 +463,8 @@ class ExportedModel:
         self._options.enable_cpu_mem_arena = False
         self._options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # idle worker threads sleep instead of spinning between runs: the search's numpy work runs
-        # between two steps, and spinning workers took its core (about twice as slow at batch 1
-        # on 2 cores: commit 0147c24, whose report benchmarks/results/onnxruntime-full-cpu runs
-        # with them sleeping)
+        # between two steps, and spinning workers take its core (benchmarks/results/
+        # onnxruntime-full-cpu runs with them sleeping)
         self._options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._ort = ort
         self._sessions: Dict[str, object] = {}
