@@ -208,8 +208,9 @@ class Recipe:
         if self.args.update_freq:
             return f"--update-freq {u} (given)"
         devices = "CPU process(es)" if self.cpu else "GPU(s)"
+        source = "the slice's" if self.args.slice else "paper"
         return (
-            f"--update-freq {u} = {training.tokens_per_update} tokens per update (paper) / "
+            f"--update-freq {u} = {training.tokens_per_update} tokens per update ({source}) / "
             f"({self.ranks} {devices} x {training.max_tokens} max-tokens), rounded up: "
             f"{u * self.ranks * training.max_tokens} tokens per update"
         )
