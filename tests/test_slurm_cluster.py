@@ -11,7 +11,6 @@ The module's fixture starts the cluster with the script when SLURM is installed 
 after, if it started it); without the packages the tests that need them skip (.ci/run installs
 them)."""
 
-import importlib.util
 import os
 import re
 import shlex
@@ -29,14 +28,10 @@ from fairseq.distributed import utils as distributed_utils
 
 from fairseq_hrt.distill import read_shard
 from fairseq_hrt.testing.tiny_runs import REPO, USER_DIR, cli_env, parse_logs
+from tests.test_wmt_recipe import RECIPE, SHARED_DATA, recipe
 from tests.tiny_data import free_port
 
-RECIPE = REPO / "examples" / "wmt" / "recipe.py"
 CLUSTER = REPO / "examples" / "wmt" / "local_slurm.sh"
-SHARED_DATA = REPO.parent / "shared" / "data"
-_spec = importlib.util.spec_from_file_location("wmt_recipe", RECIPE)
-recipe = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recipe)
 launch = recipe.launch
 
 HAVE_SLURM = all(shutil.which(tool) for tool in ("slurmctld", "slurmd", "munged", "sbatch", "srun"))

@@ -6,7 +6,6 @@ checkpoint, an empty held-out line, wrong option combinations and a slice asked 
 machine lacks end in one line; on GPUs the slice trains in fp16 (torchrun, a distillation
 shard per GPU). The CPU steps run here are the cheap ones (prepare, binarize): no training."""
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -16,12 +15,9 @@ import pytest
 import torch
 
 from fairseq_hrt.testing.tiny_runs import REPO, cli_env
+from tests.test_wmt_recipe import RECIPE, SHARED_DATA, recipe
 
-RECIPE = REPO / "examples" / "wmt" / "recipe.py"
-NEWSTEST = REPO.parent / "shared" / "data" / "wmt16-en-ro-newstest"
-_spec = importlib.util.spec_from_file_location("wmt_recipe_steps", RECIPE)
-recipe = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recipe)
+NEWSTEST = SHARED_DATA / "wmt16-en-ro-newstest"
 
 pytestmark = pytest.mark.skipif(not (NEWSTEST / "test.ro").is_file(), reason="needs ../shared/data's newstest2016")
 

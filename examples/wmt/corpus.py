@@ -11,7 +11,7 @@ input ends in one line naming the file and what to do instead of a traceback hou
 
 import zipfile
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 SPLITS = ("train", "valid", "test")
 HELD_OUT = ("valid", "test")
@@ -21,8 +21,24 @@ MAX_HELD_OUT_WORDS = 250
 
 
 def count_lines(path: Path) -> int:
+    """Lines as every later step reads them: split at "\\n" only."""
     with open(path, "rb") as f:
         return sum(1 for _ in f)
+
+
+def side_counts(folder: Path, split: str, src: str, tgt: str) -> Tuple[Path, int, Path, int]:
+    """``(source side, its lines, target side, its lines)`` of one split."""
+    a, b = Path(folder) / f"{split}.{src}", Path(folder) / f"{split}.{tgt}"
+    return a, count_lines(a), b, count_lines(b)
+
+
+def misaligned_split(folder: Path, src: str, tgt: str, splits: Sequence[str] = SPLITS) -> Optional[tuple]:
+    """:func:`side_counts` of the first split whose two sides differ in line count, or None."""
+    for split in splits:
+        counts = side_counts(folder, split, src, tgt)
+        if counts[1] != counts[3]:
+            return counts
+    return None
 
 
 def parallel_text_problem(folder: Path, src: str, tgt: str, splits: Sequence[str] = SPLITS) -> Optional[str]:
@@ -35,8 +51,7 @@ def parallel_text_problem(folder: Path, src: str, tgt: str, splits: Sequence[str
         layout = f"{{{','.join(splits)}}}.{{{src},{tgt}}}"
         return f"{folder} lacks {', '.join(missing)} (it needs {layout}, one sentence a line)"
     for split in splits:
-        a, b = folder / f"{split}.{src}", folder / f"{split}.{tgt}"
-        na, nb = count_lines(a), count_lines(b)
+        a, na, b, nb = side_counts(folder, split, src, tgt)
         if na != nb:
             return f"{a} has {na} lines and {b} has {nb}: the two sides of a split must be line-aligned"
         if na == 0:

@@ -20,12 +20,9 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 
 def file_fingerprint(path: Path) -> str:
-    """What a rerun compares of an input file or folder: its size and modification time (a
-    folder: those of every file below it), cheap enough for checkpoints of gigabytes."""
+    """What a rerun compares of an input file: its size and modification time, cheap enough
+    for checkpoints of gigabytes."""
     path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
-        return ";".join(f"{p.relative_to(path)}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
     if not path.exists():
         return "missing"
     st = path.stat()

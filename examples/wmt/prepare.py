@@ -27,16 +27,12 @@ from typing import Iterable, Iterator, Tuple
 
 import sentencepiece as spm
 
-SPLITS = ("train", "valid", "test")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from corpus import SPLITS, misaligned_split  # noqa: E402
+
 # SentencePiece reads at most this many training sentences (sampled): the 4.5M pairs of WMT'14
 # fit in memory, but a sample of 10M lines trains the same vocabulary in a fraction of the time
 INPUT_SENTENCE_SIZE = 10_000_000
-
-
-def count_lines(path: Path) -> int:
-    """Lines as every later step reads them: split at "\\n" only."""
-    with open(path, "rb") as f:
-        return sum(1 for _ in f)
 
 
 def read_lines(path: Path) -> Iterator[str]:
@@ -63,14 +59,13 @@ def clean_pairs(pairs: Iterable[Tuple[str, str]], max_len: int, ratio: float) ->
 
 def check_aligned(raw: Path, src: str, tgt: str):
     """Stops in one line when a split's two sides have different line counts."""
-    for split in SPLITS:
-        a, b = raw / f"{split}.{src}", raw / f"{split}.{tgt}"
-        na, nb = count_lines(a), count_lines(b)
-        if na != nb:
-            sys.exit(
-                f"[prepare] {a} has {na} lines and {b} has {nb}: the two sides must align line by line; "
-                f"fetch the corpus again (recipe.py --steps download --redo download)"
-            )
+    misaligned = misaligned_split(raw, src, tgt)
+    if misaligned:
+        a, na, b, nb = misaligned
+        sys.exit(
+            f"[prepare] {a} has {na} lines and {b} has {nb}: the two sides must align line by line; "
+            f"fetch the corpus again (recipe.py --steps download --redo download)"
+        )
 
 
 def clean_training_split(raw: Path, out: Path, src: str, tgt: str, max_len: int, ratio: float):

@@ -460,10 +460,8 @@ class Recipe:
 
     def check_inputs(self, step: Step):
         """Stops in one line before any job starts when what the step reads is missing or bad."""
-        if step.name == "prepare":
+        if step.name == "prepare" and not self.corpus:  # a --corpus is checked before anything runs
             problem = parallel_text_problem(self.raw, self.setup.src, self.setup.tgt)
-            if problem and self.corpus:
-                raise StepOrderError(f"[recipe] --corpus: {problem}; fix it, then run the same command again")
             if problem:
                 raise StepOrderError(f"[recipe] step prepare: {problem}; run --steps download --redo download")
         for path, maker in step.needs:
@@ -527,9 +525,6 @@ class Recipe:
         where = f"; what it made is in {self.path(stale)}" if moved else ""
         log(f"step {name}: {why}: doing it again, and the steps after it{where}")
 
-    def job_finished(self, step: Step, job: Job):
-        self.markers.job_done(step.name, job.label, job.command, self.digest(step))
-
     def run_step(self, step: Step):
         tag = f"step {STEPS.index(step.name) + 1}/{len(STEPS)} {step.name}"
         if step.skip_reason:
@@ -557,10 +552,10 @@ class Recipe:
                 log(f"{tag}: {job.label}: {self.update_freq_note(self.training_of(job.label))}")
         started = time.time()
         if step.parallel:
-            self.wait(step, [(job, self.submit(step, job)) for job in todo], tag)
+            self.wait(step, [(job, self.submit(step, job)) for job in todo], tag, digest)
         else:
             for job in todo:
-                self.wait(step, [(job, self.submit(step, job))], tag)
+                self.wait(step, [(job, self.submit(step, job))], tag, digest)
         # results.md's time of every step, however many runs of the recipe it took to finish them
         seconds = time.time() - started
         self.markers.step_done(step.name, inputs, seconds)
@@ -587,7 +582,9 @@ class Recipe:
             reason = (str(e).strip().splitlines() or ["no reason given"])[-1]
             sys.exit(f"[recipe] step {step.name}: sbatch refused {job.label} ({reason}); run the same command again")
 
-    def wait(self, step: Step, submitted, tag: str):
+    def wait(self, step: Step, submitted, tag: str, digest: str):
+        """Waits for the submitted jobs; each that finished gets its marker under ``digest``
+        (the inputs the step started with)."""
         failed = []
         for job, handle in submitted:
             # every task of a multi-task job; a job SLURM ended without a result (a node died)
@@ -596,7 +593,7 @@ class Recipe:
                 log_path = self.path(self.logs / f"{job.label}.log")
                 failed += [f"{job.label} (log {log_path}): {line}" for line in failures]
                 continue
-            self.job_finished(step, job)
+            self.markers.job_done(step.name, job.label, job.command, digest)
         if failed:
             sys.exit(f"[recipe] {tag} failed; run the same command again to redo what failed:\n" + "\n".join(failed))
 
@@ -622,7 +619,8 @@ class Recipe:
 
     def step_seconds(self) -> Dict[str, float]:
         """{step: seconds it ran} of the steps done, from their markers."""
-        return {name: self.markers.seconds(name) for name in STEPS if self.markers.seconds(name) is not None}
+        seconds = {name: self.markers.seconds(name) for name in STEPS}
+        return {name: s for name, s in seconds.items() if s is not None}
 
     def run(self):
         if self.args.launcher == "slurm":
