@@ -45,16 +45,13 @@ update on fewer GPUs (printed: paper tokens / (GPUs x max-tokens), rounded up).
 
 import argparse
 import importlib.util
-import math
 import os
 import re
-import shlex
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List
 
 import cloudpickle
 import submitit
@@ -64,10 +61,12 @@ SCRIPT_DIR = Path(__file__).resolve().parent
 REPO = SCRIPT_DIR.parents[1]
 sys.path.insert(0, str(SCRIPT_DIR))
 import launch  # noqa: E402
-from corpus import SPLITS, checkpoint_problem, count_lines, parallel_text_problem  # noqa: E402
+from corpus import SPLITS, checkpoint_problem, parallel_text_problem  # noqa: E402
 from markers import Markers, digest_of, step_inputs  # noqa: E402
-from results import BENCH_BATCH_SIZES, write_results  # noqa: E402
-from setups import SETUPS, SLICE_SIZES, Setup, Training, slice_of  # noqa: E402
+from plan import Plan  # noqa: E402
+from results import write_results  # noqa: E402
+from setups import SETUPS, SLICE_SIZES  # noqa: E402
+from steps import STEPS, UPSTREAM, Job, Step, build_step  # noqa: E402
 
 # a job's function goes to the SLURM task by value: the task's Python cannot import examples/wmt
 cloudpickle.register_pickle_by_value(launch)
@@ -79,28 +78,7 @@ _spec.loader.exec_module(_multi30k)
 GLIBC_KEEP_FREED_MEMORY = _multi30k.GLIBC_KEEP_FREED_MEMORY
 log = _multi30k.log
 
-STEPS = (
-    "download prepare binarize teacher distill merge distill_bin at_student hrt mp average evaluate benchmark export"
-).split()
-# the steps whose outputs each step reads: one of them done again makes it run again
-UPSTREAM = {
-    "download": (),
-    "prepare": ("download",),
-    "binarize": ("prepare",),
-    "teacher": ("binarize",),
-    "distill": ("teacher", "prepare", "binarize"),
-    "merge": ("distill",),
-    "distill_bin": ("merge", "binarize", "prepare"),
-    "at_student": ("distill_bin", "binarize"),
-    "hrt": ("at_student", "distill_bin", "binarize"),
-    "mp": ("at_student", "distill_bin", "binarize"),
-    "average": ("at_student", "hrt", "mp"),
-    "evaluate": ("average", "teacher", "prepare", "binarize"),
-    "benchmark": ("average", "prepare", "binarize"),
-    "export": ("average", "prepare", "binarize"),
-}
 SHARED_DATA = REPO.parent / "shared" / "data"
-SLICE_SHARDS = 2  # --slice distills in two shards and merges them, as N GPUs would
 DISTRIBUTED_PORT = launch.DISTRIBUTED_PORT
 
 
@@ -108,335 +86,21 @@ class StepOrderError(Exception):
     """A step whose inputs are missing: the message names the step to run first."""
 
 
-@dataclass
-class Job:
-    label: str  # its log and marker name
-    command: str  # one shell command line
-    train: bool = False  # a fairseq-train: the step's nodes x GPUs, distributed
-    gpu: Optional[int] = None  # a single-GPU job pinned to this GPU (distillation shards, locally)
-
-
-@dataclass
-class Step:
-    name: str
-    jobs: List[Job]
-    needs: List[Tuple[Path, str]] = field(default_factory=list)  # (input, the step that makes it)
-    parallel: bool = False  # jobs run at the same time (the distillation shards)
-    skip_reason: str = ""  # why this set-up has no such step
-
-
-def sh(words: Sequence) -> str:
-    return shlex.join(str(w) for w in words)
-
-
-def update_freq(training: Training, gpus: int) -> int:
-    """--update-freq that reaches the paper's tokens per update on ``gpus`` devices."""
-    return max(1, math.ceil(training.tokens_per_update / (max(1, gpus) * training.max_tokens)))
-
-
 # runs one job's command where submitit put it (examples/wmt/launch.py)
 run_job = launch.run_task
 
 
-class Recipe:
+class Recipe(Plan):
+    """Runs a :class:`plan.Plan`'s steps: each step's jobs submitted through submitit, waited
+    for, and marked done with the digest of what they read (markers.py)."""
+
     def __init__(self, args):
-        self.args = args
-        self.setup: Setup = slice_of(SETUPS[args.setup], args.slice_size) if args.slice else SETUPS[args.setup]
-        if args.langs:  # a corpus of another pair: the set-up's recipe, the pair's own scoring
-            src, tgt = args.langs.split("-")
-            self.setup = replace(
-                self.setup, src=src, tgt=tgt, compound_split=self.setup.compound_split and tgt == "de",
-                remove_ro_diacritics=self.setup.remove_ro_diacritics and tgt == "ro",
-            )  # fmt: skip
-        self.work = Path(args.work)
-        self.cwd = os.getcwd()
-        self.gpus = args.gpus
-        self.nodes = args.nodes
-        self.total_gpus = self.gpus * self.nodes
-        # the processes of a training job: one per GPU; on CPU one per SLURM node, or one alone
-        self.ranks = max(1, self.gpus) * (self.nodes if args.launcher == "slurm" else 1)
-        self.cpu = self.gpus == 0
-        self.threads = args.threads
-        # a CPU slice distills in two shards and merges them, as two GPUs would
-        self.shards = SLICE_SHARDS if self.cpu and args.slice else max(1, self.total_gpus)
-        s = self.setup
-        self.data = self.work / "data"
-        self.data_bin = self.work / "data-bin"
-        self.corpus = Path(args.corpus) if args.corpus else None
-        self.raw = self.corpus or self.work / "download" / s.download_setup / "raw"
-        self.distill_out = self.work / "distill" / f"train.{s.tgt}"
+        super().__init__(args)
         self.markers = Markers(self.work / "markers")
         self.redo = set(args.redo.split(",")) if args.redo else set()
-        self.logs = self.work / "logs"
-
-    # ------------------------------------------------------------------ paths and options
-
-    def path(self, p) -> str:
-        """A path of a command: relative to the current directory where it lies below it (the
-        commands the README shows), absolute otherwise."""
-        p = Path(p)
-        absolute = p if p.is_absolute() else Path(self.cwd) / p
-        try:
-            return str(absolute.relative_to(self.cwd))
-        except ValueError:
-            return str(absolute)
-
-    def model_dir(self, name: str) -> Path:
-        return self.work / name
-
-    def last(self, name: str) -> Path:
-        return self.model_dir(name) / "checkpoint_last.pt"
-
-    def averaged(self, name: str) -> Path:
-        return self.model_dir(name) / "checkpoint_avg.pt"
-
-    def students(self) -> List[str]:
-        """The models averaged, evaluated and exported: AT, HRT per k, Mask-Predict."""
-        names = ["at"] + [f"hrt-k{k}" for k in self.setup.hrt_chunk_sizes]
-        return names + (["mp"] if self.setup.mp_student else [])
-
-    def device_words(self) -> List[str]:
-        if self.cpu:
-            return ["--cpu"]
-        return ["--fp16"] if self.args.fp16 else []
-
-    def update_freq_for(self, training: Training) -> int:
-        return self.args.update_freq or update_freq(training, self.ranks)
-
-    def update_freq_note(self, training: Training) -> str:
-        u = self.update_freq_for(training)
-        if self.args.update_freq:
-            return f"--update-freq {u} (given)"
-        devices = "CPU process(es)" if self.cpu else "GPU(s)"
-        source = "the slice's" if self.args.slice else "paper"
-        return (
-            f"--update-freq {u} = {training.tokens_per_update} tokens per update ({source}) / "
-            f"({self.ranks} {devices} x {training.max_tokens} max-tokens), rounded up: "
-            f"{u * self.ranks * training.max_tokens} tokens per update"
-        )
-
-    def train_launcher(self) -> List[str]:
-        """The program of a training job: torchrun over the local GPUs, or fairseq-train (one per
-        SLURM task, or alone)."""
-        if self.args.launcher != "slurm" and self.gpus > 1:
-            return ["torchrun", "--nproc-per-node", self.gpus, "-m", "fairseq_cli.train"]
-        if self.args.launcher == "slurm" and self.cpu and self.nodes > 1:
-            # fairseq's SLURM init counts GPUs for ranks: on CPU one rank per task (launch.py)
-            return ["python", self.path(SCRIPT_DIR / "launch.py"), "fairseq-train"]
-        return ["fairseq-train"]
-
-    def train(self, name: str, training: Training, extra: Sequence) -> Job:
-        s = self.setup
-        words = [
-            *self.train_launcher(), self.path(self.data_bin), "--user-dir", self.path(REPO / "fairseq_hrt"),
-            "--task", "hrt_translation", "--source-lang", s.src, "--target-lang", s.tgt,
-            "--arch", training.arch, *training.extra, "--share-all-embeddings",
-            "--criterion", "hrt_loss", "--label-smoothing", s.label_smoothing,
-            "--optimizer", "adam", "--adam-betas", str(training.adam_betas), "--adam-eps", training.adam_eps,
-            "--clip-norm", "0.0",
-            "--lr", training.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", training.warmup,
-            "--warmup-init-lr", "1e-07", "--dropout", training.dropout, "--weight-decay", "0.0",
-            "--max-tokens", training.max_tokens, "--update-freq", self.update_freq_for(training),
-            "--max-update", training.max_update, "--save-dir", self.path(self.model_dir(name)),
-            "--save-interval-updates", s.save_interval_updates, "--keep-interval-updates", s.average_last,
-            "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", s.log_interval,
-            "--seed", self.args.seed, *extra, *self.device_words(),
-        ]  # fmt: skip
-        if self.args.slice:
-            # the slice's valid set is tiny and its numbers mean nothing: no validation passes
-            words += ["--disable-validation", "--num-workers", "0"]
-        words += launch.distributed_words(self.args.launcher, self.nodes, self.gpus, self.cpu)
-        return Job(name, sh(words), train=True)
-
-    def mix_distill(self) -> List:
-        return ["--distill-data", self.path(self.work / "distill-bin"), "--p-raw", self.setup.p_raw]
-
-    # ------------------------------------------------------------------ the steps
 
     def step(self, name: str) -> Step:
-        s, p = self.setup, self.path
-        dict_src = self.data_bin / f"dict.{s.src}.txt"
-        if name == "download":
-            if self.corpus:
-                return Step(name, [], skip_reason=f"--corpus: {p(self.corpus)} is read where it is")
-            if self.args.slice:
-                words = ["python", p(SCRIPT_DIR / "make_slice.py"), "--setup", s.name, "--size", self.args.slice_size]
-                words += ["--data", p(self.args.data)]
-                words += ["--dest", p(self.work / "download")]
-                words += ["--train-lines", self.args.slice_train_lines] if self.args.slice_train_lines else []
-                words += ["--test-lines", self.args.slice_test_lines] if self.args.slice_test_lines else []
-            else:
-                words = ["python", p(SCRIPT_DIR / "download.py"), "--setup", s.download_setup]
-                words += ["--dest", p(self.work / "download")]
-            return Step(name, [Job(name, sh(words))])
-        if name == "prepare":
-            words = ["python", p(SCRIPT_DIR / "prepare.py"), "--raw", p(self.raw), "--out", p(self.data)]
-            words += ["--src", s.src, "--tgt", s.tgt, "--vocab-size", s.vocab_size, "--threads", self.threads]
-            words += ["--clean-max-len", s.clean_max_len, "--clean-ratio", s.clean_ratio]
-            return Step(name, [Job(name, sh(words))], [(self.raw / f"train.{s.src}", "download")])
-        if name == "binarize":
-            spm = self.data / "spm"
-            words = [
-                "fairseq-preprocess", "--source-lang", s.src, "--target-lang", s.tgt, "--joined-dictionary",
-                "--trainpref", p(spm / "train"), "--validpref", p(spm / "valid"), "--testpref", p(spm / "test"),
-                "--destdir", p(self.data_bin), "--workers", self.threads,
-            ]  # fmt: skip
-            return Step(name, [Job(name, sh(words))], [(spm / f"train.{s.tgt}", "prepare")])
-        if name == "teacher":
-            extra = ["--hrt-mode", "at"]
-            if not self.args.slice:  # validation BLEU picks the teacher, as fairseq's translation examples
-                extra += [
-                    "--eval-bleu", "--eval-bleu-args", '{"beam": 5, "max_len_a": 1.2, "max_len_b": 10}',
-                    "--eval-bleu-remove-bpe", "sentencepiece", "--best-checkpoint-metric", "bleu",
-                    "--maximize-best-checkpoint-metric",
-                ]  # fmt: skip
-            job = self.train("teacher", s.teacher, extra)
-            return Step(name, [job], [(dict_src, "binarize")])
-        if name == "distill":
-            jobs = []
-            for shard in range(self.shards):
-                words = [
-                    "python", "-m", "fairseq_hrt.distill", "--data", p(self.data_bin),
-                    "--path", p(self.last("teacher")), "--src", p(self.data / "spm" / f"train.{s.src}"),
-                    "--out", p(self.distill_out), "--beam", s.distill_beam, "--nbest", 1,
-                    "--max-len-a", s.max_len_a, "--max-len-b", s.max_len_b, "--max-tokens", 4096 if self.cpu else 16384,
-                    "--num-shards", self.shards, "--shard-id", shard, "--threads", 1 if self.cpu else 0,
-                    *self.device_words(),
-                ]  # fmt: skip
-                gpu = shard if (not self.cpu and self.args.launcher != "slurm") else None
-                jobs.append(Job(f"distill-shard-{shard}", sh(words), gpu=gpu))
-            return Step(name, jobs, [(self.last("teacher"), "teacher")], parallel=True)
-        if name == "merge":
-            words = ["python", "-m", "fairseq_hrt.distill", "--merge", "--out", p(self.distill_out)]
-            words += ["--num-shards", self.shards]
-            first_shard = Path(f"{self.distill_out}.shard-0-of-{self.shards}")
-            return Step(name, [Job(name, sh(words))], [(first_shard, "distill")])
-        if name == "distill_bin":
-            # fairseq-preprocess reads the source beside the distilled target: a link to the pieces
-            link = self.work / "distill" / f"train.{s.src}"
-            words = [
-                "fairseq-preprocess", "--source-lang", s.src, "--target-lang", s.tgt,
-                "--trainpref", p(self.work / "distill" / "train"), "--srcdict", p(dict_src),
-                "--tgtdict", p(dict_src), "--destdir", p(self.work / "distill-bin"), "--workers", self.threads,
-            ]  # fmt: skip
-            command = f"ln -sfn ../data/spm/train.{s.src} {shlex.quote(p(link))} && {sh(words)}"
-            return Step(name, [Job(name, command)], [(self.distill_out, "merge"), (dict_src, "binarize")])
-        if name == "at_student":
-            job = self.train("at", s.at, ["--hrt-mode", "at", *self.mix_distill()])
-            return Step(name, [job], [(self.work / "distill-bin" / f"dict.{s.tgt}.txt", "distill_bin")])
-        if name == "hrt":
-            jobs = []
-            for k in s.hrt_chunk_sizes:
-                # the curriculum (p_k from 0 to 1 over --max-update) and fine-tuning from AT: [HRT] Sec. 4
-                extra = ["--hrt-mode", "hrt", "--chunk-sizes", k, "--finetune-from-model", p(self.last("at"))]
-                jobs.append(self.train(f"hrt-k{k}", s.hrt, extra + self.mix_distill()))
-            return Step(name, jobs, [(self.last("at"), "at_student")])
-        if name == "mp":
-            if not s.mp_student:
-                return Step(name, [], skip_reason=f"{s.name}'s paper trains no Mask-Predict student")
-            extra = ["--hrt-mode", "cmlm", "--finetune-from-model", p(self.last("at")), *self.mix_distill()]
-            return Step(name, [self.train("mp", s.mp, extra)], [(self.last("at"), "at_student")])
-        if name == "average":
-            jobs = []
-            for model in self.students():
-                words = [
-                    "python", "-m", "fairseq_hrt.average_checkpoints", "--inputs", p(self.model_dir(model)),
-                    "--num-update-checkpoints", s.average_last, "--output", p(self.averaged(model)),
-                ]  # fmt: skip
-                jobs.append(Job(f"average-{model}", sh(words)))
-            return Step(name, jobs, [(self.last(m), self.maker(m)) for m in self.students()])
-        needs = [(self.averaged(m), "average") for m in self.students()]
-        if name == "evaluate":
-            rows = [("teacher", self.last("teacher"), ["--beam", s.distill_beam])]
-            rows.append(("at-greedy", self.averaged("at"), ["--beam", 1]))
-            if s.at_beam > 1:
-                rows.append((f"at-beam{s.at_beam}", self.averaged("at"), ["--beam", s.at_beam]))
-            for k in s.hrt_chunk_sizes:
-                rows.append((f"hrt-k{k}", self.averaged(f"hrt-k{k}"), ["--decode-chunk-size", k, "--beam", s.hrt_beam]))
-                rows[-1][2].extend(["--b-nat", 1])
-            if s.mp_student:
-                mp = ["--iter-decode-max-iter", s.mp_iterations, "--iter-decode-with-beam", s.mp_length_beam]
-                rows.append((f"mp-i{s.mp_iterations}", self.averaged("mp"), mp))
-            return Step(
-                name,
-                [Job(f"evaluate-{row}", self.evaluate_command(row, ckpt, opts)) for row, ckpt, opts in rows],
-                needs,
-            )
-        if name == "benchmark":
-            jobs = []
-            for i, k in enumerate(s.hrt_chunk_sizes):
-                words = [
-                    "python", p(REPO / "benchmarks" / "benchmark.py"), "--data", p(self.data_bin),
-                    "--spm", p(self.data / "spm" / "spm.model"), "--src", p(self.data / "spm" / f"test.{s.src}"),
-                    "--raw-src", p(self.data / "raw" / f"test.{s.src}"),
-                    "--raw-ref", p(self.data / "raw" / f"test.{s.tgt}"),
-                    "--at", p(self.averaged("at")), "--at-beams", "1", "--hrt", p(self.averaged(f"hrt-k{k}")),
-                    "--hrt-chunk-sizes", k, "--hrt-beams", f"{s.hrt_beam}/1", "--hrt-at-mode", "no",
-                    "--engines", "lean", "--ctranslate2", "no", "--int8", "no", "--lenpen", s.lenpen,
-                    "--max-len-a", s.max_len_a, "--max-len-b", s.max_len_b,
-                    "--batch-sizes", ",".join(map(str, BENCH_BATCH_SIZES)),
-                    "--bs1-sentences", s.bench_bs1_sentences, "--max-sentences", s.bench_sentences,
-                    "--threads", self.threads, "--out-dir", p(self.work / "benchmark" / f"k{k}"),
-                ]  # fmt: skip
-                if i == 0 and s.mp_student:  # Mask-Predict once, beside the first k
-                    words += ["--mp", p(self.averaged("mp")), "--mp-iterations", s.mp_iterations]
-                    words += ["--mp-length-beam", s.mp_length_beam]
-                words += ["--cpu"] if self.cpu else (["--fp16"] if self.args.fp16 else [])
-                jobs.append(Job(f"benchmark-k{k}", sh(words)))
-            return Step(name, jobs, needs)
-        assert name == "export", name
-        jobs = []
-        for model in self.students():
-            words = ["fairseq-hrt-export", p(self.averaged(model)), p(self.work / "export" / model)]
-            words += ["--data", p(self.data_bin), "--sentencepiece-model", p(self.data / "spm" / "spm.model")]
-            jobs.append(Job(f"export-{model}", sh(words)))
-        return Step(name, jobs, needs)
-
-    def data_description(self) -> str:
-        """What the models were trained and tested on, for results.md."""
-        if self.corpus:
-            counts = ", ".join(f"{split} {count_lines(self.corpus / f'{split}.{self.setup.src}')}" for split in SPLITS)
-            return f"your corpus {self.path(self.corpus)} ({counts} pairs)"
-        if self.args.slice:
-            return self.slice_description()
-        return f"download.py --setup {self.setup.download_setup}"
-
-    def slice_description(self) -> str:
-        """Which lines of shared/data the slice holds (with --slice-*-lines applied)."""
-        keep = {"train": self.args.slice_train_lines, "test": self.args.slice_test_lines}
-        parts = []
-        for split, (source, start, stop) in self.setup.slice_splits.items():
-            stop = min(stop, start + keep[split]) if keep.get(split) else stop
-            parts.append(f"{split} = {source}.* lines {start + 1}-{stop}")
-        return f"slice of shared/data/{self.setup.slice_data}: " + ", ".join(parts)
-
-    def maker(self, model: str) -> str:
-        return {"at": "at_student", "mp": "mp"}.get(model, "hrt")
-
-    def evaluate_command(self, row: str, checkpoint: Path, options: List) -> str:
-        """fairseq-generate of the test set, its detokenized hypotheses in source order, and
-        the paper's metrics of them (python -m fairseq_hrt.evaluate)."""
-        s, p = self.setup, self.path
-        out = self.work / "evaluate"
-        gen, hyp = p(out / f"{row}.gen"), p(out / f"{row}.{s.tgt}")
-        words = [
-            "fairseq-generate", p(self.data_bin), "--user-dir", p(REPO / "fairseq_hrt"), "--task", "hrt_translation",
-            "--source-lang", s.src, "--target-lang", s.tgt, "--gen-subset", "test", "--path", p(checkpoint),
-            *options, "--lenpen", s.lenpen, "--max-len-a", s.max_len_a, "--max-len-b", s.max_len_b,
-            "--max-tokens", 4096 if self.cpu else 16384,
-            "--post-process", "sentencepiece", *self.device_words(),
-        ]  # fmt: skip
-        evaluate = [
-            "python", "-m", "fairseq_hrt.evaluate", "--hyp", hyp, "--ref", p(self.data / "raw" / f"test.{s.tgt}"),
-            "--src", p(self.data / "raw" / f"test.{s.src}"), "--target-lang", s.tgt,
-            *(["--compound-split"] if s.compound_split else []),
-            *(["--remove-ro-diacritics"] if s.remove_ro_diacritics else []), "--json", p(out / f"{row}.json"),
-        ]  # fmt: skip
-        return (
-            f"mkdir -p {shlex.quote(p(out))} && {sh(words)} > {shlex.quote(gen)} && "
-            f"grep ^D- {shlex.quote(gen)} | sed 's/^D-//' | sort -n -k1,1 | cut -f3 > {shlex.quote(hyp)} && "
-            f"{sh(evaluate)}"
-        )
+        return build_step(self, name)
 
     # ------------------------------------------------------------------ running
 
@@ -478,27 +142,6 @@ class Recipe:
                     )
 
     # ------------------------------------------------------------------ markers
-
-    def outputs(self, name: str) -> List[Path]:
-        """What a step makes: set aside (in WORK/stale/) before the step is done again."""
-        w = self.work
-        made = {
-            "download": [] if self.corpus else [w / "download"],
-            "prepare": [self.data],
-            "binarize": [self.data_bin],
-            "teacher": [self.model_dir("teacher")],
-            "distill": [w / "distill"],
-            "merge": [self.distill_out],
-            "distill_bin": [w / "distill-bin"],
-            "at_student": [self.model_dir("at")],
-            "hrt": [self.model_dir(f"hrt-k{k}") for k in self.setup.hrt_chunk_sizes],
-            "mp": [self.model_dir("mp")],
-            "average": [self.averaged(m) for m in self.students()],
-            "evaluate": [w / "evaluate"],
-            "benchmark": [w / "benchmark"],
-            "export": [w / "export"],
-        }
-        return made[name]
 
     def inputs(self, step: Step) -> dict:
         """What ``step`` reads now, as its marker records it."""
@@ -565,10 +208,6 @@ class Recipe:
         """Finished, with the inputs it would read now."""
         step = self.step(name)
         return not step.skip_reason and self.markers.is_done(name, self.digest(step))
-
-    def training_of(self, label: str) -> Training:
-        s = self.setup
-        return {"teacher": s.teacher, "at": s.at, "mp": s.mp}.get(label, s.hrt)
 
     def submit(self, step: Step, job: Job):
         env = self.env()
