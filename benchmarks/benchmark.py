@@ -78,7 +78,7 @@ import logging
 import os
 import platform
 import re
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence
 
 if not __package__:  # python benchmarks/NAME.py (a file): the repository root on sys.path, as -m benchmarks.NAME has it
@@ -91,7 +91,7 @@ import sentencepiece  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
+import fairseq_hrt  # noqa: F401  (registers the plugin and the checkpoint types it loads safely)
 from benchmarks import ct2_reference  # noqa: E402
 from benchmarks.measure import (  # noqa: E402,F401  (the pure parts are part of this script's interface)
     BASELINE,
@@ -247,11 +247,10 @@ def engine_agreement(hyps: Dict[str, List[str]], bleu: Dict[str, float]) -> List
     return out
 
 
-def markdown_report(report: dict) -> str:
-    meta, bss = report["meta"], [str(b) for b in report["meta"]["batch_sizes"]]
-    test = meta["test"]
-    comet = report["comet"]
-    lines = [
+def _report_header(report: dict, bss: List[str]) -> List[str]:
+    """The report's lines before the table: how it was measured and what the columns mean."""
+    meta, test, comet = report["meta"], report["meta"]["test"], report["comet"]
+    return [
         "## Benchmark: BLEU, COMET and source words/second",
         "",
         f"- test set: `{test['raw_src']}`, {test['sentences']} sentences, {test['words']} source words; "
@@ -294,37 +293,37 @@ def markdown_report(report: dict) -> str:
         + " |",
         "|---|---:|---:|---:|---:|---:|" + "---:|" * len(bss),
     ]
-    for s in report["systems"]:
-        cells = []
-        for b in bss:
-            sp = s["speed"][b]
-            ratio = f" ({sp['ratio_vs_baseline']:.2f}x)" if sp["ratio_vs_baseline"] is not None else ""
-            cells.append(f"{sp['words_per_second']:.1f}{ratio}")
-        comet_cell = f"{s['comet']:.4f}" if s["comet"] is not None else "n/a"
-        passes = s.get("passes_per_sentence")
-        passes_cell = f"{passes:.2f}" if passes is not None else "-"
-        if s.get("accepted_per_verify_pass") is not None:
-            passes_cell += f" ({s['accepted_per_verify_pass']:.2f})"
-        length_cell = (
-            f"{s['length_ratio']:.3f} ({s['brevity_penalty']:.3f})" if s.get("length_ratio") is not None else "-"
-        )
-        lines.append(
-            f"| {s['name']} | {s['bleu']:.2f} | {_num(s.get('chrf'))} | {length_cell} | {comet_cell} | {passes_cell} | "
-            + " | ".join(cells)
-            + " |"
-        )
-    for sk in report["skipped"]:
-        lines.append(
-            f"| {sk.get('system') or sk['family']}: skipped | - | - | - | - | - | "
-            + " | ".join("-" for _ in bss)
-            + " |"
-        )
-    lines.append("")
+
+
+def _system_row(s: dict, bss: List[str]) -> str:
+    """A system's row of the table."""
+    cells = []
+    for b in bss:
+        sp = s["speed"][b]
+        ratio = f" ({sp['ratio_vs_baseline']:.2f}x)" if sp["ratio_vs_baseline"] is not None else ""
+        cells.append(f"{sp['words_per_second']:.1f}{ratio}")
+    comet_cell = f"{s['comet']:.4f}" if s["comet"] is not None else "n/a"
+    passes = s.get("passes_per_sentence")
+    passes_cell = f"{passes:.2f}" if passes is not None else "-"
+    if s.get("accepted_per_verify_pass") is not None:
+        passes_cell += f" ({s['accepted_per_verify_pass']:.2f})"
+    length_cell = f"{s['length_ratio']:.3f} ({s['brevity_penalty']:.3f})" if s.get("length_ratio") is not None else "-"
+    return (
+        f"| {s['name']} | {s['bleu']:.2f} | {_num(s.get('chrf'))} | {length_cell} | {comet_cell} | {passes_cell} | "
+        + " | ".join(cells)
+        + " |"
+    )
+
+
+def _report_notes(report: dict, bss: List[str]) -> List[str]:
+    """The report's lines after the table: Pareto fronts, caveats, agreement, skipped rows and
+    the checkpoints' shapes."""
+    meta, lines = report["meta"], []
     for b in bss:
         lines.append(f"Pareto front (BLEU vs words/s), batch {b}: " + ", ".join(report["pareto"][b]))
     if meta.get("threads", 1) > 1 and any(s.get("family") == CT2_FAMILY for s in report["systems"]):
-        # measured on the `full` AT, batch 1, 2 threads: 660 words/s in a process whose PyTorch
-        # ran first, 2800-3200 alone; loading CTranslate2 before PyTorch's first op avoids it
+        # CTranslate2's threads are slow in a process whose PyTorch ran first (the reports show
+        # by how much); loading CTranslate2 before PyTorch's first op avoids it
         lines += [
             "",
             "CTranslate2 rows with more than one thread: CTranslate2's OpenMP threads run several "
@@ -349,6 +348,21 @@ def markdown_report(report: dict) -> str:
             f"{m['parameters']:,} |"
             for path, m in shapes.items()
         ]
+    return lines
+
+
+def markdown_report(report: dict) -> str:
+    bss = [str(b) for b in report["meta"]["batch_sizes"]]
+    lines = _report_header(report, bss)
+    lines += [_system_row(s, bss) for s in report["systems"]]
+    for sk in report["skipped"]:
+        lines.append(
+            f"| {sk.get('system') or sk['family']}: skipped | - | - | - | - | - | "
+            + " | ".join("-" for _ in bss)
+            + " |"
+        )
+    lines.append("")
+    lines += _report_notes(report, bss)
     return "\n".join(lines) + "\n"
 
 
@@ -455,7 +469,8 @@ def comet_for(systems: List[System], raw_src, refs, hyps, args) -> dict:
     return {"available": True, "reason": None, "model": model}
 
 
-def run(args) -> dict:
+def choose_device(args) -> bool:
+    """Threads, device and ``--int8`` (``auto``: on CPU) of the run; whether it uses a GPU."""
     torch.set_num_threads(args.threads)
     use_cuda = torch.cuda.is_available() and not args.cpu
     if args.fp16 and not use_cuda:
@@ -464,6 +479,12 @@ def run(args) -> dict:
     if int8_rows and use_cuda:
         raise SystemExit("--int8 yes: dynamic int8 quantization is for CPU decoding (add --cpu)")
     args.int8 = "yes" if int8_rows else "no"
+    return use_cuda
+
+
+def systems_to_measure(args, use_cuda: bool):
+    """``(systems, skipped)`` of the command line; CTranslate2's rows left out (with the
+    reason) when it cannot run here, unless ``--ctranslate2 yes`` asked for them."""
     systems, skipped = systems_from_args(args)
     if not systems:
         raise SystemExit("no system to measure: give at least one of --at, --hrt, --mp")
@@ -475,8 +496,11 @@ def run(args) -> dict:
             logger.warning("CTranslate2 rows skipped: %s", reason)
             systems = [s for s in systems if s.family != CT2_FAMILY]
             skipped.append({"family": "CTranslate2", "reason": reason})
-    batch_sizes = parse_ints(args.batch_sizes)
+    return systems, skipped
 
+
+def read_test_set(args):
+    """``(src, raw_src, refs)``: the test set's lines, refused unless aligned."""
     src = read_lines(args.src, args.max_sentences)
     raw_src = read_lines(args.raw_src, args.max_sentences)
     refs = read_lines(args.raw_ref, args.max_sentences)
@@ -484,8 +508,200 @@ def run(args) -> dict:
         raise SystemExit(
             f"--src, --raw-src, --raw-ref have {len(src)}, {len(raw_src)}, {len(refs)} lines; they must be aligned"
         )
-    n_bs1 = min(args.bs1_sentences, len(src)) if args.bs1_sentences else len(src)
+    return src, raw_src, refs
 
+
+def make_runners(systems: List[System], ctx: Context, skipped: List[dict]):
+    """``(systems, runners)``: a runner per system its adapter can decode; the others are added
+    to ``skipped`` with the adapter's reason."""
+    shared, runners = {}, {}
+    for s in systems:
+        reason = adapter_of(s).refused(s, ctx)
+        if reason:  # e.g. an ONNX Runtime row of a checkpoint the exporter cannot take
+            logger.warning("%s: left out: %s", s.name, reason)
+            skipped.append({"family": s.family, "system": s.name, "reason": reason})
+        else:
+            runners[s.name] = adapter_of(s).runner(s, ctx, shared)
+    return [s for s in systems if s.name in runners], runners
+
+
+@dataclass
+class Bench:
+    """What the steps of one run share: its rows and their runners, the test set, and the
+    resume state (``state.data["outputs"]``: system -> its decoder passes, from a pass over
+    every sentence; its texts are in ``hyps/``)."""
+
+    args: argparse.Namespace
+    use_cuda: bool
+    systems: List[System]
+    runners: Dict[str, object]
+    src: List[str]
+    raw_src: List[str]
+    refs: List[str]
+    n_bs1: int
+    state: "ResumeState"
+
+    @property
+    def outputs(self) -> dict:
+        return self.state.data["outputs"]
+
+    def hyps_file(self, s: System) -> str:
+        return os.path.join(self.args.out_dir, "hyps", slug(s.name) + ".txt")
+
+    def keep_outputs(self, s: System, hyps, before) -> None:
+        """The row's outputs (into ``hyps/``) and decoder passes, from its first passes over
+        every sentence (the counters of ``before`` are diffed: per sentence, so any number of passes)."""
+        if s.name not in self.outputs:
+            passes, accepted = self.runners[s.name].passes(hyps, before)
+            texts = self.runners[s.name].texts(hyps, len(self.src))
+            write_file(self.hyps_file(s), "".join(h + "\n" for h in texts))
+            self.outputs[s.name] = {"passes_per_sentence": passes, "accepted_per_verify_pass": accepted}
+
+
+def measure_batch_size(bench: Bench, bs: int, bar) -> None:
+    """Time every system at batch size ``bs`` (round-robin passes after a warm-up) into its
+    ``speed``, and save the batch size in the resume state."""
+    args, systems, runners = bench.args, bench.systems, bench.runners
+    lines = bench.src[: bench.n_bs1] if bs == 1 else bench.src
+    words = source_words(bench.raw_src[: len(lines)])
+    prepared = {s.name: runners[s.name].prepare(lines, bs) for s in systems}
+    for s in systems:  # warm-up: first calls allocate memory and pick kernels
+        runners[s.name].run(prepared[s.name], warm_up=True)
+    runs = args.runs if bs == 1 else args.runs_large
+    before = {s.name: runners[s.name].counters() for s in systems}
+
+    def progress(name, r):
+        if r or name != systems[0].name:
+            bar.update(1)
+        bar.set_postfix_str(f"bs={bs} {name}")
+
+    timings = time_runs(
+        {s.name: functools.partial(runners[s.name].run, prepared[s.name]) for s in systems},
+        runs=runs,
+        sync=cuda_sync(bench.use_cuda),
+        before_each=progress,
+    )
+    bar.update(1)
+    for s in systems:
+        t = timings[s.name]
+        if len(lines) == len(bench.src):
+            bench.keep_outputs(s, t.value, before[s.name])
+        s.speed[str(bs)] = {
+            "words_per_second": words / t.mean,
+            "seconds": t.mean,
+            "run_seconds": list(t.seconds),
+            "stdev_seconds": t.stdev,
+            "sentences": len(lines),
+            "words": words,
+        }
+        logger.info("%-28s batch %4d: %9.1f words/s (%d run(s), %.3fs)", s.name, bs, words / t.mean, runs, t.mean)
+    bench.state.data["batch_sizes"][str(bs)] = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "speed": {s.name: s.speed[str(bs)] for s in systems},
+    }
+    bench.state.save()
+
+
+def measure_speeds(bench: Bench, batch_sizes: List[int]) -> Dict[int, str]:
+    """Every system's speed at every batch size: those an interrupted run of the same command
+    finished are taken from the resume state, the others measured. Returns the resumed ones
+    (batch size -> when they were measured)."""
+    args, systems = bench.args, bench.systems
+    measured = bench.state.data["batch_sizes"]  # str(bs) -> {"date", "speed": {system: ...}}, as they finish
+    resumed = {b: measured[str(b)]["date"] for b in batch_sizes if str(b) in measured}
+    for b, date in resumed.items():
+        logger.info("batch size %d: taken from the interrupted run of %s (%s)", b, date, bench.state.path)
+    todo = [bs for bs in batch_sizes if bs not in resumed]
+    total_passes = sum((args.runs if bs == 1 else args.runs_large) * len(systems) for bs in todo)
+    bar = tqdm(total=total_passes, desc="benchmark", unit="pass", disable=None)
+    for bs in todo:
+        measure_batch_size(bench, bs, bar)
+    bar.close()
+    for s in systems:
+        for b in resumed:
+            s.speed[str(b)] = measured[str(b)]["speed"][s.name]
+    return resumed
+
+
+def score_quality(bench: Bench, batch_sizes: List[int]):
+    """Every system's BLEU, chrF, length ratio and decoder passes, from its outputs over the
+    whole test set (decoded once, untimed, when no timed pass covered it). Returns
+    ``(hyps, BLEU signature, chrF signature)``."""
+    for s in bench.systems:  # quality needs every sentence: decode it once, untimed, if no pass did
+        if s.name not in bench.outputs:
+            runner = bench.runners[s.name]
+            before = runner.counters()
+            bench.keep_outputs(s, runner.run(runner.prepare(bench.src, max(batch_sizes))), before)
+            bench.state.save()
+    hyps, signature, chrf_signature = {}, None, None
+    for s in bench.systems:
+        hyps[s.name] = read_lines(bench.hyps_file(s))
+        s.passes_per_sentence = bench.outputs[s.name]["passes_per_sentence"]
+        s.accepted_per_verify_pass = bench.outputs[s.name]["accepted_per_verify_pass"]
+        bleu = sacrebleu_score(hyps[s.name], bench.refs)
+        s.bleu, signature = bleu["score"], bleu["signature"]
+        chrf = chrf_score(hyps[s.name], bench.refs)
+        s.chrf, chrf_signature = chrf["score"], chrf["signature"]
+        s.length_ratio, s.brevity_penalty = bleu["sys_len"] / max(1, bleu["ref_len"]), bleu["bp"]
+    return hyps, signature, chrf_signature
+
+
+def compare_rows(systems: List[System], batch_sizes: List[int]):
+    """``(baselines, pareto)``: each speed's ratio to the batch size's baseline (set in the
+    rows), the baseline per batch size, and the rows on the speed/BLEU Pareto front."""
+    baselines = fastest_baseline(systems, [str(b) for b in batch_sizes])
+    ratios = speed_ratios({s.name: {b: v["words_per_second"] for b, v in s.speed.items()} for s in systems}, baselines)
+    for s in systems:
+        for b, v in s.speed.items():
+            v["ratio_vs_baseline"] = ratios[s.name][b]
+    pareto = {}
+    for b in map(str, batch_sizes):
+        front = pareto_front([(s.speed[b]["words_per_second"], s.bleu) for s in systems])
+        pareto[b] = [systems[i].name for i in front]
+    return baselines, pareto
+
+
+def report_meta(bench: Bench, batch_sizes: List[int], baselines, resumed: Dict[int, str], rel) -> dict:
+    """The report's ``meta``: when, where and how it was measured, and on which test set."""
+    args, raw_src, n_bs1 = bench.args, bench.raw_src, bench.n_bs1
+    device = torch.cuda.get_device_name() if bench.use_cuda else f"CPU ({cpu_name()})"
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "device": device + (" fp16" if args.fp16 else ""),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "fairseq": fairseq.__version__,
+        "python": platform.python_version(),
+        "batch_sizes": batch_sizes,
+        "runs_bs1": args.runs,
+        "runs_large": args.runs_large,
+        "baseline": "the fastest AT greedy of this run" if baselines else None,
+        "baseline_per_batch_size": baselines,
+        # {batch size: when it was measured} for those an earlier, interrupted process of the
+        # same command measured (--resume); the others were measured by this one
+        "resumed_batch_sizes": {str(b): date for b, date in resumed.items()},
+        "engines": parse_engines(args.engines),
+        "max_len_a": args.max_len_a,
+        "max_len_b": args.max_len_b,
+        "lenpen": args.lenpen,
+        "test": {
+            "src": rel(args.src),
+            "raw_src": rel(args.raw_src),
+            "raw_ref": rel(args.raw_ref),
+            "sentences": len(bench.src),
+            "words": source_words(raw_src),
+            "bs1_sentences": n_bs1,
+            "bs1_words": source_words(raw_src[:n_bs1]),
+        },
+    }
+
+
+def run(args) -> dict:
+    use_cuda = choose_device(args)
+    systems, skipped = systems_to_measure(args, use_cuda)
+    batch_sizes = parse_ints(args.batch_sizes)
+    src, raw_src, refs = read_test_set(args)
+    n_bs1 = min(args.bs1_sentences, len(src)) if args.bs1_sentences else len(src)
     ctx = Context(
         args.data,
         args.spm,
@@ -497,152 +713,25 @@ def run(args) -> dict:
         lenpen=args.lenpen,
         max_len_a=args.max_len_a,
     )
-    shared, runners = {}, {}
-    for s in systems:
-        reason = adapter_of(s).refused(s, ctx)
-        if reason:  # e.g. an ONNX Runtime row of a checkpoint the exporter cannot take
-            logger.warning("%s: left out: %s", s.name, reason)
-            skipped.append({"family": s.family, "system": s.name, "reason": reason})
-        else:
-            runners[s.name] = adapter_of(s).runner(s, ctx, shared)
-    systems = [s for s in systems if s.name in runners]
-
+    systems, runners = make_runners(systems, ctx, skipped)
     state = ResumeState(
         os.path.join(args.out_dir, RESUME_FILE), command_fingerprint(args, [s.name for s in systems]), args.resume
     )
-    # system -> its decoder passes, from a pass over every sentence; its texts are in hyps/
-    outputs = state.data["outputs"]
+    bench = Bench(args, use_cuda, systems, runners, src, raw_src, refs, n_bs1, state)
+    for name in [s.name for s in systems if s.name in bench.outputs and not os.path.exists(bench.hyps_file(s))]:
+        del bench.outputs[name]  # its texts were lost with the folder's hyps/: decode them again
 
-    def hyps_file(s):
-        return os.path.join(args.out_dir, "hyps", slug(s.name) + ".txt")
-
-    for name in [s.name for s in systems if s.name in outputs and not os.path.exists(hyps_file(s))]:
-        del outputs[name]  # its texts were lost with the folder's hyps/: decode them again
-
-    def passes_from(s, hyps, before):
-        """The row's outputs (into ``hyps/``) and decoder passes, from its first passes over
-        every sentence (the counters of ``before`` are diffed: per sentence, so any number of passes)."""
-        if s.name not in outputs:
-            passes, accepted = runners[s.name].passes(hyps, before)
-            texts = runners[s.name].texts(hyps, len(src))
-            write_file(hyps_file(s), "".join(h + "\n" for h in texts))
-            outputs[s.name] = {"passes_per_sentence": passes, "accepted_per_verify_pass": accepted}
-
-    measured = state.data["batch_sizes"]  # str(bs) -> {"date", "speed": {system: ...}}, as they finish
-    resumed = {b: measured[str(b)]["date"] for b in batch_sizes if str(b) in measured}
-    for b, date in resumed.items():
-        logger.info("batch size %d: taken from the interrupted run of %s (%s)", b, date, state.path)
-    todo = [bs for bs in batch_sizes if bs not in resumed]
-    total_passes = sum((args.runs if bs == 1 else args.runs_large) * len(systems) for bs in todo)
-    bar = tqdm(total=total_passes, desc="benchmark", unit="pass", disable=None)
-    for bs in todo:
-        lines = src[:n_bs1] if bs == 1 else src
-        words = source_words(raw_src[: len(lines)])
-        prepared = {s.name: runners[s.name].prepare(lines, bs) for s in systems}
-        for s in systems:  # warm-up: first calls allocate memory and pick kernels
-            runners[s.name].run(prepared[s.name], warm_up=True)
-        runs = args.runs if bs == 1 else args.runs_large
-        before = {s.name: runners[s.name].counters() for s in systems}
-
-        def progress(name, r):
-            if r or name != systems[0].name:
-                bar.update(1)
-            bar.set_postfix_str(f"bs={bs} {name}")
-
-        timings = time_runs(
-            {s.name: functools.partial(runners[s.name].run, prepared[s.name]) for s in systems},
-            runs=runs,
-            sync=cuda_sync(use_cuda),
-            before_each=progress,
-        )
-        bar.update(1)
-        for s in systems:
-            t = timings[s.name]
-            if len(lines) == len(src):
-                passes_from(s, t.value, before[s.name])
-            s.speed[str(bs)] = {
-                "words_per_second": words / t.mean,
-                "seconds": t.mean,
-                "run_seconds": list(t.seconds),
-                "stdev_seconds": t.stdev,
-                "sentences": len(lines),
-                "words": words,
-            }
-            logger.info("%-28s batch %4d: %9.1f words/s (%d run(s), %.3fs)", s.name, bs, words / t.mean, runs, t.mean)
-        measured[str(bs)] = {
-            "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "speed": {s.name: s.speed[str(bs)] for s in systems},
-        }
-        state.save()
-    bar.close()
-    for s in systems:
-        for b in resumed:
-            s.speed[str(b)] = measured[str(b)]["speed"][s.name]
-    for s in systems:  # quality needs every sentence: decode it once, untimed, if no pass did
-        if s.name not in outputs:
-            runner = runners[s.name]
-            before = runner.counters()
-            passes_from(s, runner.run(runner.prepare(src, max(batch_sizes))), before)
-            state.save()
-
-    hyps, signature, chrf_signature = {}, None, None
-    for s in systems:
-        hyps[s.name] = read_lines(hyps_file(s))
-        s.passes_per_sentence = outputs[s.name]["passes_per_sentence"]
-        s.accepted_per_verify_pass = outputs[s.name]["accepted_per_verify_pass"]
-        bleu = sacrebleu_score(hyps[s.name], refs)
-        s.bleu, signature = bleu["score"], bleu["signature"]
-        chrf = chrf_score(hyps[s.name], refs)
-        s.chrf, chrf_signature = chrf["score"], chrf["signature"]
-        s.length_ratio, s.brevity_penalty = bleu["sys_len"] / max(1, bleu["ref_len"]), bleu["bp"]
+    resumed = measure_speeds(bench, batch_sizes)
+    hyps, signature, chrf_signature = score_quality(bench, batch_sizes)
     comet = comet_for(systems, raw_src, refs, hyps, args)
     translated = translate_sets(args, systems, runners, max(batch_sizes), state)
-
-    baselines = fastest_baseline(systems, [str(b) for b in batch_sizes])
-    have_baseline = bool(baselines)
-    ratios = speed_ratios({s.name: {b: v["words_per_second"] for b, v in s.speed.items()} for s in systems}, baselines)
-    for s in systems:
-        for b, v in s.speed.items():
-            v["ratio_vs_baseline"] = ratios[s.name][b]
-    pareto = {}
-    for b in map(str, batch_sizes):
-        front = pareto_front([(s.speed[b]["words_per_second"], s.bleu) for s in systems])
-        pareto[b] = [systems[i].name for i in front]
+    baselines, pareto = compare_rows(systems, batch_sizes)
 
     def rel(path):  # the report is read on other machines: paths relative to its folder
         return os.path.relpath(os.path.abspath(path), os.path.abspath(args.out_dir))
 
-    device = torch.cuda.get_device_name() if use_cuda else f"CPU ({cpu_name()})"
-    report = {
-        "meta": {
-            "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "device": device + (" fp16" if args.fp16 else ""),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "fairseq": fairseq.__version__,
-            "python": platform.python_version(),
-            "batch_sizes": batch_sizes,
-            "runs_bs1": args.runs,
-            "runs_large": args.runs_large,
-            "baseline": "the fastest AT greedy of this run" if have_baseline else None,
-            "baseline_per_batch_size": baselines,
-            # {batch size: when it was measured} for those an earlier, interrupted process of the
-            # same command measured (--resume); the others were measured by this one
-            "resumed_batch_sizes": {str(b): date for b, date in resumed.items()},
-            "engines": parse_engines(args.engines),
-            "max_len_a": args.max_len_a,
-            "max_len_b": args.max_len_b,
-            "lenpen": args.lenpen,
-            "test": {
-                "src": rel(args.src),
-                "raw_src": rel(args.raw_src),
-                "raw_ref": rel(args.raw_ref),
-                "sentences": len(src),
-                "words": source_words(raw_src),
-                "bs1_sentences": n_bs1,
-                "bs1_words": source_words(raw_src[:n_bs1]),
-            },
-        },
+    return {
+        "meta": report_meta(bench, batch_sizes, baselines, resumed, rel),
         "bleu_signature": signature,
         "chrf_signature": chrf_signature,
         "comet": comet,
@@ -650,7 +739,7 @@ def run(args) -> dict:
             dict(
                 asdict(s),
                 checkpoint=rel(s.checkpoint),
-                hyps=rel(hyps_file(s)),  # its test outputs, for paired comparisons of the rows
+                hyps=rel(bench.hyps_file(s)),  # its test outputs, for paired comparisons of the rows
                 decoding=relative_paths(s.decoding, rel),
                 shape=model_shape(s.checkpoint),
             )
@@ -661,7 +750,6 @@ def run(args) -> dict:
         "pareto": pareto,
         "agreement": engine_agreement(hyps, {s.name: s.bleu for s in systems}),
     }
-    return report
 
 
 def translate_sets(args, systems, runners, batch_size, state: "ResumeState") -> Dict[str, tuple]:
@@ -695,11 +783,8 @@ def translate_sets(args, systems, runners, batch_size, state: "ResumeState") -> 
     return out
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("data")
-    add_data_arguments(g)
-    g = p.add_argument_group("systems (a family is skipped when its checkpoint is not given)")
+def _add_system_arguments(g) -> None:
+    """The checkpoints and the rows of each family."""
     g.add_argument("--at", help="AT checkpoint (fairseq transformer / at_* arch)")
     g.add_argument("--at-beams", default="1,5", help="AT beam sizes; beam 1 = AT greedy, the speed baseline")
     g.add_argument(
@@ -757,6 +842,10 @@ def parse_args(argv=None):
     )
     g.add_argument("--jacobi-block-size", type=int, default=3, help="b of the PGJ / HGJ rows")
     g.add_argument("--spec-block-size", type=int, default=4, help="drafted tokens per pass of the hrt-spec row")
+
+
+def _add_decoding_arguments(g) -> None:
+    """The engines, row variants and length limits every system decodes with."""
     g.add_argument(
         "--engines",
         default="lean,fairseq",
@@ -796,7 +885,9 @@ def parse_args(argv=None):
     )
     g.add_argument("--max-len-b", type=int, default=200, help="L, the maximum target length (b of a x src + b)")
     g.add_argument("--lenpen", type=float, default=1.0, help="length penalty of the beam searches")
-    g = p.add_argument_group("measuring")
+
+
+def _add_measuring_arguments(g) -> None:
     g.add_argument("--batch-sizes", default="1,8,32,128")
     g.add_argument("--runs", type=int, default=5, help="passes averaged at batch size 1")
     g.add_argument("--runs-large", type=int, default=1, help="passes averaged at larger batch sizes")
@@ -808,7 +899,9 @@ def parse_args(argv=None):
         "--comet-model", help="local COMET model dir or .ckpt (default: $COMET_MODEL; nothing is downloaded)"
     )
     g.add_argument("--comet-encoder", help="local files of the COMET model's encoder (see fairseq-hrt-comet --help)")
-    g = p.add_argument_group("output")
+
+
+def _add_output_arguments(g) -> None:
     g.add_argument("--out-dir", required=True, help="report.json, report.md, pareto.png and hyps/ go here")
     g.add_argument("--log-file", help="write the log to this file instead of stderr")
     g.add_argument(
@@ -828,7 +921,10 @@ def parse_args(argv=None):
         "OUT/<--translations-dir>/NAME/<system>.<reference's extension> (repeatable)",
     )
     g.add_argument("--translations-dir", default="translations", help="folder of --translate's outputs in OUT")
-    args = p.parse_args(argv)
+
+
+def _check_args(p: argparse.ArgumentParser, args) -> None:
+    """One line (argparse's error) for values the parser's types do not refuse."""
     if args.runs < 1 or args.runs_large < 1 or args.threads < 1:
         p.error("--runs, --runs-large and --threads must be >= 1")
     try:
@@ -840,6 +936,18 @@ def parse_args(argv=None):
             raise ValueError("--batch-sizes must list positive integers")
     except ValueError as e:
         p.error(str(e))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_arguments(p.add_argument_group("data"))
+    g = p.add_argument_group("systems (a family is skipped when its checkpoint is not given)")
+    _add_system_arguments(g)
+    _add_decoding_arguments(g)
+    _add_measuring_arguments(p.add_argument_group("measuring"))
+    _add_output_arguments(p.add_argument_group("output"))
+    args = p.parse_args(argv)
+    _check_args(p, args)
     return args
 
 

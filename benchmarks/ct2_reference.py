@@ -66,7 +66,10 @@ def unsupported_checkpoint_reason(checkpoint: str) -> Optional[str]:
 def _unsupported_reason(checkpoint: str) -> Optional[str]:
     import torch  # noqa: PLC0415 - optional: PyTorch (runtime_vs_ct2 runs this module without it)
 
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # fairseq pickles its args
+    from fairseq_hrt.compat import register_checkpoint_types  # noqa: PLC0415 - optional, as torch
+
+    register_checkpoint_types()  # what fairseq pickles beside the weights, on PyTorch's allow-list
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     cfg = state.get("cfg") or {}
     model_cfg = cfg.get("model") if hasattr(cfg, "get") else None
     if model_cfg is None:
@@ -107,7 +110,7 @@ def convert(checkpoint: str, data_dir: str, out_dir: str, source_lang: str, targ
         source_lang=source_lang,
         target_lang=target_lang,
         user_dir=USER_DIR,
-        unsafe_deserialization=True,  # fairseq checkpoints pickle their configs (as compat.py allows)
+        # no unsafe_deserialization: loading the user dir puts fairseq's pickled types on PyTorch's allow-list
     ).convert(target, force=True)
     write_file(stamp_file, _stamp(checkpoint))
     return target

@@ -5,7 +5,7 @@ stock, once with ``import fairseq_hrt`` done before the tests are collected (wha
 fairseq_hrt`` or an ``import fairseq_hrt`` does to a process). Every test's outcome is recorded as
 it finishes (a file that runs past ``--timeout`` keeps the outcomes it reached), and
 ``report.md`` / ``report.json`` list the counts and every test whose outcome differs, with the
-compatibility fix of ``fairseq_hrt/compat.py`` that explains it when one does (docs/compatibility.md).
+effect of importing the plugin that explains it when one does (docs/compatibility.md).
 
 fairseq's tests are not part of this repository: take them from fairseq's git tag, e.g.
 ``git --git-dir=<fairseq clone>/.git archive v0.12.3 tests | tar x -C /tmp/fairseq-tests``, and
@@ -55,13 +55,12 @@ DEFAULT_FILES = (
     "test_sequence_scorer.py",
 )
 
-# A stock failure that the plugin turns green is explained by a fix of compat.py when its message
-# says so; the fixes, by what fairseq's failure says.
+# A stock failure that the plugin turns green is explained by what importing the plugin does to
+# the process (docs/compatibility.md) when its message says so; by what fairseq's failure says.
 FIXES_BY_FAILURE = {
-    "weights only load failed": "compat: fairseq's checkpoint loaders default to torch.load(weights_only=False) "
-    "(PyTorch >= 2.6 refuses the pickled configuration of every fairseq checkpoint)",
-    "Torch not compiled with CUDA": "compat: fairseq.trainer's overflow handler keeps its tensor on the CPU "
-    "without CUDA",
+    "weights only load failed": "compat: the types fairseq checkpoints pickle (argparse.Namespace, numpy "
+    "metrics, omegaconf containers) are on PyTorch's allow-list (torch.serialization.add_safe_globals); "
+    "torch.load keeps weights_only=True",
 }
 
 # Loaded into both runs with -p: records each test's outcome as it finishes; in the plugin run it
@@ -279,7 +278,7 @@ def write_report(out: Path, report: dict) -> None:
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fairseq-tests", required=True, type=Path, help="the folder that holds fairseq's tests/")
     parser.add_argument("--fairseq-tests-ref", default="v0.12.3", help="where the tests come from, for the report")
@@ -309,14 +308,12 @@ def main(argv=None) -> int:
     parser.add_argument("--before", type=Path, help="an earlier report.json whose counts the report shows too")
     parser.add_argument("--before-label", default="before", help="what --before was")
     parser.add_argument("--note", default="", help="a paragraph for the report: how the runs were made")
-    args = parser.parse_args(argv)
-    modes = [m for m in args.modes.replace("both", ",".join(MODES)).split(",") if m]
-    unknown = sorted(set(modes) - set(MODES))
-    if unknown or not modes:
-        parser.error(f"--modes {args.modes}: the modes are stock, plugin, or both")
-    if not (args.fairseq_tests / "tests").is_dir():
-        parser.error(f"--fairseq-tests {args.fairseq_tests}: no tests/ folder in it (fairseq's source tree holds one)")
+    return parser
 
+
+def run_modes(args, modes: list) -> list:
+    """Every file of ``--files`` under each mode asked for (``--jobs`` at once), then the runs
+    that ``--reuse`` takes from earlier reports."""
     plugin_path = ()
     if args.plugin_source:
         plugin_path = (args.plugin_source.resolve(), args.plugin_source.resolve() / "runtime")
@@ -331,14 +328,28 @@ def main(argv=None) -> int:
                     jobs,
                 )
             )
-    reused = dict(spec.split("=", 1) for spec in args.reuse)
-    for mode, path in reused.items():
+    for mode, path in dict(spec.split("=", 1) for spec in args.reuse).items():
         earlier = json.loads(Path(path).read_text())
         runs += [
             {**r, "outcomes": {t: o for t, o in earlier["outcomes"][mode].items() if _in_file(t, r["file"])}}
             for r in earlier["runs"]
             if r["mode"] == mode
         ]
+    return runs
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.replace("both", ",".join(MODES)).split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or not modes:
+        parser.error(f"--modes {args.modes}: the modes are stock, plugin, or both")
+    if not (args.fairseq_tests / "tests").is_dir():
+        parser.error(f"--fairseq-tests {args.fairseq_tests}: no tests/ folder in it (fairseq's source tree holds one)")
+
+    runs = run_modes(args, modes)
+    reused = dict(spec.split("=", 1) for spec in args.reuse)
     report = {
         "fairseq_version": _installed_version("ve-fairseq", "fairseq-fixed", "fairseq"),
         "fairseq_tests_ref": args.fairseq_tests_ref,

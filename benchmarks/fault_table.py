@@ -102,6 +102,158 @@ class Table:
 # ----------------------------------------------------------------------------- main
 
 
+def _add_input_rows(table: Table, work: Path) -> None:
+    """Bad input lines through fairseq-interactive and distillation."""
+    r = bad_input(work)
+    i, d = r["interactive"], r["distill"]
+    table.add(
+        "bad input lines, fairseq-interactive",
+        "one session (SentencePiece, stdin): invalid UTF-8, NUL + control characters, a line of spaces, a "
+        "100k-character line, mixed scripts and emoji, between normal lines",
+        f"exit {i['returncode']}, {len(i['translated_lines'])} of {i['input_lines']} lines translated; warnings: "
+        + "; ".join(i["warnings"][:3]),
+        "nothing: bad bytes become U+FFFD, NUL is removed, the 100k-character line is cut at --max-source-positions",
+        i["returncode"] == 0 and i["translated_lines"] == list(range(i["input_lines"])) and not i["traceback"],
+        **i,
+    )
+    table.add(
+        "bad input lines, distillation",
+        "python -m fairseq_hrt.distill on a source file with invalid UTF-8 and a NUL byte",
+        f"exit {d['returncode']}, {d['output_lines']} output lines for {d['input_lines']}; warnings: "
+        + "; ".join(d["warnings"]),
+        "nothing (the output stays line-aligned)",
+        d["returncode"] == 0 and d["output_lines"] == d["input_lines"] and len(d["warnings"]) == 2,
+        **d,
+    )
+
+
+def _add_killed_training_rows(table: Table, s: Setting, work: Path, kind: str, ref, kills: int, rng) -> None:
+    """A model kind's training SIGKILLed at random moments, and while a checkpoint is written."""
+    r = random_kills(s, work, kind, ref, kills, rng)
+    at = ", ".join(
+        f"update {e['last_update']} -> resumed at {n['resumed_from']}" for e, n in zip(r["events"], r["events"][1:])
+    )
+    table.add(
+        f"{KIND_NAMES[kind]}: SIGKILL at random moments",
+        f"fairseq-train --max-update {MAX_UPDATE} --save-interval-updates {SAVE_INTERVAL}, SIGKILL {kills}x a "
+        "random 0-2.5 s after its first update, the same command after each",
+        f"{r['killed']} kills; {at}; finished at update {r['events'][-1]['last_update']}; "
+        f"p_k of every update = the uninterrupted run's (max diff {r['max_p_k_difference']:.1e}), "
+        f"loss max diff {r['max_loss_difference']:.3f}",
+        f"{', '.join(map(str, r['lost_updates']))} updates redone (at most one save interval, {SAVE_INTERVAL})",
+        r["ok"],
+        **r,
+    )
+    w = kill_while_writing(s, work, kind, ref)
+    table.add(
+        f"{KIND_NAMES[kind]}: SIGKILL while a checkpoint is written",
+        "SIGKILL with half of the 3rd checkpoint's bytes in "
+        f"{Path(w['kill'].get('file', '?')).name}, then the same command",
+        f"files left: {', '.join(f'{k}: {v}' for k, v in w['files_after_kill'].items())}; resumed at update "
+        f"{w['resumed_from']} (killed at {w['last_update_before_kill']}), finished; p_k max diff "
+        f"{w['max_p_k_difference']:.1e}",
+        f"{w['lost_updates']} updates redone",
+        w["ok"],
+        **w,
+    )
+
+
+def _add_copy_rows(table: Table, s: Setting, work: Path, ref) -> None:
+    """SIGKILL while checkpoint_last.pt is copied, with fairseq alone and with the plugin."""
+    for stock in (True, False):
+        c = kill_while_copying(s, work, ref, stock)
+        who = "fairseq 0.12 alone (plugin's copy undone)" if stock else "with the plugin"
+        if stock:
+            happens = (
+                f"checkpoint_last.pt truncated ({c['files_after_kill'].get('checkpoint_last.pt')}); the "
+                f'same command stops: "{short(c.get("message", ""), 150)}"; following its advice '
+                f"(--restore-file {Path(c.get('followed_advice', '?')).name}) resumed at update "
+                f"{c.get('resumed_from')} and finished"
+            )
+            ok = c.get("completed", False) and "cannot read the checkpoint" in c.get("message", "")
+        else:
+            happens = (
+                f"checkpoint_last.pt intact ({c['files_after_kill'].get('checkpoint_last.pt')}), partial "
+                f"copy left in checkpoint_last.pt.tmp; the same command resumed at update "
+                f"{c.get('resumed_from')} and finished"
+            )
+            ok = c["returncodes"][-1] == 0 and isinstance(c["files_after_kill"].get("checkpoint_last.pt"), int)
+        table.add(
+            f"SIGKILL while checkpoint_last.pt is copied, {who}",
+            f"HRT run killed half-way through copying {Path(c['kill'].get('src', '?')).name} to "
+            "checkpoint_last.pt (fault-table launcher), then the same command",
+            happens,
+            f"{c.get('lost_updates')} updates redone",
+            ok,
+            **c,
+        )
+
+
+def _add_truncated_row(table: Table, s: Setting, work: Path) -> None:
+    t = truncated_checkpoint(s, work)
+    table.add(
+        "checkpoint_last.pt truncated",
+        "a finished AT run's checkpoint_last.pt cut to half its bytes; fairseq-train (same save dir) and "
+        "fairseq-generate --path it",
+        f'train exit {t["train_returncode"]}: "{short(t["train_message"], 170)}" {short(t["advice"], 200)}; '
+        f"generate exit {t['generate_returncode']}, same message; following the advice resumed at update "
+        f"{t['followed_advice_resumed_from']}",
+        "the updates after the last complete checkpoint",
+        t["train_returncode"] != 0
+        and bool(t["train_message"])
+        and t["followed_advice_returncode"] == 0
+        and bool(t["generate_message"]),
+        **t,
+    )
+
+
+def _add_disk_row(table: Table, s: Setting, work: Path) -> None:
+    ckpt_bytes = (work / "ref_AT" / "checkpoint_last.pt").stat().st_size if (work / "ref_AT").exists() else 1_300_000
+    f = full_disk(s, work, ckpt_bytes)
+    if "skipped" in f:
+        table.add("full disk while saving", "not run", f["skipped"], "-", True, **f)
+    else:
+        table.add(
+            "full disk while saving",
+            f"AT run saving into a {f['tmpfs_kb']} kB tmpfs "
+            "(1.5 checkpoints; private mount namespace via unshare), "
+            "then the same command after the tmpfs is remounted larger",
+            f'exit {f["returncodes"][0]}: "{short(f["message"], 200)}"; files left: '
+            f"{', '.join(n for _, n in f['files_after_failure'])}; the same command resumed at update "
+            f"{f['resumed_from']} and finished at {f['final_update']}",
+            f"{f['last_update_before_failure'] - f['resumed_from']} updates redone (since the last complete save)",
+            f["returncodes"] == [1, 0]
+            and "could not write" in f["message"]
+            and not any(n.endswith(".tmp") for _, n in f["files_after_failure"]),
+            **f,
+        )
+
+
+def _add_dictionary_rows(table: Table, s: Setting, work: Path) -> None:
+    d = other_dictionary(s, work)
+    for name, r in d.items():
+        table.add(
+            f"resume with a data directory of another dictionary ({name})",
+            "fairseq-train on checkpoint_last.pt of a run, with another data-bin",
+            f'exit {r["returncode"]}: "{short(r["message"], 230)}"',
+            "nothing (refused before any update)" if not r["trained_updates"] else f"trained {r['trained_updates']}",
+            r["returncode"] != 0 and not r["trained_updates"],
+            **r,
+        )
+
+
+def _add_distilled_row(table: Table, s: Setting, work: Path) -> None:
+    r = short_distilled_set(s, work)
+    table.add(
+        "distilled set with another line count",
+        f"--distill-data binarized from {N_TRAIN - 10} of {N_TRAIN} lines",
+        f'exit {r["returncode"]}: "{short(r["message"], 230)}"',
+        "nothing (refused before training)",
+        r["returncode"] != 0 and bool(r["message"]),
+        **r,
+    )
+
+
 def build_table(args) -> Table:
     work = Path(args.out).resolve() / "work"
     if work.exists():
@@ -113,149 +265,22 @@ def build_table(args) -> Table:
     cases = set(args.cases.split(","))
 
     if "input" in cases:
-        r = bad_input(work)
-        i, d = r["interactive"], r["distill"]
-        table.add(
-            "bad input lines, fairseq-interactive",
-            "one session (SentencePiece, stdin): invalid UTF-8, NUL + control characters, a line of spaces, a "
-            "100k-character line, mixed scripts and emoji, between normal lines",
-            f"exit {i['returncode']}, {len(i['translated_lines'])} of {i['input_lines']} lines translated; warnings: "
-            + "; ".join(i["warnings"][:3]),
-            "nothing: bad bytes become U+FFFD, NUL is removed, the 100k-character line is cut at "
-            "--max-source-positions",
-            i["returncode"] == 0 and i["translated_lines"] == list(range(i["input_lines"])) and not i["traceback"],
-            **i,
-        )
-        table.add(
-            "bad input lines, distillation",
-            "python -m fairseq_hrt.distill on a source file with invalid UTF-8 and a NUL byte",
-            f"exit {d['returncode']}, {d['output_lines']} output lines for {d['input_lines']}; warnings: "
-            + "; ".join(d["warnings"]),
-            "nothing (the output stays line-aligned)",
-            d["returncode"] == 0 and d["output_lines"] == d["input_lines"] and len(d["warnings"]) == 2,
-            **d,
-        )
-
+        _add_input_rows(table, work)
     kinds = [k for k in KINDS if k in cases or "training" in cases]
     s = Setting(work / "data") if (kinds or cases & {"copy", "truncated", "disk", "dictionary", "distilled"}) else None
     refs = reference_runs(s, work, sorted(set(kinds) | ({"HRT"} if "copy" in cases else set()))) if s else {}
     for kind in kinds:
-        r = random_kills(s, work, kind, refs[kind], args.kills, rng)
-        at = ", ".join(
-            f"update {e['last_update']} -> resumed at {n['resumed_from']}" for e, n in zip(r["events"], r["events"][1:])
-        )
-        table.add(
-            f"{KIND_NAMES[kind]}: SIGKILL at random moments",
-            f"fairseq-train --max-update {MAX_UPDATE} --save-interval-updates {SAVE_INTERVAL}, SIGKILL {args.kills}x a "
-            "random 0-2.5 s after its first update, the same command after each",
-            f"{r['killed']} kills; {at}; finished at update {r['events'][-1]['last_update']}; "
-            f"p_k of every update = the uninterrupted run's (max diff {r['max_p_k_difference']:.1e}), "
-            f"loss max diff {r['max_loss_difference']:.3f}",
-            f"{', '.join(map(str, r['lost_updates']))} updates redone (at most one save interval, {SAVE_INTERVAL})",
-            r["ok"],
-            **r,
-        )
-        w = kill_while_writing(s, work, kind, refs[kind])
-        table.add(
-            f"{KIND_NAMES[kind]}: SIGKILL while a checkpoint is written",
-            "SIGKILL with half of the 3rd checkpoint's bytes in "
-            f"{Path(w['kill'].get('file', '?')).name}, then the same command",
-            f"files left: {', '.join(f'{k}: {v}' for k, v in w['files_after_kill'].items())}; resumed at update "
-            f"{w['resumed_from']} (killed at {w['last_update_before_kill']}), finished; p_k max diff "
-            f"{w['max_p_k_difference']:.1e}",
-            f"{w['lost_updates']} updates redone",
-            w["ok"],
-            **w,
-        )
+        _add_killed_training_rows(table, s, work, kind, refs[kind], args.kills, rng)
     if "copy" in cases:
-        for stock in (True, False):
-            c = kill_while_copying(s, work, refs["HRT"], stock)
-            who = "fairseq 0.12 alone (plugin's copy undone)" if stock else "with the plugin"
-            if stock:
-                happens = (
-                    f"checkpoint_last.pt truncated ({c['files_after_kill'].get('checkpoint_last.pt')}); the "
-                    f'same command stops: "{short(c.get("message", ""), 150)}"; following its advice '
-                    f"(--restore-file {Path(c.get('followed_advice', '?')).name}) resumed at update "
-                    f"{c.get('resumed_from')} and finished"
-                )
-                ok = c.get("completed", False) and "cannot read the checkpoint" in c.get("message", "")
-            else:
-                happens = (
-                    f"checkpoint_last.pt intact ({c['files_after_kill'].get('checkpoint_last.pt')}), partial "
-                    f"copy left in checkpoint_last.pt.tmp; the same command resumed at update "
-                    f"{c.get('resumed_from')} and finished"
-                )
-                ok = c["returncodes"][-1] == 0 and isinstance(c["files_after_kill"].get("checkpoint_last.pt"), int)
-            table.add(
-                f"SIGKILL while checkpoint_last.pt is copied, {who}",
-                f"HRT run killed half-way through copying {Path(c['kill'].get('src', '?')).name} to "
-                "checkpoint_last.pt (fault-table launcher), then the same command",
-                happens,
-                f"{c.get('lost_updates')} updates redone",
-                ok,
-                **c,
-            )
+        _add_copy_rows(table, s, work, refs["HRT"])
     if "truncated" in cases:
-        t = truncated_checkpoint(s, work)
-        table.add(
-            "checkpoint_last.pt truncated",
-            "a finished AT run's checkpoint_last.pt cut to half its bytes; fairseq-train (same save dir) and "
-            "fairseq-generate --path it",
-            f'train exit {t["train_returncode"]}: "{short(t["train_message"], 170)}" {short(t["advice"], 200)}; '
-            f"generate exit {t['generate_returncode']}, same message; following the advice resumed at update "
-            f"{t['followed_advice_resumed_from']}",
-            "the updates after the last complete checkpoint",
-            t["train_returncode"] != 0
-            and bool(t["train_message"])
-            and t["followed_advice_returncode"] == 0
-            and bool(t["generate_message"]),
-            **t,
-        )
+        _add_truncated_row(table, s, work)
     if "disk" in cases:
-        ckpt_bytes = (
-            (work / "ref_AT" / "checkpoint_last.pt").stat().st_size if (work / "ref_AT").exists() else 1_300_000
-        )
-        f = full_disk(s, work, ckpt_bytes)
-        if "skipped" in f:
-            table.add("full disk while saving", "not run", f["skipped"], "-", True, **f)
-        else:
-            table.add(
-                "full disk while saving",
-                f"AT run saving into a {f['tmpfs_kb']} kB tmpfs "
-                "(1.5 checkpoints; private mount namespace via unshare), "
-                "then the same command after the tmpfs is remounted larger",
-                f'exit {f["returncodes"][0]}: "{short(f["message"], 200)}"; files left: '
-                f"{', '.join(n for _, n in f['files_after_failure'])}; the same command resumed at update "
-                f"{f['resumed_from']} and finished at {f['final_update']}",
-                f"{f['last_update_before_failure'] - f['resumed_from']} updates redone (since the last complete save)",
-                f["returncodes"] == [1, 0]
-                and "could not write" in f["message"]
-                and not any(n.endswith(".tmp") for _, n in f["files_after_failure"]),
-                **f,
-            )
+        _add_disk_row(table, s, work)
     if "dictionary" in cases:
-        d = other_dictionary(s, work)
-        for name, r in d.items():
-            table.add(
-                f"resume with a data directory of another dictionary ({name})",
-                "fairseq-train on checkpoint_last.pt of a run, with another data-bin",
-                f'exit {r["returncode"]}: "{short(r["message"], 230)}"',
-                "nothing (refused before any update)"
-                if not r["trained_updates"]
-                else f"trained {r['trained_updates']}",
-                r["returncode"] != 0 and not r["trained_updates"],
-                **r,
-            )
+        _add_dictionary_rows(table, s, work)
     if "distilled" in cases:
-        r = short_distilled_set(s, work)
-        table.add(
-            "distilled set with another line count",
-            f"--distill-data binarized from {N_TRAIN - 10} of {N_TRAIN} lines",
-            f'exit {r["returncode"]}: "{short(r["message"], 230)}"',
-            "nothing (refused before training)",
-            r["returncode"] != 0 and bool(r["message"]),
-            **r,
-        )
+        _add_distilled_row(table, s, work)
     if "runtime" in cases:
         runtime = runtime_and_service(work)
         add_runtime_rows(table, runtime)
@@ -265,23 +290,8 @@ def build_table(args) -> Table:
     return table
 
 
-def add_runtime_rows(table: Table, r: dict):
-    """The deployed runtime's and the service's rows (benchmarks/faults.py: runtime_and_service)."""
-    b = r["bad_input"]
-    table.add(
-        "bad input lines, hrt-translate",
-        "the fairseq-interactive row's lines on stdin: invalid UTF-8, NUL + control characters, a line of spaces, a "
-        "100k-character line, mixed scripts and emoji",
-        f"exit {b['returncode']}, {b['output_lines']} of {b['input_lines']} lines translated; warnings: "
-        + "; ".join(b["warnings"][:3]),
-        "nothing: repaired as fairseq-interactive repairs them (one module), the long line truncated with a warning "
-        "naming it",
-        b["returncode"] == 0
-        and b["output_lines"] == b["input_lines"]
-        and not b["traceback"]
-        and len(b["warnings"]) >= 2,
-        **b,
-    )
+def _add_damaged_rows(table: Table, damaged: dict):
+    """hrt-translate on each damaged exported folder."""
     what = {
         "truncated": "weights.bin cut to half its bytes",
         "zeroed": "1 MiB of weights.bin zeroed (same size)",
@@ -301,7 +311,7 @@ def add_runtime_rows(table: Table, r: dict):
     }
     # what each message must tell the operator to do
     advice = {"file_for_folder": "give the folder fairseq-hrt-export wrote"}
-    for name, d in r["damaged"].items():
+    for name, d in damaged.items():
         table.add(
             f"damaged exported folder: {name}",
             f"{what[name]}, then hrt-translate",
@@ -313,30 +323,10 @@ def add_runtime_rows(table: Table, r: dict):
             and not d.get("traceback", False),
             **d,
         )
-    k = r["killed_export"]
-    table.add(
-        "fairseq-hrt-export SIGKILLed over an earlier export",
-        "the export of a newer checkpoint into the folder of an older one, SIGKILLed right after its new weights.bin "
-        "moved in (files move one by one, config.json last), then hrt-translate; then the same export again",
-        f"moved before the kill: {', '.join(k['moved_before_kill'])}; then {k['after_kill']} (temporary folders left: "
-        f"{', '.join(k['temporary_folders_left']) or 'none'});"
-        f" export again: exit {k['export_again_returncode']}, then {k['after_export_again']}",
-        "the interrupted export (refused at load, never translated with mixed files)",
-        k["after_kill"].startswith("exit 2")
-        and "export again" in k["after_kill"]
-        and k["export_again_returncode"] == 0
-        and k["after_export_again"].startswith("exit 0"),
-        **k,
-    )
-    t = r["threads"]
-    table.add(
-        "many callers on one Translator",
-        f"{t['threads']} threads, {t['calls']} translate() calls of mixed beams",
-        f"{t['equal_to_serial']} of {t['calls']} answers equal to the same calls made one after another",
-        "nothing",
-        t["equal_to_serial"] == t["calls"],
-        **t,
-    )
+
+
+def _add_service_rows(table: Table, r: dict):
+    """hrt-serve with a full queue, and with clients that disconnect."""
     f = r["full_queue"]
     table.add(
         "hrt-serve: a full queue",
@@ -362,8 +352,53 @@ def add_runtime_rows(table: Table, r: dict):
     )
 
 
-def add_operator_rows(table: Table, r: dict):
-    """The rows of issue 40: options, binding, hang-ups, a large request, SIGTERM, /metrics."""
+def add_runtime_rows(table: Table, r: dict):
+    """The deployed runtime's and the service's rows (benchmarks/faults.py: runtime_and_service)."""
+    b = r["bad_input"]
+    table.add(
+        "bad input lines, hrt-translate",
+        "the fairseq-interactive row's lines on stdin: invalid UTF-8, NUL + control characters, a line of spaces, a "
+        "100k-character line, mixed scripts and emoji",
+        f"exit {b['returncode']}, {b['output_lines']} of {b['input_lines']} lines translated; warnings: "
+        + "; ".join(b["warnings"][:3]),
+        "nothing: repaired as fairseq-interactive repairs them (one module), the long line truncated with a warning "
+        "naming it",
+        b["returncode"] == 0
+        and b["output_lines"] == b["input_lines"]
+        and not b["traceback"]
+        and len(b["warnings"]) >= 2,
+        **b,
+    )
+    _add_damaged_rows(table, r["damaged"])
+    k = r["killed_export"]
+    table.add(
+        "fairseq-hrt-export SIGKILLed over an earlier export",
+        "the export of a newer checkpoint into the folder of an older one, SIGKILLed right after its new weights.bin "
+        "moved in (files move one by one, config.json last), then hrt-translate; then the same export again",
+        f"moved before the kill: {', '.join(k['moved_before_kill'])}; then {k['after_kill']} (temporary folders left: "
+        f"{', '.join(k['temporary_folders_left']) or 'none'});"
+        f" export again: exit {k['export_again_returncode']}, then {k['after_export_again']}",
+        "the interrupted export (refused at load, never translated with mixed files)",
+        k["after_kill"].startswith("exit 2")
+        and "export again" in k["after_kill"]
+        and k["export_again_returncode"] == 0
+        and k["after_export_again"].startswith("exit 0"),
+        **k,
+    )
+    t = r["threads"]
+    table.add(
+        "many callers on one Translator",
+        f"{t['threads']} threads, {t['calls']} translate() calls of mixed beams",
+        f"{t['equal_to_serial']} of {t['calls']} answers equal to the same calls made one after another",
+        "nothing",
+        t["equal_to_serial"] == t["calls"],
+        **t,
+    )
+    _add_service_rows(table, r)
+
+
+def _add_option_rows(table: Table, options: dict):
+    """hrt-translate's options out of range (and a full disk)."""
     before = {  # what issue 77 measured before these were one line
         "--beam 2.5": "argparse's usage and the error, 10 lines",
         "--lenpen -inf": '"expected one argument"',
@@ -371,7 +406,7 @@ def add_operator_rows(table: Table, r: dict):
         "--min-len 2000": 'said "raise max_len_b" where the model\'s positions were the limit',
         "> /dev/full": "a Python traceback",
     }
-    for name, o in r["options"].items():
+    for name, o in options.items():
         expected_exit = o.get("expected_exit", 2)  # 1: the output could not be written (> /dev/full)
         table.add(
             f"hrt-translate {name}",
@@ -385,7 +420,10 @@ def add_operator_rows(table: Table, r: dict):
             and (name != "--min-len 2000" or "target positions" in o["last_line"]),
             **o,
         )
-    b = r["bind"]
+
+
+def _add_bind_rows(table: Table, b: dict):
+    """hrt-serve's bind errors, --port 0, and a request's option out of range."""
     for name in ("port in use", "--port 70000", "--max-wait-ms inf"):
         o = b[name]
         table.add(
@@ -414,6 +452,12 @@ def add_operator_rows(table: Table, r: dict):
         q["status"] == 400 and "from -10 to 10" in q["error"],
         **q,
     )
+
+
+def add_operator_rows(table: Table, r: dict):
+    """The rows of issue 40: options, binding, hang-ups, a large request, SIGTERM, /metrics."""
+    _add_option_rows(table, r["options"])
+    _add_bind_rows(table, r["bind"])
     h = r["hang_up"]
     table.add(
         "hrt-serve: a client hangs up during a long request",

@@ -7,6 +7,7 @@ happened (a dict). No reporting here.
 (:func:`launch` starts it).
 """
 
+import functools
 import http.client
 import io
 import json
@@ -137,9 +138,12 @@ def checkpoint_updates(path: Path) -> Optional[int]:
     """The update count stored in a checkpoint, None when it is not a complete archive."""
     import torch  # noqa: PLC0415 - optional: PyTorch and fairseq (the fault table's own process runs without them)
 
+    from fairseq_hrt import compat  # noqa: PLC0415 - as torch
+
     if not path.is_file() or not zipfile.is_zipfile(path):
         return None
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    compat.register_checkpoint_types()
+    state = torch.load(path, map_location="cpu", weights_only=True)
     return int(state["optimizer_history"][-1]["num_updates"])
 
 
@@ -529,10 +533,9 @@ def short_distilled_set(s: Setting, work: Path) -> dict:
 # ----------------------------------------------------------------------------- bad input
 
 
-def bad_input(work: Path) -> dict:
-    data = make_tiny_spm_data(work / "spm")
-    ckpt_dir = work / "spm" / "ck"
-    run_cli(train_args(data.bin_dir, ckpt_dir, "--hrt-mode", "at", arch="at_tiny", max_update=3))
+def _interactive_bad_input(work: Path, data, ckpt_dir: Path) -> dict:
+    """Bad lines through fairseq-interactive with the plugin: every line translated, a warning
+    naming each bad one."""
     lines = [
         b"a man rides a horse .",
         b"hello \xff\xfe world",
@@ -583,6 +586,11 @@ def bad_input(work: Path) -> dict:
         ],
         "traceback": "Traceback" in out,
     }
+    return interactive
+
+
+def _distill_bad_input(work: Path, data, ckpt_dir: Path) -> dict:
+    """Bad bytes in distill's --src: every line distilled, a warning naming each bad one."""
     src = work / "distill_src.en"
     pieces = (data.bin_dir.parent / "spm" / "valid.en").read_bytes().splitlines()[:3]
     src.write_bytes(b"\n".join([pieces[0], pieces[1] + b" \xff", pieces[2] + b"\x00"]) + b"\n")
@@ -615,7 +623,15 @@ def bad_input(work: Path) -> dict:
         "input_lines": 3,
         "warnings": [short(log_message(line), 200) for line in dist.stdout.splitlines() if f"{src}, line" in line],
     }
-    return {"interactive": interactive, "distill": distill}
+    return distill
+
+
+def bad_input(work: Path) -> dict:
+    data = make_tiny_spm_data(work / "spm")
+    ckpt_dir = work / "spm" / "ck"
+    run_cli(train_args(data.bin_dir, ckpt_dir, "--hrt-mode", "at", arch="at_tiny", max_update=3))
+    interactive = _interactive_bad_input(work, data, ckpt_dir)
+    return {"interactive": interactive, "distill": _distill_bad_input(work, data, ckpt_dir)}
 
 
 def set_report_root(path: str):
@@ -689,18 +705,8 @@ def _post(port: int, body: dict, timeout: float = 300):
         connection.close()
 
 
-def runtime_and_service(work: Path) -> dict:
-    """hrt-translate, Translator and hrt-serve on a tiny AT model (SentencePiece) exported with
-    fairseq-hrt-export: bad input, damaged folders, a killed export, many threads on one
-    Translator, a full queue, clients that disconnect."""
-    data = make_tiny_spm_data(work / "rt")
-    ckpt_dir = work / "rt" / "ck"
-    run_cli(train_args(data.bin_dir, ckpt_dir, "--hrt-mode", "at", arch="at_tiny", max_update=3))
-    folder = work / "rt" / "onnx"
-    run_cli(["fairseq_hrt.export.exporter", ckpt_dir / "checkpoint_last.pt", folder])
-    out: Dict[str, dict] = {}
-
-    # bad input through hrt-translate, as fairseq-interactive's row
+def _bad_input_rows(folder: Path) -> dict:
+    """The bad lines through hrt-translate, as fairseq-interactive's row."""
     proc = subprocess.run(
         [sys.executable, "-m", "hrt_runtime", str(folder), "--beam", "2", "--max-len-b", "10"],
         input=b"\n".join(BAD_LINES) + b"\n",
@@ -710,7 +716,7 @@ def runtime_and_service(work: Path) -> dict:
         timeout=600,
     )
     err = proc.stderr.decode("utf-8", "replace")
-    out["bad_input"] = {
+    return {
         "returncode": proc.returncode,
         "input_lines": len(BAD_LINES),
         "output_lines": proc.stdout.count(b"\n"),
@@ -718,7 +724,9 @@ def runtime_and_service(work: Path) -> dict:
         "warnings": [short(line.split(" | ")[-1], 200) for line in err.splitlines() if "<stdin>, line" in line],
     }
 
-    # damaged folders
+
+def _damaged_copies(work: Path, folder: Path) -> Dict[str, Path]:
+    """Copies of ``folder`` with a damaged weights.bin or a config.json edited by hand."""
     damaged = {}
     size = (folder / "weights.bin").stat().st_size
     for name in ("truncated", "zeroed", "swapped", "no_file_list", "positions_edited"):
@@ -738,15 +746,13 @@ def runtime_and_service(work: Path) -> dict:
                 f.seek(size // 3)
                 f.write(bytes(min(1 << 20, size // 3)))
         damaged[name] = copy
-    # another export's config.json: the same data, another architecture
-    other = work / "rt" / "ck-hrt"
-    run_cli(train_args(data.bin_dir, other, arch="hrt_tiny", max_update=2))
-    run_cli(["fairseq_hrt.export.exporter", other / "checkpoint_last.pt", work / "rt" / "onnx-hrt"])
-    shutil.copyfile(work / "rt" / "onnx-hrt" / "config.json", damaged["swapped"] / "config.json")
-    # config.json's own lies: each once loaded, or failed in a message naming no file
-    other_at = work / "rt" / "ck-at-seed2"  # another export of the same architecture
-    run_cli(train_args(data.bin_dir, other_at, "--hrt-mode", "at", arch="at_tiny", max_update=3, seed=2))
-    run_cli(["fairseq_hrt.export.exporter", other_at / "checkpoint_last.pt", work / "rt" / "onnx-at-seed2"])
+    return damaged
+
+
+def _lying_configs(work: Path, folder: Path, damaged: Dict[str, Path]) -> None:
+    """config.json's own lies (into ``damaged``): each once loaded, or failed in a message
+    naming no file. Needs ``work/rt/onnx-at-seed2``, another export of the same architecture."""
+    size = (folder / "weights.bin").stat().st_size
     for name in ("int8_zeroed", "int8_other_weights", "graphs_swapped", "layers_string", "spm_null", "file_for_folder"):
         copy = work / "rt" / f"onnx-{name}"
         shutil.copytree(folder, copy)
@@ -768,17 +774,35 @@ def runtime_and_service(work: Path) -> dict:
         (copy / "config.json").write_text(json.dumps(config))
         damaged[name] = copy / "config.json" if name == "file_for_folder" else copy
 
-    def refusal(path: Path) -> dict:  # _runtime_error's line, and whether it was the only one
-        r = _cli_result(path, "--beam", "1", "--max-len-b", "5")
-        return {
-            "message": f"exit {r['returncode']}: {r['last_line']}",
-            "stderr_lines": r["stderr_lines"],
-            "traceback": r["traceback"],
-        }
 
-    out["damaged"] = {name: refusal(path) for name, path in damaged.items()}
+def _refusal(path: Path) -> dict:
+    """:func:`_runtime_error`'s line, and whether it was the only one."""
+    r = _cli_result(path, "--beam", "1", "--max-len-b", "5")
+    return {
+        "message": f"exit {r['returncode']}: {r['last_line']}",
+        "stderr_lines": r["stderr_lines"],
+        "traceback": r["traceback"],
+    }
 
-    # an export SIGKILLed while its files move in, over an earlier export of another checkpoint
+
+def _damaged_folders(work: Path, folder: Path, data) -> Dict[str, dict]:
+    """hrt-translate on damaged folders: each refused in one line."""
+    damaged = _damaged_copies(work, folder)
+    # another export's config.json: the same data, another architecture
+    other = work / "rt" / "ck-hrt"
+    run_cli(train_args(data.bin_dir, other, arch="hrt_tiny", max_update=2))
+    run_cli(["fairseq_hrt.export.exporter", other / "checkpoint_last.pt", work / "rt" / "onnx-hrt"])
+    shutil.copyfile(work / "rt" / "onnx-hrt" / "config.json", damaged["swapped"] / "config.json")
+    other_at = work / "rt" / "ck-at-seed2"  # another export of the same architecture
+    run_cli(train_args(data.bin_dir, other_at, "--hrt-mode", "at", arch="at_tiny", max_update=3, seed=2))
+    run_cli(["fairseq_hrt.export.exporter", other_at / "checkpoint_last.pt", work / "rt" / "onnx-at-seed2"])
+    _lying_configs(work, folder, damaged)
+    return {name: _refusal(path) for name, path in damaged.items()}
+
+
+def _killed_export(work: Path, folder: Path, data, ckpt_dir: Path) -> dict:
+    """An export SIGKILLed while its files move in, over an earlier export of another
+    checkpoint; then the same export again."""
     killed = work / "rt" / "onnx-killed"
     shutil.copytree(folder, killed)
     run_cli(
@@ -796,7 +820,7 @@ def runtime_and_service(work: Path) -> dict:
     after_kill = _runtime_error(killed)
     leftovers = sorted(p.name for p in killed.iterdir() if p.name.startswith(".export-"))
     again = run_cli(["fairseq_hrt.export.exporter", *export_args], check=False)
-    out["killed_export"] = {
+    return {
         "kill_returncode": kill.returncode,
         "moved_before_kill": moved,
         "after_kill": relative(after_kill),
@@ -805,55 +829,63 @@ def runtime_and_service(work: Path) -> dict:
         "after_export_again": relative(_runtime_error(killed)),
     }
 
-    # many threads on one Translator
-    lines = read_lines(data.raw("valid", "en"))[:24]
+
+def _threads_on_one_translator(folder: Path, lines: List[str]) -> dict:
+    """Many threads on one Translator: each call's output equals the serial one's."""
     calls = [(lines[i : i + 6], dict(beam=1 + i % 3, max_len_b=12)) for i in range(0, 24, 3)]
     serial = [Translator(str(folder)).translate(ls, **o) for ls, o in calls]
     shared = Translator(str(folder))
     with ThreadPoolExecutor(8) as pool:
         parallel = list(pool.map(lambda c: shared.translate(c[0], **c[1]), calls * 8))
-    out["threads"] = {
+    return {
         "threads": 8,
         "calls": len(calls) * 8,
         "equal_to_serial": sum(p == serial[i % len(calls)] for i, p in enumerate(parallel)),
     }
 
-    # the service: a full queue, clients that disconnect
-    def serve(*options):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        service = subprocess.Popen(
-            [sys.executable, "-m", "hrt_runtime.serve", str(folder), "--port", str(port), *options],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,  # its log, a line per request: a pipe nobody reads would stop it
-            env=cli_env(),
-            cwd=str(REPO),
-        )
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return service, port
-            except OSError:
-                if time.monotonic() > deadline or service.poll() is not None:
-                    service.kill()
-                    raise RuntimeError("hrt-serve did not start")
-                time.sleep(0.2)
 
+def _serve(folder: Path, *options):
+    """``(process, port)`` of hrt-serve on ``folder`` with ``options``, once it listens."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    service = subprocess.Popen(
+        [sys.executable, "-m", "hrt_runtime.serve", str(folder), "--port", str(port), *options],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # its log, a line per request: a pipe nobody reads would stop it
+        env=cli_env(),
+        cwd=str(REPO),
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return service, port
+        except OSError:
+            if time.monotonic() > deadline or service.poll() is not None:
+                service.kill()
+                raise RuntimeError("hrt-serve did not start")
+            time.sleep(0.2)
+
+
+# an untrained model runs to the length limit: slow requests
+_HEAVY = dict(beam=5, max_len_b=200)
+
+
+def _full_queue(lines: List[str], serve, translator) -> dict:
+    """24 heavy requests at once on a queue of 2: the rest refused with 503, the answered equal
+    to ``translator``'s."""
     service, port = serve("--max-batch", "8", "--max-queue", "2")
     try:
-        heavy = dict(beam=5, max_len_b=200)  # an untrained model runs to the length limit: slow requests
         requests = [lines[i % 20 : i % 20 + 4] for i in range(24)]
-        translator = Translator(str(folder))
         with ThreadPoolExecutor(24) as pool:
-            answers = list(pool.map(lambda ls: _post(port, {"text": ls, **heavy}), requests))
-        full = {
+            answers = list(pool.map(lambda ls: _post(port, {"text": ls, **_HEAVY}), requests))
+        return {
             "requests": len(requests),
             "rejected_503": sum(s == 503 for s, _ in answers),
             "answered": sum(s == 200 for s, _ in answers),
             "answers_equal": sum(
-                s == 200 and a["translations"] == translator.translate(ls, **heavy)
+                s == 200 and a["translations"] == translator.translate(ls, **_HEAVY)
                 for (s, a), ls in zip(answers, requests)
             ),
             "message_503": next((a["error"] for s, a in answers if s == 503), ""),
@@ -861,9 +893,14 @@ def runtime_and_service(work: Path) -> dict:
     finally:
         service.terminate()
         service.wait(30)
+
+
+def _disconnects(lines: List[str], serve, translator) -> dict:
+    """Clients that send a heavy request (or part of one) and go: the service goes on
+    answering the others, equal to ``translator``'s."""
     service, port = serve()  # the default queue
     try:
-        body = json.dumps({"text": lines[:6], **heavy}).encode()
+        body = json.dumps({"text": lines[:6], **_HEAVY}).encode()
         for _ in range(4):
             c = socket.create_connection(("127.0.0.1", port))
             c.sendall(_request_bytes(body))
@@ -875,7 +912,7 @@ def runtime_and_service(work: Path) -> dict:
         others = [lines[i : i + 3] for i in range(0, 12, 3)]
         with ThreadPoolExecutor(4) as pool:
             later = list(pool.map(lambda ls: _post(port, {"text": ls, "beam": 1, "max_len_b": 12}), others))
-        disconnect = {
+        return {
             "disconnected": 5,
             "others": len(others),
             "others_equal": sum(
@@ -887,7 +924,25 @@ def runtime_and_service(work: Path) -> dict:
     finally:
         service.terminate()
         service.wait(30)
-    out["full_queue"], out["disconnect"] = full, disconnect
+
+
+def runtime_and_service(work: Path) -> dict:
+    """hrt-translate, Translator and hrt-serve on a tiny AT model (SentencePiece) exported with
+    fairseq-hrt-export: bad input, damaged folders, a killed export, many threads on one
+    Translator, a full queue, clients that disconnect."""
+    data = make_tiny_spm_data(work / "rt")
+    ckpt_dir = work / "rt" / "ck"
+    run_cli(train_args(data.bin_dir, ckpt_dir, "--hrt-mode", "at", arch="at_tiny", max_update=3))
+    folder = work / "rt" / "onnx"
+    run_cli(["fairseq_hrt.export.exporter", ckpt_dir / "checkpoint_last.pt", folder])
+    out: Dict[str, dict] = {"bad_input": _bad_input_rows(folder)}
+    out["damaged"] = _damaged_folders(work, folder, data)
+    out["killed_export"] = _killed_export(work, folder, data, ckpt_dir)
+    lines = read_lines(data.raw("valid", "en"))[:24]
+    out["threads"] = _threads_on_one_translator(folder, lines)
+    serve = functools.partial(_serve, folder)
+    translator = Translator(str(folder))
+    out["full_queue"], out["disconnect"] = _full_queue(lines, serve, translator), _disconnects(lines, serve, translator)
     out.update(operator_cases(work, folder, lines, serve))
     out["bounded"] = bounded_service_cases(lines, serve)
     return out
@@ -942,11 +997,8 @@ def _metrics(port: int) -> Dict[str, float]:
     }
 
 
-def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
-    """What an operator hits (issue 40): options out of range, bind errors, a client that hangs
-    up during a long request, a large request (memory before, at peak, after), SIGTERM with
-    long requests queued, /metrics after all of it."""
-    out: Dict[str, dict] = {}
+def _option_refusals(work: Path, folder: Path) -> Dict[str, dict]:
+    """hrt-translate's options out of range, and its output to a full disk."""
     options = {}
     for name, args in (
         ("--lenpen 400", ("--lenpen", "400")),
@@ -980,9 +1032,12 @@ def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
         "stdout": "",
         "expected_exit": 1,
     }
-    out["options"] = options
+    return options
 
-    big = [(" ".join(lines) * 40)[:20000] for _ in range(256)]  # 256 lines of 20 KB: a 5 MB body
+
+def _bind_cases(folder: Path, serve, big: List[str]):
+    """``(bind, default_limit)``: hrt-serve's port and option errors, a request's own options
+    out of range, and ``big`` against the default request limit."""
     bind = {}
     service, port = serve()  # the default settings
     try:
@@ -1012,53 +1067,53 @@ def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
     finally:
         zero.terminate()
         zero.wait(30)
-    out["bind"] = bind
+    return bind, default_limit
 
-    heavy = dict(beam=5, max_len_b=200)
-    long_request = [(lines[i % len(lines)] + " ") * 8 for i in range(256)]
-    service, port = serve("--max-request-tokens", "1000000")
-    try:
-        # a client that hangs up 0.5 s into a long request; then the next request's wait
-        _send_and_leave(port, {"text": long_request, **heavy}, 0.5)
-        start = time.monotonic()
-        status, _ = _post(port, {"text": lines[:2], **heavy})
-        waited = time.monotonic() - start
-        info = _info(port)
-        start = time.monotonic()
-        _post(port, {"text": long_request, **heavy})
-        whole = time.monotonic() - start
-        out["hang_up"] = {
-            "next_status": status,
-            "next_waited_s": round(waited, 2),
-            "long_request_whole_s": round(whole, 2),
-            "abandoned": info["stats"]["abandoned"],
-            "batches_of_long_request": -(-256 // info["batching"]["max_batch"]),
-        }
-        # a large request: the service's memory before, at peak, after
-        before = _rss_mib(service.pid)
-        start = time.monotonic()
-        status, _ = _post(port, {"text": big, "beam": 5, "max_len_b": 20}, timeout=1200)
-        seconds = time.monotonic() - start
-        after = _rss_mib(service.pid)
-        out["large_request"] = {
-            "status": status,
-            "seconds": round(seconds, 1),
-            "body_mib": round(len(json.dumps({"text": big})) / 2**20, 1),
-            "rss_before_mib": before["VmRSS"],
-            "rss_peak_mib": after["VmHWM"],
-            "rss_after_mib": after["VmRSS"],
-        }
-        out["large_request"]["default_limit"] = default_limit
-        out["metrics"] = {k: v for k, v in _metrics(port).items() if k.startswith("hrt_serve_requests_total")}
-    finally:
-        service.terminate()
-        service.wait(60)
 
-    # SIGTERM with long requests queued: drained for at most --drain-seconds
+def _hang_up_and_large_request(service, port: int, lines: List[str], long_request: List[str], big: List[str]):
+    """A client that hangs up during a long request (the next one's wait), a large request
+    (the service's memory before, at peak, after), and /metrics after both."""
+    out: Dict[str, dict] = {}
+    # a client that hangs up 0.5 s into a long request; then the next request's wait
+    _send_and_leave(port, {"text": long_request, **_HEAVY}, 0.5)
+    start = time.monotonic()
+    status, _ = _post(port, {"text": lines[:2], **_HEAVY})
+    waited = time.monotonic() - start
+    info = _info(port)
+    start = time.monotonic()
+    _post(port, {"text": long_request, **_HEAVY})
+    whole = time.monotonic() - start
+    out["hang_up"] = {
+        "next_status": status,
+        "next_waited_s": round(waited, 2),
+        "long_request_whole_s": round(whole, 2),
+        "abandoned": info["stats"]["abandoned"],
+        "batches_of_long_request": -(-256 // info["batching"]["max_batch"]),
+    }
+    # a large request: the service's memory before, at peak, after
+    before = _rss_mib(service.pid)
+    start = time.monotonic()
+    status, _ = _post(port, {"text": big, "beam": 5, "max_len_b": 20}, timeout=1200)
+    seconds = time.monotonic() - start
+    after = _rss_mib(service.pid)
+    out["large_request"] = {
+        "status": status,
+        "seconds": round(seconds, 1),
+        "body_mib": round(len(json.dumps({"text": big})) / 2**20, 1),
+        "rss_before_mib": before["VmRSS"],
+        "rss_peak_mib": after["VmHWM"],
+        "rss_after_mib": after["VmRSS"],
+    }
+    out["metrics"] = {k: v for k, v in _metrics(port).items() if k.startswith("hrt_serve_requests_total")}
+    return out
+
+
+def _sigterm_with_queue(serve, long_request: List[str]) -> dict:
+    """SIGTERM with long requests queued: drained for at most --drain-seconds."""
     service, port = serve("--drain-seconds", "2", "--max-request-tokens", "1000000")
     answers: List[int] = []
     threads = [
-        threading.Thread(target=lambda: answers.append(_post(port, {"text": long_request, **heavy})[0]))
+        threading.Thread(target=lambda: answers.append(_post(port, {"text": long_request, **_HEAVY})[0]))
         for _ in range(4)
     ]
     for t in threads:
@@ -1069,7 +1124,7 @@ def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
     returncode = service.wait(120)
     for t in threads:
         t.join(120)
-    out["sigterm"] = {
+    return {
         "requests": len(threads),
         "drain_seconds": 2,
         "exit_after_s": round(time.monotonic() - start, 1),
@@ -1077,6 +1132,26 @@ def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
         "answered_200": answers.count(200),
         "answered_503": answers.count(503),
     }
+
+
+def operator_cases(work: Path, folder: Path, lines: List[str], serve) -> dict:
+    """What an operator hits (issue 40): options out of range, bind errors, a client that hangs
+    up during a long request, a large request (memory before, at peak, after), SIGTERM with
+    long requests queued, /metrics after all of it."""
+    out: Dict[str, dict] = {"options": _option_refusals(work, folder)}
+    big = [(" ".join(lines) * 40)[:20000] for _ in range(256)]  # 256 lines of 20 KB: a 5 MB body
+    out["bind"], default_limit = _bind_cases(folder, serve, big)
+    long_request = [(lines[i % len(lines)] + " ") * 8 for i in range(256)]
+    service, port = serve("--max-request-tokens", "1000000")
+    try:
+        measured = _hang_up_and_large_request(service, port, lines, long_request, big)
+        out["hang_up"], out["large_request"] = measured["hang_up"], measured["large_request"]
+        out["large_request"]["default_limit"] = default_limit
+        out["metrics"] = measured["metrics"]
+    finally:
+        service.terminate()
+        service.wait(60)
+    out["sigterm"] = _sigterm_with_queue(serve, long_request)
     return out
 
 
@@ -1110,105 +1185,106 @@ def _status_and_json(raw: bytes):
         return status, None
 
 
-def bounded_service_cases(lines: List[str], serve) -> dict:
-    """hrt-serve bounded by the work a request asks for (issue 77): the costly requests, a
-    deadline, a client gone during costly work, slow clients, hostile bodies, the drain."""
+def _costly_requests(port: int, lines: List[str]) -> Dict[str, dict]:
+    """The costly requests (issue 77), a request past its deadline, and a client gone during
+    costly work: each stopped, and the next request answered."""
     out: Dict[str, dict] = {}
-    service, port = serve("--body-timeout", "1", "--idle-timeout", "1", "--drain-seconds", "5")
-    try:
-        hostile = {"text": (lines * 4)[:64], "beam": 256, "chunk_size": 1, "min_len": 1000, "max_len_b": 100000}
-        status, answer = _post(port, hostile)
-        small = _post(port, {"text": lines[:1], "beam": 1, "max_len_b": 12})[0]
-        out["issue_request"] = {
-            "status": status,
-            "error": answer.get("error", ""),
-            "next_status": small,
-            "positions_in_flight_after": _info(port)["stats"]["positions_in_flight"],
-        }
-        # admitted, then past its own deadline while its batches run: 504, its batch stopped
-        costly = {"text": (lines * 8)[:192], "beam": 16, "max_len_b": 200, "timeout": 0.5}
-        status, answer = _post(port, costly)
-        time.sleep(0.5)
-        info = _info(port)["stats"]
-        out["deadline"] = {
-            "status": status,
-            "error": answer.get("error", ""),
-            "stopped_batches": info["stopped_batches"],
-            "deadline_passed": info["deadline_passed"],
-            "positions_in_flight_after": info["positions_in_flight"],
-            "next_status": _post(port, {"text": lines[:1], "beam": 1, "max_len_b": 12})[0],
-        }
-        # a client gone 0.5 s into costly work: the batch stops at its next decoder step
-        _send_and_leave(port, {"text": (lines * 8)[:192], "beam": 16, "max_len_b": 200}, 0.5)
-        time.sleep(0.5)
-        start = time.monotonic()
-        next_status = _post(port, {"text": lines[:1], "beam": 1, "max_len_b": 12})[0]
-        info = _info(port)["stats"]
-        out["gone"] = {
-            "next_status": next_status,
-            "next_waited_s": round(time.monotonic() - start, 2),
-            "stopped_batches": info["stopped_batches"],
-            "abandoned": info["abandoned"],
-        }
-        # hostile bodies and lines: JSON errors
-        bodies = {}
-        for name, data in (
-            ("100,000 nested [", b"[" * 100000),
-            ("an 18 MiB body", b" " * (18 * 2**20)),
-        ):
-            raw = _raw_exchange(port, _request_bytes(data, "Connection: close"))
-            status, answer = _status_and_json(raw)
-            bodies[name] = {"status": status, "json": answer is not None, "error": (answer or {}).get("error", "")}
-        status, answer = _post(port, {"text": ["a man rides\na horse ."]})
-        bodies["a line holding \\n"] = {"status": status, "json": True, "error": answer.get("error", "")}
-        out["bodies"] = bodies
-        # slow clients: headers and part of a body, and headers never finished
-        slow = []
-        for i in range(100):
-            c = socket.create_connection(("127.0.0.1", port))
-            c.sendall(
-                b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"text": ["a'
-                if i % 2 == 0
-                else b"POST /translate HTTP/1.1\r\nHost: x\r\n"
-            )
-            slow.append(c)
-        time.sleep(3.0)
-        answered, closed = {}, 0
-        for c in slow:
-            c.settimeout(1.0)
-            try:
-                data = c.recv(65536)
-            except OSError:
-                data = None
-            if data:
-                code = data.split(b" ", 2)[1].decode()
-                answered[code] = answered.get(code, 0) + 1
-            elif data == b"":
-                closed += 1
-            c.close()
-        info = _info(port)["stats"]
-        counted = _metrics(port).get("hrt_serve_requests_total{outcome=abandoned}")
-        out["slow"] = {
-            "connections": len(slow),
-            "answered": answered,
-            "closed_without_answer": closed,
-            "abandoned_info": info["abandoned"],
-            "abandoned_metrics": counted,
-        }
-    finally:
-        start = time.monotonic()
-        service.terminate()
-        code = service.wait(60)
-        out["slow"]["exit"] = code
-        out["slow"]["exit_after_s"] = round(time.monotonic() - start, 1)
+    hostile = {"text": (lines * 4)[:64], "beam": 256, "chunk_size": 1, "min_len": 1000, "max_len_b": 100000}
+    status, answer = _post(port, hostile)
+    small = _post(port, {"text": lines[:1], "beam": 1, "max_len_b": 12})[0]
+    out["issue_request"] = {
+        "status": status,
+        "error": answer.get("error", ""),
+        "next_status": small,
+        "positions_in_flight_after": _info(port)["stats"]["positions_in_flight"],
+    }
+    # admitted, then past its own deadline while its batches run: 504, its batch stopped
+    costly = {"text": (lines * 8)[:192], "beam": 16, "max_len_b": 200, "timeout": 0.5}
+    status, answer = _post(port, costly)
+    time.sleep(0.5)
+    info = _info(port)["stats"]
+    out["deadline"] = {
+        "status": status,
+        "error": answer.get("error", ""),
+        "stopped_batches": info["stopped_batches"],
+        "deadline_passed": info["deadline_passed"],
+        "positions_in_flight_after": info["positions_in_flight"],
+        "next_status": _post(port, {"text": lines[:1], "beam": 1, "max_len_b": 12})[0],
+    }
+    # a client gone 0.5 s into costly work: the batch stops at its next decoder step
+    _send_and_leave(port, {"text": (lines * 8)[:192], "beam": 16, "max_len_b": 200}, 0.5)
+    time.sleep(0.5)
+    start = time.monotonic()
+    next_status = _post(port, {"text": lines[:1], "beam": 1, "max_len_b": 12})[0]
+    info = _info(port)["stats"]
+    out["gone"] = {
+        "next_status": next_status,
+        "next_waited_s": round(time.monotonic() - start, 2),
+        "stopped_batches": info["stopped_batches"],
+        "abandoned": info["abandoned"],
+    }
+    return out
 
-    # the drain: 8 x 256 lines at beam 5, SIGTERM after 1 s, --drain-seconds 2; /health meanwhile
+
+def _hostile_bodies(port: int) -> Dict[str, dict]:
+    """Hostile bodies and lines: JSON errors."""
+    bodies = {}
+    for name, data in (
+        ("100,000 nested [", b"[" * 100000),
+        ("an 18 MiB body", b" " * (18 * 2**20)),
+    ):
+        raw = _raw_exchange(port, _request_bytes(data, "Connection: close"))
+        status, answer = _status_and_json(raw)
+        bodies[name] = {"status": status, "json": answer is not None, "error": (answer or {}).get("error", "")}
+    status, answer = _post(port, {"text": ["a man rides\na horse ."]})
+    bodies["a line holding \\n"] = {"status": status, "json": True, "error": answer.get("error", "")}
+    return bodies
+
+
+def _slow_clients(port: int) -> dict:
+    """Slow clients: headers and part of a body, and headers never finished."""
+    slow = []
+    for i in range(100):
+        c = socket.create_connection(("127.0.0.1", port))
+        c.sendall(
+            b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"text": ["a'
+            if i % 2 == 0
+            else b"POST /translate HTTP/1.1\r\nHost: x\r\n"
+        )
+        slow.append(c)
+    time.sleep(3.0)
+    answered, closed = {}, 0
+    for c in slow:
+        c.settimeout(1.0)
+        try:
+            data = c.recv(65536)
+        except OSError:
+            data = None
+        if data:
+            code = data.split(b" ", 2)[1].decode()
+            answered[code] = answered.get(code, 0) + 1
+        elif data == b"":
+            closed += 1
+        c.close()
+    info = _info(port)["stats"]
+    counted = _metrics(port).get("hrt_serve_requests_total{outcome=abandoned}")
+    return {
+        "connections": len(slow),
+        "answered": answered,
+        "closed_without_answer": closed,
+        "abandoned_info": info["abandoned"],
+        "abandoned_metrics": counted,
+    }
+
+
+def _drain(lines: List[str], serve) -> dict:
+    """The drain: 8 x 256 lines at beam 5, SIGTERM after 1 s, --drain-seconds 2; /health meanwhile."""
     service, port = serve("--drain-seconds", "2", "--max-request-tokens", "1000000")
     long_request = [(lines[i % len(lines)] + " ") * 2 for i in range(256)]
     # max_len_b 30: an untrained model runs every output to its limit; at 200 no request fits in 2 s
     body = {"text": long_request, "beam": 5, "max_len_b": 30}
     drained = drain_row(port, service, [body] * 8, timeout=300)
-    out["drain"] = {
+    return {
         "requests": drained["requests"],
         "exit_after_s": drained["exit_after_s"],
         "returncode": drained["exit"],
@@ -1216,4 +1292,22 @@ def bounded_service_cases(lines: List[str], serve) -> dict:
         "answered_503": drained["statuses"].get("503", 0),
         "health_while_draining": drained["health_while_draining"],
     }
+
+
+def bounded_service_cases(lines: List[str], serve) -> dict:
+    """hrt-serve bounded by the work a request asks for (issue 77): the costly requests, a
+    deadline, a client gone during costly work, slow clients, hostile bodies, the drain."""
+    out: Dict[str, dict] = {}
+    service, port = serve("--body-timeout", "1", "--idle-timeout", "1", "--drain-seconds", "5")
+    try:
+        out.update(_costly_requests(port, lines))
+        out["bodies"] = _hostile_bodies(port)
+        out["slow"] = _slow_clients(port)
+    finally:
+        start = time.monotonic()
+        service.terminate()
+        code = service.wait(60)
+        out["slow"]["exit"] = code
+        out["slow"]["exit_after_s"] = round(time.monotonic() - start, 1)
+    out["drain"] = _drain(lines, serve)
     return out

@@ -177,10 +177,36 @@ def score(text, hyps, refs, buckets, max_len, k) -> dict:
     }
 
 
-def run(args) -> dict:
-    torch.set_num_threads(args.threads)
-    use_cuda = torch.cuda.is_available() and not args.cpu
-    model, task = load(args.path, args.data, use_cuda, args.fp16)
+class Systems:
+    """Decodes and scores the systems of one run into ``report["systems"]`` (their
+    detokenised outputs in ``texts``)."""
+
+    def __init__(self, args, task, model, batches, use_cuda: bool, refs: List[str], buckets, report: dict):
+        self.args, self.task, self.model, self.batches, self.use_cuda = args, task, model, batches, use_cuda
+        self.refs, self.buckets, self.report = refs, buckets, report
+        self.texts: Dict[str, List[str]] = {}  # system -> its detokenized outputs
+
+    def run(self, name: str, chunk_size: int, beam: int, on=None):
+        """Decode system ``name`` (``on``: another ``(task, model, batches)``); returns its hypotheses."""
+        args = self.args
+        on_task, on_model, on_batches = on or (self.task, self.model, self.batches)
+        gen = build_generator(
+            on_task,
+            on_model,
+            {"beam": beam, "max_len_b": args.max_len_b, "lenpen": 1.0},
+            {"decoder_engine": "lean", "decode_chunk_size": str(chunk_size), "b_nat": 1},
+        )
+        hyps, seconds = decode(on_task, on_model, gen, on_batches, self.use_cuda)
+        self.texts[name] = detok(self.task, hyps, args.spm, len(self.refs))
+        systems = self.report["systems"]
+        systems[name] = score(self.texts[name], hyps, self.refs, self.buckets, args.max_len_b, chunk_size)
+        systems[name]["seconds"] = round(seconds, 2)
+        logger.info("%-12s BLEU %.2f, %d at the length limit", name, systems[name]["bleu"], systems[name]["limit_hits"])
+        return hyps
+
+
+def read_test_set(args):
+    """``(src, refs, raw_src)``, refused unless aligned."""
     src = read_lines(args.src, args.max_sentences)
     refs = read_lines(args.raw_ref, args.max_sentences)
     raw_src = read_lines(args.raw_src, args.max_sentences)
@@ -188,52 +214,76 @@ def run(args) -> dict:
         raise SystemExit(
             f"--src, --raw-ref, --raw-src have {len(src)}, {len(refs)}, {len(raw_src)} lines; they must be aligned"
         )
-    buckets = length_buckets(raw_src)
+    return src, refs, raw_src
+
+
+def load_student(args, hrt: bool, src: List[str], use_cuda: bool):
+    """``(task, model, batches)`` of ``--skeleton-from``'s AT student, refused in one line when
+    the measured model is not HRT or the student is."""
+    if not hrt:
+        raise SystemExit(f"--skeleton-from: {args.path} is an AT model; the option measures an HRT model")
+    # loaded with --data's dictionary, as the HRT model: a checkpoint of another one is refused at load
+    student, student_task = load(args.skeleton_from, args.data, use_cuda, args.fp16)
+    if family_of(student).chunk_sizes:
+        raise SystemExit(f"--skeleton-from {args.skeleton_from}: an HRT model; give the AT student to compare with")
+    return student_task, student, make_batches(student_task, student, src, args.batch_size, use_cuda)
+
+
+def oracle_scores(args, systems: Systems, sources, k: int) -> dict:
+    """The stage-II oracle's scores on each source of skeletons (every k-th token of it)."""
+    task, model, d = systems.task, systems.model, systems.task.target_dictionary
+    oracles = {}
+    for name, source in sources:
+        skeletons = reference_skeletons(source, k, d.pad(), d.eos())
+        hyps = {}
+        for sample in systems.batches:
+            ids = sample["id"].tolist()
+            filled = oracle_fill(model, task, sample, [skeletons[i] for i in ids], k)
+            hyps.update(zip(ids, filled))
+        oracles[name] = score(
+            detok(task, hyps, args.spm, len(systems.refs)), hyps, systems.refs, systems.buckets, args.max_len_b, k
+        )
+        logger.info("oracle %-9s BLEU %.2f", name, oracles[name]["bleu"])
+    return oracles
+
+
+def split_gap_to_student(report: dict, oracles: dict, texts, refs, k: int) -> None:
+    """The gap to the AT student, split as the gap to AT mode is."""
+    s = report["systems"]
+    report["gap_to_at_student_b1"] = s["at_student_b1"]["bleu"] - s[f"k{k}_b1"]["bleu"]
+    report["stage_losses_vs_at_student_b1"] = {
+        "stage2": s["at_student_b1"]["bleu"] - oracles["at_student"]["bleu"],
+        "stage1": oracles["at_student"]["bleu"] - s[f"k{k}_b1"]["bleu"],
+    }
+    # one test set's sampling noise is of the order of a 0.3-BLEU target: the interval says
+    # whether this test set can tell HRT from its AT student at all
+    report["paired_bootstrap_vs_at_student_b1"] = paired_bleu_difference(
+        texts[f"k{k}_b1"], texts["at_student_b1"], refs
+    )
+
+
+def run(args) -> dict:
+    torch.set_num_threads(args.threads)
+    use_cuda = torch.cuda.is_available() and not args.cpu
+    model, task = load(args.path, args.data, use_cuda, args.fp16)
+    src, refs, raw_src = read_test_set(args)
     batches = make_batches(task, model, src, args.batch_size, use_cuda)
     hrt = family_of(model).chunk_sizes
     k = args.chunk_size
     report = {"checkpoint": os.path.basename(args.path), "sentences": len(src), "systems": {}}
-    texts = {}  # system -> its detokenized outputs
-
-    def run_system(name, chunk_size, beam, on=(task, model, batches)):
-        on_task, on_model, on_batches = on
-        gen = build_generator(
-            on_task,
-            on_model,
-            {"beam": beam, "max_len_b": args.max_len_b, "lenpen": 1.0},
-            {"decoder_engine": "lean", "decode_chunk_size": str(chunk_size), "b_nat": 1},
-        )
-        hyps, seconds = decode(on_task, on_model, gen, on_batches, use_cuda)
-        texts[name] = detok(task, hyps, args.spm, len(refs))
-        report["systems"][name] = score(texts[name], hyps, refs, buckets, args.max_len_b, chunk_size)
-        report["systems"][name]["seconds"] = round(seconds, 2)
-        logger.info(
-            "%-12s BLEU %.2f, %d at the length limit",
-            name,
-            report["systems"][name]["bleu"],
-            report["systems"][name]["limit_hits"],
-        )
-        return hyps
-
-    if args.skeleton_from:  # checked before anything is decoded
-        if not hrt:
-            raise SystemExit(f"--skeleton-from: {args.path} is an AT model; the option measures an HRT model")
-        # loaded with --data's dictionary, as the HRT model: a checkpoint of another one is refused at load
-        student, student_task = load(args.skeleton_from, args.data, use_cuda, args.fp16)
-        if family_of(student).chunk_sizes:
-            raise SystemExit(f"--skeleton-from {args.skeleton_from}: an HRT model; give the AT student to compare with")
-        student_batches = make_batches(student_task, student, src, args.batch_size, use_cuda)
+    systems = Systems(args, task, model, batches, use_cuda, refs, length_buckets(raw_src), report)
+    student = load_student(args, hrt, src, use_cuda) if args.skeleton_from else None  # before anything is decoded
     if not hrt:
-        run_system("greedy", 1, 1)
-        run_system("beam5", 1, 5)
+        systems.run("greedy", 1, 1)
+        systems.run("beam5", 1, 5)
         return report
     if k not in model.get_trained_chunk_sizes():
         raise SystemExit(f"--chunk-size {k}: the model was trained for {model.get_trained_chunk_sizes()}")
     report["chunk_size"] = k
-    at_hyps = run_system("at_mode_b1", 1, 1)
-    run_system(f"k{k}_b1", k, 1)
-    run_system("at_mode_b5", 1, 5)
-    run_system(f"k{k}_b5", k, 5)
+    at_hyps = systems.run("at_mode_b1", 1, 1)
+    systems.run(f"k{k}_b1", k, 1)
+    systems.run("at_mode_b5", 1, 5)
+    systems.run(f"k{k}_b5", k, 5)
     s = report["systems"]
     report["gap"] = {b: s[f"at_mode_{b}"]["bleu"] - s[f"k{k}_{b}"]["bleu"] for b in ("b1", "b5")}
 
@@ -241,20 +291,11 @@ def run(args) -> dict:
     ref_pieces = read_lines(args.ref_pieces, args.max_sentences)
     ref_tokens = [d.encode_line(line, add_if_not_exist=False).long() for line in ref_pieces]
     sources = [("reference", ref_tokens), ("at_mode", [at_hyps[i].cpu() for i in range(len(src))])]
-    if args.skeleton_from:
-        student_hyps = run_system("at_student_b1", 1, 1, on=(student_task, student, student_batches))
+    if student is not None:
+        student_hyps = systems.run("at_student_b1", 1, 1, on=student)
         report["at_student"] = os.path.basename(args.skeleton_from)
         sources.append(("at_student", [student_hyps[i].cpu() for i in range(len(src))]))
-    oracles = {}
-    for name, source in sources:
-        skeletons = reference_skeletons(source, k, d.pad(), d.eos())
-        hyps = {}
-        for sample in batches:
-            ids = sample["id"].tolist()
-            filled = oracle_fill(model, task, sample, [skeletons[i] for i in ids], k)
-            hyps.update(zip(ids, filled))
-        oracles[name] = score(detok(task, hyps, args.spm, len(refs)), hyps, refs, buckets, args.max_len_b, k)
-        logger.info("oracle %-9s BLEU %.2f", name, oracles[name]["bleu"])
+    oracles = oracle_scores(args, systems, sources, k)
     report["oracles"] = oracles
     # the stage-II oracle on AT mode's skeleton vs AT mode itself: what stage II costs; the
     # rest of D is stage I's
@@ -262,17 +303,8 @@ def run(args) -> dict:
         "stage2": s["at_mode_b1"]["bleu"] - oracles["at_mode"]["bleu"],
         "stage1": oracles["at_mode"]["bleu"] - s[f"k{k}_b1"]["bleu"],
     }
-    if args.skeleton_from:  # the same split of the gap to the AT student
-        report["gap_to_at_student_b1"] = s["at_student_b1"]["bleu"] - s[f"k{k}_b1"]["bleu"]
-        report["stage_losses_vs_at_student_b1"] = {
-            "stage2": s["at_student_b1"]["bleu"] - oracles["at_student"]["bleu"],
-            "stage1": oracles["at_student"]["bleu"] - s[f"k{k}_b1"]["bleu"],
-        }
-        # one test set's sampling noise is of the order of a 0.3-BLEU target: the interval says
-        # whether this test set can tell HRT from its AT student at all
-        report["paired_bootstrap_vs_at_student_b1"] = paired_bleu_difference(
-            texts[f"k{k}_b1"], texts["at_student_b1"], refs
-        )
+    if student is not None:  # the same split of the gap to the AT student
+        split_gap_to_student(report, oracles, systems.texts, refs, k)
     return report
 
 

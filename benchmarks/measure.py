@@ -18,7 +18,7 @@ import torch
 from fairseq import checkpoint_utils, utils
 from fairseq.dataclass.configs import GenerationConfig
 
-import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
+import fairseq_hrt  # noqa: F401  (registers the plugin and the checkpoint types it loads safely)
 from benchmarks import ct2_reference
 from benchmarks.timing import time_runs
 from fairseq_hrt.generation.engines import ENGINES, engine_choices, get_engine
@@ -66,7 +66,7 @@ def model_shape(checkpoint: str) -> dict:
     """What a checkpoint is: its arch, embedding dimension, encoder and decoder layers and
     parameters (each tensor once: shared embeddings count once); read once per checkpoint."""
     if checkpoint not in _SHAPES:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # fairseq pickles its config
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)  # the plugin allows what fairseq pickles
         cfg = state.get("cfg") or {}
         model_cfg = (cfg.get("model") if hasattr(cfg, "get") else None) or state.get("args")
         tensors = {t.data_ptr(): t.numel() for t in state["model"].values() if torch.is_tensor(t)}

@@ -496,29 +496,81 @@ def bounds(live: Dict[str, dict], buckets: Dict[str, List[Batch]], bsz: int, arg
 # ------------------------------------------------------------------------- report
 
 
+def row_speed(row: dict, batches_of, shares: Dict[str, int], words_of) -> dict:
+    """A row's words/s per batch size: per bucket, and overall at newstest2014's bucket shares."""
+    speed = {}
+    for bsz, per_bucket in row["speed"].items():
+        buckets = {}
+        time_full, words_full = 0.0, 0.0
+        for b, m in per_bucket.items():
+            words = words_of[int(bsz)][b]
+            n = sum(len(x.tokens) for x in batches_of[int(bsz)][b])
+            buckets[b] = {
+                "words_per_second": round(words / m["seconds"], 1),
+                "seconds": m["seconds"],
+                "run_seconds": m["run_seconds"],
+                "sentences": n,
+                "words": words,
+                "positions": sum(m["positions"]),
+            }
+            time_full += shares[b] * m["seconds"] / n
+            words_full += shares[b] * words / n
+        speed[bsz] = {"words_per_second": round(words_full / time_full, 1), "buckets": buckets}
+    return speed
+
+
+def own_at(systems: List[dict], s: dict, bsz: str) -> Optional[dict]:
+    """The AT row of HRT row ``s``'s engine and quantization at batch ``bsz``."""
+    return next(
+        (
+            o
+            for o in systems
+            if o["family"] == "AT"
+            and o["decoding"]["engine"] == s["decoding"]["engine"]
+            and o["decoding"]["quantize"] == s["decoding"]["quantize"]
+            and bsz in o["speed"]
+        ),
+        None,
+    )
+
+
+def add_ratios(systems: List[dict], measured: dict, bsz: str) -> None:
+    """Each row's ratios at batch ``bsz`` to the fastest AT greedy row and, for HRT, to its own
+    engine's AT (with the fixed-length bound per bucket)."""
+    at = [s for s in systems if s["family"] in ("AT", "CTranslate2") and bsz in s["speed"]]
+    if not at:
+        return
+    fastest = max(at, key=lambda s: s["speed"][bsz]["words_per_second"])
+    for s in systems:
+        if bsz not in s["speed"]:
+            continue
+        sp = s["speed"][bsz]
+        sp["baseline"] = fastest["name"]
+        sp["ratio_vs_baseline"] = round(sp["words_per_second"] / fastest["speed"][bsz]["words_per_second"], 3)
+        for b, cell in sp["buckets"].items():
+            base = fastest["speed"][bsz]["buckets"].get(b)
+            if base:
+                cell["ratio_vs_baseline"] = round(cell["words_per_second"] / base["words_per_second"], 3)
+        own = own_at(systems, s, bsz) if s["family"] == "HRT" else None
+        if own is None:
+            continue
+        sp["own_at"] = own["name"]
+        sp["ratio_vs_own_at"] = round(sp["words_per_second"] / own["speed"][bsz]["words_per_second"], 3)
+        bound = measured.get("bounds", {}).get(bsz, {}).get(s["name"], {})
+        for b, cell in sp["buckets"].items():
+            cell["ratio_vs_own_at"] = round(
+                cell["words_per_second"] / own["speed"][bsz]["buckets"][b]["words_per_second"], 3
+            )
+            if b in bound:
+                cell["bound"] = bound[b]["bound"]
+                cell["share_of_bound"] = round(cell["ratio_vs_own_at"] / bound[b]["bound"], 3)
+
+
 def summarize(shape: str, measured: dict, batches_of, shares: Dict[str, int], words_of) -> List[dict]:
     """The benchmark's rows (``report.json``'s ``systems``) of one shape: words/s per bucket
     and overall, ratios to the fastest AT greedy row and, for HRT, to its engine's AT."""
     systems = []
     for name, row in measured["rows"].items():
-        speed = {}
-        for bsz, per_bucket in row["speed"].items():
-            buckets = {}
-            time_full, words_full = 0.0, 0.0
-            for b, m in per_bucket.items():
-                words = words_of[int(bsz)][b]
-                n = sum(len(x.tokens) for x in batches_of[int(bsz)][b])
-                buckets[b] = {
-                    "words_per_second": round(words / m["seconds"], 1),
-                    "seconds": m["seconds"],
-                    "run_seconds": m["run_seconds"],
-                    "sentences": n,
-                    "words": words,
-                    "positions": sum(m["positions"]),
-                }
-                time_full += shares[b] * m["seconds"] / n
-                words_full += shares[b] * words / n
-            speed[bsz] = {"words_per_second": round(words_full / time_full, 1), "buckets": buckets}
         systems.append(
             {
                 "name": name,
@@ -531,51 +583,14 @@ def summarize(shape: str, measured: dict, batches_of, shares: Dict[str, int], wo
                     **({"chunk_size": row["k"], "b_at": 1, "b_nat": 1} if row["family"] == "HRT" else {}),
                 },
                 "model": measured["models"]["HRT" if row["family"] == "HRT" else "AT"],
-                "speed": speed,
+                "speed": row_speed(row, batches_of, shares, words_of),
                 "positions_by_bucket": {
                     bsz: {b: m["positions"] for b, m in per_bucket.items()} for bsz, per_bucket in row["speed"].items()
                 },
             }
         )
     for bsz in {b for s in systems for b in s["speed"]}:
-        at = [s for s in systems if s["family"] in ("AT", "CTranslate2") and bsz in s["speed"]]
-        if not at:
-            continue
-        fastest = max(at, key=lambda s: s["speed"][bsz]["words_per_second"])
-        for s in systems:
-            if bsz not in s["speed"]:
-                continue
-            sp = s["speed"][bsz]
-            sp["baseline"] = fastest["name"]
-            sp["ratio_vs_baseline"] = round(sp["words_per_second"] / fastest["speed"][bsz]["words_per_second"], 3)
-            for b, cell in sp["buckets"].items():
-                base = fastest["speed"][bsz]["buckets"].get(b)
-                if base:
-                    cell["ratio_vs_baseline"] = round(cell["words_per_second"] / base["words_per_second"], 3)
-            if s["family"] == "HRT":
-                own = next(
-                    (
-                        o
-                        for o in systems
-                        if o["family"] == "AT"
-                        and o["decoding"]["engine"] == s["decoding"]["engine"]
-                        and o["decoding"]["quantize"] == s["decoding"]["quantize"]
-                        and bsz in o["speed"]
-                    ),
-                    None,
-                )
-                if own is None:
-                    continue
-                sp["own_at"] = own["name"]
-                sp["ratio_vs_own_at"] = round(sp["words_per_second"] / own["speed"][bsz]["words_per_second"], 3)
-                bound = measured.get("bounds", {}).get(bsz, {}).get(s["name"], {})
-                for b, cell in sp["buckets"].items():
-                    cell["ratio_vs_own_at"] = round(
-                        cell["words_per_second"] / own["speed"][bsz]["buckets"][b]["words_per_second"], 3
-                    )
-                    if b in bound:
-                        cell["bound"] = bound[b]["bound"]
-                        cell["share_of_bound"] = round(cell["ratio_vs_own_at"] / bound[b]["bound"], 3)
+        add_ratios(systems, measured, bsz)
     return systems
 
 
@@ -586,6 +601,76 @@ def same_positions(systems: List[dict]) -> Dict[str, List[str]]:
         with_bsz = [s for s in systems if bsz in s["positions_by_bucket"]]
         first = with_bsz[0]["positions_by_bucket"][bsz]
         out[bsz] = [s["name"] for s in with_bsz if s["positions_by_bucket"][bsz] != first]
+    return out
+
+
+def shape_notes(shape: str, block: dict, meta: dict) -> List[str]:
+    """A shape's heading and notes: when and how it was measured, what a step reads, what was
+    left out, whether every row did the same work."""
+    w = block["weights_per_step_mb"]
+    when = block.get("measured") or {k: meta.get(k) for k in PER_SHAPE_META}
+    out = [
+        f"## {SHAPES[shape].title}",
+        "",
+        f"Measured {when['date']}: sentences per bucket (batch:sentences) {when['sentences_per_bucket']}, "
+        f"the fastest of {when['runs']} passes; bound at batch {', '.join(block['bounds']) or '(none)'} "
+        f"(the fastest of {when['bound_runs']}).",
+        "",
+        f"Weights a decoder step reads: AT {w['AT']['float32']} MB float32 / {w['AT']['int8']} MB int8, "
+        f"HRT {w['HRT']['float32']} / {w['HRT']['int8']} MB.",
+    ]
+    for bsz, empty in block["empty_buckets"].items():
+        if empty:
+            out.append(f"- batch {bsz}: no sentence in bucket {', '.join(empty)} (left out of its tables and overall)")
+    for name, why in block["errors"].items():
+        out.append(f"- not measured: **{name}**: {why}")
+    differ = block["positions_differ"]
+    out.append(
+        "- equal work: "
+        + (
+            "every row decoded the same positions at every batch size."
+            if not any(differ.values())
+            else "; ".join(f"batch {b}: {', '.join(v)} decoded other positions" for b, v in differ.items() if v)
+        )
+    )
+    return out
+
+
+def batch_tables(rows: List[dict], bsz: str) -> List[str]:
+    """The tables of one batch size: every row's words/s per bucket, and HRT's against its own AT."""
+    sample = rows[0]["speed"][bsz]["buckets"]
+    head = " | ".join(f"{b} ({sample[b]['sentences']})" for b in sample)
+    out = [
+        "",
+        f"### batch {bsz} (words/s, x the fastest AT greedy: {rows[0]['speed'][bsz]['baseline']})",
+        "",
+        f"| row | {head} | overall | x fastest AT | x own AT |",
+        "|---|" + "---:|" * (len(sample) + 3),
+    ]
+    for s in sorted(rows, key=lambda s: -s["speed"][bsz]["words_per_second"]):
+        sp = s["speed"][bsz]
+        cells = " | ".join(
+            f"{c['words_per_second']:.0f} ({c.get('ratio_vs_baseline', 0):.2f}x)" for c in sp["buckets"].values()
+        )
+        own = f"{sp['ratio_vs_own_at']:.2f}x" if "ratio_vs_own_at" in sp else ""
+        out.append(f"| {s['name']} | {cells} | {sp['words_per_second']:.0f} | {sp['ratio_vs_baseline']:.2f}x | {own} |")
+    hrt_rows = [s for s in rows if s["family"] == "HRT" and "ratio_vs_own_at" in s["speed"][bsz]]
+    if hrt_rows:
+        out += [
+            "",
+            "HRT against its own engine's AT, per bucket: delivered / bound (share of the bound)",
+            "",
+            f"| row | {' | '.join(sample)} |",
+            "|---|" + "---:|" * len(sample),
+        ]
+        for s in hrt_rows:
+            cells = []
+            for c in s["speed"][bsz]["buckets"].values():
+                cell = f"{c['ratio_vs_own_at']:.2f}x"
+                if "bound" in c:
+                    cell += f" / {c['bound']:.2f}x ({c['share_of_bound']:.0%})"
+                cells.append(cell)
+            out.append(f"| {s['name']} | {' | '.join(cells)} |")
     return out
 
 
@@ -606,74 +691,10 @@ def report_text(report: dict) -> str:
         "",
     ]
     for shape in report["shapes"]:
-        block = report["shapes"][shape]
         systems = [s for s in report["systems"] if s["shape"] == shape]
-        w = block["weights_per_step_mb"]
-        when = block.get("measured") or {k: meta.get(k) for k in PER_SHAPE_META}
-        out += [
-            f"## {SHAPES[shape].title}",
-            "",
-            f"Measured {when['date']}: sentences per bucket (batch:sentences) {when['sentences_per_bucket']}, "
-            f"the fastest of {when['runs']} passes; bound at batch {', '.join(block['bounds']) or '(none)'} "
-            f"(the fastest of {when['bound_runs']}).",
-            "",
-            f"Weights a decoder step reads: AT {w['AT']['float32']} MB float32 / {w['AT']['int8']} MB int8, "
-            f"HRT {w['HRT']['float32']} / {w['HRT']['int8']} MB.",
-        ]
-        for bsz, empty in block["empty_buckets"].items():
-            if empty:
-                out.append(
-                    f"- batch {bsz}: no sentence in bucket {', '.join(empty)} (left out of its tables and overall)"
-                )
-        for name, why in block["errors"].items():
-            out.append(f"- not measured: **{name}**: {why}")
-        differ = block["positions_differ"]
-        out.append(
-            "- equal work: "
-            + (
-                "every row decoded the same positions at every batch size."
-                if not any(differ.values())
-                else "; ".join(f"batch {b}: {', '.join(v)} decoded other positions" for b, v in differ.items() if v)
-            )
-        )
+        out += shape_notes(shape, report["shapes"][shape], meta)
         for bsz in sorted({b for s in systems for b in s["speed"]}, key=int):
-            rows = [s for s in systems if bsz in s["speed"]]
-            sample = rows[0]["speed"][bsz]["buckets"]
-            head = " | ".join(f"{b} ({sample[b]['sentences']})" for b in sample)
-            out += [
-                "",
-                f"### batch {bsz} (words/s, x the fastest AT greedy: {rows[0]['speed'][bsz]['baseline']})",
-                "",
-                f"| row | {head} | overall | x fastest AT | x own AT |",
-                "|---|" + "---:|" * (len(sample) + 3),
-            ]
-            for s in sorted(rows, key=lambda s: -s["speed"][bsz]["words_per_second"]):
-                sp = s["speed"][bsz]
-                cells = " | ".join(
-                    f"{c['words_per_second']:.0f} ({c.get('ratio_vs_baseline', 0):.2f}x)"
-                    for c in sp["buckets"].values()
-                )
-                own = f"{sp['ratio_vs_own_at']:.2f}x" if "ratio_vs_own_at" in sp else ""
-                out.append(
-                    f"| {s['name']} | {cells} | {sp['words_per_second']:.0f} | {sp['ratio_vs_baseline']:.2f}x | {own} |"
-                )
-            hrt_rows = [s for s in rows if s["family"] == "HRT" and "ratio_vs_own_at" in s["speed"][bsz]]
-            if hrt_rows:
-                out += [
-                    "",
-                    "HRT against its own engine's AT, per bucket: delivered / bound (share of the bound)",
-                    "",
-                    f"| row | {' | '.join(sample)} |",
-                    "|---|" + "---:|" * len(sample),
-                ]
-                for s in hrt_rows:
-                    cells = []
-                    for c in s["speed"][bsz]["buckets"].values():
-                        cell = f"{c['ratio_vs_own_at']:.2f}x"
-                        if "bound" in c:
-                            cell += f" / {c['bound']:.2f}x ({c['share_of_bound']:.0%})"
-                        cells.append(cell)
-                    out.append(f"| {s['name']} | {' | '.join(cells)} |")
+            out += batch_tables([s for s in systems if bsz in s["speed"]], bsz)
         out.append("")
     return "\n".join(out) + "\n"
 
@@ -721,7 +742,7 @@ def plot(report: dict, path: str) -> Optional[str]:
     return None
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -749,9 +770,16 @@ def main(argv=None):
         action="store_true",
         help="keep the shapes of OUT-DIR/report.json that this run does not measure (the same machine, threads, data)",
     )
+    return p
+
+
+def parse_args(argv=None):
+    """The options, their lists parsed (``args.shapes``, ``args.per_bucket``); a bad value or a
+    missing file is refused in one line."""
+    p = build_parser()
     args = p.parse_args(argv)
-    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    for s in shapes:
+    args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    for s in args.shapes:
         if s not in SHAPES:
             p.error(f"--shapes: {s!r} is not one of {', '.join(SHAPES)}")
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -761,7 +789,7 @@ def main(argv=None):
     args.bound_batches = {int(b) for b in args.bound_batches.split(",") if b.strip()}
     args.ct2_compute_types = [c.strip() for c in args.ct2_compute_types.split(",") if c.strip()]
     try:
-        per_bucket = parse_sentences(args.sentences)
+        args.per_bucket = parse_sentences(args.sentences)
     except ValueError as e:
         p.error(str(e))
     if args.threads < 1 or args.runs < 1:
@@ -769,17 +797,39 @@ def main(argv=None):
     for path in [args.src, *args.spm_train.split(",")]:
         if not os.path.isfile(path):
             p.error(f"no such file: {path} (newstest2013/2014: ../shared/data/wmt14-en-de-newstest, see its SOURCE.md)")
+    return args
 
+
+def shape_block(shape: str, measured: dict, systems: List[dict], batches_of, meta: dict) -> dict:
+    """``report.json``'s block of one measured shape."""
+    return {
+        "title": SHAPES[shape].title,
+        "measured": {k: meta[k] for k in PER_SHAPE_META},
+        "weights_per_step_mb": measured["weights_per_step_mb"],
+        "models": measured["models"],
+        "errors": measured["errors"],
+        "bounds": measured.get("bounds", {}),
+        "positions_differ": same_positions(systems),
+        "empty_buckets": {str(bsz): [b for b, x in per.items() if not x] for bsz, per in batches_of.items()},
+        "expected_positions": {
+            str(bsz): {b: [x.length + 1 for x in batches for _ in x.tokens] for b, batches in per.items() if batches}
+            for bsz, per in batches_of.items()
+        },
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
     workdir = args.workdir or tempfile.mkdtemp(prefix="paper-shapes-")
     os.makedirs(workdir, exist_ok=True)
     spm_model = train_spm(args.spm_train.split(","), args.spm_vocab, os.path.join(workdir, f"bpe{args.spm_vocab}"))
     sentences = read_sentences(args.src, spm_model)
     shares = bucket_shares(sentences)
-    drawn = samples(sentences, per_bucket, args.seed)
+    drawn = samples(sentences, args.per_bucket, args.seed)
     report = {"meta": meta(args, sentences, shares), "shapes": {}, "systems": []}
     if args.append:
-        report = appended(report, os.path.join(args.out_dir, "report.json"), shapes)
-    for shape in shapes:
+        report = appended(report, os.path.join(args.out_dir, "report.json"), args.shapes)
+    for shape in args.shapes:
         models = build_models(shape, args.vocab, workdir)
         nspecial = models.task.target_dictionary.nspecial
         batches_of = {
@@ -790,22 +840,7 @@ def main(argv=None):
         measured = measure_shape(models, batches_of, args)
         systems = summarize(shape, measured, batches_of, shares, words_of)
         report["systems"] += systems
-        report["shapes"][shape] = {
-            "title": SHAPES[shape].title,
-            "measured": {k: report["meta"][k] for k in PER_SHAPE_META},
-            "weights_per_step_mb": measured["weights_per_step_mb"],
-            "models": measured["models"],
-            "errors": measured["errors"],
-            "bounds": measured.get("bounds", {}),
-            "positions_differ": same_positions(systems),
-            "empty_buckets": {str(bsz): [b for b, x in per.items() if not x] for bsz, per in batches_of.items()},
-            "expected_positions": {
-                str(bsz): {
-                    b: [x.length + 1 for x in batches for _ in x.tokens] for b, batches in per.items() if batches
-                }
-                for bsz, per in batches_of.items()
-            },
-        }
+        report["shapes"][shape] = shape_block(shape, measured, systems, batches_of, report["meta"])
         write(report, args.out_dir)  # each shape as soon as it is measured
     write(report, args.out_dir, picture=True)
 

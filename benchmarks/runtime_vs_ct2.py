@@ -143,7 +143,7 @@ def ctranslate2_rows(
     return rows
 
 
-def main(argv: Optional[List[str]] = None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -172,9 +172,11 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--max-len-a", type=float, default=1.2)
     p.add_argument("--max-len-b", type=int, default=10)
     p.add_argument("--out-dir", required=True)
-    args = p.parse_args(argv)
-    if "torch" in sys.modules:
-        raise SystemExit("runtime_vs_ct2: PyTorch was imported into this process; the point is a process without it")
+    return p
+
+
+def read_test_set(args):
+    """``(pieces, raw_src, raw_ref)`` of the test set, refused unless aligned."""
 
     def read(path: str) -> List[str]:
         with open(path, encoding="utf-8") as f:
@@ -187,6 +189,11 @@ def main(argv: Optional[List[str]] = None):
         raise SystemExit(
             f"--src, --raw-src and --raw-ref differ in lines ({len(pieces)}, {len(raw_src)}, {len(raw_ref)})"
         )
+    return pieces, raw_src, raw_ref
+
+
+def build_rows(args, pieces: List[List[str]]) -> Dict[str, Callable]:
+    """Every row's decode function (batches of sentence indices -> outputs)."""
     chunk_sizes = [int(k) for k in args.chunk_sizes.split(",") if k]
     rows: Dict[str, Callable] = {}
     for name, folder in named(args.onnx, "--onnx"):
@@ -197,23 +204,15 @@ def main(argv: Optional[List[str]] = None):
                 name, model_dir, pieces, args.threads, args.ct2_compute_types.split(","), args.max_len_a, args.max_len_b
             )
         )
-    if "torch" in sys.modules:  # a module above imported it after all
-        raise SystemExit("runtime_vs_ct2: a row's module imported PyTorch")
-    detok = sentencepiece.SentencePieceProcessor(model_file=args.spm).decode if args.spm else " ".join
-    words = [len(line.split()) for line in raw_src]
-    lengths = [len(line) for line in pieces]
-    report = {
-        "threads": args.threads,
-        "sentences": len(pieces),
-        "bs1_sentences": args.bs1_sentences,
-        "max_len_a": args.max_len_a,
-        "max_len_b": args.max_len_b,
-        "rows": {},
-    }
+    return rows
+
+
+def time_rows(args, rows: Dict[str, Callable], words: List[int], lengths: List[int], batch_sizes, report) -> Dict:
+    """Every row's speed at every batch size into ``report["rows"]``; returns the rows' outputs
+    of the batch sizes that decoded every sentence."""
     outputs: Dict[str, Dict[int, List[str]]] = {}
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     for bs in batch_sizes:
-        n = min(args.bs1_sentences, len(pieces)) if bs == 1 and args.bs1_sentences else len(pieces)
+        n = min(args.bs1_sentences, len(lengths)) if bs == 1 and args.bs1_sentences else len(lengths)
         batches = length_sorted_batches(lengths[:n], bs)
         for decode in rows.values():  # warm-up: one batch
             decode(batches[:1])
@@ -227,17 +226,27 @@ def main(argv: Optional[List[str]] = None):
                 "seconds": list(timing.seconds),
                 "sentences": n,
             }
-            if n == len(pieces):
+            if n == len(lengths):
                 outputs[row] = timing.value
+    return outputs
+
+
+def score_rows(report, outputs, detok, raw_ref: List[str], batch_sizes) -> Dict[int, float]:
+    """Each row's BLEU (into ``report``); returns CTranslate2's fastest greedy words/s per batch size."""
     fastest_ct2 = {}
     for row, result in report["rows"].items():
         hyps = outputs.get(row)
         if hyps is not None:
-            text = [detok(hyps[i]) for i in range(len(pieces))]
+            text = [detok(hyps[i]) for i in range(report["sentences"])]
             result["bleu"] = sacrebleu.corpus_bleu(text, [raw_ref]).score
         if row.startswith("CTranslate2") and row.endswith("greedy"):
             for bs in batch_sizes:
                 fastest_ct2[bs] = max(fastest_ct2.get(bs, 0.0), result[str(bs)]["words_per_second"])
+    return fastest_ct2
+
+
+def markdown(args, report, words: List[int], batch_sizes, fastest_ct2) -> str:
+    sentences = report["sentences"]
     head = [
         "| row | BLEU | " + " | ".join(f"bs={bs} words/s" for bs in batch_sizes) + " |",
         "|---|---:|" + "---:|" * len(batch_sizes),
@@ -245,8 +254,8 @@ def main(argv: Optional[List[str]] = None):
     lines = [
         f"## The deployed runtime against CTranslate2 ({args.threads} thread(s), a process without PyTorch)",
         "",
-        f"test: {len(pieces)} sentences ({sum(words)} source words); batch 1: the first "
-        f"{min(args.bs1_sentences, len(pieces))}, mean of {args.runs} runs; larger batches: all, "
+        f"test: {sentences} sentences ({sum(words)} source words); batch 1: the first "
+        f"{min(args.bs1_sentences, sentences)}, mean of {args.runs} runs; larger batches: all, "
         f"{args.runs_large} run(s); outputs at most {args.max_len_a} x source + {args.max_len_b} tokens. "
         "In brackets: the ratio to CTranslate2's float greedy row of the same run.",
         "",
@@ -259,7 +268,32 @@ def main(argv: Optional[List[str]] = None):
             cells.append(f"{wps:.1f}{ratio}")
         bleu = f"{result['bleu']:.2f}" if "bleu" in result else "-"
         lines.append(f"| {row} | {bleu} | " + " | ".join(cells) + " |")
-    write_report(args.out_dir, "runtime_vs_ct2", report, "\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[List[str]] = None):
+    args = build_parser().parse_args(argv)
+    if "torch" in sys.modules:
+        raise SystemExit("runtime_vs_ct2: PyTorch was imported into this process; the point is a process without it")
+    pieces, raw_src, raw_ref = read_test_set(args)
+    rows = build_rows(args, pieces)
+    if "torch" in sys.modules:  # a module above imported it after all
+        raise SystemExit("runtime_vs_ct2: a row's module imported PyTorch")
+    detok = sentencepiece.SentencePieceProcessor(model_file=args.spm).decode if args.spm else " ".join
+    words = [len(line.split()) for line in raw_src]
+    lengths = [len(line) for line in pieces]
+    report = {
+        "threads": args.threads,
+        "sentences": len(pieces),
+        "bs1_sentences": args.bs1_sentences,
+        "max_len_a": args.max_len_a,
+        "max_len_b": args.max_len_b,
+        "rows": {},
+    }
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    outputs = time_rows(args, rows, words, lengths, batch_sizes, report)
+    fastest_ct2 = score_rows(report, outputs, detok, raw_ref, batch_sizes)
+    write_report(args.out_dir, "runtime_vs_ct2", report, markdown(args, report, words, batch_sizes, fastest_ct2))
 
 
 if __name__ == "__main__":

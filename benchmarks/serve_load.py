@@ -176,25 +176,16 @@ def send_one(port: int, body: Dict, timeout: float) -> Dict:
         client.close()
 
 
-def run_clients(
-    port: int,
-    work: List[List[Dict]],
-    expected: Dict[int, List[str]],
-    side: List[Dict] = (),
-    timeout: float = 300,
-    side_lead: float = 1.0,
-) -> Dict:
-    """``work[c]``: client c's requests (``{"id", "body"}``), sent back to back; all clients at once.
-    ``side``: more request bodies, each sent from its own connection ``side_lead`` seconds before
-    the clients start (their outcomes are reported apart from the clients' latencies, with
-    whether they were still running when the clients were done)."""
-    latencies, wrong, rejected, errors, others = [], [], 0, [], []
-    side_results = [None] * len(side)
-    lock = threading.Lock()
-    barrier = threading.Barrier(len(work) + 1)
+class _Tally:
+    """The clients' outcomes, counted from their threads."""
 
-    def client_main(requests):
-        nonlocal rejected
+    def __init__(self, expected: Dict[int, List[str]]):
+        self.expected = expected
+        self.latencies, self.wrong, self.rejected, self.errors, self.others = [], [], 0, [], []
+        self.lock = threading.Lock()
+
+    def client(self, port: int, timeout: float, barrier: threading.Barrier, requests: List[Dict]) -> None:
+        """One client: its requests back to back, from when every client is ready."""
         client = Client(port, timeout)
         mine = []
         try:
@@ -203,41 +194,26 @@ def run_clients(
                 started = time.perf_counter()
                 status, answer = client.request("POST", "/translate", item["body"])
                 mine.append(time.perf_counter() - started)
-                with lock:
+                with self.lock:
                     if status == 503:
-                        rejected += 1
+                        self.rejected += 1
                     elif status != 200:
-                        others.append(status)
-                    elif answer.get("translations") != expected[item["id"]]:
-                        wrong.append((item["id"], status, answer))
+                        self.others.append(status)
+                    elif answer.get("translations") != self.expected[item["id"]]:
+                        self.wrong.append((item["id"], status, answer))
         except Exception as e:  # noqa: BLE001 - counted and reported
-            errors.append(repr(e))
+            self.errors.append(repr(e))
         finally:
             client.close()
-            with lock:
-                latencies.extend(mine)
+            with self.lock:
+                self.latencies.extend(mine)
 
-    def side_main(i):
-        side_results[i] = send_one(port, side[i], timeout)
 
-    side_threads = [threading.Thread(target=side_main, args=(i,)) for i in range(len(side))]
-    for t in side_threads:  # first, so that the clients' requests meet them at work
-        t.start()
-    if side:
-        time.sleep(side_lead)
-    threads = [threading.Thread(target=client_main, args=(requests,)) for requests in work]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - started
-    side_running = [t.is_alive() for t in side_threads]
-    for t in side_threads:
-        t.join()
+def _clients_row(work: List[List[Dict]], seconds: float, tally: _Tally, side_results, side_running) -> Dict:
     requests = sum(len(w) for w in work)
     sentences = sum(len(item["body"]["text"]) for w in work for item in w)
+    latencies, wrong, rejected = tally.latencies, tally.wrong, tally.rejected
+    others, errors = tally.others, tally.errors
     return {
         "clients": len(work),
         "requests": requests,
@@ -263,6 +239,44 @@ def run_clients(
             for r, running in zip(side_results, side_running)
         ],
     }
+
+
+def run_clients(
+    port: int,
+    work: List[List[Dict]],
+    expected: Dict[int, List[str]],
+    side: List[Dict] = (),
+    timeout: float = 300,
+    side_lead: float = 1.0,
+) -> Dict:
+    """``work[c]``: client c's requests (``{"id", "body"}``), sent back to back; all clients at once.
+    ``side``: more request bodies, each sent from its own connection ``side_lead`` seconds before
+    the clients start (their outcomes are reported apart from the clients' latencies, with
+    whether they were still running when the clients were done)."""
+    tally = _Tally(expected)
+    side_results = [None] * len(side)
+    barrier = threading.Barrier(len(work) + 1)
+
+    def side_main(i):
+        side_results[i] = send_one(port, side[i], timeout)
+
+    side_threads = [threading.Thread(target=side_main, args=(i,)) for i in range(len(side))]
+    for t in side_threads:  # first, so that the clients' requests meet them at work
+        t.start()
+    if side:
+        time.sleep(side_lead)
+    threads = [threading.Thread(target=tally.client, args=(port, timeout, barrier, requests)) for requests in work]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - started
+    side_running = [t.is_alive() for t in side_threads]
+    for t in side_threads:
+        t.join()
+    return _clients_row(work, seconds, tally, side_results, side_running)
 
 
 def open_flood(port: int, count: int) -> List[socket.socket]:
@@ -379,7 +393,7 @@ def markdown(rows: List[Dict], meta: Dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--folder", required=True, help="a folder written by fairseq-hrt-export")
     p.add_argument("--input", required=True, help="source sentences, one per line")
@@ -420,29 +434,21 @@ def main(argv=None):
     p.add_argument("--burst", type=int, default=400, help="the burst row's requests")
     p.add_argument("--drain", default="8,256", help="REQUESTS,LINES of the drain row")
     p.add_argument("--out", required=True)
-    a = p.parse_args(argv)
-    rows_asked = a.rows.split(",")
-    unknown = [r for r in rows_asked if r not in ROWS]
-    if unknown:
-        p.error(f"unknown row {', '.join(unknown)}; rows: {', '.join(ROWS)}")
+    return p
 
-    sentences = [line for line in read_lines(a.input) if line.strip()]
-    total = a.clients * a.requests
-    if len(sentences) < max(a.lines, 64):
-        p.error(f"--input has {len(sentences)} sentences, fewer than --lines {a.lines} or 64")
-    options = {"beam": a.beam, "max_len_a": a.max_len_a, "max_len_b": a.max_len_b}
-    if a.chunk_size is not None:
-        options["chunk_size"] = a.chunk_size
+
+def request_bodies(a, sentences: List[str], options: Dict) -> List[Dict]:
+    """The clients' requests: ``--lines`` sentences each, taken in turn from the input."""
     bodies = []
-    for i in range(total):
+    for i in range(a.clients * a.requests):
         start = (i * a.lines) % (len(sentences) - a.lines + 1)
         bodies.append({"text": sentences[start : start + a.lines], **options})
-    translator = Translator(a.folder, threads=a.threads)
-    expected = {i: translator.translate(body["text"], **options) for i, body in enumerate(bodies)}
-    items = [{"id": i, "body": body} for i, body in enumerate(bodies)]
-    concurrent = [items[c :: a.clients] for c in range(a.clients)]
+    return bodies
 
-    planned = []  # (row name, clients' work, side requests)
+
+def plan_rows(a, rows_asked: List[str], items, concurrent, sentences: List[str], options: Dict):
+    """``[(row name, clients' work, side requests)]`` of the rows asked for."""
+    planned = []
     for row in rows_asked:
         if row == "sequential":
             planned.append(("sequential", [items], []))
@@ -462,55 +468,49 @@ def main(argv=None):
                 planned.append((f"concurrent + {given}", concurrent, [{"text": sentences[:64], **hostile}]))
         elif row in ("flood", "burst", "drain"):
             planned.append((row, None, None))
+    return planned
 
-    rows = []
-    for row, work, side in planned:
-        port = free_port()
-        service = start_service(a.folder, port, a)
-        try:
-            if row == "drain":
-                count, lines = (int(v) for v in a.drain.split(","))
-                drain_bodies = [
-                    {"text": [sentences[(i * lines + j) % len(sentences)] for j in range(lines)], **options}
-                    for i in range(count)
-                ]
-                result = drain_row(port, service, drain_bodies, a.client_timeout)
-                result.update(row=row, rss_peak_mib=None)
-                rows.append(result)
-                continue
-            result = {}
-            if row == "flood":
-                flood = open_flood(port, a.flood)
-                result = run_clients(port, concurrent, expected, timeout=a.client_timeout)
-                after_clients = read_flood(flood)
-                time.sleep(a.flood_wait)
-                result["flood"] = {"after_clients": after_clients, "after_wait": read_flood(flood)}
-                for s in flood:
-                    s.close()
-            elif row == "burst":
-                burst = [[items[i % len(items)]] for i in range(a.burst)]
-                result = run_clients(port, burst, expected, timeout=a.client_timeout)
-            else:
-                result = run_clients(port, work, expected, side, timeout=a.client_timeout)
-            time.sleep(1.0)  # a side request's last batch may still be translated for nobody
-            info = get_json(port, "/info")[1]["stats"]
-            result.update(
-                row=row,
-                rss_peak_mib=rss_mib(service.pid)["VmHWM"],
-                rss_after_mib=rss_mib(service.pid)["VmRSS"],
-                batches=info["batches"],
-                largest_batch=info["largest_batch"],
-                abandoned_info=info.get("abandoned"),
-                abandoned_metrics=metric(port, "hrt_serve_requests_total", "abandoned"),
-            )
-            rows.append(result)
-        finally:
-            if service.poll() is None:
-                result_stop = stop_service(service, seconds=a.client_timeout)
-                if rows and rows[-1]["row"] == row:
-                    rows[-1]["stopped"] = result_stop
-        print(f"[serve_load] {row}: done", file=sys.stderr, flush=True)
-    meta = {
+
+def measure_row(a, row: str, work, side, port: int, service, items, concurrent, expected, sentences, options) -> Dict:
+    """One row against the service started for it on ``port``."""
+    if row == "drain":
+        count, lines = (int(v) for v in a.drain.split(","))
+        drain_bodies = [
+            {"text": [sentences[(i * lines + j) % len(sentences)] for j in range(lines)], **options}
+            for i in range(count)
+        ]
+        result = drain_row(port, service, drain_bodies, a.client_timeout)
+        result.update(row=row, rss_peak_mib=None)
+        return result
+    if row == "flood":
+        flood = open_flood(port, a.flood)
+        result = run_clients(port, concurrent, expected, timeout=a.client_timeout)
+        after_clients = read_flood(flood)
+        time.sleep(a.flood_wait)
+        result["flood"] = {"after_clients": after_clients, "after_wait": read_flood(flood)}
+        for s in flood:
+            s.close()
+    elif row == "burst":
+        burst = [[items[i % len(items)]] for i in range(a.burst)]
+        result = run_clients(port, burst, expected, timeout=a.client_timeout)
+    else:
+        result = run_clients(port, work, expected, side, timeout=a.client_timeout)
+    time.sleep(1.0)  # a side request's last batch may still be translated for nobody
+    info = get_json(port, "/info")[1]["stats"]
+    result.update(
+        row=row,
+        rss_peak_mib=rss_mib(service.pid)["VmHWM"],
+        rss_after_mib=rss_mib(service.pid)["VmRSS"],
+        batches=info["batches"],
+        largest_batch=info["largest_batch"],
+        abandoned_info=info.get("abandoned"),
+        abandoned_metrics=metric(port, "hrt_serve_requests_total", "abandoned"),
+    )
+    return result
+
+
+def run_meta(a, translator, options: Dict) -> Dict:
+    return {
         "folder": a.folder,
         "kind": translator.model.kind,
         "clients": a.clients,
@@ -527,6 +527,41 @@ def main(argv=None):
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
         "python": platform.python_version(),
     }
+
+
+def main(argv=None):
+    p = build_parser()
+    a = p.parse_args(argv)
+    rows_asked = a.rows.split(",")
+    unknown = [r for r in rows_asked if r not in ROWS]
+    if unknown:
+        p.error(f"unknown row {', '.join(unknown)}; rows: {', '.join(ROWS)}")
+
+    sentences = [line for line in read_lines(a.input) if line.strip()]
+    if len(sentences) < max(a.lines, 64):
+        p.error(f"--input has {len(sentences)} sentences, fewer than --lines {a.lines} or 64")
+    options = {"beam": a.beam, "max_len_a": a.max_len_a, "max_len_b": a.max_len_b}
+    if a.chunk_size is not None:
+        options["chunk_size"] = a.chunk_size
+    bodies = request_bodies(a, sentences, options)
+    translator = Translator(a.folder, threads=a.threads)
+    expected = {i: translator.translate(body["text"], **options) for i, body in enumerate(bodies)}
+    items = [{"id": i, "body": body} for i, body in enumerate(bodies)]
+    concurrent = [items[c :: a.clients] for c in range(a.clients)]
+
+    rows = []
+    for row, work, side in plan_rows(a, rows_asked, items, concurrent, sentences, options):
+        port = free_port()
+        service = start_service(a.folder, port, a)
+        try:
+            rows.append(measure_row(a, row, work, side, port, service, items, concurrent, expected, sentences, options))
+        finally:
+            if service.poll() is None:
+                result_stop = stop_service(service, seconds=a.client_timeout)
+                if rows and rows[-1]["row"] == row:
+                    rows[-1]["stopped"] = result_stop
+        print(f"[serve_load] {row}: done", file=sys.stderr, flush=True)
+    meta = run_meta(a, translator, options)
     table = markdown(rows, meta)
     print(table)
     write_files(

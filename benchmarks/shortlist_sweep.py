@@ -114,14 +114,8 @@ def build_shortlists(args):
     return paths
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    setup_logging()
-    torch.set_num_threads(args.threads)
-    os.makedirs(args.out_dir, exist_ok=True)
-    paths = build_shortlists(args)
-    ctx = Context(args.data, args.spm, args.out_dir, threads=args.threads, max_len_b=args.max_len_b)
-    lines, raw_src, refs = read_lines(args.src), read_lines(args.raw_src), read_lines(args.raw_ref)
+def sweep_models(args) -> list:
+    """``(name, checkpoint, generation args, decoding options)`` of each model swept."""
     models = []
     if args.at:
         models.append(("AT greedy", args.at, {"beam": 1}, {"decoding": "beam", "decode_chunk_size": "1"}))
@@ -134,6 +128,11 @@ def main(argv=None):
                 {"decoding": "hrt", "decode_chunk_size": str(args.hrt_chunk_size), "b_nat": 1},
             )
         )
+    return models
+
+
+def sweep_rows(args, models, paths, ctx) -> list:
+    """A row per model and setting (``None``: the whole vocabulary), with its runner and shortlist."""
     rows = []
     for name, ckpt, gen_args, options in models:
         for setting in [None] + list(args.settings):
@@ -156,8 +155,12 @@ def main(argv=None):
                     "candidates": {},
                 }
             )
+    return rows
 
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+
+def measure(args, rows, batch_sizes, lines, raw_src, refs) -> dict:
+    """Every row's times (and shortlist candidates per batch) at every batch size, its BLEU at
+    the largest; returns the source words decoded per batch size."""
     results = {}
     for bs in batch_sizes:
         subset = lines[: args.bs1_sentences] if bs == 1 and args.bs1_sentences else lines
@@ -179,6 +182,41 @@ def main(argv=None):
                     r["runner"].texts(timings[r["name"]].value, len(subset)), refs[: len(subset)]
                 )["score"]
         results[bs] = source_words(raw_src[: len(subset)])
+    return results
+
+
+def report_rows(rows, batch_sizes, results, report, table) -> None:
+    """Each row's BLEU and speeds (with their ratio to the model's row without a shortlist)
+    into ``report`` and the markdown ``table``."""
+    for r in rows:
+        base = next(x for x in rows if x["model"] == r["model"] and x["setting"] is None)
+        cells, entry = [], {"name": r["name"], "bleu": round(r["bleu"], 2), "speed": {}}
+        for bs in batch_sizes:
+            wps = results[bs] / r["times"][bs].median
+            ratio = wps / (results[bs] / base["times"][bs].median)
+            cand = r["candidates"].get(bs)
+            entry["speed"][str(bs)] = {
+                "words_per_second": round(wps, 1),
+                "ratio": round(ratio, 3),
+                "mean_candidates": round(cand, 1) if cand is not None else None,
+            }
+            cells.append(f"{wps:.1f} ({ratio:.2f}x) | " + (f"{cand:.0f}" if cand is not None else "all"))
+        report["rows"].append(entry)
+        table.append(f"| {r['name']} | {r['bleu']:.2f} | " + " | ".join(cells) + " |")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    setup_logging()
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.out_dir, exist_ok=True)
+    paths = build_shortlists(args)
+    ctx = Context(args.data, args.spm, args.out_dir, threads=args.threads, max_len_b=args.max_len_b)
+    lines, raw_src, refs = read_lines(args.src), read_lines(args.raw_src), read_lines(args.raw_ref)
+    models = sweep_models(args)
+    rows = sweep_rows(args, models, paths, ctx)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    results = measure(args, rows, batch_sizes, lines, raw_src, refs)
 
     table = [
         "| system | BLEU | " + " | ".join(f"bs={b} words/s (x) | bs={b} candidates" for b in batch_sizes) + " |",
@@ -202,21 +240,7 @@ def main(argv=None):
         },
         "rows": [],
     }
-    for r in rows:
-        base = next(x for x in rows if x["model"] == r["model"] and x["setting"] is None)
-        cells, entry = [], {"name": r["name"], "bleu": round(r["bleu"], 2), "speed": {}}
-        for bs in batch_sizes:
-            wps = results[bs] / r["times"][bs].median
-            ratio = wps / (results[bs] / base["times"][bs].median)
-            cand = r["candidates"].get(bs)
-            entry["speed"][str(bs)] = {
-                "words_per_second": round(wps, 1),
-                "ratio": round(ratio, 3),
-                "mean_candidates": round(cand, 1) if cand is not None else None,
-            }
-            cells.append(f"{wps:.1f} ({ratio:.2f}x) | " + (f"{cand:.0f}" if cand is not None else "all"))
-        report["rows"].append(entry)
-        table.append(f"| {r['name']} | {r['bleu']:.2f} | " + " | ".join(cells) + " |")
+    report_rows(rows, batch_sizes, results, report, table)
     text = "\n".join(table) + "\n"
     write_report(args.out_dir, "sweep", report, text)
 

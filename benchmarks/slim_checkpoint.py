@@ -14,6 +14,8 @@ import os
 
 import torch
 
+from fairseq_hrt import compat
+
 logger = logging.getLogger("slim_checkpoint")
 
 
@@ -37,7 +39,8 @@ def main(argv=None):
     parser.add_argument("out", help="where the slim checkpoint goes")
     parser.add_argument("--keep-float32", action="store_true", help="keep the weights' precision")
     args = parser.parse_args(argv)
-    state = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+    compat.register_checkpoint_types()
+    state = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
     torch.save(slim_state(state, half=not args.keep_float32), args.out)
     logger.info(
         "%s (%.1f MB) -> %s (%.1f MB)",

@@ -115,13 +115,8 @@ def loop_step_cost(
     }
 
 
-def step_graph_prefixes(model, source: np.ndarray, past_steps: int, calls: int, repeats: int, threads: int):
-    """``(fixed, [(op, group, us)], total)`` of the optimised step graph at batch 1 after
-    ``past_steps`` steps: the run of its first operator alone (``fixed``: the run's own cost
-    and that operator), then what each further operator adds."""
-    import onnx  # noqa: PLC0415 - optional: onnx, for exporting
-    import onnxruntime as ort  # noqa: PLC0415 - optional: onnxruntime
-
+def step_feeds(model, source: np.ndarray, past_steps: int) -> dict:
+    """The step graph's feeds at batch 1 after ``past_steps`` greedy steps."""
     encoded = model.encode(source)
     state = model.begin(encoded, 1, past_steps + 1, model.eos, model.rows(None))
     bias = np.zeros(model.vocab_size, np.float32)
@@ -135,74 +130,96 @@ def step_graph_prefixes(model, source: np.ndarray, past_steps: int, calls: int, 
     feeds.update(tokens=tokens, position=model.position(past_steps), logit_bias=bias)
     if model.window > 0:
         feeds["buckets"] = model.buckets(past_steps, 1)
+    return feeds
 
-    folder = model.folder
+
+def optimized_step_graph(model, tmp: str, threads: int):
+    """The step graph as ONNX Runtime's session optimises it (written into ``tmp``, with its
+    weights beside it)."""
+    import onnx  # noqa: PLC0415 - optional: onnx, for exporting
+    import onnxruntime as ort  # noqa: PLC0415 - optional: onnxruntime
+
+    options = session_options(threads)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL  # what a session runs
+    options.optimized_model_filepath = os.path.join(tmp, "step.optimized.onnx")
+    # the optimised weights beside it (the prefixes' external data, relative to tmp)
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
+    ort.InferenceSession(
+        os.path.join(model.folder, model.config["graphs"]["step"]), options, providers=["CPUExecutionProvider"]
+    )
+    return onnx.load(options.optimized_model_filepath, load_external_data=False)
+
+
+def operator_group(nodes, i: int, output_layer: int) -> str:
+    """Which of :data:`GROUPS` operator ``i`` of the step graph belongs to."""
+    op = nodes[i].op_type
+    if i == output_layer:
+        return "output layer"
+    if i > output_layer:
+        return "choice"
+    if op == "Gather" and any(name in ("tokens", "position") for name in nodes[i].input):
+        return "embedding"
+    if op in ("LayerNormalization", "SkipLayerNormalization"):
+        return "layer norms"
+    if op in PROJECTION_OPS:
+        return "projections"
+    if op in ATTENTION_OPS:
+        return "attention"
+    return "residuals and reshapes"
+
+
+def prefix_session(graph_model, producer: dict, last: int, feeds: dict, tmp: str, threads: int):
+    """``(session, feeds, outputs)`` of the graph's operators that operator ``last``'s output needs."""
+    import onnx  # noqa: PLC0415 - optional: onnx, for exporting
+    import onnxruntime as ort  # noqa: PLC0415 - optional: onnxruntime
+
+    graph = graph_model.graph
+    nodes = list(graph.node)
+    needed, stack = set(), [nodes[last].output[0]]
+    while stack:
+        name = stack.pop()
+        i = producer.get(name)
+        if i is None or i in needed:
+            continue
+        needed.add(i)
+        stack.extend(nodes[i].input)
+    kept = [nodes[i] for i in sorted(needed)]
+    names = {name for node in kept for name in node.input}
+    sub = onnx.helper.make_graph(
+        kept,
+        "prefix",
+        [v for v in graph.input if v.name in names],
+        [onnx.helper.make_empty_tensor_value_info(nodes[last].output[0])],
+        [init for init in graph.initializer if init.name in names],
+    )
+    sub_model = onnx.helper.make_model(sub, opset_imports=graph_model.opset_import)
+    sub_model.ir_version = graph_model.ir_version
+    path = os.path.join(tmp, f"prefix{last}.onnx")
+    onnx.save(sub_model, path)
+    off = session_options(threads)
+    off.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # already optimised
+    session = ort.InferenceSession(path, off, providers=["CPUExecutionProvider"])
+    inputs = {v.name for v in session.get_inputs()}
+    return session, {k: v for k, v in feeds.items() if k in inputs}, [nodes[last].output[0]]
+
+
+def step_graph_prefixes(model, source: np.ndarray, past_steps: int, calls: int, repeats: int, threads: int):
+    """``(fixed, [(op, group, us)], total)`` of the optimised step graph at batch 1 after
+    ``past_steps`` steps: the run of its first operator alone (``fixed``: the run's own cost
+    and that operator), then what each further operator adds."""
+    feeds = step_feeds(model, source, past_steps)
     with tempfile.TemporaryDirectory(prefix="step-anatomy-") as tmp:
-        options = session_options(threads)
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL  # what a session runs
-        options.optimized_model_filepath = os.path.join(tmp, "step.optimized.onnx")
-        # the optimised weights beside it (the prefixes' external data, relative to tmp)
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
-        ort.InferenceSession(
-            os.path.join(folder, model.config["graphs"]["step"]), options, providers=["CPUExecutionProvider"]
-        )
-        graph_model = onnx.load(options.optimized_model_filepath, load_external_data=False)
-        graph = graph_model.graph
-        nodes = list(graph.node)
+        graph_model = optimized_step_graph(model, tmp, threads)
+        nodes = list(graph_model.graph.node)
         producer = {out: i for i, node in enumerate(nodes) for out in node.output}
         # the output layer: the matrix product the log-softmax reads (through a bias or a cast)
         output_layer = producer[next(node for node in nodes if node.op_type == "LogSoftmax").input[0]]
         while nodes[output_layer].op_type not in MATRIX_PRODUCTS:
             output_layer = producer[nodes[output_layer].input[0]]
-
-        def group(i: int) -> str:
-            op = nodes[i].op_type
-            if i == output_layer:
-                return "output layer"
-            if i > output_layer:
-                return "choice"
-            if op == "Gather" and any(name in ("tokens", "position") for name in nodes[i].input):
-                return "embedding"
-            if op in ("LayerNormalization", "SkipLayerNormalization"):
-                return "layer norms"
-            if op in PROJECTION_OPS:
-                return "projections"
-            if op in ATTENTION_OPS:
-                return "attention"
-            return "residuals and reshapes"
-
-        def prefix_session(last: int):
-            needed, stack = set(), [nodes[last].output[0]]
-            while stack:
-                name = stack.pop()
-                i = producer.get(name)
-                if i is None or i in needed:
-                    continue
-                needed.add(i)
-                stack.extend(nodes[i].input)
-            kept = [nodes[i] for i in sorted(needed)]
-            names = {name for node in kept for name in node.input}
-            sub = onnx.helper.make_graph(
-                kept,
-                "prefix",
-                [v for v in graph.input if v.name in names],
-                [onnx.helper.make_empty_tensor_value_info(nodes[last].output[0])],
-                [init for init in graph.initializer if init.name in names],
-            )
-            sub_model = onnx.helper.make_model(sub, opset_imports=graph_model.opset_import)
-            sub_model.ir_version = graph_model.ir_version
-            path = os.path.join(tmp, f"prefix{last}.onnx")
-            onnx.save(sub_model, path)
-            off = session_options(threads)
-            off.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # already optimised
-            session = ort.InferenceSession(path, off, providers=["CPUExecutionProvider"])
-            inputs = {v.name for v in session.get_inputs()}
-            return session, {k: v for k, v in feeds.items() if k in inputs}, [nodes[last].output[0]]
-
         # prefixes in topological order, each ending at one more operator (cumulative times)
         cumulative = []
         for last in range(len(nodes)):
-            session, sub_feeds, outputs = prefix_session(last)
+            session, sub_feeds, outputs = prefix_session(graph_model, producer, last, feeds, tmp, threads)
             run = session._sess.run
             cumulative.append(best_time(lambda: run(outputs, sub_feeds, None), calls, repeats) * 1e6)
         full = model.session("step")
@@ -214,7 +231,7 @@ def step_graph_prefixes(model, source: np.ndarray, past_steps: int, calls: int, 
     for i in range(1, len(nodes)):
         before = [producer[name] for name in nodes[i].input if name in producer]
         base = max((cumulative[j] for j in before), default=cumulative[0])
-        added.append((nodes[i].op_type, group(i), max(0.0, cumulative[i] - base)))
+        added.append((nodes[i].op_type, operator_group(nodes, i, output_layer), max(0.0, cumulative[i] - base)))
     return cumulative[0], added, total
 
 
@@ -244,7 +261,7 @@ def ctranslate2_step_cost(model_dir: str, length: int, short: int, long: int, ca
     return out
 
 
-def main(argv: Optional[List[str]] = None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -258,19 +275,11 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out-dir", required=True)
-    args = p.parse_args(argv)
-    import onnxruntime  # noqa: PLC0415 - optional: onnxruntime
+    return p
 
-    short, long = (int(x) for x in args.steps.split(","))
-    model = ExportedModel(args.onnx, threads=args.threads)
-    source = source_ids(model, args.source_length)
-    report = {
-        "folder": os.path.relpath(args.onnx, args.out_dir),
-        "onnxruntime": onnxruntime.__version__,
-        "threads": args.threads,
-        "source_length": args.source_length,
-        "int8": bool(model.config.get("int8")),
-    }
+
+def loop_costs(args, model, source: np.ndarray, short: int, long: int, report: dict) -> dict:
+    """The greedy loop's cost per step over the whole vocabulary (and ``--rows`` rows)."""
     loops = {"whole vocabulary": loop_step_cost(model, source, short, long, args.calls, args.repeats)}
     if args.rows and "greedy_restricted" not in model.config["graphs"]:
         report["loop_rows_skipped"] = "the folder has no greedy_restricted graph (exported with --no-restricted)"
@@ -284,6 +293,60 @@ def main(argv: Optional[List[str]] = None):
         loops[f"{ids.size} rows"] = loop_step_cost(
             model, source, short, long, args.calls, args.repeats, ids.astype(np.int64)
         )
+    return loops
+
+
+def markdown(args, report: dict, loops: dict, groups: Dict[str, List[float]], ort_version: str) -> str:
+    """The report's text: the loop's cost per step, and what each group of the step graph's
+    operators adds (``groups``: group -> [us, operators])."""
+    graph = report["step_graph"]
+    fixed, total, operators = graph["us_first_operator_run"], graph["us_total"], graph["operators"]
+    lines = [
+        f"## One decoder step: ONNX Runtime {ort_version} ({args.threads} thread(s)) and CTranslate2",
+        "",
+        f"Batch 1, a source of {args.source_length} tokens; best of {args.repeats} rounds.",
+        "",
+        "| per step | us |",
+        "|---|---:|",
+    ]
+    for name, cost in loops.items():
+        lines.append(f"| ONNX Runtime greedy loop, {name} | {cost['us_per_step']:.1f} |")
+    for name, cost in report.get("ctranslate2", {}).items():
+        lines.append(f"| CTranslate2 greedy, {name} | {cost['us_per_step']:.1f} |")
+    if "loop_rows_skipped" in report:
+        lines += ["", f"No loop over {args.rows} rows: {report['loop_rows_skipped']}."]
+    lines += [
+        "",
+        f"Inside `step.onnx` after {args.past} steps (one run from Python: {total:.1f} us; "
+        f"{operators} operators after ONNX Runtime's optimisation; what each group adds, summed over "
+        "prefix sessions of the graph):",
+        "",
+        "| part | operators | us |",
+        "|---|---:|---:|",
+        f"| a run and its first operator | 1 | {fixed:.1f} |",
+    ]
+    for g in GROUPS:
+        if g in groups:
+            lines.append(f"| {g} | {groups[g][1]} | {groups[g][0]:.1f} |")
+    lines.append(f"| sum | {operators} | {fixed + sum(v[0] for v in groups.values()):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[List[str]] = None):
+    args = build_parser().parse_args(argv)
+    import onnxruntime  # noqa: PLC0415 - optional: onnxruntime
+
+    short, long = (int(x) for x in args.steps.split(","))
+    model = ExportedModel(args.onnx, threads=args.threads)
+    source = source_ids(model, args.source_length)
+    report = {
+        "folder": os.path.relpath(args.onnx, args.out_dir),
+        "onnxruntime": onnxruntime.__version__,
+        "threads": args.threads,
+        "source_length": args.source_length,
+        "int8": bool(model.config.get("int8")),
+    }
+    loops = loop_costs(args, model, source, short, long, report)
     report["loop"] = loops
     fixed, added, total = step_graph_prefixes(model, source, args.past, args.calls, args.repeats, args.threads)
     groups: Dict[str, List[float]] = defaultdict(lambda: [0.0, 0])
@@ -301,35 +364,7 @@ def main(argv: Optional[List[str]] = None):
         report["ctranslate2"] = ctranslate2_step_cost(
             args.ctranslate2, args.source_length, short, long, args.calls // 4, args.repeats, args.threads
         )
-    lines = [
-        f"## One decoder step: ONNX Runtime {onnxruntime.__version__} ({args.threads} thread(s)) and CTranslate2",
-        "",
-        f"Batch 1, a source of {args.source_length} tokens; best of {args.repeats} rounds.",
-        "",
-        "| per step | us |",
-        "|---|---:|",
-    ]
-    for name, cost in loops.items():
-        lines.append(f"| ONNX Runtime greedy loop, {name} | {cost['us_per_step']:.1f} |")
-    for name, cost in report.get("ctranslate2", {}).items():
-        lines.append(f"| CTranslate2 greedy, {name} | {cost['us_per_step']:.1f} |")
-    if "loop_rows_skipped" in report:
-        lines += ["", f"No loop over {args.rows} rows: {report['loop_rows_skipped']}."]
-    lines += [
-        "",
-        f"Inside `step.onnx` after {args.past} steps (one run from Python: {total:.1f} us; "
-        f"{len(added) + 1} operators after ONNX Runtime's optimisation; what each group adds, summed over "
-        "prefix sessions of the graph):",
-        "",
-        "| part | operators | us |",
-        "|---|---:|---:|",
-        f"| a run and its first operator | 1 | {fixed:.1f} |",
-    ]
-    for g in GROUPS:
-        if g in groups:
-            lines.append(f"| {g} | {groups[g][1]} | {groups[g][0]:.1f} |")
-    lines.append(f"| sum | {len(added) + 1} | {fixed + sum(v[0] for v in groups.values()):.1f} |")
-    write_report(args.out_dir, "step_anatomy", report, "\n".join(lines) + "\n")
+    write_report(args.out_dir, "step_anatomy", report, markdown(args, report, loops, groups, onnxruntime.__version__))
 
 
 if __name__ == "__main__":

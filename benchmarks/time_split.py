@@ -225,7 +225,7 @@ def split(
     return result
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -250,7 +250,62 @@ def main(argv=None):
     p.add_argument("--cpu", action="store_true", help="decode on CPU even if a GPU is present")
     p.add_argument("--fp16", action="store_true", help="half precision (GPU only)")
     p.add_argument("--out-dir", required=True)
-    args = p.parse_args(argv)
+    return p
+
+
+def table_heading(args, report: dict, onnx: bool, use_cuda: bool) -> str:
+    """The report's heading: what was measured, and how."""
+    if onnx:
+        import onnxruntime  # noqa: PLC0415 - optional: onnxruntime
+
+        return (
+            f"## Where the decoding time goes (ONNX Runtime {onnxruntime.__version__}, {args.threads} thread(s), "
+            "session runs timed in place)\n\n"
+            "ms per sentence (share of the total): encoder, decoder steps and stage II are the wall-clock time of "
+            "the exported model's calls where the search makes them (a greedy loop, greedy.onnx, is one call for "
+            "all of a batch's steps, counted as the steps it made); other: the numpy search around them and "
+            "batching; of which session run: a step's session run alone (the rest of ms/step: its feeds and "
+            "state)"
+        )
+    if use_cuda:
+        return (
+            f"## Where the decoding time goes ({args.engine} engine, {report['device']}, torch {torch.__version__}, "
+            "each backend call timed with the GPU synchronised)\n\n"
+            "ms per sentence (share of the total): encoder, decoder steps and stage II are the engine's backend "
+            "calls, launches and kernels; other: the numpy search around them and batching"
+        )
+    return (
+        f"## Where the decoding time goes (lean engine, {args.threads} thread(s), torch {torch.__version__}, "
+        "measured under torch.profiler)\n\n"
+        "ms per sentence (share of the total; the profiler adds overhead to every operator, so read the "
+        "shares, and benchmark.py for speeds)"
+    )
+
+
+def split_rows(args, src, systems, report: dict, onnx: bool, use_cuda: bool) -> List[str]:
+    """Every system's split at every batch size (into ``report``); returns the table's rows."""
+    rows = []
+    for bs in measure.parse_ints(args.batch_sizes):
+        lines = src[: args.bs1_sentences] if bs == 1 else src
+        for name, checkpoint, k in systems:
+            result = split(
+                checkpoint, args.data, lines, bs, k, args.runs, args.engine, use_cuda=use_cuda, fp16=args.fp16
+            )
+            result["sentences"] = len(lines)
+            report["systems"].setdefault(name, {})[str(bs)] = result
+            parts = result["parts_ms_per_sentence"]
+            run_cell = f" {result['run_ms_per_decoder_step']:.3f} |" if onnx else ""
+            rows.append(
+                f"| {name} | {bs} | {result['ms_per_sentence']:.3f} | "
+                + " | ".join(f"{parts[part]:.3f} ({parts[part] / result['ms_per_sentence']:.0%})" for part in PARTS)
+                + f" | {result['decoder_steps_per_batch']:.1f} | {result['ms_per_decoder_step']:.3f} |"
+                + run_cell
+            )
+    return rows
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     use_cuda = torch.cuda.is_available() and not args.cpu and args.engine != "onnxruntime"
     if (args.fp16 or args.engine == "cuda-graph") and not use_cuda:
@@ -276,56 +331,15 @@ def main(argv=None):
         else "torch.profiler (CPU activity; hrt.* record_function scopes)",
         "device": (torch.cuda.get_device_name() + (" fp16" if args.fp16 else "")) if use_cuda else "CPU",
     }
-    rows = []
-    for bs in measure.parse_ints(args.batch_sizes):
-        lines = src[: args.bs1_sentences] if bs == 1 else src
-        for name, checkpoint, k in systems:
-            result = split(
-                checkpoint, args.data, lines, bs, k, args.runs, args.engine, use_cuda=use_cuda, fp16=args.fp16
-            )
-            result["sentences"] = len(lines)
-            report["systems"].setdefault(name, {})[str(bs)] = result
-            parts = result["parts_ms_per_sentence"]
-            run_cell = f" {result['run_ms_per_decoder_step']:.3f} |" if onnx else ""
-            rows.append(
-                f"| {name} | {bs} | {result['ms_per_sentence']:.3f} | "
-                + " | ".join(f"{parts[part]:.3f} ({parts[part] / result['ms_per_sentence']:.0%})" for part in PARTS)
-                + f" | {result['decoder_steps_per_batch']:.1f} | {result['ms_per_decoder_step']:.3f} |"
-                + run_cell
-            )
+    rows = split_rows(args, src, systems, report, onnx, use_cuda)
     run_head, run_rule = (" of which session run |", "---:|") if onnx else ("", "")
     table = [
         "| system | batch | ms/sentence | " + " | ".join(PARTS) + " | decoder steps/batch | ms/step |" + run_head,
         "|---|---:|---:|" + "---:|" * len(PARTS) + "---:|---:|" + run_rule,
     ] + rows
-    if onnx:
-        import onnxruntime  # noqa: PLC0415 - optional: onnxruntime
-
-        head = (
-            f"## Where the decoding time goes (ONNX Runtime {onnxruntime.__version__}, {args.threads} thread(s), "
-            "session runs timed in place)\n\n"
-            "ms per sentence (share of the total): encoder, decoder steps and stage II are the wall-clock time of "
-            "the exported model's calls where the search makes them (a greedy loop, greedy.onnx, is one call for "
-            "all of a batch's steps, counted as the steps it made); other: the numpy search around them and "
-            "batching; of which session run: a step's session run alone (the rest of ms/step: its feeds and "
-            "state)"
-        )
-    elif use_cuda:
-        head = (
-            f"## Where the decoding time goes ({args.engine} engine, {report['device']}, torch {torch.__version__}, "
-            "each backend call timed with the GPU synchronised)\n\n"
-            "ms per sentence (share of the total): encoder, decoder steps and stage II are the engine's backend "
-            "calls, launches and kernels; other: the numpy search around them and batching"
-        )
-    else:
-        head = (
-            f"## Where the decoding time goes (lean engine, {args.threads} thread(s), torch {torch.__version__}, "
-            "measured under torch.profiler)\n\n"
-            "ms per sentence (share of the total; the profiler adds overhead to every operator, so read the "
-            "shares, and benchmark.py for speeds)"
-        )
     text = (
-        head + "; decoder steps: left-to-right steps (AT, HRT stage I) per batch, each over the batch's active "
+        table_heading(args, report, onnx, use_cuda)
+        + "; decoder steps: left-to-right steps (AT, HRT stage I) per batch, each over the batch's active "
         "rows; ms/step: mean time of one step\n\n" + "\n".join(table) + "\n"
     )
     write_report(args.out_dir, "time_split", report, text)

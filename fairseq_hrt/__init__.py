@@ -7,21 +7,40 @@ Importing is idempotent: fairseq imports user dirs several times and in every wo
 each component registers under a fixed name only once.
 """
 
-import sys
+import importlib
+import os
 
-from fairseq_hrt import compat
+# fairseq imports a --user-dir as a module named after its folder; under any other name than
+# this package's own, its modules (which import fairseq_hrt) would register every component twice
+if __name__ != "fairseq_hrt":
+    raise ImportError(
+        f"--user-dir {os.path.dirname(os.path.abspath(__file__))} was imported as {__name__!r}: fairseq names a "
+        "user dir after its folder, and this plugin's folder must be named fairseq_hrt (pass the package's own "
+        "folder, or import fairseq_hrt instead of copying it)"
+    )
 
-# the only changes to fairseq itself, for every task (see compat's docstring)
-compat.apply()
+from fairseq_hrt import compat  # noqa: E402
 
-# fairseq imports a --user-dir under its directory name; when that happens before (or
-# after) a regular ``import fairseq_hrt``, both names must refer to one module so that
-# fairseq's registries see each component exactly once.
-sys.modules.setdefault("fairseq_hrt", sys.modules[__name__])
+# what importing the plugin changes for the whole process: fairseq checkpoints' types on PyTorch's
+# allow-list of safe loading (docs/compatibility.md)
+compat.register_checkpoint_types()
 
-__version__ = "0.1.0"
+from hrt_runtime import __version__ as __version__  # noqa: E402,I001  (one version: runtime/hrt_runtime/VERSION)
 
-# components register themselves with fairseq's registries on import
-from fairseq_hrt import criterions, models, tasks  # noqa: E402,F401
-from fairseq_hrt.hub import from_pretrained  # noqa: E402,F401  (the Python API: see fairseq_hrt.hub)
+# components register themselves with fairseq's registries on import; decoding strategies,
+# engines and export are imported when a run asks for them (fairseq_hrt.generation.registry)
+from fairseq_hrt import cli_logging, criterions, models, tasks  # noqa: E402,F401
 from fairseq_hrt.scoring import signed_sacrebleu  # noqa: E402,F401  (--scoring sacrebleu_signature)
+
+# under fairseq's command lines (fairseq-train/-generate/-interactive, which import the plugin by
+# --user-dir), a refusal of the plugin's is one line as argparse's errors are; from Python nothing
+# changes (docs/compatibility.md)
+cli_logging.install_refusal_hook(cli_logging.FAIRSEQ_COMMANDS)
+
+
+def __getattr__(name):
+    """``fairseq_hrt.from_pretrained``, the Python API (:mod:`fairseq_hrt.hub`), imported on
+    first use: a fairseq command line never needs it."""
+    if name == "from_pretrained":
+        return importlib.import_module("fairseq_hrt.hub").from_pretrained
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,6 +32,7 @@ from typing import List, Optional
 
 import torch
 
+from fairseq_hrt import compat
 from fairseq_hrt.checkpoint_files import is_truncated_archive
 from fairseq_hrt.tasks.hrt_translation import HRTTranslationTask
 
@@ -87,9 +88,13 @@ def _load(path: str) -> dict:
             f"{path} is truncated (its write did not finish): leave it out of --inputs, or set "
             "--checkpoint-upper-bound below it"
         )
-    # a fairseq checkpoint pickles its cfg/args next to the weights (fairseq_hrt.compat says why
-    # loading one means trusting it); the user named these files
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    # safe loading: the types a fairseq checkpoint pickles besides its weights are allowed
+    # (fairseq_hrt.compat), a checkpoint with any other is refused in one line
+    try:
+        compat.refuse_unsafe_checkpoint([path], "--inputs")
+    except compat.UnsafeCheckpoint as e:
+        raise AveragingError(str(e)) from None
+    state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise AveragingError(f"{path} is not a fairseq checkpoint (it has no 'model' weights)")
     return state

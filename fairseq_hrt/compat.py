@@ -1,126 +1,134 @@
-"""What fairseq 0.12 needs to run on PyTorch 2.x (and a CPU-only PyTorch), and nothing else.
+"""fairseq 0.12's checkpoints under PyTorch's safe loading (``torch.load(weights_only=True)``).
 
-Applied once, when :mod:`fairseq_hrt` is imported (``--user-dir`` or ``import fairseq_hrt``), so
-these are the only changes the plugin makes to fairseq for every task of the process. Each
-replaces the ``torch`` global of one fairseq module by a proxy that differs from torch in one
-function; no fairseq function or class is replaced, and torch itself is untouched. Each fix
-states the breakage it works around and has a test in ``tests/test_compat.py``; which fairseq
-tests it turns green is in ``benchmarks/results/fairseq-suite/report.md``.
+PyTorch >= 2.6 loads with ``weights_only=True`` by default: its unpickler builds tensors and
+plain containers, and refuses any other type a pickle names, so that a downloaded file cannot
+run code. Every fairseq checkpoint pickles a few types besides its weights, and fairseq's own
+loaders (``checkpoint_utils.load_checkpoint_to_cpu`` for fairseq-train's ``--restore-file`` and
+``--finetune-from-model``, fairseq-generate, fairseq-interactive and the hub;
+``distributed.utils.broadcast_object`` for a restore shared between ranks) call ``torch.load``
+with that default, so without more every one of them fails.
 
-What the plugin adds to fairseq for its own runs (``--task hrt_translation``) lives in the
-task, criterion and scorer modules, not here; docs/compatibility.md lists both.
+:func:`register_checkpoint_types`, run when the plugin is imported, adds those types to PyTorch's
+own allow-list (``torch.serialization.add_safe_globals``). Nothing of fairseq or torch is
+replaced and ``weights_only=True`` stays on: a checkpoint that names any other type is still
+refused, and :func:`refuse_unsafe_checkpoint` says so in one line naming the file.
+
+Why each type is there, and why none of them can run code when unpickled:
+
+* ``argparse.Namespace``: fairseq-train's configuration, pickled in ``cfg["model"]`` of every
+  checkpoint (``args`` in older ones). An attribute bag, restored by setting its ``__dict__``.
+* numpy's ``ndarray``, its ``_reconstruct`` and numeric ``dtype`` classes: the metrics of
+  ``extra_state`` after a validation with ``--eval-bleu`` (the BLEU counts are numpy arrays).
+  ``_reconstruct`` makes an empty array that is then filled from bytes; only numeric dtypes
+  (no object or structured arrays) are allowed.
+* omegaconf's ``DictConfig``, ``ListConfig``, their ``Metadata``/``ContainerMetadata``, ``AnyNode``,
+  and ``typing.Any``, ``collections.defaultdict``, ``builtins.dict``/``list``/``int`` (the types the
+  metadata names): a loaded checkpoint's ``cfg`` is a ``DictConfig``, and fairseq-train restoring
+  with several ranks pickles the loaded state to send it from rank 0 to the others. Each is
+  restored by updating its ``__dict__``; a container's interpolations are resolved when read,
+  with the resolvers of the process that reads them, as for any configuration fairseq loads.
+
+The list is what ``torch.serialization.get_unsafe_globals_in_checkpoint`` finds in the
+checkpoints the plugin and stock fairseq 0.12 write (tests/test_safe_loading.py).
 """
 
-import functools
-import types
+import argparse
+import collections
+import os
+import typing
+from typing import Iterable, List, Optional
 
-import fairseq.checkpoint_utils as checkpoint_utils
-import fairseq.distributed.utils as distributed_utils
-import fairseq.trainer as trainer
+import numpy as np
 import torch
+from omegaconf import DictConfig, ListConfig
+from omegaconf.base import ContainerMetadata, Metadata
+from omegaconf.nodes import AnyNode
 
+from fairseq_hrt.checkpoint_files import checkpoint_to_restore
+from fairseq_hrt.cli_logging import RefusedOptions
 
-def _load_trusting_fairseq_pickles(torch_load):
-    """Wrap ``torch.load`` so that it defaults to ``weights_only=False``.
+NUMERIC_DTYPES = (
+    np.bool_,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+)
 
-    Why: PyTorch >= 2.6 defaults ``torch.load`` to ``weights_only=True``, which refuses the
-    pickled ``argparse.Namespace`` / ``omegaconf.DictConfig`` that every fairseq checkpoint
-    stores next to its weights, so fairseq-train (--restore-file, --finetune-from-model),
-    fairseq-generate, fairseq-interactive and ``checkpoint_utils`` all fail. A fairseq
-    checkpoint is a pickle by design; loading one always meant trusting it, exactly as it did
-    with PyTorch < 2.6. An explicit ``weights_only=...`` from the caller is respected.
-    """
-
-    @functools.wraps(torch_load)
-    def load(*args, **kwargs):
-        kwargs.setdefault("weights_only", False)
-        return torch_load(*args, **kwargs)
-
-    return load
-
-
-class _TorchProxy(types.ModuleType):
-    """A stand-in for the ``torch`` module inside one fairseq module.
-
-    Only the attributes given as overrides differ; every other attribute is torch's own.
-    Patching torch itself instead would change behaviour for unrelated code in the same
-    process (e.g. silently lower ``torch.load``'s safety default), so each fix is confined
-    to the fairseq module that needs it.
-    """
-
-    def __init__(self, **overrides):
-        super().__init__("torch")
-        for name, value in overrides.items():
-            setattr(self, name, value)
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-
-def _torch_loading_fairseq_pickles(_torch):
-    return _TorchProxy(load=_load_trusting_fairseq_pickles(torch.load))
-
-
-def _patch_checkpoint_loading():
-    # checkpoint_utils: load_checkpoint_to_cpu (train/generate/interactive/hub) and
-    # torch_persistent_save's verification; distributed.utils: broadcast_object, used to
-    # share the restored trainer state between ranks.
-    for module in (checkpoint_utils, distributed_utils):
-        _wrap_once(module, "torch", _torch_loading_fairseq_pickles)
-
-
-class _CudaOptionalTensor(torch.Tensor):
-    """A tensor whose ``.cuda()`` is a no-op (returning a plain tensor) without CUDA."""
-
-    def cuda(self, *args, **kwargs):
-        plain = self.as_subclass(torch.Tensor)
-        return plain.cuda(*args, **kwargs) if torch.cuda.is_available() else plain
-
-
-def _tensor_with_optional_cuda(*args, **kwargs):
-    t = torch.tensor(*args, **kwargs)
-    return t if torch.cuda.is_available() else t.as_subclass(_CudaOptionalTensor)
-
-
-def _torch_with_optional_cuda_tensors(_torch):
-    return _TorchProxy(tensor=_tensor_with_optional_cuda)
-
-
-def _patch_fp16_overflow_on_cpu():
-    """fairseq 0.12's Trainer handles a gradient overflow (routine with ``--fp16``: the
-    dynamic loss scaler skips the update and lowers the scale) with
-    ``grad_norm = torch.tensor(0.0).cuda()``, which crashes without CUDA ("Torch not compiled
-    with CUDA enabled"), so fp16 training on CPU died at its first overflow. That is the only
-    ``torch.tensor`` call in fairseq/trainer.py; on CPU it now stays on the CPU."""
-    _wrap_once(trainer, "torch", _torch_with_optional_cuda_tensors)
-
-
-def _wrap_once(owner, name, make_wrapper):
-    """Replace ``owner.name`` by ``make_wrapper(owner.name)``, unless it is already wrapped.
-
-    The one guard against applying a fix twice (fairseq imports a user dir several times
-    per process, and the plugin may also be imported by name): the replacement carries a
-    ``__fairseq_hrt_compat__`` mark, the names of the fixes applied to ``owner.name``.
-    """
-    current = getattr(owner, name)
-    applied = getattr(current, "__fairseq_hrt_compat__", ())
-    if make_wrapper.__name__ in applied:
-        return
-    wrapper = make_wrapper(current)
-    wrapper.__fairseq_hrt_compat__ = (*applied, make_wrapper.__name__)
-    setattr(owner, name, wrapper)
-
-
-# What the fixes replace, as (module, global): tests/test_compat.py checks that importing the
-# plugin changes nothing else of fairseq.
-PATCHED = (
-    ("fairseq.checkpoint_utils", "torch"),
-    ("fairseq.distributed.utils", "torch"),
-    ("fairseq.trainer", "torch"),
+CHECKPOINT_TYPES = (
+    argparse.Namespace,
+    np.core.multiarray._reconstruct,
+    np.ndarray,
+    np.dtype,
+    *(type(np.dtype(t)) for t in NUMERIC_DTYPES),
+    DictConfig,
+    ListConfig,
+    ContainerMetadata,
+    Metadata,
+    AnyNode,
+    typing.Any,
+    collections.defaultdict,
+    dict,
+    list,
+    int,
 )
 
 
-def apply():
-    """Apply every fix; safe to call repeatedly (each one is applied once, see :func:`_wrap_once`)."""
-    _patch_checkpoint_loading()
-    _patch_fp16_overflow_on_cpu()
+def register_checkpoint_types():
+    """Add :data:`CHECKPOINT_TYPES` to PyTorch's allow-list of ``weights_only`` loading (once:
+    a type already there is not added again)."""
+    known = set(torch.serialization.get_safe_globals())
+    torch.serialization.add_safe_globals([t for t in CHECKPOINT_TYPES if t not in known])
+
+
+class UnsafeCheckpoint(RefusedOptions):
+    """A checkpoint whose pickle names a type outside the allow-list; not loaded."""
+
+
+def unsafe_types(path: str) -> List[str]:
+    """The types and functions ``path``'s pickle names that safe loading would refuse, found
+    by reading its opcodes, without running any of it (``[]`` for a file PyTorch cannot scan,
+    e.g. its pre-1.6 format: ``torch.load`` judges those itself)."""
+    try:
+        return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (RuntimeError, ValueError, OSError):
+        return []
+
+
+def refuse_unsafe_checkpoint(paths: Iterable[str], option: str):
+    """Raise :class:`UnsafeCheckpoint` for the first of ``paths`` (given as ``option``) that holds
+    a type outside the allow-list: one line naming the file, before anything unpickles it."""
+    for path in paths:
+        if not path or not os.path.isfile(path):
+            continue
+        found = unsafe_types(path)
+        if found:
+            raise UnsafeCheckpoint(
+                f"{option} {path} was not loaded: its pickle names {', '.join(found[:5])}, outside the types a "
+                "fairseq checkpoint holds (fairseq_hrt/compat.py), and loading it could run code; load it only "
+                "if you trust its source, e.g. torch.load(PATH, weights_only=False) in your own code, and "
+                "save its weights without that object"
+            )
+
+
+def refuse_unsafe_restore(save_dir: str, restore_file: str, finetune_from_model: Optional[str]):
+    """fairseq-train's checkpoint to restore (``--restore-file``, or ``--finetune-from-model`` when
+    the save dir has no checkpoint_last.pt), refused as :func:`refuse_unsafe_checkpoint` says."""
+    path = checkpoint_to_restore(save_dir, restore_file, finetune_from_model)
+    if path is not None:
+        option = "--finetune-from-model" if path == finetune_from_model else "--restore-file"
+        refuse_unsafe_checkpoint([path], option)
+
+
+def refuse_unsafe_decoding_paths(path: Optional[str]):
+    """fairseq-generate's and fairseq-interactive's ``--path`` (checkpoints separated by ``:``),
+    refused as :func:`refuse_unsafe_checkpoint` says before fairseq loads them."""
+    if path:
+        refuse_unsafe_checkpoint(path.split(os.pathsep), "--path")

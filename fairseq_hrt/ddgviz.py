@@ -32,7 +32,7 @@ import torch
 from fairseq import checkpoint_utils, utils
 
 import fairseq_hrt  # noqa: F401
-from fairseq_hrt.cli_logging import RefusedOptions, setup_logging
+from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook, setup_logging
 from fairseq_hrt.generation.options import DecodingOptions
 from fairseq_hrt.models.kinds import family_of
 
@@ -162,9 +162,9 @@ def draw_png(g: dict, path: str):
     plt.close(fig)
 
 
-def html_page(g: dict) -> str:
-    """A standalone page: the DDG as inline SVG, a script that highlights a token's
-    dependency chain on hover, no external resources."""
+def svg_of(g: dict) -> str:
+    """The DDG as an SVG drawing: a cell per pass and token, an arrow from each token to the
+    one it waited for, the words below."""
     n, passes = len(g["words"]), g["passes"]
     cw, ch, left, top = 64, 30, 60, 30
     width, height = left + n * cw + 20, top + passes * ch + 110
@@ -207,6 +207,13 @@ def html_page(g: dict) -> str:
             f'transform="rotate(40 {x} {y})">{html.escape(w)}</text>'
         )
     parts.append("</svg>")
+    return "".join(parts)
+
+
+def html_page(g: dict) -> str:
+    """A standalone page: the DDG as inline SVG, a script that highlights a token's
+    dependency chain on hover, no external resources."""
+    n, passes = len(g["words"]), g["passes"]
     data = json.dumps({"parent": g["parent"], "words": g["words"]}).replace("</", "<\\/")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -223,7 +230,7 @@ Hover a token to see the chain of tokens it waited for.</p>
 <span style="background:{CELL_COLORS["right"]}"></span>already right
 <span style="background:{CELL_COLORS["wrong"]}"></span>wrong
 <span style="border:1px solid #999"></span>not evaluated</p>
-{"".join(parts)}
+{svg_of(g)}
 <p id="status"></p>
 <script>
 (function () {{
@@ -333,6 +340,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    install_refusal_hook()  # under `python -m fairseq_hrt.ddgviz` only: a refusal is one line
     args = parse_args(argv)
 
     setup_logging()

@@ -49,7 +49,7 @@ from fairseq.dataclass.configs import GenerationConfig
 from sacrebleu.metrics import BLEU
 from tqdm import tqdm
 
-import fairseq_hrt  # noqa: F401  (registers the plugin, applies compat)
+import fairseq_hrt  # noqa: F401  (registers the plugin and the checkpoint types it loads safely)
 from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook, setup_logging
 from fairseq_hrt.generation.engines import engine_choices
 from hrt_runtime import text_input
@@ -425,15 +425,93 @@ def refuse_other_inputs(path: str, header: dict, inputs: dict) -> None:
         )
 
 
+def shard_finished(path: str, inputs: dict) -> bool:
+    """Whether ``path`` is complete already (its .done marker beside it) for these ``inputs``;
+    a marker without its shard (deleted by hand) is removed: the shard is decoded afresh."""
+    done = read_done(done_file(path))
+    if done is not None and os.path.exists(path):
+        refuse_other_inputs(path, done.get("header", {}), inputs)
+        logger.info("%s is complete already (%d lines): nothing to do", path, done.get("lines", 0))
+        return True
+    if os.path.exists(done_file(path)):
+        os.remove(done_file(path))
+    return False
+
+
+def resume_shard(f, path: str, header: dict) -> int:
+    """The last complete batch of the shard file ``f`` (-1: none), dropping an interrupted
+    batch; writes ``header`` when the file has none yet."""
+    start_after = -1
+    if os.path.getsize(path):
+        contents = read_shard(path)
+        if contents.header is None:  # killed while writing its header: nothing done yet
+            f.truncate(0)
+        else:
+            refuse_other_inputs(path, contents.header, header["inputs"])
+            start_after = contents.last_batch
+            f.truncate(contents.complete_bytes)
+            logger.info(
+                "%s: resuming after batch %d (%d of %d lines done%s)",
+                path,
+                start_after,
+                len(contents.records),
+                header["shard_lines"],
+                f"; dropped {contents.dropped_bytes} bytes of an interrupted batch" if contents.dropped_bytes else "",
+            )
+    if not os.path.getsize(path):
+        f.write((SHARD_HEADER + json.dumps(header, sort_keys=True) + "\n").encode("utf-8"))
+        f.flush()
+    return start_after
+
+
+def decode_shard_batches(f, args, task, model, plan, todo_batches: List[int], refs, use_cuda: bool) -> int:
+    """Decode ``todo_batches`` of ``plan`` (:func:`plan_batches`) into the shard file ``f``,
+    each batch followed by its marker; returns how many lines sentence-BLEU changed."""
+    dataset, todo, batches = plan
+    decode = build_decoder(task, model, args.beam, args.nbest, args.max_len_a, args.max_len_b, args.lenpen)
+    bar = tqdm(
+        total=sum(len(batches[b]) for b in todo_batches),
+        desc=f"distill {args.shard_id}/{args.num_shards}",
+        unit="sent",
+        disable=True if args.no_progress_bar else None,
+    )
+    changed = 0
+    for b in todo_batches:
+        lines = []
+        for sid, cands in decode(collate(dataset, batches[b], use_cuda)):
+            line_id = todo[sid]
+            best = choose_hypothesis(cands, refs[line_id] if refs is not None else None, args.post_process)
+            changed += best != 0
+            lines.append(f"{line_id}\t{cands[best]}\n")
+        lines.append(f"{BATCH_MARKER}{b}\t{len(batches[b])}\n")
+        f.write("".join(lines).encode("utf-8"))
+        f.flush()  # a kill loses at most the batch being written
+        bar.update(len(batches[b]))
+    bar.close()
+    return changed
+
+
+def mark_shard_done(path: str, header: dict) -> None:
+    """Check the finished shard holds its lines, then write its .done marker atomically."""
+    contents = read_shard(path)
+    shard_lines = header["shard_lines"]
+    if len(contents.records) != shard_lines or contents.dropped_bytes:
+        raise RuntimeError(f"internal error: {path} holds {len(contents.records)} lines, expected {shard_lines}")
+    marker = done_file(path)
+    with open(marker + ".part", "w", encoding="utf-8") as f:
+        json.dump({"lines": shard_lines, "header": header}, f, sort_keys=True)
+    os.replace(marker + ".part", marker)
+
+
 def run_shard(args, parser, task, model, src: List[str], refs: Optional[List[str]], use_cuda: bool) -> None:
     """Decode shard ``args.shard_id`` of ``args.num_shards`` into ``OUT.shard-I-of-N``, resuming
     after the file's last complete batch."""
     shard_id, num_shards = args.shard_id, args.num_shards
     path = shard_file(args.out, shard_id, num_shards)
     argv = shard_command(parser, args, shard_id, num_shards)
-    command = shlex.join(argv)
     inputs = shard_inputs(args, len(src), task, num_shards)
-    dataset, todo, batches = plan_batches(task, model, src, args.max_tokens, args.batch_size)
+    plan = plan_batches(task, model, src, args.max_tokens, args.batch_size)
+    _, todo, batches = plan
     # Batch b goes to shard b % N, not contiguous ranges: fairseq's batches are sorted by
     # length, so a range would give the last shard all the longest sentences (the slowest
     # beam searches); taking every N-th batch gives each shard the same mix of lengths, and
@@ -446,43 +524,15 @@ def run_shard(args, parser, task, model, src: List[str], refs: Optional[List[str
         "shard_lines": shard_lines,
         "shard_batches": len(mine),
         "decoded_lines": len(todo),
-        "command": command,
+        "command": shlex.join(argv),
         "argv": argv,
     }
-
-    done = read_done(done_file(path))
-    if done is not None and os.path.exists(path):
-        refuse_other_inputs(path, done.get("header", {}), inputs)
-        logger.info("%s is complete already (%d lines): nothing to do", path, done.get("lines", 0))
+    if shard_finished(path, inputs):
         return
-    if os.path.exists(done_file(path)):  # a marker without its shard (deleted by hand): decode afresh
-        os.remove(done_file(path))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "ab") as f:  # appends go to the end, also after the truncation below
         lock_shard(f, path)
-        start_after = -1
-        if os.path.getsize(path):
-            contents = read_shard(path)
-            if contents.header is None:  # killed while writing its header: nothing done yet
-                f.truncate(0)
-            else:
-                refuse_other_inputs(path, contents.header, inputs)
-                start_after = contents.last_batch
-                f.truncate(contents.complete_bytes)
-                logger.info(
-                    "%s: resuming after batch %d (%d of %d lines done%s)",
-                    path,
-                    start_after,
-                    len(contents.records),
-                    shard_lines,
-                    f"; dropped {contents.dropped_bytes} bytes of an interrupted batch"
-                    if contents.dropped_bytes
-                    else "",
-                )
-        if not os.path.getsize(path):
-            f.write((SHARD_HEADER + json.dumps(header, sort_keys=True) + "\n").encode("utf-8"))
-            f.flush()
-
+        start_after = resume_shard(f, path, header)
         todo_batches = [b for b in mine if b > start_after]
         logger.info(
             "shard %d of %d: %d of the file's %d batches (%d lines) to %s, %d left",
@@ -494,35 +544,10 @@ def run_shard(args, parser, task, model, src: List[str], refs: Optional[List[str
             path,
             len(todo_batches),
         )
-        decode = build_decoder(task, model, args.beam, args.nbest, args.max_len_a, args.max_len_b, args.lenpen)
-        bar = tqdm(
-            total=sum(len(batches[b]) for b in todo_batches),
-            desc=f"distill {shard_id}/{num_shards}",
-            unit="sent",
-            disable=True if args.no_progress_bar else None,
-        )
-        start, changed = time.perf_counter(), 0
-        for b in todo_batches:
-            lines = []
-            for sid, cands in decode(collate(dataset, batches[b], use_cuda)):
-                line_id = todo[sid]
-                best = choose_hypothesis(cands, refs[line_id] if refs is not None else None, args.post_process)
-                changed += best != 0
-                lines.append(f"{line_id}\t{cands[best]}\n")
-            lines.append(f"{BATCH_MARKER}{b}\t{len(batches[b])}\n")
-            f.write("".join(lines).encode("utf-8"))
-            f.flush()  # a kill loses at most the batch being written
-            bar.update(len(batches[b]))
-    bar.close()
+        start = time.perf_counter()
+        changed = decode_shard_batches(f, args, task, model, plan, todo_batches, refs, use_cuda)
     seconds = time.perf_counter() - start
-
-    contents = read_shard(path)
-    if len(contents.records) != shard_lines or contents.dropped_bytes:
-        raise RuntimeError(f"internal error: {path} holds {len(contents.records)} lines, expected {shard_lines}")
-    marker = done_file(path)
-    with open(marker + ".part", "w", encoding="utf-8") as f:
-        json.dump({"lines": shard_lines, "header": header}, f, sort_keys=True)
-    os.replace(marker + ".part", marker)
+    mark_shard_done(path, header)
     logger.info(
         "wrote %s: %d lines in %.1fs%s; merge with: python -m fairseq_hrt.distill --merge --out %s --num-shards %d",
         path,
@@ -705,14 +730,9 @@ def parse_args(argv=None, env=None):
     return args
 
 
-def main(argv=None):
-    install_refusal_hook()  # under `python -m fairseq_hrt.distill` only: a refusal is one line
-    args = parse_args(argv)
-    setup_logging(args.log_file)
-    if args.merge:
-        merge_shards(args.out, args.num_shards)
-        return
-
+def select_device(args) -> bool:
+    """Threads and device of this run (under torchrun each process takes its LOCAL_RANK's GPU);
+    returns whether it decodes on a GPU."""
     if args.threads:
         torch.set_num_threads(args.threads)
     use_cuda = torch.cuda.is_available() and not args.cpu
@@ -720,7 +740,12 @@ def main(argv=None):
         raise SystemExit("--fp16 needs a GPU")
     if use_cuda and "LOCAL_RANK" in os.environ:  # torchrun / a launcher: this process's GPU
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    return use_cuda
 
+
+def read_inputs(args):
+    """``(source lines, reference lines or None)``, refused in one line when unreadable or not
+    aligned."""
     try:
         src = read_lines(args.src, args.input_errors)
         refs = read_lines(args.select_by_bleu, args.input_errors) if args.select_by_bleu else None
@@ -731,30 +756,11 @@ def main(argv=None):
             f"--select-by-bleu {args.select_by_bleu} has {len(refs)} lines but --src {args.src} has {len(src)}; "
             "they must be aligned line by line"
         )
+    return src, refs
 
-    if args.decoder_engine not in engine_choices():
-        raise SystemExit(f"--decoder-engine must be one of {', '.join(engine_choices())}, got {args.decoder_engine!r}")
-    model, task = load_teacher(args)
-    if args.fp16:
-        model.half()
-    if use_cuda:
-        model.cuda()
-    logger.info(
-        "distilling %d lines of %s with %s: beam %d, n-best %d, %s; %s, %d thread(s)%s",
-        len(src),
-        args.src,
-        args.path,
-        args.beam,
-        args.nbest,
-        f"select by sentence-BLEU against {args.select_by_bleu}" if refs else "keep the top hypothesis",
-        "GPU" if use_cuda else "CPU",
-        torch.get_num_threads(),
-        f"; shard {args.shard_id} of {args.num_shards}" if args.shard_id is not None else "",
-    )
-    check_nbest(task, model, src, args, use_cuda)
-    if args.shard_id is not None:
-        run_shard(args, build_parser(), task, model, src, refs, use_cuda)
-        return
+
+def distill_all(args, task, model, src: List[str], refs: Optional[List[str]], use_cuda: bool) -> None:
+    """Decode every line in one process and write ``args.out`` at the end."""
     start = time.perf_counter()
     nbest = translate_nbest(
         task,
@@ -789,6 +795,41 @@ def main(argv=None):
         len(src) / max(seconds, 1e-9),
         f"; sentence-BLEU picked a hypothesis other than the top one for {changed} lines" if refs else "",
     )
+
+
+def main(argv=None):
+    install_refusal_hook()  # under `python -m fairseq_hrt.distill` only: a refusal is one line
+    args = parse_args(argv)
+    setup_logging(args.log_file)
+    if args.merge:
+        merge_shards(args.out, args.num_shards)
+        return
+    use_cuda = select_device(args)
+    src, refs = read_inputs(args)
+    if args.decoder_engine not in engine_choices():
+        raise SystemExit(f"--decoder-engine must be one of {', '.join(engine_choices())}, got {args.decoder_engine!r}")
+    model, task = load_teacher(args)
+    if args.fp16:
+        model.half()
+    if use_cuda:
+        model.cuda()
+    logger.info(
+        "distilling %d lines of %s with %s: beam %d, n-best %d, %s; %s, %d thread(s)%s",
+        len(src),
+        args.src,
+        args.path,
+        args.beam,
+        args.nbest,
+        f"select by sentence-BLEU against {args.select_by_bleu}" if refs else "keep the top hypothesis",
+        "GPU" if use_cuda else "CPU",
+        torch.get_num_threads(),
+        f"; shard {args.shard_id} of {args.num_shards}" if args.shard_id is not None else "",
+    )
+    check_nbest(task, model, src, args, use_cuda)
+    if args.shard_id is not None:
+        run_shard(args, build_parser(), task, model, src, refs, use_cuda)
+    else:
+        distill_all(args, task, model, src, refs, use_cuda)
 
 
 if __name__ == "__main__":

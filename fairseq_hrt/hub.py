@@ -30,6 +30,7 @@ import torch
 from fairseq import hub_utils, utils
 from omegaconf import OmegaConf, open_dict
 
+from fairseq_hrt import compat
 from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.generation.options import task_defaults
 from fairseq_hrt.symbols import find_sentencepiece_model
@@ -99,6 +100,8 @@ def from_pretrained(
     quantization when the model is loaded).
     """
     _check_checkpoint_folder(model_dir, checkpoint_file)
+    checkpoints = [os.path.join(model_dir, name) for name in str(checkpoint_file).split(os.pathsep)]
+    compat.refuse_unsafe_checkpoint(checkpoints, "from_pretrained:")  # before fairseq unpickles them
     data = _dictionary_folder(model_dir, data_name_or_path)
     spm = sentencepiece_model or find_sentencepiece_model(data, model_dir)
     if sentencepiece_model and not os.path.isfile(sentencepiece_model):

@@ -25,7 +25,7 @@ GEN = ["--user-dir", USER_DIR, "--task", "hrt_translation", "--source-lang", "en
 
 
 def _load(path):
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _newest(save_dir, pattern, n, upper_bound=None):

@@ -1,172 +1,150 @@
-"""The compatibility layer: what fairseq 0.12 needs on PyTorch 2.x, and that importing the
-plugin changes nothing else of fairseq."""
+"""What importing the plugin changes in fairseq: nothing (no attribute of any fairseq module is
+reassigned); for the process, fairseq checkpoints' types on PyTorch's allow-list of safe loading
+(fairseq_hrt/compat.py, docs/compatibility.md); and the plugin's own scorer."""
 
 import argparse
 import json
+import os
 import pickle
 import subprocess
 import sys
 
-import fairseq.trainer as trainer
 import pytest
 import torch
-from fairseq import checkpoint_utils, options
 from fairseq.scoring import build_scorer
 from fairseq.scoring.bleu import SacrebleuConfig, SacrebleuScorer
 from sacrebleu.metrics import BLEU
 
-import fairseq_hrt  # noqa: F401  (applies compat)
 from fairseq_hrt import compat
 from fairseq_hrt.scoring.signed_sacrebleu import SCORER_NAME, SignedSacrebleuScorer
-from tests.hrt_fixtures import REPO, build_task_and_model
+from tests.hrt_fixtures import REPO
 
-
-def _fairseq_like_checkpoint(path):
-    # what every fairseq checkpoint holds next to its weights: a pickled configuration
-    state = {"args": argparse.Namespace(arch="hrt_tiny"), "model": {"w": torch.ones(2)}, "cfg": None}
-    torch.save(state, path)
-    return state
-
-
-def test_fairseq_loader_reads_pickled_config(tmp_path):
-    path = tmp_path / "ckpt.pt"
-    _fairseq_like_checkpoint(path)
-    state = checkpoint_utils.torch.load(str(path), map_location="cpu")
-    assert torch.equal(state["model"]["w"], torch.ones(2))
-
-
-def test_real_checkpoint_loads_through_load_model_ensemble(tmp_path):
-    """A checkpoint as fairseq-train writes it (argparse config pickled inside) loads into
-    a model through fairseq's Python API, the path generate and interactive take."""
-    task, model = build_task_and_model(str(tmp_path))
-    args = options.parse_args_and_arch(
-        options.get_training_parser(),
-        [
-            str(tmp_path),
-            "--user-dir",
-            "fairseq_hrt",
-            "--task",
-            "hrt_translation",
-            "--source-lang",
-            "src",
-            "--target-lang",
-            "tgt",
-            "--arch",
-            "hrt_tiny",
-            "--share-all-embeddings",
-            "--chunk-sizes",
-            "2,3",
-        ],
-    )
-    state = {
-        "args": args,
-        "model": model.state_dict(),
-        "optimizer_history": [
-            {
-                "criterion_name": "HRTLossCriterion",
-                "optimizer_name": "Adam",
-                "lr_scheduler_state": {"best": None},
-                "num_updates": 7,
-            }
-        ],
-        "extra_state": {"train_iterator": {"epoch": 1}},
-        "last_optimizer_state": None,
-    }
-    path = tmp_path / "checkpoint_last.pt"
-    checkpoint_utils.torch_persistent_save(state, str(path))
-    models, _ = checkpoint_utils.load_model_ensemble([str(path)], task=task)
-    loaded = models[0].state_dict()
-    assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
-    assert models[0].get_trained_chunk_sizes() == [2, 3]
-
-
-def test_global_torch_load_keeps_its_safe_default(tmp_path):
-    path = tmp_path / "ckpt.pt"
-    _fairseq_like_checkpoint(path)
-    if torch.__version__ >= "2.6":
-        with pytest.raises(pickle.UnpicklingError):
-            torch.load(path)
-
-
-def test_explicit_weights_only_is_respected(tmp_path):
-    path = tmp_path / "ckpt.pt"
-    _fairseq_like_checkpoint(path)
-    with pytest.raises(pickle.UnpicklingError):
-        checkpoint_utils.torch.load(path, weights_only=True)
-
-
-def test_apply_is_idempotent():
-    before = (checkpoint_utils.torch, trainer.torch)
-    compat.apply()
-    compat.apply()  # a second application must not wrap the wrappers
-    assert (checkpoint_utils.torch, trainer.torch) == before
-    assert checkpoint_utils.torch.nn is torch.nn  # everything else is torch's own
-
-
-def test_trainer_overflow_handler_tensor_works_without_cuda():
-    """fairseq.trainer's overflow handler runs ``torch.tensor(0.0).cuda()``; on a machine
-    without CUDA that must give a CPU tensor, not an AssertionError (the end-to-end check
-    is tests/test_training.py::test_fp16_on_cpu_survives_gradient_overflow)."""
-    if torch.cuda.is_available():
-        pytest.skip("only meaningful without CUDA")
-    grad_norm = trainer.torch.tensor(0.0).cuda()
-    assert type(grad_norm) is torch.Tensor and grad_norm.device.type == "cpu"
-    assert float(grad_norm) == 0.0
-    # every other attribute is torch's own, and torch itself is untouched
-    assert trainer.torch.zeros_like is torch.zeros_like
-    assert not hasattr(torch.tensor, "__fairseq_hrt_compat__")
-
-
-# Every fairseq module the plugin's runs touch, and what it holds: its globals, and the attributes
-# of its classes and functions (fairseq keeps state on functions, e.g. should_stop_early.best).
+# The fairseq modules a run of the plugin loads (phase 1: printed after importing the plugin and
+# fairseq's command lines), then, in another interpreter, the same modules imported first (phase
+# 2) and every global of each, every attribute of its classes and functions (fairseq keeps state
+# on functions, e.g. should_stop_early.best) compared before and after ``import fairseq_hrt``
+# and fairseq's own --user-dir import of it.
+_LOADED_MODULES = """
+import json, sys
+import fairseq_hrt, fairseq_cli.train, fairseq_cli.generate, fairseq_cli.interactive
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("fairseq", "fairseq_cli"))))
+"""
 _FAIRSEQ_SNAPSHOT = """
-import importlib, json, sys
-MODULES = [
-    "fairseq.checkpoint_utils", "fairseq.trainer", "fairseq.distributed.utils", "fairseq.utils",
-    "fairseq.options", "fairseq.file_io", "fairseq.scoring.bleu", "fairseq.tasks.translation",
-    "fairseq.tasks.fairseq_task", "fairseq.sequence_generator", "fairseq.data.data_utils",
-    "fairseq_cli.train", "fairseq_cli.generate", "fairseq_cli.interactive",
-]
+import argparse, importlib, json, sys
+MODULES = json.loads(sys.argv[1])
+for name in MODULES:
+    importlib.import_module(name)
+
 def snapshot():
     seen = {}
     for name in MODULES:
-        module = importlib.import_module(name)
-        for key, value in vars(module).items():
+        for key, value in list(vars(sys.modules[name]).items()):
             seen[f"{name}.{key}"] = id(value)
-            if getattr(value, "__module__", None) == name and isinstance(value, type):
+            if isinstance(value, type) and getattr(value, "__module__", None) == name:
                 for attr, member in vars(value).items():
                     seen[f"{name}.{key}.{attr}"] = id(member)
             elif callable(value) and hasattr(value, "__dict__"):
-                for attr, member in vars(value).items():
+                for attr, member in list(vars(value).items()):
                     seen[f"{name}.{key}.{attr}"] = id(member)
     return seen
+
 stock = snapshot()
-excepthook = id(sys.excepthook)
-import torch, argparse
-torch_load, help_action = id(torch.load), id(argparse._HelpAction.__call__)
+import torch
+before = {"excepthook": id(sys.excepthook), "torch.load": id(torch.load),
+          "help": id(argparse._HelpAction.__call__), "safe": len(torch.serialization.get_safe_globals())}
 import fairseq_hrt
 from fairseq.utils import import_user_module
 import_user_module(argparse.Namespace(user_dir="fairseq_hrt"))  # as --user-dir does, again
 after = snapshot()
-changed = sorted(k for k in stock if after.get(k) != stock[k])
-print(json.dumps({"changed": changed, "excepthook": id(sys.excepthook) == excepthook,
-                  "torch": (id(torch.load), id(argparse._HelpAction.__call__)) == (torch_load, help_action)}))
+print(json.dumps({
+    "compared": len(stock),
+    "changed": sorted(k for k in stock if after.get(k) != stock[k]),
+    "same": [id(sys.excepthook) == before["excepthook"], id(torch.load) == before["torch.load"],
+             id(argparse._HelpAction.__call__) == before["help"]],
+    "safe_added": len(torch.serialization.get_safe_globals()) - before["safe"],
+}))
 """
 
 
-def test_importing_the_plugin_changes_only_the_listed_fixes_of_fairseq():
-    """In a fresh interpreter: every global of fairseq's training, checkpoint, scoring and
-    command-line modules, every attribute of their classes and functions, is the same object
-    before and after ``import fairseq_hrt`` (and fairseq's own user-dir import), but for the
-    ``torch`` globals that compat.py's fixes replace. So fairseq-train's loop, the trainer's
-    checkpoint methods, fairseq-interactive's reader, the scorers, the distributed set-up and
-    argparse's --help are fairseq's own for every task."""
-    done = subprocess.run(
-        [sys.executable, "-c", _FAIRSEQ_SNAPSHOT], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["changed"] == sorted(f"{module}.{name}" for module, name in compat.PATCHED)
-    assert result["excepthook"] and result["torch"]
+def _python(code, *args, cwd=REPO):
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_plugin_reassigns_nothing_of_fairseq():
+    """In a fresh interpreter: every global of every fairseq module a plugin run loads (fairseq's
+    training, checkpoint, distributed, scoring and command-line modules among them), and every
+    attribute of their classes and functions, is the same object before and after ``import
+    fairseq_hrt`` and fairseq's own ``--user-dir fairseq_hrt`` import. Outside a fairseq command
+    line, ``sys.excepthook``, ``torch.load`` and argparse's --help are untouched too; what the
+    import adds is the checkpoint types on PyTorch's allow-list."""
+    modules = _python(_LOADED_MODULES)
+    assert {"fairseq.checkpoint_utils", "fairseq.trainer", "fairseq.distributed.utils"} <= set(modules)
+    result = _python(_FAIRSEQ_SNAPSHOT, json.dumps(modules))
+    assert result["compared"] > 10000  # the snapshot did look at fairseq's modules
+    assert result["changed"] == []
+    assert result["same"] == [True, True, True]
+    assert result["safe_added"] == len(compat.CHECKPOINT_TYPES)
+
+
+def _fairseq_like_checkpoint(path):
+    # what every fairseq checkpoint holds next to its weights: a pickled configuration
+    torch.save({"args": argparse.Namespace(arch="hrt_tiny"), "model": {"w": torch.ones(2)}, "cfg": None}, path)
+
+
+def test_safe_loading_stays_on_and_reads_fairseq_checkpoints(tmp_path):
+    """torch.load keeps ``weights_only=True`` as its default; with the types registered a
+    fairseq-like checkpoint loads, and a pickle naming any other type is still refused."""
+    path = tmp_path / "ckpt.pt"
+    _fairseq_like_checkpoint(path)
+    compat.register_checkpoint_types()
+    state = torch.load(path, map_location="cpu")
+    assert state["args"].arch == "hrt_tiny" and torch.equal(state["model"]["w"], torch.ones(2))
+    torch.save({"model": {}, "other": argparse.ArgumentParser}, tmp_path / "other.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(tmp_path / "other.pt")
+    assert compat.unsafe_types(str(tmp_path / "other.pt")) == ["argparse.ArgumentParser"]
+    with pytest.raises(compat.UnsafeCheckpoint, match=r"^--path .*other\.pt was not loaded: its pickle names "):
+        compat.refuse_unsafe_checkpoint([str(tmp_path / "other.pt")], "--path")
+
+
+def test_registering_twice_adds_nothing():
+    compat.register_checkpoint_types()
+    before = list(torch.serialization.get_safe_globals())
+    compat.register_checkpoint_types()
+    assert torch.serialization.get_safe_globals() == before
+
+
+_USER_DIR_IMPORT = """
+import argparse, json, sys
+from fairseq.utils import import_user_module
+from fairseq.tasks import TASK_REGISTRY
+try:
+    import_user_module(argparse.Namespace(user_dir=sys.argv[1]))
+    print(json.dumps({"task": "hrt_translation" in TASK_REGISTRY, "name": sys.modules["fairseq_hrt"].__name__}))
+except ImportError as e:
+    print(json.dumps({"error": str(e)}))
+"""
+
+
+@pytest.mark.parametrize("how", ["from the repository root", "the installed package's path", "a renamed folder"])
+def test_user_dir(tmp_path, how):
+    """``--user-dir fairseq_hrt`` from the repository root and the installed package's path load
+    the plugin under its own name; a folder of another name (a renamed copy or link) would load it
+    under that name, registering every component twice: refused in one line that says what to pass."""
+    installed = _python("import fairseq_hrt, json, os; print(json.dumps(os.path.dirname(fairseq_hrt.__file__)))")
+    if how == "from the repository root":
+        result = _python(_USER_DIR_IMPORT, "fairseq_hrt", cwd=REPO)
+    elif how == "the installed package's path":
+        result = _python(_USER_DIR_IMPORT, installed, cwd=tmp_path)
+    else:
+        os.symlink(installed, tmp_path / "hrt_plugin")
+        result = _python(_USER_DIR_IMPORT, str(tmp_path / "hrt_plugin"), cwd=tmp_path)
+        assert result["error"].startswith(f"--user-dir {tmp_path / 'hrt_plugin'} was imported as 'hrt_plugin':")
+        assert "must be named fairseq_hrt" in result["error"]
+        return
+    assert result == {"task": True, "name": "fairseq_hrt"}
 
 
 @pytest.mark.parametrize("lowercase", [False, True])

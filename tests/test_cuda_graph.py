@@ -197,7 +197,7 @@ def test_weights_changed_between_batches_drop_every_graph(random_models, device,
     graphs = _graph_generator(device)(model, d, config, banned, **kwargs)
     before = graphs.generate([model], sample)
     assert graphs.backend._encoders and graphs.backend._graphs and graphs.backend._parallel
-    WEIGHT_CHANGES[change](model, _on(other, device))
+    WEIGHT_CHANGES[change](task, model, _on(other, device))
     fresh = copy.deepcopy(model)  # a model no engine has decoded yet
     expected = LeanSequenceGenerator(fresh, d, config, banned, **kwargs).generate([fresh], sample)
     assert [h[0]["tokens"].tolist() for h in expected] != [h[0]["tokens"].tolist() for h in before]

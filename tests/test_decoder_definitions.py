@@ -127,20 +127,21 @@ def test_non_causal_pass_equals_the_decoder_modules(data_dir, family):
 # ------------------------------------------------- weights that change after a first decoding
 
 
-def fairseq_adam_step(model, other):
-    """One step of fairseq's Adam (what fairseq-train runs), which writes the weights through
-    ``p.data`` and so leaves the parameters' version counters as they were."""
+def fairseq_adam_step(task, model, other):
+    """One step of fairseq's Adam, taken as fairseq-train's trainer takes it (the task's
+    ``optimizer_step``), which writes the weights through ``p.data`` and so leaves the
+    parameters' version counters as they were."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = FairseqAdam(FairseqAdamConfig(lr=[0.05], adam_betas="(0.9, 0.999)"), params)
     generator = torch.Generator().manual_seed(2)
     for p in params:
         p.grad = torch.randn(p.shape, generator=generator).to(p.device)
     versions = [p._version for p in params]
-    optimizer.step()
+    task.optimizer_step(optimizer, model, update_num=0)
     assert [p._version for p in params] == versions  # the case version counters alone miss
 
 
-def torch_adam_step(model, other):
+def torch_adam_step(task, model, other):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=0.05)
     generator = torch.Generator().manual_seed(2)
@@ -149,11 +150,11 @@ def torch_adam_step(model, other):
     optimizer.step()
 
 
-def load_other_weights(model, other):
+def load_other_weights(task, model, other):
     model.load_state_dict(other.state_dict())
 
 
-def scale_in_place(model, other):
+def scale_in_place(task, model, other):
     with torch.no_grad():
         for p in model.decoder.parameters():
             p.mul_(1.5)
@@ -179,7 +180,7 @@ def test_the_pass_decodes_the_weights_of_the_moment(data_dir, family, change):
     before = assert_step_pass_is_the_modules(model, task)
     non_causal_before = assert_non_causal_pass_is_the_modules(model, task) if family in NON_CAUSAL else None
     plan = decoder_pass(model.decoder).plan()
-    WEIGHT_CHANGES[change](model, other)
+    WEIGHT_CHANGES[change](task, model, other)
     after = assert_step_pass_is_the_modules(model, task)
     assert not torch.allclose(before, after, atol=1e-3)  # the change is one the outputs show
     assert decoder_pass(model.decoder).plan() is not plan

@@ -10,7 +10,9 @@ import torch
 from fairseq_hrt.export.exporter import unsupported
 from fairseq_hrt.generation.jacobi import NATDrafter, ParallelGreedyGenerator
 from fairseq_hrt.generation.lean import LeanSequenceGenerator
+from fairseq_hrt.passes.attention import pair_buckets, relative_bucket, relative_buckets, step_buckets
 from fairseq_hrt.passes.decoder_pass import DecoderPass, decoder_pass
+from fairseq_hrt.passes.token_choice import argmax_block, best_allowed, choose
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
 from tests.test_lean import RAGGED, assert_same_hypotheses
 
@@ -134,3 +136,50 @@ def test_a_module_the_plan_does_not_know_is_refused_by_name(tmp_path):
         DecoderPass(odd.decoder)
     assert any("decoder.layers.0.fc1 (ScaledLinear)" in reason for reason in unsupported(odd))
     assert unsupported(model) == [] and DecoderPass(model.decoder) is not None
+
+
+# ------------------------------------------- the functions every pass and graph shares
+
+
+def test_the_loop_bodys_buckets_are_rows_of_the_step_table():
+    """The exported greedy loop computes a step's relative buckets from the step tensor
+    (:func:`step_buckets`); they are the rows of the lean pass's table, for strides of
+    Skip-AT, at windows smaller and larger than the steps."""
+    for stride in (1, 2, 3):
+        for window in (2, 16):
+            table = relative_buckets(12, stride, window)
+            for step in range(12):
+                expected = table[step, : step + 1]
+                got = step_buckets(torch.tensor(step), torch.tensor(stride), window)
+                assert torch.equal(got, expected), (stride, window, step)
+
+
+def test_pair_buckets_are_training_buckets_per_head():
+    """The non-causal passes' buckets (lean, CUDA graph, exported) are training's
+    :func:`relative_bucket` of the positions, one copy per head."""
+    positions = torch.tensor([[0, 2, 4, 6, 8], [1, 2, 3, 4, 5]])
+    got = pair_buckets(positions, 3, heads=4)
+    assert got.shape == (2, 4, 5, 5)
+    for head in range(4):
+        assert torch.equal(got[:, head], relative_bucket(positions, positions, 3))
+    assert got[0, 0, 0].tolist() == [3, 5, 6, 6, 6] and got[0, 0, 4].tolist() == [0, 0, 0, 1, 3]
+
+
+def test_both_forms_of_the_token_choice_pick_the_same_rows():
+    """:func:`choose` (the lean steps) and :func:`best_allowed` (the graphs, stage II) are one
+    choice: the same rows, banned rows never, ``top`` 1 and ``top`` K, scores equal to float
+    rounding; the blocked argmax of the graphs is the plain one."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(7, 60, generator=generator) * 4
+    bias = torch.zeros(60)
+    bias[[0, 5, 17]] = -float("inf")
+    bias[3] = -0.5
+    logits[:, 5] = 100.0  # the best logit is banned
+    for top in (1, 4):
+        scores, rows = choose(logits, bias, top)
+        graph_scores, graph_rows = best_allowed(logits, bias, top, block=argmax_block(60) if top == 1 else 1)
+        assert torch.equal(rows, graph_rows)
+        assert torch.allclose(scores, graph_scores, atol=1e-5)
+        assert not set(rows.flatten().tolist()) & {0, 5, 17}
+    single = best_allowed(logits, bias, 1, block=0)  # one TopK(1): the loop's form
+    assert torch.equal(single[1], choose(logits, bias, 1)[1])

@@ -166,7 +166,7 @@ def test_an_engine_registers_and_is_picked_by_name(models, monkeypatch):
     task, at = built["at_tiny"]
     calls = []
 
-    monkeypatch.setattr(engines_module, "ENGINES", dict(ENGINES))
+    monkeypatch.setattr(engines_module, "ENGINES", ENGINES.copy())
     monkeypatch.setattr(strategies, "ENGINES", engines_module.ENGINES)
 
     @register_engine("counting")

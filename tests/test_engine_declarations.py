@@ -9,6 +9,7 @@ import pytest
 from fairseq_hrt.generation import strategies
 from fairseq_hrt.generation.engines import ENGINES
 from fairseq_hrt.generation.mask_predict import MaskPredictDecoding
+from fairseq_hrt.generation.registry import Entry, Registry
 from fairseq_hrt.generation.strategies import DECODING_STRATEGIES
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
 from tests.test_shortlist import assert_same_hypotheses, shortlist_file
@@ -67,8 +68,30 @@ def test_mask_predict_on_its_engines_gives_the_same_tokens(models, tmp_path, eng
 def test_the_registries_list_by_name_whatever_the_import_order(monkeypatch):
     assert list(DECODING_STRATEGIES) == sorted(DECODING_STRATEGIES)
     assert list(ENGINES)[1:] == sorted(list(ENGINES)[1:])  # the default engine first
-    monkeypatch.setattr(strategies, "DECODING_STRATEGIES", {})
-    for name in reversed(sorted(DECODING_STRATEGIES)):  # registered in the reverse order
-        strategies.register_decoding(name)(DECODING_STRATEGIES[name])
+    every = dict(DECODING_STRATEGIES)  # their modules imported (and registered) here first
+    # a registry without a catalog: the order is the registry's, not the catalog's
+    monkeypatch.setattr(strategies, "DECODING_STRATEGIES", Registry("decoding strategy", {}))
+    for name in reversed(sorted(every)):  # registered in the reverse order
+        strategies.register_decoding(name)(every[name])
     assert list(strategies.DECODING_STRATEGIES) == sorted(DECODING_STRATEGIES)
     assert strategies.decoding_choices() == ["auto", *sorted(DECODING_STRATEGIES)]
+
+
+def test_a_catalogued_name_is_listed_without_its_module_and_keeps_the_catalogs_line():
+    registry = Registry("decoder engine", {"x": Entry("no.such.module", "the catalog's line", ("x_option",))})
+    assert list(registry) == ["x"] and "x" in registry  # no.such.module is not imported
+    assert registry.declared("x", "summary") == "the catalog's line"
+    assert registry.declared("x", "own_options") == ("x_option",)
+
+    class Other:
+        summary = "another line"
+
+    with pytest.raises(ValueError, match="Other.summary is not the catalog's"):
+        registry.register("x", Other, Other())
+
+    class Plain:
+        summary = ""
+
+    registry.register("x", Plain, Plain())
+    assert Plain.summary == "the catalog's line" and Plain.own_options == ("x_option",)
+    assert isinstance(registry["x"], Plain)

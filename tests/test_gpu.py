@@ -88,7 +88,7 @@ def test_fp16_training_on_gpu(fp16_runs, name):
     assert all(math.isfinite(r["loss"]) for r in records)
     assert records[-1]["num_updates"] == UPDATES
     assert records[-1]["loss"] < records[0]["loss"]
-    state = torch.load(root / name / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    state = torch.load(root / name / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert state["cfg"]["common"]["fp16"]
     # fairseq saves fp16-trained weights in fp32 (the FP16Optimizer's fp32 master copy)
     assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())

@@ -1,11 +1,14 @@
 """Imports only go down: no cycle among the modules of fairseq_hrt/, runtime/hrt_runtime/ and
 benchmarks/, counting imports inside functions too (every ``import`` statement of every file,
 parsed, not only what importing a module runs), what a package's ``__init__`` imports (importing
-``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first, and ``generation/__init__`` imports every
-module of its package by importlib), and the layer rules of docs/design.md. A second test
+``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first), a module's import of its own package
+root (``from fairseq_hrt import X`` inside fairseq_hrt/ runs the root's ``__init__``, whose
+imports may lead back to the module), and the layer rules of docs/design.md. A second test
 imports every module of fairseq_hrt/ and hrt_runtime/ in a fresh interpreter, records each
 import as it happens (``__import__`` and ``importlib.import_module``, whoever calls them) and
-checks the observed edges for cycles too."""
+checks the observed edges for cycles too. The last ones check that importing the plugin (as
+Python and as fairseq's ``--user-dir`` do) loads its task, models and criterion and none of the
+decoding engines, export or ONNX, which a run loads when it asks for them."""
 
 import ast
 import json
@@ -20,9 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"fairseq_hrt": REPO, "hrt_runtime": REPO / "runtime", "benchmarks": REPO}
 
 
-def modules() -> Dict[str, Path]:
+def modules(packages: Dict[str, Path] = PACKAGES) -> Dict[str, Path]:
     found = {}
-    for package, base in PACKAGES.items():
+    for package, base in packages.items():
         for path in sorted((base / package).rglob("*.py")):
             if "results" in path.relative_to(base).parts:
                 continue
@@ -79,18 +82,21 @@ def imports_its_modules_by_importlib(tree: ast.AST) -> bool:
 
 def with_packages(name: str, targets: Iterable[str], known) -> Set[str]:
     """``targets`` and the packages above each (importing ``a.b.c`` runs ``a.b``'s ``__init__``
-    first), less ``name`` and the packages above ``name`` (a module's own packages are being
-    imported when it is)."""
+    first), less ``name`` and the packages above ``name`` that only this implicit rule adds (a
+    module's own packages are being imported when it is). A target that is one of ``name``'s own
+    packages stays: ``from fairseq_hrt import X`` (``X`` not a module) inside ``fairseq_hrt``
+    runs the root's ``__init__`` and whatever it imports, which may lead back to ``name``."""
     own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
     out = set()
     for target in targets:
         parts = target.split(".")
-        out |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
-    return {m for m in out if m in known and m not in own}
+        out |= {".".join(parts[:i]) for i in range(1, len(parts))} - own
+        out.add(target)
+    return {m for m in out if m in known and m != name}
 
 
-def import_graph() -> Dict[str, Set[str]]:
-    known = modules()
+def import_graph(packages: Dict[str, Path] = PACKAGES) -> Dict[str, Set[str]]:
+    known = modules(packages)
     return {name: imports_of(name, path, known) for name, path in known.items()}
 
 
@@ -159,10 +165,13 @@ def recording_import(name, globals=None, locals=None, fromlist=(), level=0):
     module = real_import(name, globals, locals, fromlist, level)
     importer = (globals or {}).get("__name__")
     target = absolute(name, globals, level)
-    record(importer, target)
-    for item in fromlist or ():
-        if f"{target}.{item}" in sys.modules:
-            record(importer, f"{target}.{item}")
+    submodules = [f"{target}.{item}" for item in fromlist or () if f"{target}.{item}" in sys.modules]
+    # "from pkg import submodule" needs the submodule; "import pkg" or "from pkg import name"
+    # needs what pkg's __init__ makes
+    if len(submodules) < len(fromlist or ()) or not fromlist:
+        record(importer, target)
+    for submodule in submodules:
+        record(importer, submodule)
     return module
 
 
@@ -213,9 +222,28 @@ def test_no_import_cycle_among_the_imports_that_happen():
     hrt_runtime/ makes no cycle."""
     names = [m for m in modules() if not m.startswith("benchmarks") and not m.endswith("__main__")]
     graph = observed_import_graph(names)
-    assert graph["fairseq_hrt.generation"] >= {"fairseq_hrt.generation.onnx_engine", "fairseq_hrt.generation.lean"}
+    assert graph["fairseq_hrt.generation"] == set()  # the registries import engines and strategies on use
     assert "fairseq_hrt.export.exporter" in graph["fairseq_hrt.generation.onnx_engine"]
     assert cycles(graph) == []
+
+
+def test_a_loop_through_a_package_root_is_a_cycle(tmp_path):
+    """``pkg/__init__`` imports ``pkg.tasks``, which imports ``pkg.engines.engine``, which takes
+    a name from ``pkg`` itself (as the exporter once imported the plugin's root): a cycle,
+    though ``pkg`` is the engine's own package. Taking a submodule from the root is none."""
+    files = {
+        "pkg/__init__.py": "from pkg import tasks\nVERSION = '1'\n",
+        "pkg/tasks.py": "from pkg.engines import engine\n",
+        "pkg/engines/__init__.py": "",
+        "pkg/engines/engine.py": "from pkg import VERSION\n",
+        "pkg/engines/other.py": "from pkg import tasks\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph({"pkg": tmp_path})
+    assert "pkg" in graph["pkg.engines.engine"] and "pkg" not in graph["pkg.engines.other"]
+    assert cycles(graph) == [["pkg", "pkg.engines.engine", "pkg.tasks"]]
 
 
 def test_the_layer_rules_of_docs_design():
@@ -228,22 +256,22 @@ def test_the_layer_rules_of_docs_design():
     assert importers("fairseq_hrt.export", "fairseq_hrt.hub") == []
     assert importers("fairseq_hrt.generation", "fairseq_hrt.tasks") == []
     assert importers("fairseq_hrt.models", "fairseq_hrt.generation") == []
-    # export/ builds on the decoder pass; the modules of generation/ above it are the engines that
-    # run its graphs (ONNX Runtime the exported ones, cuda-graph the captured encoder and
-    # non-causal pass)
-    assert importers("fairseq_hrt.generation", "fairseq_hrt.export") == [
+    # export/ builds on the decoder pass; of generation/, only engines that run its graphs may
+    # import it (ONNX Runtime the exported ones)
+    assert set(importers("fairseq_hrt.generation", "fairseq_hrt.export")) <= {
         "fairseq_hrt.generation.cuda_graph",
         "fairseq_hrt.generation.onnx_engine",
-    ]
+    }
     # the engine registry is below every engine and strategy
     assert graph["fairseq_hrt.generation.engines"] <= {
         "fairseq_hrt.generation.options",
+        "fairseq_hrt.generation.registry",
         "fairseq_hrt.cli_logging",  # RefusedOptions
         "hrt_runtime.search",
         "hrt_runtime",
     }
-    # export/ builds on passes/ (the decoder pass, the search rules), never on generation/: importing
-    # any module of generation/ imports all of them, the engines that import export/ among them
+    # export/ builds on passes/ (the decoder pass, the search rules), never on generation/, whose
+    # engines import export/
     assert importers("fairseq_hrt.export", "fairseq_hrt.generation") == []
     assert importers("fairseq_hrt.passes", "fairseq_hrt.generation") == []
     assert importers("fairseq_hrt.passes", "fairseq_hrt.export") == []
@@ -350,3 +378,101 @@ EXAMPLE_TESTS = {
     "test_wmt_slice.py",
     "test_slurm_cluster.py",
 }
+
+
+# Run in a fresh interpreter: load the plugin as argv[1] says ("import": ``import fairseq_hrt``;
+# "user-dir": fairseq's --user-dir loading of argv[2]; "lean": the import, then the lean engine as
+# a run asks for it; "decode": a decoding with fairseq-generate's defaults) and print what is
+# loaded and registered.
+LOADER = r"""
+import json, sys
+from argparse import Namespace
+
+how = sys.argv[1]
+if how == "user-dir":
+    from fairseq import utils
+    utils.import_user_module(Namespace(user_dir=sys.argv[2]))
+else:
+    import fairseq_hrt
+if how == "lean":
+    from fairseq_hrt.generation.engines import get_engine
+    get_engine("lean")
+if how == "decode":  # fairseq-generate's defaults (--decoding auto, lean) on an HRT model
+    import tempfile
+    from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample
+    with tempfile.TemporaryDirectory() as data_dir:
+        task, model = build_task_and_model(data_dir)
+        _, generator = build_generator(data_dir, model, "--max-len-b", "4")
+        task.inference_step(generator, [model], make_sample(task, [[1, 2, 3]]))
+from fairseq.criterions import CRITERION_REGISTRY
+from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq.tasks import TASK_REGISTRY
+from torch.optim import optimizer
+print(json.dumps({
+    "modules": sorted(sys.modules),
+    "optimizer_hooks": len(optimizer._global_optimizer_pre_hooks) + len(optimizer._global_optimizer_post_hooks),
+    "excepthook": sys.excepthook is sys.__excepthook__,
+    "task": "hrt_translation" in TASK_REGISTRY,
+    "criterion": "hrt_loss" in CRITERION_REGISTRY,
+    "archs": sorted(a for a in ARCH_MODEL_REGISTRY if a.split("_")[0] in ("hrt", "at", "cmlm")),
+}))
+"""
+
+# what a run loads when it asks for it, never importing the plugin: the engines, the strategies,
+# export and ONNX (Runtime), the Python API
+LOADED_ON_USE = (
+    "onnx",
+    "onnxruntime",
+    "fairseq_hrt.export",
+    "fairseq_hrt.generation.cuda_graph",
+    "fairseq_hrt.generation.onnx_engine",
+    "fairseq_hrt.generation.lean",
+    "fairseq_hrt.generation.fairseq_engine",
+    "fairseq_hrt.generation.hrt_generator",
+    "fairseq_hrt.generation.jacobi",
+    "fairseq_hrt.generation.mask_predict",
+    "fairseq_hrt.hub",
+)
+
+
+def _loaded(how: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime")]))
+    done = subprocess.run(
+        [sys.executable, "-c", LOADER, how, str(REPO / "fairseq_hrt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _of(modules: List[str], names) -> List[str]:
+    return [m for m in modules if any(m == n or m.startswith(n + ".") for n in names)]
+
+
+def test_importing_the_plugin_registers_its_components_and_loads_no_engine_export_or_onnx():
+    """... and adds no global optimizer hook (the task counts its own steps) and, outside a
+    fairseq command line, leaves ``sys.excepthook`` alone."""
+    for how in ("import", "user-dir"):
+        loaded = _loaded(how)
+        assert loaded["task"] and loaded["criterion"], how
+        archs = {"hrt_tiny", "at_tiny", "cmlm_tiny", "hrt_e12d1", "at_e12d1"}
+        assert archs <= set(loaded["archs"]), (how, loaded["archs"])
+        assert _of(loaded["modules"], LOADED_ON_USE) == [], how
+        assert loaded["optimizer_hooks"] == 0 and loaded["excepthook"], how
+
+
+def test_a_run_that_asks_for_an_engine_loads_that_one():
+    modules = _loaded("lean")["modules"]
+    assert _of(modules, LOADED_ON_USE) == ["fairseq_hrt.generation.lean"]
+    # --decoding auto asks every strategy whether it claims the model; no other engine, no export
+    modules = _loaded("decode")["modules"]
+    assert _of(modules, LOADED_ON_USE) == [
+        "fairseq_hrt.generation.hrt_generator",
+        "fairseq_hrt.generation.jacobi",
+        "fairseq_hrt.generation.lean",
+        "fairseq_hrt.generation.mask_predict",
+    ]

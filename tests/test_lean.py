@@ -297,9 +297,10 @@ def test_lean_sees_weights_loaded_after_it_was_built(random_models):
 
 def test_lean_decodes_the_weights_after_fairseqs_optimizer_step(random_models):
     """fairseq's optimizers write the weights through ``p.data`` (no version counter moves):
-    after a step of fairseq's Adam, as between two --eval-bleu validations of fairseq-train,
-    the lean engine decodes the new weights, not the fused q/k/v projections of its last
-    batch, with no call to forget anything."""
+    after a step of fairseq's Adam taken as fairseq-train's trainer takes it (the task's
+    ``optimizer_step``), as between two --eval-bleu validations, the lean engine decodes the
+    new weights, not the fused q/k/v projections of its last batch, with no call to forget
+    anything."""
 
     def fairseq_adam_step(task, at):
         params = [p for p in at.parameters() if p.requires_grad]
@@ -307,7 +308,7 @@ def test_lean_decodes_the_weights_after_fairseqs_optimizer_step(random_models):
         generator = torch.Generator().manual_seed(2)
         for p in params:
             p.grad = torch.randn(p.shape, generator=generator)
-        optimizer.step()
+        task.optimizer_step(optimizer, at, update_num=0)
         for p in params:
             p.grad = None
 

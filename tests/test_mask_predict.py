@@ -505,7 +505,7 @@ def e2e(tmp_path_factory):
 
 
 def _load(path):
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 @pytest.mark.slow

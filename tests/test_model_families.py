@@ -113,7 +113,7 @@ def test_auto_takes_the_claim_of_highest_priority_and_refuses_a_tie(models, monk
         "hrt",
         "mask-predict",
     ]
-    monkeypatch.setattr(strategies, "DECODING_STRATEGIES", dict(DECODING_STRATEGIES))
+    monkeypatch.setattr(strategies, "DECODING_STRATEGIES", DECODING_STRATEGIES.copy())
 
     @register_decoding("also-hrt")
     class AlsoHRT(DecodingStrategy):

@@ -13,9 +13,9 @@ import torch
 
 from fairseq_hrt.export import exporter
 from fairseq_hrt.export.exporter import export_model
-from fairseq_hrt.export.graphs import argmax_block, blocked_max
 from fairseq_hrt.generation import onnx_engine
 from fairseq_hrt.generation.quantize import is_quantized, prepare_for_decoding
+from fairseq_hrt.passes.token_choice import argmax_block, blocked_max
 from fairseq_hrt.testing.tiny_runs import run_cli
 from hrt_runtime.model import LOOP_ROWS
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
@@ -145,7 +145,7 @@ def test_weights_changed_between_batches_are_exported_again(random_models, chang
     flags = ("--max-len-b", "12", "--decode-chunk-size", "2", "--beam", "2")
     _, ours = build_generator(data_dir, model, *flags, "--decoder-engine", "onnxruntime")
     before = ours.generate([model], sample)
-    WEIGHT_CHANGES[change](model, other)
+    WEIGHT_CHANGES[change](task, model, other)
     _, ref = build_generator(data_dir, model, *flags, "--decoder-engine", "lean")
     expected = ref.generate([model], sample)
     assert [h[0]["tokens"].tolist() for h in expected] != [h[0]["tokens"].tolist() for h in before]
@@ -251,13 +251,25 @@ def test_an_exported_folder_is_checked_against_the_checkpoint(random_models, tmp
         build_generator(data_dir, at, "--decoder-engine", "lean", "--onnx-model", folder)
 
 
+def _runtime_modules(root):
+    """The modules of hrt_runtime (its folder ``root``) as paths relative to it, service/ included."""
+    return sorted(
+        os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs if f.endswith(".py")
+    )
+
+
+def _serves(name):
+    """Whether a module of hrt_runtime is hrt-serve's (serve.py, service/), which may import the serve extra."""
+    return name == "serve.py" or name.startswith("service" + os.sep)
+
+
 def test_the_runtime_imports_neither_torch_nor_the_plugin():
     """hrt_runtime is what a deployed model runs on: numpy, onnxruntime, sentencepiece and the
     standard library only (the fresh-venv test in test_onnx_deploy.py runs it without torch);
     hrt-serve (serve.py) also aiohttp and prometheus_client, the optional extra ``pip install ./runtime[serve]``."""
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "hrt_runtime")
     allowed = {"numpy", "onnxruntime", "sentencepiece", "hrt_runtime"} | set(sys.stdlib_module_names)
-    for name in os.listdir(root):
+    for name in _runtime_modules(root):
         if name.endswith(".py"):
             tree = ast.parse(open(os.path.join(root, name)).read())
             for node in ast.walk(tree):
@@ -270,7 +282,7 @@ def test_the_runtime_imports_neither_torch_nor_the_plugin():
                 )
                 for module in modules:
                     assert module.split(".")[0] in allowed | (
-                        {"aiohttp", "prometheus_client"} if name == "serve.py" else set()
+                        {"aiohttp", "prometheus_client"} if _serves(name) else set()
                     ), f"runtime/hrt_runtime/{name} imports {module}"
 
 
@@ -285,7 +297,7 @@ def test_the_runtime_declares_what_it_imports():
         return {re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0].lower().replace("-", "_") for r in requirements}
 
     imported = {"runtime": set(), "serve": set()}
-    for name in os.listdir(os.path.join(root, "hrt_runtime")):
+    for name in _runtime_modules(os.path.join(root, "hrt_runtime")):
         if name.endswith(".py"):
             tree = ast.parse(open(os.path.join(root, "hrt_runtime", name)).read())
             for node in ast.walk(tree):
@@ -298,7 +310,7 @@ def test_the_runtime_declares_what_it_imports():
                 for module in found:
                     top = module.split(".")[0]
                     if top not in sys.stdlib_module_names and top != "hrt_runtime":
-                        imported["serve" if name == "serve.py" else "runtime"].add(top)
+                        imported["serve" if _serves(name) else "runtime"].add(top)
     assert names(project["dependencies"]) == imported["runtime"]
     assert names(project["optional-dependencies"]["serve"]) == imported["serve"] - imported["runtime"]
 

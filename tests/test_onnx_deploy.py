@@ -24,11 +24,11 @@ pytest.importorskip("onnxruntime")
 
 import fairseq_hrt  # noqa: E402
 from fairseq_hrt.export.exporter import (
-    _temporary_folder,  # noqa: E402
     cli_main,  # noqa: E402
     export_model,  # noqa: E402
     quantize_folder,  # noqa: E402
 )
+from fairseq_hrt.export.folder import temporary_folder  # noqa: E402
 from fairseq_hrt.generation.onnx_engine import _cached  # noqa: E402
 from fairseq_hrt.generation.quantize import quantize_int8  # noqa: E402
 from fairseq_hrt.testing.tiny_runs import (  # noqa: E402
@@ -852,7 +852,7 @@ def test_an_export_removes_what_a_killed_export_left(tmp_path):
     for folder in (*left, running):
         folder.mkdir()
         (folder / "encoder.onnx").write_text("half written")
-    made = _temporary_folder(str(tmp_path), ".export-")
-    _temporary_folder(str(tmp_path), ".int8-")
+    made = temporary_folder(str(tmp_path), ".export-")
+    temporary_folder(str(tmp_path), ".int8-")
     assert not any(folder.exists() for folder in left) and running.exists()
     assert os.path.basename(made).startswith(f".export-{os.getpid()}-")

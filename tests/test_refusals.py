@@ -1,6 +1,7 @@
 """Refused options (issue 79): the plugin's checks raise :class:`RefusedOptions` where they find
 the mistake; under a command line it is one line ``PROG: error: REASON`` (exit status 1), and
-every other exception keeps its traceback; imported from Python, the plugin leaves
+every other exception keeps its traceback (the hook comes with the plugin's import under
+fairseq's command lines, never with setting up a task); imported from Python, the plugin leaves
 ``sys.excepthook`` alone. The training mistakes that were a traceback or silently accepted are
 each refused in one line."""
 
@@ -9,9 +10,16 @@ import sys
 import types
 
 import pytest
+from fairseq_cli.train import cli_main
 
 from fairseq_hrt import cli_logging
-from fairseq_hrt.cli_logging import RefusedOptions, install_refusal_hook, runs_a_command_line
+from fairseq_hrt.cli_logging import (
+    FAIRSEQ_COMMANDS,
+    RefusedOptions,
+    install_refusal_hook,
+    main_program,
+    runs_a_command_line,
+)
 from fairseq_hrt.testing.tiny_runs import REPO, make_tiny_data, run_cli, train_args
 from tests.hrt_fixtures import build_generator, build_task_and_model
 
@@ -32,23 +40,32 @@ def _refusal(proc) -> str:
 # ------------------------------------------------------------------ the hook
 
 
+def _main_module(monkeypatch, **attributes):
+    main = types.ModuleType("__main__")
+    main.__dict__.update(attributes)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+
+
 def test_only_a_command_line_counts_as_one(monkeypatch):
     assert not runs_a_command_line()  # pytest's process
+    _main_module(monkeypatch, cli_main=cli_main, __spec__=None)  # fairseq-train's console script
+    assert main_program() == "fairseq_cli.train" and runs_a_command_line(FAIRSEQ_COMMANDS)
+    _main_module(monkeypatch, __spec__=types.SimpleNamespace(name="fairseq_cli.generate"))  # python -m
+    assert runs_a_command_line(FAIRSEQ_COMMANDS)
+    _main_module(monkeypatch, __spec__=types.SimpleNamespace(name="fairseq_hrt.distill"))
+    assert runs_a_command_line() and not runs_a_command_line(FAIRSEQ_COMMANDS)
+    # a program's name is no evidence: a notebook, or a script that only calls itself fairseq-*
     monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train", "data"])
-    assert runs_a_command_line()
-    monkeypatch.setattr(sys, "argv", ["/usr/bin/notebook"])
-    main = types.ModuleType("__main__")
-    main.__spec__ = types.SimpleNamespace(name="fairseq_cli.generate")
-    monkeypatch.setitem(sys.modules, "__main__", main)
-    assert runs_a_command_line()
-    main.__spec__ = types.SimpleNamespace(name="ipykernel_launcher")
+    _main_module(monkeypatch, __spec__=types.SimpleNamespace(name="ipykernel_launcher"))
+    assert not runs_a_command_line()
+    _main_module(monkeypatch, __spec__=None)
     assert not runs_a_command_line()
 
 
 def test_the_hook_prints_refusals_and_hands_on_everything_else(monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(sys, "excepthook", lambda *exc: seen.append(exc[1]))
-    monkeypatch.setattr(cli_logging, "runs_a_command_line", lambda: True)
+    monkeypatch.setattr(cli_logging, "runs_a_command_line", lambda packages: True)
     monkeypatch.setattr(sys, "argv", ["fairseq-train"])
     install_refusal_hook()
     install_refusal_hook()  # once per process
@@ -60,8 +77,8 @@ def test_the_hook_prints_refusals_and_hands_on_everything_else(monkeypatch, caps
 
 
 def test_the_plugin_from_python_leaves_the_excepthook_alone(data):
-    """A fresh interpreter that imports the plugin and the hub and sets up the task (which
-    installs the hook under a command line) keeps its own ``sys.excepthook``."""
+    """A fresh interpreter that imports the plugin and the hub and sets up the task keeps its
+    own ``sys.excepthook``."""
     code = (
         "import sys; before = sys.excepthook\n"
         "import fairseq_hrt, fairseq_hrt.hub\n"
@@ -77,17 +94,43 @@ def test_the_plugin_from_python_leaves_the_excepthook_alone(data):
     assert out.strip().splitlines()[-1] == "unchanged"
 
 
+def test_the_hook_comes_with_the_plugin_under_fairseqs_command_line_never_with_a_task(data):
+    """Under fairseq-train (its console script: ``cli_main`` imported into ``__main__``),
+    importing the plugin, as ``--user-dir`` does, installs the hook, chained to the one before;
+    setting up the task afterwards installs nothing, whatever the program calls itself."""
+    code = (
+        "import sys\n"
+        "from fairseq_cli.train import cli_main\n"
+        "sys.argv[0] = 'fairseq-train'\n"
+        "before = sys.excepthook\n"
+        "import fairseq_hrt\n"
+        "installed = sys.excepthook is not before and sys.excepthook.refuses_options\n"
+        "sys.excepthook = before\n"
+        "from fairseq import options, tasks\n"
+        "args = options.parse_args_and_arch(options.get_training_parser(), sys.argv[1:])\n"
+        "tasks.setup_task(args)\n"
+        "print(installed, 'unchanged' if sys.excepthook is before else 'replaced')\n"
+    )
+    argv = [str(a) for a in train_args(data.bin_dir, "unused", max_update=1)[1:]]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip().splitlines()[-1] == "True unchanged"
+
+
 def test_a_bug_in_the_tasks_checks_keeps_its_traceback(data, tmp_path):
     """A ValueError that is not a refusal, raised inside the task's checks of a fairseq-train
     run, is the interpreter's traceback, not a one-line refusal."""
     code = (
         "import sys\n"
+        "from fairseq_cli.train import cli_main\n"
+        "sys.argv[0] = 'fairseq-train'\n"
+        "from fairseq_hrt import cli_logging\n"
         "from fairseq_hrt.tasks.hrt_translation import HRTTranslationTask\n"
+        "cli_logging.refusals_in_one_line()  # as fairseq-train's --user-dir import does\n"
         "def broken(self):\n"
         "    raise ValueError('a bug, not a refusal')\n"
         "HRTTranslationTask.check_training_options = broken\n"
-        "sys.argv[0] = 'fairseq-train'\n"
-        "from fairseq_cli.train import cli_main\n"
         "cli_main()\n"
     )
     proc = run_cli(["-c", code, *train_args(data.bin_dir, tmp_path / "ckpt", max_update=1)[1:]], check=False)

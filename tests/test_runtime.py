@@ -30,9 +30,10 @@ import importlib  # noqa: E402
 
 from fairseq_hrt.export.exporter import quantize_folder  # noqa: E402
 from fairseq_hrt.testing.tiny_runs import REPO, cli_env  # noqa: E402
-from hrt_runtime import Translator, search  # noqa: E402
+from hrt_runtime import Translator, search, serve, translator  # noqa: E402
+from hrt_runtime.errors import Refused  # noqa: E402
 from hrt_runtime.integrity import DamagedFolderError  # noqa: E402
-from hrt_runtime.model import DECLARED_KEY  # noqa: E402
+from hrt_runtime.model import DECLARED_KEY, ExportedModel  # noqa: E402
 from hrt_runtime.options import CPUS, joined_values, number_of, usable_cpus  # noqa: E402
 
 
@@ -572,6 +573,40 @@ def test_a_missing_folder_is_one_line_and_a_negative_lenpen_works(exported_tiny)
         assert rc == 0 and len(out.splitlines()) == 2 and _said(err) == [], err
     with pytest.raises(ValueError, match=rf"threads must be an integer from 1 to {CPUS} .*CPUs.*got {CPUS + 1}"):
         Translator(exported_tiny["hrt"], threads=CPUS + 1)
+
+
+def _a_bug(*args, **kwargs):
+    raise TypeError("a bug inside the runtime")
+
+
+@pytest.mark.parametrize(
+    "cli_main, argv, refusal",
+    [
+        (translator.cli_main, ["--beam", "0"], "hrt-translate: error: --beam must be an integer from 1 to 256"),
+        (serve.cli_main, ["--max-batch", "0"], "hrt-serve: error: --max-batch must be an integer from 1 to"),
+    ],
+    ids=["hrt-translate", "hrt-serve"],
+)
+def test_only_refusals_are_one_line_a_runtime_bug_keeps_its_traceback(
+    exported_tiny, monkeypatch, capsys, cli_main, argv, refusal
+):
+    """The command lines turn the runtime's refusals (:class:`hrt_runtime.errors.Refused`) into
+    one line, and nothing else: a ``TypeError`` raised inside the runtime (here by
+    ``ExportedModel.check_graphs``, replaced in this process) leaves ``cli_main`` as it was
+    raised, so Python prints its traceback, instead of becoming a line that hides where it came from."""
+    folder = exported_tiny["hrt"]
+    with pytest.raises(SystemExit) as exit_:
+        cli_main([folder, *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(_said(err)) == 1 and _said(err)[0].startswith(refusal), err
+    with pytest.raises(SystemExit) as exit_:  # a missing folder is a refusal too
+        cli_main([folder + "-missing"])
+    assert exit_.value.code == 2 and "no such folder" in capsys.readouterr().err
+    monkeypatch.setattr(ExportedModel, "check_graphs", _a_bug)
+    with pytest.raises(TypeError, match="a bug inside the runtime") as bug:
+        cli_main([folder])
+    assert not isinstance(bug.value, Refused) and bug.traceback[-1].name == "_a_bug"
+    assert "error" not in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")

@@ -459,6 +459,31 @@ def test_metrics_count_what_was_served(translator, caplog):
         server.close()
 
 
+def test_a_bug_answers_500_with_its_traceback_logged_and_a_refusal_400(translator, monkeypatch, caplog):
+    """Only the runtime's refusals are a request's fault (400 with the message): a TypeError
+    raised inside the runtime (here by ``Translator.options``, replaced in this process) is not
+    turned into a 400 that blames the request; aiohttp answers 500 and logs its traceback."""
+    server = Server(translator)
+
+    def a_bug(**options):
+        raise TypeError("a bug inside the runtime")
+
+    try:
+        status, answer = post(server.url, {"text": ["w1"], "beam": 0})
+        assert status == 400 and answer["error"].startswith("beam must be an integer from 1 to 256"), answer
+        monkeypatch.setattr(translator, "options", a_bug)
+        with caplog.at_level(logging.ERROR, logger="aiohttp.server"):
+            request = urllib.request.Request(server.url + "/translate", data=json.dumps({"text": ["w1"]}).encode())
+            with pytest.raises(urllib.error.HTTPError) as answered:
+                urllib.request.urlopen(request, timeout=60)
+        assert answered.value.code == 500 and "a bug inside the runtime" not in answered.value.read().decode()
+        logged = [r for r in caplog.records if r.name == "aiohttp.server" and r.exc_info]
+        assert len(logged) == 1 and str(logged[0].exc_info[1]) == "a bug inside the runtime"
+        assert get(server.url, "/info")["stats"]["requests"] == 0  # refused or failed before admission
+    finally:
+        server.close()
+
+
 def _serve_cli(*args):
     return subprocess.run(
         [sys.executable, "-m", "hrt_runtime.serve", *args],

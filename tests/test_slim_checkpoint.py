@@ -23,8 +23,8 @@ def test_slim_checkpoint_loads_as_the_model_in_half_precision(trained, arch, tmp
     data, ckpts = trained
     source, out = ckpts[arch], tmp_path / "slim.pt"
     slim_checkpoint.main([str(source), str(out)])
-    original = torch.load(source, map_location="cpu", weights_only=False)
-    slim = torch.load(out, map_location="cpu", weights_only=False)
+    original = torch.load(source, map_location="cpu", weights_only=True)
+    slim = torch.load(out, map_location="cpu", weights_only=True)
     assert "last_optimizer_state" in original and "last_optimizer_state" not in slim
     assert out.stat().st_size < source.stat().st_size / 2
     assert {v.dtype for v in slim["model"].values() if v.is_floating_point()} == {torch.float16}

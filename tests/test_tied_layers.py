@@ -146,7 +146,7 @@ def test_trained_tied_checkpoint(trained_ssru):
     """fairseq-train with --decoder-tie-layers: the checkpoint holds one layer, it loads
     tied, and the option travels with it (no flag needed at decoding time)."""
     data, ckpts, _ = trained_ssru
-    state = torch.load(ckpts["at_tiny_ssru_tied"], map_location="cpu", weights_only=False)
+    state = torch.load(ckpts["at_tiny_ssru_tied"], map_location="cpu", weights_only=True)
     layers = {k.split(".")[2] for k in state["model"] if k.startswith("decoder.layers.")}
     assert layers == {"0"}
     models, _, _ = checkpoint_utils.load_model_ensemble_and_task(

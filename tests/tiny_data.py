@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from fairseq_hrt import cli_logging
 from fairseq_hrt.testing import tiny_runs
 from fairseq_hrt.testing.tiny_runs import cli_env
 
@@ -81,6 +82,11 @@ def _run_forked(cmd: List[str], env: Dict[str, str], cwd: str, log_path: str, in
     try:
         if cmd[1] == "-m":
             sys.argv = [cmd[2], *cmd[3:]]
+            if cmd[2].split(".")[0] in cli_logging.FAIRSEQ_COMMANDS and "--user-dir" in cmd:
+                # a fresh interpreter imports the plugin by --user-dir under fairseq's command
+                # line, which makes its refusals one line then (fairseq_hrt/__init__); this
+                # process imported it before
+                cli_logging.refusals_in_one_line()
             runpy.run_module(cmd[2], run_name="__main__", alter_sys=True)
         else:
             sys.argv = ["-c", *cmd[3:]]

@@ -10,7 +10,7 @@ The folder (format :data:`FORMAT`, version :data:`VERSION`) holds:
   the runtime runs for batches of few rows,
 * ``parallel.onnx`` (:class:`~fairseq_hrt.export.graphs.ParallelGraph`, HRT models: stage II),
 * with ``restricted`` graphs (``*_restricted.onnx``) the same with the output rows as inputs (shortlists),
-* ``weights.bin``: every graph's weights, each stored once (:func:`share_weights`),
+* ``weights.bin``: every graph's weights, each stored once (:func:`~fairseq_hrt.export.folder.share_weights`),
 * ``output_weight.npy`` (and ``output_bias.npy``): the output layer's rows, for shortlists,
 * ``dict.<src>.txt`` / ``dict.<tgt>.txt``, the SentencePiece model when there is one, and
 * ``config.json``: what the runtime (:mod:`hrt_runtime`) needs -- special symbols, the symbols a
@@ -18,9 +18,9 @@ The folder (format :data:`FORMAT`, version :data:`VERSION`) holds:
   and the SHA-256 of the model's parameters (the cache key of ``--decoder-engine onnxruntime``).
 
 Shapes are dynamic in batch and length. What cannot be exported is refused in one message
-(:func:`unsupported`). Graphs are traced by ``torch.onnx.export``'s TorchScript exporter
-(``dynamo=False``): the pinned torch has it, it needs no onnxscript, and it traces the plain
-functions of the decoder pass in well under a second.
+(:func:`unsupported`). :func:`export_model` checks and freezes the model, traces the graphs
+(:mod:`.tracing`), stores their weights once, writes the folder's other files and its config,
+and moves the folder in whole (:mod:`.folder`).
 """
 
 import argparse
@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import warnings
 from typing import Dict, List, Optional
 
@@ -39,27 +38,18 @@ import numpy as np
 import torch
 from fairseq import checkpoint_utils
 
-import fairseq_hrt  # noqa: F401  (registers the task and models)
 from fairseq_hrt.cli_logging import RefusedOptions
-from fairseq_hrt.export.graphs import EncoderGraph, GreedyLoopBody, ParallelGraph, StepGraph
-from fairseq_hrt.export.loop import body_inputs, greedy_loop
+from fairseq_hrt.export.folder import CONFIG, WEIGHTS, finish, share_weights, stamp_graphs, temporary_folder
+from fairseq_hrt.export.tracing import OPSET, Examples, make_examples, trace_graphs
 from fairseq_hrt.models.cmlm_transformer import CMLMTransformerModel
 from fairseq_hrt.models.kinds import family_of, unwrap
-from fairseq_hrt.passes.decoder_pass import DecoderPass, decoder_pass, unplanned_modules
+from fairseq_hrt.passes.decoder_pass import DecoderPass, unplanned_modules
 from fairseq_hrt.passes.search_rules import banned_symbols
 from fairseq_hrt.symbols import find_sentencepiece_model
-from hrt_runtime.integrity import FILES, FILES_INT8, OUTPUT_BIAS, OUTPUT_WEIGHT, list_files
-from hrt_runtime.model import (  # the runtime reads what this writes: defined once
-    DECLARED_KEY,
-    FORMAT,
-    VERSION,
-    declared_of,
-)
+from hrt_runtime.integrity import FILES, OUTPUT_BIAS, OUTPUT_WEIGHT
+from hrt_runtime.model import FORMAT, VERSION  # the runtime reads what this writes: defined once
 
 logger = logging.getLogger(__name__)
-
-OPSET = 17
-CONFIG = "config.json"
 
 
 def unsupported(model) -> List[str]:
@@ -114,360 +104,63 @@ def parameters_sha256(model) -> str:
     return digest.hexdigest()
 
 
-def _names(prefix: str, layers: int) -> List[str]:
-    return [f"{prefix}_k{i}" for i in range(layers)] + [f"{prefix}_v{i}" for i in range(layers)]
-
-
-def _constants_to_initializers(graph_model):
-    """Move the tracer's ``Constant`` tensors (the planned weights it saw as constants) into the
-    graph's initializers, where ONNX Runtime's quantization finds weights."""
-    from onnx import numpy_helper  # noqa: PLC0415 - optional: onnx, for exporting
-
-    graph = graph_model.graph
-    for node in list(graph.node):
-        if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
-            tensor = numpy_helper.to_array(node.attribute[0].t)
-            if tensor.size > 1:  # shapes and scalars stay constants
-                graph.initializer.append(numpy_helper.from_array(tensor, node.output[0]))
-                graph.node.remove(node)
-
-
-WEIGHTS = "weights.bin"
-
-
-def share_weights(folder: str, graphs: List[str]):
-    """Store every weight of the ``graphs`` once, in ``folder/weights.bin`` (ONNX external
-    data, 64-byte aligned): the step, top-k, restricted and non-causal graphs hold the same
-    planned weights, which each graph file would otherwise carry (a folder of several times the
-    model's size)."""
-    import onnx  # noqa: PLC0415 - optional: onnx, for exporting
-    from onnx import numpy_helper  # noqa: PLC0415 - optional: onnx, for exporting
-
-    offsets: Dict[str, int] = {}
-    with open(os.path.join(folder, WEIGHTS), "wb") as weights:
-        for name in graphs:
-            path = os.path.join(folder, name)
-            graph_model = onnx.load(path)  # external data already there are read back in
-            for init in graph_model.graph.initializer:
-                array = numpy_helper.to_array(init)
-                if array.size < 16:  # small constants stay inside the graph
-                    continue
-                data = array.tobytes()
-                key = hashlib.sha1(data + str(array.dtype).encode() + str(array.shape).encode()).hexdigest()
-                if key not in offsets:
-                    weights.write(b"\0" * (-weights.tell() % 64))
-                    offsets[key] = weights.tell()
-                    weights.write(data)
-                init.ClearField("raw_data")
-                for field in ("float_data", "int32_data", "int64_data", "double_data"):
-                    init.ClearField(field)
-                del init.external_data[:]
-                for k, v in (("location", WEIGHTS), ("offset", str(offsets[key])), ("length", str(len(data)))):
-                    entry = init.external_data.add()
-                    entry.key, entry.value = k, v
-                init.data_location = onnx.TensorProto.EXTERNAL
-            onnx.save(graph_model, path)
-
-
-def _temporary_folder(out_dir: str, prefix: str) -> str:
-    """A new folder ``out_dir/<prefix><pid>-*`` where an export writes before its files move
-    in, after removing those of exports whose process is gone (killed midway: nothing else
-    would ever delete them)."""
-    for name in os.listdir(out_dir):
-        if not name.startswith(prefix):
-            continue
-        pid = name[len(prefix) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
-    return tempfile.mkdtemp(dir=out_dir, prefix=f"{prefix}{os.getpid()}-")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def _k_as_input(graph_model):
-    """Make the ``k`` of the step graph's TopK a graph input (``k``, int64 ``(1,)``): the
-    tracer writes the Python int it saw as a constant, beam search needs ``2 x beam``."""
-    from onnx import TensorProto, helper  # noqa: PLC0415 - optional: onnx, for exporting
-
-    graph = graph_model.graph
-    topk = [node for node in graph.node if node.op_type == "TopK"]
-    if len(topk) != 1:
-        raise RuntimeError(f"expected one TopK in the step graph, found {len(topk)}")
-    constant = topk[0].input[1]
-    topk[0].input[1] = "k"
-    graph.input.append(helper.make_tensor_value_info("k", TensorProto.INT64, [1]))
-    # drop the constant that held the traced k if nothing else reads it
-    if not any(constant in node.input for node in graph.node):
-        for node in list(graph.node):
-            if constant in node.output:
-                graph.node.remove(node)
-        for init in list(graph.initializer):
-            if init.name == constant:
-                graph.initializer.remove(init)
-
-
-def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] = None, restricted: bool = True) -> Dict:
-    """Write the folder of the module's docstring for a loaded ``model`` of ``task`` (its
-    dictionaries); returns the config. The model is not changed (a frozen copy is traced)."""
-    check_exportable(model)
+def frozen_copy(model):
+    """A float32 CPU copy of ``model`` in inference mode, without gradients: what is traced
+    (the model itself is not changed)."""
     model = copy.deepcopy(unwrap(model))
     # not model.eval(): fairseq's make_generation_fast_ (run by prepare_for_inference_) replaces
     # the model's train() by a function that returns None
     model.float().cpu().requires_grad_(False)
     for module in model.modules():
         module.training = False
-    decoder = model.decoder
-    family = family_of(model)  # what it is decides the graphs: left to right, non-causal, a length predictor
-    kind = family.kind
-    tgt_dict, src_dict = task.target_dictionary, task.source_dictionary
+    return model
 
-    layers = len(decoder.layers)
-    pass_ = decoder_pass(decoder)
-    heads, head_dim = pass_.heads, pass_.head_dim
-    max_positions = int(model.max_decoder_positions())
-    V, C = len(tgt_dict), decoder.output_projection.weight.size(1)
-    os.makedirs(out_dir, exist_ok=True)
-    tmp = _temporary_folder(out_dir, ".export-")
-    files: Dict[str, str] = {}
 
-    def export(graph, args, inputs, outputs, dynamic, name, k_input=False, wrap=None):
-        """Trace ``graph`` into ``tmp/name``, weights as initializers (``k_input``: TopK's k an
-        input; ``wrap``: the traced model -> the model to save)."""
-        import onnx  # noqa: PLC0415 - optional: onnx, for exporting
-
-        path = os.path.join(tmp, name)
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")  # the tracer's notes on shape arithmetic and on its own deprecation
-            torch.onnx.export(
-                graph.eval(),
-                args,
-                path,
-                dynamo=False,
-                input_names=inputs,
-                output_names=outputs,
-                dynamic_axes=dynamic,
-                opset_version=OPSET,
-            )
-        graph_model = onnx.load(path)
-        _constants_to_initializers(graph_model)
-        if k_input:
-            _k_as_input(graph_model)
-        if wrap is not None:
-            graph_model = wrap(graph_model)
-        onnx.save(graph_model, path)
-        files[name.rsplit(".", 1)[0]] = name
-
-    S, t, B = 5, 3, 2
-    recurrent = pass_.recurrent  # SSRU: one cell (N, cell_dim) per layer is the step's state
-    cell_dim = decoder.layers[0].ssru.input_proj.out_features if recurrent else 0
-    enc_names = _names("enc", layers)
-    if recurrent:
-        past, present = [f"past_c{i}" for i in range(layers)], [f"present_c{i}" for i in range(layers)]
-    else:
-        past, present = _names("past", layers), _names("present", layers)
-    # one row left-padded: fairseq's encoder passes its padding mask to the layers only when the
-    # batch has padding (a Python branch the tracer fixes to the example's case)
-    src = torch.full((B, S), src_dict.unk())
-    src[:, -1] = src_dict.eos()
-    src[1, :2] = src_dict.pad()
-    length = family.length_predictor  # the encoder graph ends in the length predictor's log-probabilities too
-    with torch.no_grad():
-        encoder_outputs = EncoderGraph(model, length=length)(src)
-    bias, enc_kv = encoder_outputs[0], list(encoder_outputs[1 : 1 + 2 * layers])
-    length_out = ["length_lprobs"] if length else []
-    export(
-        EncoderGraph(model, length=length),
-        (src,),
-        ["src_tokens"],
-        ["encoder_bias", *enc_names, *length_out],
-        {
-            "src_tokens": {0: "B", 1: "S"},
-            "encoder_bias": {0: "B", 3: "S"},
-            **{n: {0: "B", 2: "S"} for n in enc_names},
-            **({"length_lprobs": {0: "B"}} if length else {}),
-        },
-        "encoder.onnx",
-    )
-
-    logit_bias = torch.zeros(V)
-    window = int(pass_.window)
-    r = min(16, V)  # an example shortlist's rows
-    out_rows = [decoder.output_projection.weight[:r].clone(), torch.zeros(r)]
-    rows_kv = [x.repeat_interleave(2, dim=0) for x in (bias, *enc_kv)]  # step graphs: one row per hypothesis
-    # what the step graphs and the greedy loop share: their past state and its axes, the encoder side's axes
-    caches = (
-        [torch.zeros(2 * B, cell_dim) for _ in range(layers)]
-        if recurrent
-        else [torch.zeros(2 * B, heads, t, head_dim) for _ in range(2 * layers)]
-    )
-    state_axes = {
-        **{n: ({0: "N"} if recurrent else {0: "N", 2: "t"}) for n in past},
-        **{n: ({0: "N"} if recurrent else {0: "N", 2: "t1"}) for n in present},
-    }
-    encoder_axes = {"encoder_bias": {0: "N", 3: "S"}, **{n: {0: "N", 2: "S"} for n in enc_names}}
-    for restricted_rows in (False, True) if restricted else (False,):
-        suffix = "_restricted" if restricted_rows else ""
-        rows_in = ["out_weight", "out_bias"] if restricted_rows else []
-        rows_args = out_rows if restricted_rows else []
-        rows_dyn = {"out_weight": {0: "V"}, "out_bias": {0: "V"}} if restricted_rows else {}
-        bias_arg = logit_bias[:r] if restricted_rows else logit_bias
-        relative_in = ["buckets"] if window > 0 else []
-        relative_args = [torch.arange(t + 1).clamp(max=2 * window)] if window > 0 else []
-        step_in = ["tokens", "position", *relative_in, "logit_bias", "encoder_bias", *enc_names, *past, *rows_in]
-        step_args = (
-            torch.full((2 * B,), tgt_dict.eos()),
-            torch.tensor([t]),
-            *relative_args,
-            bias_arg,
-            *rows_kv,
-            *caches,
-            *rows_args,
-        )
-        step_dyn = {
-            "tokens": {0: "N"},
-            "buckets": {0: "t1"},
-            "logit_bias": {0: "V"},
-            **encoder_axes,
-            **state_axes,
-            **rows_dyn,
-        }
-        if window == 0:
-            del step_dyn["buckets"]
-        if family.left_to_right:  # AT, HRT's AT mode and Skip-AT
-            export(
-                StepGraph(model, max_positions, top=1, restricted=restricted_rows),
-                step_args,
-                step_in,
-                ["score", "token", *present],
-                {**step_dyn, "score": {0: "N"}, "token": {0: "N"}},
-                f"step{suffix}.onnx",
-            )
-            export(
-                StepGraph(model, max_positions, top=4, restricted=restricted_rows),
-                step_args,
-                step_in,
-                ["top_scores", "top_rows", *present],
-                {**step_dyn, "top_scores": {0: "N", 1: "K"}, "top_rows": {0: "N", 1: "K"}},
-                f"step_top{suffix}.onnx",
-                k_input=True,
-            )
-        if family.non_causal:  # stage II, Mask-Predict's passes
-            T = 6
-            queries = torch.arange(0, T, 2)
-            par_args = (
-                torch.full((B, T), tgt_dict.unk()),
-                torch.arange(1, T + 1).expand(B, T).contiguous(),
-                queries,
-                torch.arange(0, B * queries.numel(), 2),
-                bias_arg,
-                bias,
-                *enc_kv,
-                *rows_args,
-            )
-            export(
-                ParallelGraph(model, max_positions, restricted=restricted_rows),
-                par_args,
-                ["tokens", "positions", "queries", "select", "logit_bias", "encoder_bias", *enc_names, *rows_in],
-                ["score", "token"],
-                {
-                    "tokens": {0: "B", 1: "T"},
-                    "positions": {0: "B", 1: "T"},
-                    "queries": {0: "Q"},
-                    "select": {0: "M"},
-                    "logit_bias": {0: "V"},
-                    "encoder_bias": {0: "B", 3: "S"},
-                    **{n: {0: "B", 2: "S"} for n in enc_names},
-                    "score": {0: "M"},
-                    "token": {0: "M"},
-                    **rows_dyn,
-                },
-                f"parallel{suffix}.onnx",
-            )
-
-    if family.left_to_right:  # the greedy search (AT, AT mode, Skip-AT) as one run: export/loop.py
-        lengths = [torch.tensor(1), torch.tensor(10), torch.tensor(1)]  # stride, max_len, min_len
-        body_args = (
-            torch.tensor(t),
-            torch.tensor(True),
-            torch.ones(2 * B, dtype=torch.bool),
-            torch.full((2 * B,), tgt_dict.eos()),
-            *caches,
-            *lengths,
-        )
-        loop_axes = {
-            "alive": {0: "N"},
-            "prev": {0: "N"},
-            "alive_out": {0: "N"},
-            "token": {0: "N"},
-            "score": {0: "N"},
-            **encoder_axes,
-            **state_axes,
-        }
-        for restricted_rows in (False, True) if restricted else (False,):
-            rows_args, bias_arg = (
-                (out_rows + [torch.arange(r)], logit_bias[:r]) if restricted_rows else ([], logit_bias)
-            )
-            rows_dyn = (
-                {
-                    name: {0: "V"}
-                    for name in ("usual_bias", "early_bias", "final_bias", "out_weight", "out_bias", "out_ids")
-                }
-                if restricted_rows
-                else {}
-            )
-            export(
-                GreedyLoopBody(model, max_positions, tgt_dict.eos(), restricted=restricted_rows),
-                (*body_args, bias_arg, bias_arg, bias_arg, *rows_kv, *rows_args),
-                body_inputs(past, enc_names, restricted_rows),
-                ["cond_out", "alive_out", "token", *present, "score"],
-                {**loop_axes, **rows_dyn},
-                "greedy_restricted.onnx" if restricted_rows else "greedy.onnx",
-                wrap=lambda body: greedy_loop(body, past, present, enc_names),
-            )
-
-    share_weights(tmp, list(files.values()))
+def write_side_files(model, task, folder: str, sentencepiece_model: Optional[str]):
+    """The folder's files beside the graphs: the output rows, the dictionaries and the
+    SentencePiece model; returns ``(source language, target language, SentencePiece file)``."""
+    projection = model.decoder.output_projection
     # the output rows as arrays: a shortlist gathers its rows from them once per batch (the only
     # files config.json does not name: hrt_runtime.integrity.AUXILIARY)
-    np.save(os.path.join(tmp, OUTPUT_WEIGHT), decoder.output_projection.weight.float().numpy())
-    if getattr(decoder.output_projection, "bias", None) is not None:
-        np.save(os.path.join(tmp, OUTPUT_BIAS), decoder.output_projection.bias.float().numpy())
+    np.save(os.path.join(folder, OUTPUT_WEIGHT), projection.weight.float().numpy())
+    if getattr(projection, "bias", None) is not None:
+        np.save(os.path.join(folder, OUTPUT_BIAS), projection.bias.float().numpy())
     src_lang, tgt_lang = (
         getattr(task.cfg, "source_lang", None) or "src",
         getattr(task.cfg, "target_lang", None) or "tgt",
     )
-    src_dict.save(os.path.join(tmp, f"dict.{src_lang}.txt"))
-    tgt_dict.save(os.path.join(tmp, f"dict.{tgt_lang}.txt"))
+    task.source_dictionary.save(os.path.join(folder, f"dict.{src_lang}.txt"))
+    task.target_dictionary.save(os.path.join(folder, f"dict.{tgt_lang}.txt"))
     spm = None
     if sentencepiece_model:
         spm = "sentencepiece.model"
-        shutil.copyfile(sentencepiece_model, os.path.join(tmp, spm))
+        shutil.copyfile(sentencepiece_model, os.path.join(folder, spm))
+    return src_lang, tgt_lang, spm
+
+
+def folder_config(model, task, ex: Examples, files: Dict[str, str], src_lang: str, tgt_lang: str, spm) -> Dict:
+    """``config.json``'s content but the files' list (:func:`~fairseq_hrt.export.folder.finish`
+    adds it): what the runtime needs to decode with the graphs ``files``."""
+    family = family_of(model)
+    tgt_dict, src_dict = task.target_dictionary, task.source_dictionary
     chunk_start = {int(k): int(v) for k, v in getattr(task, "chunk_start_idx", {}).items()}
-    config = {
+    max_positions = model.max_positions()
+    return {
         "format": FORMAT,
         "version": VERSION,
-        "kind": kind,
+        "kind": family.kind,
         "parameters_sha256": parameters_sha256(model),
-        "layers": layers,
-        "heads": heads,
-        "head_dim": head_dim,
-        "embed_dim": int(C),
-        "vocab_size": V,
-        "max_target_positions": max_positions,
-        "relative_window": window,
-        "recurrent": bool(recurrent),
-        "cell_dim": int(cell_dim),
-        "length_classes": int(model.embed_length.weight.size(0)) if length else 0,
-        "max_source_positions": int(model.max_positions()[0])
-        if isinstance(model.max_positions(), tuple)
-        else max_positions,
+        "layers": ex.layers,
+        "heads": ex.heads,
+        "head_dim": ex.head_dim,
+        "embed_dim": int(model.decoder.output_projection.weight.size(1)),
+        "vocab_size": len(tgt_dict),
+        "max_target_positions": ex.max_positions,
+        "relative_window": ex.window,
+        "recurrent": bool(ex.recurrent),
+        "cell_dim": int(ex.cell_dim),
+        "length_classes": int(model.embed_length.weight.size(0)) if ex.length else 0,
+        "max_source_positions": int(max_positions[0]) if isinstance(max_positions, tuple) else ex.max_positions,
         "pad": tgt_dict.pad(),
         "eos": tgt_dict.eos(),
         "unk": tgt_dict.unk(),
@@ -489,51 +182,24 @@ def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] =
         "opset": OPSET,
         "exported_with": {"torch": torch.__version__},
     }
+
+
+def export_model(model, task, out_dir: str, sentencepiece_model: Optional[str] = None, restricted: bool = True) -> Dict:
+    """Write the folder of the module's docstring for a loaded ``model`` of ``task`` (its
+    dictionaries); returns the config. The model is not changed (a frozen copy is traced)."""
+    check_exportable(model)
+    model = frozen_copy(model)
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = temporary_folder(out_dir, ".export-")
+    ex = make_examples(model, task.source_dictionary, task.target_dictionary)
+    files = trace_graphs(ex, tmp, restricted)
+    share_weights(tmp, list(files.values()))
+    languages = write_side_files(model, task, tmp, sentencepiece_model)
+    config = folder_config(model, task, ex, files, *languages)
     stamp_graphs(tmp, config)
-    _finish(tmp, out_dir, config)
-    logger.info("exported %s model (%s) to %s", kind, ", ".join(files.values()), out_dir)
+    finish(tmp, out_dir, config)
+    logger.info("exported %s model (%s) to %s", config["kind"], ", ".join(files.values()), out_dir)
     return config
-
-
-def _finish(tmp: str, out_dir: str, config: Dict) -> None:
-    """An export written in ``tmp`` (:func:`_temporary_folder`) made ``out_dir``'s: its files
-    recorded in ``config`` (:func:`record_files`), config.json written, and the files moved in,
-    config.json last, so the folder appears whole or not at all."""
-    record_files(tmp, config)
-    with open(os.path.join(tmp, CONFIG), "w") as f:
-        json.dump(config, f, indent=1)
-    for name in sorted(os.listdir(tmp), key=lambda n: n == CONFIG):
-        os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
-    os.rmdir(tmp)
-
-
-def stamp_graphs(folder: str, config: Dict) -> None:
-    """Write what ``config`` declares about the graphs (:data:`hrt_runtime.model.DECLARED`) into
-    every graph's metadata: the runtime compares it with ``config.json`` at load, so an edited
-    ``config.json`` (positions, chunk sizes, symbols) is refused instead of translating into
-    garbage. The weights stay where they are (``weights.bin``)."""
-    import onnx  # noqa: PLC0415 - optional: onnx, for exporting
-
-    for name in sorted(set(config["graphs"].values())):
-        path = os.path.join(folder, name)
-        graph_model = onnx.load(path, load_external_data=False)
-        kept = [(p.key, p.value) for p in graph_model.metadata_props if p.key != DECLARED_KEY]
-        del graph_model.metadata_props[:]
-        for key, value in [*kept, (DECLARED_KEY, declared_of(config))]:
-            entry = graph_model.metadata_props.add()
-            entry.key, entry.value = key, value
-        onnx.save(graph_model, path)
-
-
-def record_files(folder: str, config: Dict) -> None:
-    """List in ``config`` every file of the finished export in ``folder`` with its size and
-    SHA-256: the runtime compares them when it opens the folder
-    (:func:`hrt_runtime.integrity.check_folder`), so a truncated or altered file, or a
-    config.json of another export, is named at load instead of failing or translating wrongly.
-    Called on the finished files (an int8 folder's after quantization: :func:`quantize_folder`),
-    with the ``"int8"`` they were listed for, which the runtime requires to be config.json's."""
-    config[FILES] = list_files(folder)
-    config[FILES_INT8] = bool(config.get("int8"))
 
 
 @contextlib.contextmanager
@@ -557,7 +223,7 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
     with open(os.path.join(folder, CONFIG)) as f:
         config = json.load(f)
     os.makedirs(out_dir, exist_ok=True)
-    tmp = _temporary_folder(out_dir, ".int8-")
+    tmp = temporary_folder(out_dir, ".int8-")
     graphs = set(config["graphs"].values())
     # the export's own files only: one left in the folder by an earlier export would be listed,
     # and the runtime refuses a listed file that config.json does not name
@@ -581,7 +247,7 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
     stamp_graphs(tmp, config)  # quantization may drop a graph's metadata
     # the list made again, of the int8 graphs and weights.bin (not the float folder's, which the
     # runtime once exempted them from, and with them any weights.bin beside an edited "int8")
-    _finish(tmp, out_dir, config)
+    finish(tmp, out_dir, config)
     return config
 
 
@@ -600,6 +266,8 @@ def export_checkpoint(
         raise FileNotFoundError(f"no checkpoint {checkpoint}")
     if sentencepiece_model and not os.path.isfile(sentencepiece_model):
         raise FileNotFoundError(f"--sentencepiece-model {sentencepiece_model}: no such file")
+    # the plugin's task and models that the checkpoint names are registered by fairseq_hrt's
+    # __init__, which importing this module ran
     overrides = {"data": data} if data else {}
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides=overrides)
     spm = sentencepiece_model or find_sentencepiece_model(data or cfg.task.data, os.path.dirname(checkpoint))

@@ -35,9 +35,10 @@ def body_inputs(past: Sequence[str], enc_names: Sequence[str], restricted: bool 
 def greedy_loop(body_model, past: Sequence[str], present: Sequence[str], enc_names: Sequence[str]):
     """The loop graph (a ``ModelProto``) around the traced body ``body_model`` (inputs
     :func:`body_inputs`; outputs ``cond_out``, ``alive_out``, ``token``, ``present``,
-    ``score``). The body's weights move to the loop's graph (where :func:`share_weights` stores
-    them with every other graph's), the settings and encoder inputs become the loop graph's
-    own, read by the body from the enclosing scope."""
+    ``score``). The body's weights move to the loop's graph (where
+    :func:`~fairseq_hrt.export.folder.share_weights` stores them with every other graph's), the
+    settings and encoder inputs become the loop graph's own, read by the body from the enclosing
+    scope."""
     from onnx import TensorProto, helper  # noqa: PLC0415 - optional: onnx, for exporting
 
     body = body_model.graph

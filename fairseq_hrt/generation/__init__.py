@@ -1,11 +1,4 @@
 """Decoding: options (:mod:`.options`), engines (:mod:`.engines`), strategies
-(:mod:`.strategies`) and their generators. Every module of this package is imported here,
-as fairseq imports its ``models/`` and ``tasks/``: a strategy or an engine registers itself
-when its module is imported, so adding one is adding its module (see docs/design.md)."""
-
-import importlib
-import os
-
-for _file in sorted(os.listdir(os.path.dirname(__file__))):
-    if _file.endswith(".py") and not _file.startswith("_"):
-        importlib.import_module(f"{__name__}.{_file[:-3]}")
+(:mod:`.strategies`) and their generators. Importing this package imports none of its modules:
+the registries of engines and strategies name the module of each, imported when a run first
+asks for it (:mod:`.registry`), so a run loads what it decodes with and no more."""

@@ -1,5 +1,6 @@
-"""The CUDA-graph engine (``--decoder-engine cuda-graph``): the lean engine's decoder step,
-encoder and non-causal pass captured once per padded shape as CUDA graphs and replayed.
+"""The CUDA-graph engine (``--decoder-engine cuda-graph``): the planned passes' decoder step,
+encoder and non-causal pass (:mod:`fairseq_hrt.passes`) captured once per padded shape as
+CUDA graphs and replayed.
 
 At batch 1 on a GPU a decoder step is a few hundred small kernels, and launching them from
 Python costs more than running them; a replayed graph launches them all in one call. What
@@ -16,18 +17,20 @@ A graph (:class:`StepGraph`) owns fixed buffers -- the tokens and step index, th
 bias, every layer's self-attention cache and encoder keys/values, the chosen rows -- for a
 :class:`GraphShape`: sentences rounded up to a power of two, rows per sentence (the beam),
 cache length and source length rounded up to powers of two (at least 16), start symbol and
-``top``. The backend keeps the graphs it captured (a few milliseconds each on an H200, per
-shape and model; a benchmark's warm-up pays them) and at each batch loads the batch's encoder
+``top``. The backend keeps the graphs it captured (one per shape and model;
+a benchmark's warm-up pays for their capture) and at each batch loads the batch's encoder
 keys/values into the graph's buffers. Rows beyond the batch's are computed and never read;
 their inputs are kept finite so that no NaN reaches a cache. When sentences finish and the
 live ones fit a graph of half as many sentences or fewer, the live rows move into that graph
 (its caches up to the current step, its encoder rows), so a large batch does not compute its
 finished rows to the end.
 
-The encoder (:class:`EncoderRun`: with every decoder layer's encoder keys/values) and the
-non-causal pass of HRT's stage II and Mask-Predict (:class:`ParallelRun`: with its choice at
-every slot) are captured too, from the forms written for the ONNX export
-(``export.graphs.EncoderGraph`` / ``ParallelGraph``), over padded shapes of their own.
+The encoder (:class:`EncoderRun`: the planned encoder pass,
+:class:`~fairseq_hrt.passes.encoder_pass.EncoderPass`, with every decoder layer's encoder
+keys/values) and the non-causal pass of HRT's stage II and Mask-Predict (:class:`ParallelRun`:
+:func:`~fairseq_hrt.passes.fixed_pass.parallel_choice`, the decoder layer of the lean pass
+over the folded plan, with its choice at every slot) are captured too, over padded shapes of
+their own: the same functions the exported graphs are traced from.
 
 In float32 the same tokens as ``--decoder-engine lean`` (``tests/test_cuda_graph.py``: on a
 GPU, and with ``captures`` false on CPU, where the graphs' bodies run uncaptured).
@@ -42,7 +45,6 @@ import torch
 from torch import Tensor
 
 from fairseq_hrt.cli_logging import RefusedOptions
-from fairseq_hrt.export.graphs import EncoderGraph, ParallelGraph
 from fairseq_hrt.generation.engines import register_engine
 from fairseq_hrt.generation.lean import (
     LeanEngine,
@@ -50,7 +52,6 @@ from fairseq_hrt.generation.lean import (
     TorchBackend,
     TorchEncoded,
     TorchRows,
-    choose,
 )
 from fairseq_hrt.models.kinds import family_of
 from fairseq_hrt.passes.decoder_pass import (
@@ -61,6 +62,9 @@ from fairseq_hrt.passes.decoder_pass import (
     unplanned_modules,
     weights_version,
 )
+from fairseq_hrt.passes.encoder_pass import EncoderPass
+from fairseq_hrt.passes.fixed_pass import FixedPass, parallel_choice
+from fairseq_hrt.passes.token_choice import choose
 from hrt_runtime.search import position_cap
 
 LEAST_BUCKET = 16  # the shortest cache and source lengths a graph is captured for
@@ -240,20 +244,20 @@ class EncoderRun:
     """The encoder of ``sentences`` x ``length`` source tokens (a power of two of each, the
     batch's sources at the top left, ``<pad>`` around them: positions count the tokens that
     are not padding, so where the padding is changes nothing) captured with the projection of
-    every decoder layer's encoder keys/values (``export.graphs.EncoderGraph``). Rows beyond the
+    every decoder layer's encoder keys/values (:class:`EncoderPass`). Rows beyond the
     batch's hold ``</s>`` alone, a finite empty sentence."""
 
-    def __init__(self, backend: "CudaGraphBackend", module, sentences: int, length: int):
+    def __init__(self, backend: "CudaGraphBackend", encode, sentences: int, length: int):
         device, self.pad, self.eos = backend.device, backend.source_pad, backend.source_eos
         self.tokens = torch.full((sentences, length), self.pad, dtype=torch.long, device=device)
-        self.module = module
+        self.encode = encode
         with torch.no_grad():
-            first = module(self.tokens)  # the outputs' shapes and dtypes
+            first = encode(self.tokens)  # the outputs' shapes and dtypes
         self.outputs = [torch.empty_like(t) for t in first]
         self.graph = Captured(self._body, device, backend.captures)
 
     def _body(self):
-        for static, value in zip(self.outputs, self.module(self.tokens)):
+        for static, value in zip(self.outputs, self.encode(self.tokens)):
             static.copy_(value)
 
     def __call__(self, src_tokens: Tensor) -> EncoderKV:
@@ -273,12 +277,12 @@ class EncoderRun:
 class ParallelRun:
     """One non-causal pass (HRT's stage II, Mask-Predict's iterations) of ``rows`` x ``width``
     tokens, ``queries`` columns read, over ``source`` encoder positions, captured with its
-    choice at every ``(row, query)`` slot (``export.graphs.ParallelGraph``): the search's
+    choice at every ``(row, query)`` slot (:func:`parallel_choice`): the search's
     slots are picked from the copy that comes back. Tokens, positions and query columns travel
     in one copy from one page-locked buffer; padded slots hold ``<pad>`` (masked as keys), padded
     rows ``</s>`` first, padded queries column 0."""
 
-    def __init__(self, backend: "CudaGraphBackend", module, rows: int, width: int, queries: int, like: EncoderKV):
+    def __init__(self, backend: "CudaGraphBackend", fixed, rows: int, width: int, queries: int, like: EncoderKV):
         device, self.pad, self.eos = backend.device, backend.pad, backend.eos
         pin = device.type == "cuda"
         self.rows, self.width, self.queries = rows, width, queries
@@ -297,7 +301,7 @@ class ParallelRun:
             [torch.zeros(rows, heads, source, head_dim, dtype=dtype, device=device) for _ in like.values],
             torch.zeros(rows, 1, 1, source, dtype=torch.float32, device=device),
         )
-        self.module = module
+        self.fixed = fixed
         self.out = torch.zeros(rows * queries, 2, dtype=torch.float32, device=device)  # score, row
         self.host_out = torch.empty(rows * queries, 2, dtype=torch.float32, pin_memory=pin)
         host = self.host.numpy()
@@ -307,15 +311,8 @@ class ParallelRun:
         self.graph = Captured(self._body, device, backend.captures)
 
     def _body(self):
-        score, row = self.module(
-            self.tokens,
-            self.positions,
-            self.columns,
-            self.select,
-            self.bias.tensor,
-            self.encoder.bias,
-            *self.encoder.keys,
-            *self.encoder.values,
+        score, row = parallel_choice(
+            self.fixed, self.tokens, self.positions, self.columns, self.select, self.bias.tensor, self.encoder
         )
         self.out[:, 0].copy_(score)
         self.out[:, 1].copy_(row)
@@ -362,8 +359,8 @@ class GraphState:
 
 class CudaGraphBackend(TorchBackend):
     """:class:`~fairseq_hrt.generation.lean.TorchBackend` whose steps replay captured CUDA
-    graphs (see the module's docstring); its encoder and non-causal passes are the lean
-    engine's. ``captures`` false (a subclass's): the graphs' bodies run as they are, on any
+    graphs (see the module's docstring), as do its encoder and non-causal passes (the planned
+    passes' functions, captured). ``captures`` false (a subclass's): the graphs' bodies run as they are, on any
     device, with the same buffers and bookkeeping (what the tests check without a GPU)."""
 
     captures = True
@@ -377,7 +374,7 @@ class CudaGraphBackend(TorchBackend):
         self._graphs: Dict[GraphShape, StepGraph] = {}
         self._encoders: Dict[Tuple[int, int], EncoderRun] = {}
         self._parallel: Dict[Tuple[int, int, int, int], ParallelRun] = {}
-        self._modules: Dict[str, Optional[torch.nn.Module]] = {}  # the encoder's and the non-causal pass's
+        self._modules: Dict[str, object] = {}  # the encoder's and the non-causal pass's planned passes
         self._weights = None  # what the graphs were made of: the decoder's plan, the model's weights_version
         self.capture_seconds = 0.0  # spent making graphs (their buffers, warm-up and capture)
 
@@ -417,15 +414,15 @@ class CudaGraphBackend(TorchBackend):
         return self._made(self._graphs, shape, lambda: StepGraph(self, shape, plan, like))
 
     def _module(self, name: str):
-        """``export.graphs``' ``EncoderGraph`` (``"encoder"``) or ``ParallelGraph``
-        (``"parallel"``) of the model, or ``None`` where the planned passes do not know its
-        encoder (its eager encoder runs then)."""
+        """The model's :class:`EncoderPass` (``"encoder"``) or the :class:`FixedPass` that
+        :func:`parallel_choice` runs (``"parallel"``), or ``None`` where the planned passes do
+        not know its encoder (its eager encoder runs then)."""
         if name not in self._modules:
             if name == "encoder":
                 known = not unplanned_modules(self.model.encoder, "encoder")
-                self._modules[name] = EncoderGraph(self.model) if known else None
+                self._modules[name] = EncoderPass(self.model) if known else None
             else:
-                self._modules[name] = ParallelGraph(self.model, self.max_target_positions)
+                self._modules[name] = FixedPass(self.model, self.max_target_positions)
         return self._modules[name]
 
     @profiled("hrt.encoder")
@@ -433,13 +430,13 @@ class CudaGraphBackend(TorchBackend):
         """The batch's encoder keys/values from a captured encoder (:class:`EncoderRun`); the
         fairseq encoder output is made only if a caller reads it."""
         self._current(every_parameter=True)
-        module = self._module("encoder")
-        if module is None:
+        encode = self._module("encoder")
+        if encode is None:
             return super().encode_fairseq(net_input)
         src_tokens = net_input["src_tokens"]
         b, s = src_tokens.shape
         key = (bucket(b), bucket(s, LEAST_BUCKET))
-        run = self._made(self._encoders, key, lambda: EncoderRun(self, module, *key))
+        run = self._made(self._encoders, key, lambda: EncoderRun(self, encode, *key))
         return TorchEncoded(
             None, run(src_tokens), make_encoder_out=lambda: self.model.encoder.forward_torchscript(net_input)
         )
@@ -529,11 +526,6 @@ class CudaGraphEngine(LeanEngine):
     """The lean engine with its step, encoder and non-causal pass replayed as CUDA graphs (a GPU
     only; a model elsewhere is refused by :class:`CudaGraphBackend`)."""
 
-    summary = (
-        "the lean engine with its decoder step, encoder and non-causal pass captured as CUDA graphs (one per "
-        "padded shape) and replayed, on a GPU only: one launch a pass instead of hundreds; no --shortlist, "
-        "no --compile"
-    )
     supports_shortlist = False
     supports_compile = False
     warms_up_per_shape = True

@@ -15,18 +15,19 @@ generation options), and builds:
   stages or Mask-Predict as one generator of the engine's own backend of the one search
   (:mod:`hrt_runtime.search`).
 
-Each engine registers in its own module: ``lean`` (:mod:`fairseq_hrt.generation.lean`),
-``fairseq`` (:mod:`fairseq_hrt.generation.fairseq_engine`), ``onnxruntime``
-(:mod:`fairseq_hrt.generation.onnx_engine`), ``cuda-graph``
-(:mod:`fairseq_hrt.generation.cuda_graph`); a further one registers with
-:func:`register_engine` in its own module and appears in ``--decoder-engine``'s choices and
-help, and in the benchmark's rows. This module imports no engine.
+Each engine registers in its own module, which :data:`ENGINE_CATALOG` names with the engine's
+help line: the module is imported when a run first asks for the engine (:func:`get_engine`), so
+``--decoder-engine lean`` never loads ONNX or CUDA graphs. A further engine registers with
+:func:`register_engine` in its own module (imported before it is asked for) and appears in
+``--decoder-engine``'s choices and help, and in the benchmark's rows. This module imports no
+engine.
 """
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.generation.options import DecodingOptions, task_defaults
+from fairseq_hrt.generation.registry import Entry, Registry
 from hrt_runtime.search import SearchConfig
 
 
@@ -91,21 +92,46 @@ class DecoderEngine:
         return None
 
 
-ENGINES: Dict[str, DecoderEngine] = {}
+ENGINE_CATALOG = {
+    "cuda-graph": Entry(
+        "fairseq_hrt.generation.cuda_graph",
+        "the lean engine with its decoder step, encoder and non-causal pass captured as CUDA graphs (one per "
+        "padded shape) and replayed, on a GPU only: one launch a pass instead of hundreds; no --shortlist, "
+        "no --compile",
+    ),
+    "fairseq": Entry(
+        "fairseq_hrt.generation.fairseq_engine",
+        "fairseq's SequenceGenerator, the same hypotheses as lean (needed for --prefix-size, constraints, "
+        "sampling, alignments)",
+    ),
+    "lean": Entry(
+        "fairseq_hrt.generation.lean",
+        "this plugin's step loop (preallocated caches, finished sentences leave the batch, top-k on the "
+        "logits; --shortlist, --compile, --quantize int8), HRT's two stages included",
+    ),
+    "onnxruntime": Entry(
+        "fairseq_hrt.generation.onnx_engine",
+        "the model exported to ONNX (on first use, cached; see --onnx-model) and decoded by ONNX Runtime, "
+        "HRT's two stages and Mask-Predict included",
+        own_options=("onnx_model",),
+    ),
+}
+
+# the default engine (DecodingOptions' decoder_engine) first, the others by name
+ENGINES: Registry = Registry(
+    "decoder engine", ENGINE_CATALOG, order=lambda name: (name != DecodingOptions.decoder_engine, name)
+)
 
 
 def register_engine(name: str):
-    """Register an engine under ``name``. The registry lists the default engine
-    (:class:`DecodingOptions`' ``decoder_engine``) first and the others by name, whatever the
-    order their modules are imported in."""
+    """Register an engine under ``name`` (an instance of the decorated class)."""
 
     def register(cls):
-        if name in ENGINES and type(ENGINES[name]) is not cls:
+        known = ENGINES.registered(name)
+        if known is not None and type(known) is not cls:
             raise ValueError(f"decoder engine {name!r} is already registered")
         cls.name = name
-        engines = {**ENGINES, name: cls()}
-        ENGINES.clear()
-        ENGINES.update(sorted(engines.items(), key=lambda item: (item[0] != DecodingOptions.decoder_engine, item[0])))
+        ENGINES.register(name, cls, cls())
         return cls
 
     return register
@@ -117,9 +143,9 @@ def engine_options_in_use(options: DecodingOptions, but: str = "") -> List[str]:
     defaults = task_defaults()
     return [
         "--" + name.replace("_", "-")
-        for engine_name, engine in ENGINES.items()
+        for engine_name in ENGINES
         if engine_name != but
-        for name in engine.own_options
+        for name in ENGINES.declared(engine_name, "own_options")
         if getattr(options, name) != defaults[name]
     ]
 
@@ -132,7 +158,8 @@ def engines_help() -> str:
     """``--decoder-engine``'s help, from the registry."""
     return (
         "engine of left-to-right search (AT beam/greedy, HRT stage I and AT mode), and of HRT's two stages "
-        "and Mask-Predict where it runs them: " + "; ".join(f"'{n}' = {e.summary}" for n, e in ENGINES.items())
+        "and Mask-Predict where it runs them: "
+        + "; ".join(f"'{name}' = {ENGINES.declared(name, 'summary')}" for name in ENGINES)
     )
 
 

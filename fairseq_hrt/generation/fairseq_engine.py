@@ -47,10 +47,6 @@ class FairseqEngine(DecoderEngine):
     """fairseq's ``SequenceGenerator`` (needed for --prefix-size, constraints, sampling,
     alignments); HRT's stage II and Mask-Predict run on the model's :class:`TorchBackend`."""
 
-    summary = (
-        "fairseq's SequenceGenerator, the same hypotheses as lean (needed for --prefix-size, constraints, "
-        "sampling, alignments)"
-    )
     backend_supports_shortlist = True  # its backend is the lean engine's TorchBackend
 
     def backend(self, ctx):

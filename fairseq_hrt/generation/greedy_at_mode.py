@@ -12,8 +12,6 @@ from fairseq_hrt.generation.strategies import DecodingContext, LeftToRightDecodi
 class GreedyATModeDecoding(LeftToRightDecoding):
     """Left-to-right search with beam 1 (the engine of ``--decoder-engine``)."""
 
-    summary = "greedy left-to-right search whatever --beam says (an HRT model in its AT mode)"
-
     supports_shortlist = BeamDecoding.supports_shortlist
     supports_compile = BeamDecoding.supports_compile
 

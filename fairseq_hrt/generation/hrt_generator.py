@@ -293,8 +293,6 @@ class BeamDecoding(LeftToRightDecoding):
     """Left-to-right beam search (greedy at --beam 1) from ``</s>``: the default of AT models;
     an HRT model decodes so in its AT mode (chunk size 1)."""
 
-    summary = "left-to-right beam search (an HRT model in its AT mode)"
-
     supports_shortlist = True
     supports_compile = True
 
@@ -314,8 +312,6 @@ class BeamDecoding(LeftToRightDecoding):
 @register_decoding("hrt")
 class HRTDecoding(DecodingStrategy):
     """Two-stage hybrid-regressive decoding (``--decode-chunk-size``, ``--b-nat``)."""
-
-    summary = "two-stage HRT (--decode-chunk-size, --b-nat)"
 
     priority = 1  # above beam's claim of every left-to-right model
     supports_shortlist = True

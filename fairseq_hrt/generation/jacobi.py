@@ -292,16 +292,7 @@ class ParallelGreedyGenerator:
             score, pred = self._choose(logits.view(n * w, -1), in_positions.view(-1), max_len)
             score, pred = score.view(n, w), pred.view(n, w)
             accepted = accepted_lengths(inputs, pred, widths)
-            # the Jacobi update: every real slot's prediction becomes the iterate there
-            out_positions = in_positions + 1
-            if int(widths.min()) < w:  # slots past a row's block keep what they held
-                real = slots[:w].unsqueeze(0) < widths.unsqueeze(1)
-                pred_kept = torch.where(real, pred, tokens.gather(1, out_positions))
-                score = torch.where(real, score, scores.gather(1, out_positions))
-            else:
-                pred_kept = pred
-            tokens.scatter_(1, out_positions, pred_kept)
-            scores.scatter_(1, out_positions, score)
+            score = self._jacobi_update(tokens, scores, in_positions, pred, score, widths, slots[:w])
             passes += 1
             if self.trace is not None:
                 self._record(sentence, final, in_positions, pred, score, widths, accepted)
@@ -312,25 +303,7 @@ class ParallelGreedyGenerator:
                 continue
             # tokens up to and including the first final </s>
             lengths = final - accepted + first_true(final_eos)
-            rows = done.nonzero().view(-1)
-            cumulative = scores[rows, 1:].cumsum(dim=1)
-            for i, r in enumerate(rows.tolist()):
-                length = int(lengths[r])
-                total = cumulative[i, length - 1]
-                if self.config.normalize_scores:
-                    total = total / length**self.config.len_penalty
-                # steps: every decoder pass (hrt-spec: drafting and verifying ones)
-                steps = int(passes[r]) + int(draft_passes[r])
-                hypo = hypothesis(
-                    tokens[r, 1 : length + 1].clone(),
-                    total,
-                    torch.from_numpy(positional_scores(cumulative[i : i + 1, :length].cpu().numpy())[0]).to(
-                        cumulative.device
-                    ),
-                    steps=steps,
-                )
-                if self.drafter is not None:
-                    hypo["draft_passes"] = int(draft_passes[r])
+            for r, hypo in self._finished(tokens, scores, done.nonzero().view(-1), lengths, passes, draft_passes):
                 finalized[int(sentence[r])].append(hypo)
             keep = (~done).nonzero().view(-1)
             if keep.numel() == 0:
@@ -343,6 +316,44 @@ class ParallelGreedyGenerator:
             final, passes, draft_passes, sentence = final[keep], passes[keep], draft_passes[keep], sentence[keep]
             if parallel_end is not None:
                 parallel_end = parallel_end[keep]
+
+    @staticmethod
+    def _jacobi_update(tokens, scores, in_positions, pred, score, widths, slots) -> Tensor:
+        """The Jacobi update, in place: every real slot's prediction (and its score) becomes the
+        iterate there; slots past a row's block keep what they held. Returns the scores kept."""
+        out_positions = in_positions + 1
+        if int(widths.min()) < slots.numel():
+            real = slots.unsqueeze(0) < widths.unsqueeze(1)
+            pred_kept = torch.where(real, pred, tokens.gather(1, out_positions))
+            score = torch.where(real, score, scores.gather(1, out_positions))
+        else:
+            pred_kept = pred
+        tokens.scatter_(1, out_positions, pred_kept)
+        scores.scatter_(1, out_positions, score)
+        return score
+
+    def _finished(self, tokens, scores, rows: Tensor, lengths, passes, draft_passes):
+        """``(row, hypothesis)`` of each of the ``rows`` that produced a final ``</s>``: its
+        tokens up to and including it (``lengths``)."""
+        cumulative = scores[rows, 1:].cumsum(dim=1)
+        for i, r in enumerate(rows.tolist()):
+            length = int(lengths[r])
+            total = cumulative[i, length - 1]
+            if self.config.normalize_scores:
+                total = total / length**self.config.len_penalty
+            # steps: every decoder pass (hrt-spec: drafting and verifying ones)
+            steps = int(passes[r]) + int(draft_passes[r])
+            hypo = hypothesis(
+                tokens[r, 1 : length + 1].clone(),
+                total,
+                torch.from_numpy(positional_scores(cumulative[i : i + 1, :length].cpu().numpy())[0]).to(
+                    cumulative.device
+                ),
+                steps=steps,
+            )
+            if self.drafter is not None:
+                hypo["draft_passes"] = int(draft_passes[r])
+            yield r, hypo
 
     def _record(self, sentence, final, in_positions, pred, score, widths, accepted):
         for r in range(pred.size(0)):
@@ -455,11 +466,6 @@ for _method in JACOBI_METHODS:
 @register_decoding(SPEC_METHOD)
 class HRTSpeculativeDecoding(_ParallelDecoding):
     """HRT drafts with its non-autoregressive mode, verifies with its AT mode: AT-mode greedy."""
-
-    summary = (
-        "an HRT model drafts blocks with its non-autoregressive mode and verifies them with its AT mode: "
-        "AT-mode greedy output (needs --beam 1)"
-    )
 
     @classmethod
     def supports(cls, model):

@@ -27,7 +27,6 @@ from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_hrt.cli_logging import RefusedOptions
@@ -35,6 +34,7 @@ from fairseq_hrt.generation.engines import DecoderEngine, register_engine
 from fairseq_hrt.generation.search_generator import SearchGenerator
 from fairseq_hrt.passes.decoder_pass import DecoderState, EncoderKV, decoder_pass, profiled
 from fairseq_hrt.passes.output_vocab import restricted_output_layer
+from fairseq_hrt.passes.token_choice import best_allowed, choose
 from hrt_runtime.model import OutputRows
 from hrt_runtime.search import SearchConfig
 
@@ -72,21 +72,6 @@ class TorchEncoded:
     def select(self, index) -> "TorchEncoded":
         index = torch.as_tensor(np.asarray(index, np.int64), device=self.kv.bias.device)
         return TorchEncoded(self._encoder_out, self.kv.select(index), make_encoder_out=self._make_encoder_out)
-
-
-def choose(logits: Tensor, bias: Tensor, top: int, temperature: float = 1.0):
-    """``(scores, rows)`` on the logits' device: the ``top`` best of ``log_softmax(logits /
-    temperature) + bias``, ``(N,)`` each for ``top`` 1, else ``(N, top)`` (the lean step's
-    choice, and the one the cuda-graph engine captures)."""
-    if temperature != 1.0:
-        logits = logits / temperature
-    logits = logits.float()
-    allowed = logits + bias
-    if top == 1:
-        best, row = allowed.max(dim=1)
-        return best - torch.logsumexp(logits, dim=1), row
-    best, row = allowed.topk(top, dim=1)
-    return best - torch.logsumexp(logits, dim=1, keepdim=True), row
 
 
 class TorchRows(OutputRows):
@@ -210,7 +195,7 @@ class TorchBackend:
             logits = self.model.decoder.output_layer(picked)
         else:
             logits = restricted_output_layer(self.model.decoder.output_projection, out_rows.vocab)(picked)
-        best, row = (F.log_softmax(logits.float(), dim=-1) + self._bias(logit_bias)).max(dim=-1)
+        best, row = best_allowed(logits, self._bias(logit_bias))
         return best.cpu().numpy(), row.cpu().numpy()
 
 
@@ -254,10 +239,6 @@ class LeanEngine(DecoderEngine):
     """This plugin's step loop: preallocated caches, finished sentences leave the batch,
     top-k on the logits, lexical shortlists, ``--compile``."""
 
-    summary = (
-        "this plugin's step loop (preallocated caches, finished sentences leave the batch, top-k on the "
-        "logits; --shortlist, --compile, --quantize int8), HRT's two stages included"
-    )
     supports_shortlist = True
     supports_compile = True
     generator_class = LeanSequenceGenerator  # its backend: generator_class.backend_class

@@ -116,7 +116,6 @@ class MaskPredictGenerator(SearchGenerator):
 class MaskPredictDecoding(DecodingStrategy):
     """Mask-Predict for ``cmlm_*`` models (fairseq's iterative-refinement options)."""
 
-    summary = "Mask-Predict (cmlm_* models; --iter-decode-max-iter, --iter-decode-with-beam)"
     supports_shortlist = True
 
     @classmethod

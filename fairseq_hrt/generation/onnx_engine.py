@@ -126,14 +126,9 @@ class OnnxRuntimeEngine(DecoderEngine):
     the output rows gathered once per batch and fed to the step; ``--quantize int8``: the graphs
     quantized by ONNX Runtime, the PyTorch model stays in float)."""
 
-    summary = (
-        "the model exported to ONNX (on first use, cached; see --onnx-model) and decoded by ONNX Runtime, "
-        "HRT's two stages and Mask-Predict included"
-    )
     supports_shortlist = True
     quantizes_itself = True  # --quantize int8: ONNX Runtime's dynamic quantization of the exported graphs
     runs_mask_predict = True
-    own_options = ("onnx_model",)  # --onnx-model: an exported folder to decode instead of the cache's
 
     def unsupported(self, options):
         used = list(options.sequence_generator_only)

@@ -9,18 +9,20 @@ the task, the Python API, the benchmarks and ``ddgviz`` all get their generators
 
 Registered in this package: ``beam`` and ``hrt`` (:mod:`.hrt_generator`), ``greedy-at-mode``,
 ``mask-predict``, and the exact parallel forms of greedy search ``pj`` / ``pgj`` / ``hgj`` and
-``hrt-spec`` (:mod:`.jacobi`). A further strategy registers with :func:`register_decoding` in
-its own module of this package (docs/design.md).
+``hrt-spec`` (:mod:`.jacobi`), each listed in :data:`STRATEGY_CATALOG` with its module, which
+is imported when a run first asks for the strategy. A further strategy registers with
+:func:`register_decoding` in its own module (docs/design.md).
 """
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Type
+from typing import Callable, List, Optional, Type
 
 from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.generation.engines import ENGINES, DecoderEngine, engine_options_in_use, get_engine
 from fairseq_hrt.generation.options import DecodingOptions
 from fairseq_hrt.generation.quantize import check_quantization, is_quantized
+from fairseq_hrt.generation.registry import Entry, Registry
 from fairseq_hrt.models.kinds import family_of, unwrap
 from fairseq_hrt.passes.search_rules import banned_symbols
 from hrt_runtime.families import DESCRIPTION
@@ -110,21 +112,44 @@ class LeftToRightDecoding(DecodingStrategy):
         return None
 
 
-DECODING_STRATEGIES: Dict[str, Type[DecodingStrategy]] = {}
+def _jacobi(name: str) -> str:
+    return f"Jacobi decoding ({name}): greedy search's output in fewer decoder passes (needs --beam 1)"
+
+
+STRATEGY_CATALOG = {
+    "beam": Entry("fairseq_hrt.generation.hrt_generator", "left-to-right beam search (an HRT model in its AT mode)"),
+    "greedy-at-mode": Entry(
+        "fairseq_hrt.generation.greedy_at_mode",
+        "greedy left-to-right search whatever --beam says (an HRT model in its AT mode)",
+    ),
+    "hgj": Entry("fairseq_hrt.generation.jacobi", _jacobi("hybrid GS-Jacobi")),
+    "hrt": Entry("fairseq_hrt.generation.hrt_generator", "two-stage HRT (--decode-chunk-size, --b-nat)"),
+    "hrt-spec": Entry(
+        "fairseq_hrt.generation.jacobi",
+        "an HRT model drafts blocks with its non-autoregressive mode and verifies them with its AT mode: "
+        "AT-mode greedy output (needs --beam 1)",
+    ),
+    "mask-predict": Entry(
+        "fairseq_hrt.generation.mask_predict",
+        "Mask-Predict (cmlm_* models; --iter-decode-max-iter, --iter-decode-with-beam)",
+    ),
+    "pgj": Entry("fairseq_hrt.generation.jacobi", _jacobi("parallel GS-Jacobi")),
+    "pj": Entry("fairseq_hrt.generation.jacobi", _jacobi("parallel Jacobi")),
+}
+
+# by name, whatever the order their modules are imported in (as the engine registry)
+DECODING_STRATEGIES: Registry = Registry("decoding strategy", STRATEGY_CATALOG)
 
 
 def register_decoding(name: str):
-    """Register a strategy under ``name``. The registry (``--decoding``'s choices and help, the
-    benchmark's rows) lists the strategies by name, whatever the order their modules are
-    imported in (as the engine registry does)."""
+    """Register a strategy class under ``name``."""
 
     def register(cls):
-        if name in DECODING_STRATEGIES and DECODING_STRATEGIES[name] is not cls:
+        known = DECODING_STRATEGIES.registered(name)
+        if known is not None and known is not cls:
             raise ValueError(f"decoding strategy {name!r} is already registered")
         cls.name = name
-        strategies = {**DECODING_STRATEGIES, name: cls}
-        DECODING_STRATEGIES.clear()
-        DECODING_STRATEGIES.update(sorted(strategies.items()))
+        DECODING_STRATEGIES.register(name, cls, cls)
         return cls
 
     return register
@@ -134,7 +159,8 @@ def decoding_help() -> str:
     """``--decoding``'s help, from the registry."""
     return (
         "decoding strategy: 'auto' = the model's default (AT models: beam, HRT models: hrt, cmlm_* models: "
-        "mask-predict); " + "; ".join(f"'{n}' = {s.summary}" for n, s in DECODING_STRATEGIES.items())
+        "mask-predict); "
+        + "; ".join(f"'{name}' = {DECODING_STRATEGIES.declared(name, 'summary')}" for name in DECODING_STRATEGIES)
     )
 
 

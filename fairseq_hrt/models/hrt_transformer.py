@@ -22,7 +22,7 @@ from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.models.kinds import HRT, ModelFamily, declare
 from fairseq_hrt.models.shapes import deep_shallow, set_shape_defaults
 from fairseq_hrt.models.ssru_transformer import is_ssru_state_dict, refuse_ssru_for_non_causal
-from fairseq_hrt.modules.decoder_layer_blocks import encoder_attention_and_ffn, wrapped_layer
+from fairseq_hrt.modules.decoder_layer_blocks import decoder_layer, wrapped_layer
 from fairseq_hrt.modules.relative_attention import RelativeSelfAttention
 from fairseq_hrt.symbols import MAX_CHUNK_SIZE, chunk_start_symbol
 
@@ -57,24 +57,25 @@ class HRTDecoderLayer(TransformerDecoderLayerBase):
         self_attn_padding_mask: Optional[Tensor] = None,
         need_attn: bool = False,
     ):
-        residual = x
-        if self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-        x = self.self_attn(
-            x,
-            positions,
-            key_padding_mask=self_attn_padding_mask,
-            causal=causal,
-            incremental_state=incremental_state,
-        )
-        x = self.residual_connection(self.dropout_module(x), residual)
-        if not self.normalize_before:
-            x = self.self_attn_layer_norm(x)
+        def self_block(h):
+            return self.self_attn(
+                h,
+                positions,
+                key_padding_mask=self_attn_padding_mask,
+                causal=causal,
+                incremental_state=incremental_state,
+            )
 
-        x, attn = encoder_attention_and_ffn(
-            self, x, encoder_out, encoder_padding_mask, incremental_state, need_weights=need_attn
+        return decoder_layer(
+            self,
+            self.self_attn_layer_norm,
+            self_block,
+            x,
+            encoder_out,
+            encoder_padding_mask,
+            incremental_state,
+            need_weights=need_attn,
         )
-        return x, attn
 
 
 class HRTDecoder(TransformerDecoderBase):

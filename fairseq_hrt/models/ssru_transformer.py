@@ -24,7 +24,7 @@ from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.models import at_transformer
 from fairseq_hrt.models.kinds import AT, ModelFamily, declare
 from fairseq_hrt.models.shapes import deep_shallow
-from fairseq_hrt.modules.decoder_layer_blocks import encoder_attention_and_ffn, wrapped_layer
+from fairseq_hrt.modules.decoder_layer_blocks import decoder_layer, wrapped_layer
 from fairseq_hrt.modules.ssru import SSRU
 
 SSRU_KEY = ".ssru."
@@ -88,16 +88,10 @@ class SSRUDecoderLayer(TransformerDecoderLayerBase):
             raise ValueError("SSRU decoder layers do not take prev_self_attn_state / prev_attn_state")
         if need_head_weights:
             need_attn = True
-        residual = x
-        if self.normalize_before:
-            x = self.ssru_layer_norm(x)
-        x = self.ssru(x, incremental_state=incremental_state, padding_mask=self_attn_padding_mask)
-        x = self.residual_connection(self.dropout_module(x), residual)
-        if not self.normalize_before:
-            x = self.ssru_layer_norm(x)
-
-        x, attn = encoder_attention_and_ffn(
+        x, attn = decoder_layer(
             self,
+            self.ssru_layer_norm,
+            lambda h: self.ssru(h, incremental_state=incremental_state, padding_mask=self_attn_padding_mask),
             x,
             encoder_out,
             encoder_padding_mask,

@@ -1,12 +1,14 @@
-"""The blocks of fairseq's decoder layer after its self-attention, for the layers here that
-replace only the self-attention (HRT's relative self-attention, the SSRU), and fairseq's
-wrapping of a decoder layer."""
+"""The decoder layer of the layers here that replace only fairseq's self-attention (HRT's
+relative self-attention, the SSRU): the passes' one layer (:mod:`fairseq_hrt.passes.layers`)
+over the layer's own modules, and fairseq's wrapping of a decoder layer."""
 
 from typing import Optional
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor
+
+from fairseq_hrt.passes.layers import layer_forward
 
 
 def wrapped_layer(layer, cfg):
@@ -17,8 +19,26 @@ def wrapped_layer(layer, cfg):
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
 
 
-def encoder_attention_and_ffn(
+class ModuleLayer:
+    """A decoder layer's own modules under the names the passes' layer reads
+    (:class:`~fairseq_hrt.passes.plan.LayerPlan`'s), called as they are: training's layer is
+    :func:`~fairseq_hrt.passes.layers.layer_forward` over them. ``self_attn_norm``: the norm
+    of the layer's self block (the SSRU's, where it replaces the self-attention)."""
+
+    __slots__ = ("pre_norm", "self_attn_norm", "encoder_attn_norm", "final_norm", "fc1", "fc2", "activation")
+
+    def __init__(self, layer, self_attn_norm):
+        self.pre_norm = layer.normalize_before
+        self.self_attn_norm = self_attn_norm
+        self.encoder_attn_norm = layer.encoder_attn_layer_norm
+        self.final_norm = layer.final_layer_norm
+        self.fc1, self.fc2, self.activation = layer.fc1, layer.fc2, layer.activation_fn
+
+
+def decoder_layer(
     layer,
+    self_attn_norm,
+    self_block,
     x: Tensor,
     encoder_out: Optional[Tensor],
     encoder_padding_mask: Optional[Tensor],
@@ -26,16 +46,16 @@ def encoder_attention_and_ffn(
     need_weights: bool = False,
     need_head_weights: bool = False,
 ):
-    """``(x, attention)`` after the encoder attention and the feed-forward block of ``layer``
-    (a ``TransformerDecoderLayerBase``), pre- or post-norm as the layer is configured, exactly
-    as fairseq's own layer computes them."""
-    attn = None
-    if layer.encoder_attn is not None and encoder_out is not None:
-        residual = x
-        if layer.normalize_before:
-            x = layer.encoder_attn_layer_norm(x)
-        x, attn = layer.encoder_attn(
-            query=x,
+    """``(x, attention)`` of ``layer`` (a ``TransformerDecoderLayerBase`` whose self-attention
+    is replaced by ``self_block``, ``h -> output``, after ``self_attn_norm``): the one decoder
+    layer of the passes (:func:`~fairseq_hrt.passes.layers.layer_forward`) with training's
+    dropout, over fairseq's own encoder attention, pre- or post-norm as the layer is
+    configured."""
+    weights = []
+
+    def encoder_block(_, i, h):
+        out, attn = layer.encoder_attn(
+            query=h,
             key=encoder_out,
             value=encoder_out,
             key_padding_mask=encoder_padding_mask,
@@ -44,16 +64,16 @@ def encoder_attention_and_ffn(
             need_weights=need_weights,
             need_head_weights=need_head_weights,
         )
-        x = layer.residual_connection(layer.dropout_module(x), residual)
-        if not layer.normalize_before:
-            x = layer.encoder_attn_layer_norm(x)
+        weights.append(attn)
+        return out
 
-    residual = x
-    if layer.normalize_before:
-        x = layer.final_layer_norm(x)
-    x = layer.activation_dropout_module(layer.activation_fn(layer.fc1(x)))
-    x = layer.dropout_module(layer.fc2(x))
-    x = layer.residual_connection(x, residual)
-    if not layer.normalize_before:
-        x = layer.final_layer_norm(x)
-    return x, attn
+    attends = layer.encoder_attn is not None and encoder_out is not None
+    x = layer_forward(
+        ModuleLayer(layer, self_attn_norm),
+        0,
+        x,
+        lambda _, i, h: self_block(h),
+        encoder_block if attends else None,
+        dropout=(layer.dropout_module, layer.activation_dropout_module),
+    )
+    return x, weights[0] if weights else None

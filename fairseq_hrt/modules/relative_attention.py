@@ -10,21 +10,16 @@ The module subclasses fairseq's :class:`MultiheadAttention` so that its projecti
 a checkpoint of fairseq's transformer loads into it, and only ``relative_keys`` is new.
 """
 
+import math
 from typing import Dict, Optional
 
 import torch
-import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
+from fairseq_hrt.passes.attention import attention, padding_bias, relative_bucket
 
-def relative_bucket(query_positions: Tensor, key_positions: Tensor, window: int) -> Tensor:
-    """``clip(p_key - p_query, -w, w) + w``: index into the ``2w + 1`` relative embeddings.
-
-    ``query_positions`` is ``(B, T)``, ``key_positions`` ``(B, S)``; returns ``(B, T, S)``.
-    """
-    distance = key_positions.unsqueeze(1) - query_positions.unsqueeze(2)
-    return distance.clamp(-window, window) + window
+__all__ = ["RelativeSelfAttention", "relative_bucket"]  # relative_bucket: where training's attention reads it
 
 
 class RelativeSelfAttention(MultiheadAttention):
@@ -90,23 +85,20 @@ class RelativeSelfAttention(MultiheadAttention):
                 },
             )
 
-        scores = torch.matmul(q, k.transpose(2, 3))  # (B, H, T, S)
-        if self.relative_keys is not None:
-            # q . R for every clipped distance, then pick each (query, key) pair's distance
-            q_rel = torch.matmul(q, self.relative_keys.weight.t())  # (B, H, T, 2w+1)
-            bucket = relative_bucket(positions, key_positions, self.window)
-            scores = scores + q_rel.gather(3, bucket.unsqueeze(1).expand(bsz, heads, tgt_len, bucket.size(-1)))
-
         src_len = k.size(2)
+        buckets = None
+        if self.relative_keys is not None:
+            bucket = relative_bucket(positions, key_positions, self.window)
+            buckets = bucket.unsqueeze(1).expand(bsz, heads, tgt_len, bucket.size(-1))
+        bias = None
         if causal and tgt_len > 1:
             # query t (at absolute step past_len + t) sees keys 0..past_len + t
             future = torch.ones(tgt_len, src_len, dtype=torch.bool, device=x.device).triu(1 + past_len)
-            scores = scores.masked_fill(future, float("-inf"))
+            bias = torch.zeros(tgt_len, src_len, dtype=torch.float32, device=x.device).masked_fill(future, -math.inf)
         if key_padding_mask is not None and key_padding_mask.any():
-            scores = scores.masked_fill(key_padding_mask.view(bsz, 1, 1, src_len), float("-inf"))
-
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).type_as(scores)
-        probs = self.dropout_module(probs)
-        out = torch.matmul(probs, v)  # (B, H, T, d)
+            padding = padding_bias(key_padding_mask, src_len, bsz, torch.float32, x.device)
+            bias = padding if bias is None else bias + padding
+        relative_keys = self.relative_keys.weight.t() if self.relative_keys is not None else None
+        out = attention(q, k, v, relative_keys, buckets, bias, self.dropout_module)  # (B, H, T, d)
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         return self.out_proj(out)

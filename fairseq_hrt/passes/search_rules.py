@@ -15,6 +15,7 @@ from torch import Tensor
 
 from fairseq_hrt.cli_logging import RefusedOptions
 from fairseq_hrt.models.kinds import ModelFamily, family_of
+from fairseq_hrt.passes.token_choice import choose
 from hrt_runtime.model import OutputRows
 from hrt_runtime.search import SearchConfig, rules_of
 
@@ -89,5 +90,4 @@ class SearchRules:
         usual, early, final = self.table(rows or OutputRows(None), logits.device)
         steps = torch.as_tensor(steps, device=logits.device)
         bias = bias_at(steps.unsqueeze(-1), max_len, self.config.min_len, usual, early, final)
-        best, row = (logits + bias).max(dim=1)
-        return best - torch.logsumexp(logits, dim=1), row
+        return choose(logits, bias, 1)

@@ -17,6 +17,19 @@ logger = logging.getLogger(__name__)
 CPU_DROPOUT_RNG_CHOICES = ChoiceEnum(list(CPU_DROPOUT_RNGS))
 
 
+def refuse_fp16_without_cuda(cfg):
+    """fairseq 0.12's trainer answers a gradient overflow, which a dynamic loss scaler expects
+    routinely under ``--fp16`` / ``--memory-efficient-fp16``, with ``torch.tensor(0.0).cuda()``:
+    on the CPU that fails at the first overflow, so such a run is refused before it starts."""
+    fp16 = getattr(cfg, "fp16", False) or getattr(cfg, "memory_efficient_fp16", False)
+    if fp16 and (getattr(cfg, "cpu", False) or not torch.cuda.is_available()):
+        option = "--memory-efficient-fp16" if getattr(cfg, "memory_efficient_fp16", False) else "--fp16"
+        raise RefusedOptions(
+            f"{option} trains on a GPU: fairseq 0.12's trainer needs CUDA at the first gradient overflow; "
+            "on the CPU drop it (train in float32) or use --cpu-autocast-bf16"
+        )
+
+
 class CpuTraining:
     """The task's ``--cpu-autocast-bf16`` and ``--cpu-dropout-rng``, read from its ``cfg``."""
 

@@ -11,7 +11,12 @@ search of ``--decoder-engine onnxruntime`` inside fairseq. Never imports torch, 
 fairseq_hrt (docs/deploy.md).
 """
 
-__version__ = "0.1.0"
+import os as _os
+
+# the one version of both distributions: runtime/pyproject.toml and the root's pyproject.toml read
+# this file, and the root depends on exactly this hrt-runtime (tests/test_packaging.py)
+with open(_os.path.join(_os.path.dirname(__file__), "VERSION"), encoding="ascii") as _f:
+    __version__ = _f.read().strip()
 
 from hrt_runtime.model import ExportedModel, read_config  # noqa: F401
 from hrt_runtime.search import SearchConfig, hrt, left_to_right  # noqa: F401

@@ -10,14 +10,15 @@ file and saying to export again.
 Sizes are compared at every check (a ``stat`` per file); checksums when a folder is opened,
 once per process and file: a file whose size, modification time and inode are unchanged since
 it was hashed is not hashed again (``--decoder-engine onnxruntime`` opens its folder twice).
-Hashing runs at disk or page-cache speed, milliseconds for an exported folder
-(benchmarks/results/runtime-step-cost-cpu/README.md). Standard library only.
+Standard library only.
 """
 
 import hashlib
 import os
 import threading
 from typing import Dict, List
+
+from hrt_runtime.errors import Refused
 
 FILES = "files"  # config.json's key: {name: {"bytes": int, "sha256": hex}}
 # whether the list was made for an int8 folder: the exporter records it with the list, after the
@@ -31,7 +32,7 @@ _verified: Dict[tuple, str] = {}  # (path, size, mtime_ns, inode) -> SHA-256 alr
 _verified_lock = threading.Lock()
 
 
-class DamagedFolderError(ValueError):
+class DamagedFolderError(Refused):
     """An exported folder whose files are not those its ``config.json`` lists."""
 
 

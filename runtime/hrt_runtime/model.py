@@ -5,14 +5,15 @@ Only ``numpy`` and ``onnxruntime``: this is what a deployed model runs on.
 
 import json
 import os
-import threading
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from hrt_runtime.errors import Refused, RefusedMissing
 from hrt_runtime.families import AT, DESCRIPTION, HRT, MASK_PREDICT
 from hrt_runtime.integrity import OUTPUT_BIAS, OUTPUT_WEIGHT, check_folder, named_files
 from hrt_runtime.onnx_proto import GraphInfo, read_graph_info
+from hrt_runtime.sessions import GraphSessions
 
 # 3: the non-causal pass takes its query columns (its last layer computed there only);
 # 4: greedy.onnx, the greedy search as one Loop (a folder of version 3 decodes without it);
@@ -65,7 +66,7 @@ def check_declared(folder: str, config: Dict, graph: str, metadata: Dict[str, st
     carried = metadata.get(DECLARED_KEY)
     if carried is None:
         if config["version"] >= STAMPED_SINCE:
-            raise ValueError(
+            raise Refused(
                 f"{folder}: {graph} carries no declared values, which version {config['version']} graphs do "
                 "(a graph of an older export, or not one of fairseq-hrt-export?); export again"
             )
@@ -74,7 +75,7 @@ def check_declared(folder: str, config: Dict, graph: str, metadata: Dict[str, st
     declared = json.loads(declared_of(config))
     differ = [key for key in DECLARED if declared.get(key) != carried.get(key)]
     if differ:
-        raise ValueError(
+        raise Refused(
             f"{folder}: config.json disagrees with its graphs on "
             + ", ".join(f"{key} (config.json {declared.get(key)!r}, {graph} {carried.get(key)!r})" for key in differ)
             + "; export again (config.json was edited, or comes from another export)"
@@ -88,14 +89,14 @@ def check_shapes(folder: str, config: Dict, outputs) -> None:
     layers, heads, head_dim = config["layers"], config["heads"], config["head_dim"]
     found = len(outputs) - 1
     if found - found % 2 != 2 * layers:
-        raise ValueError(
+        raise Refused(
             f"{folder}: config.json declares {layers} decoder layers, the encoder graph gives keys and values "
             f"for {found // 2}; export again"
         )
     shape = outputs[1].shape
     for what, axis, value in (("heads", 1, heads), ("head_dim", 3, head_dim)):
         if len(shape) == 4 and isinstance(shape[axis], int) and shape[axis] != value:
-            raise ValueError(
+            raise Refused(
                 f"{folder}: config.json declares {what} {value}, the encoder graph {shape[axis]}; export again"
             )
 
@@ -111,9 +112,9 @@ def loop_state_name(past_name: str) -> str:
 
 
 # the most rows the greedy loop decodes: it runs rows that have ended until the last one ends,
-# where the search's own steps drop them, so the loop beats the steps on small batches only
-# (measured: benchmarks/results/runtime-step-cost-cpu/README.md). int8 graphs: one row, as
-# their activations are quantized with one scale per batch, which rows that ended would change
+# where the search's own steps drop them, so the loop pays off on small batches only. int8
+# graphs: one row, as their activations are quantized with one scale per batch, which rows that
+# ended would change
 LOOP_ROWS, LOOP_ROWS_INT8 = 2, 1
 
 # the graphs of a folder by role (config.json's "graphs"): what ExportedModel feeds each and how
@@ -173,7 +174,7 @@ def check_role(folder: str, config: Dict, role: str, name: str, info: GraphInfo)
     inputs and gives the outputs the runtime feeds and reads for ``role``."""
     expected = graph_signature(config, role)
     if expected is None:
-        raise ValueError(
+        raise Refused(
             f'{folder}: config.json\'s "graphs" names {name} as {role!r}, a role this runtime does not run '
             f"({', '.join(KNOWN_ROLES)}); export again (config.json was edited, or comes from another export)"
         )
@@ -185,7 +186,7 @@ def check_role(folder: str, config: Dict, role: str, name: str, info: GraphInfo)
         *([f"{len(info.outputs)} outputs, the role reads {outputs}"] if len(info.outputs) != outputs else []),
     ]
     if differ:
-        raise ValueError(
+        raise Refused(
             f'{folder}: config.json\'s "graphs" names {name} as the {role!r} graph, which it is not '
             f"({'; '.join(differ)}); export again (config.json was edited, or comes from another export)"
         )
@@ -199,7 +200,7 @@ def check_graph_roles(folder: str, config: Dict) -> None:
     graphs = config["graphs"]
     missing = [role for role in NEEDED_ROLES.get(config["kind"], ("encoder",)) if role not in graphs]
     if missing:
-        raise ValueError(
+        raise Refused(
             f'{folder}: config.json\'s "graphs" has no {", ".join(missing)} graph, which '
             f"{DESCRIPTION.get(config['kind'], 'a ' + config['kind'] + ' model')} needs; export again (config.json was "
             "edited, or comes from another export)"
@@ -208,9 +209,7 @@ def check_graph_roles(folder: str, config: Dict) -> None:
         try:
             info = read_graph_info(os.path.join(folder, name))
         except ValueError as e:
-            raise ValueError(
-                f"{folder}: {name} (the {role!r} graph) is not an ONNX graph ({e}); export again"
-            ) from None
+            raise Refused(f"{folder}: {name} (the {role!r} graph) is not an ONNX graph ({e}); export again") from None
         check_declared(folder, config, name, info.metadata)
         check_role(folder, config, role, name, info)
 
@@ -312,7 +311,7 @@ def check_types(path: str, config: Dict) -> None:
     naming the key, the type it must have and the value found."""
     for key, (check, expected) in KEY_TYPES.items():
         if key in config and not check(config[key]):
-            raise ValueError(
+            raise Refused(
                 f"{path}: {key!r} must be {expected}, not {json.dumps(config[key])[:80]}; export again "
                 "(config.json was edited, or comes from another export)"
             )
@@ -323,26 +322,26 @@ def read_config(folder: str) -> Dict:
     with every key and every file it names, each file as the export wrote it
     (:func:`hrt_runtime.integrity.check_folder`)."""
     if os.path.isfile(folder):
-        raise FileNotFoundError(  # what the commands report in one line, as for a missing folder
+        raise RefusedMissing(  # what the commands report in one line, as for a missing folder
             f"{folder} is a file, not a folder: give the folder fairseq-hrt-export wrote (the one holding config.json)"
         )
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f"{folder}: no such folder (the output folder of fairseq-hrt-export)")
+        raise RefusedMissing(f"{folder}: no such folder (the output folder of fairseq-hrt-export)")
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{folder}: no config.json (not a folder written by fairseq-hrt-export)")
+        raise RefusedMissing(f"{folder}: no config.json (not a folder written by fairseq-hrt-export)")
     try:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
     except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); export the checkpoint again") from None
+        raise Refused(f"{path} is not valid JSON ({e}); export the checkpoint again") from None
     if not isinstance(config, dict):
-        raise ValueError(
+        raise Refused(
             f"{path} is not a fairseq-hrt-export configuration (a JSON {type(config).__name__}, "
             "not an object); export the checkpoint again"
         )
     if config.get("format") != FORMAT or config.get("version") not in READABLE_VERSIONS:
-        raise ValueError(
+        raise Refused(
             f"{folder}: format {config.get('format')!r} version {config.get('version')!r}, "
             f"this runtime reads {FORMAT!r} versions {', '.join(map(str, READABLE_VERSIONS))}; "
             "export the checkpoint again "
@@ -350,11 +349,11 @@ def read_config(folder: str) -> Dict:
         )
     missing = [key for key in REQUIRED if key not in config]
     if missing:
-        raise ValueError(f"{path} lacks {', '.join(missing)}; export the checkpoint again")
+        raise Refused(f"{path} lacks {', '.join(missing)}; export the checkpoint again")
     check_types(path, config)
     absent = [name for name in named_files(config) if not os.path.isfile(os.path.join(folder, name))]
     if absent:
-        raise FileNotFoundError(
+        raise RefusedMissing(
             f"{folder}: config.json names {', '.join(absent)}, which "
             f"{'is' if len(absent) == 1 else 'are'} missing (an incomplete copy of the folder, or a "
             "config.json of another export?); copy the whole folder again, or export again"
@@ -432,13 +431,20 @@ class StepState:
         self.feeds: Dict[str, np.ndarray] = {}  # the step's feeds, kept from step to step
 
 
+def read_output_layer(folder: str) -> Tuple[np.ndarray, np.ndarray]:
+    """The output projection's weight ``(V, C)`` (memory-mapped) and bias ``(V,)`` (zeros when
+    it has none), from ``output_weight.npy`` / ``output_bias.npy``."""
+    weight = np.load(os.path.join(folder, OUTPUT_WEIGHT), mmap_mode="r")
+    bias_path = os.path.join(folder, OUTPUT_BIAS)
+    bias = np.load(bias_path).astype(np.float32) if os.path.isfile(bias_path) else np.zeros(weight.shape[0], np.float32)
+    return weight, bias
+
+
 class ExportedModel:
     """The sessions of an exported folder, made on first use. ``threads``: ONNX Runtime's
     intra-op threads (inter-op 1: the graphs are chains of operators; workers do not spin)."""
 
     def __init__(self, folder: str, threads: int = 1):
-        import onnxruntime as ort  # noqa: PLC0415 - optional: onnxruntime
-
         self.folder = folder
         self.config = read_config(folder)
         c = self.config
@@ -454,24 +460,7 @@ class ExportedModel:
         self.loop_rows = LOOP_ROWS_INT8 if c.get("int8") else LOOP_ROWS
         self.window = int(c.get("relative_window", 0))
         self._buckets: Dict = {}
-        self._options = ort.SessionOptions()
-        self._options.intra_op_num_threads = max(1, int(threads))
-        self._options.inter_op_num_threads = 1
-        # no arena: ONNX Runtime's CPU arena keeps the largest batch's memory for good (a service
-        # kept a large request's memory after it); without it the memory goes back to malloc and
-        # steps took the same time (measured: benchmarks/results/serve-operator-cpu/report.md)
-        self._options.enable_cpu_mem_arena = False
-        self._options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # idle worker threads sleep instead of spinning between runs: the search's numpy work runs
-        # between two steps, and spinning workers take its core (benchmarks/results/
-        # onnxruntime-full-cpu runs with them sleeping)
-        self._options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._ort = ort
-        self._sessions: Dict[str, object] = {}
-        # sessions are made on first use; two threads decoding at once (hrt-serve, a Translator
-        # shared by threads) must not both make the same one
-        self._sessions_lock = threading.Lock()
-        self._runners: Dict[str, object] = {}
+        self.sessions = GraphSessions(folder, c["graphs"], self.kind, threads)
         self._positions: Dict[int, np.ndarray] = {}
         self._output_layer = None  # (weight, bias) of the output projection, for shortlists
         # the step's state: per layer keys and values, or an SSRU decoder's cell
@@ -481,16 +470,8 @@ class ExportedModel:
         self.check_graphs()
 
     def runner(self, graph: str):
-        """``feeds -> outputs`` of a graph's session: the session's own run without the Python
-        wrapper's checks of every feed (a noticeable share of a step at batch 1:
-        benchmarks/results/runtime-step-cost-cpu/README.md; the feeds are this class's own)."""
-        found = self._runners.get(graph)
-        if found is None:
-            session = self.session(graph)
-            names = [output.name for output in session.get_outputs()]
-            run = session._sess.run
-            found = self._runners[graph] = lambda feeds: run(names, feeds, None)
-        return found
+        """``feeds -> outputs`` of a graph (:meth:`.sessions.GraphSessions.runner`)."""
+        return self.sessions.runner(graph)
 
     def position(self, p: int) -> np.ndarray:
         """The ``(1,)`` position row ``p`` (made once)."""
@@ -508,18 +489,8 @@ class ExportedModel:
         check_shapes(self.folder, self.config, self.session("encoder").get_outputs())
 
     def session(self, graph: str):
-        with self._sessions_lock:
-            if graph not in self._sessions:
-                name = self.config["graphs"].get(graph)
-                if name is None:
-                    raise ValueError(
-                        f"{self.folder} has no {graph} graph (a {self.kind} model; graphs: "
-                        f"{', '.join(self.config['graphs'])})"
-                    )
-                self._sessions[graph] = self._ort.InferenceSession(
-                    os.path.join(self.folder, name), self._options, providers=["CPUExecutionProvider"]
-                )
-            return self._sessions[graph]
+        """A graph's ONNX Runtime session, made on first use."""
+        return self.sessions.session(graph)
 
     # ------------------------------------------------------------------------ passes
 
@@ -661,17 +632,9 @@ class ExportedModel:
     # ------------------------------------------------------------------- output rows
 
     def output_layer(self):
-        """The output projection's weight ``(V, C)`` (memory-mapped) and bias ``(V,)`` (zeros
-        when it has none), read from ``output_weight.npy`` / ``output_bias.npy`` once."""
+        """The output projection (:func:`read_output_layer`), read once."""
         if self._output_layer is None:
-            weight = np.load(os.path.join(self.folder, OUTPUT_WEIGHT), mmap_mode="r")
-            bias_path = os.path.join(self.folder, OUTPUT_BIAS)
-            bias = (
-                np.load(bias_path).astype(np.float32)
-                if os.path.isfile(bias_path)
-                else np.zeros(weight.shape[0], np.float32)
-            )
-            self._output_layer = (weight, bias)
+            self._output_layer = read_output_layer(self.folder)
         return self._output_layer
 
     def rows(self, ids: Optional[np.ndarray]) -> OutputRows:

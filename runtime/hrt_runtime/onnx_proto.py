@@ -4,7 +4,7 @@ without ``onnx`` and without an ONNX Runtime session (standard library only).
 Why: every graph of an exported folder is checked at load against the role ``config.json``
 gives it (:func:`hrt_runtime.model.check_roles`); a session per graph would keep each graph's
 weights in memory or, made and dropped, cost far more time than reading the few fields needed
-here (benchmarks/results/runtime-step-cost-cpu/README.md): the graphs hold their
+here: the graphs hold their
 structure only, the weights being in ``weights.bin``.
 
 Field numbers: onnx/onnx.proto (``ModelProto``, ``GraphProto``, ``ValueInfoProto``,

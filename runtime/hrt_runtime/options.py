@@ -19,13 +19,14 @@ from typing import Collection, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from hrt_runtime.errors import Refused, RefusedType
 from hrt_runtime.search import SearchConfig
 
 # a batch's source tokens at most (sentences x the longest), by default: 16 lines of the longest
 # source (1024 positions) per batch instead of 64; sentences of usual lengths batch as before
 MAX_TOKENS = 16384
-# lines per buffer, by default (--buffer-size): close to one buffer sorted by length once, clearly
-# faster than buffers of 256, memory alike (benchmarks/results/runtime-step-cost-cpu/README.md)
+# lines per buffer, by default (--buffer-size): each buffer is sorted by length, so a larger one makes
+# batches of more similar lengths, and is held in memory whole
 BUFFER_SIZE = 1024
 
 
@@ -77,9 +78,9 @@ def check_number(name: str, value, kind: type, low, high, what: str = ""):
     """``value`` as ``kind`` (``int`` or ``float``) if it is one, finite and within ``low..high``;
     else ``TypeError`` (not a number of that kind) or ``ValueError``, with :func:`range_message`."""
     if not (_is_int(value) if kind is int else _is_real(value)):
-        raise TypeError(range_message(name, kind, low, high, what, value))
+        raise RefusedType(range_message(name, kind, low, high, what, value))
     if not (math.isfinite(value) and low <= value <= high):
-        raise ValueError(range_message(name, kind, low, high, what, value))
+        raise Refused(range_message(name, kind, low, high, what, value))
     return kind(value)
 
 
@@ -134,7 +135,7 @@ def decoding_values(**given) -> Dict[str, object]:
     unknown keyword is refused with the list of options (a misspelling is not ignored)."""
     unknown = sorted(set(given) - set(DECODING_BY_NAME))
     if unknown:
-        raise TypeError(
+        raise RefusedType(
             f"unknown option {', '.join(map(repr, unknown))}; options: {', '.join(o.name for o in DECODING)}"
         )
     return {o.name: o.check(given[o.name]) if o.name in given else o.default for o in DECODING}
@@ -239,8 +240,7 @@ SERVICE: Sequence[Option] = (
         0,
         60000,
         "how long the oldest waiting request waits for others to join its batch (0: none; requests that "
-        "arrive while a batch is translated form the next one, which measured best on 2 CPU cores: "
-        "benchmarks/results/serve-mini-cpu/report.md)",
+        "arrive while a batch is translated form the next one)",
     ),
     Option(
         "max_batch_tokens",
@@ -249,8 +249,7 @@ SERVICE: Sequence[Option] = (
         1,
         10**9,
         "padded source tokens per batch, at most (sentences x the longest): a long request's batches stay short, "
-        "so other requests' batches come in between (with a larger bound the others waited for a whole large batch: "
-        "benchmarks/results/serve-operator-cpu/report.md)",
+        "so other requests' batches come in between (with a larger bound the others wait for a whole large batch)",
     ),
     Option("max_queue", int, 256, 1, 10**6, "requests waiting, at most (then 503)"),
     Option("max_request_lines", int, 256, 1, 10**6, "lines in one request, at most (then 413)"),

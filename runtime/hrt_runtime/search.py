@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from hrt_runtime.backend import Backend, Rows
+from hrt_runtime.errors import Refused
 
 Hypothesis = Dict[str, object]  # tokens (T,) int64, score float, positional_scores (T,) float32[, steps]
 # The backend contract: hrt_runtime.backend's Backend (pad/eos/unk/mask/bos, vocab_size,
@@ -57,7 +58,7 @@ class SearchConfig:
         max_len_b``, at most ``cap`` (the decoder's positions), with fairseq's check of ``min_len``."""
         max_len = self.length_limit(source_width, cap)
         if self.min_len > max_len:
-            raise ValueError(
+            raise Refused(
                 f"min_len cannot be larger than max_len: min_len {self.min_len}, max_len {max_len} (max_len_a "
                 f"{self.max_len_a:g} x source width {source_width} + max_len_b {self.max_len_b}, at most {cap}); "
                 "lower min_len or raise max_len_b"
@@ -74,7 +75,7 @@ class Rules:
         self.config = config
         eos_row = rows.position(eos)
         if eos_row is None:
-            raise ValueError("the shortlist's candidates lack </s>")
+            raise Refused("the shortlist's candidates lack </s>")
         usual = np.zeros(size, np.float32)
         usual[rows.positions(banned)] = -np.inf
         if config.unk_penalty and rows.position(unk) is not None:
@@ -174,11 +175,11 @@ def left_to_right(
     size = model.vocab_size if rows.ids is None else rows.ids.size
     rules = rules_of(config, model.eos, model.unk, banned, rows, size)
     if config.beam < 1:
-        raise ValueError("--beam must be >= 1")
+        raise Refused("--beam must be >= 1")
     if config.beam == 1:
         return _greedy(model, encoded, max_len, start, rules, rows, config)
     if 2 * config.beam > size - 1:
-        raise ValueError(f"--beam {config.beam} is too large for the {size} output rows of this batch")
+        raise Refused(f"--beam {config.beam} is too large for the {size} output rows of this batch")
     return _beam(model, encoded, max_len, start, rules, rows, config)
 
 
@@ -586,9 +587,9 @@ def fill_skeletons(
 def check_b_nat(b_at: int, b_nat: int):
     """The one check of HRT's beams: ``1 <= b_nat <= b_at``."""
     if b_nat < 1:
-        raise ValueError(f"--b-nat must be >= 1, got {b_nat}")
+        raise Refused(f"--b-nat must be >= 1, got {b_nat}")
     if b_nat > b_at:
-        raise ValueError(
+        raise Refused(
             f"HRT decoding needs b_at >= b_nat, got --beam {b_at} < --b-nat {b_nat}: "
             "stage II fills the top b_nat Skip-AT hypotheses"
         )
@@ -657,7 +658,7 @@ def hrt(
     if k == 1:
         return left_to_right(model, encoded, source_width, config, banned, rows=rows)
     if k not in model.chunk_start:
-        raise ValueError(f"chunk size {k}: this model has start symbols for {sorted(model.chunk_start)} only")
+        raise Refused(f"chunk size {k}: this model has start symbols for {sorted(model.chunk_start)} only")
     stage1 = config.for_chunk_size(k)
     skeletons = left_to_right(model, encoded, source_width, stage1, banned, start=model.chunk_start[k], rows=rows)
     return stage2(model, encoded, skeletons, k, banned, b_nat, config.len_penalty, rows, bucket_padding)
@@ -670,7 +671,7 @@ def remask_counts(lengths: np.ndarray, t: int, iterations: int) -> np.ndarray:
     """Tokens re-masked before iteration ``t + 1`` (``t = 1..I-1``): ``floor(N (I - t) / I)``,
     in integers (exact at multiples of ``I``)."""
     if not 1 <= t < iterations:
-        raise ValueError(f"re-masking happens for t = 1..{iterations - 1}, got t = {t}")
+        raise Refused(f"re-masking happens for t = 1..{iterations - 1}, got t = {t}")
     return lengths * (iterations - t) // iterations
 
 
@@ -690,7 +691,7 @@ def length_candidates(length_lprobs: np.ndarray, beam: int, max_lengths: np.ndar
     lprobs)``, both ``(B, beam)``, best first (ties: the shorter length)."""
     classes = length_lprobs.shape[-1]
     if beam > classes:
-        raise ValueError(f"length beam {beam} exceeds the {classes} length classes")
+        raise Refused(f"length beam {beam} exceeds the {classes} length classes")
     length = np.arange(classes)[None, :]
     allowed = (length >= 1) & (length <= max_lengths[:, None])
     masked = np.where(allowed, length_lprobs, -np.inf)
@@ -712,9 +713,9 @@ def initial_input(lengths: np.ndarray, mask: int, eos: int, pad: int):
 def check_mask_predict(iterations: int, length_beam: int):
     """The one check of Mask-Predict's settings: ``I >= 1`` and ``l >= 1``."""
     if iterations < 1:
-        raise ValueError(f"--iter-decode-max-iter (Mask-Predict's I) must be >= 1, got {iterations}")
+        raise Refused(f"--iter-decode-max-iter (Mask-Predict's I) must be >= 1, got {iterations}")
     if length_beam < 1:
-        raise ValueError(f"--iter-decode-with-beam (Mask-Predict's length beam l) must be >= 1, got {length_beam}")
+        raise Refused(f"--iter-decode-with-beam (Mask-Predict's length beam l) must be >= 1, got {length_beam}")
 
 
 def mask_predict(

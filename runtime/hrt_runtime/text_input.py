@@ -36,6 +36,8 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterable, Iterator, List, Optional, Tuple, Union
 
+from hrt_runtime.errors import Refused, RefusedType
+
 logger = logging.getLogger("hrt_runtime.text_input")
 
 REPLACEMENT_CHARACTER = "\ufffd"
@@ -51,7 +53,7 @@ CONTROL = "control characters"
 _SEPARATORS = {"\u2028", "\u2029"}
 
 
-class InputTextError(ValueError):
+class InputTextError(Refused):
     """A line that cannot be read under ``errors="strict"``; the message names file and line."""
 
 
@@ -125,7 +127,7 @@ def decode_line(raw: bytes, errors: str = "replace") -> Tuple[str, LineProblems]
     :class:`InputTextError` (without a file name; :func:`iter_lines` adds it).
     """
     if errors not in ERROR_POLICIES:
-        raise ValueError(f"errors must be one of {ERROR_POLICIES}, got {errors!r}")
+        raise Refused(f"errors must be one of {ERROR_POLICIES}, got {errors!r}")
     if raw.endswith(b"\r"):
         raw = raw[:-1]
     problems = LineProblems()
@@ -178,11 +180,11 @@ def check_sentences(sentences):
         bad = [i for i, s in enumerate(sentences) if not isinstance(s, str)]
         if not bad:
             return
-        raise TypeError(
+        raise RefusedType(
             f"translate() takes a string or a list of strings; item {bad[0]} of the list is "
             f"{type(sentences[bad[0]]).__name__}"
         )
-    raise TypeError(f"translate() takes a string or a list of strings, got {type(sentences).__name__}")
+    raise RefusedType(f"translate() takes a string or a list of strings, got {type(sentences).__name__}")
 
 
 Source = Union[str, BinaryIO]
@@ -251,7 +253,7 @@ def iter_lines(
     (:func:`iter_line_groups`).
     """
     if errors not in ERROR_POLICIES:
-        raise ValueError(f"errors must be one of {ERROR_POLICIES}, got {errors!r}")
+        raise Refused(f"errors must be one of {ERROR_POLICIES}, got {errors!r}")
     stream, default_name, owned = _open_binary(source)
     name = name or default_name
     reporter = LineWarnings(name, max_warnings)
@@ -290,7 +292,7 @@ def iter_line_groups(source: Source, max_lines: int, name: Optional[str] = None)
     now, so a line typed or written by a waiting program is translated at once, while a file or
     a busy pipe fills whole groups. Memory: one group of lines."""
     if max_lines < 1:
-        raise ValueError(f"max_lines must be >= 1, got {max_lines}")
+        raise Refused(f"max_lines must be >= 1, got {max_lines}")
     group: List[str] = []
     for line in iter_lines(source, name=name, pauses=True):
         if line is None:

@@ -11,27 +11,26 @@ import itertools
 import logging
 import os
 import sys
-from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 import sentencepiece
 
-from hrt_runtime.families import DESCRIPTION, HRT, MASK_PREDICT
+from hrt_runtime.call_options import CallOptions, batches_of, call_options, chunk_size_of, positions_of
+from hrt_runtime.errors import Refused, RefusedMissing, RefusedType
+from hrt_runtime.families import HRT, MASK_PREDICT
 from hrt_runtime.model import ExportedModel
 from hrt_runtime.options import (
     BUFFER,
     BUFFER_SIZE,
     DECODING,
-    DECODING_BY_NAME,
     THREADS,
     check_arguments,
     command_parser,
-    decoding_values,
 )
-from hrt_runtime.search import SearchConfig, hrt, left_to_right, mask_predict, position_cap
+from hrt_runtime.search import SearchConfig, hrt, left_to_right, mask_predict
 from hrt_runtime.text_input import LineWarnings, check_sentences, iter_line_groups, repair_lines
-from hrt_runtime.work import line_positions, stoppable
+from hrt_runtime.work import stoppable
 
 logger = logging.getLogger(__name__)
 
@@ -49,67 +48,9 @@ def read_dictionary(path: str) -> List[str]:
             fields = line.rsplit(" ", 2 if line.endswith("#fairseq:overwrite") else 1)
             symbol = fields[0]
             if symbol in symbols and not line.endswith("#fairseq:overwrite"):
-                raise ValueError(f"{path}: duplicate symbol {symbol!r}")
+                raise Refused(f"{path}: duplicate symbol {symbol!r}")
             symbols.append(symbol)
     return symbols
-
-
-@dataclass(frozen=True)
-class CallOptions:
-    """The checked options of one ``translate`` call (see :meth:`Translator.translate`)."""
-
-    search: SearchConfig
-    chunk_size: int
-    b_nat: int
-    batch_size: int
-    iterations: int
-    length_beam: int
-    max_tokens: Optional[int] = None
-
-
-def batches_of(sources: Sequence[Optional[np.ndarray]], options: "CallOptions") -> List[List[int]]:
-    """The batches a call decodes ``sources`` in (``None``: an empty line, in none): their
-    indices sorted by length (similar lengths share a batch), cut into batches of at most
-    ``options.batch_size`` sentences and ``options.max_tokens`` padded source tokens (at least
-    one sentence each). The service cuts a long request the same way, so its parts are the
-    batches ``Translator.translate`` would make."""
-    todo = sorted((i for i, s in enumerate(sources) if s is not None), key=lambda i: sources[i].size)
-    batches, batch = [], []
-    for i in todo:
-        if batch and (
-            len(batch) >= options.batch_size
-            or (options.max_tokens is not None and (len(batch) + 1) * sources[i].size > options.max_tokens)
-        ):
-            batches.append(batch)
-            batch = []
-        batch.append(i)
-    if batch:
-        batches.append(batch)
-    return batches
-
-
-def check_min_len(min_len: int, max_len_a: float, max_len_b: int, chunk_size: int, max_positions: int):
-    """Refuse ``min_len`` beyond every output's length limit before anything is read: with
-    ``max_len_a`` 0 the limit does not depend on the input (fairseq's check comes per batch,
-    after earlier batches were printed). Stage I at chunk size k makes at most ``max_len_b // k``
-    steps, and ``min_len`` counts its steps. The message names the limit that binds: beyond the
-    model's positions (:func:`position_cap`) raising ``max_len_b`` would not help."""
-    if max_len_a != 0:
-        return
-    stage1 = SearchConfig(max_len_b=max_len_b).for_chunk_size(chunk_size)
-    cap = position_cap(max_positions, chunk_size)
-    at = f" at chunk size {chunk_size}" if chunk_size > 1 else ""
-    if min_len > cap:
-        raise ValueError(
-            f"min_len {min_len} > {cap}, the longest output the model's {max_positions} target positions "
-            f"allow{at}; lower min_len"
-        )
-    if min_len > stage1.max_len_b:
-        stage = f" of stage I{at} (max_len_b // {chunk_size})" if chunk_size > 1 else ""
-        raise ValueError(
-            f"min_len {min_len} > {stage1.max_len_b}, the longest output{stage}; lower min_len or raise "
-            f"max_len_b to {min_len * chunk_size}"
-        )
 
 
 def _line_groups(lines: Iterator[str], size: int, name: str) -> Iterator[List[str]]:
@@ -121,7 +62,7 @@ def _line_groups(lines: Iterator[str], size: int, name: str) -> Iterator[List[st
             return
         for i, line in enumerate(group):
             if not isinstance(line, str):
-                raise TypeError(f"translate_iter() takes strings; {name}, line {first + i} is {type(line).__name__}")
+                raise RefusedType(f"translate_iter() takes strings; {name}, line {first + i} is {type(line).__name__}")
         yield [line[:-2] if line.endswith("\r\n") else line[:-1] if line.endswith("\n") else line for line in group]
         first += len(group)
 
@@ -141,7 +82,7 @@ class Translator:
 
     def __init__(self, folder: str, threads: int = 1):
         if not isinstance(folder, (str, os.PathLike)):
-            raise TypeError(
+            raise RefusedType(
                 f"Translator(folder): folder is the path of a folder written by fairseq-hrt-export, "
                 f"got {type(folder).__name__}"
             )
@@ -152,7 +93,7 @@ class Translator:
         self.source_symbols = read_dictionary(os.path.join(folder, config["source_dictionary"]))
         self.target_symbols = read_dictionary(os.path.join(folder, config["target_dictionary"]))
         if len(self.target_symbols) != config["vocab_size"]:
-            raise ValueError(
+            raise Refused(
                 f"{folder}: the target dictionary has {len(self.target_symbols)} symbols, "
                 f"the model {config['vocab_size']}; export the checkpoint again"
             )
@@ -234,72 +175,21 @@ class Translator:
         if self.model.kind == HRT:  # its length limit: hrt_runtime.search (position_cap), as every engine
             return hrt(model, encoded, width, config, chunk_size, banned, b_nat=b_nat)
         if chunk_size != 1:
-            raise ValueError(f"chunk_size {chunk_size}: an AT model decodes left to right only (chunk_size 1)")
+            raise Refused(f"chunk_size {chunk_size}: an AT model decodes left to right only (chunk_size 1)")
         return left_to_right(model, encoded, width, config, banned)
 
-    def positions(self, sources: Sequence[Optional[np.ndarray]], options: "CallOptions") -> List[int]:
-        """The decoder positions each encoded line may cost under ``options`` (0: an empty
-        line): :func:`hrt_runtime.work.line_positions`."""
-        model = self.model
-        return [
-            0
-            if s is None
-            else line_positions(
-                model.kind,
-                int(s.size),
-                options.search,
-                options.chunk_size,
-                options.b_nat,
-                options.iterations,
-                options.length_beam,
-                model.max_target_positions,
-            )
-            for s in sources
-        ]
+    def positions(self, sources: Sequence[Optional[np.ndarray]], options: CallOptions) -> List[int]:
+        """The decoder positions each encoded line may cost under ``options`` (:func:`.call_options.positions_of`)."""
+        return positions_of(self.model, sources, options)
 
     def chunk_size(self, chunk_size: Optional[int]) -> int:
-        """The chunk size a call decodes with: ``chunk_size`` checked against the model (``None``:
-        the smallest trained one; 1: AT mode)."""
-        trained = self.model.config["trained_chunk_sizes"]
-        if chunk_size is None:
-            return min(trained) if trained else 1
-        chunk_size = DECODING_BY_NAME["chunk_size"].check(chunk_size)
-        if chunk_size > 1 and self.model.kind != HRT:
-            raise ValueError(
-                f"chunk_size {chunk_size}: this is {DESCRIPTION[self.model.kind]}, it has no chunk size "
-                "(chunk_size 1 or None)"
-            )
-        if chunk_size > 1 and chunk_size not in trained:
-            raise ValueError(
-                f"chunk_size {chunk_size}: this model was trained for chunk sizes "
-                f"{', '.join(map(str, trained)) or 'none'}; use one of them, or 1 for AT mode"
-            )
-        return chunk_size
+        """The chunk size a call decodes with (:func:`.call_options.chunk_size_of`)."""
+        return chunk_size_of(self.model, chunk_size)
 
     def options(self, **given) -> CallOptions:
-        """The options of a call (:data:`hrt_runtime.options.DECODING`: their defaults and
-        ranges), checked before anything is read or decoded (one message each; an unknown
-        keyword is refused). ``max_tokens``: a batch holds at most this many source tokens (its
-        sentences x the longest), as fairseq's ``--max-tokens``: memory stays bounded when lines
-        are very long (``None``: only ``batch_size`` counts)."""
-        v = decoding_values(**given)
-        k = self.chunk_size(v["chunk_size"])
-        if self.model.kind == HRT and v["b_nat"] > v["beam"]:
-            raise ValueError(
-                f"b_nat {v['b_nat']} > beam {v['beam']}: stage II fills the top b_nat of the beam's "
-                "Skip-AT hypotheses, so b_nat must be <= beam (b_at)"
-            )
-        if self.model.kind != MASK_PREDICT:  # Mask-Predict has no min_len
-            check_min_len(v["min_len"], v["max_len_a"], v["max_len_b"], k, self.model.max_target_positions)
-        search = SearchConfig(
-            beam=v["beam"],
-            max_len_a=v["max_len_a"],
-            max_len_b=v["max_len_b"],
-            min_len=v["min_len"],
-            len_penalty=v["lenpen"],
-            unk_penalty=v["unkpen"],
-        )
-        return CallOptions(search, k, v["b_nat"], v["batch_size"], v["iterations"], v["length_beam"], v["max_tokens"])
+        """The options of a call, checked before anything is read or decoded
+        (:func:`.call_options.call_options`)."""
+        return call_options(self.model, **given)
 
     def translate(self, lines: Union[str, List[str]], **options) -> Union[str, List[str]]:
         """The translations of one string or a list of strings (the whole list in one buffer:
@@ -323,7 +213,9 @@ class Translator:
         checked = self.options(**options)
         buffer_size = BUFFER.check(buffer_size)
         if isinstance(lines, (str, bytes)):
-            raise TypeError(f"translate_iter() takes an iterable of strings (one per line), got {type(lines).__name__}")
+            raise RefusedType(
+                f"translate_iter() takes an iterable of strings (one per line), got {type(lines).__name__}"
+            )
         name = name or str(getattr(lines, "name", "input"))
         groups = self.translate_groups(_line_groups(iter(lines), buffer_size, name), checked, name)
         return itertools.chain.from_iterable(groups)  # checked above, before the first line is read
@@ -373,11 +265,11 @@ class Translator:
                     options.length_beam,
                     stop=stop,
                 )
-            except ValueError as e:
+            except Refused as e:
                 if name is None:
                     raise
                 others = f" (and {len(batch) - 1} more lines of its batch)" if len(batch) > 1 else ""
-                raise ValueError(f"{name}, line {first_line + min(batch)}{others}: {e}") from None
+                raise Refused(f"{name}, line {first_line + min(batch)}{others}: {e}") from None
             for i, best in zip(batch, hypos):
                 out[i] = self.decode(best[0]["tokens"].tolist())
         return out
@@ -411,9 +303,9 @@ def _translate(a):
     """``hrt-translate``'s work, on parsed arguments ``a``."""
     values = check_arguments(a, (BUFFER, *DECODING, THREADS))
     if a.input != "-" and os.path.isdir(a.input):
-        raise ValueError(f"--input {a.input} is a folder; give a text file (or - for standard input)")
+        raise Refused(f"--input {a.input} is a folder; give a text file (or - for standard input)")
     if a.input != "-" and not os.path.isfile(a.input):
-        raise FileNotFoundError(f"--input {a.input}: no such file")
+        raise RefusedMissing(f"--input {a.input}: no such file")
     translator = Translator(a.folder, threads=values["threads"])
     options = translator.options(**{o.name: values[o.name] for o in DECODING})
     name = "<stdin>" if a.input == "-" else a.input
@@ -436,7 +328,7 @@ def cli_main(argv=None):
         a = p.parse_args(argv)
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s | %(name)s | %(message)s")
         _translate(a)
-    except (ValueError, FileNotFoundError, TypeError) as e:
+    except Refused as e:  # the runtime's refusals only: any other exception is a bug and keeps its traceback
         p.exit(2, f"hrt-translate: error: {e}\n")
     except OutputError as e:
         _stdout_to_devnull()

@@ -2,9 +2,8 @@
 
 * :func:`line_positions`: the decoder positions one line may cost under its options, the most
   the search can compute for it (every hypothesis run to its length limit). ``hrt-serve`` admits
-  a request by the sum over its lines, not by the bytes it sends: 64 lines with ``beam`` 256 and
-  ``min_len`` 1000 are a few kilobytes and took gigabytes and minutes
-  (benchmarks/results/serve-bounded-cpu/report.md).
+  a request by the sum over its lines, not by the bytes it sends: a few kilobytes of lines with a
+  large ``beam`` and ``min_len`` ask for far more memory and time than their size says.
 * :class:`StoppableBackend`: a search backend that asks ``stop()`` before every decoder pass and
   raises :class:`Stopped` once it is true (its client went away, its deadline passed, the drain
   ended): the search's arrays are then dropped with the call. The one pass it cannot cut is

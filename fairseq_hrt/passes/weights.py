@@ -1,0 +1,32 @@
+"""What decoding keeps of a model's weights (the decoder pass's plan of fused projections,
+captured CUDA graphs, an ONNX export) is kept with :func:`weights_version` and made again when
+it differs, so that no cache outlives the weights it was made from.
+
+fairseq's optimizers write the weights through ``p.data``, which the parameters' version
+counters do not see (an ``--eval-bleu`` validation once decoded with the fused projections of
+the previous one): the HRT task counts each of its optimizer steps on the model it trains
+(:meth:`~fairseq_hrt.tasks.training_hooks.TrainingHooks.optimizer_step`,
+:func:`count_weights_written`). A module of its own, so that the task imports no decoding code.
+"""
+
+# on every submodule, so that the decoder's version (the plan's) and the whole model's
+# (captured graphs, exports) both move
+_WRITES = "_weights_writes"
+
+
+def count_weights_written(model) -> None:
+    """Record that ``model``'s weights were written where no version counter sees it (an
+    optimizer step of fairseq's): :func:`weights_version` of the model and of each of its
+    submodules changes."""
+    for module in model.modules():
+        setattr(module, _WRITES, getattr(module, _WRITES, 0) + 1)
+
+
+def weights_version(module) -> tuple:
+    """What changes whenever ``module``'s weights may have: the writes counted on it
+    (:func:`count_weights_written`), then each parameter's storage, dtype, device and version
+    counter (a write through the parameter itself, ``load_state_dict``'s copies included).
+    What is computed from the weights and kept (the plan's fused projections, captured graphs)
+    is kept with the version it was computed at and computed again when it differs."""
+    written = getattr(module, _WRITES, 0)
+    return written, tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in module.parameters())

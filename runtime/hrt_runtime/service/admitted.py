@@ -1,0 +1,73 @@
+"""One admitted ``POST /translate`` request as the batcher holds it, and the exceptions that end a
+request without its translations."""
+
+import asyncio
+import collections
+import time
+from typing import Deque, List, Optional
+
+from hrt_runtime.call_options import CallOptions
+
+
+class Unavailable(Exception):
+    """A request the service does not take now (503 with ``Retry-After``)."""
+
+
+class QueueFull(Unavailable):
+    pass
+
+
+class Busy(Unavailable):
+    pass
+
+
+class ShuttingDown(Unavailable):
+    pass
+
+
+class DeadlinePassed(Exception):
+    """A request whose deadline passed before its translations were all made (504)."""
+
+
+def shutting_down() -> ShuttingDown:
+    return ShuttingDown("the service is shutting down; retry on another instance")
+
+
+class Admitted:
+    """One admitted request: its encoded lines (``None``: empty), the parts not yet translated
+    (lists of line indices, each a batch of its own) with their positions, its translations so
+    far, and ``left``: the positions of its parts not yet finished (counted in flight)."""
+
+    __slots__ = (
+        "sources",
+        "parts",
+        "part_positions",
+        "results",
+        "options",
+        "key",
+        "future",
+        "arrived",
+        "left",
+        "one_batch",
+        "timer",
+        "translated",
+    )
+
+    def __init__(self, sources, parts, part_positions, options: CallOptions, future: asyncio.Future):
+        self.sources, self.options, self.key, self.future = sources, options, options, future
+        self.parts: Deque[List[int]] = collections.deque(parts)
+        self.part_positions: Deque[int] = collections.deque(part_positions)
+        self.results = [""] * len(sources)
+        self.arrived = time.monotonic()
+        self.left = sum(part_positions)
+        self.one_batch = len(parts) == 1
+        self.timer: Optional[asyncio.TimerHandle] = None
+        self.translated = 0
+
+    @property
+    def next_size(self) -> int:
+        return len(self.parts[0])
+
+    @property
+    def queued_positions(self) -> int:
+        return sum(self.part_positions)
