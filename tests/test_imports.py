@@ -192,22 +192,21 @@ print(json.dumps(sorted(edges)))
 """
 
 
+def _python(code: str, *args: str, stdin: str = "", pythonpath=(os.environ.get("PYTHONPATH", ""),)):
+    """``code`` run by a fresh interpreter seeing the repository and the runtime (and ``pythonpath``);
+    it must succeed."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime"), *pythonpath]))
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], input=stdin, capture_output=True, text=True, env=env, cwd=REPO, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def observed_import_graph(names: List[str]) -> Dict[str, Set[str]]:
     """The import edges seen while a fresh interpreter imports ``names``, with the packages
     above each imported module (:func:`with_packages`)."""
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime"), os.environ.get("PYTHONPATH", "")])
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", RECORDER],
-        input=" ".join(names),
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _python(RECORDER, stdin=" ".join(names))
     known = modules()
     graph: Dict[str, Set[str]] = {name: set() for name in known}
     for importer, target in json.loads(done.stdout.strip().splitlines()[-1]):
@@ -436,16 +435,7 @@ LOADED_ON_USE = (
 
 
 def _loaded(how: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "runtime")]))
-    done = subprocess.run(
-        [sys.executable, "-c", LOADER, how, str(REPO / "fairseq_hrt")],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _python(LOADER, how, str(REPO / "fairseq_hrt"), pythonpath=())
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

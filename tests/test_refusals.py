@@ -76,6 +76,14 @@ def test_the_hook_prints_refusals_and_hands_on_everything_else(monkeypatch, caps
     assert capsys.readouterr().err == "fairseq-train: error: --p-raw must be in [0, 1], got 2.0\n"
 
 
+def _last_line_of_training_code(code: str, data) -> str:
+    """The last line ``code`` prints, run in a fresh interpreter with a training command line's
+    arguments (the tiny data's) in ``sys.argv``."""
+    argv = [str(a) for a in train_args(data.bin_dir, "unused", max_update=1)[1:]]
+    out = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
 def test_the_plugin_from_python_leaves_the_excepthook_alone(data):
     """A fresh interpreter that imports the plugin and the hub and sets up the task keeps its
     own ``sys.excepthook``."""
@@ -87,11 +95,8 @@ def test_the_plugin_from_python_leaves_the_excepthook_alone(data):
         "tasks.setup_task(args)\n"
         "print('unchanged' if sys.excepthook is before else 'replaced')\n"
     )
-    argv = [str(a) for a in train_args(data.bin_dir, "unused", max_update=1)[1:]]
-    out = subprocess.run(
-        [sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout
-    assert out.strip().splitlines()[-1] == "unchanged"
+    out = _last_line_of_training_code(code, data)
+    assert out == "unchanged"
 
 
 def test_the_hook_comes_with_the_plugin_under_fairseqs_command_line_never_with_a_task(data):
@@ -111,11 +116,8 @@ def test_the_hook_comes_with_the_plugin_under_fairseqs_command_line_never_with_a
         "tasks.setup_task(args)\n"
         "print(installed, 'unchanged' if sys.excepthook is before else 'replaced')\n"
     )
-    argv = [str(a) for a in train_args(data.bin_dir, "unused", max_update=1)[1:]]
-    out = subprocess.run(
-        [sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout
-    assert out.strip().splitlines()[-1] == "True unchanged"
+    out = _last_line_of_training_code(code, data)
+    assert out == "True unchanged"
 
 
 def test_a_bug_in_the_tasks_checks_keeps_its_traceback(data, tmp_path):
