@@ -27,6 +27,8 @@ Why each type is there, and why none of them can run code when unpickled:
   with several ranks pickles the loaded state to send it from rank 0 to the others. Each is
   restored by updating its ``__dict__``; a container's interpolations are resolved when read,
   with the resolvers of the process that reads them, as for any configuration fairseq loads.
+* fairseq's ``distributed.utils._TensorPlaceholder``: that re-pickled state travels with each
+  tensor replaced by a placeholder holding its index (a dataclass of one ``int``).
 
 The list is what ``torch.serialization.get_unsafe_globals_in_checkpoint`` finds in the
 checkpoints the plugin and stock fairseq 0.12 write (tests/test_safe_loading.py).
@@ -40,6 +42,7 @@ from typing import Iterable, List, Optional
 
 import numpy as np
 import torch
+from fairseq.distributed.utils import _TensorPlaceholder
 from omegaconf import DictConfig, ListConfig
 from omegaconf.base import ContainerMetadata, Metadata
 from omegaconf.nodes import AnyNode
@@ -78,6 +81,7 @@ CHECKPOINT_TYPES = (
     dict,
     list,
     int,
+    _TensorPlaceholder,
 )
 
 

@@ -18,6 +18,7 @@ import sys
 import pytest
 import torch
 from fairseq import checkpoint_utils
+from fairseq.distributed import utils as distributed_utils
 
 from benchmarks import slim_checkpoint
 from fairseq_hrt import compat
@@ -111,7 +112,8 @@ def test_the_allow_list_is_what_real_checkpoints_hold(checkpoints, tmp_path):
     """In a fresh interpreter without the plugin, PyTorch's safe loading refuses the types these
     checkpoints pickle, and each of them is on the plugin's allow-list; with the plugin imported
     none is refused, also once fairseq has loaded a checkpoint and pickles it again (what
-    ``distributed.utils.broadcast_object`` does to share a restored state between ranks)."""
+    ``distributed.utils.broadcast_object`` does to share a restored state between ranks, with
+    its placeholders for the tensors)."""
     _, found = checkpoints
     paths = [c.path for c in found.values()]
     scan = (
@@ -129,9 +131,12 @@ def test_the_allow_list_is_what_real_checkpoints_hold(checkpoints, tmp_path):
         assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == [], path
         state = checkpoint_utils.load_checkpoint_to_cpu(path)
         assert type(state["cfg"]).__name__ == "DictConfig"
+        # what broadcast_object sends to the other ranks: the tensors apart, placeholders for them
+        tensors = []
         resent = tmp_path / "resent.pt"
-        torch.save(state, resent)
-        assert torch.load(resent, weights_only=True)["cfg"] == state["cfg"]
+        torch.save(distributed_utils._split_tensors_from_obj(state, tensors), resent)
+        received = distributed_utils._put_tensors_in_obj(torch.load(resent, weights_only=True), tensors)
+        assert received["cfg"] == state["cfg"]
 
 
 @pytest.mark.parametrize("command", ["generate", "interactive"])
