@@ -9,6 +9,8 @@ exported in-process (``exported_tiny``):
 * clear errors; batch invariance; many threads on one Translator; no torch in the runtime.
 """
 
+import array
+import fcntl
 import json
 import logging
 import os
@@ -18,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import termios
 import threading
 import tomllib
 
@@ -30,7 +33,7 @@ import importlib  # noqa: E402
 
 from fairseq_hrt.export.exporter import quantize_folder  # noqa: E402
 from fairseq_hrt.testing.tiny_runs import REPO, cli_env  # noqa: E402
-from hrt_runtime import Translator, search, serve, translator  # noqa: E402
+from hrt_runtime import Translator, search, serve, translate_command  # noqa: E402
 from hrt_runtime.errors import Refused  # noqa: E402
 from hrt_runtime.integrity import DamagedFolderError  # noqa: E402
 from hrt_runtime.model import DECLARED_KEY, ExportedModel  # noqa: E402
@@ -582,7 +585,7 @@ def _a_bug(*args, **kwargs):
 @pytest.mark.parametrize(
     "cli_main, argv, refusal",
     [
-        (translator.cli_main, ["--beam", "0"], "hrt-translate: error: --beam must be an integer from 1 to 256"),
+        (translate_command.cli_main, ["--beam", "0"], "hrt-translate: error: --beam must be an integer from 1 to 256"),
         (serve.cli_main, ["--max-batch", "0"], "hrt-serve: error: --max-batch must be an integer from 1 to"),
     ],
     ids=["hrt-translate", "hrt-serve"],
@@ -625,10 +628,20 @@ def test_a_full_disk_is_one_line(exported_tiny):
     assert proc.returncode == 1 and said == ["hrt-translate: error: cannot write the output: No space left on device"]
 
 
-def test_ctrl_c_keeps_the_output_and_is_one_line(exported_tiny):
-    """SIGINT while the command waits for more input: what was printed stays, one line, exit 130."""
+def _sigint_as_in_a_terminal():
+    """The child takes SIGINT as a foreground command does, whatever this process was started
+    with: a background job of a non-interactive shell (``pytest ... &`` in a script) inherits
+    SIGINT ignored (POSIX), Python then leaves it ignored, and the command rightly goes on
+    reading, so a Ctrl-C test would see exit 0 (issue 88, item 7)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _interrupted_after_a_first_line(folder, close_input):
+    """Write a line, read its translation, send SIGINT, then either close the input at once
+    (``close_input``: the Ctrl-C lands as the input ends) or keep it open until the command
+    has exited (only the signal can end it): (exit code, first line, rest of stdout, stderr)."""
     proc = _runtime(
-        exported_tiny["hrt"],
+        folder,
         "--beam",
         "1",
         "--max-len-b",
@@ -636,14 +649,158 @@ def test_ctrl_c_keeps_the_output_and_is_one_line(exported_tiny):
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=_sigint_as_in_a_terminal,
     )
-    try:
-        proc.stdin.write(b"w4\n")
-        proc.stdin.flush()
-        first = proc.stdout.readline()  # translated and printed: the command now reads on
-        proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    with proc:
+        try:
+            proc.stdin.write(b"w4\n")
+            proc.stdin.flush()
+            first = proc.stdout.readline()  # translated and printed: the command now reads on
+            proc.send_signal(signal.SIGINT)  # delivered before the input can end: kill() has returned
+            if close_input:
+                proc.stdin.close()
+            proc.wait(timeout=120)  # a guard against a hang, not a duration
+            return proc.returncode, first, proc.stdout.read(), proc.stderr.read().decode()
+        finally:
+            proc.kill()
+
+
+@pytest.mark.parametrize("close_input", [False, True], ids=["input-open", "as-the-input-ends"])
+def test_ctrl_c_keeps_the_output_and_is_one_line(exported_tiny, close_input):
+    """SIGINT after a first translated line: what was printed stays, one line, exit 130, never a
+    success, whether the input then stays open or ends at once."""
+    rc, first, rest, err = _interrupted_after_a_first_line(exported_tiny["hrt"], close_input)
     assert first.strip() and rest == b""
-    assert proc.returncode == 130 and _said(err.decode()) == ["hrt-translate: interrupted"], err
+    assert rc == 130 and _said(err) == ["hrt-translate: interrupted"], err
+
+
+def _bytes_waiting(fd):
+    waiting = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, waiting)
+    return waiting[0]
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="pipe sizes are Linux's")
+def test_ctrl_c_while_the_output_is_blocked_keeps_what_was_written(exported_tiny):
+    """SIGINT while the command waits to write (its output pipe full, the reader not reading),
+    then a reader that reads again: exit 130, one line, and the output is a prefix of the
+    translation (what the command had written or buffered), not lost and not reported as done."""
+    folder = exported_tiny["hrt"]
+    lines = _sentences(2000, seed=4)
+    expected = "".join(line + "\n" for line in Translator(folder).translate(lines, beam=1, max_len_b=4))
+    read_end, write_end = os.pipe()
+    size = fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    assert len(expected) > 2 * size
+    proc = _runtime(
+        folder,
+        "--beam",
+        "1",
+        "--max-len-b",
+        "4",
+        stdin=subprocess.PIPE,
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        preexec_fn=_sigint_as_in_a_terminal,
+    )
+    os.close(write_end)
+    with proc, os.fdopen(read_end, "rb") as output:
+        try:
+            proc.stdin.write("".join(line + "\n" for line in lines).encode())
+            proc.stdin.flush()
+            while _bytes_waiting(read_end) < size:  # the pipe fills: the command then waits to write
+                assert proc.poll() is None, proc.stderr.read()
+                select.select([], [], [], 0.01)
+            proc.send_signal(signal.SIGINT)
+            out = output.read().decode()  # read again: the command's last flush can end
+            proc.wait(timeout=120)  # a guard against a hang, not a duration
+            err = proc.stderr.read().decode()
+        finally:
+            proc.kill()
+    assert proc.returncode == 130 and _said(err) == ["hrt-translate: interrupted"], err
+    assert len(out) >= size and expected.startswith(out)
+
+
+# a real SIGINT sent by the command to itself as it starts importing a module: at a known phase
+# whatever the machine's speed (numpy, sentencepiece: the imports of the runtime; onnxruntime:
+# the model's load, which imports it)
+_SIGINT_AT_IMPORT = """
+import os, signal, sys
+
+class SigintAt:
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, SigintAt())
+{entry}
+"""
+
+
+def _entries():
+    """``python -m hrt_runtime`` and hrt-translate's console script, as pip's wrapper calls it."""
+    script = tomllib.loads((REPO / "runtime" / "pyproject.toml").read_text())["project"]["scripts"]["hrt-translate"]
+    module, _, attr = script.partition(":")
+    return {
+        "python -m hrt_runtime": "import runpy; runpy.run_module('hrt_runtime', run_name='__main__', alter_sys=True)",
+        "console script": f"from {module} import {attr}; sys.exit({attr}())",
+    }
+
+
+@pytest.mark.parametrize("module", ["numpy", "sentencepiece", "onnxruntime"])
+@pytest.mark.parametrize("entry", ["python -m hrt_runtime", "console script"])
+def test_ctrl_c_while_starting_is_one_line(exported_tiny, module, entry):
+    """SIGINT while the command imports its libraries or loads the model: one line, exit 130,
+    no traceback, nothing printed (the entry's imports are light: hrt_runtime.translate_command)."""
+    code = _SIGINT_AT_IMPORT.format(module=module, entry=_entries()[entry])
+    proc = subprocess.run(
+        [sys.executable, "-c", code, exported_tiny["hrt"], "--beam", "1", "--max-len-b", "4"],
+        input=b"w4\n",
+        cwd=str(REPO),
+        env=cli_env(),
+        capture_output=True,
+        timeout=120,
+        preexec_fn=_sigint_as_in_a_terminal,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 130 and proc.stdout == b"", err
+    assert _said(err) == ["hrt-translate: interrupted"], err
+
+
+def test_input_may_be_any_readable_path_but_a_folder(exported_tiny, tmp_path):
+    """--input /dev/stdin, a pipe named /dev/fd/N (bash's ``<(cmd)``), a FIFO and /dev/null are
+    read as a file is; a missing path is still one line."""
+    folder = exported_tiny["at"]
+    lines = _sentences(5, seed=3)
+    expected = Translator(folder).translate(lines, beam=1, max_len_b=5)
+    data = ("\n".join(lines) + "\n").encode()
+    args = (folder, "--beam", "1", "--max-len-b", "5")
+    rc, out, err = _cli(*args, "--input", "/dev/stdin", input_bytes=data)
+    assert rc == 0 and out.split("\n")[:-1] == expected, err
+    rc, out, err = _cli(*args, "--input", os.devnull, input_bytes=data)
+    assert rc == 0 and out == "" and _said(err) == [], err
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    read_end, write_end = os.pipe()
+    for path, fds in ((f"/dev/fd/{read_end}", (read_end,)), (str(fifo), ())):
+        proc = _runtime(
+            *args,
+            "--input",
+            path,
+            pass_fds=fds,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        if fds:
+            os.close(read_end)
+            writer = os.fdopen(write_end, "wb")
+        else:
+            writer = open(fifo, "wb")  # opens once the command opens it to read
+        with writer:
+            writer.write(data)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and out.decode().split("\n")[:-1] == expected, err
+    rc, out, err = _cli(*args, "--input", tmp_path / "absent.txt")
+    assert _one_line_refusal(rc, out, err) and f"--input {tmp_path / 'absent.txt'}: no such file" in err

@@ -7,6 +7,7 @@ import asyncio
 import collections
 import json
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -21,14 +22,14 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("aiohttp")
 
-from aiohttp import web  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from fairseq_hrt.testing.tiny_runs import REPO, cli_env  # noqa: E402
 from hrt_runtime import Translator  # noqa: E402
 from hrt_runtime.options import SERVICE_BY_NAME  # noqa: E402
 from hrt_runtime.search import SearchConfig  # noqa: E402
-from hrt_runtime.serve import BATCHER, make_app, runner_of  # noqa: E402
+from hrt_runtime.serve import BATCHER, HANDLERS, make_app, runner_of, site_of  # noqa: E402
+from hrt_runtime.service.intake import BIG_BODIES, BIG_THREADS, SMALL_BODY_BYTES  # noqa: E402
 from hrt_runtime.work import cut_by_positions, line_positions  # noqa: E402
 from tests.test_runtime import _sentences  # noqa: E402
 
@@ -41,9 +42,9 @@ class Server:
         self.loop = asyncio.new_event_loop()
         self.runner = runner_of(self.app)
         self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
+        self.site = site_of(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(self.site.start())
+        self.port = self.site.bound_port
         self.url = f"http://127.0.0.1:{self.port}"
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -127,6 +128,11 @@ def test_info_and_bad_requests(translator):
         info = get(server.url, "/info")
         assert info["kind"] == "hrt" and info["trained_chunk_sizes"] == [2, 3] and "beam" in info["options"]
         assert info["batching"]["max_batch"] == 64 and info["batching"]["max_wait_ms"] == 0
+        # the model's hash, and the folder's name only: the server's path is not the client's business
+        config = translator.model.config
+        assert info["parameters_sha256"] == config["parameters_sha256"] and len(config["parameters_sha256"]) == 64
+        name = os.path.basename(os.path.normpath(translator.model.folder))
+        assert info["folder"] == name and os.sep not in info["folder"]
         assert post(server.url, {"text": "w5 w6", "beam": 1, "max_len_b": 4}) == (
             200,
             {"translations": translator.translate(["w5 w6"], beam=1, max_len_b=4)},
@@ -376,7 +382,9 @@ def test_limits_per_request_and_warnings_name_the_request(translator, caplog):
     server = Server(translator, max_request_tokens=40)
     try:
         status, answer = post(server.url, {"text": ["w4 w5 w6 w7 w8 w9"] * 8})  # 7 tokens a line
-        assert status == 413 and "56 source tokens in one request; at most 40 (--max-request-tokens)" in answer["error"]
+        # refused once the count passes the cap: after 6 of the 8 lines, not after all of them
+        stopped = "at least 42 source tokens in one request (in its first 6 of 8 lines); at most 40 (--max-request"
+        assert status == 413 and stopped in answer["error"]
         lines = ["w4\x01"] * 15 + ["w5"]
         with caplog.at_level(logging.WARNING, logger="hrt_runtime"):
             status, answer = post(server.url, {"text": lines, "beam": 1, "max_len_b": 4})
@@ -705,14 +713,199 @@ def test_slow_and_hostile_clients_get_json_errors_and_are_cut(translator):
         with pytest.raises(urllib.error.HTTPError) as missing:
             get(server.url, "/nowhere")
         assert missing.value.code == 404 and "error" in json.loads(missing.value.read())
+        # a client that hangs up while its batch is held: it goes unanswered, counted abandoned
+        worker = HeldWorker(server.app[BATCHER])
         hung = _send_and_hang_up(server.port, {"text": _sentences(40, seed=65), "beam": 2, "max_len_b": 20})
+        assert worker.started.wait(30)
         hung.close()
         _wait_for(lambda: server.app[BATCHER].stats["abandoned"] >= 1)
+        worker.release.set()
         info = get(server.url, "/info")["stats"]
         samples = _scrape(server.url)
         for outcome in ("abandoned", "408", "400", "413"):
             counted = samples[("hrt_serve_requests_total", (("outcome", outcome),))]
             assert counted >= 1, outcome
         assert samples[("hrt_serve_requests_total", (("outcome", "abandoned"),))] == info["abandoned"]
+    finally:
+        server.close()
+
+
+def _answer_of(raw: bytes):
+    """A raw HTTP answer's status, headers (lower-case names) and JSON body (interim 1xx
+    answers skipped, as HTTP clients skip them)."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    while head.startswith(b"HTTP/1.1 1"):
+        head, _, body = body.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def test_http_parser_errors_are_json_in_one_log_line(translator, caplog):
+    """Requests aiohttp's parser refuses get the service's JSON errors, logged in one line
+    without a traceback."""
+    server = Server(translator)
+    malformed = [
+        b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8192 + b"\r\n\r\n",
+        b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    ]
+    try:
+        with caplog.at_level(logging.INFO):
+            for data in malformed:
+                status, headers, body = _answer_of(_raw(server.port, data))
+                assert status == 400 and headers["content-type"].startswith("application/json"), headers
+                assert body["error"].startswith("malformed HTTP request: ")
+        assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+        assert len([r for r in caplog.records if "malformed HTTP" in r.getMessage()]) == len(malformed)
+        assert get(server.url, "/health")["status"] == "ok"
+    finally:
+        server.close()
+
+
+def test_connections_beyond_the_limit_get_503_and_accept_errors_one_line(translator, caplog):
+    server = Server(translator, max_connections=3)
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
+    try:
+        _wait_for(lambda: server.site.open == 3)
+        status, headers, body = _answer_of(_raw(server.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
+        assert status == 503 and headers["retry-after"] == "1" and "(--max-connections)" in body["error"]
+        assert server.site.refused == 1
+        idle.pop().close()
+        _wait_for(lambda: server.site.open < 3)
+        assert get(server.url, "/health")["status"] == "ok"
+        # accept() at the file limit, as asyncio reports it for each refused accept: one line
+        with caplog.at_level(logging.WARNING, logger="hrt_runtime.serve"):
+            for _ in range(200):
+                server.loop.call_soon_threadsafe(
+                    server.loop.call_exception_handler,
+                    {"message": "socket.accept() out of system resource", "exception": OSError(24, "Too many open")},
+                )
+            # the loop runs its callbacks in order: after this one, the 200 have run
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0), server.loop).result(30)
+        logged = [r.getMessage() for r in caplog.records if "accept() failed" in r.getMessage()]
+        assert len(logged) == 1 and "ulimit -n" in logged[0] and not any(r.exc_info for r in caplog.records)
+    finally:
+        for s in idle:
+            s.close()
+        server.close()
+
+
+class HeldBodies:
+    """The service's intake held on every body above the small pool's size, until released."""
+
+    def __init__(self, handlers):
+        self.intake = handlers.intake
+        self.prepare, self.started, self.release = self.intake.prepare, threading.Semaphore(0), threading.Event()
+        self.intake.prepare = self.held
+
+    def held(self, data, name):
+        if len(data) > SMALL_BODY_BYTES:
+            self.started.release()
+            assert self.release.wait(60)
+        return self.prepare(data, name)
+
+
+def test_big_bodies_are_read_off_the_loop_in_a_bounded_pool(translator):
+    """With the big-body pool full (its bodies held while being read), /health and a one-line
+    request are answered, and one more big body is told 503; a body above the token cap is
+    refused once the count passes it, before its last lines are tokenised."""
+    server = Server(translator, max_request_tokens=4000)
+    held = HeldBodies(server.app[HANDLERS])
+    per_line = translator.max_source_tokens  # each line is truncated to it
+    lines = 4000 // per_line + 3
+    big = {"text": ["w4 w5 w6 " * 2000] * lines}  # more than 64 KiB, more tokens than the cap
+    try:
+        with ThreadPoolExecutor(BIG_BODIES) as pool:
+            answers = [pool.submit(post, server.url, big) for _ in range(BIG_BODIES)]
+            for _ in range(BIG_THREADS):  # every thread of the pool holds a body: none reads the others
+                assert held.started.acquire(timeout=30)
+            _wait_for(lambda: held.intake.big_bodies == BIG_BODIES)
+            assert get(server.url, "/health")["status"] == "ok"
+            options = {"beam": 1, "max_len_b": 4}
+            assert post(server.url, {"text": ["w5 w6"], **options}) == (
+                200,
+                {"translations": translator.translate(["w5 w6"], **options)},
+            )
+            status, answer = post(server.url, big)
+            assert status == 503 and "being read already" in answer["error"]
+            held.release.set()
+            for answer in answers:
+                status, body = answer.result(60)
+                stopped = f"(in its first {4000 // per_line + 1} of {lines} lines); at most 4000"
+                assert status == 413 and stopped in body["error"], body
+        _wait_for(lambda: held.intake.big_bodies == 0)
+        # a big body's JSON is parsed in the parsing process: its refusals come back whole
+        status, answer = post(server.url, b'{"text": [' + b",".join([b"1"] * 100000) + b"]}")
+        assert status == 400 and '"text" must be a list of strings' in answer["error"]
+        status, answer = post(server.url, json.dumps({"text": ["w4"] * 30000, "bem": 1}).encode())
+        assert status == 413 and "30000 lines in one request" in answer["error"]
+        assert held.intake._parser is not None  # they went there
+    finally:
+        held.release.set()
+        server.close()
+
+
+def test_the_drain_waits_for_a_request_still_arriving_and_a_half_close_is_answered(translator):
+    """SIGTERM's drain with only a slow client's body on its way: the service keeps listening
+    (/health 503) until that request is answered; a client that half-closes after a whole
+    request still gets its answer and is not counted abandoned."""
+    server = Server(translator, drain_seconds=60)
+    batcher, handlers = server.app[BATCHER], server.app[HANDLERS]
+    data = json.dumps({"text": ["w5 w6"], "beam": 1, "max_len_b": 4}).encode()
+    head = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.settimeout(30)
+            s.sendall(head + data)
+            s.shutdown(socket.SHUT_WR)
+            status, _, body = _answer_of(_raw_rest(s))
+        assert (status, body) == (200, {"translations": translator.translate(["w5 w6"], beam=1, max_len_b=4)})
+        assert batcher.stats["abandoned"] == 0
+        with socket.create_connection(("127.0.0.1", server.port)) as slow:
+            slow.settimeout(30)
+            slow.sendall(head + data[:5])
+            _wait_for(lambda: handlers.arriving == 1)
+            drained = asyncio.run_coroutine_threadsafe(batcher.drain(60, handlers.in_progress), server.loop)
+            _wait_for(lambda: batcher.closing)
+            with pytest.raises(urllib.error.HTTPError) as health:
+                get(server.url, "/health")
+            assert health.value.code == 503 and not drained.done()
+            slow.sendall(data[5:])
+            status, _, body = _answer_of(_raw_rest(slow, until=b"}"))
+            assert status == 503 and "shutting down" in body["error"]
+        drained.result(60)
+    finally:
+        server.close()
+
+
+def _raw_rest(s, until=None) -> bytes:
+    """What a connection receives until it closes (or until a chunk ends with ``until``)."""
+    chunks = []
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        if until is not None and chunk.endswith(until):
+            return b"".join(chunks)
+
+
+def test_an_http_error_names_the_request_field(translator):
+    """A beam the search cannot run on the model's output rows is refused naming the request's
+    field and the largest beam it can run, which is then answered."""
+    rows = translator.model.vocab_size
+    assert 2 * 256 > rows - 1  # the tiny model: beam 256 is too large for its rows
+    server = Server(translator)
+    try:
+        status, answer = post(server.url, {"text": ["w5 w6"], "beam": 256, "max_len_b": 2})
+        largest = (rows - 1) // 2
+        assert status == 400 and answer["error"].startswith(f"beam 256 is too large for the {rows} output rows")
+        assert f"at most {largest}" in answer["error"] and "--beam" not in answer["error"]
+        options = {"beam": largest, "max_len_b": 2}
+        assert post(server.url, {"text": ["w5 w6"], **options}) == (
+            200,
+            {"translations": translator.translate(["w5 w6"], **options)},
+        )
     finally:
         server.close()

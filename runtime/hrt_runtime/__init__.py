@@ -11,6 +11,7 @@ search of ``--decoder-engine onnxruntime`` inside fairseq. Never imports torch, 
 fairseq_hrt (docs/deploy.md).
 """
 
+import importlib as _importlib
 import os as _os
 
 # the one version of both distributions: runtime/pyproject.toml and the root's pyproject.toml read
@@ -18,6 +19,25 @@ import os as _os
 with open(_os.path.join(_os.path.dirname(__file__), "VERSION"), encoding="ascii") as _f:
     __version__ = _f.read().strip()
 
-from hrt_runtime.model import ExportedModel, read_config  # noqa: F401
-from hrt_runtime.search import SearchConfig, hrt, left_to_right  # noqa: F401
-from hrt_runtime.translator import Translator  # noqa: F401
+# imported on first use (PEP 562): the commands import this package before their ``try`` can
+# catch a Ctrl-C, so it must not import numpy and the model (hrt_runtime.translate_command)
+_LAZY = {
+    "ExportedModel": "hrt_runtime.model",
+    "read_config": "hrt_runtime.model",
+    "SearchConfig": "hrt_runtime.search",
+    "hrt": "hrt_runtime.search",
+    "left_to_right": "hrt_runtime.search",
+    "Translator": "hrt_runtime.translator",
+}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,3 +1,3 @@
-from hrt_runtime.translator import cli_main
+from hrt_runtime.translate_command import cli_main
 
 cli_main()

@@ -3,6 +3,7 @@
 Only ``numpy`` and ``onnxruntime``: this is what a deployed model runs on.
 """
 
+import io
 import json
 import os
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
@@ -11,8 +12,8 @@ import numpy as np
 
 from hrt_runtime.errors import Refused, RefusedMissing
 from hrt_runtime.families import AT, DESCRIPTION, HRT, MASK_PREDICT
-from hrt_runtime.integrity import OUTPUT_BIAS, OUTPUT_WEIGHT, check_folder, named_files
-from hrt_runtime.onnx_proto import GraphInfo, read_graph_info
+from hrt_runtime.integrity import OUTPUT_BIAS, OUTPUT_WEIGHT, FolderFiles, check_folder, named_files, not_regular
+from hrt_runtime.onnx_proto import GraphInfo, parse_graph_info
 from hrt_runtime.sessions import GraphSessions
 
 # 3: the non-causal pass takes its query columns (its last layer computed there only);
@@ -192,9 +193,9 @@ def check_role(folder: str, config: Dict, role: str, name: str, info: GraphInfo)
         )
 
 
-def check_graph_roles(folder: str, config: Dict) -> None:
-    """Every graph of ``config``'s ``"graphs"`` read (its inputs, outputs and metadata, without
-    a session: :mod:`hrt_runtime.onnx_proto`) and checked: the declared values it carries
+def check_graph_roles(folder: str, config: Dict, files: FolderFiles) -> None:
+    """Every graph of ``config``'s ``"graphs"`` read from ``files`` (its inputs, outputs and
+    metadata, without a session: :mod:`hrt_runtime.onnx_proto`) and checked: the declared values it carries
     (:func:`check_declared`) and its role (:func:`check_role`); and the roles the model's kind
     needs all present."""
     graphs = config["graphs"]
@@ -207,7 +208,7 @@ def check_graph_roles(folder: str, config: Dict) -> None:
         )
     for role, name in graphs.items():
         try:
-            info = read_graph_info(os.path.join(folder, name))
+            info = parse_graph_info(bytes(files.read(name)))
         except ValueError as e:
             raise Refused(f"{folder}: {name} (the {role!r} graph) is not an ONNX graph ({e}); export again") from None
         check_declared(folder, config, name, info.metadata)
@@ -351,7 +352,11 @@ def read_config(folder: str) -> Dict:
     if missing:
         raise Refused(f"{path} lacks {', '.join(missing)}; export the checkpoint again")
     check_types(path, config)
-    absent = [name for name in named_files(config) if not os.path.isfile(os.path.join(folder, name))]
+    problems = {name: not_regular(os.path.join(folder, name)) for name in named_files(config)}
+    odd = [f"{name} {said}" for name, said in problems.items() if said and not said.startswith("is missing")]
+    if odd:
+        raise Refused(f"{folder}: {'; '.join(odd)}; copy the whole folder again, or export again")
+    absent = [name for name, problem in problems.items() if problem]
     if absent:
         raise RefusedMissing(
             f"{folder}: config.json names {', '.join(absent)}, which "
@@ -431,23 +436,37 @@ class StepState:
         self.feeds: Dict[str, np.ndarray] = {}  # the step's feeds, kept from step to step
 
 
-def read_output_layer(folder: str) -> Tuple[np.ndarray, np.ndarray]:
-    """The output projection's weight ``(V, C)`` (memory-mapped) and bias ``(V,)`` (zeros when
-    it has none), from ``output_weight.npy`` / ``output_bias.npy``."""
-    weight = np.load(os.path.join(folder, OUTPUT_WEIGHT), mmap_mode="r")
-    bias_path = os.path.join(folder, OUTPUT_BIAS)
-    bias = np.load(bias_path).astype(np.float32) if os.path.isfile(bias_path) else np.zeros(weight.shape[0], np.float32)
+def _npy(data: bytearray) -> np.ndarray:
+    """The array of a ``.npy`` file's bytes ``data``, a view of them (no second copy)."""
+    header = io.BytesIO(bytes(data[:65536]))
+    version = np.lib.format.read_magic(header)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read(header)
+    array = np.frombuffer(data, dtype, count=int(np.prod(shape)), offset=header.tell())
+    return array.reshape(shape, order="F" if fortran else "C")
+
+
+def read_output_layer(files: FolderFiles) -> Tuple[np.ndarray, np.ndarray]:
+    """The output projection's weight ``(V, C)`` and bias ``(V,)`` (zeros when it has none),
+    from ``output_weight.npy`` / ``output_bias.npy`` as opened at start (held in memory: a
+    mapping of the file would show what is written over it later)."""
+    weight = _npy(files.read(OUTPUT_WEIGHT))
+    has_bias = OUTPUT_BIAS in files.recorded
+    bias = _npy(files.read(OUTPUT_BIAS)).astype(np.float32) if has_bias else np.zeros(weight.shape[0], np.float32)
     return weight, bias
 
 
 class ExportedModel:
-    """The sessions of an exported folder, made on first use. ``threads``: ONNX Runtime's
-    intra-op threads (inter-op 1: the graphs are chains of operators; workers do not spin)."""
+    """The sessions of an exported folder, made on first use from its files as opened and
+    checked at start (:class:`~hrt_runtime.integrity.FolderFiles`: a re-export into the folder
+    changes nothing it decodes). ``threads``: ONNX Runtime's intra-op threads (inter-op 1: the
+    graphs are chains of operators; workers do not spin)."""
 
     def __init__(self, folder: str, threads: int = 1):
         self.folder = folder
         self.config = read_config(folder)
         c = self.config
+        self.files = FolderFiles(folder, c)
         self.kind = c["kind"]
         self.layers, self.heads, self.head_dim = c["layers"], c["heads"], c["head_dim"]
         self.vocab_size = c["vocab_size"]
@@ -460,7 +479,7 @@ class ExportedModel:
         self.loop_rows = LOOP_ROWS_INT8 if c.get("int8") else LOOP_ROWS
         self.window = int(c.get("relative_window", 0))
         self._buckets: Dict = {}
-        self.sessions = GraphSessions(folder, c["graphs"], self.kind, threads)
+        self.sessions = GraphSessions(folder, c["graphs"], self.kind, threads, self.files, c.get("weights"))
         self._positions: Dict[int, np.ndarray] = {}
         self._output_layer = None  # (weight, bias) of the output projection, for shortlists
         # the step's state: per layer keys and values, or an SSRU decoder's cell
@@ -485,7 +504,7 @@ class ExportedModel:
         (:func:`check_graph_roles`, without sessions: a session per graph would keep every
         graph's weights), and the encoder's session (made now: every translation needs it)
         against the declared shapes (:func:`check_shapes`)."""
-        check_graph_roles(self.folder, self.config)
+        check_graph_roles(self.folder, self.config, self.files)
         check_shapes(self.folder, self.config, self.session("encoder").get_outputs())
 
     def session(self, graph: str):
@@ -634,7 +653,7 @@ class ExportedModel:
     def output_layer(self):
         """The output projection (:func:`read_output_layer`), read once."""
         if self._output_layer is None:
-            self._output_layer = read_output_layer(self.folder)
+            self._output_layer = read_output_layer(self.files)
         return self._output_layer
 
     def rows(self, ids: Optional[np.ndarray]) -> OutputRows:

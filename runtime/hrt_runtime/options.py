@@ -323,5 +323,13 @@ SERVICE: Sequence[Option] = (
         86400,
         "seconds a connection may stay without a whole request (its headers included) before it is closed",
     ),
+    Option(
+        "max_connections",
+        int,
+        512,
+        1,
+        10**6,
+        "connections open at once, at most (then 503 and closed); lowered to fit the file limit (ulimit -n)",
+    ),
 )
 SERVICE_BY_NAME: Dict[str, Option] = {option.name: option for option in SERVICE}

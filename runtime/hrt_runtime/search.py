@@ -175,11 +175,13 @@ def left_to_right(
     size = model.vocab_size if rows.ids is None else rows.ids.size
     rules = rules_of(config, model.eos, model.unk, banned, rows, size)
     if config.beam < 1:
-        raise Refused("--beam must be >= 1")
+        raise Refused("beam must be >= 1")
     if config.beam == 1:
         return _greedy(model, encoded, max_len, start, rules, rows, config)
     if 2 * config.beam > size - 1:
-        raise Refused(f"--beam {config.beam} is too large for the {size} output rows of this batch")
+        raise Refused(
+            f"beam {config.beam} is too large for the {size} output rows of this batch: at most {(size - 1) // 2}"
+        )
     return _beam(model, encoded, max_len, start, rules, rows, config)
 
 

@@ -39,7 +39,10 @@ interleave with it. Repair and truncation warnings name the request and its own 
 **Slow and hostile clients.** A connection without a whole request after ``--idle-timeout``
 seconds is closed (aiohttp's keep-alive timeout, which also bounds headers sent slowly); a body
 that takes longer than ``--body-timeout`` is answered 408; bodies above 16 MiB 413, JSON nested
-too deep 400, unknown paths 404: all as JSON.
+too deep 400, unknown paths 404, requests aiohttp's HTTP parser refuses 400: all as JSON. A body
+is parsed, checked and tokenised off the event loop, big bodies in a bounded pool of their own
+(:mod:`hrt_runtime.service.intake`); at most ``--max-connections`` connections are open, one
+more is answered 503 (:mod:`hrt_runtime.service.listener`).
 
 **Draining.** At SIGTERM (or SIGINT) the service keeps listening but takes no new request
 (503, and ``/health`` 503 so that a load balancer sees it), translates what it has for at most
@@ -65,6 +68,7 @@ from hrt_runtime.options import SERVICE, THREADS, check_arguments, command_parse
 from hrt_runtime.service.batcher import Batcher
 from hrt_runtime.service.body import MAX_BODY_BYTES
 from hrt_runtime.service.handlers import Handlers, access_log
+from hrt_runtime.service.listener import ServiceSite
 from hrt_runtime.service.metrics import Metrics, prometheus_client
 from hrt_runtime.translator import Translator
 
@@ -75,6 +79,7 @@ except ImportError:
 
 BATCHER = web.AppKey("batcher", Batcher) if web is not None else "batcher"  # app[BATCHER]: the service's batcher
 SETTINGS = web.AppKey("settings", dict) if web is not None else "settings"  # app[SETTINGS]: checked settings
+HANDLERS = web.AppKey("handlers", Handlers) if web is not None else "handlers"  # app[HANDLERS]: its handlers
 
 
 def checked_settings(settings: dict) -> dict:
@@ -115,14 +120,16 @@ def make_app(translator: Translator, **settings):
         batcher.start()
 
     async def on_shutdown(app):  # the sites are closed: what is left may still be translated
-        await batcher.drain(s["drain_seconds"])
+        await batcher.drain(s["drain_seconds"], handlers.in_progress)
 
     async def on_cleanup(app):
         await batcher.stop()
+        handlers.intake.stop()
 
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[handlers.middleware()])
     app[BATCHER] = batcher
     app[SETTINGS] = s
+    app[HANDLERS] = handlers
     app.router.add_post("/translate", handlers.translate)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/info", handlers.info)
@@ -147,26 +154,34 @@ def runner_of(app):
     )
 
 
+def site_of(runner, host: str, port: int) -> ServiceSite:
+    """The service's listener on ``host:port`` for a runner set up (:func:`runner_of`): at most
+    ``--max-connections`` connections, parser errors as JSON (:mod:`.service.listener`)."""
+    settings = runner.app[SETTINGS]
+    return ServiceSite(runner, host, port, settings["max_connections"], settings["idle_timeout"])
+
+
 async def serve(app, host: str, port: int, announce) -> None:
     """Bind, then ``announce(port)`` (the port it really has), then serve until SIGTERM or
-    SIGINT; then drain while still listening (``/health`` 503, new requests 503), and stop. A
-    bind error is raised as ``OSError`` before anything is announced."""
+    SIGINT; then drain while still listening (``/health`` 503, new requests 503; requests still
+    arriving, as a slow client's, are waited for too), and stop. A bind error is raised as
+    ``OSError`` before anything is announced."""
     runner = runner_of(app)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = site_of(runner, host, port)
     try:
         await site.start()
     except (OSError, OverflowError) as e:
         await runner.cleanup()
         raise OSError(f"cannot listen on {host}:{port}: {getattr(e, 'strerror', None) or e}") from None
-    announce(site._server.sockets[0].getsockname()[1])
+    announce(site.bound_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
         await stop.wait()
-        await app[BATCHER].drain(app[SETTINGS]["drain_seconds"])
+        await app[BATCHER].drain(app[SETTINGS]["drain_seconds"], app[HANDLERS].in_progress)
     finally:
         await runner.cleanup()
 

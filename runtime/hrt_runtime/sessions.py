@@ -1,11 +1,13 @@
 """The ONNX Runtime sessions of an exported folder's graphs, on the CPU: each made on first use,
-once, however many threads ask for it at the same time."""
+once, however many threads ask for it at the same time, from the bytes of the files opened at
+start (:class:`hrt_runtime.integrity.FolderFiles`), never from the folder's paths: a graph first
+used after a re-export into the folder is still the one checked at start."""
 
-import os
 import threading
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 from hrt_runtime.errors import Refused
+from hrt_runtime.integrity import FolderFiles
 
 
 def session_options(ort, threads: int):
@@ -25,14 +27,23 @@ def session_options(ort, threads: int):
 
 
 class GraphSessions:
-    """The sessions of ``graphs`` (role -> file name in ``folder``) of a model of ``kind``."""
+    """The sessions of ``graphs`` (role -> file name in ``folder``) of a model of ``kind``,
+    read from ``files``; ``weights``: the file the graphs' external data is in (``None``: none)."""
 
-    def __init__(self, folder: str, graphs: Dict[str, str], kind: str, threads: int):
+    def __init__(
+        self,
+        folder: str,
+        graphs: Dict[str, str],
+        kind: str,
+        threads: int,
+        files: FolderFiles,
+        weights: Optional[str] = None,
+    ):
         import onnxruntime as ort  # noqa: PLC0415 - optional: onnxruntime
 
         self.folder, self.graphs, self.kind = folder, graphs, kind
-        self._ort = ort
-        self._options = session_options(ort, threads)
+        self._ort, self._threads = ort, threads
+        self.files, self.weights = files, weights
         self._sessions: Dict[str, object] = {}
         # two threads decoding at once (hrt-serve, a Translator shared by threads) must not both
         # make the same session
@@ -47,10 +58,18 @@ class GraphSessions:
                     raise Refused(
                         f"{self.folder} has no {graph} graph (a {self.kind} model; graphs: {', '.join(self.graphs)})"
                     )
-                self._sessions[graph] = self._ort.InferenceSession(
-                    os.path.join(self.folder, name), self._options, providers=["CPUExecutionProvider"]
-                )
+                self._sessions[graph] = self._build(name)
             return self._sessions[graph]
+
+    def _build(self, name: str):
+        """A session of the graph file ``name`` with its external data given from memory: ONNX
+        Runtime copies what it needs while the session is made, so the weights' bytes are held
+        for that time only (a session made from the path would read whatever file is there now)."""
+        options = session_options(self._ort, self._threads)
+        weights = self.files.read(self.weights) if self.weights else None
+        if weights is not None:
+            options.add_external_initializers_from_files_in_memory([self.weights], [weights], [len(weights)])
+        return self._ort.InferenceSession(bytes(self.files.read(name)), options, providers=["CPUExecutionProvider"])
 
     def runner(self, graph: str) -> Callable:
         """``feeds -> outputs`` of a graph's session: the session's own run, without the Python

@@ -19,6 +19,7 @@ import sentencepiece
 from hrt_runtime.call_options import CallOptions, batches_of, call_options, chunk_size_of, positions_of
 from hrt_runtime.errors import Refused, RefusedMissing, RefusedType
 from hrt_runtime.families import HRT, MASK_PREDICT
+from hrt_runtime.integrity import DamagedFolderError
 from hrt_runtime.model import ExportedModel
 from hrt_runtime.options import (
     BUFFER,
@@ -29,6 +30,7 @@ from hrt_runtime.options import (
     command_parser,
 )
 from hrt_runtime.search import SearchConfig, hrt, left_to_right, mask_predict
+from hrt_runtime.stdout import stdout_to_devnull
 from hrt_runtime.text_input import LineWarnings, check_sentences, iter_line_groups, repair_lines
 from hrt_runtime.work import stoppable
 
@@ -266,7 +268,7 @@ class Translator:
                     stop=stop,
                 )
             except Refused as e:
-                if name is None:
+                if name is None or isinstance(e, DamagedFolderError):  # the folder's fault, not a line's
                     raise
                 others = f" (and {len(batch) - 1} more lines of its batch)" if len(batch) > 1 else ""
                 raise Refused(f"{name}, line {first_line + min(batch)}{others}: {e}") from None
@@ -292,29 +294,43 @@ def _print(lines: List[str]):
         raise OutputError(f"cannot write the output: {e.strerror or e}") from None
 
 
-def _stdout_to_devnull():
-    """Standard output to /dev/null: what is still buffered for it cannot be written, and the
-    interpreter's last flush would print a second error."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+def _open_input(path: str):
+    """``--input``: any readable path but a folder (a file, ``/dev/stdin``, a pipe such as
+    bash's ``<(cmd)``, ``/dev/null``), opened before the model is loaded so that a wrong path
+    is said at once; ``None`` for ``-`` (standard input)."""
+    if path == "-":
+        return None
+    if os.path.isdir(path):
+        raise Refused(f"--input {path} is a folder; give a text file (or - for standard input)")
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise RefusedMissing(f"--input {path}: no such file") from None
+    except OSError as e:
+        raise Refused(f"--input {path}: cannot read it: {e.strerror or e}") from None
 
 
 def _translate(a):
     """``hrt-translate``'s work, on parsed arguments ``a``."""
     values = check_arguments(a, (BUFFER, *DECODING, THREADS))
-    if a.input != "-" and os.path.isdir(a.input):
-        raise Refused(f"--input {a.input} is a folder; give a text file (or - for standard input)")
-    if a.input != "-" and not os.path.isfile(a.input):
-        raise RefusedMissing(f"--input {a.input}: no such file")
-    translator = Translator(a.folder, threads=values["threads"])
-    options = translator.options(**{o.name: values[o.name] for o in DECODING})
-    name = "<stdin>" if a.input == "-" else a.input
-    groups = iter_line_groups(sys.stdin.buffer if a.input == "-" else a.input, values["buffer_size"], name=name)
-    for out in translator.translate_groups(groups, options, name, repair=False):
-        _print(out)
+    stream = _open_input(a.input)
+    try:
+        translator = Translator(a.folder, threads=values["threads"])
+        options = translator.options(**{o.name: values[o.name] for o in DECODING})
+        name = "<stdin>" if stream is None else a.input
+        source = sys.stdin.buffer if stream is None else stream
+        groups = iter_line_groups(source, values["buffer_size"], name=name)
+        for out in translator.translate_groups(groups, options, name, repair=False):
+            _print(out)
+    finally:
+        if stream is not None:
+            stream.close()
 
 
-def cli_main(argv=None):
+def command(argv=None):
+    """``hrt-translate`` on ``argv``: a refusal, an output that cannot be written and a reader
+    that went away end in one line (or none) with their exit codes; a Ctrl-C is left to
+    :func:`hrt_runtime.translate_command.cli_main`, which also covers importing this module."""
     p = command_parser(
         "hrt-translate",
         "Translate raw text (stdin or --input, one sentence "
@@ -323,7 +339,11 @@ def cli_main(argv=None):
         "and each buffer is printed as soon as it is translated.",
         (BUFFER, *DECODING, THREADS),
     )
-    p.add_argument("--input", default="-", help="a text file (default: standard input)")
+    p.add_argument(
+        "--input",
+        default="-",
+        help="a file to read (also /dev/stdin, a pipe such as <(cmd), /dev/null); default: standard input",
+    )
     try:
         a = p.parse_args(argv)
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s | %(name)s | %(message)s")
@@ -331,18 +351,12 @@ def cli_main(argv=None):
     except Refused as e:  # the runtime's refusals only: any other exception is a bug and keeps its traceback
         p.exit(2, f"hrt-translate: error: {e}\n")
     except OutputError as e:
-        _stdout_to_devnull()
+        stdout_to_devnull()
         p.exit(1, f"hrt-translate: error: {e}\n")
     except BrokenPipeError:  # the reader went away (e.g. | head): nothing more to say
-        _stdout_to_devnull()
+        stdout_to_devnull()
         sys.exit(1)
-    except KeyboardInterrupt:  # Ctrl-C: what was printed stays printed, without a traceback
-        try:
-            sys.stdout.flush()
-        except OSError:
-            _stdout_to_devnull()
-        p.exit(130, "hrt-translate: interrupted\n")
 
 
 if __name__ == "__main__":
-    cli_main()
+    command()

@@ -172,14 +172,16 @@ class Batcher(AdmissionQueue):
 
     # ------------------------------------------------------------------ shutdown
 
-    async def drain(self, seconds: float):
+    async def drain(self, seconds: float, arriving: Callable[[], int] = lambda: 0):
         """Take no new request; translate what is admitted for at most ``seconds`` (the least
         work left first), then answer those left with :class:`.admitted.ShuttingDown`, which
-        stops their batches at the next decoder step."""
+        stops their batches at the next decoder step. ``arriving()``: requests not yet admitted
+        (a body still coming): waited for too, so that they are answered (503) on a service
+        still listening."""
         self.closing = True
         self._poke()
         deadline = time.monotonic() + seconds
-        while (self.queue or self.running) and time.monotonic() < deadline:
+        while (self.queue or self.running or arriving()) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         self.closed = True
         self._reject_all()

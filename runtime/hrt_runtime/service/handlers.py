@@ -11,12 +11,13 @@ import time
 from typing import Dict, Optional
 
 from hrt_runtime.errors import Refused
+from hrt_runtime.integrity import FolderChanged
 from hrt_runtime.service import body as request_body
 from hrt_runtime.service.admitted import DeadlinePassed, Unavailable
 from hrt_runtime.service.batcher import Batcher
 from hrt_runtime.service.body import MAX_BODY_BYTES, REQUEST_OPTIONS, BadRequest
+from hrt_runtime.service.intake import Intake
 from hrt_runtime.service.metrics import Metrics, prometheus_client
-from hrt_runtime.text_input import repair_lines
 from hrt_runtime.translator import Translator
 
 try:  # the serve extra; hrt_runtime.serve's cli_main says how to install it
@@ -69,6 +70,11 @@ class Handlers:
         self.translator, self.batcher, self.metrics, self.settings = translator, batcher, metrics, settings
         self.timeout = request_body.timeout_option(settings["request_timeout"])
         self.ids = itertools.count(1)
+        self.intake = Intake(translator, settings, self.timeout, batcher.max_batch)
+        self.arriving = 0  # POST /translate requests not yet admitted or refused (a drain waits for them)
+
+    def in_progress(self) -> int:
+        return self.arriving
 
     def middleware(self):
         @web.middleware
@@ -127,32 +133,24 @@ class Handlers:
         except ConnectionError:  # the client went away while sending it: as a hang-up later (abandoned)
             raise asyncio.CancelledError from None
 
-    def _prepare(self, lines, name: str):
-        """A request's lines repaired and encoded, warnings naming it and its own line numbers."""
-        return self.translator.encode_lines(list(repair_lines(lines, name=name)), name=name)
-
     async def translate(self, request):
+        self.arriving += 1
         try:
             return await self._translate(request)
         except BadRequest as e:
-            return error_answer(e.status, e.message)
+            return error_answer(e.status, e.message, **e.headers)
+        finally:
+            self.arriving -= 1
 
     async def _translate(self, request):
         s = self.settings
-        body = request_body.json_of(await self._read(request))
-        text = request_body.lines_of(body)
-        request[REQUEST_LINES] = len(text)
-        request_body.check_lines(text, s["max_request_lines"])
-        options, timeout = request_body.options_of(
-            body, self.translator, self.timeout, self.batcher.max_batch, s["max_batch_tokens"]
+        # the body parsed, checked and tokenised in the intake's pools: the loop keeps answering
+        text, options, timeout, sources = await self.intake.work_of(
+            await self._read(request), f"request {request[REQUEST_ID]}"
         )
+        request[REQUEST_LINES] = len(text)
         if not text:
             return json_answer({"translations": []})
-        # encoding a large request takes a while: in a thread, so that the loop keeps answering
-        sources = await asyncio.get_running_loop().run_in_executor(
-            None, self._prepare, text, f"request {request[REQUEST_ID]}"
-        )
-        request_body.check_tokens(sum(int(x.size) for x in sources if x is not None), s["max_request_tokens"])
         positions = self.translator.positions(sources, options)
         request_body.check_positions(positions, s["max_request_positions"])
         try:
@@ -163,6 +161,9 @@ class Handlers:
             return error_answer(503, str(e), **{"Retry-After": "1"})
         except DeadlinePassed as e:
             return error_answer(504, str(e))
+        except FolderChanged as e:  # the served folder written over in place: no mixed model, ever
+            logging.getLogger(__name__).error("%s", e)
+            return error_answer(503, str(e))
         except Refused as e:  # an option that only the batch's lengths refuse (min_len > max_len)
             return error_answer(400, str(e))
         return json_answer({"translations": translations})
@@ -176,7 +177,8 @@ class Handlers:
         config = self.translator.model.config
         return json_answer(
             {
-                "folder": os.path.abspath(self.translator.model.folder),
+                # the folder's name, not the server's path; the hash says which model it is
+                "folder": os.path.basename(os.path.normpath(self.translator.model.folder)),
                 "kind": config["kind"],
                 "trained_chunk_sizes": config["trained_chunk_sizes"],
                 "max_source_positions": config["max_source_positions"],
