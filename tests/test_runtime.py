@@ -636,21 +636,26 @@ def _sigint_as_in_a_terminal():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _interrupted_after_a_first_line(folder, close_input):
-    """Write a line, read its translation, send SIGINT, then either close the input at once
-    (``close_input``: the Ctrl-C lands as the input ends) or keep it open until the command
-    has exited (only the signal can end it): (exit code, first line, rest of stdout, stderr)."""
-    proc = _runtime(
+def _greedy_command_as_in_a_terminal(folder, stdout):
+    """hrt-translate at beam 1 reading a pipe, its SIGINT at the default as in a terminal."""
+    return _runtime(
         folder,
         "--beam",
         "1",
         "--max-len-b",
         "4",
         stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
+        stdout=stdout,
         stderr=subprocess.PIPE,
         preexec_fn=_sigint_as_in_a_terminal,
     )
+
+
+def _interrupted_after_a_first_line(folder, close_input):
+    """Write a line, read its translation, send SIGINT, then either close the input at once
+    (``close_input``: the Ctrl-C lands as the input ends) or keep it open until the command
+    has exited (only the signal can end it): (exit code, first line, rest of stdout, stderr)."""
+    proc = _greedy_command_as_in_a_terminal(folder, stdout=subprocess.PIPE)
     with proc:
         try:
             proc.stdin.write(b"w4\n")
@@ -691,17 +696,7 @@ def test_ctrl_c_while_the_output_is_blocked_keeps_what_was_written(exported_tiny
     read_end, write_end = os.pipe()
     size = fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
     assert len(expected) > 2 * size
-    proc = _runtime(
-        folder,
-        "--beam",
-        "1",
-        "--max-len-b",
-        "4",
-        stdin=subprocess.PIPE,
-        stdout=write_end,
-        stderr=subprocess.PIPE,
-        preexec_fn=_sigint_as_in_a_terminal,
-    )
+    proc = _greedy_command_as_in_a_terminal(folder, stdout=write_end)
     os.close(write_end)
     with proc, os.fdopen(read_end, "rb") as output:
         try:

@@ -687,12 +687,7 @@ def _raw(port, data: bytes, seconds=30) -> bytes:
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.settimeout(seconds)
         s.sendall(data)
-        chunks = []
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
+        return _raw_rest(s)
 
 
 def test_slow_and_hostile_clients_get_json_errors_and_are_cut(translator):
