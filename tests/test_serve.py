@@ -5,6 +5,7 @@ the command line."""
 
 import asyncio
 import collections
+import http.client
 import json
 import logging
 import os
@@ -903,4 +904,138 @@ def test_an_http_error_names_the_request_field(translator):
             {"translations": translator.translate(["w5 w6"], **options)},
         )
     finally:
+        server.close()
+
+
+def _cost(translator, body) -> int:
+    """The decoder positions a request body may cost, as the service counts them at admission."""
+    return sum(translator.positions(translator.encode_lines(body["text"]), translator.options(**body_options(body))))
+
+
+def test_work_that_cannot_finish_by_its_deadline_is_refused_at_once_with_its_figures(translator):
+    """Once batches of its scale have finished the service knows its pace there: a request that
+    could not finish within its "timeout" even alone is answered 413 at once, one that could
+    alone but not behind the work admitted ahead of it 503, each with its positions, the pace,
+    the seconds it would need and its timeout; neither is queued, and small requests are still
+    answered. A pace measured on short batches says nothing of long ones."""
+    server = Server(translator, workers=1)
+    batcher = server.app[BATCHER]
+    small = {"text": ["w4 w5"], "beam": 1, "max_len_b": 4}
+    medium = {"text": _sentences(4, seed=63), "beam": 4, "max_len_b": 40}
+    big = {"text": _sentences(4, seed=62), "beam": 16, "max_len_b": 200}
+    try:
+        assert not batcher.paces  # nothing measured yet: nothing refused by pace
+        for _ in range(3):
+            assert post(server.url, small)[0] == 200
+        assert post(server.url, medium)[0] == 200
+        cost = _cost(translator, big)
+        assert cost <= batcher.max_batch_positions  # one batch
+        assert batcher.pace_for(cost) is None  # short batches only: the big request is let in
+        assert post(server.url, big)[0] == 200
+        pace, batches = batcher.pace_for(cost), batcher.stats["batches"]
+        assert pace is not None and pace > 0
+        timeout = cost / pace / 4  # it would need four times its timeout on an idle service
+        assert 0.001 <= timeout <= 60, (cost, pace)
+        status, answer = post(server.url, {**big, "timeout": timeout})
+        assert status == 413, answer
+        for figure in (
+            f"may cost {cost} decoder positions",
+            f"measured pace of {pace:.0f} positions a second",
+            f"need {cost / pace:.3g} s even on an idle service",
+            f"past its timeout of {timeout:g} s",
+        ):
+            assert figure in answer["error"], (figure, answer)
+        assert batcher.stats["batches"] == batches and batcher.in_flight == 0 and not batcher.queue
+
+        worker = HeldWorker(batcher)  # the medium request held: its positions are the work ahead
+        ahead = _cost(translator, medium)
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(post, server.url, medium)
+            assert worker.started.wait(30)
+            pace = batcher.pace_for(ahead)  # no batch finishes while it is held
+            timeout = 1.5 * ahead / pace  # enough alone, not behind the held request
+            assert 0.001 <= timeout <= 60, (ahead, pace)
+            status, answer = post(server.url, {**medium, "timeout": timeout})
+            assert status == 503, answer
+            assert f"may cost {ahead} decoder positions" in answer["error"]
+            assert f"behind the {ahead} positions in flight, it would need {2 * ahead / pace:.3g} s" in answer["error"]
+            assert f"past its timeout of {timeout:g} s" in answer["error"]
+            worker.release.set()
+            answered = translator.translate(medium["text"], **body_options(medium))
+            assert first.result(60) == (200, {"translations": answered})
+        assert post(server.url, small) == (200, {"translations": translator.translate(["w4 w5"], beam=1, max_len_b=4)})
+        assert batcher.stats["rejected_deadline"] == 2 and batcher.in_flight == 0 and not batcher.queue
+        assert get(server.url, "/info")["stats"]["rejected_deadline"] == 2
+    finally:
+        server.close()
+
+
+def test_work_as_large_as_a_batch_stopped_unfinished_is_refused_at_once(translator):
+    """A batch its deadline stopped unfinished is remembered: a request with a batch at least as
+    large and a timeout no longer is answered 503 at once, with the figures, not run again."""
+    server = Server(translator, workers=1)
+    batcher = server.app[BATCHER]
+    body = {"text": _sentences(2, seed=64), "beam": 2, "max_len_b": 20}
+    try:
+        worker = HeldWorker(batcher)
+        status, answer = post(server.url, {**body, "timeout": 0.2})  # expires while its batch is held
+        assert status == 504, answer
+        worker.release.set()
+        _wait_for(lambda: batcher.stats["stopped_batches"] == 1)
+        positions, seconds = batcher.unfinished[-1]
+        assert positions == _cost(translator, body)
+        status, answer = post(server.url, {**body, "timeout": seconds})
+        assert status == 503, answer
+        assert f"a batch of {positions} was stopped unfinished after {seconds:.3g} s" in answer["error"]
+        assert batcher.stats["rejected_deadline"] == 1 and len(worker.batches) == 1  # not run again
+        assert post(server.url, body)[0] == 200  # a longer timeout is let in
+    finally:
+        server.close()
+
+
+def _post_from(address: str, port: int, body: dict):
+    """POST /translate from the local ``address`` (any of 127.0.0.0/8 on Linux's loopback)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60, source_address=(address, 0))
+    try:
+        connection.request("POST", "/translate", json.dumps(body), {"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        connection.close()
+
+
+def test_one_client_holds_at_most_its_share_of_the_positions_in_flight(translator):
+    """A client holding positions in flight is refused 503 naming --max-client-share when a
+    further request would pass its share, while another address is admitted, even above the
+    share with its first request; the shares are released when the requests are answered."""
+    options = {"beam": 2, "max_len_b": 9}
+    one = _cost(translator, {"text": ["w4 w5"], **options})
+    server = Server(
+        translator, workers=1, max_request_positions=8 * one, max_positions_in_flight=8 * one, max_client_share=0.5
+    )
+    batcher = server.app[BATCHER]
+    worker = HeldWorker(batcher)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(_post_from, "127.0.0.1", server.port, {"text": ["w4 w5"] * 3, **options})
+            assert worker.started.wait(30)
+            assert batcher.held == {"127.0.0.1": 3 * one}
+            status, answer = _post_from("127.0.0.1", server.port, {"text": ["w4 w5"] * 2, **options})
+            assert status == 503, answer
+            assert f"this client (127.0.0.1) holds {3 * one} decoder positions" in answer["error"]
+            assert (
+                f"--max-client-share 0.5 of --max-positions-in-flight {8 * one} ({4 * one} positions)"
+                in (answer["error"])
+            )
+            other = pool.submit(_post_from, "127.0.0.2", server.port, {"text": ["w4 w5"] * 5, **options})
+            _wait_for(lambda: batcher.held.get("127.0.0.2") == 5 * one)
+            worker.release.set()
+            expected = translator.translate(["w4 w5"], **options)
+            assert first.result(60) == (200, {"translations": expected * 3})
+            assert other.result(60) == (200, {"translations": expected * 5})
+        assert batcher.held == {} and batcher.in_flight == 0
+        assert _post_from("127.0.0.1", server.port, {"text": ["w4 w5"] * 2, **options})[0] == 200
+        assert batcher.stats["rejected_share"] == 1 and batcher.stats["rejected_busy"] == 0
+    finally:
+        worker.release.set()
         server.close()

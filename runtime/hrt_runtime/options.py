@@ -306,6 +306,16 @@ SERVICE: Sequence[Option] = (
         "--max-request-positions",
     ),
     Option(
+        "max_client_share",
+        float,
+        0.5,
+        0.001,
+        1.0,
+        "the fraction of --max-positions-in-flight one client (its address) may hold, at most: a client holding "
+        "positions is told 503 when a further request would pass it (its first request is admitted whatever it "
+        "costs), so one client cannot take the whole budget",
+    ),
+    Option(
         "request_timeout",
         float,
         60.0,

@@ -1,18 +1,38 @@
 """Admission by work: the queue of admitted requests of ``hrt-serve``, the decoder positions they
-may still cost (in flight), and each request's deadline. A request is refused now when the queue
-is full, its work would pass ``--max-positions-in-flight``, or the service shuts down."""
+may still cost (in flight), each client's part of them, the service's measured pace and each
+request's deadline. A request is refused now when the queue is full, its work would pass
+``--max-positions-in-flight`` or its client's share of it (``--max-client-share``), it could not
+finish before its deadline at the measured pace, or the service shuts down."""
 
 import asyncio
 import collections
-from typing import Deque, List, Optional
+from typing import Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from hrt_runtime.call_options import CallOptions, batches_of
 from hrt_runtime.options import SERVICE_BY_NAME
 from hrt_runtime.service import batching
-from hrt_runtime.service.admitted import Admitted, Busy, DeadlinePassed, QueueFull, shutting_down
+from hrt_runtime.service.admitted import (
+    Admitted,
+    Busy,
+    CannotFinish,
+    DeadlinePassed,
+    OverShare,
+    QueueFull,
+    shutting_down,
+)
 from hrt_runtime.work import cut_by_positions
+
+# the newest batch's weight in a measured pace: a few batches follow a change of load, one odd
+# batch does not decide alone
+PACE_WEIGHT = 0.25
+# a pace is read for work within this many powers of two of the batches it was measured on: a
+# batch's fixed cost weighs more the shorter it is, so a pace measured on short batches would
+# refuse long work that runs several times faster a position
+PACE_SCALE_BITS = 2
+# the last batches stopped unfinished that admission remembers
+STOPPED_KEPT = 16
 
 
 def default(name: str):
@@ -24,14 +44,24 @@ class AdmissionQueue:
     """The admitted requests waiting for a batch (``queue``, oldest first), the positions
     admitted and not yet answered (``in_flight``), the service's counters (``stats``) and its
     state: ``closing`` (SIGTERM: no new requests) and ``closed`` (the drain time over: no new
-    batch). :class:`.batcher.Batcher` takes its batches from here."""
+    batch). :class:`.batcher.Batcher` takes its batches from here.
+
+    ``paces``: the decoder positions (as admitted: each batch's worst case) one worker finishes a
+    second, an exponentially weighted average over the finished batches of each scale (the bit
+    length of their positions; nothing is refused by pace for work of a scale not measured yet).
+    ``unfinished``: the last batches stopped before they finished, as (positions, seconds run).
+    ``held``: the positions in flight of each client."""
+
+    workers = 1  # batches translated at once (the batcher's --workers): the pace of the whole service
 
     def __init__(
         self,
         max_queue: int = default("max_queue"),
         max_batch_positions: int = default("max_batch_positions"),
         max_positions_in_flight: int = default("max_positions_in_flight"),
+        max_client_share: float = default("max_client_share"),
     ):
+        self.max_client_share = SERVICE_BY_NAME["max_client_share"].check(max_client_share)
         self.max_queue = SERVICE_BY_NAME["max_queue"].check(max_queue)
         self.max_batch_positions = SERVICE_BY_NAME["max_batch_positions"].check(max_batch_positions)
         self.max_positions_in_flight = SERVICE_BY_NAME["max_positions_in_flight"].check(max_positions_in_flight)
@@ -43,11 +73,16 @@ class AdmissionQueue:
             "largest_batch": 0,
             "rejected_full": 0,
             "rejected_busy": 0,
+            "rejected_share": 0,
+            "rejected_deadline": 0,
             "abandoned": 0,
             "deadline_passed": 0,
             "stopped_batches": 0,
         }
         self.in_flight = 0
+        self.held: Dict[str, int] = {}
+        self.paces: Dict[int, float] = {}
+        self.unfinished: Deque[Tuple[int, float]] = collections.deque(maxlen=STOPPED_KEPT)
         self.closing = False
         self.closed = False
         self._wake: Optional[asyncio.Event] = None  # set when a batch may be formed or a worker is free
@@ -56,9 +91,33 @@ class AdmissionQueue:
         if self._wake is not None:
             self._wake.set()
 
-    def _admit(self, cost: int) -> None:
-        """Refuse a request now (:class:`.admitted.Unavailable`) when the service closes, the
-        queue is full, or its ``cost`` would pass the positions in flight."""
+    def measured(self, positions: int, seconds: float) -> None:
+        """A batch of ``positions`` finished in ``seconds`` on one worker: the pace of its scale
+        follows it."""
+        if seconds <= 0 or positions <= 0:
+            return
+        pace, scale = positions / seconds, positions.bit_length()
+        old = self.paces.get(scale)
+        self.paces[scale] = pace if old is None else (1 - PACE_WEIGHT) * old + PACE_WEIGHT * pace
+
+    def stopped(self, positions: int, seconds: float) -> None:
+        """A batch of ``positions`` was stopped unfinished after ``seconds``: as much work with no
+        longer a deadline cannot finish at this load either."""
+        self.unfinished.append((positions, seconds))
+
+    def pace_for(self, cost: int) -> Optional[float]:
+        """The measured pace of the batches of the scale nearest ``cost``'s, within
+        :data:`PACE_SCALE_BITS` (a larger one first); ``None``: none measured."""
+        scale = cost.bit_length()
+        near = [s for s in self.paces if abs(s - scale) <= PACE_SCALE_BITS]
+        return self.paces[min(near, key=lambda s: (abs(s - scale), -s))] if near else None
+
+    def _admit(self, part_costs: List[int], timeout: float, client: Optional[str]) -> None:
+        """Refuse a request now (:class:`.admitted.Unavailable`, :class:`.admitted.CannotFinish`)
+        when the service closes, the queue is full, its cost (``part_costs``: its batches')
+        would pass the positions in flight or its ``client``'s share of them, or it could not
+        finish within ``timeout``."""
+        cost = sum(part_costs)
         if self.closing:
             raise shutting_down()
         if len(self.queue) >= self.max_queue:
@@ -72,27 +131,93 @@ class AdmissionQueue:
                 f"the service is busy: {self.in_flight} decoder positions in flight and this request's {cost} would "
                 f"pass --max-positions-in-flight {self.max_positions_in_flight}; retry later"
             )
+        self._check_share(cost, client)
+        self._check_pace(part_costs, timeout)
+
+    def _check_share(self, cost: int, client: Optional[str]) -> None:
+        """A client's first request is admitted whatever it costs (as on an idle service), so a
+        share below --max-request-positions still lets every request through one at a time."""
+        held = self.held.get(client, 0) if client is not None else 0
+        share = int(self.max_client_share * self.max_positions_in_flight)
+        if held and held + cost > share:
+            self.stats["rejected_share"] += 1
+            raise OverShare(
+                f"this client ({client}) holds {held} decoder positions in flight and this request's {cost} would "
+                f"pass its share, --max-client-share {self.max_client_share:g} of --max-positions-in-flight "
+                f"{self.max_positions_in_flight} ({share} positions); retry when its requests are answered"
+            )
+
+    def _check_pace(self, part_costs: List[int], timeout: float) -> None:
+        """Refuse work that cannot finish by its deadline rather than run it and throw it away:
+        a batch as large as one that was stopped unfinished after as long; or, at the pace
+        measured at the scale of each of its batches, alone ``sum(part / pace)`` on one worker,
+        behind the positions in flight, shared by the workers, ``(in flight + cost) / (pace x
+        workers)`` (the pace of its largest batch). Work of a scale not measured yet is let in."""
+        cost, largest = sum(part_costs), max(part_costs, default=0)
+        self._check_unfinished(cost, largest, timeout)
+        paces = [self.pace_for(part) for part in part_costs]
+        if not paces or None in paces:
+            return
+        pace = paces[part_costs.index(largest)]
+        alone = sum(part / part_pace for part, part_pace in zip(part_costs, paces))
+        need = max(alone, (self.in_flight + cost) / (pace * self.workers))
+        if need <= timeout:
+            return
+        self.stats["rejected_deadline"] += 1
+        figures = (
+            f"this request may cost {cost} decoder positions; at the service's measured pace of {pace:.0f} "
+            f"positions a second per worker"
+        )
+        if alone > timeout:
+            raise CannotFinish(
+                413,
+                f"{figures} it would need {alone:.3g} s even on an idle service, past its timeout of {timeout:g} s; "
+                'ask for less work (fewer lines, a smaller beam or max_len_b) or a longer "timeout" '
+                "(at most --request-timeout)",
+            )
+        raise CannotFinish(
+            503,
+            f"{figures}, behind the {self.in_flight} positions in flight, it would need {need:.3g} s, past its "
+            f"timeout of {timeout:g} s; retry later or ask for less work",
+        )
+
+    def _check_unfinished(self, cost: int, largest: int, timeout: float) -> None:
+        for positions, seconds in self.unfinished:
+            if largest >= positions and timeout <= seconds:
+                self.stats["rejected_deadline"] += 1
+                raise CannotFinish(
+                    503,
+                    f"this request may cost {cost} decoder positions; a batch of {positions} was stopped unfinished "
+                    f"after {seconds:.3g} s, and its timeout is {timeout:g} s; retry later or ask for less work",
+                )
 
     async def translate(
-        self, sources: List[Optional[np.ndarray]], options: CallOptions, positions: List[int], timeout: float
+        self,
+        sources: List[Optional[np.ndarray]],
+        options: CallOptions,
+        positions: List[int],
+        timeout: float,
+        client: Optional[str] = None,
     ) -> List[str]:
-        """Queue one request of encoded lines, costing ``positions`` per line; its translations,
-        in its order, or :class:`.admitted.DeadlinePassed` after ``timeout`` seconds. Cancelled
-        (its client went away): it leaves the queue at once, and its batch stops if nobody else
-        waits for it."""
-        self._admit(sum(positions))
+        """Queue one request of encoded lines, costing ``positions`` per line, from ``client``
+        (its address; ``None``: no share kept); its translations, in its order, or
+        :class:`.admitted.DeadlinePassed` after ``timeout`` seconds. Cancelled (its client went
+        away): it leaves the queue at once, and its batch stops if nobody else waits for it."""
+        parts = batches_of(sources, options)
+        if parts and batching.mergeable(options):  # else they stay the Translator's batches (outputs depend on them)
+            parts = cut_by_positions(parts, positions, self.max_batch_positions)
+        part_costs = [sum(positions[i] for i in part) for part in parts]
+        self._admit(part_costs, timeout, client)
         self.stats["requests"] += 1
         self.stats["sentences"] += len(sources)
-        parts = batches_of(sources, options)
         if not parts:  # only empty lines
             return [""] * len(sources)
-        if batching.mergeable(options):  # else its parts stay the Translator's batches (its outputs depend on them)
-            parts = cut_by_positions(parts, positions, self.max_batch_positions)
         loop = asyncio.get_running_loop()
-        request = Admitted(
-            sources, parts, [sum(positions[i] for i in part) for part in parts], options, loop.create_future()
-        )
+        request = Admitted(sources, parts, part_costs, options, loop.create_future())
         self.in_flight += request.left
+        if client is not None:
+            request.client = client
+            self.held[client] = self.held.get(client, 0) + request.left
         request.timer = loop.call_later(timeout, self._expire, request, timeout)
         request.future.add_done_callback(lambda future: self._ended(request))
         self.queue.append(request)
@@ -118,6 +243,18 @@ class AdmissionQueue:
             request.timer.cancel()
         if request in self.queue:
             self.queue.remove(request)
-        self.in_flight -= request.left
-        request.left = 0
+        self._release(request, request.left)
         self._poke()
+
+    def _release(self, request: Admitted, positions: int) -> None:
+        """``positions`` of ``request`` done or given up: they leave the count and its client's."""
+        if not positions:  # nothing left of it (its client's entry may be gone already)
+            return
+        request.left -= positions
+        self.in_flight -= positions
+        if request.client is not None:
+            held = self.held[request.client] - positions
+            if held:
+                self.held[request.client] = held
+            else:
+                del self.held[request.client]

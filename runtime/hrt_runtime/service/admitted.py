@@ -25,6 +25,19 @@ class ShuttingDown(Unavailable):
     pass
 
 
+class OverShare(Unavailable):
+    """A client that already holds its share of the positions in flight (``--max-client-share``)."""
+
+
+class CannotFinish(Exception):
+    """A request whose worst case could not finish before its deadline at the service's measured
+    pace: 413 when it could not even on an idle service, else 503 (the work ahead of it)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
 class DeadlinePassed(Exception):
     """A request whose deadline passed before its translations were all made (504)."""
 
@@ -51,6 +64,7 @@ class Admitted:
         "one_batch",
         "timer",
         "translated",
+        "client",
     )
 
     def __init__(self, sources, parts, part_positions, options: CallOptions, future: asyncio.Future):
@@ -63,6 +77,7 @@ class Admitted:
         self.one_batch = len(parts) == 1
         self.timer: Optional[asyncio.TimerHandle] = None
         self.translated = 0
+        self.client: Optional[str] = None  # whose share of the positions in flight it holds
 
     @property
     def next_size(self) -> int:

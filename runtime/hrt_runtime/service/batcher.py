@@ -54,11 +54,12 @@ class Batcher(AdmissionQueue):
         workers: int = default("workers"),
         max_batch_positions: int = default("max_batch_positions"),
         max_positions_in_flight: int = default("max_positions_in_flight"),
+        max_client_share: float = default("max_client_share"),
     ):
         self.translator = translator
         self.max_batch = SERVICE_BY_NAME["max_batch"].check(max_batch)
         self.max_wait = SERVICE_BY_NAME["max_wait_ms"].check(max_wait_ms) / 1000.0
-        super().__init__(max_queue, max_batch_positions, max_positions_in_flight)
+        super().__init__(max_queue, max_batch_positions, max_positions_in_flight, max_client_share)
         self.workers = SERVICE_BY_NAME["workers"].check(workers)
         self.metrics: Optional[Metrics] = None
         self.running: Dict[asyncio.Task, List[Admitted]] = {}
@@ -113,12 +114,14 @@ class Batcher(AdmissionQueue):
         def nobody_waits() -> bool:  # asked by the worker thread between decoder steps
             return all(request.future.done() for request in batch)
 
+        started = time.monotonic()
         try:
             out = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self.translate_batch, sources, batch[0].options, nobody_waits
             )
         except Stopped:
             self.stats["stopped_batches"] += 1
+            self.stopped(sum(costs), time.monotonic() - started)
             if self.metrics is not None:
                 self.metrics.stopped.inc()
             return
@@ -129,6 +132,7 @@ class Batcher(AdmissionQueue):
             return
         finally:
             self._finished(batch, costs, long)
+        self.measured(sum(costs), time.monotonic() - started)  # a finished batch only: a stopped one says nothing
         if self.metrics is not None:
             self.metrics.batch(sources)
         batching.hand_back(batch, parts, out)
@@ -141,8 +145,7 @@ class Batcher(AdmissionQueue):
         self.long_running -= long
         for request, cost in zip(batch, costs):
             if not request.future.done():
-                request.left -= cost
-                self.in_flight -= cost
+                self._release(request, cost)
         self._poke()
 
     def _next_part(self, request: Admitted):

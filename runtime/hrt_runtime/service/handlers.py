@@ -13,7 +13,7 @@ from typing import Dict, Optional
 from hrt_runtime.errors import Refused
 from hrt_runtime.integrity import FolderChanged
 from hrt_runtime.service import body as request_body
-from hrt_runtime.service.admitted import DeadlinePassed, Unavailable
+from hrt_runtime.service.admitted import CannotFinish, DeadlinePassed, Unavailable
 from hrt_runtime.service.batcher import Batcher
 from hrt_runtime.service.body import MAX_BODY_BYTES, REQUEST_OPTIONS, BadRequest
 from hrt_runtime.service.intake import Intake
@@ -155,10 +155,12 @@ class Handlers:
         request_body.check_positions(positions, s["max_request_positions"])
         try:
             translations = await self.batcher.translate(
-                sources, options, positions, s["request_timeout"] if timeout is None else timeout
+                sources, options, positions, s["request_timeout"] if timeout is None else timeout, request.remote
             )
         except Unavailable as e:
             return error_answer(503, str(e), **{"Retry-After": "1"})
+        except CannotFinish as e:  # 413: never within its timeout; 503: not behind the work admitted now
+            return error_answer(e.status, str(e), **({"Retry-After": "1"} if e.status == 503 else {}))
         except DeadlinePassed as e:
             return error_answer(504, str(e))
         except FolderChanged as e:  # the served folder written over in place: no mixed model, ever
