@@ -924,15 +924,15 @@ def test_work_that_cannot_finish_by_its_deadline_is_refused_at_once_with_its_fig
     medium = {"text": _sentences(4, seed=63), "beam": 4, "max_len_b": 40}
     big = {"text": _sentences(4, seed=62), "beam": 16, "max_len_b": 200}
     try:
-        assert not batcher.paces  # nothing measured yet: nothing refused by pace
+        assert not batcher.pace.paces  # nothing measured yet: nothing refused by pace
         for _ in range(3):
             assert post(server.url, small)[0] == 200
         assert post(server.url, medium)[0] == 200
         cost = _cost(translator, big)
         assert cost <= batcher.max_batch_positions  # one batch
-        assert batcher.pace_for(cost) is None  # short batches only: the big request is let in
+        assert batcher.pace.pace_for(cost) is None  # short batches only: the big request is let in
         assert post(server.url, big)[0] == 200
-        pace, batches = batcher.pace_for(cost), batcher.stats["batches"]
+        pace, batches = batcher.pace.pace_for(cost), batcher.stats["batches"]
         assert pace is not None and pace > 0
         timeout = cost / pace / 4  # it would need four times its timeout on an idle service
         assert 0.001 <= timeout <= 60, (cost, pace)
@@ -952,7 +952,7 @@ def test_work_that_cannot_finish_by_its_deadline_is_refused_at_once_with_its_fig
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(post, server.url, medium)
             assert worker.started.wait(30)
-            pace = batcher.pace_for(ahead)  # no batch finishes while it is held
+            pace = batcher.pace.pace_for(ahead)  # no batch finishes while it is held
             timeout = 1.5 * ahead / pace  # enough alone, not behind the held request
             assert 0.001 <= timeout <= 60, (ahead, pace)
             status, answer = post(server.url, {**medium, "timeout": timeout})
@@ -982,7 +982,7 @@ def test_work_as_large_as_a_batch_stopped_unfinished_is_refused_at_once(translat
         assert status == 504, answer
         worker.release.set()
         _wait_for(lambda: batcher.stats["stopped_batches"] == 1)
-        positions, seconds = batcher.unfinished[-1]
+        positions, seconds = batcher.pace.unfinished[-1]
         assert positions == _cost(translator, body)
         status, answer = post(server.url, {**body, "timeout": seconds})
         assert status == 503, answer

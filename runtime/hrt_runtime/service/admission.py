@@ -6,33 +6,16 @@ finish before its deadline at the measured pace, or the service shuts down."""
 
 import asyncio
 import collections
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, Optional
 
 import numpy as np
 
 from hrt_runtime.call_options import CallOptions, batches_of
 from hrt_runtime.options import SERVICE_BY_NAME
 from hrt_runtime.service import batching
-from hrt_runtime.service.admitted import (
-    Admitted,
-    Busy,
-    CannotFinish,
-    DeadlinePassed,
-    OverShare,
-    QueueFull,
-    shutting_down,
-)
+from hrt_runtime.service.admitted import Admitted, Busy, DeadlinePassed, OverShare, QueueFull, shutting_down
+from hrt_runtime.service.pace import Pace
 from hrt_runtime.work import cut_by_positions
-
-# the newest batch's weight in a measured pace: a few batches follow a change of load, one odd
-# batch does not decide alone
-PACE_WEIGHT = 0.25
-# a pace is read for work within this many powers of two of the batches it was measured on: a
-# batch's fixed cost weighs more the shorter it is, so a pace measured on short batches would
-# refuse long work that runs several times faster a position
-PACE_SCALE_BITS = 2
-# the last batches stopped unfinished that admission remembers
-STOPPED_KEPT = 16
 
 
 def default(name: str):
@@ -46,10 +29,7 @@ class AdmissionQueue:
     state: ``closing`` (SIGTERM: no new requests) and ``closed`` (the drain time over: no new
     batch). :class:`.batcher.Batcher` takes its batches from here.
 
-    ``paces``: the decoder positions (as admitted: each batch's worst case) one worker finishes a
-    second, an exponentially weighted average over the finished batches of each scale (the bit
-    length of their positions; nothing is refused by pace for work of a scale not measured yet).
-    ``unfinished``: the last batches stopped before they finished, as (positions, seconds run).
+    ``pace``: what the finished and stopped batches say of the service's pace (:class:`.pace.Pace`);
     ``held``: the positions in flight of each client."""
 
     workers = 1  # batches translated at once (the batcher's --workers): the pace of the whole service
@@ -81,8 +61,7 @@ class AdmissionQueue:
         }
         self.in_flight = 0
         self.held: Dict[str, int] = {}
-        self.paces: Dict[int, float] = {}
-        self.unfinished: Deque[Tuple[int, float]] = collections.deque(maxlen=STOPPED_KEPT)
+        self.pace = Pace()
         self.closing = False
         self.closed = False
         self._wake: Optional[asyncio.Event] = None  # set when a batch may be formed or a worker is free
@@ -90,27 +69,6 @@ class AdmissionQueue:
     def _poke(self):
         if self._wake is not None:
             self._wake.set()
-
-    def measured(self, positions: int, seconds: float) -> None:
-        """A batch of ``positions`` finished in ``seconds`` on one worker: the pace of its scale
-        follows it."""
-        if seconds <= 0 or positions <= 0:
-            return
-        pace, scale = positions / seconds, positions.bit_length()
-        old = self.paces.get(scale)
-        self.paces[scale] = pace if old is None else (1 - PACE_WEIGHT) * old + PACE_WEIGHT * pace
-
-    def stopped(self, positions: int, seconds: float) -> None:
-        """A batch of ``positions`` was stopped unfinished after ``seconds``: as much work with no
-        longer a deadline cannot finish at this load either."""
-        self.unfinished.append((positions, seconds))
-
-    def pace_for(self, cost: int) -> Optional[float]:
-        """The measured pace of the batches of the scale nearest ``cost``'s, within
-        :data:`PACE_SCALE_BITS` (a larger one first); ``None``: none measured."""
-        scale = cost.bit_length()
-        near = [s for s in self.paces if abs(s - scale) <= PACE_SCALE_BITS]
-        return self.paces[min(near, key=lambda s: (abs(s - scale), -s))] if near else None
 
     def _admit(self, part_costs: List[int], timeout: float, client: Optional[str]) -> None:
         """Refuse a request now (:class:`.admitted.Unavailable`, :class:`.admitted.CannotFinish`)
@@ -132,7 +90,10 @@ class AdmissionQueue:
                 f"pass --max-positions-in-flight {self.max_positions_in_flight}; retry later"
             )
         self._check_share(cost, client)
-        self._check_pace(part_costs, timeout)
+        refusal = self.pace.refusal(part_costs, timeout, self.in_flight, self.workers)
+        if refusal is not None:
+            self.stats["rejected_deadline"] += 1
+            raise refusal
 
     def _check_share(self, cost: int, client: Optional[str]) -> None:
         """A client's first request is admitted whatever it costs (as on an idle service), so a
@@ -146,50 +107,6 @@ class AdmissionQueue:
                 f"pass its share, --max-client-share {self.max_client_share:g} of --max-positions-in-flight "
                 f"{self.max_positions_in_flight} ({share} positions); retry when its requests are answered"
             )
-
-    def _check_pace(self, part_costs: List[int], timeout: float) -> None:
-        """Refuse work that cannot finish by its deadline rather than run it and throw it away:
-        a batch as large as one that was stopped unfinished after as long; or, at the pace
-        measured at the scale of each of its batches, alone ``sum(part / pace)`` on one worker,
-        behind the positions in flight, shared by the workers, ``(in flight + cost) / (pace x
-        workers)`` (the pace of its largest batch). Work of a scale not measured yet is let in."""
-        cost, largest = sum(part_costs), max(part_costs, default=0)
-        self._check_unfinished(cost, largest, timeout)
-        paces = [self.pace_for(part) for part in part_costs]
-        if not paces or None in paces:
-            return
-        pace = paces[part_costs.index(largest)]
-        alone = sum(part / part_pace for part, part_pace in zip(part_costs, paces))
-        need = max(alone, (self.in_flight + cost) / (pace * self.workers))
-        if need <= timeout:
-            return
-        self.stats["rejected_deadline"] += 1
-        figures = (
-            f"this request may cost {cost} decoder positions; at the service's measured pace of {pace:.0f} "
-            f"positions a second per worker"
-        )
-        if alone > timeout:
-            raise CannotFinish(
-                413,
-                f"{figures} it would need {alone:.3g} s even on an idle service, past its timeout of {timeout:g} s; "
-                'ask for less work (fewer lines, a smaller beam or max_len_b) or a longer "timeout" '
-                "(at most --request-timeout)",
-            )
-        raise CannotFinish(
-            503,
-            f"{figures}, behind the {self.in_flight} positions in flight, it would need {need:.3g} s, past its "
-            f"timeout of {timeout:g} s; retry later or ask for less work",
-        )
-
-    def _check_unfinished(self, cost: int, largest: int, timeout: float) -> None:
-        for positions, seconds in self.unfinished:
-            if largest >= positions and timeout <= seconds:
-                self.stats["rejected_deadline"] += 1
-                raise CannotFinish(
-                    503,
-                    f"this request may cost {cost} decoder positions; a batch of {positions} was stopped unfinished "
-                    f"after {seconds:.3g} s, and its timeout is {timeout:g} s; retry later or ask for less work",
-                )
 
     async def translate(
         self,

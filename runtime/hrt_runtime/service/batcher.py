@@ -121,7 +121,7 @@ class Batcher(AdmissionQueue):
             )
         except Stopped:
             self.stats["stopped_batches"] += 1
-            self.stopped(sum(costs), time.monotonic() - started)
+            self.pace.stopped(sum(costs), time.monotonic() - started)
             if self.metrics is not None:
                 self.metrics.stopped.inc()
             return
@@ -132,7 +132,7 @@ class Batcher(AdmissionQueue):
             return
         finally:
             self._finished(batch, costs, long)
-        self.measured(sum(costs), time.monotonic() - started)  # a finished batch only: a stopped one says nothing
+        self.pace.measured(sum(costs), time.monotonic() - started)  # a finished batch only: a stopped one says nothing
         if self.metrics is not None:
             self.metrics.batch(sources)
         batching.hand_back(batch, parts, out)
