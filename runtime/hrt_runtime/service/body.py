@@ -7,7 +7,7 @@ from typing import Dict, Optional, Sequence, Tuple
 from hrt_runtime.call_options import CallOptions
 from hrt_runtime.errors import Refused
 from hrt_runtime.options import DECODING, Option
-from hrt_runtime.service.parse import BadRequest, check_lines, json_of, line_break_in, lines_of  # noqa: F401 (their home)
+from hrt_runtime.service.parse import BadRequest
 from hrt_runtime.translator import Translator
 
 # the options a request may set: Translator.translate's, but the batching (the service's own), and its deadline
