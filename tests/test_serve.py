@@ -80,7 +80,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(translator
     """The worker held at a first request while the others arrive: when it is released, the
     waiting requests are gathered into batches (no timing: they are all queued by then), and
     each request gets the Translator's answer for its own lines."""
-    server = Server(translator, max_batch=32, max_wait_ms=0, workers=1)
+    server = Server(translator, max_batch=32, max_wait_ms=0, workers=1, max_running_batches=1)
     worker = HeldWorker(server.app[BATCHER])
     try:
         requests = [
@@ -156,7 +156,7 @@ def test_info_and_bad_requests(translator):
 def test_a_full_queue_answers_503_and_loses_nothing(translator):
     """One batch held in translation, one request waiting (--max-queue 1): the next is told 503
     at once; when the batch is released, the two accepted requests get their own answers."""
-    server = Server(translator, max_batch=1, max_wait_ms=0, max_queue=1, workers=1)
+    server = Server(translator, max_batch=1, max_wait_ms=0, max_queue=1, workers=1, max_running_batches=1)
     batcher = server.app[BATCHER]
     release, started = threading.Event(), threading.Event()
     translate = batcher.translate_batch
@@ -306,7 +306,7 @@ def test_a_client_that_hangs_up_is_not_served(translator):
     """A request whose client disconnects while it waits is dropped from the queue and counted
     as abandoned; a long request whose client disconnects while its first batch runs gets no
     further batch, so the next request waits for that batch only."""
-    server = Server(translator, max_batch=2, max_wait_ms=0, workers=1)
+    server = Server(translator, max_batch=2, max_wait_ms=0, workers=1, max_running_batches=1)
     batcher = server.app[BATCHER]
     worker = HeldWorker(batcher)
     options = {"beam": 1, "max_len_b": 5}
@@ -359,7 +359,7 @@ def test_a_long_request_is_split_and_others_interleave(translator):
     """A request of 6 lines at --max-batch 2 is translated as 3 batches; a short request that
     arrives behind it is translated after its first batch, not after all of them; both get
     the Translator's answers."""
-    server = Server(translator, max_batch=2, max_wait_ms=0, workers=1)
+    server = Server(translator, max_batch=2, max_wait_ms=0, workers=1, max_running_batches=1)
     batcher = server.app[BATCHER]
     worker = HeldWorker(batcher)
     options = {"beam": 1, "max_len_b": 5}
@@ -402,7 +402,7 @@ def test_draining_at_shutdown_is_limited(translator):
     """With a batch held and requests queued, a drain of 0.2 s answers the queued ones 503 and
     so the request whose batch was running when it ended, as it has a second batch to go (a
     request of one batch in progress then would be answered)."""
-    server = Server(translator, max_batch=1, drain_seconds=0.2, workers=1)
+    server = Server(translator, max_batch=1, drain_seconds=0.2, workers=1, max_running_batches=1)
     batcher = server.app[BATCHER]
     worker = HeldWorker(batcher)
     options = {"beam": 1, "max_len_b": 5}
@@ -559,7 +559,9 @@ def test_positions_caps_answer_413_and_503(translator):
     """A request above --max-request-positions: 413 naming its cost; one that would pass
     --max-positions-in-flight while another is admitted: 503 busy; the count comes back to 0."""
     one = translator.positions(translator.encode_lines(["w4 w5"]), translator.options(beam=2, max_len_b=9))[0]
-    server = Server(translator, workers=1, max_request_positions=4 * one, max_positions_in_flight=5 * one)
+    server = Server(
+        translator, workers=1, max_running_batches=1, max_request_positions=4 * one, max_positions_in_flight=5 * one
+    )
     batcher = server.app[BATCHER]
     worker = HeldWorker(batcher)
     options = {"beam": 2, "max_len_b": 9}
@@ -586,7 +588,7 @@ def test_a_request_past_its_deadline_is_answered_504_and_its_work_stops(translat
     """Its first batch held past its own "timeout": it is answered 504 then, the held batch
     stops at its first decoder pass once released, its second batch never starts, and its
     positions leave the count."""
-    server = Server(translator, workers=1, max_batch=4)
+    server = Server(translator, workers=1, max_running_batches=1, max_batch=4)
     batcher = server.app[BATCHER]
     worker = HeldWorker(batcher)
     lines = _sentences(8, seed=61)
@@ -609,53 +611,11 @@ def test_a_request_past_its_deadline_is_answered_504_and_its_work_stops(translat
         server.close()
 
 
-class HeldWhen(HeldWorker):
-    """Holds only the batches ``hold(sources)`` chooses; the others pass."""
-
-    def __init__(self, batcher, hold):
-        super().__init__(batcher)
-        self.hold = hold
-
-    def __call__(self, sources, options, stop):
-        if not self.hold(sources):
-            return self.translate(sources, options, stop)
-        return super().__call__(sources, options, stop)
-
-
-def test_long_requests_never_hold_every_worker(translator):
-    """Two workers: while a long request's batch runs on one, a second long request waits and a
-    one-batch request is served by the other."""
-    server = Server(translator, workers=2, max_batch=2, max_wait_ms=0)
-    batcher = server.app[BATCHER]
-    first_long = _sentences(6, seed=62)
-    marked = {tuple(translator.encode(line).tolist()) for line in first_long}
-    worker = HeldWhen(batcher, lambda sources: any(tuple(s.tolist()) in marked for s in sources))
-    options = {"beam": 1, "max_len_b": 5}
-    try:
-        with ThreadPoolExecutor(3) as pool:
-            held = pool.submit(post, server.url, {"text": first_long, **options})
-            assert worker.started.wait(30)
-            other = pool.submit(post, server.url, {"text": _sentences(6, seed=63), **options})
-            _wait_for(lambda: len(batcher.queue) == 1)
-            short = ["w7 w8"]
-            assert post(server.url, {"text": short, **options}) == (
-                200,
-                {"translations": translator.translate(short, **options)},
-            )
-            assert len(batcher.queue) == 1 and batcher.long_running == 1  # the second long request still waits
-            worker.release.set()
-            assert held.result(60) == (200, {"translations": translator.translate(first_long, **options)})
-            assert other.result(60)[0] == 200
-    finally:
-        worker.release.set()
-        server.close()
-
-
 def test_the_drain_finishes_the_least_work_first_and_health_says_503(translator):
     """SIGTERM's drain with a batch held, a long and a short request queued: while it drains,
     /health answers 503 and new requests 503 on a service still listening; the short request is
     translated before the long one's batches, and every admitted request is answered 200."""
-    server = Server(translator, workers=1, max_batch=2, max_wait_ms=0, drain_seconds=60)
+    server = Server(translator, workers=1, max_running_batches=1, max_batch=2, max_wait_ms=0, drain_seconds=60)
     batcher = server.app[BATCHER]
     worker = HeldWorker(batcher)
     options = {"beam": 1, "max_len_b": 5}
@@ -918,7 +878,7 @@ def test_work_that_cannot_finish_by_its_deadline_is_refused_at_once_with_its_fig
     alone but not behind the work admitted ahead of it 503, each with its positions, the pace,
     the seconds it would need and its timeout; neither is queued, and small requests are still
     answered. A pace measured on short batches says nothing of long ones."""
-    server = Server(translator, workers=1)
+    server = Server(translator, workers=1, max_running_batches=1)
     batcher = server.app[BATCHER]
     small = {"text": ["w4 w5"], "beam": 1, "max_len_b": 4}
     medium = {"text": _sentences(4, seed=63), "beam": 4, "max_len_b": 40}
@@ -958,7 +918,10 @@ def test_work_that_cannot_finish_by_its_deadline_is_refused_at_once_with_its_fig
             status, answer = post(server.url, {**medium, "timeout": timeout})
             assert status == 503, answer
             assert f"may cost {ahead} decoder positions" in answer["error"]
-            assert f"behind the {ahead} positions in flight, it would need {2 * ahead / pace:.3g} s" in answer["error"]
+            assert (
+                f"behind the {ahead} positions in flight served before it, it would need {2 * ahead / pace:.3g} s"
+                in (answer["error"])
+            )
             assert f"past its timeout of {timeout:g} s" in answer["error"]
             worker.release.set()
             answered = translator.translate(medium["text"], **body_options(medium))
@@ -973,7 +936,7 @@ def test_work_that_cannot_finish_by_its_deadline_is_refused_at_once_with_its_fig
 def test_work_as_large_as_a_batch_stopped_unfinished_is_refused_at_once(translator):
     """A batch its deadline stopped unfinished is remembered: a request with a batch at least as
     large and a timeout no longer is answered 503 at once, with the figures, not run again."""
-    server = Server(translator, workers=1)
+    server = Server(translator, workers=1, max_running_batches=1)
     batcher = server.app[BATCHER]
     body = {"text": _sentences(2, seed=64), "beam": 2, "max_len_b": 20}
     try:
@@ -1011,7 +974,12 @@ def test_one_client_holds_at_most_its_share_of_the_positions_in_flight(translato
     options = {"beam": 2, "max_len_b": 9}
     one = _cost(translator, {"text": ["w4 w5"], **options})
     server = Server(
-        translator, workers=1, max_request_positions=8 * one, max_positions_in_flight=8 * one, max_client_share=0.5
+        translator,
+        workers=1,
+        max_running_batches=1,
+        max_request_positions=8 * one,
+        max_positions_in_flight=8 * one,
+        max_client_share=0.5,
     )
     batcher = server.app[BATCHER]
     worker = HeldWorker(batcher)

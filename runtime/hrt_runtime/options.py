@@ -276,8 +276,16 @@ SERVICE: Sequence[Option] = (
         2,
         1,
         64,
-        "batches translated at once, each in a thread with --threads ONNX Runtime threads; with 2 or more, one "
-        "is kept for requests of one batch, so that long requests never hold them all",
+        "decoder passes run at once, each with --threads ONNX Runtime threads: the batches in progress take "
+        "turns at every pass, the one with the least work left first, so that a long request slows only itself",
+    ),
+    Option(
+        "max_running_batches",
+        int,
+        8,
+        1,
+        1024,
+        "batches in progress at once, at most, each in a thread of its own (their passes share the --workers)",
     ),
     Option(
         "max_batch_positions",
@@ -286,7 +294,8 @@ SERVICE: Sequence[Option] = (
         1,
         10**9,
         "decoder positions per batch, at most (lines x beam x the length limit their options allow): a costly "
-        "request is cut into batches of this much work, between which others' batches come",
+        "request is cut into batches of this much work, a line that alone may cost more is refused (413); the "
+        "batches in progress hold at most --workers times this, and a quarter more for short batches",
     ),
     Option(
         "max_request_positions",

@@ -112,6 +112,7 @@ def make_app(translator: Translator, **settings):
         max_batch_positions=s["max_batch_positions"],
         max_positions_in_flight=s["max_positions_in_flight"],
         max_client_share=s["max_client_share"],
+        max_running_batches=s["max_running_batches"],
     )
     if prometheus_client is not None:
         batcher.metrics = Metrics(batcher.max_batch, lambda: len(batcher.queue), lambda: batcher.in_flight)

@@ -159,15 +159,17 @@ class Translator:
         iterations: int = 10,
         length_beam: int = 1,
         stop=None,
+        gate=None,
     ):
         """Hypotheses of a batch of encoded sources (left-padded here, as fairseq batches them).
-        ``stop``: asked before every decoder pass; once true, :class:`hrt_runtime.work.Stopped`."""
+        ``stop``: asked before every decoder pass; once true, :class:`hrt_runtime.work.Stopped`.
+        ``gate``: a :class:`hrt_runtime.work.PassGate` each decoder pass waits at for its turn."""
         pad = self.model.config["source_pad"]
         width = max(s.size for s in sources)
         src = np.full((len(sources), width), pad, np.int64)
         for i, s in enumerate(sources):
             src[i, width - s.size :] = s
-        model = stoppable(self.model, stop)
+        model = stoppable(self.model, stop, gate)
         encoded = model.encode(src)
         banned = self.model.config["banned"]
         if self.model.kind == MASK_PREDICT:
@@ -249,12 +251,13 @@ class Translator:
         name: Optional[str] = "input",
         first_line: int = 1,
         stop=None,
+        gate=None,
     ) -> List[str]:
         """The translations of encoded lines (:meth:`encode_lines`; ``None``: an empty line,
         translated to an empty line), decoded in batches of similar length (:func:`batches_of`).
         A batch its options refuse (``min_len`` beyond a limit that ``max_len_a`` makes depend
         on the batch's width) is named by its first line (``name``, numbered from ``first_line``;
-        ``None``: not named, the lines are not the caller's). ``stop``: :meth:`search`'s."""
+        ``None``: not named, the lines are not the caller's). ``stop``, ``gate``: :meth:`search`'s."""
         out = [""] * len(sources)
         for batch in batches_of(sources, options):
             try:
@@ -266,6 +269,7 @@ class Translator:
                     options.iterations,
                     options.length_beam,
                     stop=stop,
+                    gate=gate,
                 )
             except Refused as e:
                 if name is None or isinstance(e, DamagedFolderError):  # the folder's fault, not a line's

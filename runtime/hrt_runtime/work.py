@@ -6,12 +6,15 @@
   large ``beam`` and ``min_len`` ask for far more memory and time than their size says.
 * :class:`StoppableBackend`: a search backend that asks ``stop()`` before every decoder pass and
   raises :class:`Stopped` once it is true (its client went away, its deadline passed, the drain
-  ended): the search's arrays are then dropped with the call. The one pass it cannot cut is
-  ``greedy.onnx`` (every step of a greedy search in one ONNX Runtime call), which runs for at
-  most :data:`hrt_runtime.model.LOOP_ROWS` rows: at most the positions of a two-line request.
+  ended): the search's arrays are then dropped with the call. With a :class:`PassGate`
+  (``hrt-serve``'s scheduler) each pass also waits for its turn, so that many searches advance a
+  pass at a time. The one pass it cannot cut is ``greedy.onnx`` (every step of a greedy search
+  in one ONNX Runtime call), which runs for at most :data:`hrt_runtime.model.LOOP_ROWS` rows (at
+  most the positions of a two-line request), under a gate only up to
+  :data:`LOOP_POSITIONS_PER_TURN` positions.
 """
 
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -66,38 +69,61 @@ class Stopped(Exception):
     """A translation stopped between two decoder passes: nobody waits for it any more."""
 
 
+class PassGate(Protocol):
+    """Where each decoder pass of a search waits for its turn (``hrt-serve``'s scheduler,
+    :class:`hrt_runtime.service.turns.BatchTurns`): ``enter(positions)`` before a pass of that
+    many decoder positions (it may raise :class:`Stopped`), ``leave()`` after it."""
+
+    def enter(self, positions: int) -> None: ...
+
+    def leave(self) -> None: ...
+
+
+# a greedy loop (every step in one call) runs under a gate only while its worst case is a short
+# request's: the positions it may compute in one call all hold one turn
+LOOP_POSITIONS_PER_TURN = 512
+
+
 class StoppableBackend:
     """``backend`` (an :class:`~hrt_runtime.model.ExportedModel`) with ``stop()`` asked before
-    each pass (encoder, step, greedy loop, non-causal pass); everything else is the backend's
-    (a :class:`~hrt_runtime.backend.SourceBackend` itself: its methods of the contract are
-    written out, its attributes read from the backend)."""
+    each pass (encoder, step, greedy loop, non-causal pass) and, with a ``gate``, each pass run
+    in its turn there; everything else is the backend's (a :class:`~hrt_runtime.backend.SourceBackend`
+    itself: its methods of the contract are written out, its attributes read from the backend)."""
 
-    def __init__(self, backend, stop: Callable[[], bool]):
-        self._backend, self._stop = backend, stop
+    def __init__(self, backend, stop: Callable[[], bool], gate: Optional[PassGate] = None):
+        self._backend, self._stop, self._gate = backend, stop, gate
 
     def __getattr__(self, name):
         return getattr(self._backend, name)
 
-    def _check(self):
+    def _pass(self, positions: int, run: Callable, *args):
         if self._stop():
             raise Stopped("the translation was stopped between two decoder passes")
+        if self._gate is None:
+            return run(*args)
+        self._gate.enter(positions)
+        try:
+            return run(*args)
+        finally:
+            self._gate.leave()
 
     def encode(self, src_tokens: np.ndarray):
-        self._check()
-        return self._backend.encode(src_tokens)
+        return self._pass(0, self._backend.encode, src_tokens)
 
     # the backend contract (hrt_runtime.backend.Backend), its parameters named as there
     def step(self, state, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1):
-        self._check()
-        return self._backend.step(state, tokens, step, logit_bias, top)
+        return self._pass(int(tokens.size), self._backend.step, state, tokens, step, logit_bias, top)
 
     def greedy_loop(self, encoded, start: int, max_len: int, min_len: int, biases, out_rows):
-        self._check()
-        return self._backend.greedy_loop(encoded, start, max_len, min_len, biases, out_rows)
+        positions = encoded.size * (max_len + 1)
+        if self._gate is not None and positions > LOOP_POSITIONS_PER_TURN:
+            return None  # the search makes the steps itself (the same result), each in its turn
+        return self._pass(positions, self._backend.greedy_loop, encoded, start, max_len, min_len, biases, out_rows)
 
     def parallel(self, encoded, tokens, positions, queries, select, logit_bias, out_rows):
-        self._check()
-        return self._backend.parallel(encoded, tokens, positions, queries, select, logit_bias, out_rows)
+        return self._pass(
+            int(tokens.size), self._backend.parallel, encoded, tokens, positions, queries, select, logit_bias, out_rows
+        )
 
     def rows(self, ids: Optional[np.ndarray]):
         return self._backend.rows(ids)
@@ -112,6 +138,8 @@ class StoppableBackend:
         return self._backend.reorder(state, index, step, sentences)
 
 
-def stoppable(backend, stop: Optional[Callable[[], bool]]):
-    """``backend`` itself when nothing can stop it."""
-    return backend if stop is None else StoppableBackend(backend, stop)
+def stoppable(backend, stop: Optional[Callable[[], bool]], gate: Optional[PassGate] = None):
+    """``backend`` itself when nothing can stop it nor schedule its passes."""
+    if stop is None and gate is None:
+        return backend
+    return StoppableBackend(backend, stop or (lambda: False), gate)

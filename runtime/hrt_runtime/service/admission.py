@@ -1,19 +1,28 @@
 """Admission by work: the queue of admitted requests of ``hrt-serve``, the decoder positions they
 may still cost (in flight), each client's part of them, the service's measured pace and each
-request's deadline. A request is refused now when the queue is full, its work would pass
+request's deadline. A request is refused now when one of its batches would hold more than
+``--max-batch-positions`` (a line that alone costs more), the queue is full, its work would pass
 ``--max-positions-in-flight`` or its client's share of it (``--max-client-share``), it could not
 finish before its deadline at the measured pace, or the service shuts down."""
 
 import asyncio
 import collections
-from typing import Deque, Dict, List, Optional
+from typing import Deque, Dict, List, Optional, Sequence, Set
 
 import numpy as np
 
 from hrt_runtime.call_options import CallOptions, batches_of
 from hrt_runtime.options import SERVICE_BY_NAME
 from hrt_runtime.service import batching
-from hrt_runtime.service.admitted import Admitted, Busy, DeadlinePassed, OverShare, QueueFull, shutting_down
+from hrt_runtime.service.admitted import (
+    Admitted,
+    Busy,
+    CannotFinish,
+    DeadlinePassed,
+    OverShare,
+    QueueFull,
+    shutting_down,
+)
 from hrt_runtime.service.pace import Pace
 from hrt_runtime.work import cut_by_positions
 
@@ -30,7 +39,7 @@ class AdmissionQueue:
     batch). :class:`.batcher.Batcher` takes its batches from here.
 
     ``pace``: what the finished and stopped batches say of the service's pace (:class:`.pace.Pace`);
-    ``held``: the positions in flight of each client."""
+    ``held``: the positions in flight of each client; ``admitted``: the requests not yet answered."""
 
     workers = 1  # batches translated at once (the batcher's --workers): the pace of the whole service
 
@@ -51,6 +60,7 @@ class AdmissionQueue:
             "sentences": 0,
             "batches": 0,
             "largest_batch": 0,
+            "largest_batch_positions": 0,
             "rejected_full": 0,
             "rejected_busy": 0,
             "rejected_share": 0,
@@ -61,6 +71,7 @@ class AdmissionQueue:
         }
         self.in_flight = 0
         self.held: Dict[str, int] = {}
+        self.admitted: Set[Admitted] = set()
         self.pace = Pace()
         self.closing = False
         self.closed = False
@@ -90,10 +101,15 @@ class AdmissionQueue:
                 f"pass --max-positions-in-flight {self.max_positions_in_flight}; retry later"
             )
         self._check_share(cost, client)
-        refusal = self.pace.refusal(part_costs, timeout, self.in_flight, self.workers)
+        refusal = self.pace.refusal(part_costs, timeout, self.ahead_of(cost), self.workers)
         if refusal is not None:
             self.stats["rejected_deadline"] += 1
             raise refusal
+
+    def ahead_of(self, cost: int) -> int:
+        """The positions in flight that the decoder passes serve before work of ``cost``: those
+        of the requests with no more work left (a pass goes to the least work left first)."""
+        return sum(request.left for request in self.admitted if request.left <= cost)
 
     def _check_share(self, cost: int, client: Optional[str]) -> None:
         """A client's first request is admitted whatever it costs (as on an idle service), so a
@@ -124,6 +140,7 @@ class AdmissionQueue:
         if parts and batching.mergeable(options):  # else they stay the Translator's batches (outputs depend on them)
             parts = cut_by_positions(parts, positions, self.max_batch_positions)
         part_costs = [sum(positions[i] for i in part) for part in parts]
+        self._check_batches(parts, part_costs)
         self._admit(part_costs, timeout, client)
         self.stats["requests"] += 1
         self.stats["sentences"] += len(sources)
@@ -132,6 +149,7 @@ class AdmissionQueue:
         loop = asyncio.get_running_loop()
         request = Admitted(sources, parts, part_costs, options, loop.create_future())
         self.in_flight += request.left
+        self.admitted.add(request)
         if client is not None:
             request.client = client
             self.held[client] = self.held.get(client, 0) + request.left
@@ -140,6 +158,23 @@ class AdmissionQueue:
         self.queue.append(request)
         self._poke()
         return await request.future
+
+    def _check_batches(self, parts: List[List[int]], part_costs: Sequence[int]) -> None:
+        """No batch holds more than ``--max-batch-positions`` (the memory bound of every batch):
+        a part that would (one line that alone costs more, or a batch that ``max_len_a`` keeps
+        whole) is refused at once, 413 with its figure."""
+        for part, cost in zip(parts, part_costs):
+            if cost > self.max_batch_positions:
+                if len(part) == 1:
+                    lines = f"line {part[0] + 1}"
+                else:  # kept whole: max_len_a > 0 makes the length limit the batch's
+                    lines = f"the batch of {len(part)} lines from line {min(part) + 1} (max_len_a > 0 keeps it whole)"
+                raise CannotFinish(
+                    413,
+                    f"{lines} may cost {cost} decoder positions (beam x the length limit its options allow), "
+                    f"more than a batch holds (--max-batch-positions {self.max_batch_positions}): ask for a "
+                    "smaller beam, min_len or max_len_b",
+                )
 
     def _expire(self, request: Admitted, timeout: float):
         if request.future.done():
@@ -160,6 +195,7 @@ class AdmissionQueue:
             request.timer.cancel()
         if request in self.queue:
             self.queue.remove(request)
+        self.admitted.discard(request)
         self._release(request, request.left)
         self._poke()
 

@@ -61,7 +61,6 @@ class Admitted:
         "future",
         "arrived",
         "left",
-        "one_batch",
         "timer",
         "translated",
         "client",
@@ -74,7 +73,6 @@ class Admitted:
         self.results = [""] * len(sources)
         self.arrived = time.monotonic()
         self.left = sum(part_positions)
-        self.one_batch = len(parts) == 1
         self.timer: Optional[asyncio.TimerHandle] = None
         self.translated = 0
         self.client: Optional[str] = None  # whose share of the positions in flight it holds

@@ -1,6 +1,8 @@
-"""The batcher of ``hrt-serve``: batches taken from the admitted requests, ``--workers`` of them
-translated at a time in worker threads, and the drain at shutdown (the module docstring
-of :mod:`hrt_runtime.serve` says how each behaves)."""
+"""The batcher of ``hrt-serve``: batches taken from the admitted requests, up to
+``--max-running-batches`` of them in progress at once, each in a thread of its own, their
+searches taking turns at every decoder pass (:mod:`.turns`: ``--workers`` passes at once, the
+least work left first), and the drain at shutdown (the module docstring of
+:mod:`hrt_runtime.serve` says how each behaves)."""
 
 import asyncio
 import concurrent.futures
@@ -18,12 +20,13 @@ from hrt_runtime.service import batching
 from hrt_runtime.service.admission import AdmissionQueue, default
 from hrt_runtime.service.admitted import Admitted, shutting_down
 from hrt_runtime.service.metrics import Metrics
+from hrt_runtime.service.turns import BatchTurns, Turns
 from hrt_runtime.translator import Translator
 from hrt_runtime.work import Stopped
 
-# after a batch of at least this many source tokens, freed memory goes back to the system
+# after a batch of at least this many decoder positions, freed memory goes back to the system
 # (malloc_trim costs little beside the work of such a batch)
-TRIM_AFTER_TOKENS = 4096
+TRIM_AFTER_POSITIONS = 16384
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,12 +41,19 @@ def _malloc_trim():
 
 class Batcher(AdmissionQueue):
     """Gathers the admitted requests (:class:`.admission.AdmissionQueue`) into batches
-    (:mod:`.batching`) and translates ``workers`` batches at a time, each in a worker thread.
+    (:mod:`.batching`) and translates up to ``max_running_batches`` batches at once, each in a
+    thread, their decoder passes ``workers`` at a time (:class:`.turns.Turns`).
 
-    :attr:`translate_batch` is what a worker thread calls on a batch: ``(sources, options,
-    stop) -> translations`` (``stop()`` is asked between decoder steps and true when nobody
-    waits for the batch any more). It is the Translator's; a test replaces it to hold a batch
-    or record what was batched, and calls the one it replaced."""
+    The batches in progress hold at most ``workers x max_batch_positions`` decoder positions,
+    and a quarter of a batch more for batches of at most that size, so that short work always
+    finds room beside long work (a batch never holds more than ``max_batch_positions``: a line
+    that would is refused at admission).
+
+    :attr:`translate_batch` is what a batch's thread calls: ``(sources, options, gate) ->
+    translations`` (``gate``: the batch's :class:`.turns.BatchTurns`, where each decoder pass
+    waits for its turn and which tells whether anybody still waits for the batch). It is the
+    Translator's; a test replaces it to hold a batch or record what was batched, and calls the
+    one it replaced."""
 
     def __init__(
         self,
@@ -55,18 +65,23 @@ class Batcher(AdmissionQueue):
         max_batch_positions: int = default("max_batch_positions"),
         max_positions_in_flight: int = default("max_positions_in_flight"),
         max_client_share: float = default("max_client_share"),
+        max_running_batches: int = default("max_running_batches"),
     ):
         self.translator = translator
         self.max_batch = SERVICE_BY_NAME["max_batch"].check(max_batch)
         self.max_wait = SERVICE_BY_NAME["max_wait_ms"].check(max_wait_ms) / 1000.0
         super().__init__(max_queue, max_batch_positions, max_positions_in_flight, max_client_share)
         self.workers = SERVICE_BY_NAME["workers"].check(workers)
+        self.max_running_batches = SERVICE_BY_NAME["max_running_batches"].check(max_running_batches)
+        self.turns = Turns(self.workers)
         self.metrics: Optional[Metrics] = None
         self.running: Dict[asyncio.Task, List[Admitted]] = {}
-        self.long_running = 0  # batches of requests of more than one batch, running
+        self.running_positions = 0  # the worst case of the batches in progress
         self._task: Optional[asyncio.Task] = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="hrt-serve")
-        self.translate_batch: Callable[[List[np.ndarray], CallOptions, Callable[[], bool]], List[str]] = self._translate
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.max_running_batches, thread_name_prefix="hrt-serve"
+        )
+        self.translate_batch: Callable[[List[np.ndarray], CallOptions, BatchTurns], List[str]] = self._translate
 
     def start(self):
         self._wake = asyncio.Event()
@@ -74,21 +89,33 @@ class Batcher(AdmissionQueue):
 
     # ------------------------------------------------------------------ batching
 
-    def _may_start(self, request: Admitted) -> bool:
-        """With two workers or more, one is kept for requests of one batch."""
-        return request.one_batch or self.workers == 1 or self.long_running < self.workers - 1
+    @property
+    def short_batch(self) -> int:
+        """The most positions a batch may have to use the room kept for short work."""
+        return self.max_batch_positions // 4
+
+    def _room(self, cost: int) -> int:
+        """The positions a batch whose first part costs ``cost`` may hold if it starts now (0:
+        it may not start); anything when nothing runs."""
+        if not self.running:
+            return self.max_batch_positions
+        room = self.workers * self.max_batch_positions - self.running_positions
+        if cost > room and cost <= self.short_batch:
+            room = min(self.short_batch, room + self.short_batch)
+        return min(room, self.max_batch_positions) if cost <= room else 0
 
     async def _next_batch(self) -> List[Admitted]:
         while True:
             self._wake.clear()
-            free = self.queue and len(self.running) < self.workers and not self.closed
-            head = batching.head_of(self.queue, self._may_start, self.closing) if free else None
+            free = self.queue and len(self.running) < self.max_running_batches and not self.closed
+            fits = lambda request: self._room(request.part_positions[0]) > 0  # noqa: E731
+            head = batching.head_of(self.queue, fits, self.closing) if free else None
             if head is not None:
                 wait = 0.0
                 if batching.mergeable(head.options) and not self.closing:
                     wait = batching.wait_left(self.queue, head, self.max_batch, self.max_wait)
                 if wait <= 0:
-                    return batching.take(self.queue, head, self.max_batch, self.max_batch_positions)
+                    return batching.take(self.queue, head, self.max_batch, self._room(head.part_positions[0]))
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=wait)
                 except asyncio.TimeoutError:
@@ -99,29 +126,28 @@ class Batcher(AdmissionQueue):
     async def _run(self):
         while True:
             batch = await self._next_batch()
-            long = not batch[0].one_batch
-            task = asyncio.get_running_loop().create_task(self._translate_batch(batch, long))
+            task = asyncio.get_running_loop().create_task(self._translate_batch(batch))
             self.running[task] = batch
-            self.long_running += long
 
-    async def _translate_batch(self, batch: List[Admitted], long: bool):
+    async def _translate_batch(self, batch: List[Admitted]):
         parts = [request.parts.popleft() for request in batch]
         costs = [request.part_positions.popleft() for request in batch]
         sources = [request.sources[i] for request, part in zip(batch, parts) for i in part]
+        cost = sum(costs)
+        self.running_positions += cost
         self.stats["batches"] += 1
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(sources))
-
-        def nobody_waits() -> bool:  # asked by the worker thread between decoder steps
-            return all(request.future.done() for request in batch)
-
+        self.stats["largest_batch_positions"] = max(self.stats["largest_batch_positions"], cost)
+        # asked by the batch's thread between decoder passes
+        gate = BatchTurns(self.turns, cost, lambda: all(request.future.done() for request in batch))
         started = time.monotonic()
         try:
             out = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.translate_batch, sources, batch[0].options, nobody_waits
+                self._executor, self.translate_batch, sources, batch[0].options, gate
             )
         except Stopped:
             self.stats["stopped_batches"] += 1
-            self.pace.stopped(sum(costs), time.monotonic() - started)
+            self.pace.stopped(cost, time.monotonic() - started)
             if self.metrics is not None:
                 self.metrics.stopped.inc()
             return
@@ -131,18 +157,20 @@ class Batcher(AdmissionQueue):
                     request.future.set_exception(e)
             return
         finally:
-            self._finished(batch, costs, long)
-        self.pace.measured(sum(costs), time.monotonic() - started)  # a finished batch only: a stopped one says nothing
+            gate.done()
+            self._finished(batch, costs)
+        # a finished batch only (a stopped one says nothing), by its passes' time: not its waits for turns
+        self.pace.measured(cost, gate.busy)
         if self.metrics is not None:
             self.metrics.batch(sources)
         batching.hand_back(batch, parts, out)
         for request in batch:
             self._next_part(request)
 
-    def _finished(self, batch: List[Admitted], costs: List[int], long: bool):
-        """A batch's worker is free again and its positions leave the count."""
+    def _finished(self, batch: List[Admitted], costs: List[int]):
+        """A batch's thread is free again and its positions leave the counts."""
         del self.running[asyncio.current_task()]
-        self.long_running -= long
+        self.running_positions -= sum(costs)
         for request, cost in zip(batch, costs):
             if not request.future.done():
                 self._release(request, cost)
@@ -160,15 +188,15 @@ class Batcher(AdmissionQueue):
         else:
             request.future.set_result(request.results)
 
-    def _translate(self, sources, options: CallOptions, stop) -> List[str]:
+    def _translate(self, sources, options: CallOptions, gate: BatchTurns) -> List[str]:
         stopped = True
         try:
             # lines of several requests: not named in messages
-            out = self.translator.translate_sources(sources, options, name=None, stop=stop)
+            out = self.translator.translate_sources(sources, options, name=None, stop=gate.stopped, gate=gate)
             stopped = False
             return out
         finally:  # a large batch's memory, or a stopped one's, back to the system
-            if stopped or sum(int(s.size) for s in sources) >= TRIM_AFTER_TOKENS:
+            if stopped or gate.positions >= TRIM_AFTER_POSITIONS:
                 trim = _malloc_trim()
                 if trim is not None:
                     trim(0)

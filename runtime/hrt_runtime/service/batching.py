@@ -1,7 +1,7 @@
-"""Which waiting requests a free worker takes into one batch (Triton's dynamic batching: the
-oldest request and every later one of the same options that fits), and how a batch's
-translations go back to its requests. Pure functions of the queue: the batcher
-(:mod:`.batcher`) owns the queue, the workers and the clock."""
+"""Which waiting requests start next as one batch (Triton's dynamic batching: the oldest request
+that fits beside the batches in progress and every later one of the same options that fits
+with it), and how a batch's translations go back to its requests. Pure functions of the queue:
+the batcher (:mod:`.batcher`) owns the queue, the batches in progress and the clock."""
 
 import time
 from typing import Callable, Iterable, List, Optional, Sequence
@@ -21,9 +21,9 @@ def mergeable(options: CallOptions) -> bool:
 def head_of(
     queue: Iterable[Admitted], may_start: Callable[[Admitted], bool], least_work_first: bool
 ) -> Optional[Admitted]:
-    """The request a free worker serves next: the oldest it may start; while draining
-    (``least_work_first``), the one with the least work left (so that requests finish rather
-    than all rotating)."""
+    """The request whose next part starts next: the oldest that may start (its part fits beside
+    the batches in progress); while draining (``least_work_first``), the one with the least work
+    left (so that requests finish rather than all rotating)."""
     order = sorted(queue, key=lambda r: r.queued_positions) if least_work_first else queue
     return next((r for r in order if may_start(r)), None)
 
@@ -37,18 +37,17 @@ def wait_left(queue: Iterable[Admitted], head: Admitted, max_batch: int, max_wai
     return max_wait - (time.monotonic() - head.arrived)
 
 
-def take(queue, head: Admitted, max_batch: int, max_batch_positions: int) -> List[Admitted]:
+def take(queue, head: Admitted, max_batch: int, max_positions: int) -> List[Admitted]:
     """``head`` and the later waiting requests of the same options whose next part fits in
-    its batch (sentences and positions); they leave ``queue``."""
+    its batch (``max_batch`` sentences, ``max_positions`` positions); they leave ``queue``."""
     taken, size, positions = [head], head.next_size, head.part_positions[0]
     if mergeable(head.options):
         for request in queue:
             if (
                 request is not head
                 and request.key == head.key
-                and request.one_batch == head.one_batch
                 and size + request.next_size <= max_batch
-                and positions + request.part_positions[0] <= max_batch_positions
+                and positions + request.part_positions[0] <= max_positions
             ):
                 taken.append(request)
                 size += request.next_size

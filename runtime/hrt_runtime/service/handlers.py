@@ -190,7 +190,12 @@ class Handlers:
                 "int8": bool(config.get("int8")),
                 "options": list(REQUEST_OPTIONS),
                 "batching": dict(self.settings),
-                "stats": {**self.batcher.stats, "positions_in_flight": self.batcher.in_flight},
+                "stats": {
+                    **self.batcher.stats,
+                    "positions_in_flight": self.batcher.in_flight,
+                    "batches_running": len(self.batcher.running),
+                    "positions_running": self.batcher.running_positions,
+                },
             }
         )
 

@@ -49,13 +49,14 @@ class Pace:
         near = [s for s in self.paces if abs(s - scale) <= PACE_SCALE_BITS]
         return self.paces[min(near, key=lambda s: (abs(s - scale), -s))] if near else None
 
-    def refusal(self, part_costs: List[int], timeout: float, in_flight: int, workers: int) -> Optional[CannotFinish]:
+    def refusal(self, part_costs: List[int], timeout: float, ahead: int, workers: int) -> Optional[CannotFinish]:
         """Why work of batches of ``part_costs`` cannot finish within ``timeout`` (``None``: it
         may), so that it is refused rather than run and thrown away:
         a batch as large as one that was stopped unfinished after as long; or, at the pace
         measured at the scale of each of its batches, alone ``sum(part / pace)`` on one worker,
-        behind the positions in flight, shared by the workers, ``(in flight + cost) / (pace x
-        workers)`` (the pace of its largest batch). Work of a scale not measured yet is let in."""
+        behind the positions in flight that the passes serve first (``ahead``: those of no more
+        work left), shared by the workers, ``(ahead + cost) / (pace x workers)`` (the pace of its
+        largest batch). Work of a scale not measured yet is let in."""
         cost, largest = sum(part_costs), max(part_costs, default=0)
         for positions, seconds in self.unfinished:
             if largest >= positions and timeout <= seconds:
@@ -69,7 +70,7 @@ class Pace:
             return None
         pace = paces[part_costs.index(largest)]
         alone = sum(part / part_pace for part, part_pace in zip(part_costs, paces))
-        need = max(alone, (in_flight + cost) / (pace * workers))
+        need = max(alone, (ahead + cost) / (pace * workers))
         if need <= timeout:
             return None
         figures = (
@@ -85,6 +86,6 @@ class Pace:
             )
         return CannotFinish(
             503,
-            f"{figures}, behind the {in_flight} positions in flight, it would need {need:.3g} s, past its "
+            f"{figures}, behind the {ahead} positions in flight served before it, it would need {need:.3g} s, past its "
             f"timeout of {timeout:g} s; retry later or ask for less work",
         )
