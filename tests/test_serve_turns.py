@@ -209,3 +209,40 @@ def test_requests_of_many_shapes_at_once_get_the_translators_answers(translator)
         assert answers == expected
     finally:
         server.close()
+
+
+def test_the_batches_in_progress_never_hold_more_than_the_memory_bound(translator):
+    """One worker, batches of at most 4,096 positions: four costly one-line requests (4,096
+    positions each) sent at once run one after another (never two in progress), short requests
+    still run beside them in the quarter batch kept for short work, and every answer is the
+    Translator's."""
+    server = Server(translator, workers=1, max_batch_positions=4096)
+    batcher = server.app[BATCHER]
+    held = []  # the positions in progress at every pass
+    translate = batcher.translate_batch
+
+    def noting(sources, options, gate):
+        enter = gate.enter
+
+        def noted(positions):
+            enter(positions)
+            held.append((batcher.running_positions, len(batcher.running)))
+
+        gate.enter = noted
+        return translate(sources, options, gate)
+
+    batcher.translate_batch = noting
+    costly = [
+        {"text": [line], "beam": 4, "chunk_size": 1, "min_len": 1000, "max_len_b": 100000}
+        for line in _sentences(4, seed=11)
+    ]
+    short = [{"text": [line], "beam": 2, "max_len_b": 8} for line in _sentences(6, seed=12)]
+    try:
+        assert {_cost(translator, body) for body in costly} == {4096}
+        with ThreadPoolExecutor(10) as pool:
+            answers = list(pool.map(lambda body: post(server.url, body), costly + short))
+        assert answers == [(200, {"translations": translator.translate(**_call(body))}) for body in costly + short]
+        assert held and max(positions for positions, _ in held) <= 4096 + 4096 // 4
+        assert batcher.stats["largest_batch_positions"] == 4096
+    finally:
+        server.close()

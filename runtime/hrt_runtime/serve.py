@@ -19,12 +19,16 @@ own shorter ``"timeout"``): then it is answered 504, and its work stops between 
 as when its client goes away (aiohttp's handler cancellation: counted ``abandoned``) or the drain
 ends. A batch stops once none of its requests waits for it; its arrays go with it.
 
-Dynamic batching, as Triton's dynamic batcher: requests wait in one queue; a free worker takes
-the oldest and, with it, every later waiting request with the same options, up to
-``--max-batch`` sentences and ``--max-batch-positions`` positions, waiting at most
-``--max-wait-ms`` (default 0) after the oldest arrived for more to come. ``--workers`` batches
-run at once, each in a thread (the event loop keeps answering); with two or more, one worker
-is kept for requests of one batch, so that long requests never hold every worker. Translations
+Scheduling at the decoder pass (continuous batching, as Orca's and vLLM's): requests wait in one
+queue; the oldest whose next batch fits beside the batches in progress starts with every later
+waiting request of the same options, up to ``--max-batch`` sentences and
+``--max-batch-positions`` positions, waiting at most ``--max-wait-ms`` (default 0) after the
+oldest arrived for more to come (Triton's dynamic batching). Up to ``--max-running-batches``
+batches are in progress, each in a thread; their searches take turns at every decoder pass,
+``--workers`` passes at once, the batch with the least work left first
+(:mod:`hrt_runtime.service.turns`): a long request slows only itself. The batches in progress
+hold at most ``--workers x --max-batch-positions`` positions and a quarter batch more for short
+batches; a line that alone may cost more than a batch holds is refused (413). Translations
 are handed back to each request by position: a request never gets another's lines. The queue is
 bounded (``--max-queue`` requests; then 503 and ``Retry-After``). Sentences of a request may be
 translated in a batch with other requests' sentences: outputs do not depend on the batch (see

@@ -126,6 +126,8 @@ class Batcher(AdmissionQueue):
     async def _run(self):
         while True:
             batch = await self._next_batch()
+            # counted now: the next batch is chosen before this one's task first runs
+            self.running_positions += sum(request.part_positions[0] for request in batch)
             task = asyncio.get_running_loop().create_task(self._translate_batch(batch))
             self.running[task] = batch
 
@@ -134,7 +136,6 @@ class Batcher(AdmissionQueue):
         costs = [request.part_positions.popleft() for request in batch]
         sources = [request.sources[i] for request, part in zip(batch, parts) for i in part]
         cost = sum(costs)
-        self.running_positions += cost
         self.stats["batches"] += 1
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(sources))
         self.stats["largest_batch_positions"] = max(self.stats["largest_batch_positions"], cost)
