@@ -67,6 +67,19 @@ def test_idle_connections_are_told_apart():
     listener.close()
 
 
+def test_connections_a_full_accept_queue_left_pending_are_told_apart():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)  # never accepted: the kernel queues one or two, and drops the others' SYNs
+    idle = open_idle(listener.getsockname()[1], 8)
+    time.sleep(0.2)
+    outcome = socket_outcomes(idle)
+    assert outcome["still_connecting"] >= 1 and outcome["still_open"] + outcome["still_connecting"] == 8
+    for s in idle:
+        s.close()
+    listener.close()
+
+
 class _Health(http.server.BaseHTTPRequestHandler):
     answers = []
 

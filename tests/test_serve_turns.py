@@ -17,7 +17,7 @@ from hrt_runtime.service import turns as turns_module  # noqa: E402
 from hrt_runtime.service.turns import BatchTurns, Turns  # noqa: E402
 from hrt_runtime.work import Stopped  # noqa: E402
 from tests.test_runtime import _sentences  # noqa: E402
-from tests.test_serve import Server, _cost, _wait_for, body_options, post  # noqa: E402
+from tests.test_serve import HeldWorker, Server, _cost, _wait_for, body_options, post  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -245,4 +245,32 @@ def test_the_batches_in_progress_never_hold_more_than_the_memory_bound(translato
         assert held and max(positions for positions, _ in held) <= 4096 + 4096 // 4
         assert batcher.stats["largest_batch_positions"] == 4096
     finally:
+        server.close()
+
+
+def test_a_waiting_request_that_can_no_longer_finish_is_answered_before_its_work_starts(translator):
+    """A request admitted while its scale had no pace waits behind a held batch; meanwhile the
+    pace of its scale becomes known (a batch of its size took ten times its timeout): when its
+    turn to start comes it is answered 503 with its figures at once, and its batch never runs."""
+    server = Server(translator, workers=1, max_running_batches=1)
+    batcher = server.app[BATCHER]
+    worker = HeldWorker(batcher)
+    big = {"text": _sentences(3, seed=13), "beam": 8, "max_len_b": 100, "chunk_size": 1, "timeout": 20}
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(post, server.url, {"text": ["w4 w5"], "beam": 1, "max_len_b": 4})
+            assert worker.started.wait(30)
+            waiting = pool.submit(post, server.url, big)
+            _wait_for(lambda: len(batcher.queue) == 1)
+            cost = _cost(translator, {k: v for k, v in big.items() if k != "timeout"})
+            server.loop.call_soon_threadsafe(batcher.pace.measured, cost, 200.0)  # as a batch that finished
+            _wait_for(lambda: batcher.pace.pace_for(cost) is not None)
+            worker.release.set()
+            assert first.result(60)[0] == 200
+            status, answer = waiting.result(60)
+        assert status == 503, answer
+        assert f"this request's work left, {cost} decoder positions, would need 200 s" in answer["error"]
+        assert len(worker.batches) == 1 and batcher.stats["rejected_deadline"] == 1 and batcher.in_flight == 0
+    finally:
+        worker.release.set()
         server.close()

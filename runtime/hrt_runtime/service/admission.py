@@ -7,6 +7,7 @@ finish before its deadline at the measured pace, or the service shuts down."""
 
 import asyncio
 import collections
+import time
 from typing import Deque, Dict, List, Optional, Sequence, Set
 
 import numpy as np
@@ -153,6 +154,7 @@ class AdmissionQueue:
         if client is not None:
             request.client = client
             self.held[client] = self.held.get(client, 0) + request.left
+        request.deadline = request.arrived + timeout
         request.timer = loop.call_later(timeout, self._expire, request, timeout)
         request.future.add_done_callback(lambda future: self._ended(request))
         self.queue.append(request)
@@ -174,6 +176,25 @@ class AdmissionQueue:
                     f"{lines} may cost {cost} decoder positions (beam x the length limit its options allow), "
                     f"more than a batch holds (--max-batch-positions {self.max_batch_positions}): ask for a "
                     "smaller beam, min_len or max_len_b",
+                )
+
+    def _give_up_unfinishable(self) -> None:
+        """Answer the waiting requests that can no longer finish by their deadline, even alone at
+        the measured pace, rather than start work that would be thrown away (503)."""
+        now = time.monotonic()
+        for request in list(self.queue):
+            need = self.pace.alone(list(request.part_positions))
+            if need is not None and now + need > request.deadline:
+                self.stats["rejected_deadline"] += 1
+                self.queue.remove(request)
+                request.future.set_exception(
+                    CannotFinish(
+                        503,
+                        f"this request's work left, {request.queued_positions} decoder positions, would need "
+                        f"{need:.3g} s at the service's measured pace, and its deadline is "
+                        f"{max(0.0, request.deadline - now):.3g} s away ({request.translated} of "
+                        f"{len(request.sources)} lines translated); retry later or ask for less work",
+                    )
                 )
 
     def _expire(self, request: Admitted, timeout: float):

@@ -60,6 +60,7 @@ class Admitted:
         "key",
         "future",
         "arrived",
+        "deadline",
         "left",
         "timer",
         "translated",
@@ -72,6 +73,7 @@ class Admitted:
         self.part_positions: Deque[int] = collections.deque(part_positions)
         self.results = [""] * len(sources)
         self.arrived = time.monotonic()
+        self.deadline = float("inf")  # time.monotonic() of its deadline
         self.left = sum(part_positions)
         self.timer: Optional[asyncio.TimerHandle] = None
         self.translated = 0

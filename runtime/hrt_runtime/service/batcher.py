@@ -107,6 +107,7 @@ class Batcher(AdmissionQueue):
     async def _next_batch(self) -> List[Admitted]:
         while True:
             self._wake.clear()
+            self._give_up_unfinishable()
             free = self.queue and len(self.running) < self.max_running_batches and not self.closed
             fits = lambda request: self._room(request.part_positions[0]) > 0  # noqa: E731
             head = batching.head_of(self.queue, fits, self.closing) if free else None

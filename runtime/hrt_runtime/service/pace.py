@@ -49,6 +49,14 @@ class Pace:
         near = [s for s in self.paces if abs(s - scale) <= PACE_SCALE_BITS]
         return self.paces[min(near, key=lambda s: (abs(s - scale), -s))] if near else None
 
+    def alone(self, part_costs: List[int]) -> Optional[float]:
+        """Seconds work of batches of ``part_costs`` needs on one worker at the measured paces of
+        their scales (``None``: a scale not measured yet)."""
+        paces = [self.pace_for(part) for part in part_costs]
+        if None in paces:
+            return None
+        return sum(part / pace for part, pace in zip(part_costs, paces))
+
     def refusal(self, part_costs: List[int], timeout: float, ahead: int, workers: int) -> Optional[CannotFinish]:
         """Why work of batches of ``part_costs`` cannot finish within ``timeout`` (``None``: it
         may), so that it is refused rather than run and thrown away:
