@@ -1,5 +1,5 @@
-"""``hrt-translate``'s entry point (its console script and ``python -m hrt_runtime``): the
-standard library only at module level.
+"""The entry points of ``hrt-translate`` (its console script and ``python -m hrt_runtime``) and
+``hrt-serve`` (its console script): the standard library only at module level.
 
 Why a module of its own: Python imports a console script's module, and the package above it,
 before it calls the function, so a Ctrl-C during the imports of numpy, the search and the
@@ -9,16 +9,15 @@ any phase (imports, model load, reading, translating, writing, the last buffer a
 input ended) is one line and exit code 130, never a success. A SIGINT that the parent set to
 be ignored (a background job of a non-interactive shell) stays ignored, as Python and the
 shells leave it: such a process is not meant to be stopped by the terminal's Ctrl-C.
+``hrt-serve`` the same until it serves; from then on SIGINT, as SIGTERM, starts its drain.
 """
 
 import sys
 
 from hrt_runtime.stdout import stdout_to_devnull
 
-PROG = "hrt-translate"
 
-
-def _interrupted():
+def _interrupted(prog: str):
     """Ctrl-C: what was printed stays printed (flushed), one line, exit code 130 (128 + SIGINT)."""
     try:
         sys.stdout.flush()
@@ -26,7 +25,7 @@ def _interrupted():
         stdout_to_devnull()
     except KeyboardInterrupt:  # a second Ctrl-C while a reader that does not read holds the flush
         stdout_to_devnull()
-    sys.stderr.write(f"{PROG}: interrupted\n")
+    sys.stderr.write(f"{prog}: interrupted\n")
     sys.exit(130)
 
 
@@ -38,7 +37,18 @@ def cli_main(argv=None):
 
         command(argv)
     except KeyboardInterrupt:
-        _interrupted()
+        _interrupted("hrt-translate")
+
+
+def serve_main(argv=None):
+    """``hrt-serve`` (:func:`hrt_runtime.serve.cli_main`) inside one ``try`` that also covers
+    importing it (aiohttp, the runtime) and loading the model."""
+    try:
+        from hrt_runtime.serve import cli_main as serve  # noqa: PLC0415 - heavy: inside the try
+
+        serve(argv)
+    except KeyboardInterrupt:
+        _interrupted("hrt-serve")
 
 
 if __name__ == "__main__":
