@@ -20,14 +20,33 @@ Rows (``--rows``):
 * ``flood``: ``--flood`` connections that send headers and part of a body and then nothing,
   opened before the concurrent row runs: what they get, and the others' latencies;
 * ``burst``: ``--burst`` requests sent at once from as many connections;
+* ``one-line-hostile`` (``--one-line-hostile JSON``, repeatable; ``--hostile-counts N,...``): per
+  JSON and count N, the concurrent row with N requests of one line (``--hostile-line``) with
+  those options (issue 88: beam 256 and ``min_len`` 1000 make 154 bytes cost 262,144 decoder
+  positions), each on its own connection from an impatient client, sent a second before the
+  clients;
+* ``cap-request``: the concurrent row with one request at the per-request cap beside it: 4 copies
+  of the line with the first ``--one-line-hostile``'s options (4 x 256 x 1,024 = 2^20 positions);
+* ``big-bodies`` (``--big-bodies COUNT,MIB``): the concurrent row with COUNT valid bodies of 256
+  long lines, each just under MIB MiB, sent at once on their own connections, ``/health`` polled
+  every 50 ms meanwhile;
+* ``idle`` (``--idle N``): the service started with its open-file limit at ``--idle-file-limit``,
+  N connections opened that send nothing, then the concurrent row with ``/health`` polled: what
+  the idle connections got, and what the service wrote to its log (tracebacks counted);
 * ``drain``: ``--drain R,LINES``: R requests of LINES lines, SIGTERM a second later with
   ``--drain-seconds``: how many are answered 200 / 503, what ``/health`` says from a new
   connection meanwhile, and when the service exits.
 
-Per row: requests/s, sentences/s, latency p50/p99 (ms, from sending a request to having read
-its answer; the row's own clients, not the hostile ones), answers equal to the Translator's
-(must be all that were answered 200), 503 and other answers, the service's peak RSS, and the
-abandoned count of ``/info`` against ``/metrics``. Prints a table, writes ``serve_load.json``
+The requests beside a row's clients come from another loopback address (``--side-source``), as
+another client's would: the service counts its clients' shares of its work by address.
+
+Per row: requests/s, sentences/s, latency p50/p99/max (ms, from sending a request to having read
+its answer, or to giving up after ``--client-timeout``; the row's own clients, not the requests
+beside them), answers equal to the Translator's (must be all that were answered 200), the other
+answers by status, what each request beside the clients got (status, seconds, its error), the
+service's RSS once it answers ``/health``, at its peak and after the row (its requests done and
+2 s idle), the lines and tracebacks in its log, and the abandoned count of ``/info`` against
+``/metrics``. Prints a table, writes ``serve_load.json``
 and ``serve_load.md`` to ``--out``.
 
     python -m benchmarks.serve_load --folder model-onnx --input test.en --clients 16 --requests 20 --out DIR
@@ -44,12 +63,24 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 if not __package__:  # python benchmarks/NAME.py (a file): the repository root on sys.path, as -m benchmarks.NAME has it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.report_files import write_files  # noqa: E402
+from benchmarks.serve_rows import (  # noqa: E402
+    ONE_LINE_HOSTILE,
+    HealthPoller,
+    add_issue88_flags,
+    file_limit,
+    issue88_rows,
+    log_stats,
+    open_idle,
+    rss_mib,
+    side_summary,
+    socket_outcomes,
+)
 from hrt_runtime import Translator  # noqa: E402
 from hrt_runtime.text_input import read_lines  # noqa: E402
 
@@ -69,13 +100,16 @@ def percentile(values: List[float], q: float) -> float:
 
 
 class Client:
-    """One keep-alive connection to the service."""
+    """One keep-alive connection to the service (from the address ``source``: another client,
+    to a service that tells its clients apart by address)."""
 
-    def __init__(self, port: int, timeout: float = 300):
-        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    def __init__(self, port: int, timeout: float = 300, source: Optional[str] = None):
+        self.connection = http.client.HTTPConnection(
+            "127.0.0.1", port, timeout=timeout, source_address=(source, 0) if source else None
+        )
 
     def request(self, method: str, path: str, body=None):
-        data = None if body is None else json.dumps(body).encode()
+        data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
         self.connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
         answer = self.connection.getresponse()
         text = answer.read()
@@ -99,7 +133,7 @@ def get_json(port: int, path: str, timeout: float = 10):
 SERVICE_FLAGS = ("threads", "max_batch", "max_wait_ms", "max_queue", "max_request_tokens", "drain_seconds")
 
 
-def start_service(folder: str, port: int, args, *extra: str) -> subprocess.Popen:
+def start_service(folder: str, port: int, args, *extra: str, preexec_fn=None) -> subprocess.Popen:
     command = [sys.executable, "-m", "hrt_runtime.serve", folder, "--port", str(port)]
     for name in SERVICE_FLAGS:
         value = getattr(args, name)
@@ -111,7 +145,7 @@ def start_service(folder: str, port: int, args, *extra: str) -> subprocess.Popen
         env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(args.service_path), env.get("PYTHONPATH", "")])
     # its log (a line per request) to a file: a pipe nobody reads fills up and stops the service
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env)
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env, preexec_fn=preexec_fn)
     proc.log = log
     deadline = time.monotonic() + 120
     while True:
@@ -142,13 +176,6 @@ def stop_service(proc: subprocess.Popen, seconds: float = 60) -> Dict:
     return {"exit": code, "exit_after_s": round(time.perf_counter() - started, 1)}
 
 
-def rss_mib(pid: int) -> Dict[str, int]:
-    """A process's resident memory now (``VmRSS``) and at its peak so far (``VmHWM``), in MiB."""
-    with open(f"/proc/{pid}/status") as f:
-        status = f.read().splitlines()
-    return {line.split(":")[0]: int(line.split()[1]) // 1024 for line in status if line.startswith(("VmRSS", "VmHWM"))}
-
-
 def metric(port: int, name: str, label: str) -> float:
     """One sample of the service's /metrics (``name{outcome="label"}``), ``nan`` if absent."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -163,9 +190,9 @@ def metric(port: int, name: str, label: str) -> float:
     return float("nan")
 
 
-def send_one(port: int, body: Dict, timeout: float) -> Dict:
-    """One request on its own connection: its status (or the exception) and seconds."""
-    client = Client(port, timeout)
+def send_one(port: int, body: Dict, timeout: float, source: Optional[str] = None) -> Dict:
+    """One request on its own connection (from ``source``): its status (or the exception) and seconds."""
+    client = Client(port, timeout, source)
     started = time.perf_counter()
     try:
         status, answer = client.request("POST", "/translate", body)
@@ -181,39 +208,59 @@ class _Tally:
 
     def __init__(self, expected: Dict[int, List[str]]):
         self.expected = expected
-        self.latencies, self.wrong, self.rejected, self.errors, self.others = [], [], 0, [], []
+        self.latencies, self.wrong, self.equal, self.errors = [], [], 0, []
+        self.statuses: Dict[str, int] = {}  # every answer but a 200, and every request given up on
         self.lock = threading.Lock()
 
+    def _count(self, item: Dict, status, answer) -> None:
+        with self.lock:
+            if status != 200:
+                self.statuses[str(status)] = self.statuses.get(str(status), 0) + 1
+            elif answer.get("translations") != self.expected[item["id"]]:
+                self.wrong.append((item["id"], status, answer))
+            else:
+                self.equal += 1
+
     def client(self, port: int, timeout: float, barrier: threading.Barrier, requests: List[Dict]) -> None:
-        """One client: its requests back to back, from when every client is ready."""
+        """One client: its requests back to back, from when every client is ready; one given up
+        on (``timeout``) or cut off is counted by its exception, and the client goes on with its
+        next request on a new connection, as a caller that retries elsewhere would."""
         client = Client(port, timeout)
         mine = []
-        try:
-            barrier.wait()
-            for item in requests:
-                started = time.perf_counter()
+        barrier.wait()
+        for item in requests:
+            started = time.perf_counter()
+            try:
                 status, answer = client.request("POST", "/translate", item["body"])
-                mine.append(time.perf_counter() - started)
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                status, answer = type(e).__name__, None
                 with self.lock:
-                    if status == 503:
-                        self.rejected += 1
-                    elif status != 200:
-                        self.others.append(status)
-                    elif answer.get("translations") != self.expected[item["id"]]:
-                        self.wrong.append((item["id"], status, answer))
-        except Exception as e:  # noqa: BLE001 - counted and reported
-            self.errors.append(repr(e))
-        finally:
-            client.close()
-            with self.lock:
-                self.latencies.extend(mine)
+                    self.errors.append(repr(e))
+                client.close()
+                client = Client(port, timeout)
+            mine.append(time.perf_counter() - started)
+            self._count(item, status, answer)
+        client.close()
+        with self.lock:
+            self.latencies.extend(mine)
+
+
+def _side_rows(side_results, side_running) -> List[Dict]:
+    return [
+        {
+            "status": r["status"],
+            "seconds": round(r["seconds"], 2),
+            "error": str((r["answer"] or {}).get("error", ""))[:200],
+            "running_when_clients_done": running,
+        }
+        for r, running in zip(side_results, side_running)
+    ]
 
 
 def _clients_row(work: List[List[Dict]], seconds: float, tally: _Tally, side_results, side_running) -> Dict:
     requests = sum(len(w) for w in work)
     sentences = sum(len(item["body"]["text"]) for w in work for item in w)
-    latencies, wrong, rejected = tally.latencies, tally.wrong, tally.rejected
-    others, errors = tally.others, tally.errors
+    latencies, statuses = tally.latencies, tally.statuses
     return {
         "clients": len(work),
         "requests": requests,
@@ -223,21 +270,14 @@ def _clients_row(work: List[List[Dict]], seconds: float, tally: _Tally, side_res
         "p50_ms": 1000 * percentile(latencies, 50),
         "p99_ms": 1000 * percentile(latencies, 99),
         "max_ms": 1000 * max(latencies, default=float("nan")),
-        "answers_equal": requests - len(wrong) - rejected - len(others) - len(errors),
-        "wrong": len(wrong),
-        "rejected_503": rejected,
-        "other_statuses": sorted(set(map(str, others))),
-        "errors": errors[:5],
-        "first_wrong": wrong[:3],
-        "side": [
-            {
-                "status": r["status"],
-                "seconds": round(r["seconds"], 2),
-                "error": (r["answer"] or {}).get("error", "")[:300],
-                "running_when_clients_done": running,
-            }
-            for r, running in zip(side_results, side_running)
-        ],
+        "answers_equal": tally.equal,
+        "wrong": len(tally.wrong),
+        "rejected_503": statuses.get("503", 0),
+        "non_200": dict(sorted(statuses.items())),
+        "other_statuses": sorted(k for k in statuses if k != "503"),
+        "errors": tally.errors[:5],
+        "first_wrong": tally.wrong[:3],
+        "side": _side_rows(side_results, side_running),
     }
 
 
@@ -248,17 +288,19 @@ def run_clients(
     side: List[Dict] = (),
     timeout: float = 300,
     side_lead: float = 1.0,
+    side_source: Optional[str] = None,
 ) -> Dict:
     """``work[c]``: client c's requests (``{"id", "body"}``), sent back to back; all clients at once.
-    ``side``: more request bodies, each sent from its own connection ``side_lead`` seconds before
-    the clients start (their outcomes are reported apart from the clients' latencies, with
-    whether they were still running when the clients were done)."""
+    ``side``: more request bodies, each sent from its own connection (from the address
+    ``side_source``) ``side_lead`` seconds before the clients start (their outcomes are reported
+    apart from the clients' latencies, with whether they were still running when the clients
+    were done)."""
     tally = _Tally(expected)
     side_results = [None] * len(side)
     barrier = threading.Barrier(len(work) + 1)
 
     def side_main(i):
-        side_results[i] = send_one(port, side[i], timeout)
+        side_results[i] = send_one(port, side[i], timeout, side_source)
 
     side_threads = [threading.Thread(target=side_main, args=(i,)) for i in range(len(side))]
     for t in side_threads:  # first, so that the clients' requests meet them at work
@@ -290,29 +332,10 @@ def open_flood(port: int, count: int) -> List[socket.socket]:
     return flood
 
 
-def read_flood(flood: List[socket.socket]) -> Dict:
-    """How the flood's connections stand now: answered (and by what status), closed, still open."""
-    outcome = {"answered": {}, "closed_without_answer": 0, "still_open": 0}
-    for s in flood:
-        try:
-            data = s.recv(65536)
-        except BlockingIOError:
-            outcome["still_open"] += 1
-            continue
-        except OSError:
-            outcome["closed_without_answer"] += 1
-            continue
-        if not data:
-            outcome["closed_without_answer"] += 1
-        else:
-            status = data.split(b" ", 2)[1].decode(errors="replace")
-            outcome["answered"][status] = outcome["answered"].get(status, 0) + 1
-    return outcome
-
-
 def drain_row(port: int, proc: subprocess.Popen, bodies: List[Dict], timeout: float) -> Dict:
     """``bodies`` sent at once, SIGTERM a second later; /health polled from new connections
-    while the service drains; each request's status; when the service exits."""
+    while the service drains; each request's status; when the service exits; its peak RSS as
+    last read before it exited."""
     results = [None] * len(bodies)
 
     def send(i):
@@ -322,10 +345,15 @@ def drain_row(port: int, proc: subprocess.Popen, bodies: List[Dict], timeout: fl
     for t in threads:
         t.start()
     time.sleep(1.0)
+    peak = rss_mib(proc.pid)["VmHWM"]
     started = time.perf_counter()
     proc.terminate()
     health = {}
     while proc.poll() is None and time.perf_counter() - started < 120:
+        try:
+            peak = rss_mib(proc.pid)["VmHWM"]
+        except (OSError, KeyError):  # it exited (or is a zombie) since the poll
+            pass
         try:
             status = get_json(port, "/health", timeout=2)[0]
         except (ConnectionError, OSError):
@@ -349,46 +377,54 @@ def drain_row(port: int, proc: subprocess.Popen, bodies: List[Dict], timeout: fl
         "health_while_draining": health,
         "exit": code,
         "exit_after_s": round(exited, 1),
+        "rss_peak_mib": peak,
     }
+
+
+def _beside(r: Dict, meta: Dict) -> str:
+    """The table's last column: what the requests or connections beside the clients got."""
+    if "flood" in r:
+        f = r["flood"]
+        return (
+            f"{meta['flood']} slow connections: after the clients {f['after_clients']}; after the flood wait "
+            f"{f['after_wait']}"
+        )
+    if "idle" in r:
+        return f"{meta['idle']} idle connections (file limit {meta['idle_file_limit']}): {r['idle']}"
+    return side_summary(r["side"])
 
 
 def markdown(rows: List[Dict], meta: Dict) -> str:
     lines = [
         f"`hrt-serve` load test: {meta['folder']} ({meta['kind']}), {meta['clients']} clients x "
         f"{meta['requests_per_client']} requests of {meta['lines']} sentence(s), options {meta['options']}, "
-        f"service {meta['service']}; {meta['machine']}",
+        f"service {meta['service']}; client timeout {meta['client_timeout_s']:g} s; {meta['machine']}",
         "",
-        "| row | clients | requests | req/s | p50 ms | p99 ms | max ms | answers equal | 503 | other | peak RSS MiB "
-        "| abandoned /info, /metrics | beside them |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | --- |",
+        "| row | clients | requests | req/s | p50 ms | p99 ms | max ms | answers equal | wrong | non-200 "
+        "| RSS start / peak / after MiB | /health max ms | log lines, tracebacks | abandoned /info, /metrics "
+        "| beside them |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- | --- |",
     ]
     for r in rows:
         if r["row"] == "drain":
             continue
-        beside = "; ".join(
-            f"{d['status']} in {d['seconds']} s"
-            + (" (still running when the clients were done)" if d["running_when_clients_done"] else "")
-            + (f" ({d['error'][:90]})" if d["error"] else "")
-            for d in r["side"]
-        )
-        if "flood" in r:
-            f = r["flood"]
-            beside = (
-                f"{meta['flood']} slow connections: after the clients {f['after_clients']}; after the flood wait "
-                f"{f['after_wait']}"
-            )
+        non_200 = ", ".join(f"{k} x {v}" for k, v in r["non_200"].items()) or "-"
+        health = r.get("health", {}).get("max_ms")
         lines.append(
             f"| {r['row']} | {r['clients']} | {r['requests']} | {r['requests_per_s']:.1f} | {r['p50_ms']:.1f} | "
-            f"{r['p99_ms']:.1f} | {r['max_ms']:.0f} | {r['answers_equal']}/{r['requests']} | {r['rejected_503']} | "
-            f"{', '.join(r['other_statuses'] + r['errors'][:1]) or '-'} | {r['rss_peak_mib']} | "
-            f"{r['abandoned_info']}, {r['abandoned_metrics']:g} | {beside or '-'} |"
+            f"{r['p99_ms']:.1f} | {r['max_ms']:.0f} | {r['answers_equal']}/{r['requests']} | {r['wrong']} | "
+            f"{non_200} | {r['rss_start_mib']} / {r['rss_peak_mib']} / {r['rss_after_mib']} | "
+            f"{'-' if health is None else health} | {r['log_lines']}, {r['log_tracebacks']} | "
+            f"{r['abandoned_info']}, {r['abandoned_metrics']:g} | {_beside(r, meta) or '-'} |"
         )
     for r in rows:
         if r["row"] == "drain":
             lines.append(
                 f"\ndrain: {r['requests']} requests of {meta['drain']}, SIGTERM 1 s after they were sent "
                 f"(--drain-seconds {meta['drain_seconds']}): answers {r['statuses']}; /health from new connections "
-                f"while it drained: {r['health_while_draining']}; exit {r['exit']} after {r['exit_after_s']} s."
+                f"while it drained: {r['health_while_draining']}; exit {r['exit']} after {r['exit_after_s']} s; "
+                f"RSS start {r['rss_start_mib']} MiB, peak {r['rss_peak_mib']} MiB; log {r['log_lines']} lines, "
+                f"{r['log_tracebacks']} tracebacks."
             )
     return "\n".join(lines) + "\n"
 
@@ -429,10 +465,17 @@ def build_parser() -> argparse.ArgumentParser:
         + " and ".join(HOSTILE),
     )
     p.add_argument("--client-timeout", type=float, default=60.0, help="seconds a client waits for an answer")
+    p.add_argument(
+        "--side-source",
+        default="127.0.0.2",
+        help="the loopback address the requests beside the clients come from (another client to the service, "
+        "which counts its clients' shares by address); '': the clients' own",
+    )
     p.add_argument("--flood", type=int, default=200, help="the flood row's slow connections")
     p.add_argument("--flood-wait", type=float, default=20.0, help="seconds the flood row waits before its last look")
     p.add_argument("--burst", type=int, default=400, help="the burst row's requests")
     p.add_argument("--drain", default="8,256", help="REQUESTS,LINES of the drain row")
+    add_issue88_flags(p)
     p.add_argument("--out", required=True)
     return p
 
@@ -466,12 +509,46 @@ def plan_rows(a, rows_asked: List[str], items, concurrent, sentences: List[str],
             for given in a.hostile or HOSTILE:
                 hostile = json.loads(given)
                 planned.append((f"concurrent + {given}", concurrent, [{"text": sentences[:64], **hostile}]))
-        elif row in ("flood", "burst", "drain"):
+        elif row in ("one-line-hostile", "cap-request", "big-bodies", "idle"):
+            planned += issue88_rows(a, row, concurrent, sentences)
+        elif row == "flood":
+            planned.append((row, concurrent, []))
+        elif row in ("burst", "drain"):
             planned.append((row, None, None))
     return planned
 
 
-def measure_row(a, row: str, work, side, port: int, service, items, concurrent, expected, sentences, options) -> Dict:
+def _run_row(a, row: str, work, side, port: int, items, expected) -> Dict:
+    """A row's clients (and what goes beside them) against the service on ``port``."""
+    if row == "flood":
+        flood = open_flood(port, a.flood)
+        result = run_clients(port, work, expected, timeout=a.client_timeout)
+        after_clients = socket_outcomes(flood)
+        time.sleep(a.flood_wait)
+        result["flood"] = {"after_clients": after_clients, "after_wait": socket_outcomes(flood)}
+        for s in flood:
+            s.close()
+    elif row == "burst":
+        burst = [[items[i % len(items)]] for i in range(a.burst)]
+        result = run_clients(port, burst, expected, timeout=a.client_timeout)
+    elif row == "idle":
+        idle = open_idle(port, a.idle)
+        time.sleep(1.0)  # the service meets them (accepts or refuses) before the clients come
+        with HealthPoller(port) as health:
+            result = run_clients(port, work, expected, timeout=a.client_timeout)
+        result.update(health=health.result(), idle=socket_outcomes(idle))
+        for s in idle:
+            s.close()
+    elif row.startswith("big-bodies"):
+        with HealthPoller(port) as health:
+            result = run_clients(port, work, expected, side, a.client_timeout, side_source=a.side_source)
+        result["health"] = health.result()
+    else:
+        result = run_clients(port, work, expected, side, a.client_timeout, side_source=a.side_source)
+    return result
+
+
+def measure_row(a, row: str, work, side, port: int, service, items, expected, sentences, options) -> Dict:
     """One row against the service started for it on ``port``."""
     if row == "drain":
         count, lines = (int(v) for v in a.drain.split(","))
@@ -480,31 +557,23 @@ def measure_row(a, row: str, work, side, port: int, service, items, concurrent, 
             for i in range(count)
         ]
         result = drain_row(port, service, drain_bodies, a.client_timeout)
-        result.update(row=row, rss_peak_mib=None)
+        result.update(row=row, **log_stats(service.log))
         return result
-    if row == "flood":
-        flood = open_flood(port, a.flood)
-        result = run_clients(port, concurrent, expected, timeout=a.client_timeout)
-        after_clients = read_flood(flood)
-        time.sleep(a.flood_wait)
-        result["flood"] = {"after_clients": after_clients, "after_wait": read_flood(flood)}
-        for s in flood:
-            s.close()
-    elif row == "burst":
-        burst = [[items[i % len(items)]] for i in range(a.burst)]
-        result = run_clients(port, burst, expected, timeout=a.client_timeout)
-    else:
-        result = run_clients(port, work, expected, side, timeout=a.client_timeout)
-    time.sleep(1.0)  # a side request's last batch may still be translated for nobody
+    result = _run_row(a, row, work, side, port, items, expected)
+    # "after": every request answered or given up on, then 2 s idle (a request given up on may
+    # still have its last batch translated for nobody meanwhile)
+    time.sleep(2.0)
     info = get_json(port, "/info")[1]["stats"]
+    memory = rss_mib(service.pid)
     result.update(
         row=row,
-        rss_peak_mib=rss_mib(service.pid)["VmHWM"],
-        rss_after_mib=rss_mib(service.pid)["VmRSS"],
+        rss_peak_mib=memory["VmHWM"],
+        rss_after_mib=memory["VmRSS"],
         batches=info["batches"],
         largest_batch=info["largest_batch"],
         abandoned_info=info.get("abandoned"),
         abandoned_metrics=metric(port, "hrt_serve_requests_total", "abandoned"),
+        **log_stats(service.log),
     )
     return result
 
@@ -521,9 +590,15 @@ def run_meta(a, translator, options: Dict) -> Dict:
         + (f", flags {a.service_args}" if a.service_args else "")
         + f", --threads {a.threads}",
         "flood": a.flood,
+        "one_line_hostile": a.one_line_hostile or list(ONE_LINE_HOSTILE),
+        "hostile_line": a.hostile_line,
+        "big_bodies": a.big_bodies,
+        "idle": a.idle,
+        "idle_file_limit": a.idle_file_limit,
         "drain": f"{a.drain.split(',')[1]} lines",
         "drain_seconds": a.drain_seconds,
         "client_timeout_s": a.client_timeout,
+        "side_source": a.side_source,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
         "python": platform.python_version(),
     }
@@ -537,6 +612,8 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown row {', '.join(unknown)}; rows: {', '.join(ROWS)}")
 
+    if len(a.big_bodies) != 2:
+        p.error(f"--big-bodies is COUNT,MIB (e.g. 6,15), not {','.join(map(str, a.big_bodies))}")
     sentences = [line for line in read_lines(a.input) if line.strip()]
     if len(sentences) < max(a.lines, 64):
         p.error(f"--input has {len(sentences)} sentences, fewer than --lines {a.lines} or 64")
@@ -552,9 +629,12 @@ def main(argv=None):
     rows = []
     for row, work, side in plan_rows(a, rows_asked, items, concurrent, sentences, options):
         port = free_port()
-        service = start_service(a.folder, port, a)
+        limit = file_limit(a.idle_file_limit) if row == "idle" else None
+        service = start_service(a.folder, port, a, preexec_fn=limit)
+        rss_start = rss_mib(service.pid)["VmRSS"]
         try:
-            rows.append(measure_row(a, row, work, side, port, service, items, concurrent, expected, sentences, options))
+            rows.append(measure_row(a, row, work, side, port, service, items, expected, sentences, options))
+            rows[-1]["rss_start_mib"] = rss_start
         finally:
             if service.poll() is None:
                 result_stop = stop_service(service, seconds=a.client_timeout)
@@ -570,7 +650,19 @@ def main(argv=None):
     return 0 if all(r.get("wrong", 0) == 0 for r in rows) else 1
 
 
-ROWS = ("sequential", "concurrent", "large", "hostile", "flood", "burst", "drain")
+ROWS = (
+    "sequential",
+    "concurrent",
+    "large",
+    "hostile",
+    "one-line-hostile",
+    "cap-request",
+    "big-bodies",
+    "idle",
+    "flood",
+    "burst",
+    "drain",
+)
 # the requests of issue 77: every value within the documented ranges
 HOSTILE = (
     '{"beam": 256, "chunk_size": 1, "min_len": 1000, "max_len_b": 100000}',
