@@ -733,13 +733,32 @@ sys.meta_path.insert(0, SigintAt())
 """
 
 
-def _entries():
-    """``python -m hrt_runtime`` and hrt-translate's console script, as pip's wrapper calls it."""
-    script = tomllib.loads((REPO / "runtime" / "pyproject.toml").read_text())["project"]["scripts"]["hrt-translate"]
+def console_script(name: str) -> str:
+    """Python code that runs the runtime's console script ``name`` as pip's wrapper calls it."""
+    script = tomllib.loads((REPO / "runtime" / "pyproject.toml").read_text())["project"]["scripts"][name]
     module, _, attr = script.partition(":")
+    return f"from {module} import {attr}; sys.exit({attr}())"
+
+
+def run_with_sigint_at_import(module: str, entry: str, args, input: bytes = b"") -> subprocess.CompletedProcess:
+    """The command ``entry`` (Python code) run with ``args``, sent SIGINT as it starts importing
+    ``module``, with SIGINT taken as a command in a terminal takes it."""
+    return subprocess.run(
+        [sys.executable, "-c", _SIGINT_AT_IMPORT.format(module=module, entry=entry), *args],
+        input=input,
+        cwd=str(REPO),
+        env=cli_env(),
+        capture_output=True,
+        timeout=120,
+        preexec_fn=_sigint_as_in_a_terminal,
+    )
+
+
+def _entries():
+    """``python -m hrt_runtime`` and hrt-translate's console script."""
     return {
         "python -m hrt_runtime": "import runpy; runpy.run_module('hrt_runtime', run_name='__main__', alter_sys=True)",
-        "console script": f"from {module} import {attr}; sys.exit({attr}())",
+        "console script": console_script("hrt-translate"),
     }
 
 
@@ -748,16 +767,8 @@ def _entries():
 def test_ctrl_c_while_starting_is_one_line(exported_tiny, module, entry):
     """SIGINT while the command imports its libraries or loads the model: one line, exit 130,
     no traceback, nothing printed (the entry's imports are light: hrt_runtime.translate_command)."""
-    code = _SIGINT_AT_IMPORT.format(module=module, entry=_entries()[entry])
-    proc = subprocess.run(
-        [sys.executable, "-c", code, exported_tiny["hrt"], "--beam", "1", "--max-len-b", "4"],
-        input=b"w4\n",
-        cwd=str(REPO),
-        env=cli_env(),
-        capture_output=True,
-        timeout=120,
-        preexec_fn=_sigint_as_in_a_terminal,
-    )
+    args = [exported_tiny["hrt"], "--beam", "1", "--max-len-b", "4"]
+    proc = run_with_sigint_at_import(module, _entries()[entry], args, input=b"w4\n")
     err = proc.stderr.decode()
     assert proc.returncode == 130 and proc.stdout == b"", err
     assert _said(err) == ["hrt-translate: interrupted"], err

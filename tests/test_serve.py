@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +32,7 @@ from hrt_runtime.search import SearchConfig  # noqa: E402
 from hrt_runtime.serve import BATCHER, HANDLERS, make_app, runner_of, site_of  # noqa: E402
 from hrt_runtime.service.intake import BIG_BODIES, BIG_THREADS, SMALL_BODY_BYTES  # noqa: E402
 from hrt_runtime.work import cut_by_positions, line_positions  # noqa: E402
-from tests.test_runtime import _SIGINT_AT_IMPORT, _said, _sentences, _sigint_as_in_a_terminal  # noqa: E402
+from tests.test_runtime import _said, _sentences, console_script, run_with_sigint_at_import  # noqa: E402
 
 
 class Server:
@@ -1014,17 +1013,7 @@ def test_one_client_holds_at_most_its_share_of_the_positions_in_flight(translato
 def test_ctrl_c_while_the_service_starts_is_one_line(exported_tiny, module):
     """SIGINT while hrt-serve's console script imports its libraries (aiohttp) or loads the model
     (onnxruntime): one line, exit 130, no traceback, nothing announced."""
-    script = tomllib.loads((REPO / "runtime" / "pyproject.toml").read_text())["project"]["scripts"]["hrt-serve"]
-    entry, _, attr = script.partition(":")
-    code = _SIGINT_AT_IMPORT.format(module=module, entry=f"from {entry} import {attr}; sys.exit({attr}())")
-    proc = subprocess.run(
-        [sys.executable, "-c", code, exported_tiny["hrt"], "--port", "0"],
-        cwd=str(REPO),
-        env=cli_env(),
-        capture_output=True,
-        timeout=120,
-        preexec_fn=_sigint_as_in_a_terminal,
-    )
+    proc = run_with_sigint_at_import(module, console_script("hrt-serve"), [exported_tiny["hrt"], "--port", "0"])
     err = proc.stderr.decode()
     assert proc.returncode == 130 and proc.stdout == b"", err
     assert _said(err) == ["hrt-serve: interrupted"], err

@@ -20,7 +20,8 @@ as when its client goes away (aiohttp's handler cancellation: counted ``abandone
 ends. A batch stops once none of its requests waits for it; its arrays go with it.
 
 Scheduling at the decoder pass (continuous batching, as Orca's and vLLM's): requests wait in one
-queue; the oldest whose next batch fits beside the batches in progress starts with every later
+queue; the oldest whose next batch fits beside the batches in progress, with fewer than
+``--workers`` batches of its kind (short, long) in progress, starts with every later
 waiting request of the same options, up to ``--max-batch`` sentences and
 ``--max-batch-positions`` positions, waiting at most ``--max-wait-ms`` (default 0) after the
 oldest arrived for more to come (Triton's dynamic batching). Up to ``--max-running-batches``

@@ -76,6 +76,7 @@ class Batcher(AdmissionQueue):
         self.turns = Turns(self.workers)
         self.metrics: Optional[Metrics] = None
         self.running: Dict[asyncio.Task, List[Admitted]] = {}
+        self.gates: Dict[asyncio.Task, BatchTurns] = {}  # each batch in progress: its work left
         self.running_positions = 0  # the worst case of the batches in progress
         self._task: Optional[asyncio.Task] = None
         self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -104,12 +105,25 @@ class Batcher(AdmissionQueue):
             room = min(self.short_batch, room + self.short_batch)
         return min(room, self.max_batch_positions) if cost <= room else 0
 
+    def _may_start(self, cost: int) -> bool:
+        """Whether a batch whose first part costs ``cost`` starts now: it fits (:meth:`_room`), and
+        fewer than ``workers`` batches of its kind are in progress (short: at most
+        :attr:`short_batch` positions; long: more). Short work so starts at once beside long
+        work, whose turns it takes first; beside short work it waits for a batch to end, and the
+        requests that came meanwhile then share one batch (a larger batch does more work a pass
+        than several small ones taking turns)."""
+        if self._room(cost) <= 0:
+            return False
+        short = cost <= self.short_batch
+        alike = sum(1 for gate in self.gates.values() if (gate.positions <= self.short_batch) == short)
+        return alike < self.workers
+
     async def _next_batch(self) -> List[Admitted]:
         while True:
             self._wake.clear()
             self._give_up_unfinishable()
             free = self.queue and len(self.running) < self.max_running_batches and not self.closed
-            fits = lambda request: self._room(request.part_positions[0]) > 0  # noqa: E731
+            fits = lambda request: self._may_start(request.part_positions[0])  # noqa: E731
             head = batching.head_of(self.queue, fits, self.closing) if free else None
             if head is not None:
                 wait = 0.0
@@ -128,11 +142,13 @@ class Batcher(AdmissionQueue):
         while True:
             batch = await self._next_batch()
             # counted now: the next batch is chosen before this one's task first runs
-            self.running_positions += sum(request.part_positions[0] for request in batch)
-            task = asyncio.get_running_loop().create_task(self._translate_batch(batch))
-            self.running[task] = batch
+            cost = sum(request.part_positions[0] for request in batch)
+            self.running_positions += cost
+            gate = BatchTurns(self.turns, cost, lambda batch=batch: all(request.future.done() for request in batch))
+            task = asyncio.get_running_loop().create_task(self._translate_batch(batch, gate))
+            self.running[task], self.gates[task] = batch, gate
 
-    async def _translate_batch(self, batch: List[Admitted]):
+    async def _translate_batch(self, batch: List[Admitted], gate: BatchTurns):
         parts = [request.parts.popleft() for request in batch]
         costs = [request.part_positions.popleft() for request in batch]
         sources = [request.sources[i] for request, part in zip(batch, parts) for i in part]
@@ -140,8 +156,6 @@ class Batcher(AdmissionQueue):
         self.stats["batches"] += 1
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(sources))
         self.stats["largest_batch_positions"] = max(self.stats["largest_batch_positions"], cost)
-        # asked by the batch's thread between decoder passes
-        gate = BatchTurns(self.turns, cost, lambda: all(request.future.done() for request in batch))
         started = time.monotonic()
         try:
             out = await asyncio.get_running_loop().run_in_executor(
@@ -171,7 +185,7 @@ class Batcher(AdmissionQueue):
 
     def _finished(self, batch: List[Admitted], costs: List[int]):
         """A batch's thread is free again and its positions leave the counts."""
-        del self.running[asyncio.current_task()]
+        del self.running[asyncio.current_task()], self.gates[asyncio.current_task()]
         self.running_positions -= sum(costs)
         for request, cost in zip(batch, costs):
             if not request.future.done():
