@@ -178,24 +178,26 @@ class AdmissionQueue:
                     "smaller beam, min_len or max_len_b",
                 )
 
-    def _give_up_unfinishable(self) -> None:
-        """Answer the waiting requests that can no longer finish by their deadline, even alone at
-        the measured pace, rather than start work that would be thrown away (503)."""
+    def _gave_up(self, request: Admitted) -> bool:
+        """Whether ``request``, about to start its next batch, can no longer finish by its
+        deadline, even alone at the measured pace: then it is answered now (503) and leaves the
+        queue, rather than start work that would be thrown away."""
         now = time.monotonic()
-        for request in list(self.queue):
-            need = self.pace.alone(list(request.part_positions))
-            if need is not None and now + need > request.deadline:
-                self.stats["rejected_deadline"] += 1
-                self.queue.remove(request)
-                request.future.set_exception(
-                    CannotFinish(
-                        503,
-                        f"this request's work left, {request.queued_positions} decoder positions, would need "
-                        f"{need:.3g} s at the service's measured pace, and its deadline is "
-                        f"{max(0.0, request.deadline - now):.3g} s away ({request.translated} of "
-                        f"{len(request.sources)} lines translated); retry later or ask for less work",
-                    )
-                )
+        need = self.pace.alone(list(request.part_positions))
+        if need is None or now + need <= request.deadline:
+            return False
+        self.stats["rejected_deadline"] += 1
+        self.queue.remove(request)
+        request.future.set_exception(
+            CannotFinish(
+                503,
+                f"this request's work left, {request.queued_positions} decoder positions, would need "
+                f"{need:.3g} s at the service's measured pace, and its deadline is "
+                f"{max(0.0, request.deadline - now):.3g} s away ({request.translated} of "
+                f"{len(request.sources)} lines translated); retry later or ask for less work",
+            )
+        )
+        return True
 
     def _expire(self, request: Admitted, timeout: float):
         if request.future.done():

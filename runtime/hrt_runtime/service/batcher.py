@@ -6,8 +6,6 @@ least work left first), and the drain at shutdown (the module docstring of
 
 import asyncio
 import concurrent.futures
-import ctypes
-import functools
 import itertools
 import time
 from typing import Callable, Dict, List, Optional
@@ -19,6 +17,7 @@ from hrt_runtime.options import SERVICE_BY_NAME
 from hrt_runtime.service import batching
 from hrt_runtime.service.admission import AdmissionQueue, default
 from hrt_runtime.service.admitted import Admitted, shutting_down
+from hrt_runtime.service.memory import trim_heap
 from hrt_runtime.service.metrics import Metrics
 from hrt_runtime.service.turns import BatchTurns, Turns
 from hrt_runtime.translator import Translator
@@ -27,16 +26,6 @@ from hrt_runtime.work import Stopped
 # after a batch of at least this many decoder positions, freed memory goes back to the system
 # (malloc_trim costs little beside the work of such a batch)
 TRIM_AFTER_POSITIONS = 16384
-
-
-@functools.lru_cache(maxsize=None)
-def _malloc_trim():
-    """glibc's ``malloc_trim``, which gives the heap's free pages back to the system (``None``
-    where there is no glibc: nothing to do there)."""
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
 
 
 class Batcher(AdmissionQueue):
@@ -121,10 +110,11 @@ class Batcher(AdmissionQueue):
     async def _next_batch(self) -> List[Admitted]:
         while True:
             self._wake.clear()
-            self._give_up_unfinishable()
             free = self.queue and len(self.running) < self.max_running_batches and not self.closed
             fits = lambda request: self._may_start(request.part_positions[0])  # noqa: E731
             head = batching.head_of(self.queue, fits, self.closing) if free else None
+            if head is not None and self._gave_up(head):
+                continue
             if head is not None:
                 wait = 0.0
                 if batching.mergeable(head.options) and not self.closing:
@@ -213,9 +203,7 @@ class Batcher(AdmissionQueue):
             return out
         finally:  # a large batch's memory, or a stopped one's, back to the system
             if stopped or gate.positions >= TRIM_AFTER_POSITIONS:
-                trim = _malloc_trim()
-                if trim is not None:
-                    trim(0)
+                trim_heap()
 
     # ------------------------------------------------------------------ shutdown
 

@@ -18,6 +18,7 @@ from hrt_runtime.options import Option
 from hrt_runtime.service import body as request_body
 from hrt_runtime.service import parse
 from hrt_runtime.service.body import BadRequest
+from hrt_runtime.service.memory import trim_heap
 from hrt_runtime.text_input import LineWarnings, repair_lines
 from hrt_runtime.translator import Translator
 
@@ -65,13 +66,21 @@ class Intake:
                 {"Retry-After": "1"},
             )
         self.big_bodies += 1
-        future = self.big.submit(self.prepare, data, name)
+        future = self.big.submit(self._prepare_big, data, name)
         # counted until its thread is done, even when its client has gone away meanwhile
         future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._big_done))
         return await asyncio.wrap_future(future)
 
     def _big_done(self):
         self.big_bodies -= 1
+
+    def _prepare_big(self, data: bytes, name: str) -> Work:
+        try:
+            return self.prepare(data, name)
+        except BadRequest as e:  # a fresh one: the frames that hold the body's text and pieces go
+            refusal = BadRequest(e.status, e.message, e.headers)
+        trim_heap()  # what they held, back to the system
+        raise refusal
 
     def _prepare(self, data: bytes, name: str) -> Work:
         s = self.settings
