@@ -86,6 +86,29 @@ def test_a_batch_that_gave_its_turn_back_keeps_the_first_claim_over_longer_work(
     assert order == [short, long]
 
 
+def test_long_batches_leave_one_worker_to_short_work_in_progress():
+    """Two workers, one held by a long batch, a short batch in progress between two passes: a
+    second long batch waits though a turn is free, the short batch takes that turn at once, and
+    the long one gets it once no short batch is in progress."""
+    turns = Turns(2)
+    short = BatchTurns(turns, 100, lambda: False)
+    first_long = BatchTurns(turns, 10_000, lambda: False, long=True)
+    first_long.enter(1)
+    second_long = BatchTurns(turns, 20_000, lambda: False, long=True)
+    order = []
+    thread = _asker(turns, second_long, order)
+    _wait_for(lambda: turns.waiting == 1)
+    short.enter(1)
+    order.append(short)
+    short.leave()
+    assert order == [short] and turns.waiting == 1  # the second long batch still waits
+    short.done()
+    thread.join(30)
+    assert order == [short, second_long]
+    first_long.leave()
+    first_long.done()
+
+
 def test_a_batch_waiting_for_its_turn_stops_when_nobody_waits_for_it():
     """While the one turn is held, a waiting batch whose requests are gone raises Stopped and
     leaves the line; the next batch then gets the turn as soon as it is free."""

@@ -134,7 +134,12 @@ class Batcher(AdmissionQueue):
             # counted now: the next batch is chosen before this one's task first runs
             cost = sum(request.part_positions[0] for request in batch)
             self.running_positions += cost
-            gate = BatchTurns(self.turns, cost, lambda batch=batch: all(request.future.done() for request in batch))
+            gate = BatchTurns(
+                self.turns,
+                cost,
+                lambda batch=batch: all(request.future.done() for request in batch),
+                long=cost > self.short_batch,
+            )
             task = asyncio.get_running_loop().create_task(self._translate_batch(batch, gate))
             self.running[task], self.gates[task] = batch, gate
 

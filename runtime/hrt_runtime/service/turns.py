@@ -30,10 +30,15 @@ CLAIM_SECONDS = 0.003
 class Turns:
     """``workers`` decoder passes at once among all running batches (:class:`BatchTurns`), a
     free turn to the waiting batch with the least work left; a batch that just gave its turn
-    back keeps the first claim on one for :data:`CLAIM_SECONDS` over batches with more left."""
+    back keeps the first claim on one for :data:`CLAIM_SECONDS` over batches with more left.
+    While short batches are in progress, long ones hold at most ``workers - 1`` turns: one
+    worker stays free for short work, which a long pass would otherwise hold up while short
+    batches run their Python between passes."""
 
     def __init__(self, workers: int):
-        self._free = workers
+        self._workers = self._free = workers
+        self._short = 0  # short batches in progress
+        self._long_passes = 0  # turns held by long batches
         self._changed = threading.Condition()
         self._waiting: List[Tuple[int, int, "BatchTurns"]] = []  # a heap: (work left, ticket, batch)
         self._tickets = itertools.count()
@@ -61,6 +66,7 @@ class Turns:
             heapq.heappop(self._waiting)
             self._claims.pop(batch, None)
             self._free -= 1
+            self._long_passes += batch.long
             if self._free:  # the next in line may run too
                 self._changed.notify_all()
 
@@ -68,6 +74,8 @@ class Turns:
         """``None``: ``entry`` takes a turn now; else how long to wait at most before asking again."""
         if not self._free or self._waiting[0] is not entry:
             return STOP_POLL_SECONDS
+        if entry[2].long and self._short and self._long_passes >= self._workers - 1 > 0:
+            return STOP_POLL_SECONDS  # the last worker stays free for short work
         now, left = time.monotonic(), entry[0]
         for claimant, until in list(self._claims.items()):
             if until <= now:
@@ -81,14 +89,21 @@ class Turns:
         """``batch``'s pass is over: its turn is free, and ``batch`` keeps the first claim on it."""
         with self._changed:
             self._free += 1
+            self._long_passes -= batch.long
             self._claims[batch] = time.monotonic() + CLAIM_SECONDS
             self._changed.notify_all()
+
+    def join(self, batch: "BatchTurns") -> None:
+        """``batch`` is in progress."""
+        with self._changed:
+            self._short += not batch.long
 
     def forget(self, batch: "BatchTurns") -> None:
         """``batch`` makes no more passes: no claim of it holds anybody back."""
         with self._changed:
-            if self._claims.pop(batch, None) is not None:
-                self._changed.notify_all()
+            self._short -= not batch.long
+            self._claims.pop(batch, None)
+            self._changed.notify_all()
 
     @property
     def waiting(self) -> int:
@@ -100,11 +115,14 @@ class Turns:
 class BatchTurns:
     """One running batch's side of :class:`Turns` (a :class:`hrt_runtime.work.PassGate`): its
     worst case (``positions``), its work left (``left``: less the positions its passes computed),
-    whether anybody still waits for it (``stopped()``) and the seconds its passes took
+    whether anybody still waits for it (``stopped()``), whether it is ``long`` work (see
+    :class:`Turns`) and the seconds its passes took
     (``busy``: its work, without the waits for its turns)."""
 
-    def __init__(self, turns: Turns, positions: int, stopped: Callable[[], bool]):
+    def __init__(self, turns: Turns, positions: int, stopped: Callable[[], bool], long: bool = False):
         self.turns, self.positions, self.left, self.stopped = turns, positions, positions, stopped
+        self.long, self._ended = long, False
+        turns.join(self)
         self.busy = 0.0
         self.passes = 0
         self._began = 0.0
@@ -124,5 +142,7 @@ class BatchTurns:
         self.turns.give(self)
 
     def done(self) -> None:
-        """The batch makes no more passes."""
-        self.turns.forget(self)
+        """The batch makes no more passes (once; again: nothing)."""
+        if not self._ended:
+            self._ended = True
+            self.turns.forget(self)
