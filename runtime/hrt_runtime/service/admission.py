@@ -33,6 +33,24 @@ def default(name: str):
     return SERVICE_BY_NAME[name].default
 
 
+def refuse_oversized_batches(parts: List[List[int]], part_costs: Sequence[int], max_batch_positions: int) -> None:
+    """No batch holds more than ``--max-batch-positions`` (the memory bound of every batch): a
+    part that would (one line that alone costs more, or a batch that ``max_len_a`` keeps whole)
+    is refused at once, 413 with its figure."""
+    for part, cost in zip(parts, part_costs):
+        if cost > max_batch_positions:
+            if len(part) == 1:
+                lines = f"line {part[0] + 1}"
+            else:  # kept whole: max_len_a > 0 makes the length limit the batch's
+                lines = f"the batch of {len(part)} lines from line {min(part) + 1} (max_len_a > 0 keeps it whole)"
+            raise CannotFinish(
+                413,
+                f"{lines} may cost {cost} decoder positions (beam x the length limit its options allow), "
+                f"more than a batch holds (--max-batch-positions {max_batch_positions}): ask for a "
+                "smaller beam, min_len or max_len_b",
+            )
+
+
 class AdmissionQueue:
     """The admitted requests waiting for a batch (``queue``, oldest first), the positions
     admitted and not yet answered (``in_flight``), the service's counters (``stats``) and its
@@ -141,7 +159,7 @@ class AdmissionQueue:
         if parts and batching.mergeable(options):  # else they stay the Translator's batches (outputs depend on them)
             parts = cut_by_positions(parts, positions, self.max_batch_positions)
         part_costs = [sum(positions[i] for i in part) for part in parts]
-        self._check_batches(parts, part_costs)
+        refuse_oversized_batches(parts, part_costs, self.max_batch_positions)
         self._admit(part_costs, timeout, client)
         self.stats["requests"] += 1
         self.stats["sentences"] += len(sources)
@@ -160,23 +178,6 @@ class AdmissionQueue:
         self.queue.append(request)
         self._poke()
         return await request.future
-
-    def _check_batches(self, parts: List[List[int]], part_costs: Sequence[int]) -> None:
-        """No batch holds more than ``--max-batch-positions`` (the memory bound of every batch):
-        a part that would (one line that alone costs more, or a batch that ``max_len_a`` keeps
-        whole) is refused at once, 413 with its figure."""
-        for part, cost in zip(parts, part_costs):
-            if cost > self.max_batch_positions:
-                if len(part) == 1:
-                    lines = f"line {part[0] + 1}"
-                else:  # kept whole: max_len_a > 0 makes the length limit the batch's
-                    lines = f"the batch of {len(part)} lines from line {min(part) + 1} (max_len_a > 0 keeps it whole)"
-                raise CannotFinish(
-                    413,
-                    f"{lines} may cost {cost} decoder positions (beam x the length limit its options allow), "
-                    f"more than a batch holds (--max-batch-positions {self.max_batch_positions}): ask for a "
-                    "smaller beam, min_len or max_len_b",
-                )
 
     def _gave_up(self, request: Admitted) -> bool:
         """Whether ``request``, about to start its next batch, can no longer finish by its

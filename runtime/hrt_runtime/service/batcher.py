@@ -85,27 +85,14 @@ class Batcher(AdmissionQueue):
         return self.max_batch_positions // 4
 
     def _room(self, cost: int) -> int:
-        """The positions a batch whose first part costs ``cost`` may hold if it starts now (0:
-        it may not start); anything when nothing runs."""
-        if not self.running:
-            return self.max_batch_positions
-        room = self.workers * self.max_batch_positions - self.running_positions
-        if cost > room and cost <= self.short_batch:
-            room = min(self.short_batch, room + self.short_batch)
-        return min(room, self.max_batch_positions) if cost <= room else 0
+        """:func:`.batching.room` of a batch whose first part costs ``cost``, now."""
+        in_progress = self.running_positions if self.running else None
+        return batching.room(cost, in_progress, self.workers, self.max_batch_positions, self.short_batch)
 
     def _may_start(self, cost: int) -> bool:
-        """Whether a batch whose first part costs ``cost`` starts now: it fits (:meth:`_room`), and
-        fewer than ``workers`` batches of its kind are in progress (short: at most
-        :attr:`short_batch` positions; long: more). Short work so starts at once beside long
-        work, whose turns it takes first; beside short work it waits for a batch to end, and the
-        requests that came meanwhile then share one batch (a larger batch does more work a pass
-        than several small ones taking turns)."""
-        if self._room(cost) <= 0:
-            return False
-        short = cost <= self.short_batch
-        alike = sum(1 for gate in self.gates.values() if (gate.positions <= self.short_batch) == short)
-        return alike < self.workers
+        """Whether a batch whose first part costs ``cost`` starts now (:func:`.batching.may_start`)."""
+        in_progress = [gate.positions for gate in self.gates.values()]
+        return self._room(cost) > 0 and batching.may_start(cost, in_progress, self.short_batch, self.workers)
 
     async def _next_batch(self) -> List[Admitted]:
         while True:

@@ -28,6 +28,30 @@ def head_of(
     return next((r for r in order if may_start(r)), None)
 
 
+def room(cost: int, in_progress: Optional[int], workers: int, max_batch_positions: int, short_batch: int) -> int:
+    """The positions a batch whose first part costs ``cost`` may hold if it starts now beside
+    batches in progress of ``in_progress`` positions (``None``: none in progress, anything
+    fits); 0: it may not start. The batches in progress hold at most ``workers x
+    max_batch_positions``, and ``short_batch`` more for batches of at most ``short_batch``."""
+    if in_progress is None:
+        return max_batch_positions
+    left = workers * max_batch_positions - in_progress
+    if cost > left and cost <= short_batch:
+        left = min(short_batch, left + short_batch)
+    return min(left, max_batch_positions) if cost <= left else 0
+
+
+def may_start(cost: int, in_progress: Iterable[int], short_batch: int, workers: int) -> bool:
+    """Whether a batch of ``cost`` that fits starts beside the batches in progress (their
+    positions): fewer than ``workers`` of them are of its kind (short: at most ``short_batch``
+    positions; long: more). Short work so starts at once beside long work, whose turns it takes
+    first; beside short work it waits for a batch to end, and the requests that came meanwhile
+    then share one batch (a larger batch does more work a pass than several small ones taking
+    turns)."""
+    short = cost <= short_batch
+    return sum(1 for positions in in_progress if (positions <= short_batch) == short) < workers
+
+
 def wait_left(queue: Iterable[Admitted], head: Admitted, max_batch: int, max_wait: float) -> float:
     """Seconds ``head`` still waits for others to join its batch (``--max-wait-ms``): none once
     the requests of its options fill a batch."""
