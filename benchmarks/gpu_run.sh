@@ -101,6 +101,11 @@ split() {  # split ENGINE [SENTENCES]: where batch-1 time goes on that engine
     cp "/tmp/gpu-$name/time_split.json" "$RUN/$name.json"
 }
 
+device_pythonpath() {  # device_pythonpath SITE: what the device stages import from (the GPU image has
+    # neither fairseq nor the runtime's distribution: the packed site, the checkout and its runtime/)
+    echo "$1:$REPO:$REPO/runtime${PYTHONPATH:+:$PYTHONPATH}"
+}
+
 device() {
     export OUT="$1" RUN=/tmp/gpu-run
     shift
@@ -108,7 +113,8 @@ device() {
     [ ${#stages[@]} -eq 0 ] && stages=(env cudagraph bench split gputests fairseq compile)
     mkdir -p "$OUT" "$RUN" /tmp/gpu-site
     tar xJf "$G/site.tar.xz" -C /tmp/gpu-site || exit 1
-    export PYTHONPATH="/tmp/gpu-site/site:$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+    PYTHONPATH="$(device_pythonpath /tmp/gpu-site/site)"
+    export PYTHONPATH PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
     cd "$REPO" || exit 1
     for s in "${stages[@]}"; do
         case "$s" in
@@ -132,6 +138,7 @@ prepare) shift && prepare "$@" ;;
 device) shift && device "$@" ;;
 bench) shift && bench "$@" ;;  # one benchmark of the device stages (RUN set)
 split) shift && split "$@" ;;  # one time split of the device stages (RUN set)
+pythonpath) shift && device_pythonpath "$@" ;;  # the device stages' PYTHONPATH for a packed site
 -h | --help) sed -n 2,24p "$0" ;;
 *) sed -n 2,24p "$0" && exit 2 ;;
 esac
