@@ -403,6 +403,34 @@ def test_an_int8_copy_loads_and_its_unchanged_files_are_checked(exported_tiny, t
         Translator(str(tmp_path / "int8"))
 
 
+def test_int8_weight_scales_per_matrix_or_per_output_column(exported_tiny, tmp_path):
+    """--int8-scales: ``channel`` (the default) gives every quantized weight one scale per output
+    column, ``tensor`` one; both copies load and say which they are; the option alone is refused."""
+    import onnx  # noqa: PLC0415 - the exporter's dependency, not the runtime's
+
+    for scales in ("tensor", "channel"):
+        out = tmp_path / scales
+        config = quantize_folder(exported_tiny["hrt"], str(out), scales)
+        assert config["int8_scales"] == scales
+        graph = onnx.load(str(out / "step.onnx"), load_external_data=False).graph
+        weight_scales = [tuple(t.dims) for t in graph.initializer if t.name.endswith("_scale")]
+        assert weight_scales and all((dims == ()) == (scales == "tensor") for dims in weight_scales), weight_scales
+        assert Translator(str(out)).translate(["w5 w6"], beam=2, max_len_b=4)[0]
+    with pytest.raises(ValueError, match="int8 scales 'row': one of channel, tensor"):
+        quantize_folder(exported_tiny["hrt"], str(tmp_path / "row"), "row")
+    bad = subprocess.run(
+        [sys.executable, "-m", "fairseq_hrt.export.exporter", "x.pt", str(tmp_path / "o"), "--int8-scales", "channel"],
+        cwd=str(REPO),
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
+        "error: --int8-scales is an option of --int8"
+    ), bad.stderr
+
+
 class _StepLimits:
     """An exported model that records the step limit of every left-to-right search run on it
     (``begin``'s steps, or the greedy loop's ``max_len`` + 1) and forwards everything else."""

@@ -214,10 +214,18 @@ def _quiet_root_logger():
         root.setLevel(level)
 
 
-def quantize_folder(folder: str, out_dir: str) -> Dict:
+INT8_SCALES = ("channel", "tensor")
+
+
+def quantize_folder(folder: str, out_dir: str, scales: str = "channel") -> Dict:
     """An int8 copy of an exported folder: ONNX Runtime's dynamic quantization of every graph's
     matrix products with constant weights (int8 weights, activations quantized per call), the
-    rest copied. Returns its config (``"int8": true``)."""
+    rest copied. ``scales``: one weight scale per output column (``"channel"``, the default: on a
+    trained model it keeps BLEU where one scale per matrix, ``"tensor"``, lost more; see
+    benchmarks/results/int8-quality-cpu) or per matrix. Returns its config (``"int8": true``,
+    ``"int8_scales"``)."""
+    if scales not in INT8_SCALES:
+        raise ValueError(f"int8 scales {scales!r}: one of {', '.join(INT8_SCALES)}")
     from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415 - optional: onnxruntime
 
     with open(os.path.join(folder, CONFIG)) as f:
@@ -238,12 +246,13 @@ def quantize_folder(folder: str, out_dir: str) -> Dict:
                     os.path.join(tmp, name),
                     weight_type=QuantType.QInt8,
                     op_types_to_quantize=["MatMul", "Gemm"],
+                    per_channel=scales == "channel",
                     extra_options={"EnableSubgraph": True},
                 )
         elif name not in (CONFIG, WEIGHTS) and os.path.isfile(source):
             shutil.copyfile(source, os.path.join(tmp, name))
     share_weights(tmp, sorted(graphs))
-    config = dict(config, int8=True)
+    config = dict(config, int8=True, int8_scales=scales)
     stamp_graphs(tmp, config)  # quantization may drop a graph's metadata
     # the list made again, of the int8 graphs and weights.bin (not the float folder's, which the
     # runtime once exempted them from, and with them any weights.bin beside an edited "int8")
@@ -258,10 +267,11 @@ def export_checkpoint(
     sentencepiece_model: Optional[str] = None,
     restricted: bool = True,
     int8: bool = False,
+    int8_scales: str = "channel",
 ) -> Dict:
     """Load a checkpoint as ``fairseq-generate`` does (``data``: the data-bin folder with its
     dictionaries, default the one it was trained on) and :func:`export_model` it (``int8``: then
-    :func:`quantize_folder` it in place)."""
+    :func:`quantize_folder` it in place, with ``int8_scales``)."""
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"no checkpoint {checkpoint}")
     if sentencepiece_model and not os.path.isfile(sentencepiece_model):
@@ -273,7 +283,7 @@ def export_checkpoint(
     spm = sentencepiece_model or find_sentencepiece_model(data or cfg.task.data, os.path.dirname(checkpoint))
     config = export_model(models[0], task, out_dir, sentencepiece_model=spm, restricted=restricted)
     if int8:
-        config = quantize_folder(out_dir, out_dir)
+        config = quantize_folder(out_dir, out_dir, int8_scales)
     return config
 
 
@@ -293,11 +303,24 @@ def cli_main(argv=None):
     p.add_argument(
         "--int8", action="store_true", help="quantize the graphs to int8 (ONNX Runtime's dynamic quantization)"
     )
+    p.add_argument(
+        "--int8-scales",
+        choices=INT8_SCALES,
+        help="with --int8: one weight scale per output column (channel, the default) or per matrix (tensor)",
+    )
     a = p.parse_args(argv)
+    if a.int8_scales and not a.int8:
+        p.error("--int8-scales is an option of --int8")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     try:
         config = export_checkpoint(
-            a.checkpoint, a.out_dir, a.data, a.sentencepiece_model, restricted=not a.no_restricted, int8=a.int8
+            a.checkpoint,
+            a.out_dir,
+            a.data,
+            a.sentencepiece_model,
+            restricted=not a.no_restricted,
+            int8=a.int8,
+            int8_scales=a.int8_scales or "channel",
         )
     except (ValueError, FileNotFoundError) as e:
         p.exit(2, f"fairseq-hrt-export: error: {e}\n")
