@@ -3,19 +3,16 @@ scale per matrix, per output column) translate the same lines, each row with its
 lines equal to float; sources and references that do not pair are one line."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("onnxruntime")
 
 from benchmarks import int8_quality  # noqa: E402
-from fairseq_hrt.testing.tiny_runs import REPO, cli_env  # noqa: E402
 from tests.test_runtime import _sentences  # noqa: E402
 
 
-def test_int8_variants_are_measured_beside_float(exported_tiny, tmp_path):
+def test_int8_variants_are_measured_beside_float(exported_tiny, tmp_path, capsys):
     lines = _sentences(4, seed=21)
     (tmp_path / "src").write_text("".join(line + "\n" for line in lines))
     (tmp_path / "ref").write_text("".join(line + "\n" for line in reversed(lines)))
@@ -37,14 +34,9 @@ def test_int8_variants_are_measured_beside_float(exported_tiny, tmp_path):
     assert "| 2 | 1 | int8-channel |" in (out / "int8_quality.md").read_text()
 
     (tmp_path / "ref").write_text("only one line\n")
-    bad = subprocess.run(
-        [sys.executable, "-m", "benchmarks.int8_quality", *args, "--out", str(tmp_path / "bad")],
-        cwd=str(REPO),
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
+    with pytest.raises(SystemExit) as refused:
+        int8_quality.main([*args, "--out", str(tmp_path / "bad")])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and err.strip().splitlines()[-1].endswith(
         "--src has 4 lines and --ref 1: they must pair line by line"
-    ), bad.stderr
+    ), err

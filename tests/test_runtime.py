@@ -32,7 +32,7 @@ onnxruntime = pytest.importorskip("onnxruntime")
 import importlib  # noqa: E402
 
 from fairseq_hrt.export.exporter import quantize_folder  # noqa: E402
-from fairseq_hrt.testing.tiny_runs import REPO, cli_env  # noqa: E402
+from fairseq_hrt.testing.tiny_runs import REPO, cli_env, run_cli  # noqa: E402
 from hrt_runtime import Translator, search, serve, translate_command  # noqa: E402
 from hrt_runtime.errors import Refused  # noqa: E402
 from hrt_runtime.integrity import DamagedFolderError  # noqa: E402
@@ -418,17 +418,10 @@ def test_int8_weight_scales_per_matrix_or_per_output_column(exported_tiny, tmp_p
         assert Translator(str(out)).translate(["w5 w6"], beam=2, max_len_b=4)[0]
     with pytest.raises(ValueError, match="int8 scales 'row': one of channel, tensor"):
         quantize_folder(exported_tiny["hrt"], str(tmp_path / "row"), "row")
-    bad = subprocess.run(
-        [sys.executable, "-m", "fairseq_hrt.export.exporter", "x.pt", str(tmp_path / "o"), "--int8-scales", "channel"],
-        cwd=str(REPO),
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
+    bad = run_cli(["fairseq_hrt.export.exporter", "x.pt", tmp_path / "o", "--int8-scales", "channel"], check=False)
+    assert bad.returncode == 2 and bad.stdout.strip().splitlines()[-1].endswith(
         "error: --int8-scales is an option of --int8"
-    ), bad.stderr
+    ), bad.stdout
 
 
 class _StepLimits:

@@ -65,8 +65,7 @@ class Batcher(AdmissionQueue):
         self.turns = Turns(self.workers)
         self.metrics: Optional[Metrics] = None
         self.running: Dict[asyncio.Task, List[Admitted]] = {}
-        self.gates: Dict[asyncio.Task, BatchTurns] = {}  # each batch in progress: its work left
-        self.running_positions = 0  # the worst case of the batches in progress
+        self.gates: Dict[asyncio.Task, BatchTurns] = {}  # each batch in progress: its turns and worst case
         self._task: Optional[asyncio.Task] = None
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.max_running_batches, thread_name_prefix="hrt-serve"
@@ -78,6 +77,12 @@ class Batcher(AdmissionQueue):
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     # ------------------------------------------------------------------ batching
+
+    @property
+    def running_positions(self) -> int:
+        """The worst case of the batches in progress (counted from the moment a batch is chosen:
+        the next one is chosen before this one's task first runs)."""
+        return sum(gate.positions for gate in self.gates.values())
 
     @property
     def short_batch(self) -> int:
@@ -118,9 +123,7 @@ class Batcher(AdmissionQueue):
     async def _run(self):
         while True:
             batch = await self._next_batch()
-            # counted now: the next batch is chosen before this one's task first runs
             cost = sum(request.part_positions[0] for request in batch)
-            self.running_positions += cost
             gate = BatchTurns(
                 self.turns,
                 cost,
@@ -134,7 +137,7 @@ class Batcher(AdmissionQueue):
         parts = [request.parts.popleft() for request in batch]
         costs = [request.part_positions.popleft() for request in batch]
         sources = [request.sources[i] for request, part in zip(batch, parts) for i in part]
-        cost = sum(costs)
+        cost = gate.positions
         self.stats["batches"] += 1
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(sources))
         self.stats["largest_batch_positions"] = max(self.stats["largest_batch_positions"], cost)
@@ -168,7 +171,6 @@ class Batcher(AdmissionQueue):
     def _finished(self, batch: List[Admitted], costs: List[int]):
         """A batch's thread is free again and its positions leave the counts."""
         del self.running[asyncio.current_task()], self.gates[asyncio.current_task()]
-        self.running_positions -= sum(costs)
         for request, cost in zip(batch, costs):
             if not request.future.done():
                 self._release(request, cost)
@@ -190,7 +192,7 @@ class Batcher(AdmissionQueue):
         stopped = True
         try:
             # lines of several requests: not named in messages
-            out = self.translator.translate_sources(sources, options, name=None, stop=gate.stopped, gate=gate)
+            out = self.translator.translate_sources(sources, options, name=None, gate=gate)
             stopped = False
             return out
         finally:  # a large batch's memory, or a stopped one's, back to the system

@@ -73,11 +73,10 @@ class Pace:
                     f"this request may cost {cost} decoder positions; a batch of {positions} was stopped unfinished "
                     f"after {seconds:.3g} s, and its timeout is {timeout:g} s; retry later or ask for less work",
                 )
-        paces = [self.pace_for(part) for part in part_costs]
-        if not paces or None in paces:
+        alone = self.alone(part_costs)
+        if not part_costs or alone is None:
             return None
-        pace = paces[part_costs.index(largest)]
-        alone = sum(part / part_pace for part, part_pace in zip(part_costs, paces))
+        pace = self.pace_for(largest)
         need = max(alone, (ahead + cost) / (pace * workers))
         if need <= timeout:
             return None
