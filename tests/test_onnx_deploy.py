@@ -722,6 +722,17 @@ def test_a_folder_of_the_previous_version_decodes_without_the_loop(exported_rand
     assert _cached(exported_random["hrt"], config["parameters_sha256"], False)
 
 
+def test_the_engines_int8_cache_holds_the_default_weight_scales_only(exported_random, tmp_path):
+    """An int8 copy in the engine's cache quantized with one scale per matrix (as every int8 copy
+    was before one per output column became the default) is quantized again, not reused."""
+    digest = json.loads((Path(exported_random["at"]) / "config.json").read_text())["parameters_sha256"]
+    for scales in ("channel", "tensor"):
+        quantize_folder(exported_random["at"], str(tmp_path / scales), scales)
+    assert _cached(str(tmp_path / "channel"), digest, True)
+    assert not _cached(str(tmp_path / "tensor"), digest, True)
+    assert not _cached(str(tmp_path / "channel"), digest, False)
+
+
 def test_option_errors(exported_random):
     at, hrt = Translator(exported_random["at"]), Translator(exported_random["hrt"])
     with pytest.raises(TypeError, match=r"translate\(\) takes a string or a list of strings, got NoneType"):

@@ -42,8 +42,11 @@ def _cached(folder: str, digest: str, int8: bool) -> bool:
         config = read_config(folder)
     except (FileNotFoundError, ValueError):
         return False
-    # an export of an earlier version is made again: it would decode, without the newer graphs
-    return config["parameters_sha256"] == digest and bool(config.get("int8")) == int8 and config["version"] == VERSION
+    # an export of an earlier version is made again: it would decode, without the newer graphs;
+    # so is an int8 copy of other weight scales than quantize_folder's default (one made before it)
+    scales = config.get("int8_scales") == exporter.INT8_SCALES[0] if int8 else True
+    same = config["parameters_sha256"] == digest and bool(config.get("int8")) == int8
+    return same and scales and config["version"] == VERSION
 
 
 def exported_folder(model, task, int8: bool = False) -> str:
