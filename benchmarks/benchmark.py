@@ -453,6 +453,27 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# the instruction sets that CPU kernels choose between (ONNX Runtime's MLAS, oneDNN, MKL,
+# CTranslate2's own): a CPU speed is read with them
+ISA_FLAGS = (
+    "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+    "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve",
+)  # fmt: skip
+
+
+def cpu_isa() -> List[str]:
+    """Which of :data:`ISA_FLAGS` this CPU has (``/proc/cpuinfo``'s flags; empty where it has none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    have = set(line.split(":", 1)[1].split())
+                    return [flag for flag in ISA_FLAGS if flag in have]
+    except OSError:
+        pass
+    return []
+
+
 def comet_for(systems: List[System], raw_src, refs, hyps, args) -> dict:
     """Score every system with a local COMET model, or say why COMET is not available."""
     try:

@@ -278,38 +278,3 @@ def forced_length(translator, batches: List[dict]) -> List[int]:
         )
         positions += [len(r.hypotheses[0]) for r in results]
     return positions
-
-
-def forced_length_main(argv=None):
-    """``python -c "from benchmarks.ct2_reference import forced_length_main as m; m()" JOB OUT``:
-    the CTranslate2 rows of ``benchmarks/paper_shapes.py``, in a process without PyTorch. JOB
-    (JSON): ``model_dir``, ``threads``, ``runs``, ``compute_types`` and ``jobs`` ``{bucket:
-    batches}``; OUT gets ``{compute type: {bucket: {seconds (the fastest run), run_seconds,
-    positions}}}``, the passes round-robin over compute types and buckets."""
-    import sys  # noqa: PLC0415
-
-    from benchmarks.timing import time_runs  # noqa: PLC0415
-
-    job_path, out_path = (argv or sys.argv[1:])[:2]
-    with open(job_path) as f:
-        job = json.load(f)
-    translators = {
-        c: load(job["model_dir"], False, False, job["threads"], compute_type=c) for c in job["compute_types"]
-    }
-    fns = {
-        (c, bucket): (lambda t=t, batches=batches: forced_length(t, batches))
-        for c, t in translators.items()
-        for bucket, batches in job["jobs"].items()
-    }
-    first = next(iter(job["jobs"].values()))[:1]
-    for t in translators.values():  # warm-up: one batch (a whole pass would cost a timed pass's time)
-        forced_length(t, first)
-    timed = time_runs(fns, runs=job["runs"])
-    out: Dict[str, dict] = {}
-    for (c, bucket), t in timed.items():
-        out.setdefault(c, {})[bucket] = {
-            "seconds": round(t.min, 5),
-            "run_seconds": [round(s, 5) for s in t.seconds],
-            "positions": t.value,
-        }
-    write_file(out_path, json.dumps(out))

@@ -21,6 +21,12 @@
 #     compile   the same on lean, lean --compile and cuda-graph, batch 1, 50 sentences
 #     bs1all    AT greedy and HRT k = 2 (b_at 1) on cuda-graph, batch 1, all 1000 sentences
 #     split1000 split on cuda-graph over the same 1000 sentences (these two: not in the default list)
+#     shapes    paper_shapes.py --device cuda --fp16 (base and E12D1, random weights, newstest2014 lengths,
+#               every row at the same output length): lean, cuda-graph, fairseq's SequenceGenerator
+#               (batch 8 and 128 only) and CTranslate2 float16 / int8_float16 where it sees the GPU;
+#               the fixed-length split and bound at batch 1 and 128; fits a 15-minute lease with the
+#               start on its own (named only: `device OUT shapes`; the newstest files from .gpu/newstest,
+#               which prepare copies, or ../shared/data beside the checkout)
 #     wmtslice  the WMT recipe's slice with --gpus 1 --fp16 end to end (tests/test_wmt_recipe_steps.py
 #               -k gpu; named only; needs ../shared/data beside the checkout)
 #   Each stage has its own time limit and writes <stage>.log (and report.{md,json} as
@@ -62,8 +68,27 @@ prepare() {
     cp "$data"/data-bin/dict.*.txt "$data"/spm/spm.model "$G/data/"
     cp "$data"/spm/test.en "$G/data/test.spm.en"
     cp "$data"/raw/test.en "$data"/raw/test.de "$G/data/"
+    prepare_newstest
     du -sh "$G"
     echo "carry: .gpu   command: bash benchmarks/gpu_run.sh device \$OUT"
+}
+
+prepare_newstest() {  # the shapes stage's sources: newstest2014 and the BPE's newstest2013 (under 1 MB)
+    local news="$REPO/../shared/data/wmt14-en-de-newstest"
+    [ -f "$news/test.en" ] || return 0
+    mkdir -p "$G/newstest" && cp "$news/test.en" "$news/valid.en" "$news/valid.de" "$G/newstest/"
+}
+
+shapes() {  # shapes OUT_NAME [MORE...]: paper_shapes.py on the GPU in float16
+    local news="$G/newstest"
+    [ -f "$news/test.en" ] || news="$REPO/../shared/data/wmt14-en-de-newstest"
+    python3 benchmarks/paper_shapes.py --device cuda --fp16 --shapes base,e12d1 --src "$news/test.en" \
+        --spm-train "$news/valid.en,$news/valid.de" --sentences 1:12,8:32,128:128 --runs 3 --bound-runs 3 \
+        --bound-batches 1,128 --fairseq-batches 8,128 --workdir /tmp/gpu-shapes-work --out-dir "/tmp/gpu-$1" "${@:2}"
+    local rc=$?  # each shape is written as soon as it is measured: keep what there is
+    cp "/tmp/gpu-$1/report.md" "$RUN/$1.report.md" 2>/dev/null
+    cp "/tmp/gpu-$1/report.json" "$RUN/$1.report.json" 2>/dev/null
+    return $rc
 }
 
 stage() {  # stage NAME SECONDS COMMAND...
@@ -127,6 +152,7 @@ device() {
         bs1all) stage bs1all 150 bash "$REPO/benchmarks/gpu_run.sh" bench bs1all cuda-graph 1 1000 --hrt-beams 1/1 ;;
         split1000) stage split1000 120 bash "$REPO/benchmarks/gpu_run.sh" split cuda-graph 1000 ;;
         wmtslice) stage wmtslice 420 bash -c 'mkdir -p /tmp/gpu-bin && for c in train:train preprocess:preprocess generate:generate; do printf "#!/bin/sh\nexec python3 -m fairseq_cli.%s \"\$@\"\n" "${c#*:}" >"/tmp/gpu-bin/fairseq-${c%%:*}"; done && printf "#!/bin/sh\nexec python3 -m fairseq_hrt.export.exporter \"\$@\"\n" >/tmp/gpu-bin/fairseq-hrt-export && chmod +x /tmp/gpu-bin/* && PATH="/tmp/gpu-bin:$PATH" python3 -m pytest -q -rs -p no:cacheprovider tests/test_wmt_recipe_steps.py -k gpu' ;;
+        shapes) stage shapes 540 bash "$REPO/benchmarks/gpu_run.sh" shapes shapes ;;
         compile) stage compile 200 bash "$REPO/benchmarks/gpu_run.sh" bench compile lean,cuda-graph 1 50 --max-sentences 50 --compile yes ;;
         *) echo "unknown stage $s" && exit 2 ;;
         esac
@@ -138,7 +164,9 @@ prepare) shift && prepare "$@" ;;
 device) shift && device "$@" ;;
 bench) shift && bench "$@" ;;  # one benchmark of the device stages (RUN set)
 split) shift && split "$@" ;;  # one time split of the device stages (RUN set)
+shapes) shift && shapes "$@" ;;  # the paper shapes on the GPU (RUN set)
+prepare-newstest) prepare_newstest ;;  # .gpu/newstest alone (the shapes stage needs no checkpoint)
 pythonpath) shift && device_pythonpath "$@" ;;  # the device stages' PYTHONPATH for a packed site
--h | --help) sed -n 2,24p "$0" ;;
-*) sed -n 2,24p "$0" && exit 2 ;;
+-h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d' ;;
+*) sed -n '2,/^set -u/p' "$0" | sed '$d' && exit 2 ;;
 esac

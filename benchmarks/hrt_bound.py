@@ -83,9 +83,13 @@ def banned_symbols(task) -> list:
     return [d.pad(), d.bos(), task.mask_idx, *task.chunk_start_idx.values()]
 
 
-def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: int, k: int, runs: int) -> dict:
+def fixed_length_times(
+    backend, encode, task, bsz: int, src_len: int, tgt_len: int, k: int, runs: int, sync=None
+) -> dict:
     """ms of the encoder, N AT steps, N / k Skip-AT steps and one stage-II pass (the fastest
-    of ``runs``, round-robin), and the HRT / AT ratio they bound."""
+    of ``runs``, round-robin), and the HRT / AT ratio they bound. ``sync`` (on a GPU,
+    ``torch.cuda.synchronize``): called as the clock starts and stops, so each part's queued
+    device work is counted in it."""
     tgt = task.target_dictionary
     vocab = backend.vocab_size
     rng = np.random.RandomState(0)
@@ -131,6 +135,7 @@ def fixed_length_times(backend, encode, task, bsz: int, src_len: int, tgt_len: i
             },
             warmup=1,
             runs=runs,
+            sync=sync,
         )
     ms = {name: t.min * 1000 for name, t in timed.items()}
     at = ms["encoder"] + ms["at_steps"]

@@ -22,31 +22,43 @@ and 4 divide ``L + 1``); CTranslate2 runs ``L + 1`` steps (its minimum and maxim
 length). Each row reports the positions it decoded per sentence and the report says whether
 every row decoded the same.
 
-**Rows** (per shape; the benchmark's row schema in ``report.json``): CTranslate2 AT greedy
-float32 and int8 (timed in a child process that imports no PyTorch: CTranslate2's threads
-slow down beside PyTorch's in one process, ``benchmarks/runtime_vs_ct2.py`` says by how much),
-our AT greedy and HRT k (``b_at = b_nat = 1``) on ONNX Runtime float and int8 and on the lean
-engine, and fairseq's ``SequenceGenerator`` AT greedy (the stock reference). Every speed is
-source words/s of the raw sentences, per bucket and overall; "overall" weighs each bucket
-by its share of newstest2014 (an estimate of the whole test set at that batch size). Ratios
-are to the fastest AT greedy row of the same run and batch size (CTranslate2's where it is
-the fastest); HRT rows also have their ratio to their own engine's AT and HRT's fixed-length
-bound on that engine (:func:`benchmarks.hrt_bound.fixed_length_times`, at the bucket's
-mean lengths), and the weights a decoder step reads (:func:`weights_per_step`). Timing: the
-fastest of ``--runs`` passes, round-robin over rows and buckets (:func:`benchmarks.timing.time_runs`).
+**Rows** (per shape; the benchmark's row schema in ``report.json``): our AT greedy and HRT k
+(``b_at = b_nat = 1``) on each of ``--engines`` (ONNX Runtime float and int8 and the lean engine
+on a CPU; the lean and CUDA-graph engines with ``--device cuda``, in float16 with ``--fp16`` or
+bfloat16 with ``--bf16``), fairseq's ``SequenceGenerator`` AT greedy (the stock reference, at
+``--fairseq-batches``), and CTranslate2's AT greedy in its float and int8 compute types
+(``--ct2-compute-types``; on a GPU its float16 / bfloat16). CTranslate2 runs in a child process
+that imports no PyTorch (its threads slow down beside PyTorch's in one process,
+``benchmarks/runtime_vs_ct2.py`` says by how much) and serves one pass at a time
+(:mod:`benchmarks.ct2_child`), so its passes take their turns in the same round-robin as ours
+and meet the same state of the machine; it times each pass itself. Every speed is source
+words/s of the raw sentences, per bucket and overall; "overall" weighs each bucket by its share
+of newstest2014 (an estimate of the whole test set at that batch size). Ratios are to the
+fastest AT greedy row of the same run and batch size (CTranslate2's where it is the fastest);
+HRT rows also have their ratio to their own engine's AT and HRT's fixed-length bound on that
+engine (:func:`benchmarks.hrt_bound.fixed_length_times`, at the bucket's mean lengths: the
+encoder, the AT steps, the Skip-AT steps and stage II, each timed with the device synchronised,
+in the report's split tables), and the weights a decoder step reads (:func:`weights_per_step`).
+Timing: the fastest of ``--runs`` passes, round-robin over rows and buckets
+(:func:`benchmarks.timing.time_runs`; on a GPU the device is synchronised as the clock starts and
+stops). The report names the CPU and the instruction sets it has (and the one CTranslate2 chose),
+or the GPU. What cannot be measured is a line in the report and the other rows are measured: an
+engine that cannot build a shape, CTranslate2 missing or without CUDA or a compute type, a row
+or a whole shape out of the GPU's memory. A dtype or device this machine lacks is refused in one
+line before anything is built.
 
 Writes ``OUT/report.json``, ``OUT/report.md`` (printed) and ``OUT/speedup_by_length.png``::
 
     python benchmarks/paper_shapes.py --shapes base,e12d1,small-e6d2 --threads 1 --out-dir R/paper-shapes
+    python benchmarks/paper_shapes.py --device cuda --fp16 --shapes base,e12d1 --out-dir R/paper-shapes-gpu
 """
 
 import argparse
 import datetime
+import importlib
 import json
-import logging
 import math
 import os
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -59,8 +71,16 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks import ct2_reference, hrt_bound  # noqa: E402
-from benchmarks.benchmark import cpu_name  # noqa: E402
+from benchmarks.benchmark import cpu_isa, cpu_name  # noqa: E402
+from benchmarks.ct2_child import ForcedLengthChild, child_rows  # noqa: E402
 from benchmarks.onnx_gate import random_model  # noqa: E402
+from benchmarks.paper_shapes_report import (  # noqa: E402
+    PER_SHAPE_META,
+    plot,
+    report_text,
+    same_positions,
+    summarize,
+)
 from benchmarks.report_files import write_files  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
 from fairseq_hrt.generation.engines import engine_choices, get_engine  # noqa: E402
@@ -270,6 +290,7 @@ def fairseq_decoder(model, tgt_dict):
     from fairseq.sequence_generator import SequenceGenerator  # noqa: PLC0415
 
     generators = {}
+    device = next(model.parameters()).device
 
     def decode(sources, batches):
         positions = []
@@ -278,7 +299,7 @@ def fairseq_decoder(model, tgt_dict):
                 generators[batch.length] = SequenceGenerator(
                     [model], tgt_dict, beam_size=1, max_len_a=0, max_len_b=batch.length, min_len=batch.length
                 )
-            tokens = torch.from_numpy(src)
+            tokens = torch.from_numpy(src).to(device)
             lengths = (tokens != tgt_dict.pad()).sum(dim=1)
             hyps = generators[batch.length].generate(
                 [model], {"net_input": {"src_tokens": tokens, "src_lengths": lengths}}
@@ -289,35 +310,12 @@ def fairseq_decoder(model, tgt_dict):
     return decode
 
 
-def ct2_rows(model_dir: str, jobs: dict, threads: int, runs: int, compute_types: Sequence[str]) -> dict:
-    """CTranslate2's rows, timed in a child process that imports no PyTorch
-    (:func:`benchmarks.ct2_reference.forced_length_main`)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        job = os.path.join(tmp, "job.json")
-        out = os.path.join(tmp, "out.json")
-        with open(job, "w") as f:
-            json.dump(
-                {
-                    "model_dir": model_dir,
-                    "threads": threads,
-                    "runs": runs,
-                    "compute_types": list(compute_types),
-                    "jobs": jobs,
-                },
-                f,
-            )
-        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        subprocess.run(
-            [sys.executable, "-c", "from benchmarks.ct2_reference import forced_length_main as m; m()", job, out],
-            check=True,
-            env=env,
-            cwd=REPO,
-        )
-        with open(out) as f:
-            return json.load(f)
-
-
 # ----------------------------------------------------------------------------- run
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# CTranslate2's compute types beside our rows of each dtype: its float, and its int8 weights
+# with that float's activations (on a CPU: float32 and int8, beside ONNX Runtime's int8)
+CT2_COMPUTE_TYPES = {"float32": "float32,int8", "float16": "float16,int8_float16", "bfloat16": "bfloat16,int8_bfloat16"}
 
 
 @dataclass
@@ -331,7 +329,9 @@ class Models:
     workdir: str
 
 
-def build_models(name: str, vocab: int, workdir: str) -> Models:
+def build_models(name: str, vocab: int, workdir: str, device: str = "cpu", dtype: str = "float32") -> Models:
+    """The AT and HRT models of shape ``name`` with random weights, on ``device`` in ``dtype``
+    (the AT's checkpoint, which CTranslate2 converts, stays float32)."""
     shape = SHAPES[name]
     folder = os.path.join(workdir, name)
     os.makedirs(os.path.join(folder, "at"), exist_ok=True)
@@ -347,6 +347,8 @@ def build_models(name: str, vocab: int, workdir: str) -> Models:
     hrt_task, hrt_model = random_model(
         shape.hrt_arch, vocab, folder, extra_args=["--chunk-sizes", chunk_sizes, *shape.model_args]
     )
+    for model in (at, hrt_model):
+        model.to(device=device, dtype=DTYPES[dtype])
     return Models(name, task, at, hrt_model, hrt_task, at_checkpoint, folder)
 
 
@@ -371,7 +373,7 @@ def our_rows(models: Models, engines: Sequence[str], threads: int) -> Dict[str, 
                 backend, encode = hrt_bound.backend_of(engine, model, task, threads, int8=quantize == "int8")
             except Exception as e:  # noqa: BLE001 - a shape an engine cannot build: a line in the report
                 for k in ks:
-                    rows[row_name(family, k) + suffix] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+                    rows[row_name(family, k) + suffix] = {"error": one_line(e)}
                 continue
             for k in ks:
                 rows[row_name(family, k) + suffix] = {
@@ -384,7 +386,7 @@ def our_rows(models: Models, engines: Sequence[str], threads: int) -> Dict[str, 
                     "encode": encode,
                     "task": task,
                 }
-    rows["AT greedy (fairseq SequenceGenerator)"] = {
+    rows[FAIRSEQ_ROW] = {
         "decode": fairseq_decoder(models.at, models.task.target_dictionary),
         "family": "AT",
         "engine": "fairseq",
@@ -394,62 +396,43 @@ def our_rows(models: Models, engines: Sequence[str], threads: int) -> Dict[str, 
     return rows
 
 
+FAIRSEQ_ROW = "AT greedy (fairseq SequenceGenerator)"
+CT2_ROW = "CTranslate2 AT greedy"
+
+
 def row_name(family: str, k: int) -> str:
     return "AT greedy" if family == "AT" else f"HRT k={k} b_at=1 b_nat=1"
+
+
+def ct2_row_name(compute_type: str, dtype: str) -> str:
+    return CT2_ROW + ("" if compute_type == dtype else f" {compute_type}")
+
+
+def one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}".splitlines()[0]
+
+
+def sync_of(device: str) -> Optional[Callable[[], None]]:
+    """What the timing loop calls before starting and stopping the clock: on a GPU, so that the
+    device's queued work is counted (every row, the fixed-length split's parts too)."""
+    return torch.cuda.synchronize if device == "cuda" else None
 
 
 def measure_shape(models: Models, batches_of: Dict[int, Dict[str, List[Batch]]], args) -> dict:
     """Every row of one shape at every batch size: seconds per bucket, positions, bounds."""
     torch.set_num_threads(args.threads)
     rows = our_rows(models, args.engines, args.threads)
-    pad, eos = models.task.target_dictionary.pad(), models.task.target_dictionary.eos()
     out = {"rows": {}, "errors": {n: r["error"] for n, r in rows.items() if "error" in r}}
     live = {n: r for n, r in rows.items() if "error" not in r}
-    ct2_dir, ct2_error = None, ct2_reference.unavailable_reason()
-    if ct2_error is None:
-        try:
-            ct2_dir = ct2_reference.convert(models.at_checkpoint, models.workdir, models.workdir, "src", "tgt")
-        except Exception as e:  # noqa: BLE001 - a model CTranslate2 cannot convert: a line in the report
-            ct2_error = f"{type(e).__name__}: {e}".splitlines()[0]
-    if ct2_error:
-        out["errors"]["CTranslate2 AT greedy"] = ct2_error
-    for bsz, buckets in batches_of.items():
-        sources = {b: [source_array(x, pad, eos) for x in batches] for b, batches in buckets.items() if batches}
-        fns = {
-            (name, b): (lambda r=row, s=sources[b], x=buckets[b]: r["decode"](s, x))
-            for name, row in live.items()
-            for b in sources
-        }
-        with torch.inference_mode():
-            for row in live.values():  # warm-up: one batch (a whole pass would cost a timed pass's time)
-                first = next(iter(sources))
-                row["decode"](sources[first][:1], buckets[first][:1])
-            timed = time_runs(fns, runs=args.runs)
-        for (name, b), t in timed.items():
-            entry = out["rows"].setdefault(
-                name, {k: v for k, v in live[name].items() if k in ("family", "engine", "quantize", "k")}
-            )
-            entry.setdefault("speed", {}).setdefault(str(bsz), {})[b] = {
-                "seconds": round(t.min, 5),
-                "run_seconds": [round(s, 5) for s in t.seconds],
-                "positions": t.value,
-            }
-        if ct2_dir:
-            symbols = models.task.target_dictionary.symbols
-            jobs = {
-                b: [{"tokens": [[symbols[i] for i in t] for t in x.tokens], "length": x.length + 1} for x in buckets[b]]
-                for b in sources
-            }
-            for compute_type, per_bucket in ct2_rows(
-                ct2_dir, jobs, args.threads, args.runs, args.ct2_compute_types
-            ).items():
-                name = "CTranslate2 AT greedy" + ("" if compute_type == "float32" else f" {compute_type}")
-                entry = out["rows"].setdefault(
-                    name, {"family": "CTranslate2", "engine": "ctranslate2", "quantize": compute_type, "k": 1}
-                )
-                entry.setdefault("speed", {})[str(bsz)] = per_bucket
-        if bsz in args.bound_batches:
-            out.setdefault("bounds", {})[str(bsz)] = bounds(live, buckets, bsz, args)
+    child = start_ct2(models, batches_of, args, out)
+    try:
+        for bsz, buckets in batches_of.items():
+            measure_batch(models, live, child, bsz, buckets, args, out)
+            if bsz in args.bound_batches:
+                out.setdefault("bounds", {})[str(bsz)] = bounds(live, buckets, bsz, args, out["errors"])
+    finally:
+        if child is not None:
+            child.close()
     out["weights_per_step_mb"] = {"AT": weights_per_step(models.at), "HRT": weights_per_step(models.hrt)}
     shape = SHAPES[models.shape]
     out["models"] = {
@@ -457,6 +440,77 @@ def measure_shape(models: Models, batches_of: Dict[int, Dict[str, List[Batch]]],
         "HRT": model_description(models.hrt, shape.hrt_arch),
     }
     return out
+
+
+def start_ct2(models: Models, batches_of, args, out: dict) -> Optional[ForcedLengthChild]:
+    """CTranslate2's child process (:mod:`benchmarks.ct2_child`) holding every batch of the
+    shape (job ``"BSZ/BUCKET"``), or None, with why in ``out["errors"]``; what it says of
+    itself (version, instruction set) in ``out["ctranslate2"]``."""
+    why = ct2_reference.unavailable_reason(use_cuda=args.device == "cuda")
+    if why is None:
+        try:
+            model_dir = ct2_reference.convert(models.at_checkpoint, models.workdir, models.workdir, "src", "tgt")
+            symbols = models.task.target_dictionary.symbols
+            jobs = {
+                f"{bsz}/{b}": [
+                    {"tokens": [[symbols[i] for i in t] for t in x.tokens], "length": x.length + 1} for x in batches
+                ]
+                for bsz, buckets in batches_of.items()
+                for b, batches in buckets.items()
+                if batches
+            }
+            child = ForcedLengthChild(model_dir, jobs, args.ct2_compute_types, args.threads, args.device)
+        except Exception as e:  # noqa: BLE001 - a model CTranslate2 cannot convert or load: a line in the report
+            why = one_line(e)
+    if why:
+        out["errors"][CT2_ROW] = why
+        return None
+    for compute_type, reason in child.errors.items():
+        out["errors"][ct2_row_name(compute_type, args.dtype)] = reason
+    out["ctranslate2"] = child.ready
+    return child
+
+
+def measure_batch(models: Models, live: Dict[str, dict], child, bsz: int, buckets, args, out: dict) -> None:
+    """Every row at batch ``bsz``, CTranslate2's passes in the same round-robin as ours (the
+    child times its own); a row that fails its warm-up (a GPU out of memory) is a line in
+    ``out["errors"]``, the others are measured."""
+    pad, eos = models.task.target_dictionary.pad(), models.task.target_dictionary.eos()
+    sources = {b: [source_array(x, pad, eos) for x in batches] for b, batches in buckets.items() if batches}
+    longest = list(sources)[-1]  # the warm-up batch: the longest bucket's first, the most memory
+    fns = {}
+    for name, row in live.items():
+        if row["engine"] == "fairseq" and bsz not in args.fairseq_batches:
+            continue
+        try:
+            with torch.inference_mode():
+                row["decode"](sources[longest][:1], buckets[longest][:1])
+        except torch.cuda.OutOfMemoryError as e:
+            out["errors"][f"{name} at batch {bsz}"] = one_line(e)
+            torch.cuda.empty_cache()
+            continue
+        for b in sources:
+            fns[(name, b)] = lambda r=row, s=sources[b], x=buckets[b]: r["decode"](s, x)
+    compute_types = {}
+    for (compute_type, job), fn in child_rows(child, [f"{bsz}/{b}" for b in sources]).items():
+        name = ct2_row_name(compute_type, args.dtype)
+        compute_types[name] = compute_type
+        fns[(name, job.split("/", 1)[1])] = fn
+    with torch.inference_mode():
+        timed = time_runs(fns, runs=args.runs, sync=sync_of(args.device))
+    for (name, b), t in timed.items():
+        if name in compute_types:  # the child's own clock, without the pipe's round trip
+            seconds = child.seconds[(compute_types[name], f"{bsz}/{b}")]
+            fields = {"family": "CTranslate2", "engine": "ctranslate2", "quantize": compute_types[name], "k": 1}
+        else:
+            seconds = t.seconds
+            fields = {k: v for k, v in live[name].items() if k in ("family", "engine", "quantize", "k")}
+        entry = out["rows"].setdefault(name, fields)
+        entry.setdefault("speed", {}).setdefault(str(bsz), {})[b] = {
+            "seconds": round(min(seconds), 5),
+            "run_seconds": [round(s, 5) for s in seconds],
+            "positions": t.value,
+        }
 
 
 def model_description(model, arch: str) -> dict:
@@ -473,9 +527,11 @@ def model_description(model, arch: str) -> dict:
     }
 
 
-def bounds(live: Dict[str, dict], buckets: Dict[str, List[Batch]], bsz: int, args) -> dict:
+def bounds(live: Dict[str, dict], buckets: Dict[str, List[Batch]], bsz: int, args, errors: dict) -> dict:
     """HRT's fixed-length bound per engine (float and int8), k and bucket, at the bucket's
-    mean source and target lengths (:func:`benchmarks.hrt_bound.fixed_length_times`)."""
+    mean source and target lengths (:func:`benchmarks.hrt_bound.fixed_length_times`: the
+    encoder, the AT steps, the Skip-AT steps and stage II, each timed with the device
+    synchronised); a row out of memory is a line in ``errors``."""
     out = {}
     for name, row in live.items():
         if row["family"] != "HRT" or args.bound_runs < 1:
@@ -485,261 +541,18 @@ def bounds(live: Dict[str, dict], buckets: Dict[str, List[Batch]], bsz: int, arg
                 continue
             src_len = round(np.mean([len(t) for x in batches for t in x.tokens])) + 1
             tgt_len = target_length(src_len - 1) + 1
-            with torch.inference_mode():
-                times = hrt_bound.fixed_length_times(
-                    row["backend"], row["encode"], row["task"], bsz, src_len, tgt_len, row["k"], args.bound_runs
-                )
+            try:
+                with torch.inference_mode():
+                    times = hrt_bound.fixed_length_times(
+                        row["backend"], row["encode"], row["task"], bsz, src_len, tgt_len, row["k"], args.bound_runs,
+                        sync=sync_of(args.device),
+                    )  # fmt: skip
+            except torch.cuda.OutOfMemoryError as e:
+                errors[f"bound of {name} at batch {bsz}, bucket {b}"] = one_line(e)
+                torch.cuda.empty_cache()
+                continue
             out.setdefault(name, {})[b] = {"src_len": src_len, "tgt_len": tgt_len, **times}
     return out
-
-
-# ------------------------------------------------------------------------- report
-
-
-def row_speed(row: dict, batches_of, shares: Dict[str, int], words_of) -> dict:
-    """A row's words/s per batch size: per bucket, and overall at newstest2014's bucket shares."""
-    speed = {}
-    for bsz, per_bucket in row["speed"].items():
-        buckets = {}
-        time_full, words_full = 0.0, 0.0
-        for b, m in per_bucket.items():
-            words = words_of[int(bsz)][b]
-            n = sum(len(x.tokens) for x in batches_of[int(bsz)][b])
-            buckets[b] = {
-                "words_per_second": round(words / m["seconds"], 1),
-                "seconds": m["seconds"],
-                "run_seconds": m["run_seconds"],
-                "sentences": n,
-                "words": words,
-                "positions": sum(m["positions"]),
-            }
-            time_full += shares[b] * m["seconds"] / n
-            words_full += shares[b] * words / n
-        speed[bsz] = {"words_per_second": round(words_full / time_full, 1), "buckets": buckets}
-    return speed
-
-
-def own_at(systems: List[dict], s: dict, bsz: str) -> Optional[dict]:
-    """The AT row of HRT row ``s``'s engine and quantization at batch ``bsz``."""
-    return next(
-        (
-            o
-            for o in systems
-            if o["family"] == "AT"
-            and o["decoding"]["engine"] == s["decoding"]["engine"]
-            and o["decoding"]["quantize"] == s["decoding"]["quantize"]
-            and bsz in o["speed"]
-        ),
-        None,
-    )
-
-
-def add_ratios(systems: List[dict], measured: dict, bsz: str) -> None:
-    """Each row's ratios at batch ``bsz`` to the fastest AT greedy row and, for HRT, to its own
-    engine's AT (with the fixed-length bound per bucket)."""
-    at = [s for s in systems if s["family"] in ("AT", "CTranslate2") and bsz in s["speed"]]
-    if not at:
-        return
-    fastest = max(at, key=lambda s: s["speed"][bsz]["words_per_second"])
-    for s in systems:
-        if bsz not in s["speed"]:
-            continue
-        sp = s["speed"][bsz]
-        sp["baseline"] = fastest["name"]
-        sp["ratio_vs_baseline"] = round(sp["words_per_second"] / fastest["speed"][bsz]["words_per_second"], 3)
-        for b, cell in sp["buckets"].items():
-            base = fastest["speed"][bsz]["buckets"].get(b)
-            if base:
-                cell["ratio_vs_baseline"] = round(cell["words_per_second"] / base["words_per_second"], 3)
-        own = own_at(systems, s, bsz) if s["family"] == "HRT" else None
-        if own is None:
-            continue
-        sp["own_at"] = own["name"]
-        sp["ratio_vs_own_at"] = round(sp["words_per_second"] / own["speed"][bsz]["words_per_second"], 3)
-        bound = measured.get("bounds", {}).get(bsz, {}).get(s["name"], {})
-        for b, cell in sp["buckets"].items():
-            cell["ratio_vs_own_at"] = round(
-                cell["words_per_second"] / own["speed"][bsz]["buckets"][b]["words_per_second"], 3
-            )
-            if b in bound:
-                cell["bound"] = bound[b]["bound"]
-                cell["share_of_bound"] = round(cell["ratio_vs_own_at"] / bound[b]["bound"], 3)
-
-
-def summarize(shape: str, measured: dict, batches_of, shares: Dict[str, int], words_of) -> List[dict]:
-    """The benchmark's rows (``report.json``'s ``systems``) of one shape: words/s per bucket
-    and overall, ratios to the fastest AT greedy row and, for HRT, to its engine's AT."""
-    systems = []
-    for name, row in measured["rows"].items():
-        systems.append(
-            {
-                "name": name,
-                "family": row["family"],
-                "shape": shape,
-                "decoding": {
-                    "beam": 1,
-                    "engine": row["engine"],
-                    "quantize": row["quantize"],
-                    **({"chunk_size": row["k"], "b_at": 1, "b_nat": 1} if row["family"] == "HRT" else {}),
-                },
-                "model": measured["models"]["HRT" if row["family"] == "HRT" else "AT"],
-                "speed": row_speed(row, batches_of, shares, words_of),
-                "positions_by_bucket": {
-                    bsz: {b: m["positions"] for b, m in per_bucket.items()} for bsz, per_bucket in row["speed"].items()
-                },
-            }
-        )
-    for bsz in {b for s in systems for b in s["speed"]}:
-        add_ratios(systems, measured, bsz)
-    return systems
-
-
-def same_positions(systems: List[dict]) -> Dict[str, List[str]]:
-    """``{batch size: rows whose decoder positions differ from the first row's}`` (empty lists: equal work)."""
-    out = {}
-    for bsz in sorted({b for s in systems for b in s["positions_by_bucket"]}, key=int):
-        with_bsz = [s for s in systems if bsz in s["positions_by_bucket"]]
-        first = with_bsz[0]["positions_by_bucket"][bsz]
-        out[bsz] = [s["name"] for s in with_bsz if s["positions_by_bucket"][bsz] != first]
-    return out
-
-
-def shape_notes(shape: str, block: dict, meta: dict) -> List[str]:
-    """A shape's heading and notes: when and how it was measured, what a step reads, what was
-    left out, whether every row did the same work."""
-    w = block["weights_per_step_mb"]
-    when = block.get("measured") or {k: meta.get(k) for k in PER_SHAPE_META}
-    out = [
-        f"## {SHAPES[shape].title}",
-        "",
-        f"Measured {when['date']}: sentences per bucket (batch:sentences) {when['sentences_per_bucket']}, "
-        f"the fastest of {when['runs']} passes; bound at batch {', '.join(block['bounds']) or '(none)'} "
-        f"(the fastest of {when['bound_runs']}).",
-        "",
-        f"Weights a decoder step reads: AT {w['AT']['float32']} MB float32 / {w['AT']['int8']} MB int8, "
-        f"HRT {w['HRT']['float32']} / {w['HRT']['int8']} MB.",
-    ]
-    for bsz, empty in block["empty_buckets"].items():
-        if empty:
-            out.append(f"- batch {bsz}: no sentence in bucket {', '.join(empty)} (left out of its tables and overall)")
-    for name, why in block["errors"].items():
-        out.append(f"- not measured: **{name}**: {why}")
-    differ = block["positions_differ"]
-    out.append(
-        "- equal work: "
-        + (
-            "every row decoded the same positions at every batch size."
-            if not any(differ.values())
-            else "; ".join(f"batch {b}: {', '.join(v)} decoded other positions" for b, v in differ.items() if v)
-        )
-    )
-    return out
-
-
-def batch_tables(rows: List[dict], bsz: str) -> List[str]:
-    """The tables of one batch size: every row's words/s per bucket, and HRT's against its own AT."""
-    sample = rows[0]["speed"][bsz]["buckets"]
-    head = " | ".join(f"{b} ({sample[b]['sentences']})" for b in sample)
-    out = [
-        "",
-        f"### batch {bsz} (words/s, x the fastest AT greedy: {rows[0]['speed'][bsz]['baseline']})",
-        "",
-        f"| row | {head} | overall | x fastest AT | x own AT |",
-        "|---|" + "---:|" * (len(sample) + 3),
-    ]
-    for s in sorted(rows, key=lambda s: -s["speed"][bsz]["words_per_second"]):
-        sp = s["speed"][bsz]
-        cells = " | ".join(
-            f"{c['words_per_second']:.0f} ({c.get('ratio_vs_baseline', 0):.2f}x)" for c in sp["buckets"].values()
-        )
-        own = f"{sp['ratio_vs_own_at']:.2f}x" if "ratio_vs_own_at" in sp else ""
-        out.append(f"| {s['name']} | {cells} | {sp['words_per_second']:.0f} | {sp['ratio_vs_baseline']:.2f}x | {own} |")
-    hrt_rows = [s for s in rows if s["family"] == "HRT" and "ratio_vs_own_at" in s["speed"][bsz]]
-    if hrt_rows:
-        out += [
-            "",
-            "HRT against its own engine's AT, per bucket: delivered / bound (share of the bound)",
-            "",
-            f"| row | {' | '.join(sample)} |",
-            "|---|" + "---:|" * len(sample),
-        ]
-        for s in hrt_rows:
-            cells = []
-            for c in s["speed"][bsz]["buckets"].values():
-                cell = f"{c['ratio_vs_own_at']:.2f}x"
-                if "bound" in c:
-                    cell += f" / {c['bound']:.2f}x ({c['share_of_bound']:.0%})"
-                cells.append(cell)
-            out.append(f"| {s['name']} | {' | '.join(cells)} |")
-    return out
-
-
-def report_text(report: dict) -> str:
-    meta = report["meta"]
-    out = [
-        "# HRT against AT at the papers' shapes, newstest2014 lengths, equal output length "
-        f"({meta['threads']} thread(s))",
-        "",
-        f"{meta['device']}, torch {meta['torch']}, onnxruntime {meta['onnxruntime']}, ctranslate2 "
-        f"{meta['ctranslate2']}; {meta['date']}. Random weights, vocabulary {meta['vocab']}; sources: "
-        f"{meta['sentences']} lines of `{meta['src']}` cut by a {meta['spm_vocab']}-piece BPE trained on "
-        f"`{meta['spm_train']}` ({meta['mean_source_tokens']} tokens per sentence on average, "
-        f"{meta['tokens_per_word']} per word). Every sentence decodes L + 1 positions, L = 1.1 x its source "
-        "tokens rounded up to 4q + 3 (the longest sentence's in a batch). Source words/s, the fastest of "
-        "each shape's passes, round-robin over rows and buckets; overall = newstest2014's bucket shares "
-        f"({', '.join(f'{b}: {n}' for b, n in meta['bucket_shares'].items())} sentences).",
-        "",
-    ]
-    for shape in report["shapes"]:
-        systems = [s for s in report["systems"] if s["shape"] == shape]
-        out += shape_notes(shape, report["shapes"][shape], meta)
-        for bsz in sorted({b for s in systems for b in s["speed"]}, key=int):
-            out += batch_tables([s for s in systems if bsz in s["speed"]], bsz)
-        out.append("")
-    return "\n".join(out) + "\n"
-
-
-def plot(report: dict, path: str) -> Optional[str]:
-    """HRT k = 2's speed-up over its own engine's AT against source length, per shape and
-    engine (batch 1), with the HRT paper's Figure 5 (CPU)."""
-    try:
-        import matplotlib  # noqa: PLC0415 - optional: the picture
-
-        matplotlib.use("Agg")
-        logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError as e:
-        return f"no picture: {e}"
-    names = [b for b, _, _ in BUCKETS]
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    styles = {"onnxruntime": "-", "lean": ":"}
-    for n, shape in enumerate(report["shapes"]):
-        color = f"C{n}"
-        for s in report["systems"]:
-            speed = s["speed"].get("1", {})
-            if s["shape"] != shape or s["decoding"].get("chunk_size") != 2 or "ratio_vs_own_at" not in speed:
-                continue
-            cells = speed["buckets"]
-            xs = [i for i, b in enumerate(names) if b in cells]
-            int8 = s["decoding"]["quantize"] == "int8"
-            ax.plot(
-                xs,
-                [cells[names[i]]["ratio_vs_own_at"] for i in xs],
-                marker="x" if int8 else "o",
-                linestyle="--" if int8 else styles.get(s["decoding"]["engine"], "-"),
-                color=color,
-                label=f"{shape}, {s['decoding']['engine']}{' int8' if int8 else ''}",
-            )
-    ax.plot([0, 4], [1.6, 2.0], "k*", markersize=12, label="HRT paper, Fig. 5 (CPU, batch 32, b_at 5)")
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xticks(range(len(names)), names)
-    ax.set_xlabel("source tokens (newstest2014)")
-    ax.set_ylabel("HRT k = 2 / AT greedy, same engine (batch 1)")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -757,8 +570,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spm-vocab", type=int, default=24000)
     p.add_argument("--sentences", default="1:8,8:32,128:128", help="BATCH:SENTENCES per bucket, comma-separated")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--engines", default="onnxruntime,lean", help="our engines (onnxruntime rows: float and int8)")
-    p.add_argument("--ct2-compute-types", default="float32,int8")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where every row runs (one GPU: cuda)")
+    dtype = p.add_mutually_exclusive_group()
+    dtype.add_argument("--fp16", action="store_true", help="our models in float16 (--device cuda)")
+    dtype.add_argument("--bf16", action="store_true", help="our models in bfloat16 (--device cuda, a GPU that has it)")
+    p.add_argument(
+        "--engines",
+        help=f"our engines (default: {DEFAULT_ENGINES['cpu']} on cpu, {DEFAULT_ENGINES['cuda']} on cuda; "
+        "onnxruntime rows: float and int8)",
+    )
+    p.add_argument(
+        "--ct2-compute-types",
+        help="CTranslate2's rows (default: its float of the run's dtype and int8 beside it: "
+        + "; ".join(f"{d}: {c}" for d, c in CT2_COMPUTE_TYPES.items())
+        + ")",
+    )
+    p.add_argument(
+        "--fairseq-batches",
+        help="batch sizes fairseq's SequenceGenerator row runs at (default: every one of --sentences; "
+        "on a GPU it is slow at batch 1)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--runs", type=int, default=2, help="timed passes of every row (the fastest is reported)")
     p.add_argument("--bound-runs", type=int, default=2, help="fixed-length bound: the fastest of this many (0: none)")
@@ -782,22 +613,51 @@ def parse_args(argv=None):
     for s in args.shapes:
         if s not in SHAPES:
             p.error(f"--shapes: {s!r} is not one of {', '.join(SHAPES)}")
-    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    device_options(p, args)
+    args.engines = [e.strip() for e in (args.engines or DEFAULT_ENGINES[args.device]).split(",") if e.strip()]
     for e in args.engines:
         if e not in engine_choices():
             p.error(f"--engines: {e!r} is not one of {', '.join(engine_choices())}")
+        if ENGINE_DEVICES.get(e, args.device) != args.device:
+            p.error(
+                f"--engines {e} runs on {ENGINE_DEVICES[e]} only here: "
+                f"with --device {args.device} use {DEFAULT_ENGINES[args.device]}"
+            )
     args.bound_batches = {int(b) for b in args.bound_batches.split(",") if b.strip()}
-    args.ct2_compute_types = [c.strip() for c in args.ct2_compute_types.split(",") if c.strip()]
+    args.ct2_compute_types = [
+        c.strip() for c in (args.ct2_compute_types or CT2_COMPUTE_TYPES[args.dtype]).split(",") if c.strip()
+    ]
     try:
         args.per_bucket = parse_sentences(args.sentences)
     except ValueError as e:
         p.error(str(e))
     if args.threads < 1 or args.runs < 1:
         p.error("--threads and --runs must be >= 1")
+    fairseq_batches = args.fairseq_batches or ",".join(str(b) for b in args.per_bucket)
+    args.fairseq_batches = {int(b) for b in fairseq_batches.split(",") if b.strip()}
     for path in [args.src, *args.spm_train.split(",")]:
         if not os.path.isfile(path):
             p.error(f"no such file: {path} (newstest2013/2014: ../shared/data/wmt14-en-de-newstest, see its SOURCE.md)")
     return args
+
+
+DEFAULT_ENGINES = {"cpu": "onnxruntime,lean", "cuda": "lean,cuda-graph"}
+ENGINE_DEVICES = {"onnxruntime": "cpu", "cuda-graph": "cuda"}  # engines that run on one device only here
+
+
+def device_options(p: argparse.ArgumentParser, args) -> None:
+    """``args.dtype`` from ``--fp16`` / ``--bf16``; a device or dtype this machine lacks is
+    refused in one line, before a model is built."""
+    args.dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
+    if args.device == "cpu" and args.dtype != "float32":
+        p.error(
+            f"--{'fp16' if args.fp16 else 'bf16'} is for --device cuda: the CPU rows run float32 "
+            "(ONNX Runtime's int8 and CTranslate2's beside them)"
+        )
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device cuda: torch {torch.__version__} sees no CUDA device here")
+    if args.bf16 and not torch.cuda.is_bf16_supported():
+        p.error(f"--bf16: {torch.cuda.get_device_name()} has no bfloat16 arithmetic; use --fp16")
 
 
 def shape_block(shape: str, measured: dict, systems: List[dict], batches_of, meta: dict) -> dict:
@@ -808,6 +668,7 @@ def shape_block(shape: str, measured: dict, systems: List[dict], batches_of, met
         "weights_per_step_mb": measured["weights_per_step_mb"],
         "models": measured["models"],
         "errors": measured["errors"],
+        "ctranslate2": measured.get("ctranslate2", {}),
         "bounds": measured.get("bounds", {}),
         "positions_differ": same_positions(systems),
         "empty_buckets": {str(bsz): [b for b, x in per.items() if not x] for bsz, per in batches_of.items()},
@@ -830,7 +691,13 @@ def main(argv=None):
     if args.append:
         report = appended(report, os.path.join(args.out_dir, "report.json"), args.shapes)
     for shape in args.shapes:
-        models = build_models(shape, args.vocab, workdir)
+        try:
+            models = build_models(shape, args.vocab, workdir, args.device, args.dtype)
+        except torch.cuda.OutOfMemoryError as e:  # a shape too large for the device: a line, the next shape measured
+            report["meta"].setdefault("not_measured", {})[shape] = one_line(e)
+            torch.cuda.empty_cache()
+            write(report, args.out_dir)
+            continue
         nspecial = models.task.target_dictionary.nspecial
         batches_of = {
             bsz: {b: make_batches(found, bsz, args.vocab, nspecial) for b, found in per.items()}
@@ -845,10 +712,6 @@ def main(argv=None):
     write(report, args.out_dir, picture=True)
 
 
-# what each shape's block keeps of the run that measured it (--append puts runs together)
-PER_SHAPE_META = ("date", "sentences_per_bucket", "runs", "bound_runs", "bound_batches")
-
-
 def appended(report: dict, previous_path: str, shapes: Sequence[str]) -> dict:
     """``report`` with the shapes of an earlier run's report (``--append``) that this run does
     not measure again; the earlier run must have measured on the same machine, threads and data."""
@@ -856,11 +719,12 @@ def appended(report: dict, previous_path: str, shapes: Sequence[str]) -> dict:
         return report
     with open(previous_path) as f:
         previous = json.load(f)
-    for key in ("device", "threads", "vocab", "src", "spm_vocab", "sentences"):
-        if previous["meta"].get(key) != report["meta"][key]:
+    for key in ("device", "dtype", "threads", "vocab", "src", "spm_vocab", "sentences"):
+        then, now = (m.get(key, "float32" if key == "dtype" else None) for m in (previous["meta"], report["meta"]))
+        if then != now:  # (a report from before --fp16 / --bf16 measured float32)
             raise SystemExit(
-                f"--append: {previous_path} was measured with another {key} ({previous['meta'].get(key)!r}, "
-                f"this run: {report['meta'][key]!r}); write to another --out-dir"
+                f"--append: {previous_path} was measured with another {key} ({then!r}, "
+                f"this run: {now!r}); write to another --out-dir"
             )
     for shape, block in previous["shapes"].items():
         if shape in shapes:
@@ -871,18 +735,29 @@ def appended(report: dict, previous_path: str, shapes: Sequence[str]) -> dict:
     return report
 
 
-def meta(args, sentences: List[Sentence], shares: Dict[str, int]) -> dict:
-    import ctranslate2  # noqa: PLC0415
-    import onnxruntime  # noqa: PLC0415
+def version_of(package: str) -> str:
+    try:
+        return importlib.import_module(package).__version__
+    except ImportError:
+        return "not installed"
 
+
+def meta(args, sentences: List[Sentence], shares: Dict[str, int]) -> dict:
     pieces = sum(len(s.pieces) for s in sentences)
+    if args.device == "cuda":
+        device = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda}), host CPU {cpu_name()}"
+    else:
+        device = f"CPU ({cpu_name()})"
     return {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "device": f"CPU ({cpu_name()})",
+        "device": device,
+        "dtype": args.dtype,
+        # what the CPU's kernels may use (ONNX Runtime's MLAS, CTranslate2's oneDNN / MKL / own)
+        "cpu_isa": cpu_isa(),
         "threads": args.threads,
         "torch": torch.__version__,
-        "onnxruntime": onnxruntime.__version__,
-        "ctranslate2": ctranslate2.__version__,
+        "onnxruntime": version_of("onnxruntime"),
+        "ctranslate2": version_of("ctranslate2"),
         "vocab": args.vocab,
         "src": os.path.relpath(args.src, args.out_dir),
         "spm_train": ", ".join(os.path.relpath(t, args.out_dir) for t in args.spm_train.split(",")),

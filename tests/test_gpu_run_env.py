@@ -3,6 +3,7 @@ the GPU image has neither installed (the runtime is a distribution of its own), 
 stages put both on ``PYTHONPATH`` beside the packed site (issue 87)."""
 
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -36,3 +37,19 @@ def test_the_device_stages_import_the_plugin_and_the_runtime_from_the_checkout(t
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == str(REPO / "runtime" / "hrt_runtime" / "__init__.py")
+
+
+def test_every_device_stage_is_in_the_help_and_the_help_is_the_whole_header():
+    """The stages ``device`` runs (its ``case``) are each described in ``--help``, which prints
+    the script's whole comment header (it grew past a fixed line count once)."""
+    script = (REPO / "benchmarks" / "gpu_run.sh").read_text()
+    body = script[script.index("device() {") :]
+    stages = re.findall(r"^\s+([a-z0-9]+)\) stage ", body, flags=re.M)
+    assert {"env", "cudagraph", "bench", "shapes", "wmtslice"} <= set(stages)
+    shown = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_run.sh"), "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    header = script[script.index("\n") + 1 : script.index("\nset -u")]
+    assert shown.strip() == header.strip()
+    for name in stages:
+        assert re.search(rf"^#\s+{name}\s", shown, flags=re.M), name

@@ -6,6 +6,7 @@ import math
 import random
 
 import pytest
+import torch
 
 from benchmarks import ct2_reference, hrt_bound, paper_shapes
 
@@ -93,6 +94,8 @@ def test_every_row_decodes_the_same_positions(tiny_report):
     for s in systems:
         assert s["positions_by_bucket"] == expected, s["name"]
     assert "every row decoded the same positions" in md
+    assert isinstance(report["meta"]["cpu_isa"], list) and report["meta"]["dtype"] == "float32"
+    assert "CPU instruction sets:" in md
     assert (out / "speedup_by_length.png").stat().st_size > 0
 
 
@@ -118,7 +121,22 @@ def test_rows_keep_the_benchmark_schema_and_their_ratios(tiny_report):
         hrt["speed"]["1"]["words_per_second"] / at["speed"]["1"]["words_per_second"], abs=2e-3
     )
     assert all("bound" in c and "share_of_bound" in c for c in hrt["speed"]["1"]["buckets"].values())
+    split = report["shapes"]["tiny"]["bounds"]["1"][hrt["name"]]["1-10"]
+    assert {"encoder_ms", "at_steps_ms", "skip_at_steps_ms", "stage2_ms", "bound"} <= set(split)
     assert "bound" not in next(iter(hrt["speed"]["4"]["buckets"].values()))  # --bound-batches 1
+
+
+def test_ctranslate2_is_timed_in_the_same_round_robin(tiny_report):
+    report, md, _ = tiny_report
+    if ct2_reference.unavailable_reason() is not None:
+        pytest.skip("needs ctranslate2")
+    ct2 = [s for s in report["systems"] if s["family"] == "CTranslate2"]
+    assert {s["decoding"]["quantize"] for s in ct2} == {"float32", "int8"}
+    for s in ct2:  # one pass per run and bucket (--runs 1), each timed by the child
+        for speed in s["speed"].values():
+            assert all(len(c["run_seconds"]) == 1 and c["seconds"] > 0 for c in speed["buckets"].values())
+    assert report["shapes"]["tiny"]["ctranslate2"]["loaded"] == ["float32", "int8"]
+    assert "### fixed-length split, batch 1" in md
 
 
 def test_what_cannot_be_measured_is_a_line_and_the_rest_is_measured(tmp_path, monkeypatch):
@@ -145,10 +163,53 @@ def test_what_cannot_be_measured_is_a_line_and_the_rest_is_measured(tmp_path, mo
     assert "no sentence in bucket >50" in md
 
 
-def test_options_are_checked(tmp_path):
-    for argv in (["--shapes", "huge"], ["--engines", "cuda"], ["--sentences", "1"], ["--src", str(tmp_path / "none")]):
+def test_options_are_checked(tmp_path, capsys):
+    refused = {
+        ("--shapes", "huge"): "'huge' is not one of",
+        ("--engines", "cuda"): "'cuda' is not one of",
+        ("--sentences", "1"): "expected BATCH:SENTENCES",
+        ("--src", str(tmp_path / "none")): "no such file",
+        ("--fp16",): "--fp16 is for --device cuda",
+        ("--bf16",): "--bf16 is for --device cuda",
+        ("--fp16", "--bf16"): "not allowed with argument",
+        (
+            "--engines",
+            "cuda-graph",
+        ): "--engines cuda-graph runs on cuda only here: with --device cpu use onnxruntime,lean",
+    }
+    if not torch.cuda.is_available():
+        refused[("--device", "cuda", "--fp16")] = "--device cuda: torch"
+    else:
+        refused[("--device", "cuda", "--engines", "onnxruntime")] = "--engines onnxruntime runs on cpu only here"
+    for argv, message in refused.items():
         with pytest.raises(SystemExit):
             paper_shapes.main([*argv, "--out-dir", str(tmp_path)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert message in err[-1], (argv, err)  # one line after the usage
+    assert not (tmp_path / "report.json").exists()  # refused before anything was measured
+
+
+def test_defaults_follow_the_device():
+    args = paper_shapes.parse_args(["--out-dir", "x"])
+    assert (args.dtype, args.engines, args.ct2_compute_types) == (
+        "float32",
+        ["onnxruntime", "lean"],
+        ["float32", "int8"],
+    )
+    assert args.fairseq_batches == {1, 8, 128}
+    assert paper_shapes.sync_of("cpu") is None and paper_shapes.sync_of("cuda") is torch.cuda.synchronize
+    args = paper_shapes.parse_args(["--out-dir", "x", "--fairseq-batches", "8", "--ct2-compute-types", "int8"])
+    assert args.fairseq_batches == {8} and args.ct2_compute_types == ["int8"]
+
+
+def test_fairseq_row_runs_at_the_batches_named_only(tmp_path):
+    report, _, _ = _run(tmp_path, "--engines", "lean", "--fairseq-batches", "4", "--ct2-compute-types", "int8")
+    fairseq = next(s for s in report["systems"] if s["name"] == "AT greedy (fairseq SequenceGenerator)")
+    assert set(fairseq["speed"]) == {"4"}
+    lean = next(s for s in report["systems"] if s["name"] == "AT greedy")
+    assert set(lean["speed"]) == {"1", "4"}
+    if ct2_reference.unavailable_reason() is None:  # its int8 only: named after it, beside float32 rows
+        assert {s["name"] for s in report["systems"] if s["family"] == "CTranslate2"} == {"CTranslate2 AT greedy int8"}
 
 
 def test_append_keeps_the_other_shapes_of_the_same_setting_only(tmp_path):
