@@ -587,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--fairseq-batches",
-        help="batch sizes fairseq's SequenceGenerator row runs at (default: every one of --sentences; "
+        help="batch sizes fairseq's SequenceGenerator row runs at, or none (default: every one of --sentences; "
         "on a GPU it is slow at batch 1)",
     )
     p.add_argument("--threads", type=int, default=1)
@@ -634,7 +634,10 @@ def parse_args(argv=None):
     if args.threads < 1 or args.runs < 1:
         p.error("--threads and --runs must be >= 1")
     fairseq_batches = args.fairseq_batches or ",".join(str(b) for b in args.per_bucket)
-    args.fairseq_batches = {int(b) for b in fairseq_batches.split(",") if b.strip()}
+    try:
+        args.fairseq_batches = {int(b) for b in fairseq_batches.split(",") if b.strip() and fairseq_batches != "none"}
+    except ValueError:
+        p.error(f"--fairseq-batches {fairseq_batches!r}: batch sizes, comma-separated, or none")
     for path in [args.src, *args.spm_train.split(",")]:
         if not os.path.isfile(path):
             p.error(f"no such file: {path} (newstest2013/2014: ../shared/data/wmt14-en-de-newstest, see its SOURCE.md)")

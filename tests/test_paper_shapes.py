@@ -172,6 +172,7 @@ def test_options_are_checked(tmp_path, capsys):
         ("--fp16",): "--fp16 is for --device cuda",
         ("--bf16",): "--bf16 is for --device cuda",
         ("--fp16", "--bf16"): "not allowed with argument",
+        ("--fairseq-batches", "1,x"): "--fairseq-batches '1,x': batch sizes, comma-separated, or none",
         (
             "--engines",
             "cuda-graph",
@@ -200,6 +201,7 @@ def test_defaults_follow_the_device():
     assert paper_shapes.sync_of("cpu") is None and paper_shapes.sync_of("cuda") is torch.cuda.synchronize
     args = paper_shapes.parse_args(["--out-dir", "x", "--fairseq-batches", "8", "--ct2-compute-types", "int8"])
     assert args.fairseq_batches == {8} and args.ct2_compute_types == ["int8"]
+    assert paper_shapes.parse_args(["--out-dir", "x", "--fairseq-batches", "none"]).fairseq_batches == set()
 
 
 def test_fairseq_row_runs_at_the_batches_named_only(tmp_path):
