@@ -20,7 +20,7 @@ during an ordinary run (no profiler): the time a part takes where it runs in the
 the other parts (its weights may have left the CPU's caches), not in a loop of its own.
 
 On a GPU (``--fp16`` for half precision; ``--engine lean`` or ``cuda-graph``) the parts are the
-wall-clock time of the engine's backend calls (``encode_fairseq`` / ``step`` / ``parallel``)
+wall-clock time of the engine's backend calls (``encode_fairseq`` / ``step`` or ``greedy_loop`` / ``parallel``)
 with the GPU synchronised before and after each: what each part costs, launches and kernels,
 where the search makes it (the synchronisations keep the CPU from running ahead, so the
 total is a little above an ordinary run's).
@@ -50,6 +50,7 @@ from benchmarks import measure  # noqa: E402
 from benchmarks.report_files import write_report  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
 from fairseq_hrt.generation.engines import engine_choices, get_engine  # noqa: E402
+from fairseq_hrt.generation.lean import TorchBackend  # noqa: E402
 from fairseq_hrt.generation.options import DEFAULT_DECODER_ENGINE  # noqa: E402
 from fairseq_hrt.generation.search_generator import SearchGenerator  # noqa: E402
 from hrt_runtime.model import ExportedModel  # noqa: E402
@@ -74,35 +75,47 @@ def scope_times(profile) -> Dict[str, Tuple[float, int]]:
 # (greedy.onnx: every step of a batch in one run) counts as decoder steps, as many as it made
 SESSION_RUNS = {"encoder": ("encode",), "decoder steps": ("step", "greedy_loop"), "stage II": ("parallel",)}
 RUN_ONLY = "hrt.step_runs"  # the decoder steps' session runs alone (without the step's feeds and state)
-# the backend methods of each timed part on a GPU (lean, cuda-graph)
-BACKEND_CALLS = {"encoder": "encode_fairseq", "decoder steps": "step", "stage II": "parallel"}
+# the backend methods of each timed part on a GPU (lean, cuda-graph); a greedy loop (cuda-graph,
+# a few sentences: every step of a batch on the device) counts as decoder steps, as many as it made
+BACKEND_CALLS = {"encoder": ("encode_fairseq",), "decoder steps": ("step", "greedy_loop"), "stage II": ("parallel",)}
 
 
 @contextlib.contextmanager
 def backend_call_times(backend, sync):
     """``{scope: [seconds, calls]}`` of ``backend``'s :data:`BACKEND_CALLS` inside the block,
     keyed like :func:`scope_times`: each call timed by the wall clock with ``sync()`` (the GPU
-    synchronised) before and after it. The instance's methods are wrapped for the block only."""
+    synchronised) before and after it (a greedy loop's calls: the steps it made; a backend
+    without a loop of its own, whose ``greedy_loop`` is always ``None``, is not timed there).
+    The instance's methods are wrapped for the block only."""
     times = {SCOPES[part]: [0.0, 0] for part in BACKEND_CALLS}
 
-    def timed(method, slot):
+    def timed(method, slot, count):
         def run(*args, **kwargs):
             sync()
             start = time.perf_counter()
             result = method(*args, **kwargs)
             sync()
             slot[0] += time.perf_counter() - start
-            slot[1] += 1
+            slot[1] += count(result)
             return result
 
         return run
 
-    for part, name in BACKEND_CALLS.items():
-        setattr(backend, name, timed(getattr(backend, name), times[SCOPES[part]]))
+    def steps_made(result):
+        return 0 if result is None else result[0].shape[1]
+
+    wrapped = []
+    for part, names in BACKEND_CALLS.items():
+        for name in names:
+            if name == "greedy_loop" and type(backend).greedy_loop is TorchBackend.greedy_loop:
+                continue
+            count = steps_made if name == "greedy_loop" else (lambda result: 1)
+            setattr(backend, name, timed(getattr(backend, name), times[SCOPES[part]], count))
+            wrapped.append(name)
     try:
         yield times
     finally:
-        for name in BACKEND_CALLS.values():
+        for name in wrapped:
             delattr(backend, name)  # the class's method again
 
 

@@ -6,16 +6,22 @@ buffers, buckets, first-step spreading of a beam, row compaction and moves to gr
 sentences, without capture: ``captures = False``), and on a CUDA GPU with captured graphs
 (skipped without one; CI has none). In float32 the same tokens as ``--decoder-engine lean``
 (random models, and trained ones whose sentences end at different steps, so batches move to
-smaller graphs mid-search); in float16 (GPU) the agreement is measured and stated.
+smaller graphs mid-search); in float16 (GPU) the agreement is measured and stated. Greedy
+searches of at most LOOP_ROWS sentences run as a device loop (``greedy_loop``): the tests
+assert that the loop served them (``loop_runs``) and that larger batches fell back to the
+search's own steps, with the same hypotheses either way.
 """
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from fairseq import checkpoint_utils, utils
 
 from fairseq_hrt.generation.cuda_graph import (
+    LOOP_ROWS,
+    LOOP_STEPS,
     CudaGraphBackend,
     CudaGraphSequenceGenerator,
     GraphShape,
@@ -26,7 +32,7 @@ from fairseq_hrt.generation.cuda_graph import (
 from fairseq_hrt.generation.engines import engine_choices
 from fairseq_hrt.generation.lean import LeanSequenceGenerator, TorchBackend
 from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
-from hrt_runtime.search import SearchConfig
+from hrt_runtime.search import SearchConfig, position_cap
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
 from tests.test_decoder_definitions import WEIGHT_CHANGES
 from tests.test_generator import SPECIALS
@@ -94,8 +100,8 @@ def _on(model, device):
     return model.to(device).float()
 
 
-def _sample(task, device):
-    sample = make_sample(task, RAGGED)
+def _sample(task, device, sentences=RAGGED):
+    sample = make_sample(task, sentences)
     return utils.move_to_cuda(sample) if device == "cuda" else sample
 
 
@@ -126,23 +132,85 @@ def test_same_hypotheses_as_lean_on_random_models(random_models, which, search, 
     assert_same_hypotheses(ref, graphs.generate([model], sample, bos_token=bos))
     assert_same_hypotheses(ref, graphs.generate([model], sample, bos_token=bos))  # the graphs again, kept
     assert graphs.backend.graphs >= 1
+    # more sentences than a greedy loop serves: the search made the steps (the loop said None)
+    assert len(RAGGED) > LOOP_ROWS and graphs.backend.loop_runs == 0 and not graphs.backend._loops
+
+
+# greedy searches the device loop makes: its step biases (min_len, --unkpen, the maximum length),
+# temperature, and maximum lengths whose steps are fewer than a replay's, a whole number of
+# replays, min_len itself, and the decoder's last position (the graph's steps at their cap)
+LOOPED = {
+    "usual": dict(max_len_b=9),
+    "min-len,unkpen,temperature": dict(max_len_b=9, min_len=3, unk_penalty=0.5, temperature=1.3),
+    "min-len=max-len": dict(max_len_b=5, min_len=5),
+    "steps<replay": dict(max_len_b=LOOP_STEPS - 2),
+    "steps=2-replays": dict(max_len_b=2 * LOOP_STEPS - 1),
+    "position-cap": dict(max_len_b=100000),
+}
+SKIP_AT = {"at": None, "hrt-at-mode": None, "hrt-skip-at-k2": 2, "hrt-skip-at-k3": 3}
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("k, beam, b_nat", [(2, 1, 1), (3, 4, 2)])
-def test_hrt_two_stages_same_as_lean(random_models, k, beam, b_nat, device):
+@pytest.mark.parametrize("sentences", [5, LOOP_ROWS])
+@pytest.mark.parametrize("search", LOOPED.values(), ids=LOOPED.keys())
+@pytest.mark.parametrize("which", SKIP_AT)
+def test_greedy_loop_same_as_lean_on_random_models(random_models, which, search, sentences, device):
+    """Ragged batches of at most LOOP_ROWS sentences: every greedy step on the device
+    (``greedy_loop``, not ``None``), the lean engine's hypotheses (tokens and scores)."""
+    _, task, hrt, at = random_models
+    d = task.target_dictionary
+    model = _on(at if which == "at" else hrt, device)
+    bos = task.chunk_start_idx[SKIP_AT[which]] if SKIP_AT[which] else None
+    search = dict(search)
+    temperature = search.pop("temperature", 1.0)
+    config = SearchConfig(beam=1, **search)
+    banned = [d.index(s) for s in ([] if which == "at" else SPECIALS)]
+    lean = LeanSequenceGenerator(model, d, config, banned, temperature=temperature)
+    graphs = _graph_generator(device)(model, d, config, banned, temperature=temperature)
+    sample = _sample(task, device, RAGGED[:sentences])
+    ref = lean.generate([model], sample, bos_token=bos)
+    out = [graphs.generate([model], sample, bos_token=bos) for _ in range(2)]  # the loop graph again, kept
+    if search == LOOPED["position-cap"]:
+        # a thousand steps: the lean step (the cache up to the step) and the static one (the whole
+        # cache, the future masked) differ in the scores' last bits, and float32 sums of
+        # ~1000 of them by an ulp of 1e-4: the same tokens, and the scores of the stepped graphs
+        assert [h[0]["tokens"].tolist() for h in ref] == [h[0]["tokens"].tolist() for h in out[0]]
+        stepped = _graph_generator(device)(model, d, config, banned, temperature=temperature)
+        stepped.backend.greedy_loop = TorchBackend.greedy_loop.__get__(stepped.backend)  # None: the search steps
+        ref = stepped.generate([model], sample, bos_token=bos)
+        assert stepped.backend._graphs and stepped.backend.loop_runs == 0
+    for looped in out:
+        assert_same_hypotheses(ref, looped)
+    backend = graphs.backend
+    assert backend.loop_runs == 2 and not backend._graphs  # no step of the search's own
+    (shape,) = backend._loops
+    cap = position_cap(backend.max_target_positions, backend.stride_of(shape.start)) + 1
+    assert shape.sentences == bucket(sentences) and shape.steps <= cap
+    if search == LOOPED["position-cap"]:
+        assert shape.steps == cap and max(len(h[0]["tokens"]) for h in ref) <= cap
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "k, beam, b_nat, sentences", [(2, 1, 1, 7), (3, 1, 1, LOOP_ROWS), (2, 1, 1, len(RAGGED)), (3, 4, 2, len(RAGGED))]
+)
+def test_hrt_two_stages_same_as_lean(random_models, k, beam, b_nat, sentences, device):
+    """Stage I greedy (b_at 1) of at most LOOP_ROWS sentences: a device loop; of more, or a
+    beam: the search's steps."""
     _, task, hrt, _ = random_models
     d = task.target_dictionary
     model = _on(hrt, device)
     config = SearchConfig(beam=beam, max_len_b=16)
     banned = [d.index(s) for s in SPECIALS]
     kwargs = dict(chunk_start=task.chunk_start_idx, mask=task.mask_idx, chunk_size=k, b_nat=b_nat)
-    sample = _sample(task, device)
+    sample = _sample(task, device, RAGGED[:sentences])
     ref = LeanSequenceGenerator(model, d, config, banned, **kwargs).generate([model], sample)
     graphs = _graph_generator(device)(model, d, config, banned, **kwargs)
     assert_same_hypotheses(ref, graphs.generate([model], sample))
-    # the encoder, the steps and stage II each ran from graphs of their own
-    assert graphs.backend._encoders and graphs.backend._graphs and graphs.backend._parallel
+    # the encoder, the steps (a loop's or the search's) and stage II each ran from graphs of their own
+    backend, looped = graphs.backend, beam == 1 and sentences <= LOOP_ROWS
+    assert backend._encoders and (backend._loops if looped else backend._graphs) and backend._parallel
+    assert backend.loop_runs == looped and bool(backend._graphs) != looped
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -165,38 +233,73 @@ def test_mask_predict_same_as_lean(tmp_path_factory, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_weights_loaded_later_drop_the_graphs(random_models, device):
+def test_greedy_loop_stops_after_the_replay_in_which_every_row_ended(random_models, device):
+    """The backend's contract (``ExportedModel.greedy_loop``'s) called as the search calls it
+    (without gradients), under biases that end every row at ``min_len``: the loop stops at the
+    end of that replay (the one-element flag read between replays), not at ``max_len``."""
+    _, task, _, at = random_models
+    model, d = _on(at, device), task.target_dictionary
+    backend = (CudaGraphBackend if device == "cuda" else EagerGraphBackend)(model, d)
+    eos, min_len, max_len = d.eos(), 5, 40
+    only_eos = np.full(len(d), -np.inf, np.float32)
+    only_eos[eos] = 0.0
+    no_eos = np.zeros(len(d), np.float32)
+    no_eos[eos] = -np.inf
+    biases, whole = (only_eos, no_eos, only_eos), backend.rows(None)
+    with torch.no_grad():
+        encoded = backend.encode_fairseq(_sample(task, device, RAGGED[:3])["net_input"])
+        tokens, scores = backend.greedy_loop(encoded, eos, max_len, min_len, biases, whole)
+        # above LOOP_ROWS sentences, or over a shortlist's rows: no loop (the search steps)
+        many = backend.encode_fairseq(_sample(task, device, RAGGED[: LOOP_ROWS + 1])["net_input"])
+        assert backend.greedy_loop(many, eos, max_len, min_len, biases, whole) is None
+        assert backend.greedy_loop(encoded, eos, max_len, min_len, biases, backend.rows(np.arange(9))) is None
+    replays = -(-(min_len + 1) // LOOP_STEPS)
+    assert tokens.shape == scores.shape == (3, replays * LOOP_STEPS) and replays * LOOP_STEPS < max_len
+    assert (tokens[:, :min_len] != eos).all() and (tokens[:, min_len] == eos).all()
+    assert np.isfinite(scores).all() and (scores <= 0).all()
+    assert backend.loop_runs == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sentences", [len(RAGGED), 6], ids=["steps", "loop"])
+def test_weights_loaded_later_drop_the_graphs(random_models, sentences, device):
     """The graphs read the weights' tensors (and copies of them): weights loaded into the model
-    after its engine was built are decoded, not the ones the graphs were made with."""
+    after its engine was built are decoded, not the ones the graphs were made with (the step
+    graphs of a batch the search steps, the loop graph of one the device loop decodes)."""
     data_dir, task, _, at = random_models
     _, other = build_task_and_model(data_dir, arch="at_tiny", seed=9)
     model, other = _on(copy.deepcopy(at), device), _on(other, device)
-    d, config, sample = task.target_dictionary, SearchConfig(beam=1, max_len_b=9), _sample(task, device)
+    d, config = task.target_dictionary, SearchConfig(beam=1, max_len_b=9)
+    sample = _sample(task, device, RAGGED[:sentences])
     graphs = _graph_generator(device)(model, d, config, [])
     # the reference decodes the same copy: the shared fixture may sit on another device
     assert_same_hypotheses(
         LeanSequenceGenerator(model, d, config, []).generate([model], sample), graphs.generate([model], sample)
     )
+    assert bool(graphs.backend._loops) == (sentences <= LOOP_ROWS) != bool(graphs.backend._graphs)
     model.load_state_dict(other.state_dict())
     expected = LeanSequenceGenerator(other, d, config, []).generate([other], sample)
     assert_same_hypotheses(expected, graphs.generate([model], sample))
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("beam, sentences", [(2, len(RAGGED)), (1, 6)], ids=["steps", "loop"])
 @pytest.mark.parametrize("change", ["fairseq-adam-step", "load_state_dict"])
-def test_weights_changed_between_batches_drop_every_graph(random_models, device, change):
-    """HRT's two stages decoded once (the encoder, the steps and stage II from graphs), then
-    the weights change as fairseq-train's optimizer step (through ``p.data``) or a load changes
-    them: the next batch decodes the new weights, with nothing told to forget."""
+def test_weights_changed_between_batches_drop_every_graph(random_models, device, change, beam, sentences):
+    """HRT's two stages decoded once (the encoder, the steps -- the search's or, greedy, a
+    device loop's -- and stage II from graphs), then the weights change as fairseq-train's
+    optimizer step (through ``p.data``) or a load changes them: the next batch decodes the new
+    weights, with nothing told to forget."""
     data_dir, task, hrt, _ = random_models
     _, other = build_task_and_model(data_dir, arch="hrt_tiny", seed=9)
     model = _on(copy.deepcopy(hrt), device)
-    d, sample = task.target_dictionary, _sample(task, device)
-    config, banned = SearchConfig(beam=2, max_len_b=16), [d.index(s) for s in SPECIALS]
+    d, sample = task.target_dictionary, _sample(task, device, RAGGED[:sentences])
+    config, banned = SearchConfig(beam=beam, max_len_b=16), [d.index(s) for s in SPECIALS]
     kwargs = dict(chunk_start=task.chunk_start_idx, mask=task.mask_idx, chunk_size=2, b_nat=1)
     graphs = _graph_generator(device)(model, d, config, banned, **kwargs)
     before = graphs.generate([model], sample)
-    assert graphs.backend._encoders and graphs.backend._graphs and graphs.backend._parallel
+    steps = graphs.backend._loops if beam == 1 else graphs.backend._graphs
+    assert graphs.backend._encoders and steps and graphs.backend._parallel
     WEIGHT_CHANGES[change](task, model, _on(other, device))
     fresh = copy.deepcopy(model)  # a model no engine has decoded yet
     expected = LeanSequenceGenerator(fresh, d, config, banned, **kwargs).generate([fresh], sample)
@@ -232,7 +335,10 @@ def _decodes(task, arch):
     if arch == "at_tiny":
         return [(c, {}) for c in searches]
     hrt = dict(chunk_start=task.chunk_start_idx, mask=task.mask_idx)
-    return [(c, {}) for c in searches] + [(SearchConfig(beam=3, max_len_b=40), dict(hrt, chunk_size=2))]
+    return [(c, {}) for c in searches] + [
+        (SearchConfig(beam=3, max_len_b=40), dict(hrt, chunk_size=2)),
+        (SearchConfig(beam=1, max_len_b=40), dict(hrt, chunk_size=3)),  # stage I a device loop
+    ]
 
 
 def _banned(task, arch):
@@ -245,7 +351,9 @@ def _banned(task, arch):
 @pytest.mark.parametrize("arch", ["at_tiny", "hrt_tiny"])
 def test_trained_models_same_tokens_as_lean_in_float32(trained, arch, device):
     """Trained models end sentences at different steps: rows are compacted, and batches move
-    to graphs of fewer sentences mid-search (more graph shapes than batches' first steps)."""
+    to graphs of fewer sentences mid-search (more graph shapes than batches' first steps); a
+    greedy search's batches (at most LOOP_ROWS sentences) run as device loops, which stop
+    after the replay in which their last sentence ended."""
     task, model, batches = _trained(trained, arch, device)
     d, banned = task.target_dictionary, _banned(task, arch)
     lengths, moved = set(), False
@@ -257,6 +365,8 @@ def test_trained_models_same_tokens_as_lean_in_float32(trained, arch, device):
             assert_same_hypotheses(lean.generate([model], sample), out)
             lengths |= {len(h[0]["tokens"]) for h in out}
         moved |= len({shape.sentences for shape in graphs.backend._graphs}) > 1
+        assert max(len(b["id"]) for b in batches) <= LOOP_ROWS
+        assert graphs.backend.loop_runs == (len(batches) if config.beam == 1 else 0)
     assert len(lengths) > 2  # sentences really end at different steps
     assert moved  # and batches moved to graphs of fewer sentences
 
@@ -288,3 +398,55 @@ def test_trained_models_in_float16_mostly_agree_with_lean(trained, arch, capsys)
             f"{graphs_made} graphs made in {seconds:.2f} s"
         )
     assert same >= 0.9 * total
+
+
+# ------------------------------------------------------------- the benchmarks' counts
+
+
+def _observed_loops(backend):
+    """``backend`` whose greedy loops' results' steps (``None``: the search stepped) are recorded."""
+    made, loop = [], backend.greedy_loop
+
+    def observed(*args):
+        result = loop(*args)
+        made.append(None if result is None else result[0].shape[1])
+        return result
+
+    backend.greedy_loop = observed
+    return made
+
+
+def test_time_split_counts_a_loops_steps_as_decoder_steps(random_models):
+    """benchmarks/time_split.py on a GPU: a cuda-graph greedy loop is timed as decoder steps,
+    as many as it made (here uncaptured on CPU: the same calls)."""
+    from benchmarks import time_split  # noqa: PLC0415 - the benchmark's imports, for this test only
+
+    _, task, _, at = random_models
+    d = task.target_dictionary
+    generator = EagerGraphGenerator(at, d, SearchConfig(beam=1, max_len_b=8), [])
+    made, syncs = _observed_loops(generator.backend), []
+    with time_split.backend_call_times(generator.backend, lambda: syncs.append(1)) as times:
+        generator.generate([at], make_sample(task, RAGGED[:3]))
+    assert made and None not in made
+    assert times["hrt.step"][1] == sum(made) and times["hrt.encoder"][1] == 1
+    assert len(syncs) == 2 * 2  # the encoder's call and the loop's, each synchronised around
+    assert not {"encode_fairseq", "step", "greedy_loop", "parallel"} & set(vars(generator.backend))  # restored
+
+
+def test_hrt_bound_fixed_length_steps_run_as_a_loop_of_exactly_their_steps(random_models):
+    """benchmarks/hrt_bound.py's fixed-length parts on cuda-graph: the AT and Skip-AT steps
+    each one device loop of exactly N and N / k steps (no row ends early: the replays' last
+    steps before the maximum length run one by one)."""
+    from benchmarks.hrt_bound import fixed_length_times  # noqa: PLC0415 - the benchmark's imports, for this test only
+
+    _, task, hrt, _ = random_models
+    backend = EagerGraphBackend(hrt, task.target_dictionary, task.chunk_start_idx, task.mask_idx)
+    made = _observed_loops(backend)
+
+    def encode(src):
+        tokens = torch.from_numpy(src)
+        return backend.encode_fairseq({"src_tokens": tokens, "src_lengths": torch.full((len(src),), src.shape[1])})
+
+    tgt_len, k = 9, 2
+    fixed_length_times(backend, encode, task, bsz=3, src_len=6, tgt_len=tgt_len, k=k, runs=1)
+    assert sorted(set(made)) == [tgt_len // k, tgt_len] and backend.loop_runs == len(made)

@@ -25,6 +25,14 @@ live ones fit a graph of half as many sentences or fewer, the live rows move int
 (its caches up to the current step, its encoder rows), so a large batch does not compute its
 finished rows to the end.
 
+A greedy search of at most :data:`LOOP_ROWS` sentences makes no host round trip a step
+(:meth:`CudaGraphBackend.greedy_loop`, as ``ExportedModel.greedy_loop`` for ONNX Runtime): a
+:class:`LoopGraph` replays :data:`LOOP_STEPS` captured static steps at a time, each feeding its
+chosen token back on the device, its logit bias picked on the device from the search's three
+(usual, before ``min_len``, at ``max_len``), its token and log-probability recorded; only a
+one-element "every row has ended" flag comes back between replays, and the record at the end.
+Larger batches, beams and shortlists get ``None``: the search makes the steps.
+
 The encoder (:class:`EncoderRun`: the planned encoder pass,
 :class:`~fairseq_hrt.passes.encoder_pass.EncoderPass`, with every decoder layer's encoder
 keys/values) and the non-causal pass of HRT's stage II and Mask-Predict (:class:`ParallelRun`:
@@ -157,20 +165,16 @@ def cuda_graph_refusals(model) -> List[str]:
     return reasons
 
 
-class StepGraph:
-    """One captured step (:class:`GraphShape`) and the fixed buffers it reads and writes."""
+class StepBuffers:
+    """The fixed buffers a captured decoder step reads and writes for a :class:`GraphShape`:
+    every layer's self-attention cache and the encoder keys/values of its sentences."""
 
     def __init__(self, backend: "CudaGraphBackend", shape: GraphShape, plan, like: EncoderKV):
         self.shape, self.temperature = shape, backend.temperature
         device, dtype = backend.device, like.keys[0].dtype
-        pin = device.type == "cuda"  # page-locked host buffers: copies to and from the GPU without staging
         heads, head_dim = like.keys[0].size(1), like.keys[0].size(3)
         rows, steps, sentences, source = shape.rows, shape.steps, shape.sentences, shape.source
         decoder_pass = backend.decoder_pass
-        # the tokens of a step, then its index: one copy from one pinned host buffer a step
-        self.host_inputs = torch.full((rows + 1,), backend.pad, dtype=torch.long, pin_memory=pin)
-        self.inputs = self.host_inputs.to(device)
-        self.bias = DeviceBias(backend.vocab_size, device)
         layers = len(plan.layers)
 
         def zeros(*size, dtype=dtype):
@@ -191,19 +195,7 @@ class StepGraph:
             decoder_pass.position_table(steps, stride, shape.start, device),
             relative_buckets(steps, stride, decoder_pass.window).to(device) if decoder_pass.relative else None,
         )
-        self.out = zeros(rows, 2 * shape.top, dtype=torch.float32)  # scores, then rows (exact below 2^24)
-        self.host_out = torch.empty(rows, 2 * shape.top, dtype=torch.float32, pin_memory=pin)
         self._static_step = decoder_pass.static_step
-        self.graph = Captured(self._body, device, backend.captures)
-
-    def _body(self):
-        rows, top = self.shape.rows, self.shape.top
-        logits = self._static_step(self.state, self.inputs[:rows], self.inputs[rows:])
-        score, row = choose(logits, self.bias.tensor, top, self.temperature)
-        self.out[:, :top].copy_(score.view(rows, top))
-        self.out[:, top:].copy_(row.view(rows, top))
-
-    # ------------------------------------------------------------------------ batches
 
     def clear(self):
         """Zeros in every cache: the static step reads masked future slots, and ``0 x NaN``
@@ -223,6 +215,31 @@ class StepGraph:
         bias[:sentences].fill_(-float("inf"))
         bias[:sentences, :, :, :length].copy_(kv.bias[:sentences])
 
+
+class StepGraph(StepBuffers):
+    """One captured step (:class:`GraphShape`): the search's tokens in, its ``top`` best rows
+    of each row out, a host round trip a step."""
+
+    def __init__(self, backend: "CudaGraphBackend", shape: GraphShape, plan, like: EncoderKV):
+        super().__init__(backend, shape, plan, like)
+        device, rows = backend.device, shape.rows
+        pin = device.type == "cuda"  # page-locked host buffers: copies to and from the GPU without staging
+        # the tokens of a step, then its index: one copy from one pinned host buffer a step
+        self.host_inputs = torch.full((rows + 1,), backend.pad, dtype=torch.long, pin_memory=pin)
+        self.inputs = self.host_inputs.to(device)
+        self.bias = DeviceBias(backend.vocab_size, device)
+        # scores, then rows (exact below 2^24)
+        self.out = torch.zeros(rows, 2 * shape.top, dtype=torch.float32, device=device)
+        self.host_out = torch.empty(rows, 2 * shape.top, dtype=torch.float32, pin_memory=pin)
+        self.graph = Captured(self._body, device, backend.captures)
+
+    def _body(self):
+        rows, top = self.shape.rows, self.shape.top
+        logits = self._static_step(self.state, self.inputs[:rows], self.inputs[rows:])
+        score, row = choose(logits, self.bias.tensor, top, self.temperature)
+        self.out[:, :top].copy_(score.view(rows, top))
+        self.out[:, top:].copy_(row.view(rows, top))
+
     def run(self, tokens: np.ndarray, step: int, logit_bias: np.ndarray, spread: int):
         """Replay for ``tokens`` ``(N,)`` at ``step``; each token fills ``spread`` consecutive
         rows (a beam's first step: one row per sentence, as the search gives it). Returns
@@ -238,6 +255,112 @@ class StepGraph:
         self.host_out[:used].copy_(self.out[:used])
         out = self.host_out.numpy()[:used:spread]
         return out[:, :top].copy(), out[:, top:].astype(np.int64)
+
+    def move_into(self, smaller: "StepGraph", live: int, step: int):
+        """This graph's first ``live`` sentences, their caches up to ``step``, into ``smaller``."""
+        rows = live * self.shape.per_sentence
+        smaller.clear()
+        for target, source in zip(smaller.state.self_k + smaller.state.self_v, self.state.self_k + self.state.self_v):
+            target[:rows, :, : step + 1].copy_(source[:rows, :, : step + 1])
+        smaller.load_encoder(self.encoder, live)
+
+
+# Greedy searches of at most this many sentences run as a device loop (CudaGraphBackend.greedy_loop).
+# The loop computes every row to the batch's last step (finished rows are not compacted, the
+# batch never moves to a graph of fewer sentences): at a few rows a GPU step is bound by its
+# launches, not its rows, so finished rows cost next to nothing while the stepped search pays a
+# host round trip every step; with more rows their arithmetic counts, and compaction pays more
+# than the round trips. A first choice, not yet measured on a GPU (issue 87).
+LOOP_ROWS = 16
+# Steps a loop graph makes between reads of its "every row has ended" flag. A read waits for the
+# device (one synchronisation per LOOP_STEPS steps instead of one a step), and a batch whose rows
+# have all ended still makes the rest of its replay (LOOP_STEPS - 1 steps at worst, half that on
+# average): fewer steps a replay waste fewer, more synchronise less. Not yet measured either.
+LOOP_STEPS = 4
+
+
+class LoopGraph(StepBuffers):
+    """A greedy search's steps on the device (:meth:`CudaGraphBackend.greedy_loop`), for a
+    :class:`GraphShape` of one row per sentence and ``top`` 1: :data:`LOOP_STEPS` static steps
+    captured as one graph (and one step as another, for the last steps before the maximum
+    length when fewer remain), each step's token fed back as the next step's input (rows are
+    ids: the whole vocabulary is scored), its logit bias picked from the search's three by the
+    step index against ``min_len`` / ``max_len`` (device scalars written once a search), its
+    token and log-probability recorded. Between replays only a one-element flag (every row has
+    ended) comes back, and the record once at the end. Rows keep decoding after their ``</s>``,
+    as ONNX Runtime's loop does: the search reads a row up to its first."""
+
+    def __init__(self, backend: "CudaGraphBackend", shape: GraphShape, plan, like: EncoderKV):
+        super().__init__(backend, shape, plan, like)
+        device, rows = backend.device, shape.rows
+        pin = device.type == "cuda"
+        self.eos = backend.eos
+        # the step index, min_len and max_len: one copy from one pinned host buffer a search
+        self.host_settings = torch.zeros(3, dtype=torch.long, pin_memory=pin)
+        self.settings = self.host_settings.to(device)
+        self.step = self.settings[:1]
+        self.tokens = torch.full((rows,), shape.start, dtype=torch.long, device=device)
+        self.ended = torch.ones(rows, dtype=torch.bool, device=device)  # rows beyond the batch's: ended
+        self.all_ended = torch.zeros(1, dtype=torch.bool, device=device)
+        self.biases = torch.zeros(3, backend.vocab_size, dtype=torch.float32, device=device)
+        self.bias_sources: List[Optional[np.ndarray]] = [None, None, None]  # the arrays now in `biases`
+        # every step's log-probability, then its token (exact in float32 below 2^24): one copy back
+        self.record = torch.zeros(2, rows, shape.steps, dtype=torch.float32, device=device)
+        self.host_record = torch.empty(2, rows, shape.steps, dtype=torch.float32, pin_memory=pin)
+        self.replay = Captured(self._steps, device, backend.captures)
+        self.single = Captured(self._step, device, backend.captures)
+
+    def _step(self):
+        step, settings = self.step, self.settings
+        logits = self._static_step(self.state, self.tokens, step)
+        # Rules.bias: only </s> at max_len, else no </s> before min_len, else the usual one
+        which = (step < settings[1:2]).long().masked_fill_(step >= settings[2:3], 2)
+        score, row = choose(logits, self.biases.index_select(0, which).view(-1), 1, self.temperature)
+        self.record[0].index_copy_(1, step, score.view(-1, 1))
+        self.record[1].index_copy_(1, step, row.to(torch.float32).view(-1, 1))
+        self.tokens.copy_(row)
+        self.ended |= row == self.eos
+        self.all_ended.copy_(self.ended.all().view(1))
+        # the capture's warm-up steps from whatever index the buffers hold: the index stays in
+        # the cache (a search's own steps, up to max_len <= steps - 1, are never clamped)
+        step.add_(1).clamp_(max=self.shape.steps - 1)
+
+    def _steps(self):
+        for _ in range(LOOP_STEPS):
+            self._step()
+
+    def _load_biases(self, biases):
+        for i, bias in enumerate(biases):
+            if bias is not self.bias_sources[i]:
+                self.biases[i].copy_(torch.from_numpy(np.array(bias, np.float32)))
+                self.bias_sources[i] = bias
+
+    def run(self, kv: EncoderKV, sentences: int, max_len: int, min_len: int, biases):
+        """``(tokens, scores)``, ``(sentences, T)``: the steps 0.. ``T - 1`` made, every row's
+        token and log-probability, ``T`` the steps up to the replay in which every row had
+        ended, or ``max_len + 1``."""
+        self.clear()
+        self.load_encoder(kv, sentences)
+        self._load_biases(biases)
+        self.host_settings.numpy()[:] = (0, min_len, max_len)
+        self.settings.copy_(self.host_settings, non_blocking=True)
+        self.tokens.fill_(self.shape.start)
+        self.ended.fill_(True)
+        self.ended[:sentences] = False
+        total, made = max_len + 1, 0
+        while made < total:
+            if total - made < LOOP_STEPS:
+                for _ in range(total - made):
+                    self.single.run()
+                made = total
+                break
+            self.replay.run()
+            made += LOOP_STEPS
+            if made < total and bool(self.all_ended):  # the one read that waits for the device
+                break
+        self.host_record.copy_(self.record)
+        record = self.host_record.numpy()[:, :sentences, :made]
+        return record[1].astype(np.int64), record[0].copy()
 
 
 class EncoderRun:
@@ -372,16 +495,19 @@ class CudaGraphBackend(TorchBackend):
             raise RefusedOptions("--decoder-engine cuda-graph cannot decode here: " + "; ".join(reasons))
         super().__init__(model, tgt_dict, chunk_start, mask, temperature)
         self._graphs: Dict[GraphShape, StepGraph] = {}
+        self._loops: Dict[GraphShape, LoopGraph] = {}  # greedy searches' loops (per_sentence and top 1)
         self._encoders: Dict[Tuple[int, int], EncoderRun] = {}
         self._parallel: Dict[Tuple[int, int, int, int], ParallelRun] = {}
         self._modules: Dict[str, object] = {}  # the encoder's and the non-causal pass's planned passes
         self._weights = None  # what the graphs were made of: the decoder's plan, the model's weights_version
         self.capture_seconds = 0.0  # spent making graphs (their buffers, warm-up and capture)
+        self.loop_runs = 0  # greedy searches made by a device loop (greedy_loop not None)
 
     @property
     def graphs(self) -> int:
-        """How many graphs this backend has made (and keeps): steps, encoders, non-causal passes."""
-        return len(self._graphs) + len(self._encoders) + len(self._parallel)
+        """How many graphs this backend has made (and keeps): steps, greedy loops, encoders,
+        non-causal passes."""
+        return len(self._graphs) + len(self._loops) + len(self._encoders) + len(self._parallel)
 
     def _current(self, every_parameter: bool = False):
         """The decoder's plan, after dropping every graph if the weights changed since they were
@@ -395,6 +521,7 @@ class CudaGraphBackend(TorchBackend):
         known_plan, known_version = self._weights or (None, None)
         if plan is not known_plan or (version is not None and version != known_version):
             self._graphs.clear()
+            self._loops.clear()
             self._encoders.clear()
             self._parallel.clear()
             self._modules.clear()
@@ -461,15 +588,7 @@ class CudaGraphBackend(TorchBackend):
     def step(self, state: GraphState, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1):
         graph = state.graph
         if graph is None:
-            cap = position_cap(self.max_target_positions, self.stride_of(state.start)) + 1
-            shape = GraphShape(
-                sentences=bucket(state.sentences),
-                per_sentence=state.per_sentence,
-                steps=step_bucket(state.steps, cap),
-                source=bucket(state.kv.keys[0].size(2), LEAST_BUCKET),
-                start=state.start,
-                top=top,
-            )
+            shape = self._shape(state.sentences, state.per_sentence, state.steps, state.kv, state.start, top)
             graph = state.graph = self._graph(shape, state.kv)
             graph.clear()
             graph.load_encoder(state.kv, state.sentences)
@@ -484,6 +603,25 @@ class CudaGraphBackend(TorchBackend):
             raise ValueError(f"{n} rows for {state.sentences} sentences of {graph.shape.per_sentence} rows each")
         scores, rows = graph.run(np.asarray(tokens, np.int64), step, logit_bias, state.spread)
         return (scores[:, 0], rows[:, 0]) if top == 1 else (scores, rows)
+
+    def _shape(self, sentences: int, per_sentence: int, steps: int, kv: EncoderKV, start: int, top: int):
+        """The :class:`GraphShape` that serves a batch of ``sentences`` (``kv``) of ``steps`` steps."""
+        cap = position_cap(self.max_target_positions, self.stride_of(start)) + 1
+        source = bucket(kv.keys[0].size(2), LEAST_BUCKET)
+        return GraphShape(bucket(sentences), per_sentence, step_bucket(steps, cap), source, start, top)
+
+    def greedy_loop(self, encoded: TorchEncoded, start: int, max_len: int, min_len: int, biases, out_rows: TorchRows):
+        """A greedy search's every step on the device (:class:`LoopGraph`): ``(tokens, scores)``,
+        ``(N, T)``, as ``ExportedModel.greedy_loop``; ``None`` above :data:`LOOP_ROWS`
+        sentences or for a shortlist (the search then makes the steps, with the same result)."""
+        n = encoded.size
+        if out_rows.vocab is not None or n > LOOP_ROWS:
+            return None
+        plan = self._current()
+        shape = self._shape(n, 1, max_len + 1, encoded.kv, start, 1)
+        loop = self._made(self._loops, shape, lambda: LoopGraph(self, shape, plan, encoded.kv))
+        self.loop_runs += 1
+        return loop.run(encoded.kv, n, max_len, min_len, biases)
 
     def reorder(self, state: GraphState, index: np.ndarray, step: int, sentences: Optional[np.ndarray] = None):
         graph = state.graph
@@ -506,11 +644,7 @@ class CudaGraphBackend(TorchBackend):
         """The graph of fewer sentences holding ``graph``'s first ``live`` sentences (their
         caches up to ``step``): a batch whose sentences finish stops computing their rows."""
         smaller = self._graph(replace(graph.shape, sentences=bucket(live)), graph.encoder)
-        rows = live * graph.shape.per_sentence
-        smaller.clear()
-        for target, source in zip(smaller.state.self_k + smaller.state.self_v, graph.state.self_k + graph.state.self_v):
-            target[:rows, :, : step + 1].copy_(source[:rows, :, : step + 1])
-        smaller.load_encoder(graph.encoder, live)
+        graph.move_into(smaller, live, step)
         return smaller
 
 
