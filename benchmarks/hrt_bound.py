@@ -107,7 +107,7 @@ def fixed_length_times(
     positions = np.broadcast_to(np.arange(1, width + 1), (bsz, width)).astype(np.int64).copy()
     select = np.flatnonzero(tokens[:, queries] == task.mask_idx)
 
-    # the greedy loop of a backend that has one (ONNX Runtime, few rows: greedy.onnx), as the
+    # the greedy loop of a backend that has one (ONNX Runtime and the CUDA-graph engine, few rows), as the
     # search runs it: n steps, </s> banned until the last, which the rules force
     loop_rules = {
         n: Rules(SearchConfig(beam=1, max_len_b=n - 1), tgt.eos(), tgt.unk(), [], rows, vocab)
