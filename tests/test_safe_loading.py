@@ -24,6 +24,7 @@ from benchmarks import slim_checkpoint
 from fairseq_hrt import compat
 from fairseq_hrt.testing.tiny_runs import SRC, TGT, USER_DIR, make_tiny_data, read_lines, run_cli, run_cli_many
 from fairseq_hrt.testing.tiny_runs import train_args as hrt_train_args
+from hrt_runtime import Translator
 from tests.tiny_data import hyp_lines
 
 UPDATES = 2
@@ -288,3 +289,21 @@ def test_a_checkpoint_that_would_run_a_command_is_refused(checkpoints, malicious
     hub = run_cli(["-c", _HUB, data.bin_dir, "w1", path], check=False)
     assert hub.returncode != 0 and "compat.UnsafeCheckpoint: from_pretrained: " + path in hub.stdout, hub.stdout
     assert not marker.exists()
+
+
+def test_a_stock_translation_checkpoint_exports_and_translates_as_fairseq(checkpoints, tmp_path):
+    """fairseq-hrt-export takes a checkpoint of fairseq's own ``translation`` task (it has no
+    ``<mask>`` nor ``<s_k>``: an AT model bans ``<pad>`` alone), and the runtime's greedy
+    translations are fairseq-generate's, sentence for sentence."""
+    data, found = checkpoints
+    out = tmp_path / "stock-onnx"
+    run_cli(["fairseq_hrt.export.exporter", found["stock"].path, out, "--data", data.bin_dir])
+    assert json.loads((out / "config.json").read_text())["kind"] == "at"
+    generated = run_cli(
+        _decode_args(data, found["stock"], "generate")
+        + ["--gen-subset", "valid", "--target-lang", TGT, "--beam", "1", "--batch-size", "4", "--cpu"]
+        + ["--required-batch-size-multiple", "1"]
+    ).stdout
+    sources = read_lines(data.raw("valid", SRC))
+    expected = [hyp for _, hyp in sorted(hyp_lines(generated).items())]
+    assert Translator(str(out)).translate(sources, beam=1) == expected

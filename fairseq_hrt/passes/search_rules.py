@@ -22,8 +22,10 @@ from hrt_runtime.search import SearchConfig, rules_of
 
 def banned_symbols(task, model) -> List[int]:
     """Symbols no hypothesis of ``model`` may contain (:func:`banned_symbols_of` its family),
-    with the task's ``<mask>`` and ``<s_k>``."""
-    return banned_symbols_of(family_of(model), task.target_dictionary, task.mask_idx, task.chunk_start_idx)
+    with the task's ``<mask>`` and ``<s_k>`` (fairseq's own ``translation`` task has neither: its
+    AT models ban ``<pad>`` alone)."""
+    mask, chunk_start = getattr(task, "mask_idx", None), getattr(task, "chunk_start_idx", {})
+    return banned_symbols_of(family_of(model), task.target_dictionary, mask, chunk_start)
 
 
 def banned_symbols_of(family: ModelFamily, tgt_dict, mask: int, chunk_start: Dict[int, int]) -> List[int]:
