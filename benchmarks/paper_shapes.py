@@ -36,7 +36,7 @@ words/s of the raw sentences, per bucket and overall; "overall" weighs each buck
 of newstest2014 (an estimate of the whole test set at that batch size). Ratios are to the
 fastest AT greedy row of the same run and batch size (CTranslate2's where it is the fastest);
 HRT rows also have their ratio to their own engine's AT and HRT's fixed-length bound on that
-engine (:func:`benchmarks.hrt_bound.fixed_length_times`, at the bucket's mean lengths: the
+engine (:func:`benchmarks.hrt_bound.fixed_length_times`, at the bucket's batches' lengths: the
 encoder, the AT steps, the Skip-AT steps and stage II, each timed with the device synchronised,
 in the report's split tables), and the weights a decoder step reads (:func:`weights_per_step`).
 Timing: the fastest of ``--runs`` passes, round-robin over rows and buckets
@@ -527,9 +527,20 @@ def model_description(model, arch: str) -> dict:
     }
 
 
+def bound_lengths(batches: List[Batch]) -> Tuple[int, int]:
+    """``(source, target)`` positions of the fixed-length bound of a bucket: its batches' mean
+    padded width (the longest source and ``</s>``) and mean decoder positions (the longest
+    sentence's L + 1, every sentence of a batch decodes them), the latter to a multiple of 4 so
+    that k = 2 and 4 make whole Skip-AT steps. At batch 1 a batch's lengths are its sentence's;
+    at batch 128 the bucket's mean sentence would understate what a batch decodes."""
+    source = round(np.mean([max(len(t) for t in x.tokens) for x in batches])) + 1
+    target = 4 * max(1, round(np.mean([x.length + 1 for x in batches]) / 4))
+    return source, target
+
+
 def bounds(live: Dict[str, dict], buckets: Dict[str, List[Batch]], bsz: int, args, errors: dict) -> dict:
     """HRT's fixed-length bound per engine (float and int8), k and bucket, at the bucket's
-    mean source and target lengths (:func:`benchmarks.hrt_bound.fixed_length_times`: the
+    batches' lengths (:func:`bound_lengths`; :func:`benchmarks.hrt_bound.fixed_length_times`: the
     encoder, the AT steps, the Skip-AT steps and stage II, each timed with the device
     synchronised); a row out of memory is a line in ``errors``."""
     out = {}
@@ -539,8 +550,7 @@ def bounds(live: Dict[str, dict], buckets: Dict[str, List[Batch]], bsz: int, arg
         for b, batches in buckets.items():
             if not batches:
                 continue
-            src_len = round(np.mean([len(t) for x in batches for t in x.tokens])) + 1
-            tgt_len = target_length(src_len - 1) + 1
+            src_len, tgt_len = bound_lengths(batches)
             try:
                 with torch.inference_mode():
                     times = hrt_bound.fixed_length_times(

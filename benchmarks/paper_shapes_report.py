@@ -197,7 +197,7 @@ def split_table(per_row: Dict[str, dict], bsz: str) -> List[str]:
         return []
     out = [
         "",
-        f"### fixed-length split, batch {bsz} (ms per batch at the bucket's mean lengths; bound = "
+        f"### fixed-length split, batch {bsz} (ms per batch at the bucket's batches' mean lengths; bound = "
         "(encoder + AT steps) / (encoder + Skip-AT steps + stage II))",
         "",
         "| row | bucket | source / target | encoder | AT steps | Skip-AT steps | stage II | bound |",

@@ -229,3 +229,19 @@ def test_append_keeps_the_other_shapes_of_the_same_setting_only(tmp_path):
     assert merged["shapes"]["base"]["measured"]["date"] == "then"  # each shape says which run measured it
     with pytest.raises(SystemExit, match="another threads"):
         paper_shapes.appended({**now, "meta": {**now["meta"], "threads": 2}}, str(path), ["e12d1"])
+
+
+def test_the_bound_is_taken_at_what_a_batch_decodes():
+    """A batch decodes its longest sentence's L + 1 positions for every sentence, so the bound of
+    a bucket is at its batches' widths, not at its mean sentence's."""
+    batches = [
+        paper_shapes.Batch([[5] * 3, [5] * 9], paper_shapes.target_length(9)),
+        paper_shapes.Batch([[5] * 4, [5] * 5], paper_shapes.target_length(5)),
+    ]
+    source, target = paper_shapes.bound_lengths(batches)
+    assert source == round((9 + 5) / 2) + 1
+    assert target % 4 == 0 and target == 4 * round(
+        (paper_shapes.target_length(9) + paper_shapes.target_length(5) + 2) / 8
+    )
+    one = [paper_shapes.Batch([[5] * 6], paper_shapes.target_length(6))]
+    assert paper_shapes.bound_lengths(one) == (7, paper_shapes.target_length(6) + 1)
