@@ -12,11 +12,13 @@ counted) while the caller waits on the pipe. The caller puts these callables in 
 round-robin (:func:`benchmarks.timing.time_runs`) as its own rows, and reads the child's
 seconds from :attr:`ForcedLengthChild.seconds`.
 
-The protocol is one JSON line each way: the caller's first line is the set-up (model folder,
-device, threads, compute types, the jobs' batches, see :func:`serve`), the child answers
-``{"ready": {...}}`` (its version, the compute types it loaded and why it could not load the
-others, the CPU instruction set it chose); then ``{"run": [compute type, job]}`` is answered
-``{"seconds": s, "positions": [...]}`` until the caller closes the pipe.
+The protocol (:class:`Ct2Child` and :func:`serve_passes`, which ``benchmarks/ct2_text_child.py``
+shares) is one JSON line each way: the caller's first line is the set-up (model folder, device,
+threads, compute types, what the passes decode), the child answers ``{"ready": {...}}`` (its
+version, the compute types it loaded and why it could not load the others, whether PyTorch is
+loaded; the caller adds the CPU instruction set CTranslate2 chose, from its log); then each
+``{"run": [arguments]}`` is one pass, answered with its result and ``seconds`` (here
+``[compute type, job]`` and ``positions``) until the caller closes the pipe.
 """
 
 import json
@@ -38,24 +40,19 @@ class ChildFailed(RuntimeError):
     """The child could not start, load or decode: its message is one line."""
 
 
-class ForcedLengthChild:
-    """A child process decoding ``jobs`` (``{job: [{"tokens": [[pieces]], "length": n}]}``,
-    the batches of :func:`benchmarks.ct2_reference.forced_length`) with the converted model in
-    ``model_dir``, in each of ``compute_types``, one timed pass per request."""
+class Ct2Child:
+    """A child process running ``entry`` (``"module:function"``, a loop of
+    :func:`serve_passes`) given ``setup`` as its first line; :meth:`ask` sends a request and
+    returns the answer, a child that fails or ends is :class:`ChildFailed` in one line. It logs
+    with ``CT2_VERBOSE=1``, read for the instruction set CTranslate2 chose
+    (``ready["isa"]``)."""
 
-    def __init__(
-        self,
-        model_dir: str,
-        jobs: Dict[str, List[dict]],
-        compute_types: Sequence[str],
-        threads: int = 1,
-        device: str = "cpu",
-    ):
-        self.seconds: Dict[Tuple[str, str], List[float]] = {}
-        self._log = tempfile.NamedTemporaryFile("w+", suffix=".ct2.log")  # noqa: SIM115 - read at ready, closed with the child
+    def __init__(self, entry: str, setup: dict):
+        module, function = entry.split(":")
+        self._log = tempfile.NamedTemporaryFile("w+", suffix=".ct2.log")  # noqa: SIM115 - closed with the child
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), CT2_VERBOSE="1")
         self._process = subprocess.Popen(
-            [sys.executable, "-c", "from benchmarks.ct2_child import serve; serve()"],
+            [sys.executable, "-c", f"from {module} import {function}; {function}()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -63,8 +60,7 @@ class ForcedLengthChild:
             env=env,
             cwd=REPO,
         )
-        setup = {"model_dir": model_dir, "jobs": jobs, "compute_types": list(compute_types), "threads": threads}
-        self.ready = self._ask({**setup, "device": device}).get("ready", {})
+        self.ready = self.ask(setup).get("ready", {})
         self.ready["isa"] = self._isa_lines()
 
     @property
@@ -77,18 +73,7 @@ class ForcedLengthChild:
         """``{compute type: why the child could not load it}``."""
         return self.ready.get("errors", {})
 
-    def timed(self, compute_type: str, job: str) -> Callable[[], List[int]]:
-        """A callable for the caller's timing loop: one pass of ``job`` in ``compute_type``,
-        its seconds appended to ``seconds[(compute_type, job)]``; returns the steps per sentence."""
-
-        def run():
-            answer = self._ask({"run": [compute_type, job]})
-            self.seconds.setdefault((compute_type, job), []).append(answer["seconds"])
-            return answer["positions"]
-
-        return run
-
-    def _ask(self, message: dict) -> dict:
+    def ask(self, message: dict) -> dict:
         line = ""
         if self._process.poll() is None:
             self._process.stdin.write(json.dumps(message) + "\n")
@@ -102,19 +87,16 @@ class ForcedLengthChild:
             raise ChildFailed(answer["error"])
         return answer
 
-    def _tail(self) -> str:
+    def _lines(self) -> List[str]:
         self._log.seek(0)
-        lines = [line.strip() for line in self._log.read().splitlines() if line.strip()]
+        return [line.strip() for line in self._log.read().splitlines() if line.strip()]
+
+    def _tail(self) -> str:
+        lines = self._lines()
         return lines[-1] if lines else "it wrote nothing"
 
     def _isa_lines(self) -> List[str]:
-        self._log.seek(0)
-        found = []
-        for line in self._log.read().splitlines():
-            for marker in _ISA_MARKERS:
-                if marker in line:
-                    found.append(line[line.index(marker) :].strip())
-        return found
+        return [line[line.index(m) :] for line in self._lines() for m in _ISA_MARKERS if m in line]
 
     def close(self):
         if self._process.poll() is None:
@@ -133,17 +115,50 @@ class ForcedLengthChild:
         self.close()
 
 
+class ForcedLengthChild(Ct2Child):
+    """A child process decoding ``jobs`` (``{job: [{"tokens": [[pieces]], "length": n}]}``,
+    the batches of :func:`benchmarks.ct2_reference.forced_length`) with the converted model in
+    ``model_dir``, in each of ``compute_types``, one timed pass per request."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        jobs: Dict[str, List[dict]],
+        compute_types: Sequence[str],
+        threads: int = 1,
+        device: str = "cpu",
+    ):
+        self.seconds: Dict[Tuple[str, str], List[float]] = {}
+        setup = {"model_dir": model_dir, "jobs": jobs, "compute_types": list(compute_types), "threads": threads}
+        super().__init__("benchmarks.ct2_child:serve_forced_length", {**setup, "device": device})
+
+    def timed(self, compute_type: str, job: str) -> Callable[[], List[int]]:
+        """A callable for the caller's timing loop: one pass of ``job`` in ``compute_type``,
+        its seconds appended to ``seconds[(compute_type, job)]``; returns the steps per sentence."""
+
+        def run():
+            answer = self.ask({"run": [compute_type, job]})
+            self.seconds.setdefault((compute_type, job), []).append(answer["seconds"])
+            return answer["positions"]
+
+        return run
+
+
 # ----------------------------------------------------------------------------- the child
 
 
-def _load(setup: dict) -> Tuple[dict, dict]:
-    """``(translators, ready)``: a translator per compute type the device takes, and the
-    ready message (version, loaded, errors)."""
+def load_translators(setup: dict) -> Tuple[dict, dict]:
+    """``(translators, ready)``: a translator of ``setup["model_dir"]`` per compute type the
+    device (``setup["device"]``, default cpu) takes, and the ready message (version, loaded,
+    why the others were not)."""
     import ctranslate2  # noqa: PLC0415 - the child's only heavy import
 
-    from benchmarks.ct2_reference import load  # noqa: PLC0415
+    from benchmarks.ct2_reference import load, unavailable_reason  # noqa: PLC0415
 
-    device = setup["device"]
+    device = setup.get("device", "cpu")
+    why = unavailable_reason(use_cuda=device == "cuda")
+    if why:
+        raise ChildFailed(why)
     supported = ctranslate2.get_supported_compute_types(device)
     translators, errors = {}, {}
     for compute_type in setup["compute_types"]:
@@ -163,38 +178,41 @@ def _answer(message: dict):
     sys.stdout.flush()
 
 
-def serve(stdin=None):
-    """The child's loop (see the module's docstring): a warm-up batch per compute type at
-    set-up, then one timed pass per request."""
-    from benchmarks.ct2_reference import forced_length  # noqa: PLC0415
-
+def serve_passes(make_pass: Callable[[dict, dict], Callable[..., dict]], stdin=None):
+    """A child's loop: the set-up line, the translators (:func:`load_translators`) and
+    ``make_pass(setup, translators)`` (which warms them up), answered ``{"ready": ...}``; then
+    each ``{"run": [arguments]}`` is one pass, ``pass(*arguments)``'s answer with the child's
+    ``seconds`` around it. Errors are answered in one line."""
     stdin = stdin or sys.stdin
     setup = json.loads(stdin.readline())
     try:
-        if setup["device"] == "cuda":
-            from benchmarks.ct2_reference import unavailable_reason  # noqa: PLC0415
-
-            why = unavailable_reason(use_cuda=True)
-            if why:
-                raise ChildFailed(why)
-        translators, ready = _load(setup)
-        first = next(iter(setup["jobs"].values()))[:1]
-        for translator in translators.values():  # warm-up: one batch (a whole pass would cost a timed pass's time)
-            forced_length(translator, first)
+        translators, ready = load_translators(setup)
+        one_pass = make_pass(setup, translators)
     except Exception as e:  # noqa: BLE001 - the caller reports it in one line
         _answer({"error": f"{type(e).__name__}: {e}".splitlines()[0]})
         return
-    _answer({"ready": ready})
+    _answer({"ready": {**ready, "torch_loaded": "torch" in sys.modules}})
     for line in stdin:
-        compute_type, job = json.loads(line)["run"]
         try:
             started = time.perf_counter()
-            positions = forced_length(translators[compute_type], setup["jobs"][job])
-            seconds = time.perf_counter() - started
+            answer = one_pass(*json.loads(line)["run"])
+            _answer({"seconds": time.perf_counter() - started, **answer})
         except Exception as e:  # noqa: BLE001 - the caller reports it in one line
             _answer({"error": f"{type(e).__name__}: {e}".splitlines()[0]})
-            continue
-        _answer({"seconds": seconds, "positions": positions})
+
+
+def serve_forced_length(stdin=None):
+    """:class:`ForcedLengthChild`'s child: a warm-up batch per compute type, then one pass of a
+    job per request."""
+    from benchmarks.ct2_reference import forced_length  # noqa: PLC0415
+
+    def make_pass(setup, translators):
+        first = next(iter(setup["jobs"].values()))[:1]
+        for translator in translators.values():  # one batch (a whole pass would cost a timed pass's time)
+            forced_length(translator, first)
+        return lambda compute_type, job: {"positions": forced_length(translators[compute_type], setup["jobs"][job])}
+
+    serve_passes(make_pass, stdin)
 
 
 def child_rows(child: Optional[ForcedLengthChild], jobs: Sequence[str]) -> Dict[Tuple[str, str], Callable]:
