@@ -93,6 +93,7 @@ from tqdm import tqdm  # noqa: E402
 
 import fairseq_hrt  # noqa: F401  (registers the plugin and the checkpoint types it loads safely)
 from benchmarks import ct2_reference  # noqa: E402
+from benchmarks.machine import cpu_name  # noqa: E402
 from benchmarks.measure import (  # noqa: E402,F401  (the pure parts are part of this script's interface)
     BASELINE,
     CT2_FAMILY,
@@ -440,38 +441,6 @@ def pareto_plot(report: dict, path):
 
 
 # --------------------------------------------------------------------------- measuring
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-# the instruction sets that CPU kernels choose between (ONNX Runtime's MLAS, oneDNN, MKL,
-# CTranslate2's own): a CPU speed is read with them
-ISA_FLAGS = (
-    "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-    "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve",
-)  # fmt: skip
-
-
-def cpu_isa() -> List[str]:
-    """Which of :data:`ISA_FLAGS` this CPU has (``/proc/cpuinfo``'s flags; empty where it has none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    have = set(line.split(":", 1)[1].split())
-                    return [flag for flag in ISA_FLAGS if flag in have]
-    except OSError:
-        pass
-    return []
 
 
 def comet_for(systems: List[System], raw_src, refs, hyps, args) -> dict:

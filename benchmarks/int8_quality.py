@@ -27,9 +27,9 @@ if not __package__:  # python benchmarks/NAME.py (a file): the repository root o
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import ct2_reference  # noqa: E402
-from benchmarks.benchmark import cpu_isa, cpu_name  # noqa: E402
 from benchmarks.ct2_child import ChildFailed  # noqa: E402
 from benchmarks.ct2_text_child import TextChild  # noqa: E402
+from benchmarks.machine import cpu_isa, cpu_name  # noqa: E402
 from benchmarks.report_files import write_files  # noqa: E402
 from fairseq_hrt.export.exporter import INT8_SCALES, quantize_folder  # noqa: E402
 from fairseq_hrt.scoring.metrics import sacrebleu_score  # noqa: E402

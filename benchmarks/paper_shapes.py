@@ -71,8 +71,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks import ct2_reference, hrt_bound  # noqa: E402
-from benchmarks.benchmark import cpu_isa, cpu_name  # noqa: E402
 from benchmarks.ct2_child import ForcedLengthChild, child_rows  # noqa: E402
+from benchmarks.machine import cpu_isa, cpu_name  # noqa: E402
 from benchmarks.onnx_gate import random_model  # noqa: E402
 from benchmarks.paper_shapes_report import (  # noqa: E402
     PER_SHAPE_META,

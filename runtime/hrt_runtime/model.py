@@ -460,9 +460,10 @@ class ExportedModel:
     """The sessions of an exported folder, made on first use from its files as opened and
     checked at start (:class:`~hrt_runtime.integrity.FolderFiles`: a re-export into the folder
     changes nothing it decodes). ``threads``: ONNX Runtime's intra-op threads (inter-op 1: the
-    graphs are chains of operators; workers do not spin)."""
+    graphs are chains of operators; workers do not spin); ``memory_arena``: the sessions keep ONNX
+    Runtime's CPU memory arena (off by default: see :func:`hrt_runtime.sessions.session_options`)."""
 
-    def __init__(self, folder: str, threads: int = 1):
+    def __init__(self, folder: str, threads: int = 1, memory_arena: bool = False):
         self.folder = folder
         self.config = read_config(folder)
         c = self.config
@@ -479,7 +480,9 @@ class ExportedModel:
         self.loop_rows = LOOP_ROWS_INT8 if c.get("int8") else LOOP_ROWS
         self.window = int(c.get("relative_window", 0))
         self._buckets: Dict = {}
-        self.sessions = GraphSessions(folder, c["graphs"], self.kind, threads, self.files, c.get("weights"))
+        self.sessions = GraphSessions(
+            folder, c["graphs"], self.kind, threads, self.files, c.get("weights"), memory_arena=memory_arena
+        )
         self._positions: Dict[int, np.ndarray] = {}
         self._output_layer = None  # (weight, bias) of the output projection, for shortlists
         # the step's state: per layer keys and values, or an SSRU decoder's cell
