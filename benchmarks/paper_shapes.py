@@ -471,20 +471,28 @@ def start_ct2(models: Models, batches_of, args, out: dict) -> Optional[ForcedLen
     return child
 
 
+def batch_cells(batch: Batch) -> int:
+    """Decoder positions of a batch: its sentences x its longest's L + 1."""
+    return len(batch.tokens) * (batch.length + 1)
+
+
 def measure_batch(models: Models, live: Dict[str, dict], child, bsz: int, buckets, args, out: dict) -> None:
     """Every row at batch ``bsz``, CTranslate2's passes in the same round-robin as ours (the
     child times its own); a row that fails its warm-up (a GPU out of memory) is a line in
     ``out["errors"]``, the others are measured."""
     pad, eos = models.task.target_dictionary.pad(), models.task.target_dictionary.eos()
     sources = {b: [source_array(x, pad, eos) for x in batches] for b, batches in buckets.items() if batches}
-    longest = list(sources)[-1]  # the warm-up batch: the longest bucket's first, the most memory
+    # the warm-up batch: the one of the most positions, the most memory a row will ask for
+    b, i = max(
+        ((b, i) for b in sources for i in range(len(sources[b]))), key=lambda bi: batch_cells(buckets[bi[0]][bi[1]])
+    )
     fns = {}
     for name, row in live.items():
         if row["engine"] == "fairseq" and bsz not in args.fairseq_batches:
             continue
         try:
             with torch.inference_mode():
-                row["decode"](sources[longest][:1], buckets[longest][:1])
+                row["decode"](sources[b][i : i + 1], buckets[b][i : i + 1])
         except torch.cuda.OutOfMemoryError as e:
             out["errors"][f"{name} at batch {bsz}"] = one_line(e)
             torch.cuda.empty_cache()
@@ -496,8 +504,13 @@ def measure_batch(models: Models, live: Dict[str, dict], child, bsz: int, bucket
         name = ct2_row_name(compute_type, args.dtype)
         compute_types[name] = compute_type
         fns[(name, job.split("/", 1)[1])] = fn
-    with torch.inference_mode():
-        timed = time_runs(fns, runs=args.runs, sync=sync_of(args.device))
+    try:
+        with torch.inference_mode():
+            timed = time_runs(fns, runs=args.runs, sync=sync_of(args.device))
+    except torch.cuda.OutOfMemoryError as e:  # a row past its warm-up's memory: this batch size is a line
+        out["errors"][f"batch {bsz}"] = f"out of memory in the timed passes: {one_line(e)}"
+        torch.cuda.empty_cache()
+        return
     for (name, b), t in timed.items():
         if name in compute_types:  # the child's own clock, without the pipe's round trip
             seconds = child.seconds[(compute_types[name], f"{bsz}/{b}")]

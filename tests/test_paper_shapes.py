@@ -245,3 +245,51 @@ def test_the_bound_is_taken_at_what_a_batch_decodes():
     )
     one = [paper_shapes.Batch([[5] * 6], paper_shapes.target_length(6))]
     assert paper_shapes.bound_lengths(one) == (7, paper_shapes.target_length(6) + 1)
+
+
+def test_a_row_out_of_the_devices_memory_is_a_line_and_the_others_are_measured(tmp_path, monkeypatch):
+    """A row whose warm-up (on the batch of the most positions) runs out of (GPU) memory at a
+    batch size is a line in the report, the other rows and that row's other batch sizes are
+    measured; a row that runs out later, in the timed passes, costs that batch size, a line too.
+    (The error is raised by the rows' decoding here: a CPU has no device memory to run out of.)"""
+    real = paper_shapes.search_decoder
+    oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+
+    def running_out(when):
+        def decoder(backend, encode, k, banned):
+            decode = real(backend, encode, k, banned)
+
+            def wrapped(sources, batches):
+                if when(k, batches[0]):
+                    raise oom
+                return decode(sources, batches)
+
+            return wrapped
+
+        return decoder
+
+    lengths = (3, 6, 14, 17, 25, 40, 44)  # at batch 4 (2 sentences a bucket) the 40/44 pair is the largest
+    options = ("--engines", "lean", "--fairseq-batches", "none", "--ct2-compute-types", "int8")
+    in_warm_up = running_out(lambda k, batch: k == 4 and len(batch.tokens) > 1)
+    monkeypatch.setattr(paper_shapes, "search_decoder", in_warm_up)
+    (tmp_path / "warm-up").mkdir()
+    report, md, _ = _run(tmp_path / "warm-up", *options, lengths=lengths)
+    errors = report["shapes"]["tiny"]["errors"]
+    assert (
+        errors["HRT k=4 b_at=1 b_nat=1 at batch 4"]
+        == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    )
+    k4 = next(s for s in report["systems"] if s["name"] == "HRT k=4 b_at=1 b_nat=1")
+    assert set(k4["speed"]) == {"1"}
+    k2 = next(s for s in report["systems"] if s["name"] == "HRT k=2 b_at=1 b_nat=1")
+    assert set(k2["speed"]) == {"1", "4"}
+    assert "not measured: **HRT k=4 b_at=1 b_nat=1 at batch 4**: OutOfMemoryError" in md
+
+    in_timed = running_out(lambda k, batch: k == 2 and len(batch.tokens) > 1 and max(map(len, batch.tokens)) < 40)
+    monkeypatch.setattr(paper_shapes, "search_decoder", in_timed)
+    (tmp_path / "timed").mkdir()
+    report, md, _ = _run(tmp_path / "timed", *options, lengths=lengths)
+    assert report["shapes"]["tiny"]["errors"]["batch 4"].startswith(
+        "out of memory in the timed passes: OutOfMemoryError"
+    )
+    assert all(set(s["speed"]) == {"1"} for s in report["systems"])
