@@ -255,10 +255,11 @@ STEP_VARIANTS: Dict[str, Callable] = {
 def time_shape(paths: Dict[str, str], batch: int, src_len: int, steps: int, runs: int, threads: int):
     """``(times in ms, checks)`` of our passes and CTranslate2's, round-robin, the fastest of ``runs``."""
     from hrt_runtime.model import ExportedModel  # noqa: PLC0415 - after the child made the folder
+    from hrt_runtime.translator import read_dictionary  # noqa: PLC0415 - the runtime, as the model
 
     model = ExportedModel(paths["onnx"], threads=threads)
     src, bias = fixed_inputs(model, batch, src_len)
-    symbols = read_symbols(paths["dictionary"])
+    symbols = read_dictionary(paths["dictionary"])
     # CTranslate2 appends </s> itself: the same sources without it
     sources = [[symbols[t] for t in row[:-1]] for row in src]
     jobs = {str(n): [{"tokens": sources, "length": n}] for n in (1, steps + 1)}
@@ -289,14 +290,6 @@ def time_shape(paths: Dict[str, str], batch: int, src_len: int, steps: int, runs
         {k: [s * 1000 for s in t.seconds] for k, t in timed.items()},
         checks,
     )
-
-
-def read_symbols(dictionary: str) -> List[str]:
-    """Id -> symbol of a fairseq dictionary file (its four specials first, as fairseq numbers them)."""
-    symbols = ["<s>", "<pad>", "</s>", "<unk>"]
-    with open(dictionary, encoding="utf-8") as f:
-        symbols += [line.split(" ", 1)[0] for line in f if line.strip()]
-    return symbols
 
 
 # ------------------------------------------------------------------------------- the profile

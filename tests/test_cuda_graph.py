@@ -105,6 +105,26 @@ def _sample(task, device, sentences=RAGGED):
     return utils.move_to_cuda(sample) if device == "cuda" else sample
 
 
+# the model a differential test decodes, and the chunk size whose <s_k> starts its search (None: </s>)
+SKIP_AT = {"at": None, "hrt-at-mode": None, "hrt-skip-at-k2": 2, "hrt-skip-at-k3": 3}
+
+
+def _lean_and_graphs(random_models, which, search, device, **config):
+    """``(model, bos, lean, make_graphs)``: :data:`SKIP_AT`'s ``which`` model on ``device``, its
+    start symbol, the lean generator of ``search`` (over ``config``; its temperature taken out)
+    and a maker of CUDA-graph generators of the same search."""
+    _, task, hrt, at = random_models
+    d = task.target_dictionary
+    model = _on(at if which == "at" else hrt, device)
+    bos = task.chunk_start_idx[SKIP_AT[which]] if SKIP_AT[which] else None
+    search = dict(search)
+    temperature = search.pop("temperature", 1.0)
+    config = SearchConfig(**{**config, **search})
+    banned = [d.index(s) for s in ([] if which == "at" else SPECIALS)]
+    lean = LeanSequenceGenerator(model, d, config, banned, temperature=temperature)
+    return model, bos, lean, lambda: _graph_generator(device)(model, d, config, banned, temperature=temperature)
+
+
 SEARCHES = [
     dict(beam=1),
     dict(beam=5),
@@ -117,16 +137,9 @@ SEARCHES = [
 @pytest.mark.parametrize("search", SEARCHES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 @pytest.mark.parametrize("which", ["at", "hrt-at-mode", "hrt-skip-at-k2"])
 def test_same_hypotheses_as_lean_on_random_models(random_models, which, search, device):
-    _, task, hrt, at = random_models
-    d = task.target_dictionary
-    model = _on(at if which == "at" else hrt, device)
-    bos = task.chunk_start_idx[2] if which == "hrt-skip-at-k2" else None
-    search = dict(search)
-    temperature = search.pop("temperature", 1.0)
-    config = SearchConfig(max_len_b=9, **search)
-    banned = [d.index(s) for s in ([] if which == "at" else SPECIALS)]
-    lean = LeanSequenceGenerator(model, d, config, banned, temperature=temperature)
-    graphs = _graph_generator(device)(model, d, config, banned, temperature=temperature)
+    task = random_models[1]
+    model, bos, lean, make_graphs = _lean_and_graphs(random_models, which, search, device, max_len_b=9)
+    graphs = make_graphs()
     sample = _sample(task, device)
     ref = lean.generate([model], sample, bos_token=bos)
     assert_same_hypotheses(ref, graphs.generate([model], sample, bos_token=bos))
@@ -147,7 +160,6 @@ LOOPED = {
     "steps=2-replays": dict(max_len_b=2 * LOOP_STEPS - 1),
     "position-cap": dict(max_len_b=100000),
 }
-SKIP_AT = {"at": None, "hrt-at-mode": None, "hrt-skip-at-k2": 2, "hrt-skip-at-k3": 3}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -157,16 +169,9 @@ SKIP_AT = {"at": None, "hrt-at-mode": None, "hrt-skip-at-k2": 2, "hrt-skip-at-k3
 def test_greedy_loop_same_as_lean_on_random_models(random_models, which, search, sentences, device):
     """Ragged batches of at most LOOP_ROWS sentences: every greedy step on the device
     (``greedy_loop``, not ``None``), the lean engine's hypotheses (tokens and scores)."""
-    _, task, hrt, at = random_models
-    d = task.target_dictionary
-    model = _on(at if which == "at" else hrt, device)
-    bos = task.chunk_start_idx[SKIP_AT[which]] if SKIP_AT[which] else None
-    search = dict(search)
-    temperature = search.pop("temperature", 1.0)
-    config = SearchConfig(beam=1, **search)
-    banned = [d.index(s) for s in ([] if which == "at" else SPECIALS)]
-    lean = LeanSequenceGenerator(model, d, config, banned, temperature=temperature)
-    graphs = _graph_generator(device)(model, d, config, banned, temperature=temperature)
+    task = random_models[1]
+    model, bos, lean, make_graphs = _lean_and_graphs(random_models, which, search, device, beam=1)
+    graphs = make_graphs()
     sample = _sample(task, device, RAGGED[:sentences])
     ref = lean.generate([model], sample, bos_token=bos)
     out = [graphs.generate([model], sample, bos_token=bos) for _ in range(2)]  # the loop graph again, kept
@@ -175,7 +180,7 @@ def test_greedy_loop_same_as_lean_on_random_models(random_models, which, search,
         # cache, the future masked) differ in the scores' last bits, and float32 sums of
         # ~1000 of them by an ulp of 1e-4: the same tokens, and the scores of the stepped graphs
         assert [h[0]["tokens"].tolist() for h in ref] == [h[0]["tokens"].tolist() for h in out[0]]
-        stepped = _graph_generator(device)(model, d, config, banned, temperature=temperature)
+        stepped = make_graphs()
         stepped.backend.greedy_loop = TorchBackend.greedy_loop.__get__(stepped.backend)  # None: the search steps
         ref = stepped.generate([model], sample, bos_token=bos)
         assert stepped.backend._graphs and stepped.backend.loop_runs == 0
