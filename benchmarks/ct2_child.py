@@ -36,6 +36,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ISA_MARKERS = ("CPU:", "Selected ISA", "Use Intel MKL", "SGEMM backend", "GEMM_S16 backend", "GEMM_S8 backend")
 
 
+def one_line(e: BaseException) -> str:
+    """An error as a report's line: its type and its message's first line."""
+    return f"{type(e).__name__}: {e}".splitlines()[0]
+
+
 class ChildFailed(RuntimeError):
     """The child could not start, load or decode: its message is one line."""
 
@@ -189,7 +194,7 @@ def serve_passes(make_pass: Callable[[dict, dict], Callable[..., dict]], stdin=N
         translators, ready = load_translators(setup)
         one_pass = make_pass(setup, translators)
     except Exception as e:  # noqa: BLE001 - the caller reports it in one line
-        _answer({"error": f"{type(e).__name__}: {e}".splitlines()[0]})
+        _answer({"error": one_line(e)})
         return
     _answer({"ready": {**ready, "torch_loaded": "torch" in sys.modules}})
     for line in stdin:
@@ -198,7 +203,7 @@ def serve_passes(make_pass: Callable[[dict, dict], Callable[..., dict]], stdin=N
             answer = one_pass(*json.loads(line)["run"])
             _answer({"seconds": time.perf_counter() - started, **answer})
         except Exception as e:  # noqa: BLE001 - the caller reports it in one line
-            _answer({"error": f"{type(e).__name__}: {e}".splitlines()[0]})
+            _answer({"error": one_line(e)})
 
 
 def serve_forced_length(stdin=None):

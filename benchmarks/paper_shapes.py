@@ -71,7 +71,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks import ct2_reference, hrt_bound  # noqa: E402
-from benchmarks.ct2_child import ForcedLengthChild, child_rows  # noqa: E402
+from benchmarks.ct2_child import ForcedLengthChild, child_rows, one_line  # noqa: E402
 from benchmarks.machine import cpu_isa, cpu_name  # noqa: E402
 from benchmarks.onnx_gate import random_model  # noqa: E402
 from benchmarks.paper_shapes_report import (  # noqa: E402
@@ -406,10 +406,6 @@ def row_name(family: str, k: int) -> str:
 
 def ct2_row_name(compute_type: str, dtype: str) -> str:
     return CT2_ROW + ("" if compute_type == dtype else f" {compute_type}")
-
-
-def one_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}".splitlines()[0]
 
 
 def sync_of(device: str) -> Optional[Callable[[], None]]:
