@@ -25,27 +25,28 @@ every row decoded the same.
 **Rows** (per shape; the benchmark's row schema in ``report.json``): our AT greedy and HRT k
 (``b_at = b_nat = 1``) on each of ``--engines`` (ONNX Runtime float and int8 and the lean engine
 on a CPU; the lean and CUDA-graph engines with ``--device cuda``, in float16 with ``--fp16`` or
-bfloat16 with ``--bf16``), fairseq's ``SequenceGenerator`` AT greedy (the stock reference, at
-``--fairseq-batches``), and CTranslate2's AT greedy in its float and int8 compute types
-(``--ct2-compute-types``; on a GPU its float16 / bfloat16). CTranslate2 runs in a child process
-that imports no PyTorch (its threads slow down beside PyTorch's in one process,
-``benchmarks/runtime_vs_ct2.py`` says by how much) and serves one pass at a time
-(:mod:`benchmarks.ct2_child`), so its passes take their turns in the same round-robin as ours
-and meet the same state of the machine; it times each pass itself. Every speed is source
-words/s of the raw sentences, per bucket and overall; "overall" weighs each bucket by its share
-of newstest2014 (an estimate of the whole test set at that batch size). Ratios are to the
-fastest AT greedy row of the same run and batch size (CTranslate2's where it is the fastest);
-HRT rows also have their ratio to their own engine's AT and HRT's fixed-length bound on that
-engine (:func:`benchmarks.hrt_bound.fixed_length_times`, at the bucket's batches' lengths: the
-encoder, the AT steps, the Skip-AT steps and stage II, each timed with the device synchronised,
-in the report's split tables), and the weights a decoder step reads (:func:`weights_per_step`).
-Timing: the fastest of ``--runs`` passes, round-robin over rows and buckets
-(:func:`benchmarks.timing.time_runs`; on a GPU the device is synchronised as the clock starts and
-stops). The report names the CPU and the instruction sets it has (and the one CTranslate2 chose),
-or the GPU. What cannot be measured is a line in the report and the other rows are measured: an
-engine that cannot build a shape, CTranslate2 missing or without CUDA or a compute type, a row
-or a whole shape out of the GPU's memory. A dtype or device this machine lacks is refused in one
-line before anything is built.
+bfloat16 with ``--bf16``; ``cuda-graph-stepped``: the CUDA-graph engine without its greedy
+device loop, every step a host round trip, the same-run row of what the loop gains), fairseq's
+``SequenceGenerator`` AT greedy (the stock reference, at ``--fairseq-batches``), and
+CTranslate2's AT greedy in its float and int8 compute types (``--ct2-compute-types``; on a GPU
+its float16 / bfloat16). CTranslate2 runs in a child process that imports no PyTorch (its
+threads slow down beside PyTorch's in one process, ``benchmarks/runtime_vs_ct2.py`` says by how
+much) and serves one pass at a time (:mod:`benchmarks.ct2_child`), so its passes take their
+turns in the same round-robin as ours and meet the same state of the machine; it times each pass
+itself. Every speed is source words/s of the raw sentences, per bucket and overall; "overall"
+weighs each bucket by its share of newstest2014 (an estimate of the whole test set at that batch
+size). Ratios are to the fastest AT greedy row of the same run and batch size (CTranslate2's
+where it is the fastest); HRT rows also have their ratio to their own engine's AT and HRT's
+fixed-length bound on that engine (:func:`benchmarks.hrt_bound.fixed_length_times`, at the
+bucket's batches' lengths: the encoder, the AT steps, the Skip-AT steps and stage II, each timed
+with the device synchronised, in the report's split tables), and the weights a decoder step
+reads (:func:`weights_per_step`). Timing: the fastest of ``--runs`` passes, round-robin over
+rows and buckets (:func:`benchmarks.timing.time_runs`; on a GPU the device is synchronised as
+the clock starts and stops). The report names the CPU and the instruction sets it has (and the
+one CTranslate2 chose), or the GPU. What cannot be measured is a line in the report and the
+other rows are measured: an engine that cannot build a shape, CTranslate2 missing or without
+CUDA or a compute type, a row or a whole shape out of the GPU's memory. A dtype or device this
+machine lacks is refused in one line before anything is built.
 
 Writes ``OUT/report.json``, ``OUT/report.md`` (printed) and ``OUT/speedup_by_length.png``::
 
@@ -360,6 +361,8 @@ def our_rows(models: Models, engines: Sequence[str], threads: int) -> Dict[str, 
     variants = []
     for engine in engines:  # float, and int8 where the engine quantizes its own graphs
         variants.append((engine, "none"))
+        if engine in ENGINE_VARIANTS:
+            continue
         if get_engine(engine).quantizes_itself:
             variants.append((engine, "int8"))
     for engine, quantize in variants:
@@ -370,7 +373,7 @@ def our_rows(models: Models, engines: Sequence[str], threads: int) -> Dict[str, 
             ("HRT", models.hrt, models.hrt_task, shape.chunk_sizes),
         ):
             try:
-                backend, encode = hrt_bound.backend_of(engine, model, task, threads, int8=quantize == "int8")
+                backend, encode = engine_backend(engine, model, task, threads, quantize)
             except Exception as e:  # noqa: BLE001 - a shape an engine cannot build: a line in the report
                 for k in ks:
                     rows[row_name(family, k) + suffix] = {"error": one_line(e)}
@@ -394,6 +397,19 @@ def our_rows(models: Models, engines: Sequence[str], threads: int) -> Dict[str, 
         "k": 1,
     }
     return rows
+
+
+# rows of a registered engine with one of its settings changed: name -> (engine, the change)
+ENGINE_VARIANTS = {"cuda-graph-stepped": ("cuda-graph", lambda backend: setattr(backend, "loop_rows", 0))}
+
+
+def engine_backend(engine: str, model, task, threads: int, quantize: str):
+    """``hrt_bound.backend_of`` of a registered engine or of one of :data:`ENGINE_VARIANTS`."""
+    registered, change = ENGINE_VARIANTS.get(engine, (engine, None))
+    backend, encode = hrt_bound.backend_of(registered, model, task, threads, int8=quantize == "int8")
+    if change is not None:
+        change(backend)
+    return backend, encode
 
 
 FAIRSEQ_ROW = "AT greedy (fairseq SequenceGenerator)"
@@ -635,8 +651,8 @@ def parse_args(argv=None):
     device_options(p, args)
     args.engines = [e.strip() for e in (args.engines or DEFAULT_ENGINES[args.device]).split(",") if e.strip()]
     for e in args.engines:
-        if e not in engine_choices():
-            p.error(f"--engines: {e!r} is not one of {', '.join(engine_choices())}")
+        if e not in engine_choices() and e not in ENGINE_VARIANTS:
+            p.error(f"--engines: {e!r} is not one of {', '.join([*engine_choices(), *ENGINE_VARIANTS])}")
         if ENGINE_DEVICES.get(e, args.device) != args.device:
             p.error(
                 f"--engines {e} runs on {ENGINE_DEVICES[e]} only here: "
@@ -664,7 +680,8 @@ def parse_args(argv=None):
 
 
 DEFAULT_ENGINES = {"cpu": "onnxruntime,lean", "cuda": "lean,cuda-graph"}
-ENGINE_DEVICES = {"onnxruntime": "cpu", "cuda-graph": "cuda"}  # engines that run on one device only here
+# engines that run on one device only here
+ENGINE_DEVICES = {"onnxruntime": "cpu", "cuda-graph": "cuda", "cuda-graph-stepped": "cuda"}
 
 
 def device_options(p: argparse.ArgumentParser, args) -> None:

@@ -32,6 +32,7 @@ from fairseq_hrt.generation.cuda_graph import (
 from fairseq_hrt.generation.engines import engine_choices
 from fairseq_hrt.generation.lean import LeanSequenceGenerator, TorchBackend
 from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
+from fairseq_hrt.passes import weights
 from hrt_runtime.search import SearchConfig, position_cap
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
 from tests.test_decoder_definitions import WEIGHT_CHANGES
@@ -289,7 +290,7 @@ def test_weights_loaded_later_drop_the_graphs(random_models, sentences, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("beam, sentences", [(2, len(RAGGED)), (1, 6)], ids=["steps", "loop"])
-@pytest.mark.parametrize("change", ["fairseq-adam-step", "load_state_dict"])
+@pytest.mark.parametrize("change", ["fairseq-adam-step", "load_state_dict", "layer-replaced"])
 def test_weights_changed_between_batches_drop_every_graph(random_models, device, change, beam, sentences):
     """HRT's two stages decoded once (the encoder, the steps -- the search's or, greedy, a
     device loop's -- and stage II from graphs), then the weights change as fairseq-train's
@@ -310,6 +311,24 @@ def test_weights_changed_between_batches_drop_every_graph(random_models, device,
     expected = LeanSequenceGenerator(fresh, d, config, banned, **kwargs).generate([fresh], sample)
     assert [h[0]["tokens"].tolist() for h in expected] != [h[0]["tokens"].tolist() for h in before]
     assert_same_hypotheses(expected, graphs.generate([model], sample))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batches_check_the_weights_without_listing_the_parameters_again(random_models, device):
+    """The weights' version, checked at every batch, reads the parameters each module listed
+    at the first batch: decoding registers no parameter or module, which would make every
+    check walk the model's modules again (most of a check's cost)."""
+    task = random_models[1]
+    model, bos, lean, make_graphs = _lean_and_graphs(random_models, "hrt-skip-at-k2", dict(beam=1), device, max_len_b=9)
+    generators, sample = (lean, make_graphs()), _sample(task, device)
+    for generator in generators:
+        generator.generate([model], sample, bos_token=bos)
+    registered = weights._registered
+    kept = [module.__dict__[weights._PARAMETERS] for module in (model, model.decoder)]
+    for generator in generators:
+        generator.generate([model], sample, bos_token=bos)
+    assert weights._registered == registered
+    assert all(module.__dict__[weights._PARAMETERS] is k for module, k in zip((model, model.decoder), kept))
 
 
 @needs_gpu

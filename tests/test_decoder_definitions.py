@@ -160,11 +160,36 @@ def scale_in_place(task, model, other):
             p.mul_(1.5)
 
 
+def first_linear(model):
+    return next(m for m in model.decoder.layers[0].modules() if isinstance(m, torch.nn.Linear))
+
+
+def new_parameter(task, model, other):
+    """A parameter object replaced (no version counter of the old one moves)."""
+    linear = first_linear(model)
+    linear.weight = torch.nn.Parameter(linear.weight.detach() * 1.5)
+
+
+def layer_replaced(task, model, other):
+    """A submodule replaced by another of new parameters (as quantizers and adapters do)."""
+    linear = first_linear(model)
+    owner = next(m for m in model.decoder.layers[0].modules() if linear in m.children())
+    name = next(n for n, m in owner.named_children() if m is linear)
+    replacement = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
+    with torch.no_grad():
+        replacement.weight.copy_(linear.weight * 1.5)
+        if linear.bias is not None:
+            replacement.bias.copy_(linear.bias)
+    setattr(owner, name, replacement)
+
+
 WEIGHT_CHANGES = {
     "fairseq-adam-step": fairseq_adam_step,
     "torch-adam-step": torch_adam_step,
     "load_state_dict": load_other_weights,
     "in-place-write": scale_in_place,
+    "new-parameter": new_parameter,
+    "layer-replaced": layer_replaced,
 }
 
 

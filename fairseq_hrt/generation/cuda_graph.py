@@ -502,6 +502,9 @@ class CudaGraphBackend(TorchBackend):
         self._weights = None  # what the graphs were made of: the decoder's plan, the model's weights_version
         self.capture_seconds = 0.0  # spent making graphs (their buffers, warm-up and capture)
         self.loop_runs = 0  # greedy searches made by a device loop (greedy_loop not None)
+        # greedy searches of at most this many sentences run as a device loop (0: none, every step a
+        # round trip: the benchmark's same-run row without the loop)
+        self.loop_rows = LOOP_ROWS
 
     @property
     def graphs(self) -> int:
@@ -612,10 +615,11 @@ class CudaGraphBackend(TorchBackend):
 
     def greedy_loop(self, encoded: TorchEncoded, start: int, max_len: int, min_len: int, biases, out_rows: TorchRows):
         """A greedy search's every step on the device (:class:`LoopGraph`): ``(tokens, scores)``,
-        ``(N, T)``, as ``ExportedModel.greedy_loop``; ``None`` above :data:`LOOP_ROWS`
-        sentences or for a shortlist (the search then makes the steps, with the same result)."""
+        ``(N, T)``, as ``ExportedModel.greedy_loop``; ``None`` above ``loop_rows``
+        (:data:`LOOP_ROWS`) sentences or for a shortlist (the search then makes the steps, with
+        the same result)."""
         n = encoded.size
-        if out_rows.vocab is not None or n > LOOP_ROWS:
+        if out_rows.vocab is not None or n > self.loop_rows:
             return None
         plan = self._current()
         shape = self._shape(n, 1, max_len + 1, encoded.kv, start, 1)

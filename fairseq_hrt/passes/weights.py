@@ -9,6 +9,8 @@ the previous one): the HRT task counts each of its optimizer steps on the model 
 :func:`count_weights_written`). A module of its own, so that the task imports no decoding code.
 """
 
+import torch
+
 # on every submodule, so that the decoder's version (the plan's) and the whole model's
 # (captured graphs, exports) both move
 _WRITES = "_weights_writes"
@@ -22,11 +24,37 @@ def count_weights_written(model) -> None:
         setattr(module, _WRITES, getattr(module, _WRITES, 0) + 1)
 
 
+# Walking a model's modules for its parameters costs more than reading them (~240 of ~330 us a
+# call for a 6-6 model on a CPU), and an engine checks the version at every batch: each module
+# checked keeps its parameters (_PARAMETERS) with the count of parameters and submodules
+# registered anywhere (``module.weight = Parameter(..)``, a layer replaced) when it listed
+# them, and lists them again once that count moved.
+_PARAMETERS = "_weights_parameters"
+_registered = 0
+
+
+def _registered_one(module, name, value):
+    global _registered
+    _registered += 1
+
+
+torch.nn.modules.module.register_module_parameter_registration_hook(_registered_one)
+torch.nn.modules.module.register_module_module_registration_hook(_registered_one)
+
+
+def _parameters(module) -> tuple:
+    kept = module.__dict__.get(_PARAMETERS)
+    if kept is None or kept[0] != _registered:
+        kept = module.__dict__[_PARAMETERS] = (_registered, tuple(module.parameters()))
+    return kept[1]
+
+
 def weights_version(module) -> tuple:
     """What changes whenever ``module``'s weights may have: the writes counted on it
     (:func:`count_weights_written`), then each parameter's storage, dtype, device and version
     counter (a write through the parameter itself, ``load_state_dict``'s copies included).
     What is computed from the weights and kept (the plan's fused projections, captured graphs)
-    is kept with the version it was computed at and computed again when it differs."""
+    is kept with the version it was computed at and computed again when it differs. The
+    parameters are listed again after any module registered a parameter or a submodule."""
     written = getattr(module, _WRITES, 0)
-    return written, tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in module.parameters())
+    return written, tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in _parameters(module))
