@@ -27,9 +27,10 @@
 #               the fixed-length split and bound at batch 1 and 128; fits a 15-minute lease with the
 #               start on its own (named only: `device OUT shapes`; the newstest files from .gpu/newstest,
 #               which prepare copies, or ../shared/data beside the checkout)
-#     loop      the same on cuda-graph and cuda-graph-stepped (the engine without its greedy device
-#               loop) alone, batch 1 and 8, the bound at batch 1: what the loop gains, measured in one
-#               run (named only: `device OUT env loop`, or after shapes where the lease has 5 minutes more)
+#     variants  the same on cuda-graph, cuda-graph-stepped (without its greedy device loop) and
+#               cuda-graph-fused (its attention one scaled_dot_product_attention) alone, batch 1 and 8,
+#               the bound at batch 1: what each change gives, in one run (named only: `device OUT env
+#               variants`, or after shapes where the lease has 5 minutes more)
 #     wmtslice  the WMT recipe's slice with --gpus 1 --fp16 end to end (tests/test_wmt_recipe_steps.py
 #               -k gpu; named only; needs ../shared/data beside the checkout)
 #   Each stage has its own time limit and writes <stage>.log (and report.{md,json} as
@@ -156,7 +157,7 @@ device() {
         split1000) stage split1000 120 bash "$REPO/benchmarks/gpu_run.sh" split cuda-graph 1000 ;;
         wmtslice) stage wmtslice 420 bash -c 'mkdir -p /tmp/gpu-bin && for c in train:train preprocess:preprocess generate:generate; do printf "#!/bin/sh\nexec python3 -m fairseq_cli.%s \"\$@\"\n" "${c#*:}" >"/tmp/gpu-bin/fairseq-${c%%:*}"; done && printf "#!/bin/sh\nexec python3 -m fairseq_hrt.export.exporter \"\$@\"\n" >/tmp/gpu-bin/fairseq-hrt-export && chmod +x /tmp/gpu-bin/* && PATH="/tmp/gpu-bin:$PATH" python3 -m pytest -q -rs -p no:cacheprovider tests/test_wmt_recipe_steps.py -k gpu' ;;
         shapes) stage shapes 540 bash "$REPO/benchmarks/gpu_run.sh" shapes shapes ;;
-        loop) stage loop 240 bash "$REPO/benchmarks/gpu_run.sh" shapes loop --engines cuda-graph,cuda-graph-stepped --sentences 1:12,8:32 --bound-batches 1 --fairseq-batches none ;;
+        variants) stage variants 300 bash "$REPO/benchmarks/gpu_run.sh" shapes variants --engines cuda-graph,cuda-graph-stepped,cuda-graph-fused --sentences 1:12,8:32 --bound-batches 1 --fairseq-batches none ;;
         compile) stage compile 200 bash "$REPO/benchmarks/gpu_run.sh" bench compile lean,cuda-graph 1 50 --max-sentences 50 --compile yes ;;
         *) echo "unknown stage $s" && exit 2 ;;
         esac

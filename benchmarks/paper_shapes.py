@@ -26,7 +26,8 @@ every row decoded the same.
 (``b_at = b_nat = 1``) on each of ``--engines`` (ONNX Runtime float and int8 and the lean engine
 on a CPU; the lean and CUDA-graph engines with ``--device cuda``, in float16 with ``--fp16`` or
 bfloat16 with ``--bf16``; ``cuda-graph-stepped``: the CUDA-graph engine without its greedy
-device loop, every step a host round trip, the same-run row of what the loop gains), fairseq's
+device loop, every step a host round trip, the same-run row of what the loop gains;
+``cuda-graph-fused``: its graphs' attention one ``scaled_dot_product_attention``), fairseq's
 ``SequenceGenerator`` AT greedy (the stock reference, at ``--fairseq-batches``), and
 CTranslate2's AT greedy in its float and int8 compute types (``--ct2-compute-types``; on a GPU
 its float16 / bfloat16). CTranslate2 runs in a child process that imports no PyTorch (its
@@ -400,7 +401,10 @@ def our_rows(models: Models, engines: Sequence[str], threads: int) -> Dict[str, 
 
 
 # rows of a registered engine with one of its settings changed: name -> (engine, the change)
-ENGINE_VARIANTS = {"cuda-graph-stepped": ("cuda-graph", lambda backend: setattr(backend, "loop_rows", 0))}
+ENGINE_VARIANTS = {
+    "cuda-graph-stepped": ("cuda-graph", lambda backend: setattr(backend, "loop_rows", 0)),
+    "cuda-graph-fused": ("cuda-graph", lambda backend: setattr(backend, "attention_kernel", "fused")),
+}
 
 
 def engine_backend(engine: str, model, task, threads: int, quantize: str):
@@ -681,7 +685,7 @@ def parse_args(argv=None):
 
 DEFAULT_ENGINES = {"cpu": "onnxruntime,lean", "cuda": "lean,cuda-graph"}
 # engines that run on one device only here
-ENGINE_DEVICES = {"onnxruntime": "cpu", "cuda-graph": "cuda", "cuda-graph-stepped": "cuda"}
+ENGINE_DEVICES = {"onnxruntime": "cpu", "cuda-graph": "cuda", **{variant: "cuda" for variant in ENGINE_VARIANTS}}
 
 
 def device_options(p: argparse.ArgumentParser, args) -> None:

@@ -33,6 +33,7 @@ from fairseq_hrt.generation.engines import engine_choices
 from fairseq_hrt.generation.lean import LeanSequenceGenerator, TorchBackend
 from fairseq_hrt.generation.mask_predict import MaskPredictGenerator
 from fairseq_hrt.passes import weights
+from fairseq_hrt.passes.attention import ATTENTION_KERNELS
 from hrt_runtime.search import SearchConfig, position_cap
 from tests.hrt_fixtures import build_generator, build_task_and_model, make_sample, random_tiny_models
 from tests.test_decoder_definitions import WEIGHT_CHANGES
@@ -182,7 +183,7 @@ def test_greedy_loop_same_as_lean_on_random_models(random_models, which, search,
         # ~1000 of them by an ulp of 1e-4: the same tokens, and the scores of the stepped graphs
         assert [h[0]["tokens"].tolist() for h in ref] == [h[0]["tokens"].tolist() for h in out[0]]
         stepped = make_graphs()
-        stepped.backend.greedy_loop = TorchBackend.greedy_loop.__get__(stepped.backend)  # None: the search steps
+        stepped.backend.loop_rows = 0  # the search steps
         ref = stepped.generate([model], sample, bos_token=bos)
         assert stepped.backend._graphs and stepped.backend.loop_runs == 0
     for looped in out:
@@ -197,12 +198,14 @@ def test_greedy_loop_same_as_lean_on_random_models(random_models, which, search,
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel", ATTENTION_KERNELS, ids=lambda k: k or "written-out")
 @pytest.mark.parametrize(
     "k, beam, b_nat, sentences", [(2, 1, 1, 7), (3, 1, 1, LOOP_ROWS), (2, 1, 1, len(RAGGED)), (3, 4, 2, len(RAGGED))]
 )
-def test_hrt_two_stages_same_as_lean(random_models, k, beam, b_nat, sentences, device):
+def test_hrt_two_stages_same_as_lean(random_models, k, beam, b_nat, sentences, kernel, device):
     """Stage I greedy (b_at 1) of at most LOOP_ROWS sentences: a device loop; of more, or a
-    beam: the search's steps."""
+    beam: the search's steps. The graphs' attention written out or fused (``attention_kernel``),
+    the lean engine's written out."""
     _, task, hrt, _ = random_models
     d = task.target_dictionary
     model = _on(hrt, device)
@@ -212,11 +215,29 @@ def test_hrt_two_stages_same_as_lean(random_models, k, beam, b_nat, sentences, d
     sample = _sample(task, device, RAGGED[:sentences])
     ref = LeanSequenceGenerator(model, d, config, banned, **kwargs).generate([model], sample)
     graphs = _graph_generator(device)(model, d, config, banned, **kwargs)
+    graphs.backend.attention_kernel = kernel
     assert_same_hypotheses(ref, graphs.generate([model], sample))
     # the encoder, the steps (a loop's or the search's) and stage II each ran from graphs of their own
     backend, looped = graphs.backend, beam == 1 and sentences <= LOOP_ROWS
     assert backend._encoders and (backend._loops if looped else backend._graphs) and backend._parallel
     assert backend.loop_runs == looped and bool(backend._graphs) != looped
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("search", [dict(beam=1), dict(beam=5, len_penalty=0.6, min_len=3)], ids=["loop", "beam"])
+@pytest.mark.parametrize("which", SKIP_AT)
+def test_fused_attention_same_as_lean(random_models, which, search, device):
+    """The graphs' attention as one ``scaled_dot_product_attention`` (``attention_kernel``
+    "fused", the benchmark's cuda-graph-fused row): the lean engine's hypotheses, its
+    attention written out; greedy through the device loop, a beam through the search's steps."""
+    task = random_models[1]
+    model, bos, lean, make_graphs = _lean_and_graphs(random_models, which, search, device, max_len_b=9)
+    graphs = make_graphs()
+    graphs.backend.attention_kernel = "fused"
+    sample = _sample(task, device, RAGGED[:7])
+    ref = lean.generate([model], sample, bos_token=bos)
+    assert_same_hypotheses(ref, graphs.generate([model], sample, bos_token=bos))
+    assert graphs.backend.loop_runs == (search["beam"] == 1)
 
 
 @pytest.mark.parametrize("device", DEVICES)

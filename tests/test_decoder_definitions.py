@@ -12,7 +12,9 @@ from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 
 from fairseq_hrt import chunking
 from fairseq_hrt.export.graphs import ParallelGraph, StepGraph
+from fairseq_hrt.passes.attention import ATTENTION_KERNELS, attention_kernel
 from fairseq_hrt.passes.decoder_pass import decoder_pass
+from fairseq_hrt.passes.encoder_pass import EncoderPass
 from tests.hrt_fixtures import build_task_and_model, make_sample
 from tests.test_generator import SPECIALS
 from tests.test_lean import RAGGED, TINY_TRANSFORMER
@@ -112,16 +114,53 @@ def assert_non_causal_pass_is_the_modules(model, task, atol=1e-5):
 # ------------------------------------------------ the planned pass against fairseq's modules
 
 
+# the passes' attention written out, and as PyTorch's fused scaled_dot_product_attention (the
+# CUDA-graph engine's attention_kernel "fused"): both are fairseq's modules
+KERNELS = pytest.mark.parametrize("kernel", ATTENTION_KERNELS, ids=lambda k: k or "written-out")
+
+
+@KERNELS
 @pytest.mark.parametrize("family", FAMILIES)
-def test_step_pass_equals_the_decoder_modules(data_dir, family):
+def test_step_pass_equals_the_decoder_modules(data_dir, family, kernel):
     task, model = build(data_dir, family)
-    assert_step_pass_is_the_modules(model, task)
+    with attention_kernel(kernel):
+        assert_step_pass_is_the_modules(model, task)
 
 
+@KERNELS
 @pytest.mark.parametrize("family", NON_CAUSAL)
-def test_non_causal_pass_equals_the_decoder_modules(data_dir, family):
+def test_non_causal_pass_equals_the_decoder_modules(data_dir, family, kernel):
     task, model = build(data_dir, family)
-    assert_non_causal_pass_is_the_modules(model, task)
+    with attention_kernel(kernel):
+        assert_non_causal_pass_is_the_modules(model, task)
+
+
+@KERNELS
+@pytest.mark.parametrize("family", ["transformer-pre-norm", "transformer-post-norm", "hrt-relative"])
+def test_encoder_pass_equals_the_encoder_modules(data_dir, family, kernel):
+    """The encoder's planned pass (what the CUDA-graph engine captures and the exported encoder
+    traces): fairseq's encoder output, then every decoder layer's encoder keys/values, on a
+    ragged (left-padded) batch."""
+    task, model = build(data_dir, family)
+    sample = make_sample(task, RAGGED[:7])
+    src = sample["net_input"]["src_tokens"]
+    with torch.no_grad(), attention_kernel(kernel):
+        encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+        bias, *kv = EncoderPass(model)(src)
+    x = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, C)
+    real = src.ne(task.source_dictionary.pad())
+    assert torch.equal(torch.isinf(bias.view(src.shape)), ~real)
+    layers = model.decoder.layers
+    for i, layer in enumerate(layers):
+        attn = layer.encoder_attn
+        for ours, projection in ((kv[i], attn.k_proj), (kv[len(layers) + i], attn.v_proj)):
+            expected = projection(x).view(*src.shape, attn.num_heads, attn.head_dim).transpose(1, 2)
+            assert torch.allclose(ours.transpose(1, 2)[real], expected.transpose(1, 2)[real], atol=1e-5)
+
+
+def test_an_unknown_attention_kernel_is_refused_by_name():
+    with pytest.raises(ValueError, match="attention kernel 'flash'"), attention_kernel("flash"):
+        pass
 
 
 # ------------------------------------------------- weights that change after a first decoding

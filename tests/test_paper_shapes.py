@@ -296,11 +296,12 @@ def test_a_row_out_of_the_devices_memory_is_a_line_and_the_others_are_measured(t
     assert all(set(s["speed"]) == {"1"} for s in report["systems"])
 
 
-def test_the_stepped_cuda_graph_row_is_the_graph_engine_without_its_device_loop(tmp_path, monkeypatch):
-    """``--engines cuda-graph,cuda-graph-stepped`` measures the CUDA-graph engine with and
-    without its greedy device loop in one run: the same positions decoded, and only the plain
-    row's searches are made by the loop (the stepped one's by the search, a host round trip a
-    step). The graphs' bodies run uncaptured on a CPU, as tests/test_cuda_graph.py runs them."""
+def test_the_cuda_graph_variants_are_the_graph_engine_with_one_change_each(tmp_path, monkeypatch):
+    """``--engines cuda-graph,cuda-graph-stepped,cuda-graph-fused`` measures the CUDA-graph
+    engine as it is, without its greedy device loop and with fused attention, in one run: the
+    same positions decoded; only the plain and fused rows' searches are made by the loop (the
+    stepped one's by the search, a host round trip a step); only the fused row's graphs fuse.
+    The graphs' bodies run uncaptured on a CPU, as tests/test_cuda_graph.py runs them."""
     monkeypatch.setattr(cuda_graph.CudaGraphBackend, "captures", False)
     monkeypatch.setattr(paper_shapes, "ENGINE_DEVICES", {})
     backends = {}
@@ -312,12 +313,15 @@ def test_the_stepped_cuda_graph_row_is_the_graph_engine_without_its_device_loop(
         return backend, encode
 
     monkeypatch.setattr(paper_shapes, "engine_backend", recorded)
-    options = ("--engines", "cuda-graph,cuda-graph-stepped", "--fairseq-batches", "none", "--ct2-compute-types", "int8")
+    engines = "cuda-graph,cuda-graph-stepped,cuda-graph-fused"
+    options = ("--engines", engines, "--fairseq-batches", "none", "--ct2-compute-types", "int8")
     report, md, _ = _run(tmp_path, *options, lengths=(3, 14, 25))
     names = {s["name"] for s in report["systems"]}
     assert {"AT greedy (cuda-graph-stepped)", "HRT k=2 b_at=1 b_nat=1 (cuda-graph-stepped)"} <= names
-    assert {"AT greedy (cuda-graph)", "HRT k=4 b_at=1 b_nat=1 (cuda-graph)"} <= names
+    assert {"AT greedy (cuda-graph)", "HRT k=4 b_at=1 b_nat=1 (cuda-graph-fused)"} <= names
     assert report["shapes"]["tiny"]["positions_differ"] == {"1": [], "4": []}
-    assert [len(b) for b in backends.values()] == [2, 2]  # AT and HRT each
-    assert all(b.loop_runs > 0 for b in backends["cuda-graph"])
+    assert [len(b) for b in backends.values()] == [2, 2, 2]  # AT and HRT each
+    assert all(b.loop_runs > 0 for b in backends["cuda-graph"] + backends["cuda-graph-fused"])
     assert all(b.loop_runs == 0 and b._graphs for b in backends["cuda-graph-stepped"])
+    kernels = {engine: {b.attention_kernel for b in found} for engine, found in backends.items()}
+    assert kernels == {"cuda-graph": {None}, "cuda-graph-stepped": {None}, "cuda-graph-fused": {"fused"}}

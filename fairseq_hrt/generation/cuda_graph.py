@@ -62,6 +62,7 @@ from fairseq_hrt.generation.lean import (
     TorchRows,
 )
 from fairseq_hrt.models.kinds import family_of
+from fairseq_hrt.passes.attention import attention_kernel
 from fairseq_hrt.passes.decoder_pass import (
     DecoderState,
     EncoderKV,
@@ -124,11 +125,16 @@ def capture(body: Callable[[], None], device) -> "torch.cuda.CUDAGraph":
 
 
 class Captured:
-    """``body`` captured (or, ``captures`` false, run as it is at each :meth:`run`)."""
+    """``body`` captured (or, ``captures`` false, run as it is at each :meth:`run`), its
+    attention on ``kernel``'s kernels (:func:`~fairseq_hrt.passes.attention.attention_kernel`)."""
 
-    def __init__(self, body: Callable[[], None], device, captures: bool):
-        self.body = body
-        self.graph = capture(body, device) if captures else None
+    def __init__(self, body: Callable[[], None], device, captures: bool, kernel: Optional[str] = None):
+        def run_body():
+            with attention_kernel(kernel):
+                body()
+
+        self.body = run_body
+        self.graph = capture(run_body, device) if captures else None
 
     def run(self):
         if self.graph is None:
@@ -231,7 +237,7 @@ class StepGraph(StepBuffers):
         # scores, then rows (exact below 2^24)
         self.out = torch.zeros(rows, 2 * shape.top, dtype=torch.float32, device=device)
         self.host_out = torch.empty(rows, 2 * shape.top, dtype=torch.float32, pin_memory=pin)
-        self.graph = Captured(self._body, device, backend.captures)
+        self.graph = backend.captured(self._body)
 
     def _body(self):
         rows, top = self.shape.rows, self.shape.top
@@ -307,8 +313,8 @@ class LoopGraph(StepBuffers):
         # every step's log-probability, then its token (exact in float32 below 2^24): one copy back
         self.record = torch.zeros(2, rows, shape.steps, dtype=torch.float32, device=device)
         self.host_record = torch.empty(2, rows, shape.steps, dtype=torch.float32, pin_memory=pin)
-        self.replay = Captured(self._steps, device, backend.captures)
-        self.single = Captured(self._step, device, backend.captures)
+        self.replay = backend.captured(self._steps)
+        self.single = backend.captured(self._step)
 
     def _step(self):
         step, settings = self.step, self.settings
@@ -377,7 +383,7 @@ class EncoderRun:
         with torch.no_grad():
             first = encode(self.tokens)  # the outputs' shapes and dtypes
         self.outputs = [torch.empty_like(t) for t in first]
-        self.graph = Captured(self._body, device, backend.captures)
+        self.graph = backend.captured(self._body)
 
     def _body(self):
         for static, value in zip(self.outputs, self.encode(self.tokens)):
@@ -431,7 +437,7 @@ class ParallelRun:
         host[:cells] = self.pad
         host[:cells:width] = self.eos
         self.inputs.copy_(self.host)
-        self.graph = Captured(self._body, device, backend.captures)
+        self.graph = backend.captured(self._body)
 
     def _body(self):
         score, row = parallel_choice(
@@ -505,6 +511,13 @@ class CudaGraphBackend(TorchBackend):
         # greedy searches of at most this many sentences run as a device loop (0: none, every step a
         # round trip: the benchmark's same-run row without the loop)
         self.loop_rows = LOOP_ROWS
+        # the kernels of the graphs' attention: None, written out; "fused", one
+        # scaled_dot_product_attention (passes/attention.py), the benchmark's cuda-graph-fused row
+        self.attention_kernel: Optional[str] = None
+
+    def captured(self, body: Callable[[], None]) -> Captured:
+        """``body`` captured with this backend's device and attention kernel."""
+        return Captured(body, self.device, self.captures, self.attention_kernel)
 
     @property
     def graphs(self) -> int:

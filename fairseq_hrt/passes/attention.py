@@ -1,11 +1,34 @@
 """Attention and its inputs, written once for every pass and for the plugin's training
 attention (:class:`~fairseq_hrt.modules.relative_attention.RelativeSelfAttention`)."""
 
+import contextlib
 import math
+import threading
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+# The kernels attention runs on in this thread: None, written out (two products and a float32
+# softmax, what every pass and export has always computed); "fused", PyTorch's
+# scaled_dot_product_attention (one kernel on a GPU where it has one) for every call without
+# dropout. Chosen per captured graph by the CUDA-graph engine (CudaGraphBackend.attention_kernel).
+_choice = threading.local()
+ATTENTION_KERNELS = (None, "fused")
+
+
+@contextlib.contextmanager
+def attention_kernel(kind: Optional[str]):
+    """Attention inside the block runs on ``kind``'s kernels (:data:`ATTENTION_KERNELS`)."""
+    if kind not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel {kind!r}: one of {ATTENTION_KERNELS}")
+    before = getattr(_choice, "kind", None)
+    _choice.kind = kind
+    try:
+        yield
+    finally:
+        _choice.kind = before
 
 
 def relative_bucket(query_positions: Tensor, key_positions: Tensor, window: int) -> Tensor:
@@ -38,6 +61,8 @@ def attention(
     ``q . relative_keys[:, bucket]`` with ``buckets`` either ``(K,)`` (the same for every
     query) or ``(N, H, W, K)``. ``bias``: an additive float mask broadcast to the scores
     (``-inf``: not seen), or ``None``. ``dropout``: training's, on the probabilities."""
+    if dropout is None and getattr(_choice, "kind", None) == "fused":
+        return fused_attention(q, keys, values, relative_keys, buckets, bias)
     scores = torch.matmul(q, keys.transpose(2, 3))  # (N, H, W, K)
     if relative_keys is not None:
         q_rel = torch.matmul(q, relative_keys)  # (N, H, W, R)
@@ -48,6 +73,22 @@ def attention(
         probs = torch.softmax(scores.float() + bias, dim=-1)
     probs = probs.type_as(scores)
     return torch.matmul(probs if dropout is None else dropout(probs), values)
+
+
+def fused_attention(q, keys, values, relative_keys=None, buckets=None, bias=None) -> Tensor:
+    """:func:`attention` (no dropout) as one ``scaled_dot_product_attention``: the relative
+    keys' logits and the bias are its additive mask, in the queries' dtype (the bias is 0 or
+    ``-inf``, exact in any float)."""
+    mask = None
+    if relative_keys is not None:
+        q_rel = torch.matmul(q, relative_keys)  # (N, H, W, R)
+        mask = q_rel.index_select(3, buckets) if buckets.dim() == 1 else q_rel.gather(3, buckets)
+    if bias is not None:
+        bias = bias.to(q.dtype)
+        mask = bias if mask is None else mask + bias
+    if mask is not None and mask.dim() == 1:  # a static step's (K,): the kernel wants (.., W, K)
+        mask = mask.unsqueeze(0)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=1.0)
 
 
 def relative_buckets(steps: int, stride: int, window: int) -> Tensor:
