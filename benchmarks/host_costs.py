@@ -1,16 +1,23 @@
 #!/usr/bin/env python
-"""The host's work per call of the decoding engines that no device makes faster: the weights'
-version check (:func:`fairseq_hrt.passes.weights.weights_version`) that the CUDA-graph engine
-makes at every batch's encoding (the whole model, then the decoder's plan) and at its first step
-and every stage-II pass (the decoder's plan), and the lean engine once a batch.
+"""The host's work per call of the CUDA-graph engine, which no device makes faster, on random
+models of the papers' shapes (``benchmarks/paper_shapes.py``'s):
+
+* **the weights' version check** (:func:`fairseq_hrt.passes.weights.weights_version`) that the
+  engine makes at every batch's encoding (the whole model, then the decoder's plan), at its
+  first step and every stage-II pass (the decoder's plan), and the lean engine once a batch;
+  interleaved with the walk over the modules that it made before it kept each module's
+  parameters (``full walk``). Best of ``--repeats`` rounds of ``--calls`` calls each;
+* **around the graphs**: each call of the fixed-length bound
+  (:func:`benchmarks.hrt_bound.fixed_length_calls`, batch 1: the encoder, the AT steps by the
+  greedy device loop and by the search's steps, stage II), once with the graphs' bodies run
+  uncaptured (which makes the graphs), then with the bodies skipped (:class:`HostOnlyBackend`):
+  what is left is the host's work around the graphs, in Python and PyTorch's dispatch (on a GPU
+  each of its tensor operations is a kernel launch, and each body one graph replay more). Best
+  of ``--repeats`` rounds of one call each.
 
 On a GPU at batch 1 these calls sit between the kernels: a captured encoder of E12D1 ran in
-1.1 ms whatever its depth (issue 87), a base decoder step in 0.72 ms. The check's cost is
-Python's, the same on the GPU's host as here, so it is measured on the CPU, on random models
-of the papers' shapes (``benchmarks/paper_shapes.py``'s), interleaved with the walk over the
-modules that it made before it kept each module's parameters (``full walk``). Best of
-``--repeats`` rounds of ``--calls`` calls each. Prints a table and writes
-``OUT/host_costs.{md,json}``::
+1.1 ms whatever its depth (issue 87), a base decoder step in 0.72 ms. Their cost is the host's,
+so it is measured on the CPU. Prints the tables and writes ``OUT/host_costs.{md,json}``::
 
     python benchmarks/host_costs.py --out-dir benchmarks/results/host-costs-cpu
 """
@@ -25,9 +32,15 @@ from typing import Callable, Dict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import torch  # noqa: E402
+
+from benchmarks.hrt_bound import fixed_length_calls  # noqa: E402
 from benchmarks.machine import cpu_isa, cpu_name  # noqa: E402
 from benchmarks.paper_shapes import build_models  # noqa: E402
+from fairseq_hrt.generation.cuda_graph import Captured, CudaGraphBackend  # noqa: E402
 from fairseq_hrt.passes.weights import weights_version  # noqa: E402
+
+SRC_LEN, TGT_LEN, K = 28, 27, 2  # newstest2014's mean sentence, about
 
 
 def full_walk(module) -> tuple:
@@ -47,6 +60,45 @@ def best_us(calls: Dict[str, Callable[[], object]], per_round: int, repeats: int
     return best
 
 
+class HostOnlyBackend(CudaGraphBackend):
+    """The CUDA-graph engine's backend on any device, its graphs' bodies run uncaptured until
+    ``bodies`` is set false: then a call does only the host's work around its graphs (their
+    buffers were made and filled by the calls before)."""
+
+    captures = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bodies = True
+
+    def captured(self, body) -> Captured:
+        graph = super().captured(body)
+        run_body = graph.body
+        graph.body = lambda: run_body() if self.bodies else None
+        return graph
+
+
+def around_graphs(model, task, loop: bool, repeats: int) -> dict:
+    """Microseconds of host work per call of :func:`fixed_length_calls` (batch 1), the best of
+    ``repeats`` after a round with the bodies (which makes the graphs); the steps per step, by
+    the device loop (``loop``) or by the search."""
+    backend = HostOnlyBackend(model, task.target_dictionary, chunk_start=task.chunk_start_idx, mask=task.mask_idx)
+    backend.loop_rows = backend.loop_rows if loop else 0
+
+    def encode(src):
+        tokens = torch.from_numpy(src)
+        return backend.encode_fairseq({"src_tokens": tokens, "src_lengths": torch.tensor([src.shape[1]])})
+
+    per_call = {"at_steps": TGT_LEN, "skip_at_steps": TGT_LEN // K}
+    with torch.no_grad():
+        calls = fixed_length_calls(backend, encode, task, 1, SRC_LEN, TGT_LEN, K)
+        for call in calls.values():
+            call()
+        backend.bodies = False
+        us = best_us(calls, 1, repeats)
+    return {name: round(v / per_call.get(name, 1), 1) for name, v in us.items()}
+
+
 def measure(shape: str, per_round: int, repeats: int, workdir: str) -> dict:
     models = build_models(shape, 32000, workdir)
     out = {}
@@ -61,6 +113,11 @@ def measure(shape: str, per_round: int, repeats: int, workdir: str) -> dict:
             "parameters": {part: sum(1 for _ in module.parameters()) for part, module in parts.items()},
             "us": {name: round(v, 2) for name, v in us.items()},
         }
+    task = models.hrt_task
+    out["around_graphs"] = {
+        "device loop": around_graphs(models.hrt, task, True, repeats),
+        "search's steps": around_graphs(models.hrt, task, False, repeats),
+    }
     return out
 
 
@@ -70,12 +127,27 @@ def table(results: dict) -> str:
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for shape, families in results.items():
-        for family, r in families.items():
+        for family in ("AT", "HRT"):
+            r = families[family]
             us = r["us"]
             lines.append(
                 f"| {shape} | {family} | {r['parameters']['model']} / {r['parameters']['decoder']} "
                 f"| {us['model, full walk']:.1f} | {us['model, kept parameters']:.1f} "
                 f"| {us['decoder, full walk']:.1f} | {us['decoder, kept parameters']:.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def around_table(results: dict) -> str:
+    lines = [
+        "| shape | steps by | encoder call | AT step | Skip-AT step | stage-II call |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for shape, measured in results.items():
+        for how, us in measured["around_graphs"].items():
+            lines.append(
+                f"| {shape} | {how} | {us['encoder']:.0f} | {us['at_steps']:.1f} | {us['skip_at_steps']:.1f} "
+                f"| {us['stage2']:.0f} |"
             )
     return "\n".join(lines)
 
@@ -92,7 +164,10 @@ def main(argv=None):
     meta = {"cpu": cpu_name(), "cpu_isa": cpu_isa(), "calls": args.calls, "repeats": args.repeats}
     md = (
         f"Microseconds per weights' version check, best of {args.repeats} rounds of {args.calls} calls, "
-        f"{meta['cpu']}, one thread.\n\n{table(results)}\n"
+        f"{meta['cpu']}, one thread.\n\n{table(results)}\n\n"
+        f"Microseconds of host work around the CUDA-graph engine's graphs per call (steps: per step), "
+        f"HRT model, batch 1, {SRC_LEN} source and {TGT_LEN} target tokens, k = {K}, the graphs' bodies "
+        f"skipped, best of {args.repeats}.\n\n{around_table(results)}\n"
     )
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "host_costs.md"), "w") as f:

@@ -83,13 +83,11 @@ def banned_symbols(task) -> list:
     return [d.pad(), d.bos(), task.mask_idx, *task.chunk_start_idx.values()]
 
 
-def fixed_length_times(
-    backend, encode, task, bsz: int, src_len: int, tgt_len: int, k: int, runs: int, sync=None
-) -> dict:
-    """ms of the encoder, N AT steps, N / k Skip-AT steps and one stage-II pass (the fastest
-    of ``runs``, round-robin), and the HRT / AT ratio they bound. ``sync`` (on a GPU,
-    ``torch.cuda.synchronize``): called as the clock starts and stops, so each part's queued
-    device work is counted in it."""
+def fixed_length_calls(backend, encode, task, bsz: int, src_len: int, tgt_len: int, k: int) -> dict:
+    """``{part: call}``: the backend's calls of the encoder (``encoder``), of N AT steps
+    (``at_steps``), of N / k Skip-AT steps (``skip_at_steps``) and of one stage-II pass
+    (``stage2``) on ``bsz`` random sentences of ``src_len`` source and ``tgt_len`` target
+    tokens, the search's own calls."""
     tgt = task.target_dictionary
     vocab = backend.vocab_size
     rng = np.random.RandomState(0)
@@ -125,18 +123,23 @@ def fixed_length_times(
         for step in range(n):
             _, prev = backend.step(state, prev, step, bias)
 
+    return {
+        "encoder": lambda: encode(src),
+        "at_steps": lambda: steps(tgt_len, tgt.eos()),
+        "skip_at_steps": lambda: steps(tgt_len // k, start),
+        "stage2": lambda: backend.parallel(encoded, tokens, positions, queries, select, bias, rows),
+    }
+
+
+def fixed_length_times(
+    backend, encode, task, bsz: int, src_len: int, tgt_len: int, k: int, runs: int, sync=None
+) -> dict:
+    """ms of :func:`fixed_length_calls` (the fastest of ``runs``, round-robin), and the HRT /
+    AT ratio they bound. ``sync`` (on a GPU, ``torch.cuda.synchronize``): called as the clock
+    starts and stops, so each part's queued device work is counted in it."""
     with torch.no_grad():
-        timed = time_runs(
-            {
-                "encoder": lambda: encode(src),
-                "at_steps": lambda: steps(tgt_len, tgt.eos()),
-                "skip_at_steps": lambda: steps(tgt_len // k, start),
-                "stage2": lambda: backend.parallel(encoded, tokens, positions, queries, select, bias, rows),
-            },
-            warmup=1,
-            runs=runs,
-            sync=sync,
-        )
+        calls = fixed_length_calls(backend, encode, task, bsz, src_len, tgt_len, k)
+        timed = time_runs(calls, warmup=1, runs=runs, sync=sync)
     ms = {name: t.min * 1000 for name, t in timed.items()}
     at = ms["encoder"] + ms["at_steps"]
     hrt = ms["encoder"] + ms["skip_at_steps"] + ms["stage2"]

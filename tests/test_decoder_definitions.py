@@ -15,6 +15,7 @@ from fairseq_hrt.export.graphs import ParallelGraph, StepGraph
 from fairseq_hrt.passes.attention import ATTENTION_KERNELS, attention_kernel
 from fairseq_hrt.passes.decoder_pass import decoder_pass
 from fairseq_hrt.passes.encoder_pass import EncoderPass
+from fairseq_hrt.passes.weights import weights_version
 from tests.hrt_fixtures import build_task_and_model, make_sample
 from tests.test_generator import SPECIALS
 from tests.test_lean import RAGGED, TINY_TRANSFORMER
@@ -332,3 +333,18 @@ def test_parallel_graph_equals_the_non_causal_pass(data_dir, family):
         )
     assert rows[real].tolist() == expected_rows.view(-1)[real].tolist()
     assert torch.allclose(scores[real], expected.view(-1)[real], atol=1e-5)
+
+
+@pytest.mark.parametrize("change", [None, "layer-replaced", "new-parameter"])
+def test_the_kept_parameters_are_the_modules_parameters(data_dir, change):
+    """weights_version reads each module's kept list of parameters: the list a walk over the
+    modules gives, in its order, also after a layer or a parameter was replaced."""
+    task, model = build(data_dir, "hrt-relative")
+    model = copy.deepcopy(model)
+    for module in (model, model.decoder):
+        weights_version(module)
+    if change is not None:
+        WEIGHT_CHANGES[change](task, model, None)
+    for module in (model, model.decoder):
+        walked = tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in module.parameters())
+        assert weights_version(module)[1] == walked
