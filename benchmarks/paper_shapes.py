@@ -494,8 +494,8 @@ def batch_cells(batch: Batch) -> int:
 
 def measure_batch(models: Models, live: Dict[str, dict], child, bsz: int, buckets, args, out: dict) -> None:
     """Every row at batch ``bsz``, CTranslate2's passes in the same round-robin as ours (the
-    child times its own); a row that fails its warm-up (a GPU out of memory) is a line in
-    ``out["errors"]``, the others are measured."""
+    child times its own); a row that fails its warm-up (a GPU out of memory, a kernel a
+    capture refuses) is a line in ``out["errors"]``, the others are measured."""
     pad, eos = models.task.target_dictionary.pad(), models.task.target_dictionary.eos()
     sources = {b: [source_array(x, pad, eos) for x in batches] for b, batches in buckets.items() if batches}
     # the warm-up batch: the one of the most positions, the most memory a row will ask for
@@ -509,9 +509,10 @@ def measure_batch(models: Models, live: Dict[str, dict], child, bsz: int, bucket
         try:
             with torch.inference_mode():
                 row["decode"](sources[b][i : i + 1], buckets[b][i : i + 1])
-        except torch.cuda.OutOfMemoryError as e:
-            out["errors"][f"{name} at batch {bsz}"] = one_line(e)
-            torch.cuda.empty_cache()
+        except Exception as e:  # noqa: BLE001 - a row this device cannot run: a line in the report
+            out["errors"][failed_at(name, bsz)] = one_line(e)
+            if isinstance(e, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()
             continue
         for b in sources:
             fns[(name, b)] = lambda r=row, s=sources[b], x=buckets[b]: r["decode"](s, x)
@@ -540,6 +541,11 @@ def measure_batch(models: Models, live: Dict[str, dict], child, bsz: int, bucket
             "run_seconds": [round(s, 5) for s in seconds],
             "positions": t.value,
         }
+
+
+def failed_at(name: str, bsz: int) -> str:
+    """The report's line of a row that could not run at a batch size."""
+    return f"{name} at batch {bsz}"
 
 
 def model_description(model, arch: str) -> dict:
@@ -571,10 +577,11 @@ def bounds(live: Dict[str, dict], buckets: Dict[str, List[Batch]], bsz: int, arg
     """HRT's fixed-length bound per engine (float and int8), k and bucket, at the bucket's
     batches' lengths (:func:`bound_lengths`; :func:`benchmarks.hrt_bound.fixed_length_times`: the
     encoder, the AT steps, the Skip-AT steps and stage II, each timed with the device
-    synchronised); a row out of memory is a line in ``errors``."""
+    synchronised); a row out of memory is a line in ``errors``, and a row that could not run at
+    ``bsz`` has no bound."""
     out = {}
     for name, row in live.items():
-        if row["family"] != "HRT" or args.bound_runs < 1:
+        if row["family"] != "HRT" or args.bound_runs < 1 or failed_at(name, bsz) in errors:
             continue
         for b, batches in buckets.items():
             if not batches:

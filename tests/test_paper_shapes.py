@@ -296,6 +296,34 @@ def test_a_row_out_of_the_devices_memory_is_a_line_and_the_others_are_measured(t
     assert all(set(s["speed"]) == {"1"} for s in report["systems"])
 
 
+def test_a_row_that_fails_its_warm_up_is_a_line_with_no_bound(tmp_path, monkeypatch):
+    """Any error of a row's warm-up (on a GPU: a kernel that a capture refuses) is a line for
+    that row and batch size; the row has no bound there, and the other rows are measured."""
+    real = paper_shapes.search_decoder
+
+    def refusing(backend, encode, k, banned):
+        decode = real(backend, encode, k, banned)
+
+        def wrapped(sources, batches):
+            if k == 4:
+                raise RuntimeError("operation not permitted when stream is capturing\nmore")
+            return decode(sources, batches)
+
+        return wrapped
+
+    monkeypatch.setattr(paper_shapes, "search_decoder", refusing)
+    options = ("--engines", "lean", "--fairseq-batches", "none", "--ct2-compute-types", "int8")
+    report, md, _ = _run(tmp_path, *options, lengths=(3, 14, 25))
+    block = report["shapes"]["tiny"]
+    for bsz in (1, 4):
+        assert block["errors"][f"HRT k=4 b_at=1 b_nat=1 at batch {bsz}"] == (
+            "RuntimeError: operation not permitted when stream is capturing"
+        )
+    assert set(block["bounds"]["1"]) == {"HRT k=2 b_at=1 b_nat=1"}
+    assert {s["name"] for s in report["systems"]} >= {"AT greedy", "HRT k=2 b_at=1 b_nat=1"}
+    assert "HRT k=4 b_at=1 b_nat=1" not in {s["name"] for s in report["systems"]}
+
+
 def test_the_cuda_graph_variants_are_the_graph_engine_with_one_change_each(tmp_path, monkeypatch):
     """``--engines cuda-graph,cuda-graph-stepped,cuda-graph-fused`` measures the CUDA-graph
     engine as it is, without its greedy device loop and with fused attention, in one run: the
