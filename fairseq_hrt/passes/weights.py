@@ -24,8 +24,8 @@ def count_weights_written(model) -> None:
         setattr(module, _WRITES, getattr(module, _WRITES, 0) + 1)
 
 
-# Walking a model's modules for its parameters costs more than reading them (~240 of ~330 us a
-# call for a 6-6 model on a CPU), and an engine checks the version at every batch: each module
+# Walking a model's modules for its parameters costs more than reading them (most of a check:
+# benchmarks/results/host-costs-cpu), and an engine checks the version at every batch: each module
 # checked keeps its parameters (_PARAMETERS) with the count of parameters and submodules
 # registered anywhere (``module.weight = Parameter(..)``, a layer replaced) when it listed
 # them, and lists them again once that count moved.
