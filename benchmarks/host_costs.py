@@ -28,9 +28,11 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Callable, Dict
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # python benchmarks/host_costs.py (a file): the repository root on sys.path, as -m has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
