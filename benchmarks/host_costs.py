@@ -27,7 +27,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable, Dict
 
@@ -39,6 +38,7 @@ import torch  # noqa: E402
 from benchmarks.hrt_bound import fixed_length_calls  # noqa: E402
 from benchmarks.machine import cpu_isa, cpu_name  # noqa: E402
 from benchmarks.paper_shapes import build_models  # noqa: E402
+from benchmarks.timing import time_runs  # noqa: E402
 from fairseq_hrt.generation.cuda_graph import Captured, CudaGraphBackend  # noqa: E402
 from fairseq_hrt.passes.weights import weights_version  # noqa: E402
 
@@ -51,15 +51,14 @@ def full_walk(module) -> tuple:
 
 
 def best_us(calls: Dict[str, Callable[[], object]], per_round: int, repeats: int) -> Dict[str, float]:
-    """Microseconds a call, the best round of each, the calls' rounds taking turns."""
-    best = {name: float("inf") for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            started = time.perf_counter()
-            for _ in range(per_round):
-                call()
-            best[name] = min(best[name], (time.perf_counter() - started) / per_round * 1e6)
-    return best
+    """Microseconds a call, the best of ``repeats`` rounds of ``per_round`` calls each, the
+    calls' rounds taking turns (:func:`benchmarks.timing.time_runs`)."""
+
+    def rounds(call):
+        return lambda: [call() for _ in range(per_round)]
+
+    timed = time_runs({name: rounds(call) for name, call in calls.items()}, runs=repeats)
+    return {name: t.min / per_round * 1e6 for name, t in timed.items()}
 
 
 class HostOnlyBackend(CudaGraphBackend):
