@@ -248,26 +248,32 @@ def test_the_bound_is_taken_at_what_a_batch_decodes():
     assert paper_shapes.bound_lengths(one) == (7, paper_shapes.target_length(6) + 1)
 
 
+def failing_decoder(when, error, real=paper_shapes.search_decoder):
+    """``paper_shapes.search_decoder`` whose rows raise ``error`` on the batches where
+    ``when(k, batch)`` (the first of the pass's batches) holds, and decode the others."""
+
+    def decoder(backend, encode, k, banned):
+        decode = real(backend, encode, k, banned)
+
+        def wrapped(sources, batches):
+            if when(k, batches[0]):
+                raise error
+            return decode(sources, batches)
+
+        return wrapped
+
+    return decoder
+
+
 def test_a_row_out_of_the_devices_memory_is_a_line_and_the_others_are_measured(tmp_path, monkeypatch):
     """A row whose warm-up (on the batch of the most positions) runs out of (GPU) memory at a
     batch size is a line in the report, the other rows and that row's other batch sizes are
     measured; a row that runs out later, in the timed passes, costs that batch size, a line too.
     (The error is raised by the rows' decoding here: a CPU has no device memory to run out of.)"""
-    real = paper_shapes.search_decoder
     oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
 
     def running_out(when):
-        def decoder(backend, encode, k, banned):
-            decode = real(backend, encode, k, banned)
-
-            def wrapped(sources, batches):
-                if when(k, batches[0]):
-                    raise oom
-                return decode(sources, batches)
-
-            return wrapped
-
-        return decoder
+        return failing_decoder(when, oom)
 
     lengths = (3, 6, 14, 17, 25, 40, 44)  # at batch 4 (2 sentences a bucket) the 40/44 pair is the largest
     options = ("--engines", "lean", "--fairseq-batches", "none", "--ct2-compute-types", "int8")
@@ -299,19 +305,8 @@ def test_a_row_out_of_the_devices_memory_is_a_line_and_the_others_are_measured(t
 def test_a_row_that_fails_its_warm_up_is_a_line_with_no_bound(tmp_path, monkeypatch):
     """Any error of a row's warm-up (on a GPU: a kernel that a capture refuses) is a line for
     that row and batch size; the row has no bound there, and the other rows are measured."""
-    real = paper_shapes.search_decoder
-
-    def refusing(backend, encode, k, banned):
-        decode = real(backend, encode, k, banned)
-
-        def wrapped(sources, batches):
-            if k == 4:
-                raise RuntimeError("operation not permitted when stream is capturing\nmore")
-            return decode(sources, batches)
-
-        return wrapped
-
-    monkeypatch.setattr(paper_shapes, "search_decoder", refusing)
+    refusing = RuntimeError("operation not permitted when stream is capturing\nmore")
+    monkeypatch.setattr(paper_shapes, "search_decoder", failing_decoder(lambda k, batch: k == 4, refusing))
     options = ("--engines", "lean", "--fairseq-batches", "none", "--ct2-compute-types", "int8")
     report, md, _ = _run(tmp_path, *options, lengths=(3, 14, 25))
     block = report["shapes"]["tiny"]
