@@ -5,8 +5,10 @@ models of the papers' shapes (``benchmarks/paper_shapes.py``'s):
 * **the weights' version check** (:func:`fairseq_hrt.passes.weights.weights_version`) that the
   engine makes at every batch's encoding (the whole model, then the decoder's plan), at its
   first step and every stage-II pass (the decoder's plan), and the lean engine once a batch;
-  interleaved with the walk over the modules that it made before it kept each module's
-  parameters (``full walk``). Best of ``--repeats`` rounds of ``--calls`` calls each;
+  interleaved with the two forms it had before: a walk over the modules at every call
+  (``full walk``), then each module's kept parameters read into a tuple of four attributes each
+  (``kept, tuples``); now the kept parameters' addresses and version counters read by two
+  C-level maps (``kept, maps``). Best of ``--repeats`` rounds of ``--calls`` calls each;
 * **around the graphs**: each call of the fixed-length bound
   (:func:`benchmarks.hrt_bound.fixed_length_calls`, batch 1: the encoder, the AT steps by the
   greedy device loop and by the search's steps, stage II), once with the graphs' bodies run
@@ -28,26 +30,32 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict
+from typing import Callable, Dict, Tuple
 
 if not __package__:  # python benchmarks/host_costs.py (a file): the repository root on sys.path, as -m has it
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from benchmarks.hrt_bound import fixed_length_calls  # noqa: E402
 from benchmarks.machine import cpu_isa, cpu_name  # noqa: E402
 from benchmarks.paper_shapes import build_models  # noqa: E402
 from benchmarks.timing import time_runs  # noqa: E402
 from fairseq_hrt.generation.cuda_graph import Captured, CudaGraphBackend  # noqa: E402
-from fairseq_hrt.passes.weights import weights_version  # noqa: E402
+from fairseq_hrt.passes.weights import _parameters, weights_version  # noqa: E402
 
 SRC_LEN, TGT_LEN, K = 28, 27, 2  # newstest2014's mean sentence, about
 
 
 def full_walk(module) -> tuple:
-    """The check as it was: every call walks the modules for their parameters."""
+    """The check as it was first: every call walks the modules for their parameters."""
     return tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in module.parameters())
+
+
+def kept_tuples(module) -> tuple:
+    """The check as it was next: the kept parameters, a tuple of four attributes each."""
+    return tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in _parameters(module))
 
 
 def best_us(calls: Dict[str, Callable[[], object]], per_round: int, repeats: int) -> Dict[str, float]:
@@ -79,10 +87,30 @@ class HostOnlyBackend(CudaGraphBackend):
         return graph
 
 
-def around_graphs(model, task, loop: bool, repeats: int) -> dict:
-    """Microseconds of host work per call of :func:`fixed_length_calls` (batch 1), the best of
-    ``repeats`` after a round with the bodies (which makes the graphs); the steps per step, by
-    the device loop (``loop``) or by the search."""
+class TensorOps(TorchDispatchMode):
+    """Counts the tensor operations dispatched under it that make a tensor's data (views
+    excluded): on a GPU, each one a kernel launch."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def tensor_ops(call) -> int:
+    with TensorOps() as ops:
+        call()
+    return ops.count
+
+
+def around_graphs(model, task, loop: bool, repeats: int) -> Tuple[dict, dict]:
+    """``(us, ops)`` per call of :func:`fixed_length_calls` (batch 1), after a round with the
+    bodies (which makes the graphs): microseconds of host work, the best of ``repeats``, and
+    the tensor operations outside the graphs (:class:`TensorOps`); the steps per step, by the
+    device loop (``loop``) or by the search."""
     backend = HostOnlyBackend(model, task.target_dictionary, chunk_start=task.chunk_start_idx, mask=task.mask_idx)
     backend.loop_rows = backend.loop_rows if loop else 0
 
@@ -97,7 +125,12 @@ def around_graphs(model, task, loop: bool, repeats: int) -> dict:
             call()
         backend.bodies = False
         us = best_us(calls, 1, repeats)
-    return {name: round(v / per_call.get(name, 1), 1) for name, v in us.items()}
+        ops = {name: tensor_ops(call) for name, call in calls.items()}
+
+    def per_step(values):
+        return {name: round(v / per_call.get(name, 1), 1) for name, v in values.items()}
+
+    return per_step(us), per_step(ops)
 
 
 def measure(shape: str, per_round: int, repeats: int, workdir: str) -> dict:
@@ -107,25 +140,26 @@ def measure(shape: str, per_round: int, repeats: int, workdir: str) -> dict:
         parts = {"model": model, "decoder": model.decoder}
         calls = {}
         for part, module in parts.items():
-            calls[f"{part}, kept parameters"] = lambda m=module: weights_version(m)
+            calls[f"{part}, kept, maps"] = lambda m=module: weights_version(m)
             calls[f"{part}, full walk"] = lambda m=module: full_walk(m)
+            calls[f"{part}, kept, tuples"] = lambda m=module: kept_tuples(m)
         us = best_us(calls, per_round, repeats)
         out[family] = {
             "parameters": {part: sum(1 for _ in module.parameters()) for part, module in parts.items()},
             "us": {name: round(v, 2) for name, v in us.items()},
         }
     task = models.hrt_task
-    out["around_graphs"] = {
-        "device loop": around_graphs(models.hrt, task, True, repeats),
-        "search's steps": around_graphs(models.hrt, task, False, repeats),
-    }
+    out["around_graphs"], out["tensor_ops"] = {}, {}
+    for how, loop in (("device loop", True), ("search's steps", False)):
+        out["around_graphs"][how], out["tensor_ops"][how] = around_graphs(models.hrt, task, loop, repeats)
     return out
 
 
 def table(results: dict) -> str:
     lines = [
-        "| shape | model | parameters (model / decoder) | whole model: full walk | kept | decoder: full walk | kept |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| shape | model | parameters (model / decoder) | whole model: full walk | kept, tuples | kept, maps "
+        "| decoder: full walk | kept, tuples | kept, maps |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for shape, families in results.items():
         for family in ("AT", "HRT"):
@@ -133,19 +167,23 @@ def table(results: dict) -> str:
             us = r["us"]
             lines.append(
                 f"| {shape} | {family} | {r['parameters']['model']} / {r['parameters']['decoder']} "
-                f"| {us['model, full walk']:.1f} | {us['model, kept parameters']:.1f} "
-                f"| {us['decoder, full walk']:.1f} | {us['decoder, kept parameters']:.1f} |"
+                + "".join(
+                    f"| {us[f'{part}, full walk']:.1f} | {us[f'{part}, kept, tuples']:.1f} "
+                    f"| {us[f'{part}, kept, maps']:.1f} "
+                    for part in ("model", "decoder")
+                )
+                + "|"
             )
     return "\n".join(lines)
 
 
-def around_table(results: dict) -> str:
+def around_table(results: dict, key: str = "around_graphs") -> str:
     lines = [
         "| shape | steps by | encoder call | AT step | Skip-AT step | stage-II call |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for shape, measured in results.items():
-        for how, us in measured["around_graphs"].items():
+        for how, us in measured[key].items():
             lines.append(
                 f"| {shape} | {how} | {us['encoder']:.0f} | {us['at_steps']:.1f} | {us['skip_at_steps']:.1f} "
                 f"| {us['stage2']:.0f} |"
@@ -168,7 +206,9 @@ def main(argv=None):
         f"{meta['cpu']}, one thread.\n\n{table(results)}\n\n"
         f"Microseconds of host work around the CUDA-graph engine's graphs per call (steps: per step), "
         f"HRT model, batch 1, {SRC_LEN} source and {TGT_LEN} target tokens, k = {K}, the graphs' bodies "
-        f"skipped, best of {args.repeats}.\n\n{around_table(results)}\n"
+        f"skipped, best of {args.repeats}.\n\n{around_table(results)}\n\n"
+        f"Tensor operations outside the graphs per call (steps: per step; views not counted; on a GPU "
+        f"each is a kernel launch), the same calls.\n\n{around_table(results, 'tensor_ops')}\n"
     )
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "host_costs.md"), "w") as f:

@@ -224,6 +224,33 @@ def test_hrt_two_stages_same_as_lean(random_models, k, beam, b_nat, sentences, k
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("beam, sentences", [(1, 7), (1, len(RAGGED)), (4, len(RAGGED))], ids=["loop", "steps", "beam"])
+def test_a_decoder_of_three_layers_same_as_lean(random_models, beam, sentences, device):
+    """Every layer's caches and encoder keys/values live in one buffer per graph (their layers
+    along one dimension): a decoder of three layers, HRT's two stages through the device loop,
+    the search's steps (whose finished sentences move the batch to smaller graphs) and a beam."""
+    data_dir, task = random_models[:2]
+    _, model = build_task_and_model(data_dir, arch="hrt_tiny", extra=("--decoder-layers", "3"), seed=5)
+    model, d = _on(model, device), task.target_dictionary
+    with torch.no_grad():  # half the sentences end at their second step, the rest later
+        model.decoder.embed_tokens.weight[d.eos()] *= 4
+    config, banned = SearchConfig(beam=beam, max_len_b=16), [d.index(s) for s in SPECIALS]
+    kwargs = dict(chunk_start=task.chunk_start_idx, mask=task.mask_idx, chunk_size=2, b_nat=min(beam, 2))
+    sample = _sample(task, device, RAGGED[:sentences])
+    ref = LeanSequenceGenerator(model, d, config, banned, **kwargs).generate([model], sample)
+    graphs = _graph_generator(device)(model, d, config, banned, **kwargs)
+    assert_same_hypotheses(ref, graphs.generate([model], sample))
+    backend = graphs.backend
+    assert len(model.decoder.layers) == 3 and backend._encoders and backend._parallel
+    assert backend.loop_runs == (beam == 1 and sentences <= LOOP_ROWS)
+    lengths = {len(h[0]["tokens"]) for h in ref}
+    assert len(lengths) > 1
+    if backend._graphs:  # the steps reordered every layer's rows at once; greedy, the batch also
+        # moved to graphs of fewer sentences (a beam's sentences end when all their rows have)
+        assert len({shape.sentences for shape in backend._graphs}) > (beam == 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("search", [dict(beam=1), dict(beam=5, len_penalty=0.6, min_len=3)], ids=["loop", "beam"])
 @pytest.mark.parametrize("which", SKIP_AT)
 def test_fused_attention_same_as_lean(random_models, which, search, device):
@@ -332,6 +359,23 @@ def test_weights_changed_between_batches_drop_every_graph(random_models, device,
     expected = LeanSequenceGenerator(fresh, d, config, banned, **kwargs).generate([fresh], sample)
     assert [h[0]["tokens"].tolist() for h in expected] != [h[0]["tokens"].tolist() for h in before]
     assert_same_hypotheses(expected, graphs.generate([model], sample))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("search", [dict(beam=1), dict(beam=5, min_len=3)], ids=["loop", "beam"])
+def test_an_eager_encoders_per_layer_keys_fill_the_graphs(random_models, search, device):
+    """The graphs keep every layer's caches and encoder keys/values in one buffer each, which
+    the captured encoder fills as one; an encoder that is not captured (a model whose encoder
+    the planned pass does not know) hands per-layer tensors, which fill the same buffers."""
+    task = random_models[1]
+    model, bos, lean, make_graphs = _lean_and_graphs(random_models, "hrt-skip-at-k2", search, device, max_len_b=9)
+    graphs = make_graphs()
+    graphs.backend._current(every_parameter=True)  # what a batch does first: drops nothing made after
+    graphs.backend._modules["encoder"] = None  # the eager encoder, as for an unknown encoder
+    sample = _sample(task, device, RAGGED[:7])
+    expected = lean.generate([model], sample, bos_token=bos)
+    assert_same_hypotheses(expected, graphs.generate([model], sample, bos_token=bos))
+    assert not graphs.backend._encoders and (graphs.backend._loops or graphs.backend._graphs)
 
 
 @pytest.mark.parametrize("device", DEVICES)

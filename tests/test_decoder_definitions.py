@@ -15,6 +15,7 @@ from fairseq_hrt.export.graphs import ParallelGraph, StepGraph
 from fairseq_hrt.passes.attention import ATTENTION_KERNELS, attention_kernel
 from fairseq_hrt.passes.decoder_pass import decoder_pass
 from fairseq_hrt.passes.encoder_pass import EncoderPass
+from fairseq_hrt.passes.state import EncoderKV
 from fairseq_hrt.passes.weights import weights_version
 from tests.hrt_fixtures import build_task_and_model, make_sample
 from tests.test_generator import SPECIALS
@@ -34,6 +35,7 @@ FAMILIES = {
     "transformer-tied": ("at_tiny", AT + TWO_TIED),
     "hrt-relative": ("hrt_tiny", ()),
     "hrt-tied": ("hrt_tiny", TWO_TIED),
+    "hrt-two-layers": ("hrt_tiny", ("--decoder-layers", "2")),
     "ssru": ("at_tiny_ssru", AT + ("--decoder-layers", "2")),
     "ssru-tied": ("at_tiny_ssru", AT + TWO_TIED),
 }
@@ -137,7 +139,7 @@ def test_non_causal_pass_equals_the_decoder_modules(data_dir, family, kernel):
 
 
 @KERNELS
-@pytest.mark.parametrize("family", ["transformer-pre-norm", "transformer-post-norm", "hrt-relative"])
+@pytest.mark.parametrize("family", ["transformer-pre-norm", "transformer-post-norm", "hrt-relative", "hrt-two-layers"])
 def test_encoder_pass_equals_the_encoder_modules(data_dir, family, kernel):
     """The encoder's planned pass (what the CUDA-graph engine captures and the exported encoder
     traces): fairseq's encoder output, then every decoder layer's encoder keys/values, on a
@@ -148,6 +150,7 @@ def test_encoder_pass_equals_the_encoder_modules(data_dir, family, kernel):
     with torch.no_grad(), attention_kernel(kernel):
         encoder_out = model.encoder.forward_torchscript(sample["net_input"])
         bias, *kv = EncoderPass(model)(src)
+        stacked_bias, stacked = EncoderPass(model).stacked(src)
     x = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, C)
     real = src.ne(task.source_dictionary.pad())
     assert torch.equal(torch.isinf(bias.view(src.shape)), ~real)
@@ -157,6 +160,27 @@ def test_encoder_pass_equals_the_encoder_modules(data_dir, family, kernel):
         for ours, projection in ((kv[i], attn.k_proj), (kv[len(layers) + i], attn.v_proj)):
             expected = projection(x).view(*src.shape, attn.num_heads, attn.head_dim).transpose(1, 2)
             assert torch.allclose(ours.transpose(1, 2)[real], expected.transpose(1, 2)[real], atol=1e-5)
+    # the CUDA-graph engine's form: every layer's keys, then values, from one product
+    assert stacked.shape[:2] == (2, len(layers)) and torch.equal(stacked_bias, bias)
+    assert torch.allclose(stacked.flatten(0, 1), torch.stack(kv), atol=1e-6)
+
+
+def test_encoder_kv_stacked_and_per_layer_select_the_same_sentences():
+    """An :class:`EncoderKV` over one ``(2, L, B, H, S, d)`` tensor (the CUDA-graph engine's
+    buffers) and one over per-layer lists hold and select the same keys and values; a
+    selection of the stacked one stays one tensor."""
+    stacked = torch.randn(2, 3, 5, 2, 4, 8)
+    bias = torch.randn(5, 1, 1, 4)
+    of_stack = EncoderKV.of_stack(stacked, bias)
+    lists = EncoderKV([k.clone() for k in stacked[0]], [v.clone() for v in stacked[1]], bias)
+    assert torch.equal(lists.stack(), stacked) and of_stack.stack() is stacked
+    index = torch.tensor([4, 1, 1])
+    a, b = of_stack.select(index), lists.select(index)
+    assert a.stacked is not None and b.stacked is None
+    assert torch.equal(a.stack(), b.stack()) and torch.equal(a.bias, b.bias)
+    assert all(torch.equal(x, y) for x, y in zip(a.keys + a.values, b.keys + b.values))
+    stacked[0, 2].zero_()  # views: the stacked one's keys are the tensor's
+    assert torch.count_nonzero(of_stack.keys[2]) == 0 and torch.count_nonzero(lists.keys[2]) > 0
 
 
 def test_an_unknown_attention_kernel_is_refused_by_name():
@@ -346,5 +370,19 @@ def test_the_kept_parameters_are_the_modules_parameters(data_dir, change):
     if change is not None:
         WEIGHT_CHANGES[change](task, model, None)
     for module in (model, model.decoder):
-        walked = tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in module.parameters())
-        assert weights_version(module)[1] == walked
+        walked = list(module.parameters())
+        assert weights_version(module)[1:] == (tuple(p.data_ptr() for p in walked), tuple(p._version for p in walked))
+
+
+def test_a_cast_and_a_cast_back_change_the_weights_version(data_dir):
+    """The version reads addresses and version counters, not dtypes: a cast makes new storage
+    and bumps the counters, and a cast back is not the version before (the plan made before
+    it would hold the weights as they were before their rounding)."""
+    _, model = build(data_dir, "hrt-relative")
+    model = copy.deepcopy(model)
+    before = weights_version(model)
+    model.half()
+    halved = weights_version(model)
+    model.float()
+    assert len({before, halved, weights_version(model)}) == 3
+    assert weights_version(model) == weights_version(model)

@@ -12,13 +12,15 @@ def test_host_costs_times_the_check_and_the_work_around_the_graphs(tmp_path):
     tiny = json.loads((tmp_path / "host_costs.json").read_text())["shapes"]["tiny"]
     for family in ("AT", "HRT"):
         us = tiny[family]["us"]
-        hows = ("kept parameters", "full walk")
+        hows = ("kept, maps", "kept, tuples", "full walk")
         assert set(us) == {f"{part}, {how}" for part in ("model", "decoder") for how in hows}
         assert all(v > 0 for v in us.values())
         assert tiny[family]["parameters"]["model"] > tiny[family]["parameters"]["decoder"] > 0
     assert set(tiny["around_graphs"]) == {"device loop", "search's steps"}
     for us in tiny["around_graphs"].values():
         assert set(us) == {"encoder", "at_steps", "skip_at_steps", "stage2"} and all(v > 0 for v in us.values())
+    for ops in tiny["tensor_ops"].values():  # counted: the encoder copies its tokens in, stage II its inputs
+        assert set(ops) == set(us) and ops["encoder"] >= 1 and ops["stage2"] >= 1
     md = (tmp_path / "host_costs.md").read_text()
     assert "| tiny | device loop |" in md and "| tiny | HRT |" in md
 

@@ -173,7 +173,10 @@ def cuda_graph_refusals(model) -> List[str]:
 
 class StepBuffers:
     """The fixed buffers a captured decoder step reads and writes for a :class:`GraphShape`:
-    every layer's self-attention cache and the encoder keys/values of its sentences."""
+    every layer's self-attention cache and the encoder keys/values of its sentences, each kind
+    one tensor of every layer's (``caches`` ``(2, L, rows, H, steps, d)``, ``encoder.stacked``),
+    so that clearing, loading, reordering or moving them is one tensor operation (one kernel
+    launch and dispatch on a GPU), not one a layer."""
 
     def __init__(self, backend: "CudaGraphBackend", shape: GraphShape, plan, like: EncoderKV):
         self.shape, self.temperature = shape, backend.temperature
@@ -186,17 +189,16 @@ class StepBuffers:
         def zeros(*size, dtype=dtype):
             return torch.zeros(*size, dtype=dtype, device=device)
 
-        self.encoder = EncoderKV(
-            [zeros(sentences, heads, source, head_dim) for _ in range(layers)],
-            [zeros(sentences, heads, source, head_dim) for _ in range(layers)],
-            zeros(sentences, 1, 1, source, dtype=torch.float32),
+        self.encoder = EncoderKV.of_stack(
+            zeros(2, layers, sentences, heads, source, head_dim), zeros(sentences, 1, 1, source, dtype=torch.float32)
         )
+        self.caches = zeros(2, layers, rows, heads, steps, head_dim)
         stride = decoder_pass.stride_of(shape.start)
         self.state = DecoderState(
             plan,
             self.encoder,
-            [zeros(rows, heads, steps, head_dim) for _ in range(layers)],
-            [zeros(rows, heads, steps, head_dim) for _ in range(layers)],
+            list(self.caches[0].unbind(0)),
+            list(self.caches[1].unbind(0)),
             [],
             decoder_pass.position_table(steps, stride, shape.start, device),
             relative_buckets(steps, stride, decoder_pass.window).to(device) if decoder_pass.relative else None,
@@ -206,20 +208,31 @@ class StepBuffers:
     def clear(self):
         """Zeros in every cache: the static step reads masked future slots, and ``0 x NaN``
         would be NaN."""
-        for cache in self.state.self_k + self.state.self_v:
-            cache.zero_()
+        self.caches.zero_()
 
     def load_encoder(self, kv: EncoderKV, sentences: int):
         """The first ``sentences`` rows of ``kv`` (of ``kv.keys[0].size(2)`` source positions)
         into the graph's encoder buffers; the graph's other sentences attend to zeros."""
         length = kv.keys[0].size(2)
-        for static, live in zip(self.encoder.keys + self.encoder.values, kv.keys + kv.values):
-            static.zero_()
-            static[:sentences, :, :length].copy_(live[:sentences])
+        static = self.encoder.stacked
+        static.zero_()
+        static[:, :, :sentences, :, :length].copy_(kv.stack()[:, :, :sentences])
         bias = self.encoder.bias
         bias.zero_()
         bias[:sentences].fill_(-float("inf"))
         bias[:sentences, :, :, :length].copy_(kv.bias[:sentences])
+
+    def reorder_rows(self, index: Tensor, step: int):
+        """Row ``r`` of the caches becomes old row ``index[r]`` (positions ``0..step``), in place
+        (``DecoderState.reorder_rows``, every layer at once)."""
+        past = self.caches[:, :, :, :, : step + 1]
+        past[:, :, : index.numel()] = past.index_select(2, index)
+
+    def keep_sentences(self, index: Tensor):
+        """The encoder rows of the sentences ``index`` moved to the first rows, in place."""
+        encoder = self.encoder
+        encoder.stacked[:, :, : index.numel()] = encoder.stacked.index_select(2, index)
+        encoder.bias[: index.numel()] = encoder.bias.index_select(0, index)
 
 
 class StepGraph(StepBuffers):
@@ -266,8 +279,7 @@ class StepGraph(StepBuffers):
         """This graph's first ``live`` sentences, their caches up to ``step``, into ``smaller``."""
         rows = live * self.shape.per_sentence
         smaller.clear()
-        for target, source in zip(smaller.state.self_k + smaller.state.self_v, self.state.self_k + self.state.self_v):
-            target[:rows, :, : step + 1].copy_(source[:rows, :, : step + 1])
+        smaller.caches[:, :, :rows, :, : step + 1].copy_(self.caches[:, :, :rows, :, : step + 1])
         smaller.load_encoder(self.encoder, live)
 
 
@@ -373,20 +385,20 @@ class EncoderRun:
     """The encoder of ``sentences`` x ``length`` source tokens (a power of two of each, the
     batch's sources at the top left, ``<pad>`` around them: positions count the tokens that
     are not padding, so where the padding is changes nothing) captured with the projection of
-    every decoder layer's encoder keys/values (:class:`EncoderPass`). Rows beyond the
-    batch's hold ``</s>`` alone, a finite empty sentence."""
+    every decoder layer's encoder keys/values into one buffer (:meth:`EncoderPass.stacked`).
+    Rows beyond the batch's hold ``</s>`` alone, a finite empty sentence."""
 
     def __init__(self, backend: "CudaGraphBackend", encode, sentences: int, length: int):
         device, self.pad, self.eos = backend.device, backend.source_pad, backend.source_eos
         self.tokens = torch.full((sentences, length), self.pad, dtype=torch.long, device=device)
         self.encode = encode
         with torch.no_grad():
-            first = encode(self.tokens)  # the outputs' shapes and dtypes
-        self.outputs = [torch.empty_like(t) for t in first]
+            first = encode.stacked(self.tokens)  # the outputs' shapes and dtypes
+        self.outputs = [torch.empty(t.shape, dtype=t.dtype, device=device) for t in first]  # contiguous
         self.graph = backend.captured(self._body)
 
     def _body(self):
-        for static, value in zip(self.outputs, self.encode(self.tokens)):
+        for static, value in zip(self.outputs, self.encode.stacked(self.tokens)):
             static.copy_(value)
 
     def __call__(self, src_tokens: Tensor) -> EncoderKV:
@@ -397,10 +409,8 @@ class EncoderRun:
         self.tokens[:b, :s].copy_(src_tokens)
         self.tokens[b:, 0] = self.eos
         self.graph.run()
-        bias, rest = self.outputs[0], self.outputs[1:]
-        layers = len(rest) // 2
-        keys, values = [k[:b].clone() for k in rest[:layers]], [v[:b].clone() for v in rest[layers:]]
-        return EncoderKV(keys, values, bias[:b].clone())
+        bias, kv = self.outputs
+        return EncoderKV.of_stack(kv[:, :, :b].clone(), bias[:b].clone())
 
 
 class ParallelRun:
@@ -424,10 +434,8 @@ class ParallelRun:
         self.select = torch.arange(rows * queries, device=device)
         self.bias = DeviceBias(backend.vocab_size, device)
         _, heads, source, head_dim = like.keys[0].shape
-        dtype = like.keys[0].dtype
-        self.encoder = EncoderKV(
-            [torch.zeros(rows, heads, source, head_dim, dtype=dtype, device=device) for _ in like.keys],
-            [torch.zeros(rows, heads, source, head_dim, dtype=dtype, device=device) for _ in like.values],
+        self.encoder = EncoderKV.of_stack(
+            torch.zeros(2, len(like.keys), rows, heads, source, head_dim, dtype=like.keys[0].dtype, device=device),
             torch.zeros(rows, 1, 1, source, dtype=torch.float32, device=device),
         )
         self.fixed = fixed
@@ -460,8 +468,7 @@ class ParallelRun:
         host[2 * cells :] = 0
         host[2 * cells : 2 * cells + q] = queries
         self.inputs.copy_(self.host, non_blocking=True)
-        for static, live in zip(self.encoder.keys + self.encoder.values, kv.keys + kv.values):
-            static[:n].copy_(live)
+        self.encoder.stacked[:, :, :n].copy_(kv.stack())
         self.encoder.bias[:n].copy_(kv.bias)
         self.bias.load(logit_bias)
         self.graph.run()
@@ -644,15 +651,11 @@ class CudaGraphBackend(TorchBackend):
         graph = state.graph
         index = np.asarray(index, np.int64) * state.spread  # the search's rows -> the graph's
         state.spread = 1
-        graph.state.reorder_rows(self._tensor(index), step)
+        graph.reorder_rows(self._tensor(index), step)
         if sentences is None:
             return
         live = len(sentences)
-        select = self._tensor(np.asarray(sentences, np.int64))
-        encoder = graph.encoder
-        for static in encoder.keys + encoder.values:
-            static[:live] = static.index_select(0, select)
-        encoder.bias[:live] = encoder.bias.index_select(0, select)
+        graph.keep_sentences(self._tensor(np.asarray(sentences, np.int64)))
         state.sentences = live
         if live and bucket(live) < graph.shape.sentences:
             state.graph = self._moved(graph, live, step)

@@ -41,8 +41,34 @@ class EncoderPass:
             [w.detach() for w in fused_weights([layer.encoder_attn.k_proj, layer.encoder_attn.v_proj])]
             for layer in decoder.layers
         ]
+        self._stacked_kv = None  # every layer's decoder_kv as one product's weights, made by stacked()
 
     def __call__(self, src_tokens: Tensor):
+        x, padding, bias = self.encoded(src_tokens)
+        b, s = src_tokens.shape
+        keys, values = [], []
+        kv_shape = (b, s, self.decoder_heads, self.decoder_head_dim)
+        for weight, kv_bias in self.decoder_kv:
+            k, v = F.linear(x, weight, kv_bias).split(self.decoder_heads * self.decoder_head_dim, dim=-1)
+            keys.append(k.reshape(kv_shape).transpose(1, 2))
+            values.append(v.reshape(kv_shape).transpose(1, 2))
+        return (bias, *keys, *values, *self.length_lprobs(x, padding, b, s))
+
+    def stacked(self, src_tokens: Tensor):
+        """``(bias, kv, ...)``: as a call, every decoder layer's keys then values one ``(2, L, B,
+        H, S, d)`` view of a single matrix product over all the layers' weights (a kernel, where
+        a call makes ``L`` and their ``2 L`` transposes; not traced: the exported encoder keeps a
+        graph output a layer's keys or values)."""
+        x, padding, bias = self.encoded(src_tokens)
+        b, s = src_tokens.shape
+        if self._stacked_kv is None:
+            self._stacked_kv = [torch.cat(parts) for parts in zip(*self.decoder_kv)]
+        layers = len(self.decoder_kv)
+        kv = F.linear(x, *self._stacked_kv).view(b, s, layers, 2, self.decoder_heads, self.decoder_head_dim)
+        return (bias, kv.permute(3, 2, 0, 4, 1, 5), *self.length_lprobs(x, padding, b, s))
+
+    def encoded(self, src_tokens: Tensor):
+        """``(x (B x S, C), padding (B, S), bias (B, 1, 1, S))``: the encoder's output and its padding."""
         b, s = src_tokens.shape
         padding = src_tokens.eq(self.padding_idx)
         x = self.embed_scale * self.embed_tokens(src_tokens)
@@ -56,17 +82,15 @@ class EncoderPass:
             x = self.layer(layer, qkv, x, bias, (b, s, self.heads, self.head_dim))
         if self.layer_norm is not None:
             x = self.layer_norm(x)
-        keys, values = [], []
-        kv_shape = (b, s, self.decoder_heads, self.decoder_head_dim)
-        for weight, kv_bias in self.decoder_kv:
-            k, v = F.linear(x, weight, kv_bias).split(self.decoder_heads * self.decoder_head_dim, dim=-1)
-            keys.append(k.reshape(kv_shape).transpose(1, 2))
-            values.append(v.reshape(kv_shape).transpose(1, 2))
+        return x, padding, bias
+
+    def length_lprobs(self, x: Tensor, padding: Tensor, b: int, s: int):
+        """Mask-Predict: ``(log-probabilities of the target length,)``; else ``()``."""
         if self.embed_length is None:
-            return (bias, *keys, *values)
+            return ()
         keep = (~padding).unsqueeze(-1).type_as(x)
         pooled = (x.reshape(b, s, -1) * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
-        return (bias, *keys, *values, F.log_softmax(F.linear(pooled, self.embed_length), dim=-1))
+        return (F.log_softmax(F.linear(pooled, self.embed_length), dim=-1),)
 
     def layer(self, layer, qkv, x: Tensor, bias: Tensor, shape) -> Tensor:
         """fairseq's ``TransformerEncoderLayerBase`` over ``x`` ``(B x S, C)``."""

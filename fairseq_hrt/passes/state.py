@@ -1,8 +1,9 @@
 """What a batch holds between passes: its encoder side (:class:`EncoderKV`) and its caches
 (:class:`DecoderState`)."""
 
-from typing import List
+from typing import List, Optional
 
+import torch
 from torch import Tensor
 
 from fairseq_hrt.passes.layers import encoder_attention
@@ -14,13 +15,29 @@ class EncoderKV:
     Projected once per batch (:meth:`DecoderPass.encoder`); it serves a
     :class:`DecoderState` and, on its own, the non-causal pass."""
 
-    __slots__ = ("keys", "values", "bias")
+    __slots__ = ("keys", "values", "bias", "stacked")
 
-    def __init__(self, keys: List[Tensor], values: List[Tensor], bias: Tensor):
+    def __init__(self, keys: List[Tensor], values: List[Tensor], bias: Tensor, stacked: Optional[Tensor] = None):
         self.keys, self.values, self.bias = keys, values, bias
+        # (2, L, B, H, S, d) when keys and values are its views (the CUDA-graph engine's
+        # buffers): one copy moves every layer's, where a copy a layer costs a launch each
+        self.stacked = stacked
+
+    @classmethod
+    def of_stack(cls, stacked: Tensor, bias: Tensor) -> "EncoderKV":
+        """Keys and values as views of ``stacked`` ``(2, L, B, H, S, d)``."""
+        return cls(list(stacked[0].unbind(0)), list(stacked[1].unbind(0)), bias, stacked)
+
+    def stack(self) -> Tensor:
+        """Keys and values as one ``(2, L, B, H, S, d)`` tensor (``stacked`` itself, or a copy)."""
+        if self.stacked is not None:
+            return self.stacked
+        return torch.stack([torch.stack(self.keys), torch.stack(self.values)])
 
     def select(self, index: Tensor) -> "EncoderKV":
         """The sentences ``index`` (in that order; repeats allowed), a new object."""
+        if self.stacked is not None:
+            return EncoderKV.of_stack(self.stacked.index_select(2, index), self.bias.index_select(0, index))
         return EncoderKV(
             [k.index_select(0, index) for k in self.keys],
             [v.index_select(0, index) for v in self.values],
