@@ -121,6 +121,7 @@ def test_benchmarks_never_import_tests_and_edit_sys_path_only_in_the_file_shim()
         "runtime_vs_ct2",
         "int8_quality",
         "host_costs",
+        "cache_probe",
     ],
 )
 def test_every_script_runs_as_a_module_and_as_a_file(script, tmp_path):
