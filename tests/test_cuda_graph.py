@@ -379,6 +379,27 @@ def test_an_eager_encoders_per_layer_keys_fill_the_graphs(random_models, search,
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_the_captured_steps_have_the_queries_scaling_in_their_weights(random_models, device):
+    """The step and loop graphs run the folded plan (the queries' scaling in their projections'
+    weights, as stage II and the exported graphs: two kernels a layer fewer than the lean
+    step's), the one the non-causal pass keeps, made again with the graphs."""
+    task = random_models[1]
+    model, bos, lean, make_graphs = _lean_and_graphs(random_models, "hrt-skip-at-k2", dict(beam=1), device, max_len_b=9)
+    graphs = make_graphs()
+    for sentences in (5, len(RAGGED)):  # a device loop, then the search's steps
+        sample = _sample(task, device, RAGGED[:sentences])
+        assert_same_hypotheses(
+            lean.generate([model], sample, bos_token=bos), graphs.generate([model], sample, bos_token=bos)
+        )
+    backend = graphs.backend
+    folded = backend._module("parallel").plan
+    made = [*backend._loops.values(), *backend._graphs.values()]
+    assert backend._loops and backend._graphs and all(graph.state.plan is folded for graph in made)
+    assert all(layer.q_scaling is None for layer in folded.layers)
+    assert all(layer.q_scaling is not None for layer in backend.decoder_pass.plan().layers)  # the lean step's
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_batches_check_the_weights_without_listing_the_parameters_again(random_models, device):
     """The weights' version, checked at every batch, reads the parameters each module listed
     at the first batch: decoding registers no parameter or module, which would make every

@@ -560,8 +560,15 @@ class CudaGraphBackend(TorchBackend):
         return found
 
     def _graph(self, shape: GraphShape, like: EncoderKV) -> StepGraph:
-        plan = self._current()
+        plan = self._folded_plan()
         return self._made(self._graphs, shape, lambda: StepGraph(self, shape, plan, like))
+
+    def _folded_plan(self):
+        """The decoder's plan with the queries' scaling in their projections' weights (the
+        non-causal pass's :class:`FixedPass`, made again with the graphs when the weights
+        change): a captured step makes no scaling kernel (two a layer)."""
+        self._current()
+        return self._module("parallel").plan
 
     def _module(self, name: str):
         """The model's :class:`EncoderPass` (``"encoder"``) or the :class:`FixedPass` that
@@ -641,7 +648,7 @@ class CudaGraphBackend(TorchBackend):
         n = encoded.size
         if out_rows.vocab is not None or n > self.loop_rows:
             return None
-        plan = self._current()
+        plan = self._folded_plan()
         shape = self._shape(n, 1, max_len + 1, encoded.kv, start, 1)
         loop = self._made(self._loops, shape, lambda: LoopGraph(self, shape, plan, encoded.kv))
         self.loop_runs += 1
