@@ -25,6 +25,7 @@ so it is measured on the CPU. Prints the tables and writes ``OUT/host_costs.{md,
 """
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -109,12 +110,17 @@ def tensor_ops(call) -> int:
     return ops.count
 
 
-def around_graphs(model, task, loop: bool, repeats: int) -> Tuple[dict, dict, dict]:
-    """``(us, ops, inside)`` per call of :func:`fixed_length_calls` (batch 1), after a round
-    with the bodies (which makes the graphs): microseconds of host work, the best of
-    ``repeats``; the tensor operations outside the graphs (:class:`TensorOps`), and inside
-    them (a call's with the bodies, less those outside: on a GPU, the kernels a replay
-    launches); the steps per step, by the device loop (``loop``) or by the search."""
+PER_CALL = {"at_steps": TGT_LEN, "skip_at_steps": TGT_LEN // K}  # the steps' calls: per step
+
+
+def per_step(values: dict) -> dict:
+    return {name: round(v / PER_CALL.get(name, 1), 1) for name, v in values.items()}
+
+
+def graph_calls(model, task, loop: bool):
+    """``(backend, calls)``: a :class:`HostOnlyBackend` of ``model`` and its
+    :func:`fixed_length_calls` (batch 1), each called once with the bodies (which makes the
+    graphs); greedy steps by the device loop (``loop``) or by the search."""
     backend = HostOnlyBackend(model, task.target_dictionary, chunk_start=task.chunk_start_idx, mask=task.mask_idx)
     backend.loop_rows = backend.loop_rows if loop else 0
 
@@ -122,21 +128,37 @@ def around_graphs(model, task, loop: bool, repeats: int) -> Tuple[dict, dict, di
         tokens = torch.from_numpy(src)
         return backend.encode_fairseq({"src_tokens": tokens, "src_lengths": torch.tensor([src.shape[1]])})
 
-    per_call = {"at_steps": TGT_LEN, "skip_at_steps": TGT_LEN // K}
+    calls = fixed_length_calls(backend, encode, task, 1, SRC_LEN, TGT_LEN, K)
+    for call in calls.values():
+        call()
+    return backend, calls
+
+
+def inside_and_outside(backend, calls) -> Tuple[dict, dict]:
+    """The tensor operations (:class:`TensorOps`) of each call inside its graphs (a call's with
+    the bodies, less those without: on a GPU, the kernels a replay launches) and outside them;
+    the bodies are off after."""
+    with_bodies = {name: tensor_ops(call) for name, call in calls.items()}
+    backend.bodies = False
+    outside = {name: tensor_ops(call) for name, call in calls.items()}
+    return {name: with_bodies[name] - outside[name] for name in calls}, outside
+
+
+def around_graphs(model, task, loop: bool, repeats: int) -> Tuple[dict, dict, dict]:
+    """``(us, outside, inside)`` per call of :func:`graph_calls`: microseconds of host work,
+    the best of ``repeats`` with the bodies off, and :func:`inside_and_outside`."""
     with torch.no_grad():
-        calls = fixed_length_calls(backend, encode, task, 1, SRC_LEN, TGT_LEN, K)
-        for call in calls.values():
-            call()
-        with_bodies = {name: tensor_ops(call) for name, call in calls.items()}
-        backend.bodies = False
+        backend, calls = graph_calls(model, task, loop)
+        inside, outside = inside_and_outside(backend, calls)
         us = best_us(calls, 1, repeats)
-        ops = {name: tensor_ops(call) for name, call in calls.items()}
-        inside = {name: with_bodies[name] - ops[name] for name in calls}
+    return per_step(us), per_step(outside), per_step(inside)
 
-    def per_step(values):
-        return {name: round(v / per_call.get(name, 1), 1) for name, v in values.items()}
 
-    return per_step(us), per_step(ops), per_step(inside)
+def half_inside(model, task, loop: bool) -> dict:
+    """The operations inside the graphs of a float16 copy of ``model`` (``--fp16``, what a GPU
+    runs: its casts count; the CPU runs the bodies only to count them)."""
+    with torch.no_grad():
+        return per_step(inside_and_outside(*graph_calls(copy.deepcopy(model).half(), task, loop))[0])
 
 
 def measure(shape: str, per_round: int, repeats: int, workdir: str) -> dict:
@@ -155,11 +177,12 @@ def measure(shape: str, per_round: int, repeats: int, workdir: str) -> dict:
             "us": {name: round(v, 2) for name, v in us.items()},
         }
     task = models.hrt_task
-    keys = ("around_graphs", "tensor_ops", "tensor_ops_inside")
+    keys = ("around_graphs", "tensor_ops", "tensor_ops_inside", "tensor_ops_inside_float16")
     for key in keys:
         out[key] = {}
     for how, loop in (("device loop", True), ("search's steps", False)):
-        for key, values in zip(keys, around_graphs(models.hrt, task, loop, repeats)):
+        measured = (*around_graphs(models.hrt, task, loop, repeats), half_inside(models.hrt, task, loop))
+        for key, values in zip(keys, measured):
             out[key][how] = values
     return out
 
@@ -219,7 +242,9 @@ def main(argv=None):
         f"Tensor operations outside the graphs per call (steps: per step; views not counted; on a GPU "
         f"each is a kernel launch), the same calls.\n\n{around_table(results, 'tensor_ops')}\n\n"
         f"Tensor operations inside the graphs per call (the same count, of the graphs' bodies: on a GPU, "
-        f"the kernels a replay launches).\n\n{around_table(results, 'tensor_ops_inside')}\n"
+        f"the kernels a replay launches).\n\n{around_table(results, 'tensor_ops_inside')}\n\n"
+        f"The same, the model in float16 (`--fp16`, as a GPU runs it; its casts count).\n\n"
+        f"{around_table(results, 'tensor_ops_inside_float16')}\n"
     )
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "host_costs.md"), "w") as f:

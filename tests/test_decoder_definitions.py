@@ -5,6 +5,7 @@ against the one it restates, on every decoder family, on ragged batches, and aft
 weights change the ways training and loading change them -- with nothing told to forget."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 
 from fairseq_hrt import chunking
 from fairseq_hrt.export.graphs import ParallelGraph, StepGraph
-from fairseq_hrt.passes.attention import ATTENTION_KERNELS, attention_kernel
+from fairseq_hrt.passes.attention import ATTENTION_KERNELS, attention, attention_kernel
 from fairseq_hrt.passes.decoder_pass import decoder_pass
 from fairseq_hrt.passes.encoder_pass import EncoderPass
 from fairseq_hrt.passes.state import EncoderKV
@@ -181,6 +182,25 @@ def test_encoder_kv_stacked_and_per_layer_select_the_same_sentences():
     assert all(torch.equal(x, y) for x, y in zip(a.keys + a.values, b.keys + b.values))
     stacked[0, 2].zero_()  # views: the stacked one's keys are the tensor's
     assert torch.count_nonzero(of_stack.keys[2]) == 0 and torch.count_nonzero(lists.keys[2]) > 0
+
+
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("bias_shape", [(9,), (3, 1, 1, 9)], ids=["static-step", "padding"])
+def test_half_attention_takes_its_softmax_in_float32_from_the_bias_addition(bias_shape, bias_dtype):
+    """Half queries and keys (``--fp16``): the scores plus a float32 bias are float32 by
+    promotion inside the addition (no cast kernel of their own), the same probabilities, bit
+    for bit, as the scores cast to float32 first; a half bias is cast."""
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 2, 4, 8, generator=generator).half()
+    k, v = (torch.randn(3, 2, 9, 8, generator=generator).half() for _ in range(2))
+    # values a half addition would round (a mask's are 0 and -inf), and masked keys
+    bias = torch.randn(bias_shape, generator=generator) * 3
+    bias = bias.masked_fill(torch.rand(bias_shape, generator=generator) > 0.6, -math.inf)
+    bias[..., 0] = 0.0  # every query sees a key
+    bias = bias.to(bias_dtype)
+    scores = torch.matmul(q, k.transpose(2, 3))
+    expected = torch.matmul(torch.softmax(scores.float() + bias, dim=-1).type_as(scores), v)
+    assert torch.equal(attention(q, k, v, bias=bias), expected)
 
 
 def test_an_unknown_attention_kernel_is_refused_by_name():

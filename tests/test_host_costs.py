@@ -21,8 +21,11 @@ def test_host_costs_times_the_check_and_the_work_around_the_graphs(tmp_path):
         assert set(us) == {"encoder", "at_steps", "skip_at_steps", "stage2"} and all(v > 0 for v in us.values())
     for ops in tiny["tensor_ops"].values():  # counted: the encoder copies its tokens in, stage II its inputs
         assert set(ops) == set(us) and ops["encoder"] >= 1 and ops["stage2"] >= 1
-    for inside, outside in zip(tiny["tensor_ops_inside"].values(), tiny["tensor_ops"].values()):
-        assert set(inside) == set(outside) and all(inside[call] > outside[call] for call in inside)
+    for inside, outside, half in zip(
+        *(tiny[key].values() for key in ("tensor_ops_inside", "tensor_ops", "tensor_ops_inside_float16"))
+    ):
+        assert set(inside) == set(outside) == set(half) and all(inside[call] > outside[call] for call in inside)
+        assert all(half[call] >= inside[call] for call in half)  # float16 adds casts, never removes kernels
     md = (tmp_path / "host_costs.md").read_text()
     assert "| tiny | device loop |" in md and "| tiny | HRT |" in md
 

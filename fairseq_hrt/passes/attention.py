@@ -70,7 +70,8 @@ def attention(
     if bias is None:
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
     else:
-        probs = torch.softmax(scores.float() + bias, dim=-1)
+        # float32 by promotion inside the addition: half scores take no cast kernel of their own
+        probs = torch.softmax((scores + bias.float()).float(), dim=-1)
     probs = probs.type_as(scores)
     return torch.matmul(probs if dropout is None else dropout(probs), values)
 
