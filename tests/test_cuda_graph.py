@@ -315,6 +315,25 @@ def test_greedy_loop_stops_after_the_replay_in_which_every_row_ended(random_mode
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_greedy_loop_counts_a_row_ended_at_any_step_of_its_replay(random_models, device):
+    """A row has ended at its first ``</s>``, whatever it decodes after (rows keep decoding):
+    every row's first step is ``</s>`` (the bias before ``min_len`` 1 allows nothing else) and
+    no later step is (the usual bias bans it), and the loop stops after its first replay."""
+    _, task, _, at = random_models
+    model, d = _on(at, device), task.target_dictionary
+    backend = (CudaGraphBackend if device == "cuda" else EagerGraphBackend)(model, d)
+    eos = d.eos()
+    only_eos = np.full(len(d), -np.inf, np.float32)
+    only_eos[eos] = 0.0
+    no_eos = np.zeros(len(d), np.float32)
+    no_eos[eos] = -np.inf
+    with torch.no_grad():
+        encoded = backend.encode_fairseq(_sample(task, device, RAGGED[:3])["net_input"])
+        tokens, _ = backend.greedy_loop(encoded, eos, 40, 1, (no_eos, only_eos, only_eos), backend.rows(None))
+    assert tokens.shape == (3, LOOP_STEPS) and (tokens[:, 0] == eos).all() and (tokens[:, 1:] != eos).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("sentences", [len(RAGGED), 6], ids=["steps", "loop"])
 def test_weights_loaded_later_drop_the_graphs(random_models, sentences, device):
     """The graphs read the weights' tensors (and copies of them): weights loaded into the model

@@ -301,57 +301,71 @@ class LoopGraph(StepBuffers):
     """A greedy search's steps on the device (:meth:`CudaGraphBackend.greedy_loop`), for a
     :class:`GraphShape` of one row per sentence and ``top`` 1: :data:`LOOP_STEPS` static steps
     captured as one graph (and one step as another, for the last steps before the maximum
-    length when fewer remain), each step's token fed back as the next step's input (rows are
-    ids: the whole vocabulary is scored), its logit bias picked from the search's three by the
-    step index against ``min_len`` / ``max_len`` (device scalars written once a search), its
-    token and log-probability recorded. Between replays only a one-element flag (every row has
-    ended) comes back, and the record once at the end. Rows keep decoding after their ``</s>``,
-    as ONNX Runtime's loop does: the search reads a row up to its first."""
+    length when fewer remain), each step's token fed to the next step (rows are ids: the whole
+    vocabulary is scored), its logit bias picked from the search's three by a table of the
+    step index against ``min_len`` / ``max_len`` (written once a search), its token and
+    log-probability recorded. Between replays only a one-element flag (every row has ended)
+    comes back, and the record once at the end. Rows keep decoding after their ``</s>``, as
+    ONNX Runtime's loop does: the search reads a row up to its first.
+
+    The bookkeeping around the steps is made once a replay where it can be (the steps'
+    indices, the last token kept for the next replay, the ended rows): on a GPU each tensor
+    operation is a kernel in every replay."""
 
     def __init__(self, backend: "CudaGraphBackend", shape: GraphShape, plan, like: EncoderKV):
         super().__init__(backend, shape, plan, like)
-        device, rows = backend.device, shape.rows
+        device, rows, steps = backend.device, shape.rows, shape.steps
         pin = device.type == "cuda"
         self.eos = backend.eos
-        # the step index, min_len and max_len: one copy from one pinned host buffer a search
-        self.host_settings = torch.zeros(3, dtype=torch.long, pin_memory=pin)
+        # the first step's index, then each step's bias (0 usual, 1 before min_len, 2 at
+        # max_len: Rules.bias): one copy from one pinned host buffer a search
+        self.host_settings = torch.zeros(1 + steps, dtype=torch.long, pin_memory=pin)
         self.settings = self.host_settings.to(device)
-        self.step = self.settings[:1]
-        self.tokens = torch.full((rows,), shape.start, dtype=torch.long, device=device)
+        self.step, self.which = self.settings[:1], self.settings[1:]
+        self.offsets = torch.arange(LOOP_STEPS, device=device)
+        self.tokens = torch.full((rows,), shape.start, dtype=torch.long, device=device)  # the next step's input
         self.ended = torch.ones(rows, dtype=torch.bool, device=device)  # rows beyond the batch's: ended
         self.all_ended = torch.zeros(1, dtype=torch.bool, device=device)
         self.biases = torch.zeros(3, backend.vocab_size, dtype=torch.float32, device=device)
         self.bias_sources: List[Optional[np.ndarray]] = [None, None, None]  # the arrays now in `biases`
-        # every step's log-probability, then its token (exact in float32 below 2^24): one copy back
-        self.record = torch.zeros(2, rows, shape.steps, dtype=torch.float32, device=device)
-        self.host_record = torch.empty(2, rows, shape.steps, dtype=torch.float32, pin_memory=pin)
-        self.replay = backend.captured(self._steps)
-        self.single = backend.captured(self._step)
+        # every step's log-probability and token, each copied back once a search
+        self.scores = torch.zeros(rows, steps, dtype=torch.float32, device=device)
+        self.chosen = torch.zeros(rows, steps, dtype=torch.long, device=device)
+        self.host_scores = torch.empty(rows, steps, dtype=torch.float32, pin_memory=pin)
+        self.host_chosen = torch.empty(rows, steps, dtype=torch.long, pin_memory=pin)
+        self.replay = backend.captured(lambda: self._steps(LOOP_STEPS))
+        self.single = backend.captured(lambda: self._steps(1))
 
-    def _step(self):
-        step, settings = self.step, self.settings
-        logits = self._static_step(self.state, self.tokens, step)
-        # Rules.bias: only </s> at max_len, else no </s> before min_len, else the usual one
-        which = (step < settings[1:2]).long().masked_fill_(step >= settings[2:3], 2)
-        score, row = choose(logits, self.biases.index_select(0, which).view(-1), 1, self.temperature)
-        self.record[0].index_copy_(1, step, score.view(-1, 1))
-        self.record[1].index_copy_(1, step, row.to(torch.float32).view(-1, 1))
-        self.tokens.copy_(row)
-        self.ended |= row == self.eos
-        self.all_ended.copy_(self.ended.all().view(1))
-        # the capture's warm-up steps from whatever index the buffers hold: the index stays in
+    def _steps(self, n: int):
+        # the capture's warm-up steps from whatever index the buffers hold: the indices stay in
         # the cache (a search's own steps, up to max_len <= steps - 1, are never clamped)
-        step.add_(1).clamp_(max=self.shape.steps - 1)
-
-    def _steps(self):
-        for _ in range(LOOP_STEPS):
-            self._step()
+        at = (self.step + self.offsets[:n]).clamp_(max=self.shape.steps - 1)
+        tokens = self.tokens
+        for i in range(n):
+            index = at[i : i + 1]
+            logits = self._static_step(self.state, tokens, index)
+            bias = self.biases.index_select(0, self.which.index_select(0, index)).view(-1)
+            score, tokens = choose(logits, bias, 1, self.temperature)
+            tokens = tokens.view(-1)
+            self.scores.index_copy_(1, index, score.view(-1, 1))
+            self.chosen.index_copy_(1, index, tokens.view(-1, 1))
+        self.tokens.copy_(tokens)
+        self.ended |= tokens.eq(self.eos) if n == 1 else self.chosen.index_select(1, at).eq(self.eos).any(1)
+        self.all_ended.copy_(self.ended.all().view(1))
+        self.step.add_(n)
 
     def _load_biases(self, biases):
         for i, bias in enumerate(biases):
             if bias is not self.bias_sources[i]:
                 self.biases[i].copy_(torch.from_numpy(np.array(bias, np.float32)))
                 self.bias_sources[i] = bias
+
+    def _load_settings(self, max_len: int, min_len: int):
+        host = self.host_settings.numpy()
+        host[0] = 0
+        step = np.arange(self.shape.steps)
+        host[1:] = np.where(step >= max_len, 2, np.where(step < min_len, 1, 0))  # Rules.bias
+        self.settings.copy_(self.host_settings, non_blocking=True)
 
     def run(self, kv: EncoderKV, sentences: int, max_len: int, min_len: int, biases):
         """``(tokens, scores)``, ``(sentences, T)``: the steps 0.. ``T - 1`` made, every row's
@@ -360,8 +374,7 @@ class LoopGraph(StepBuffers):
         self.clear()
         self.load_encoder(kv, sentences)
         self._load_biases(biases)
-        self.host_settings.numpy()[:] = (0, min_len, max_len)
-        self.settings.copy_(self.host_settings, non_blocking=True)
+        self._load_settings(max_len, min_len)
         self.tokens.fill_(self.shape.start)
         self.ended.fill_(True)
         self.ended[:sentences] = False
@@ -376,9 +389,9 @@ class LoopGraph(StepBuffers):
             made += LOOP_STEPS
             if made < total and bool(self.all_ended):  # the one read that waits for the device
                 break
-        self.host_record.copy_(self.record)
-        record = self.host_record.numpy()[:, :sentences, :made]
-        return record[1].astype(np.int64), record[0].copy()
+        self.host_scores.copy_(self.scores)
+        self.host_chosen.copy_(self.chosen)
+        return self.host_chosen.numpy()[:sentences, :made].copy(), self.host_scores.numpy()[:sentences, :made].copy()
 
 
 class EncoderRun:
