@@ -32,7 +32,7 @@ class EncoderKV:
         """Keys and values as one ``(2, L, B, H, S, d)`` tensor (``stacked`` itself, or a copy)."""
         if self.stacked is not None:
             return self.stacked
-        return torch.stack([torch.stack(self.keys), torch.stack(self.values)])
+        return torch.stack(self.keys + self.values).unflatten(0, (2, -1))  # one copy
 
     def select(self, index: Tensor) -> "EncoderKV":
         """The sentences ``index`` (in that order; repeats allowed), a new object."""
