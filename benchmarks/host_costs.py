@@ -49,14 +49,19 @@ from fairseq_hrt.passes.weights import _parameters, weights_version  # noqa: E40
 SRC_LEN, TGT_LEN, K = 28, 27, 2  # newstest2014's mean sentence, about
 
 
+def attribute_tuples(parameters) -> tuple:
+    """The check's earlier reading: a tuple of four attributes a parameter."""
+    return tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in parameters)
+
+
 def full_walk(module) -> tuple:
     """The check as it was first: every call walks the modules for their parameters."""
-    return tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in module.parameters())
+    return attribute_tuples(module.parameters())
 
 
 def kept_tuples(module) -> tuple:
     """The check as it was next: the kept parameters, a tuple of four attributes each."""
-    return tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in _parameters(module))
+    return attribute_tuples(_parameters(module))
 
 
 def best_us(calls: Dict[str, Callable[[], object]], per_round: int, repeats: int) -> Dict[str, float]:
@@ -88,6 +93,9 @@ class HostOnlyBackend(CudaGraphBackend):
         return graph
 
 
+_UNSAFE_VIEW = torch.ops.aten._unsafe_view
+
+
 class TensorOps(TorchDispatchMode):
     """Counts the tensor operations dispatched under it that make a tensor's data (views, and
     ``_unsafe_view``, a reshape's view, excluded): on a GPU, each one a kernel launch."""
@@ -99,9 +107,6 @@ class TensorOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += not func.is_view and func.overloadpacket is not _UNSAFE_VIEW
         return func(*args, **(kwargs or {}))
-
-
-_UNSAFE_VIEW = torch.ops.aten._unsafe_view
 
 
 def tensor_ops(call) -> int:

@@ -98,6 +98,19 @@ def _graph_generator(device):
     return CudaGraphSequenceGenerator if device == "cuda" else EagerGraphGenerator
 
 
+def _graph_backend(device):
+    return CudaGraphBackend if device == "cuda" else EagerGraphBackend
+
+
+def _eos_biases(d):
+    """``(only_eos, no_eos)``: logit biases that allow ``</s>`` alone, and everything but it."""
+    only_eos = np.full(len(d), -np.inf, np.float32)
+    only_eos[d.eos()] = 0.0
+    no_eos = np.zeros(len(d), np.float32)
+    no_eos[d.eos()] = -np.inf
+    return only_eos, no_eos
+
+
 def _on(model, device):
     return model.to(device).float()
 
@@ -276,8 +289,7 @@ def test_mask_predict_same_as_lean(tmp_path_factory, device):
     model = _on(model.eval(), device)
     d = task.target_dictionary
     sample = _sample(task, device)
-    graph_backend = CudaGraphBackend if device == "cuda" else EagerGraphBackend
-    backends = (TorchBackend(model, d, mask=task.mask_idx), graph_backend(model, d, mask=task.mask_idx))
+    backends = (TorchBackend(model, d, mask=task.mask_idx), _graph_backend(device)(model, d, mask=task.mask_idx))
     out = [
         MaskPredictGenerator([model], backend, d, task.mask_idx, iterations=4, length_beam=3).generate([model], sample)
         for backend in backends
@@ -293,12 +305,9 @@ def test_greedy_loop_stops_after_the_replay_in_which_every_row_ended(random_mode
     end of that replay (the one-element flag read between replays), not at ``max_len``."""
     _, task, _, at = random_models
     model, d = _on(at, device), task.target_dictionary
-    backend = (CudaGraphBackend if device == "cuda" else EagerGraphBackend)(model, d)
+    backend = _graph_backend(device)(model, d)
     eos, min_len, max_len = d.eos(), 5, 40
-    only_eos = np.full(len(d), -np.inf, np.float32)
-    only_eos[eos] = 0.0
-    no_eos = np.zeros(len(d), np.float32)
-    no_eos[eos] = -np.inf
+    only_eos, no_eos = _eos_biases(d)
     biases, whole = (only_eos, no_eos, only_eos), backend.rows(None)
     with torch.no_grad():
         encoded = backend.encode_fairseq(_sample(task, device, RAGGED[:3])["net_input"])
@@ -321,12 +330,9 @@ def test_greedy_loop_counts_a_row_ended_at_any_step_of_its_replay(random_models,
     no later step is (the usual bias bans it), and the loop stops after its first replay."""
     _, task, _, at = random_models
     model, d = _on(at, device), task.target_dictionary
-    backend = (CudaGraphBackend if device == "cuda" else EagerGraphBackend)(model, d)
+    backend = _graph_backend(device)(model, d)
     eos = d.eos()
-    only_eos = np.full(len(d), -np.inf, np.float32)
-    only_eos[eos] = 0.0
-    no_eos = np.zeros(len(d), np.float32)
-    no_eos[eos] = -np.inf
+    only_eos, no_eos = _eos_biases(d)
     with torch.no_grad():
         encoded = backend.encode_fairseq(_sample(task, device, RAGGED[:3])["net_input"])
         tokens, _ = backend.greedy_loop(encoded, eos, 40, 1, (no_eos, only_eos, only_eos), backend.rows(None))
