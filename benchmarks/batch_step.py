@@ -14,7 +14,8 @@ fastest of ``--runs``) times:
   back as the next token;
 * ``CTranslate2 1 step`` and ``CTranslate2 N+1 steps``: greedy decoding forced to that many
   steps (``min_decoding_length = max_decoding_length``); its step is their difference / N and its
-  encoder the first less one step.
+  encoder the first less one step; the same with ``return_scores`` (``, scored``), which adds its
+  log-softmax to every step, as our step has it.
 
 Variants of our step (:data:`STEP_VARIANTS`) are rows of the same loop, checked to choose the
 same tokens as the plain step. Then ONNX Runtime's profiler (``enable_profiling``) on the encoder and
@@ -26,6 +27,7 @@ share of the fastest round's node time, and the costliest nodes. Writes ``OUT/re
 
 import argparse
 import bisect
+import contextlib
 import json
 import os
 import subprocess
@@ -63,7 +65,37 @@ def prepare(shape: str, vocab: int, workdir: str) -> None:
     extra = ["--hrt-mode", "at", *spec.model_args, *spec.at_args]
     task, model = random_model(spec.at_arch, vocab, folder, extra_args=extra, checkpoint=checkpoint)
     export_model(model, task, os.path.join(folder, "onnx"), restricted=False)
+    with choice_without_scores():
+        export_model(model, task, os.path.join(folder, "onnx-tokens"), restricted=False)
     ct2_reference.convert(checkpoint, folder, folder, "src", "tgt")
+
+
+@contextlib.contextmanager
+def choice_without_scores():
+    """The exported greedy step's choice as CTranslate2's greedy search makes it without
+    ``return_scores`` (its default): the best of ``logits + logit_bias``, no log-softmax (the
+    same token: the log-softmax moves a row by one constant). The graph's ``score`` output is
+    then that biased logit, which the variant reads nowhere. Only while a folder is exported
+    here (a measured variant, not the runtime's graphs)."""
+    from fairseq_hrt.export import graphs  # noqa: PLC0415 - imports PyTorch
+    from fairseq_hrt.passes.token_choice import blocked_max  # noqa: PLC0415
+
+    scored = graphs.best_allowed
+
+    def best_biased(logits, logit_bias, top: int = 1, block: int = 1):
+        if top != 1:  # step_top.onnx (beam search) keeps its scores
+            return scored(logits, logit_bias, top, block)
+        allowed = logits.float() + logit_bias
+        if block == 0:  # the greedy loop's one TopK(1)
+            best, row = allowed.topk(1, dim=-1)
+            return best.reshape(-1), row.reshape(-1)
+        return blocked_max(allowed, block)
+
+    graphs.best_allowed = best_biased
+    try:
+        yield
+    finally:
+        graphs.best_allowed = scored
 
 
 def prepared(shape: str, vocab: int, workdir: str) -> Dict[str, str]:
@@ -72,10 +104,11 @@ def prepared(shape: str, vocab: int, workdir: str) -> Dict[str, str]:
     folder = os.path.join(workdir, shape)
     paths = {
         "onnx": os.path.join(folder, "onnx"),
+        "onnx tokens": os.path.join(folder, "onnx-tokens"),
         "ctranslate2": os.path.join(folder, "ctranslate2-at"),
         "dictionary": os.path.join(folder, "dict.src.txt"),
     }
-    done = os.path.join(folder, f"prepared-{vocab}")
+    done = os.path.join(folder, f"prepared-{vocab}-tokens")
     if not os.path.exists(done):
         code = f"from benchmarks.batch_step import prepare; prepare({shape!r}, {vocab}, {workdir!r})"
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -231,6 +264,44 @@ def shrinking_runner(model) -> Callable:
     return runner
 
 
+class TokensOnlyModels:
+    """The :class:`ExportedModel` of each folder's twin exported with :func:`choice_without_scores`
+    (``onnx-tokens/`` beside ``onnx/``: the same weights, the same encoder)."""
+
+    models: Dict[str, object] = {}
+
+    @classmethod
+    def of(cls, model):
+        found = cls.models.get(model.folder)
+        if found is None:
+            twin = os.path.join(os.path.dirname(os.path.abspath(model.folder)), "onnx-tokens")
+            found = cls.models[model.folder] = type(model)(twin, model.threads)
+        return found
+
+
+def tokens_only_steps(model, encoded, steps: int, bias: np.ndarray) -> np.ndarray:
+    return plain_steps(TokensOnlyModels.of(model), encoded, steps, bias)
+
+
+def encode_in_blocks(model, src: np.ndarray, block: int = 16) -> List[np.ndarray]:
+    """The encoder's outputs for ``src`` from runs over ``block`` sentences at a time, each run
+    writing its rows into the whole batch's outputs (IO binding: no concatenation). ONNX
+    Runtime's matrix products run faster over a few hundred rows than over a batch's thousands
+    (``gemm_rate.py``'s products at 128 rows against 3968)."""
+    session = model.session("encoder")
+    names = [output.name for output in session.get_outputs()]
+    first = session.run(None, {"src_tokens": src[:1]})
+    outputs = [np.empty((src.shape[0], *o.shape[1:]), o.dtype) for o in first]
+    binding = session.io_binding()
+    for start in range(0, src.shape[0], block):
+        binding.bind_cpu_input("src_tokens", src[start : start + block])
+        for name, whole in zip(names, outputs):
+            part = whole[start : start + block]
+            binding.bind_output(name, "cpu", 0, whole.dtype, list(part.shape), part.ctypes.data)
+        session.run_with_iobinding(binding)
+    return outputs
+
+
 def arena_steps(model, encoded, steps: int, bias: np.ndarray) -> np.ndarray:
     return plain_steps(ArenaModels.of(model), encoded, steps, bias)
 
@@ -249,7 +320,14 @@ STEP_VARIANTS: Dict[str, Callable] = {
     "past in two buffers (IO binding)": preallocated_steps,
     "session with a memory arena": arena_steps,
     "memory arena, shrunk after each run": shrunk_arena_steps,
+    "no log-softmax (tokens only, as CTranslate2 without return_scores)": tokens_only_steps,
 }
+
+
+def ct2_row(job: str) -> str:
+    """``"1"`` -> ``"CTranslate2 1 step"``, ``"37 scored"`` -> ``"CTranslate2 37 steps, scored"``."""
+    steps, _, scored = job.partition(" ")
+    return f"CTranslate2 {steps} step{'' if steps == '1' else 's'}" + (", scored" if scored else "")
 
 
 def time_shape(paths: Dict[str, str], batch: int, src_len: int, steps: int, runs: int, threads: int):
@@ -262,7 +340,13 @@ def time_shape(paths: Dict[str, str], batch: int, src_len: int, steps: int, runs
     symbols = read_dictionary(paths["dictionary"])
     # CTranslate2 appends </s> itself: the same sources without it
     sources = [[symbols[t] for t in row[:-1]] for row in src]
-    jobs = {str(n): [{"tokens": sources, "length": n}] for n in (1, steps + 1)}
+    # CTranslate2's greedy search computes the log-softmax only with return_scores (its default is
+    # off); our step always returns its token's log-probability: both forms are rows
+    jobs = {
+        f"{n}{' scored' if scored else ''}": [{"tokens": sources, "length": n, "return_scores": scored}]
+        for n in (1, steps + 1)
+        for scored in (False, True)
+    }
     ct2 = ForcedLengthChild(paths["ctranslate2"], jobs, ["float32"], threads)
     try:
         encoded = model.encode(src)
@@ -270,20 +354,25 @@ def time_shape(paths: Dict[str, str], batch: int, src_len: int, steps: int, runs
         fns = {
             "ours encoder": lambda: model.encode(src),
             "ours encoder, memory arena": lambda: ArenaModels.of(model).encode(src),
+            "ours encoder, blocks of 16 sentences": lambda: encode_in_blocks(model, src),
         }
         for name, variant in STEP_VARIANTS.items():
             fns[name] = lambda variant=variant: variant(model, encoded, steps, bias)
-        fns["CTranslate2 1 step"] = ct2.timed("float32", "1")
-        fns[f"CTranslate2 {steps + 1} steps"] = ct2.timed("float32", str(steps + 1))
+        for job in jobs:
+            fns[ct2_row(job)] = ct2.timed("float32", job)
         timed = time_runs(fns, warmup=1, runs=runs)
     finally:
         ct2.close()
-    for n, name in ((1, "CTranslate2 1 step"), (steps + 1, f"CTranslate2 {steps + 1} steps")):
+    for job in jobs:
         # the child's own clock (its passes without the pipe's round trip); the warm-up's left out
-        timed[name] = TimingResult(tuple(ct2.seconds[("float32", str(n))][1:]), timed[name].value)
+        timed[ct2_row(job)] = TimingResult(tuple(ct2.seconds[("float32", job)][1:]), timed[ct2_row(job)].value)
     checks = {
         name: bool(np.array_equal(timed[name].value, reference)) for name in STEP_VARIANTS if name != "ours steps"
     }
+    whole = [encoded.bias, *encoded.keys, *encoded.values]
+    checks["encoder, blocks of 16 sentences"] = all(
+        np.array_equal(a, b) for a, b in zip(timed["ours encoder, blocks of 16 sentences"].value, whole)
+    )
     checks["CTranslate2 steps made"] = sum(timed[f"CTranslate2 {steps + 1} steps"].value) == batch * (steps + 1)
     return (
         {name: t.min * 1000 for name, t in timed.items()},
@@ -359,10 +448,12 @@ def shape_result(shape: str, args, tmp: str) -> dict:
     paths = prepared(shape, args.vocab, args.workdir)
     best, seconds, checks = time_shape(paths, args.batch, args.src_len, args.steps, args.runs, args.threads)
     ct2_step = (best[f"CTranslate2 {args.steps + 1} steps"] - best["CTranslate2 1 step"]) / args.steps
+    scored = f"CTranslate2 {args.steps + 1} steps, scored"
     derived = {
         **{name: best[name] for name in best if name.startswith("ours encoder")},
         "CTranslate2 encoder": best["CTranslate2 1 step"] - ct2_step,
         "CTranslate2 step": ct2_step,
+        "CTranslate2 step, scored": (best[scored] - best["CTranslate2 1 step, scored"]) / args.steps,
         **{f"{name} (per step)": best[name] / args.steps for name in STEP_VARIANTS},
     }
     profile = profile_passes(paths["onnx"], args.batch, args.src_len, args.steps, args.runs, args.threads, tmp)
@@ -425,6 +516,12 @@ def markdown(report: dict) -> str:
             lines.append(
                 f"| step: {name}{'' if same else ' (other tokens!)'} | {ours:.2f} | {d['CTranslate2 step']:.2f} | "
                 f"{d['CTranslate2 step'] / ours:.2f}x |"
+            )
+        if "CTranslate2 step, scored" in d:  # reports written before it: no such row
+            ours, scored = d["ours steps (per step)"], d["CTranslate2 step, scored"]
+            lines.append(
+                f"| step, CTranslate2 with return_scores (its log-softmax too, as ours) | {ours:.2f} | {scored:.2f} | "
+                f"{scored / ours:.2f}x |"
             )
         for graph, p in r["profile"].items():
             lines += profile_table(graph, p)

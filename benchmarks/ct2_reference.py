@@ -263,8 +263,8 @@ def translate(
 
 
 def forced_length(translator, batches: List[dict]) -> List[int]:
-    """Greedy decoding of ``batches`` (``{"tokens": sources, "length": n}``), every sentence
-    forced to exactly ``n`` decoder steps (its minimum and maximum decoding length: ``n``
+    """Greedy decoding of ``batches`` (``{"tokens": sources, "length": n[, "return_scores":
+    true]}``), every sentence forced to exactly ``n`` decoder steps (its minimum and maximum decoding length: ``n``
     tokens, no ``</s>``); returns the steps per sentence, in order."""
     positions = []
     for batch in batches:
@@ -275,6 +275,7 @@ def forced_length(translator, batches: List[dict]) -> List[int]:
             batch_type="examples",
             min_decoding_length=batch["length"],
             max_decoding_length=batch["length"],
+            return_scores=batch.get("return_scores", False),  # True: its log-softmax at every step
         )
         positions += [len(r.hypotheses[0]) for r in results]
     return positions

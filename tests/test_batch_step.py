@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from benchmarks import batch_step, ct2_reference, machine
@@ -28,22 +29,40 @@ def report(tmp_path_factory):
     subprocess.run(
         [sys.executable, script, *argv, "--workdir", str(root / "models"), "--out-dir", str(out)], check=True, env=env
     )
-    return json.loads((out / "report.json").read_text()), (out / "report.md").read_text()
+    return json.loads((out / "report.json").read_text()), (out / "report.md").read_text(), root / "models"
 
 
 def test_every_pass_is_timed_in_each_run(report):
-    data, _ = report
+    data = report[0]
     block = data["shapes"]["tiny"]
     passes = {"ours encoder", "CTranslate2 1 step", "CTranslate2 4 steps", *batch_step.STEP_VARIANTS}
+    passes |= {"CTranslate2 1 step, scored", "CTranslate2 4 steps, scored"}
     assert passes <= set(block["run_ms"])
     assert all(len(block["run_ms"][name]) == 2 and min(block["run_ms"][name]) > 0 for name in passes)
     assert all(block["fastest_ms"][name] == min(block["run_ms"][name]) for name in passes)
     assert {"CTranslate2 step", "CTranslate2 encoder", "ours steps (per step)"} <= set(block["derived_ms"])
+    assert "CTranslate2 step, scored" in block["derived_ms"]
+
+
+def test_the_tokens_only_twin_has_no_log_softmax_in_its_greedy_step(report):
+    """The variant without scores measures a step without the log-softmax (and the same weights:
+    the tokens test above), while beam search's step keeps its scores."""
+    import onnx  # noqa: PLC0415
+
+    folder = report[2] / "tiny"
+
+    def ops(name, graph):
+        model = onnx.load(str(folder / name / graph), load_external_data=False)
+        return {node.op_type for node in model.graph.node}
+
+    assert "LogSoftmax" in ops("onnx", "step.onnx") and "LogSoftmax" not in ops("onnx-tokens", "step.onnx")
+    assert "LogSoftmax" in ops("onnx-tokens", "step_top.onnx")
 
 
 def test_the_variants_choose_the_plain_steps_tokens_and_ctranslate2_makes_every_step(report):
     checks = report[0]["shapes"]["tiny"]["same_tokens"]
-    assert set(checks) == {*batch_step.STEP_VARIANTS, "CTranslate2 steps made"} - {"ours steps"}
+    expected = {*batch_step.STEP_VARIANTS, "encoder, blocks of 16 sentences", "CTranslate2 steps made"}
+    assert set(checks) == expected - {"ours steps"}
     assert all(checks.values()), checks
 
 
@@ -59,13 +78,14 @@ def test_the_profiles_cover_a_round_of_each_session(report):
 
 
 def test_the_report_names_the_cpu_its_flags_and_the_command(report):
-    data, md = report
+    data, md, _ = report
     meta = data["meta"]
     assert meta["cpu"] and isinstance(meta["isa_flags"], list)
     assert set(meta["isa_flags"]) <= set(machine.ISA_FLAGS)
     assert meta["threads"] == 1 and meta["batch"] == 5 and meta["steps"] == 3
     assert "--shapes tiny" in meta["command"] and f"`{meta['command']}`" in md
     assert "## tiny" in md and "| step: ours steps |" in md and "| operator type | ms | share |" in md
+    assert "| step, CTranslate2 with return_scores" in md
 
 
 def test_summarize_profile_sums_node_kernel_times_by_type_in_the_fastest_round():
@@ -98,3 +118,18 @@ def test_it_refuses_to_measure_in_a_process_with_pytorch(tmp_path):
     with pytest.raises(SystemExit, match="PyTorch was imported"):
         batch_step.main(["--shapes", "tiny", "--workdir", str(tmp_path / "w"), "--out-dir", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists() and not (tmp_path / "w").exists()
+
+
+def test_the_encoder_in_blocks_of_sentences_writes_the_whole_batchs_outputs(report):
+    from hrt_runtime.model import ExportedModel  # noqa: PLC0415
+
+    model = ExportedModel(str(report[2] / "tiny" / "onnx"), threads=1)
+    src, _ = batch_step.fixed_inputs(model, 5, 6)
+    src[1, :3] = model.config["source_pad"]  # a left-padded sentence
+    whole = model.encode(src)
+    blocks = batch_step.encode_in_blocks(model, src, block=2)  # blocks of 2, 2 and 1 sentences
+    expected = [whole.bias, *whole.keys, *whole.values]
+    assert len(blocks) == len(expected)
+    assert all(np.array_equal(a, b) for a, b in zip(blocks, expected))
+    other = batch_step.encode_in_blocks(model, src[::-1].copy(), block=2)
+    assert not np.array_equal(other[1], expected[1])
