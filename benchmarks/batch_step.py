@@ -27,7 +27,6 @@ share of the fastest round's node time, and the costliest nodes. Writes ``OUT/re
 
 import argparse
 import bisect
-import contextlib
 import json
 import os
 import subprocess
@@ -45,6 +44,7 @@ from benchmarks.ct2_child import ForcedLengthChild  # noqa: E402
 from benchmarks.machine import cpu_isa, cpu_name  # noqa: E402
 from benchmarks.report_files import write_files  # noqa: E402
 from benchmarks.timing import TimingResult, time_runs  # noqa: E402
+from hrt_runtime.model import VERSION as FORMAT_VERSION  # noqa: E402 - numpy and ONNX Runtime only
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ----------------------------------------------------------------- the models (PyTorch: a child)
@@ -65,37 +65,7 @@ def prepare(shape: str, vocab: int, workdir: str) -> None:
     extra = ["--hrt-mode", "at", *spec.model_args, *spec.at_args]
     task, model = random_model(spec.at_arch, vocab, folder, extra_args=extra, checkpoint=checkpoint)
     export_model(model, task, os.path.join(folder, "onnx"), restricted=False)
-    with choice_without_scores():
-        export_model(model, task, os.path.join(folder, "onnx-tokens"), restricted=False)
     ct2_reference.convert(checkpoint, folder, folder, "src", "tgt")
-
-
-@contextlib.contextmanager
-def choice_without_scores():
-    """The exported greedy step's choice as CTranslate2's greedy search makes it without
-    ``return_scores`` (its default): the best of ``logits + logit_bias``, no log-softmax (the
-    same token: the log-softmax moves a row by one constant). The graph's ``score`` output is
-    then that biased logit, which the variant reads nowhere. Only while a folder is exported
-    here (a measured variant, not the runtime's graphs)."""
-    from fairseq_hrt.export import graphs  # noqa: PLC0415 - imports PyTorch
-    from fairseq_hrt.passes.token_choice import blocked_max  # noqa: PLC0415
-
-    scored = graphs.best_allowed
-
-    def best_biased(logits, logit_bias, top: int = 1, block: int = 1):
-        if top != 1:  # step_top.onnx (beam search) keeps its scores
-            return scored(logits, logit_bias, top, block)
-        allowed = logits.float() + logit_bias
-        if block == 0:  # the greedy loop's one TopK(1)
-            best, row = allowed.topk(1, dim=-1)
-            return best.reshape(-1), row.reshape(-1)
-        return blocked_max(allowed, block)
-
-    graphs.best_allowed = best_biased
-    try:
-        yield
-    finally:
-        graphs.best_allowed = scored
 
 
 def prepared(shape: str, vocab: int, workdir: str) -> Dict[str, str]:
@@ -104,11 +74,10 @@ def prepared(shape: str, vocab: int, workdir: str) -> Dict[str, str]:
     folder = os.path.join(workdir, shape)
     paths = {
         "onnx": os.path.join(folder, "onnx"),
-        "onnx tokens": os.path.join(folder, "onnx-tokens"),
         "ctranslate2": os.path.join(folder, "ctranslate2-at"),
         "dictionary": os.path.join(folder, "dict.src.txt"),
     }
-    done = os.path.join(folder, f"prepared-{vocab}-tokens")
+    done = os.path.join(folder, f"prepared-{vocab}-format-{FORMAT_VERSION}")
     if not os.path.exists(done):
         code = f"from benchmarks.batch_step import prepare; prepare({shape!r}, {vocab}, {workdir!r})"
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -133,7 +102,7 @@ def fixed_inputs(model, batch: int, src_len: int, seed: int = 0):
     return src, bias
 
 
-def plain_steps(model, encoded, steps: int, bias: np.ndarray) -> np.ndarray:
+def plain_steps(model, encoded, steps: int, bias: np.ndarray, scores: bool = True) -> np.ndarray:
     """``steps`` calls of ``ExportedModel.step`` from ``begin``, as the greedy search makes them;
     returns the tokens chosen ``(B, steps)``."""
     batch = encoded.size
@@ -141,7 +110,7 @@ def plain_steps(model, encoded, steps: int, bias: np.ndarray) -> np.ndarray:
     prev = np.full((batch,), model.eos, np.int64)
     chosen = []
     for step in range(steps):
-        _, prev = model.step(state, prev, step, bias)
+        _, prev = model.step(state, prev, step, bias, scores=scores)
         chosen.append(prev)
     return np.stack(chosen, 1)
 
@@ -264,23 +233,10 @@ def shrinking_runner(model) -> Callable:
     return runner
 
 
-class TokensOnlyModels:
-    """The :class:`ExportedModel` of each folder's twin exported with :func:`choice_without_scores`
-    (``onnx-tokens/`` beside ``onnx/``: the same weights, the same encoder)."""
-
-    models: Dict[str, object] = {}
-
-    @classmethod
-    def of(cls, model):
-        found = cls.models.get(model.folder)
-        if found is None:
-            twin = os.path.join(os.path.dirname(os.path.abspath(model.folder)), "onnx-tokens")
-            found = cls.models[model.folder] = type(model)(twin, model.threads)
-        return found
-
-
-def tokens_only_steps(model, encoded, steps: int, bias: np.ndarray) -> np.ndarray:
-    return plain_steps(TokensOnlyModels.of(model), encoded, steps, bias)
+def unscored_steps(model, encoded, steps: int, bias: np.ndarray) -> np.ndarray:
+    """:func:`plain_steps` without the scores: the folder's ``step_tokens.onnx`` (no
+    log-softmax), as the runtime's translations run it."""
+    return plain_steps(model, encoded, steps, bias, scores=False)
 
 
 def encode_in_blocks(model, src: np.ndarray, block: int = 16) -> List[np.ndarray]:
@@ -320,7 +276,7 @@ STEP_VARIANTS: Dict[str, Callable] = {
     "past in two buffers (IO binding)": preallocated_steps,
     "session with a memory arena": arena_steps,
     "memory arena, shrunk after each run": shrunk_arena_steps,
-    "no log-softmax (tokens only, as CTranslate2 without return_scores)": tokens_only_steps,
+    "without scores (step_tokens.onnx: no log-softmax, as CTranslate2 without return_scores)": unscored_steps,
 }
 
 

@@ -44,21 +44,6 @@ def test_every_pass_is_timed_in_each_run(report):
     assert "CTranslate2 step, scored" in block["derived_ms"]
 
 
-def test_the_tokens_only_twin_has_no_log_softmax_in_its_greedy_step(report):
-    """The variant without scores measures a step without the log-softmax (and the same weights:
-    the tokens test above), while beam search's step keeps its scores."""
-    import onnx  # noqa: PLC0415
-
-    folder = report[2] / "tiny"
-
-    def ops(name, graph):
-        model = onnx.load(str(folder / name / graph), load_external_data=False)
-        return {node.op_type for node in model.graph.node}
-
-    assert "LogSoftmax" in ops("onnx", "step.onnx") and "LogSoftmax" not in ops("onnx-tokens", "step.onnx")
-    assert "LogSoftmax" in ops("onnx-tokens", "step_top.onnx")
-
-
 def test_the_variants_choose_the_plain_steps_tokens_and_ctranslate2_makes_every_step(report):
     checks = report[0]["shapes"]["tiny"]["same_tokens"]
     expected = {*batch_step.STEP_VARIANTS, "encoder, blocks of 16 sentences", "CTranslate2 steps made"}

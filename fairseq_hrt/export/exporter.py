@@ -3,8 +3,9 @@
 The folder (format :data:`FORMAT`, version :data:`VERSION`) holds:
 
 * ``encoder.onnx`` (:class:`~fairseq_hrt.export.graphs.EncoderGraph`),
-* ``step.onnx`` and ``step_top.onnx`` (:class:`~fairseq_hrt.export.graphs.StepGraph`: the greedy
-  choice, and the ``k`` best for beam search with ``k`` an input),
+* ``step.onnx``, ``step_tokens.onnx`` and ``step_top.onnx``
+  (:class:`~fairseq_hrt.export.graphs.StepGraph`: the greedy choice, the same without its score
+  for searches that read none, and the ``k`` best for beam search with ``k`` an input),
 * ``greedy.onnx`` (AT and HRT models): the greedy search (and HRT's Skip-AT) as one ONNX ``Loop``
   over :class:`~fairseq_hrt.export.graphs.GreedyLoopBody` (:mod:`fairseq_hrt.export.loop`), which
   the runtime runs for batches of few rows,

@@ -25,8 +25,8 @@ Graphs:
   decoder layer's encoder keys, then values ``(B, H, S, d)`` (Mask-Predict: and the target
   length's log-probabilities).
 * :class:`StepGraph`: one left-to-right step. With ``top = 1`` the best allowed token and its
-  log-probability; with ``top = K`` (the exporter makes K an input) the K best allowed
-  log-probabilities and their rows.
+  log-probability (``scores=False``: its biased logit, no log-softmax); with ``top = K`` (the
+  exporter makes K an input) the K best allowed log-probabilities and their rows.
 * :class:`ParallelGraph`: one non-causal pass over tokens at given positions (HRT's stage II,
   Mask-Predict's iterations), its last layer computed at the columns read only, and the best
   allowed token and its log-probability for the selected slots only (stage II projects only
@@ -47,7 +47,7 @@ from fairseq_hrt.passes.fixed_pass import FixedPass, parallel_choice
 from fairseq_hrt.passes.layers import encoder_attention, layer_forward, self_attention, ssru_step
 from fairseq_hrt.passes.search_rules import bias_at
 from fairseq_hrt.passes.state import EncoderKV
-from fairseq_hrt.passes.token_choice import best_allowed
+from fairseq_hrt.passes.token_choice import best_allowed, best_biased
 
 
 class StepGraph(nn.Module):
@@ -57,15 +57,26 @@ class StepGraph(nn.Module):
     ``encoder_bias (N, 1, 1, S)``, per layer encoder keys, values ``(N, H, S, d)``, per layer
     past keys, values ``(N, H, t, d)`` (SSRU decoders: per layer the past cell ``(N, C)``), and
     with ``restricted`` the output rows' weight and bias. Outputs: ``score (N,)``, ``token
-    (N,)`` (``top`` 1) or ``top_scores (N, K)``, ``top_rows (N, K)``; then per layer present
+    (N,)`` (``top`` 1; ``scores`` false: ``logit (N,)``, the biased logit of the token, and
+    ``token``) or ``top_scores (N, K)``, ``top_rows (N, K)``; then per layer present
     keys, values ``(N, H, t + 1, d)`` (SSRU: per layer the new cell)."""
 
-    def __init__(self, model, max_positions: int, top: int = 1, restricted: bool = False, blocked: bool = True):
+    def __init__(
+        self,
+        model,
+        max_positions: int,
+        top: int = 1,
+        restricted: bool = False,
+        blocked: bool = True,
+        scores: bool = True,
+    ):
         super().__init__()
+        if not scores and top != 1:
+            raise ValueError("a step without scores chooses one token (top 1)")
         with torch.no_grad():  # the planned weights become constants of the graph
             self.fixed = FixedPass(model, max_positions, restricted, blocked)
         self.plan, self.recurrent, self.window = self.fixed.plan, self.fixed.recurrent, self.fixed.window
-        self.top = top
+        self.top, self.scores = top, scores
 
     def forward(self, tokens, position, *inputs):
         inputs = list(inputs)
@@ -101,11 +112,12 @@ class StepGraph(nn.Module):
 
         for i, layer in enumerate(self.plan.layers):
             x = layer_forward(layer, i, x, recurrent_block if self.recurrent else self_block, encoder_block)
-        return (
-            *best_allowed(self.fixed.logits(x, *out_rows), logit_bias, self.top, self.fixed.block),
-            *present_k,
-            *present_v,
-        )
+        logits = self.fixed.logits(x, *out_rows)
+        if self.scores:
+            chosen = best_allowed(logits, logit_bias, self.top, self.fixed.block)
+        else:
+            chosen = best_biased(logits, logit_bias, self.fixed.block)
+        return (*chosen, *present_k, *present_v)
 
 
 class GreedyLoopBody(nn.Module):

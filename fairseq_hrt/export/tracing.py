@@ -235,8 +235,9 @@ def output_rows(ex: Examples, restricted: bool) -> OutputRows:
 
 
 def trace_steps(writer: GraphWriter, ex: Examples, rows: OutputRows) -> None:
-    """``step.onnx`` (the greedy choice) and ``step_top.onnx`` (the ``k`` best, ``k`` an input):
-    one decoder step of AT, HRT's AT mode and Skip-AT."""
+    """``step.onnx`` (the greedy choice), ``step_tokens.onnx`` (the same without its score: no
+    log-softmax) and ``step_top.onnx`` (the ``k`` best, ``k`` an input): one decoder step of AT,
+    HRT's AT mode and Skip-AT."""
     relative_in = ["buckets"] if ex.window > 0 else []
     relative_args = [torch.arange(t + 1).clamp(max=2 * ex.window)] if ex.window > 0 else []
     step_in = ["tokens", "position", *relative_in, "logit_bias", "encoder_bias", *ex.enc_names, *ex.past, *rows.inputs]
@@ -268,6 +269,15 @@ def trace_steps(writer: GraphWriter, ex: Examples, rows: OutputRows) -> None:
         {**step_dyn, "score": {0: "N"}, "token": {0: "N"}},
         f"step{rows.suffix}.onnx",
     )
+    if not restricted:  # a shortlist's searches read their scores from step_restricted.onnx
+        writer.export(
+            StepGraph(ex.model, ex.max_positions, top=1, scores=False),
+            step_args,
+            step_in,
+            ["logit", "token", *ex.present],
+            {**step_dyn, "logit": {0: "N"}, "token": {0: "N"}},
+            "step_tokens.onnx",
+        )
     writer.export(
         StepGraph(ex.model, ex.max_positions, top=4, restricted=restricted),
         step_args,

@@ -628,7 +628,9 @@ class CudaGraphBackend(TorchBackend):
             raise RefusedOptions("--decoder-engine cuda-graph always scores the whole vocabulary (no --shortlist)")
         return GraphState(encoded, rows, steps, start)
 
-    def step(self, state: GraphState, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1):
+    def step(self, state: GraphState, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1, scores=True):
+        """One replayed step's ``(scores, rows)``, scored whatever ``scores`` says (the captured
+        choice has them)."""
         graph = state.graph
         if graph is None:
             shape = self._shape(state.sentences, state.per_sentence, state.steps, state.kv, state.start, top)

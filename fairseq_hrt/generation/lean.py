@@ -159,7 +159,11 @@ class TorchBackend:
             encoded.encoder_out, rows, steps, start, vocab=out_rows.vocab, zeroed=self.compile, encoder=encoded.kv
         )
 
-    def step(self, state: DecoderState, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1):
+    def step(
+        self, state: DecoderState, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1, scores=True
+    ):
+        """One step's ``(scores, rows)``; they come scored whatever ``scores`` says (the choice's
+        log-sum-exp costs little beside a PyTorch step)."""
         prev = self._tensor(tokens)
         if self._compiled_step is None:
             logits = self.decoder_pass.step(state, prev, step)

@@ -6,7 +6,8 @@ Two arithmetic forms of that one choice, each kept where its outputs are compare
 bit: :func:`choose` (the lean and CUDA-graph steps: the best of ``logits + bias``, less the
 logits' ``logsumexp``) and :func:`best_allowed` (the exported graphs and the non-causal
 passes: ``log_softmax`` first, which ONNX Runtime runs far faster than ``ReduceLogSumExp``).
-They pick the same rows and differ in the scores' last bits only."""
+They pick the same rows and differ in the scores' last bits only. :func:`best_biased` picks
+them without a score (the exported greedy step of a search that reads none)."""
 
 import math
 
@@ -47,6 +48,19 @@ def blocked_max(x: Tensor, block: int):
     best, b = blocks.amax(dim=-1).max(dim=-1)
     inner = blocks.gather(1, b.view(-1, 1, 1).expand(-1, 1, block)).reshape(-1, block)
     return best, b * block + inner.argmax(dim=-1)
+
+
+def best_biased(logits: Tensor, logit_bias: Tensor, block: int = 1):
+    """``(biased logits, rows)`` of the best rows of ``logits + logit_bias``: the rows of
+    :func:`best_allowed` with ``top`` 1 (``log_softmax`` moves a row's logits by one constant)
+    without the log-softmax, whose exponentials over the vocabulary a search that reads no
+    scores does not need (CTranslate2's greedy search without ``return_scores``). ``block``: as
+    :func:`best_allowed`'s."""
+    allowed = logits.float() + logit_bias
+    if block == 0:
+        best, row = allowed.topk(1, dim=-1)
+        return best.reshape(-1), row.reshape(-1)
+    return blocked_max(allowed, block)
 
 
 def best_allowed(logits: Tensor, logit_bias: Tensor, top: int = 1, block: int = 1):

@@ -56,8 +56,12 @@ class Backend(Protocol):
     def begin(self, encoded, rows: int, steps: int, start: int, out_rows: Rows):
         """The decoder state of ``rows`` hypotheses of at most ``steps`` steps from ``start``."""
 
-    def step(self, state, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1) -> Tuple:
-        """One step: ``(scores, rows)``, the ``top`` best of each row under ``logit_bias``."""
+    def step(
+        self, state, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1, scores: bool = True
+    ) -> Tuple:
+        """One step: ``(scores, rows)``, the ``top`` best of each row under ``logit_bias``;
+        ``scores`` false (``top`` 1): the scores may be ``None`` (a backend that can choose
+        without them), the rows the same."""
 
     def greedy_loop(
         self, encoded, start: int, max_len: int, min_len: int, biases: Sequence[np.ndarray], out_rows: Rows

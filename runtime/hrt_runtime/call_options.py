@@ -113,6 +113,7 @@ def call_options(model, **given) -> CallOptions:
         min_len=v["min_len"],
         len_penalty=v["lenpen"],
         unk_penalty=v["unkpen"],
+        scores=False,  # a call returns text: its greedy steps choose without the log-softmax
     )
     return CallOptions(search, k, v["b_nat"], v["batch_size"], v["iterations"], v["length_beam"], v["max_tokens"])
 

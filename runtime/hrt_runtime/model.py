@@ -20,9 +20,11 @@ from hrt_runtime.sessions import GraphSessions
 # 4: greedy.onnx, the greedy search as one Loop (a folder of version 3 decodes without it);
 # 5: every graph carries config.json's declared values (DECLARED) in its metadata, compared at
 # load. Folders of versions 3 and 4 are still read (their graphs carry nothing to compare: their
-# file list and the graphs' shapes are checked); graphs that carry the values are always compared.
-FORMAT, VERSION = "fairseq-hrt-onnx", 5
-READABLE_VERSIONS = (3, 4, 5)
+# file list and the graphs' shapes are checked); graphs that carry the values are always compared;
+# 6: step_tokens.onnx, the greedy step without its score (no log-softmax), for searches whose
+# caller reads no scores (a folder of version 5 decodes them with step.onnx).
+FORMAT, VERSION = "fairseq-hrt-onnx", 6
+READABLE_VERSIONS = (3, 4, 5, 6)
 STAMPED_SINCE = 5
 
 # what config.json declares about the graphs, written into each graph's metadata under
@@ -123,7 +125,7 @@ LOOP_ROWS, LOOP_ROWS_INT8 = 2, 1
 # config.json whose "graphs" named step_top.onnx as "step" (and step.onnx as "step_top") loaded,
 # decoded at beam 1, then failed at beam 5 inside ONNX Runtime (``Invalid input name: k``)
 RESTRICTED = "_restricted"  # a shortlist's graph: also fed the output rows
-ROLES = ("encoder", "step", "step_top", "parallel", "greedy")
+ROLES = ("encoder", "step", "step_tokens", "step_top", "parallel", "greedy")
 KNOWN_ROLES = (*ROLES, *(role + RESTRICTED for role in ROLES if role != "encoder"))
 NEEDED_ROLES = {
     AT: ("encoder", "step", "step_top"),
@@ -153,7 +155,7 @@ def graph_signature(config: Dict, role: str) -> Optional[Tuple[FrozenSet[str], i
     encoder, past = encoder_side_names(config["layers"]), past_names_of(config)
     if role == "encoder":  # a length predictor's log-probabilities last (Mask-Predict)
         return frozenset(["src_tokens"]), 1 + 2 * config["layers"] + (1 if config.get("length_classes") else 0)
-    if base in ("step", "step_top"):
+    if base in ("step", "step_tokens", "step_top"):
         relative = ["buckets"] if config.get("relative_window", 0) > 0 else []
         top = ["k"] if base == "step_top" else []
         names = ["tokens", "position", "logit_bias", *relative, *encoder, *past, *rows, *top]
@@ -549,11 +551,21 @@ class ExportedModel:
         ``encoded``'s sentences (sentence-major) for at most ``steps`` positions."""
         return StepState(encoded, None, self.stride_of(start), out_rows)  # the past: made by the first step
 
-    def step(self, state: StepState, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1):
+    def step(
+        self,
+        state: StepState,
+        tokens: np.ndarray,
+        step: int,
+        logit_bias: np.ndarray,
+        top: int = 1,
+        scores: bool = True,
+    ):
         """One left-to-right step of ``tokens`` ``(N,)`` (``N / sentences`` rows per sentence)
         at position ``step x stride``, the state grown by it. Returns ``top`` 1: ``(score (N,),
         row (N,))``; else ``(scores (N, top), rows (N, top))``, scores normalised
-        log-probabilities of ``log_softmax + logit_bias``."""
+        log-probabilities of ``log_softmax + logit_bias``. ``scores`` false (``top`` 1): the
+        score is ``None`` where the folder has the step without it (``step_tokens.onnx``, no
+        log-softmax; not for a shortlist's rows), the same rows."""
         n = tokens.shape[0]
         feeds = state.feeds
         if state.rows_encoded is None or state.rows_encoded.bias.shape[0] != n:
@@ -574,11 +586,11 @@ class ExportedModel:
             feeds["buckets"] = self.buckets(step, state.stride)
         if top != 1:
             feeds["k"] = self.position(top)
-        out = self.runner(("step" if top == 1 else "step_top") + ("_restricted" if state.rows.ids is not None else ""))(
-            feeds
-        )
+        graph = ("step" if top == 1 else "step_top") + ("_restricted" if state.rows.ids is not None else "")
+        unscored = not scores and graph == "step" and "step_tokens" in self.config["graphs"]
+        out = self.runner("step_tokens" if unscored else graph)(feeds)
         state.past = out[2:]
-        return out[0], out[1]
+        return (None if unscored else out[0]), out[1]
 
     def greedy_loop(
         self,

@@ -42,6 +42,10 @@ class SearchConfig:
     normalize_scores: bool = True
     len_penalty: float = 1.0
     unk_penalty: float = 0.0
+    # False: the caller reads the hypotheses' tokens only, so a greedy search's steps may skip the
+    # log-softmax (Backend.step's ``scores``) and its hypotheses' scores are then NaN; beam search
+    # ranks by its scores and always has them
+    scores: bool = True
 
     def for_chunk_size(self, k: int) -> "SearchConfig":
         """Stage I of chunk size ``k`` makes at most ``L / k`` steps."""
@@ -222,11 +226,15 @@ def _greedy(model: Backend, encoded, max_len, start, rules, rows, config):
     prev = np.full(bsz, start, np.int64)
     state = model.begin(encoded, bsz, max_len + 1, start, rows)
     finalized: List[List[Hypothesis]] = [[] for _ in range(bsz)]
+    unscored = {} if config.scores else {"scores": False}  # asked of the backend only when off
     for step in range(max_len + 1):
-        score, row = model.step(state, prev, step, rules.bias(step, max_len))
+        score, row = model.step(state, prev, step, rules.bias(step, max_len), **unscored)
         token = rows.to_full(row)
         tokens[:, step] = token
-        cumulative[:, step] = score if step == 0 else cumulative[:, step - 1] + score
+        if score is None:  # a step without scores (config.scores false)
+            cumulative[:, step] = np.nan
+        else:
+            cumulative[:, step] = score if step == 0 else cumulative[:, step - 1] + score
         done = token == model.eos
         if step < max_len and not done.any():
             prev = token

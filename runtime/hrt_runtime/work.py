@@ -111,8 +111,8 @@ class StoppableBackend:
         return self._pass(0, self._backend.encode, src_tokens)
 
     # the backend contract (hrt_runtime.backend.Backend), its parameters named as there
-    def step(self, state, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1):
-        return self._pass(int(tokens.size), self._backend.step, state, tokens, step, logit_bias, top)
+    def step(self, state, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1, scores: bool = True):
+        return self._pass(int(tokens.size), self._backend.step, state, tokens, step, logit_bias, top, scores)
 
     def greedy_loop(self, encoded, start: int, max_len: int, min_len: int, biases, out_rows):
         positions = encoded.size * (max_len + 1)
