@@ -268,19 +268,23 @@ def weights_per_step(model) -> Dict[str, float]:
 def search_decoder(
     backend, encode, k: int, banned: Sequence[int]
 ) -> Callable[[List[np.ndarray], List[Batch]], List[int]]:
-    """AT greedy (k = 1) or HRT k, b_at = b_nat = 1, through the one search of every engine."""
+    """AT greedy (k = 1) or HRT k, b_at = b_nat = 1, through the one search of every engine,
+    reading tokens only (``scores=False``): as ``hrt-translate`` decodes, and as CTranslate2's
+    rows run (without ``return_scores``, no log-softmax)."""
 
     def decode(sources, batches):
         positions = []
         for src, batch in zip(sources, batches):
             encoded = encode(src)
             if k == 1:
-                config = SearchConfig(beam=1, max_len_a=0.0, max_len_b=batch.length, min_len=batch.length)
+                config = SearchConfig(beam=1, max_len_a=0.0, max_len_b=batch.length, min_len=batch.length, scores=False)
                 positions += [
                     h[0]["tokens"].size for h in left_to_right(backend, encoded, src.shape[1], config, banned)
                 ]
             else:  # stage I: min_len = max_len = L // k Skip-AT tokens, then </s>
-                config = SearchConfig(beam=1, max_len_a=0.0, max_len_b=batch.length, min_len=batch.length // k)
+                config = SearchConfig(
+                    beam=1, max_len_a=0.0, max_len_b=batch.length, min_len=batch.length // k, scores=False
+                )
                 positions += [h[0]["steps"] * k for h in hrt(backend, encoded, src.shape[1], config, k, banned)]
         return positions
 
