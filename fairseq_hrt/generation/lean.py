@@ -162,8 +162,8 @@ class TorchBackend:
     def step(
         self, state: DecoderState, tokens: np.ndarray, step: int, logit_bias: np.ndarray, top: int = 1, scores=True
     ):
-        """One step's ``(scores, rows)``; they come scored whatever ``scores`` says (the choice's
-        log-sum-exp costs little beside a PyTorch step)."""
+        """One step's ``(scores, rows)``, scored whatever ``scores`` says (the choice and its
+        scores are one computation here, :func:`~fairseq_hrt.passes.token_choice.choose`)."""
         prev = self._tensor(tokens)
         if self._compiled_step is None:
             logits = self.decoder_pass.step(state, prev, step)
