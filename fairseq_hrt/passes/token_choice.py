@@ -56,7 +56,13 @@ def best_biased(logits: Tensor, logit_bias: Tensor, block: int = 1):
     without the log-softmax, whose exponentials over the vocabulary a search that reads no
     scores does not need (CTranslate2's greedy search without ``return_scores``). ``block``: as
     :func:`best_allowed`'s."""
-    allowed = logits.float() + logit_bias
+    return best_one(logits.float() + logit_bias, block)
+
+
+def best_one(allowed: Tensor, block: int):
+    """``(values, rows)`` ``(N,)`` of the best of each row of ``allowed``: one ``TopK(1)``
+    (``block`` 0), else :func:`blocked_max` (no TopK(1), slower, and no squeeze, an ``If`` node
+    when traced)."""
     if block == 0:
         best, row = allowed.topk(1, dim=-1)
         return best.reshape(-1), row.reshape(-1)
@@ -70,9 +76,6 @@ def best_allowed(logits: Tensor, logit_bias: Tensor, top: int = 1, block: int = 
     for few rows: at batch 1 faster than ``ArgMax`` and ``ReduceMax`` or the blocks' operators,
     benchmarks/results/runtime-step-cost-cpu/README.md)."""
     allowed = F.log_softmax(logits.float(), dim=-1) + logit_bias
-    if top == 1 and block == 0:
-        best, row = allowed.topk(1, dim=-1)
-        return best.reshape(-1), row.reshape(-1)
-    if top == 1:  # no TopK(1) (slower) and no squeeze (an If node when traced)
-        return blocked_max(allowed, block)
+    if top == 1:
+        return best_one(allowed, block)
     return allowed.topk(top, dim=-1)
