@@ -92,7 +92,7 @@ class NeverEnds:
     def begin(self, encoded, rows, steps, start, out_rows):
         return self.stride_of(start)
 
-    def step(self, stride, tokens, step, bias, top=1):
+    def step(self, stride, tokens, step, bias, top=1, scores=True):
         self.positions.append(step * stride)
         token = np.full(tokens.shape[0], 10, np.int64)
         token[bias[token] == -np.inf] = EOS  # forced </s> at the maximum length
@@ -148,7 +148,7 @@ class Scripted:
     def begin(self, encoded, rows, steps, start, out_rows):
         return list(range(rows))  # the state: which script each row follows
 
-    def step(self, rows, tokens, step, bias, top=1):
+    def step(self, rows, tokens, step, bias, top=1, scores=True):
         token = np.array([self.token(r, step, bias) for r in rows], np.int64)
         return np.full(len(rows), -0.1 * (step + 1), np.float32), token
 

@@ -226,9 +226,8 @@ def _greedy(model: Backend, encoded, max_len, start, rules, rows, config):
     prev = np.full(bsz, start, np.int64)
     state = model.begin(encoded, bsz, max_len + 1, start, rows)
     finalized: List[List[Hypothesis]] = [[] for _ in range(bsz)]
-    unscored = {} if config.scores else {"scores": False}  # asked of the backend only when off
     for step in range(max_len + 1):
-        score, row = model.step(state, prev, step, rules.bias(step, max_len), **unscored)
+        score, row = model.step(state, prev, step, rules.bias(step, max_len), scores=config.scores)
         token = rows.to_full(row)
         tokens[:, step] = token
         if score is None:  # a step without scores (config.scores false)
