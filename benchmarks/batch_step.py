@@ -281,12 +281,6 @@ STEP_VARIANTS: Dict[str, Callable] = {
 }
 
 
-def ct2_row(job: str) -> str:
-    """``"1"`` -> ``"CTranslate2 1 step"``, ``"37 scored"`` -> ``"CTranslate2 37 steps, scored"``."""
-    steps, _, scored = job.partition(" ")
-    return f"CTranslate2 {steps} step{'' if steps == '1' else 's'}" + (", scored" if scored else "")
-
-
 def time_shape(paths: Dict[str, str], batch: int, src_len: int, steps: int, runs: int, threads: int):
     """``(times in ms, checks)`` of our passes and CTranslate2's, round-robin, the fastest of ``runs``."""
     from hrt_runtime.model import ExportedModel  # noqa: PLC0415 - after the child made the folder
@@ -298,9 +292,12 @@ def time_shape(paths: Dict[str, str], batch: int, src_len: int, steps: int, runs
     # CTranslate2 appends </s> itself: the same sources without it
     sources = [[symbols[t] for t in row[:-1]] for row in src]
     # CTranslate2's greedy search computes the log-softmax only with return_scores (its default is
-    # off); our step always returns its token's log-probability: both forms are rows
+    # off); our step always returns its token's log-probability: both forms are rows, each job
+    # named as its row
     jobs = {
-        f"{n}{' scored' if scored else ''}": [{"tokens": sources, "length": n, "return_scores": scored}]
+        f"CTranslate2 {n} step{'' if n == 1 else 's'}{', scored' if scored else ''}": [
+            {"tokens": sources, "length": n, "return_scores": scored}
+        ]
         for n in (1, steps + 1)
         for scored in (False, True)
     }
@@ -316,13 +313,13 @@ def time_shape(paths: Dict[str, str], batch: int, src_len: int, steps: int, runs
         for name, variant in STEP_VARIANTS.items():
             fns[name] = lambda variant=variant: variant(model, encoded, steps, bias)
         for job in jobs:
-            fns[ct2_row(job)] = ct2.timed("float32", job)
+            fns[job] = ct2.timed("float32", job)
         timed = time_runs(fns, warmup=1, runs=runs)
     finally:
         ct2.close()
     for job in jobs:
         # the child's own clock (its passes without the pipe's round trip); the warm-up's left out
-        timed[ct2_row(job)] = TimingResult(tuple(ct2.seconds[("float32", job)][1:]), timed[ct2_row(job)].value)
+        timed[job] = TimingResult(tuple(ct2.seconds[("float32", job)][1:]), timed[job].value)
     checks = {
         name: bool(np.array_equal(timed[name].value, reference)) for name in STEP_VARIANTS if name != "ours steps"
     }
