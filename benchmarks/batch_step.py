@@ -250,7 +250,7 @@ def encode_in_blocks(model, src: np.ndarray, block: int = 16) -> List[np.ndarray
     outputs = [np.empty((b, 1, 1, s), np.float32)]
     outputs += [np.empty((b, model.heads, s, model.head_dim), np.float32) for _ in names[1:]]
     binding = session.io_binding()
-    for start in range(0, src.shape[0], block):
+    for start in range(0, b, block):
         binding.bind_cpu_input("src_tokens", src[start : start + block])
         for name, whole in zip(names, outputs):
             part = whole[start : start + block]

@@ -88,12 +88,11 @@ def products(shape: str, batch: int, src_len: int, vocab: int) -> List[Product]:
 
 def onnx_product(p: Product, weight: np.ndarray, bias: np.ndarray, threads: int) -> Callable:
     """``x -> y`` of a one-node ONNX Runtime graph of ``p`` as the export writes it."""
-    inits = [numpy_helper.from_array(weight, "w")]
     if p.bias:
-        inits.append(numpy_helper.from_array(bias, "b"))
+        inits = [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")]
         nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["h" if p.relu else "y"], transB=1)]
     else:
-        inits[0] = numpy_helper.from_array(np.ascontiguousarray(weight.T), "w")
+        inits = [numpy_helper.from_array(np.ascontiguousarray(weight.T), "w")]
         nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
     if p.relu:
         nodes.append(helper.make_node("Relu", ["h"], ["y"]))
